@@ -1,0 +1,212 @@
+"""Loading, saving and inspecting models in onnx-ir, safely.
+
+onnx-ir is the in-memory graph (use-def chains, cheap mutation, lazy external data).
+This module adds what a service that accepts untrusted models needs on top of it:
+
+* loading never follows an external-data location outside the model's folder
+  (no absolute paths, no ``..``, no symlinks), so a hostile model cannot make us read
+  ``/etc/passwd``;
+* saving switches to an external-data file when the weights would not fit in one
+  protobuf (2 GB);
+* small helpers the matcher and rewriters share: "is this value a constant", the
+  consumers of a value, the position of each node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from fusion_core.errors import ModelLoadError, UnsafeModelError
+
+__all__ = [
+    "PROTOBUF_LIMIT_BYTES",
+    "check_external_data",
+    "constant_array",
+    "consumers",
+    "load_model",
+    "model_from_proto",
+    "node_positions",
+    "save_model",
+]
+
+logger = logging.getLogger(__name__)
+
+# A serialized ModelProto cannot exceed 2 GiB; keep a margin for the graph itself.
+PROTOBUF_LIMIT_BYTES = 1_800_000_000
+
+
+def load_model(path: str | os.PathLike) -> ir.Model:
+    """Load an ONNX file into onnx-ir, refusing unsafe external-data references.
+
+    External tensors stay lazy: their bytes are read only when a pass needs them.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(
+            f"model file {str(path)!r} does not exist", hint="check the path and try again"
+        )
+    if not path.is_file():
+        raise ModelLoadError(f"{str(path)!r} is not a file", hint="pass the path of a .onnx file")
+    try:
+        model = ir.load(path)
+    except (DecodeError, ValueError, TypeError, RuntimeError) as exc:
+        raise ModelLoadError(
+            f"{str(path)!r} is not a valid ONNX model: {exc}",
+            hint="export the model again or check that the upload is complete",
+        ) from exc
+    _check_is_a_model(model, str(path))
+    check_external_data(model, path.parent)
+    return model
+
+
+def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -> ir.Model:
+    """Convert an in-memory ModelProto, checking external data against ``base_dir``."""
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise ModelLoadError(f"the model is malformed: {exc}") from exc
+    _check_is_a_model(model, "<in-memory model>")
+    if base_dir:
+        for tensor in _external_tensors(model):
+            tensor.base_dir = str(base_dir)
+    check_external_data(model, Path(base_dir or "."))
+    return model
+
+
+def _check_is_a_model(model: ir.Model, origin: str) -> None:
+    # Protobuf happily decodes many non-ONNX byte strings into an empty message.
+    if model.ir_version <= 0 or (not model.opset_imports and len(model.graph) == 0):
+        raise ModelLoadError(
+            f"{origin} does not contain an ONNX model (no IR version, opsets or nodes)",
+            hint="pass a file written by onnx.save or an exporter",
+        )
+
+
+def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.const_value
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR and isinstance(
+                    attr.value, ir.ExternalTensor
+                ):
+                    yield attr.value
+
+
+def check_external_data(model: ir.Model, model_dir: str | os.PathLike) -> None:
+    """Raise UnsafeModelError unless every external tensor lies inside ``model_dir``.
+
+    A location must be relative, must not contain ``..``, must not be or pass through a
+    symlink, must exist, and ``offset + length`` must fit in the file.
+    """
+    root = Path(model_dir).resolve()
+    for tensor in _external_tensors(model):
+        location = str(tensor.location)
+        _check_location(tensor.name, location, root)
+        target = root / location
+        size = target.stat().st_size
+        offset = tensor.offset or 0
+        length = tensor.length if tensor.length is not None else tensor.nbytes
+        if offset + length > size:
+            raise UnsafeModelError(
+                f"external data of tensor {tensor.name!r} ({location!r}, offset {offset}, "
+                f"length {length}) runs past the end of the file ({size} bytes)",
+                hint="upload the complete external-data file",
+            )
+
+
+def _check_location(tensor_name: str, location: str, root: Path) -> None:
+    hint = "external-data files must sit next to the model, referenced by a relative name"
+    rel = Path(location)
+    if rel.is_absolute() or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
+        raise UnsafeModelError(
+            f"tensor {tensor_name!r} refers to external data at absolute path {location!r}",
+            hint=hint,
+        )
+    if ".." in rel.parts or "\\" in location:
+        raise UnsafeModelError(
+            f"tensor {tensor_name!r} refers to external data outside the model's folder: "
+            f"{location!r}",
+            hint=hint,
+        )
+    current = root
+    for part in rel.parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafeModelError(
+                f"tensor {tensor_name!r} refers to external data through a symlink: {location!r}",
+                hint="copy the data file instead of linking it",
+            )
+    if not current.is_file():
+        raise UnsafeModelError(
+            f"external-data file {location!r} of tensor {tensor_name!r} is missing",
+            hint="upload the external-data files together with the model",
+        )
+    if not current.resolve().is_relative_to(root):
+        raise UnsafeModelError(
+            f"tensor {tensor_name!r} refers to external data outside the model's folder: "
+            f"{location!r}",
+            hint=hint,
+        )
+
+
+def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:
+    """Save ``model``; weights go to ``<name>.data`` beside it when they exceed 2 GB.
+
+    Returns the files written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    total = sum(
+        v.const_value.nbytes
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if v.const_value is not None
+    )
+    if total <= PROTOBUF_LIMIT_BYTES:
+        ir.save(model, path)
+        return [path]
+    data_name = path.name + ".data"
+    logger.info("weights are %d bytes: saving them to %s", total, data_name)
+    ir.save(model, path, external_data=data_name, size_threshold_bytes=1024)
+    return [path, path.parent / data_name]
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value's contents if it is a constant the model cannot override, else None.
+
+    Constants are initializers that are not graph inputs (an initializer listed as an
+    input is a default the caller may replace) and outputs of ``Constant`` nodes.
+    """
+    if value is None:
+        return None
+    producer = value.producer()
+    if producer is None:
+        if value.const_value is None or value.is_graph_input():
+            return None
+        return value.const_value.numpy()
+    if producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+        attr = producer.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR:
+            return attr.value.numpy()
+    return None
+
+
+def consumers(value: ir.Value) -> list[ir.Node]:
+    """The distinct nodes that read ``value``, in no particular order."""
+    return list({id(u.node): u.node for u in value.uses()}.values())
+
+
+def node_positions(graph: ir.Graph) -> dict[int, int]:
+    """Map ``id(node)`` to the node's position in the graph's current order."""
+    return {id(node): i for i, node in enumerate(graph)}

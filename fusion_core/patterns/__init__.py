@@ -1,0 +1,32 @@
+"""Patterns as data: the spec, its declarative constraints, and the matcher."""
+
+from fusion_core.patterns._constraints import Constraint, attribute_value
+from fusion_core.patterns._match import Match, NearMiss
+from fusion_core.patterns._matcher import Matcher, MatchResult, check_match, escape_reason
+from fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
+from fusion_core.patterns._spec import (
+    TARGET_NAMES,
+    CostHints,
+    NodeSpec,
+    PatternSpec,
+    RewriterRef,
+)
+
+__all__ = [
+    "TARGET_NAMES",
+    "Constraint",
+    "CostHints",
+    "Match",
+    "MatchResult",
+    "Matcher",
+    "NearMiss",
+    "NodeSpec",
+    "PatternSpec",
+    "RewriterRef",
+    "ValueRef",
+    "attribute_value",
+    "check_match",
+    "escape_reason",
+    "parse_edge",
+    "parse_ref",
+]

@@ -1,0 +1,80 @@
+"""What the matcher produces: a binding of pattern nodes to graph nodes, or a near miss."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import onnx_ir as ir
+
+from fusion_core.patterns._refs import ValueRef, parse_ref
+
+if TYPE_CHECKING:
+    from fusion_core.patterns._spec import PatternSpec
+
+__all__ = ["Match", "NearMiss"]
+
+
+@dataclass(eq=False)
+class Match:
+    """One candidate: where a pattern's nodes sit in the graph.
+
+    ``input_order[node_id][k]`` is the graph input index that plays the pattern's input
+    ``k`` (different from ``k`` only for a commutative node matched with swapped inputs).
+    """
+
+    pattern: PatternSpec
+    nodes: Mapping[str, ir.Node]
+    free_inputs: Mapping[str, ir.Value] = field(default_factory=dict)
+    input_order: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def node(self, node_id: str) -> ir.Node:
+        return self.nodes[node_id]
+
+    def input(self, node_id: str, index: int) -> ir.Value | None:
+        """The value at the pattern's input ``index`` of ``node_id``, None if absent."""
+        node = self.nodes[node_id]
+        order = self.input_order.get(node_id)
+        actual = order[index] if order is not None and index < len(order) else index
+        return node.inputs[actual] if actual < len(node.inputs) else None
+
+    def output(self, node_id: str, index: int) -> ir.Value | None:
+        node = self.nodes[node_id]
+        return node.outputs[index] if index < len(node.outputs) else None
+
+    def value(self, ref: str | ValueRef) -> ir.Value | None:
+        """Resolve ``bn.in1``, ``conv.out0`` or ``$x`` to a graph value (None if absent)."""
+        ref = parse_ref(ref) if isinstance(ref, str) else ref
+        if ref.kind == "free":
+            # Read through a node, not the binding: an earlier rewrite in the same round
+            # may have replaced the value this match was found with.
+            for node in self.pattern.nodes:
+                for index, source in node.inputs.items():
+                    if source == f"${ref.name}":
+                        return self.input(node.id, index)
+            return self.free_inputs.get(ref.name)
+        if ref.kind == "in":
+            return self.input(ref.node, ref.index)
+        return self.output(ref.node, ref.index)
+
+    def node_ids(self) -> frozenset[int]:
+        """Identity of the matched graph nodes, to test overlap between candidates."""
+        return frozenset(id(n) for n in self.nodes.values())
+
+    def node_names(self) -> list[str]:
+        """Names of the matched nodes, in the pattern's node order."""
+        ordered = [self.nodes[n.id] for n in self.pattern.nodes if n.id in self.nodes]
+        return [n.name or f"<{n.op_type}>" for n in ordered]
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """The op types matched but a constraint failed: why this place did not fuse."""
+
+    pattern: str
+    nodes: tuple[str, ...]
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"pattern": self.pattern, "nodes": list(self.nodes), "reason": self.reason}

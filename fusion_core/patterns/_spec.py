@@ -1,0 +1,212 @@
+"""The pattern specification: a fusion described as data (YAML or JSON).
+
+A pattern is a small DAG of op nodes. Edges are written on the consumer: ``inputs:
+{0: conv}`` means "input 0 of this node is output 0 of node ``conv``"; ``$x`` names a
+free input, and every node that reads ``$x`` must read the *same* value, which is how
+horizontal patterns (siblings sharing an input) are written. Example::
+
+    name: conv_bn
+    priority: 20
+    targets: [generic, onnxruntime]
+    nodes:
+      - {id: conv, op: [Conv, ConvTranspose]}
+      - {id: bn, op: BatchNormalization, inputs: {0: conv}}
+    constraints:
+      - {kind: constant, values: [conv.in1, bn.in1, bn.in2, bn.in3, bn.in4]}
+      - {kind: consumers, value: conv.out0, eq: 1}
+    rewriter: {name: fold_batchnorm, params: {producer: conv, batchnorm: bn}}
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any, Literal
+
+import onnx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
+from fusion_core.patterns._refs import parse_edge, parse_ref
+
+__all__ = ["COMMUTATIVE_OPS", "TARGET_NAMES", "CostHints", "NodeSpec", "PatternSpec", "RewriterRef"]
+
+TARGET_NAMES = ("generic", "onnxruntime")
+TargetName = Literal["generic", "onnxruntime"]
+# Binary ops whose two inputs may be swapped without changing the result.
+COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+class NodeSpec(BaseModel):
+    """One op node of the pattern."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    domain: str = ""  # declared before `op` so the op-type check can read it
+    op: tuple[str, ...]
+    inputs: dict[int, str] = Field(default_factory=dict)
+    commutative: bool | None = None  # None: inferred from the op types (Add, Mul, ...)
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("op")
+    @classmethod
+    def _op_types_exist(cls, ops: tuple[str, ...], info: Any) -> tuple[str, ...]:
+        if not ops:
+            raise ValueError("list at least one op type")
+        domain = info.data.get("domain", "")
+        if domain in _STANDARD_DOMAINS:
+            unknown = [op for op in ops if not onnx.defs.has(op)]
+            if unknown:
+                raise ValueError(f"unknown ONNX op type(s) {unknown} in the default domain")
+        return ops
+
+    @field_validator("inputs")
+    @classmethod
+    def _edges_parse(cls, inputs: dict[int, str]) -> dict[int, str]:
+        for index, source in inputs.items():
+            if index < 0:
+                raise ValueError(f"input index {index} is negative")
+            parse_edge(source)
+        return inputs
+
+    def is_commutative(self) -> bool:
+        if self.commutative is not None:
+            return self.commutative
+        return all(op in COMMUTATIVE_OPS for op in self.op)
+
+
+class RewriterRef(BaseModel):
+    """The rewriter (code, registered by name) that replaces a match, with its params."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class CostHints(BaseModel):
+    """Used by the cost model when shapes are unknown: expected fractions saved (0..1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    memory_saving: float | None = Field(default=None, ge=0, le=1)
+    compute_saving: float | None = Field(default=None, ge=-1, le=1)
+
+
+class PatternSpec(BaseModel):
+    """A fusion pattern: what to find, what must hold, and which rewriter replaces it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    priority: int = 0
+    targets: list[TargetName] = Field(default_factory=lambda: list(TARGET_NAMES), min_length=1)
+    nodes: list[NodeSpec] = Field(min_length=1)
+    constraints: list[Constraint] = Field(default_factory=list)
+    rewriter: RewriterRef
+    cost_hints: CostHints | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _dotted_name(cls, name: str) -> str:
+        if not _NAME_RE.match(name):
+            raise ValueError(
+                f"{name!r} is not a pattern name: use letters, digits and _, dots between parts"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _graph_is_well_formed(self) -> PatternSpec:
+        ids = [n.id for n in self.nodes]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"nodes: duplicate node id(s) {duplicates}")
+        known = set(ids)
+        for k, node in enumerate(self.nodes):
+            for index, source in node.inputs.items():
+                ref = parse_edge(source)
+                if ref.node is not None and ref.node not in known:
+                    raise ValueError(
+                        f"nodes.{k}.inputs.{index}: {source!r} names no node of this pattern"
+                    )
+        for k, constraint in enumerate(self.constraints):
+            for text, node_id in constraint_ref_nodes(constraint):
+                if node_id is not None and node_id not in known:
+                    raise ValueError(f"constraints.{k}: {text!r} names no node of this pattern")
+                ref = parse_ref(text)
+                if ref.kind == "free" and ref.name not in self.free_inputs():
+                    raise ValueError(f"constraints.{k}: {text!r} is not a free input of a node")
+        _check_acyclic(self.nodes)
+        _check_connected(self.nodes)
+        return self
+
+    def node(self, node_id: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    def free_inputs(self) -> set[str]:
+        return {
+            parse_edge(s).name
+            for n in self.nodes
+            for s in n.inputs.values()
+            if parse_edge(s).kind == "free"
+        }
+
+    def internal_edges(self) -> set[tuple[str, int]]:
+        """(producer id, output index) of every output consumed inside the pattern."""
+        edges = set()
+        for node in self.nodes:
+            for source in node.inputs.values():
+                ref = parse_edge(source)
+                if ref.node is not None:
+                    edges.add((ref.node, ref.index))
+        return edges
+
+
+def _check_acyclic(nodes: list[NodeSpec]) -> None:
+    deps = {n.id: {parse_edge(s).node for s in n.inputs.values()} - {None} for n in nodes}
+    state: dict[str, int] = {}
+
+    def visit(node_id: str) -> None:
+        if state.get(node_id) == 2:
+            return
+        if state.get(node_id) == 1:
+            raise ValueError(f"nodes: the edges form a cycle through {node_id!r}")
+        state[node_id] = 1
+        for dep in deps[node_id]:
+            visit(dep)
+        state[node_id] = 2
+
+    for node_id in deps:
+        visit(node_id)
+
+
+def _check_connected(nodes: list[NodeSpec]) -> None:
+    """Nodes must be linked by edges or shared free inputs; else matches multiply."""
+    links: dict[str, set[str]] = defaultdict(set)
+    for n in nodes:
+        for source in n.inputs.values():
+            ref = parse_edge(source)
+            other = ref.node if ref.node is not None else f"${ref.name}"
+            links[n.id].add(other)
+            links[other].add(n.id)
+    seen, todo = set(), [nodes[0].id]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(links[current] - seen)
+    missing = [n.id for n in nodes if n.id not in seen]
+    if missing:
+        raise ValueError(
+            f"nodes: {missing} are not connected to {nodes[0].id!r} by an edge or a shared "
+            "free input"
+        )
