@@ -1,0 +1,146 @@
+"""From pattern data to compiled patterns: validate the spec, resolve the rewriter by
+name, validate its params, and check the targets it claims.
+
+Every failure is a ``PatternError`` whose ``errors`` name the field that is wrong, so a
+pattern that does not compile is rejected at registration time, not at match time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fusion_core.errors import PatternError
+from fusion_core.patterns import PatternSpec
+from fusion_core.rewriters import Params, Rewriter, RewriterRegistry, builtin_rewriters
+
+__all__ = [
+    "CompiledPattern",
+    "builtin_patterns",
+    "compile_pattern",
+    "load_pattern_file",
+    "parse_pattern_text",
+]
+
+
+@dataclass(frozen=True)
+class CompiledPattern:
+    spec: PatternSpec
+    rewriter: Rewriter
+    params: Params
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def compile_pattern(
+    raw: dict[str, Any] | PatternSpec, registry: RewriterRegistry | None = None
+) -> CompiledPattern:
+    """Validate one pattern and bind its rewriter; raise PatternError naming the field."""
+    registry = registry or builtin_rewriters()
+    label = raw.get("name", "<unnamed>") if isinstance(raw, dict) else raw.name
+    try:
+        spec = raw if isinstance(raw, PatternSpec) else PatternSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise PatternError(f"pattern {label!r} is invalid", errors=_field_errors(exc)) from None
+    rewriter = registry.get(spec.rewriter.name)
+    if rewriter is None:
+        raise PatternError(
+            f"pattern {spec.name!r} is invalid",
+            errors=[
+                (
+                    "rewriter.name",
+                    f"unknown rewriter {spec.rewriter.name!r}; known: {registry.names()}",
+                )
+            ],
+        )
+    unsupported = sorted(set(spec.targets) - rewriter.targets)
+    if unsupported:
+        raise PatternError(
+            f"pattern {spec.name!r} is invalid",
+            errors=[("targets", f"rewriter {rewriter.name!r} does not emit for {unsupported}")],
+        )
+    try:
+        params = rewriter.validate_params(spec.rewriter.params, spec)
+    except ValidationError as exc:
+        errors = [(f"rewriter.params.{path}", msg) for path, msg in _field_errors(exc)]
+        raise PatternError(f"pattern {spec.name!r} is invalid", errors=errors) from None
+    except ValueError as exc:
+        path, _, msg = str(exc).partition(": ")
+        raise PatternError(f"pattern {spec.name!r} is invalid", errors=[(path, msg)]) from None
+    return CompiledPattern(spec, rewriter, params)
+
+
+def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    errors = []
+    for error in exc.errors():
+        path = ".".join(str(p) for p in error["loc"]) or "<pattern>"
+        message = error["msg"].removeprefix("Value error, ")
+        errors.append((path, message))
+    return errors
+
+
+def parse_pattern_text(text: str, origin: str = "<text>") -> list[dict[str, Any]]:
+    """YAML or JSON holding one pattern, a list of them, or ``{patterns: [...]}``."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PatternError(f"{origin} is not valid YAML or JSON: {exc}") from None
+    if isinstance(data, dict) and "patterns" in data and "nodes" not in data:
+        data = data["patterns"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise PatternError(
+            f"{origin} holds no pattern",
+            hint="write a mapping with name, nodes and rewriter, or a list of them",
+        )
+    return data
+
+
+def load_pattern_file(
+    path: str | os.PathLike, registry: RewriterRegistry | None = None
+) -> list[CompiledPattern]:
+    """Load and compile every pattern in a YAML or JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PatternError(f"cannot read pattern file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PatternError(f"pattern file {str(path)!r} is not UTF-8 text") from None
+    return compile_all(parse_pattern_text(text, str(path)), registry)
+
+
+def compile_all(
+    raws: Iterable[dict[str, Any]], registry: RewriterRegistry | None = None
+) -> list[CompiledPattern]:
+    registry = registry or builtin_rewriters()
+    return [compile_pattern(raw, registry) for raw in raws]
+
+
+def builtin_pattern_data() -> list[dict[str, Any]]:
+    """The raw data of the patterns shipped in ``fusion_core/patterns/builtin``."""
+    folder = resources.files("fusion_core.patterns") / "builtin"
+    raws: list[dict[str, Any]] = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith((".yaml", ".yml", ".json")):
+            raws.extend(parse_pattern_text(entry.read_text(encoding="utf-8"), entry.name))
+    return raws
+
+
+def builtin_patterns(registry: RewriterRegistry | None = None) -> list[CompiledPattern]:
+    return compile_all(builtin_pattern_data(), registry)
+
+
+def pattern_to_json(pattern: CompiledPattern) -> str:
+    return json.dumps(pattern.spec.model_dump(mode="json", by_alias=True, exclude_none=True))

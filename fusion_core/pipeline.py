@@ -1,0 +1,254 @@
+"""The one entry point: ``optimize(model, config) -> Result``.
+
+load -> pre-passes -> (match -> select -> rewrite)* -> clean up -> check
+
+Rewriting runs in rounds: each round enumerates every candidate of every pattern on
+the current graph, the strategy picks a non-overlapping subset, and the rewriters
+replace it. A fusion can expose another (a Conv+BN folded into a Conv can then take
+its activation), so rounds repeat until one changes nothing. The near misses of that
+last round are exactly the places that did not fuse, with their reasons.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
+from fusion_core.config import OptimizeConfig
+from fusion_core.errors import ConfigError
+from fusion_core.ir import load_model, model_from_proto, node_positions
+from fusion_core.patterns import Match, Matcher, NearMiss, check_match
+from fusion_core.prepasses import PrepassOptions, run_prepasses
+from fusion_core.rewriters import RewriteContext, RewriterRegistry, apply_rewrite, builtin_rewriters
+from fusion_core.strategies import PriorityStrategy
+from fusion_core.targets import get_target
+from fusion_core.validate import CheckResult, compare_models
+
+__all__ = ["AppliedFusion", "Result", "optimize", "select_patterns"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppliedFusion:
+    pattern: str
+    replaced_nodes: tuple[str, ...]
+    new_nodes: tuple[str, ...]
+    new_ops: tuple[str, ...]
+    round: int
+
+    def to_dict(self) -> dict:
+        return {
+            "pattern": self.pattern,
+            "replaced_nodes": list(self.replaced_nodes),
+            "new_nodes": list(self.new_nodes),
+            "new_ops": list(self.new_ops),
+            "round": self.round,
+        }
+
+
+@dataclass
+class Result:
+    """What one optimization did. ``model`` is the fused model (onnx-ir)."""
+
+    model: ir.Model
+    target: str
+    patterns_used: list[str]
+    applied: list[AppliedFusion] = field(default_factory=list)
+    near_misses: list[NearMiss] = field(default_factory=list)
+    ops_before: Counter = field(default_factory=Counter)
+    ops_after: Counter = field(default_factory=Counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    rounds: int = 0
+    prepasses: list[str] = field(default_factory=list)
+    check: CheckResult | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(f.pattern for f in self.applied))
+
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.to_proto(self.model)
+
+
+def optimize(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig | None = None,
+    *,
+    registry: RewriterRegistry | None = None,
+    patterns: Sequence[CompiledPattern] | None = None,
+) -> Result:
+    """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
+
+    ``patterns`` replaces the built-in patterns (the service passes its registry
+    snapshot); ``registry`` adds rewriters beyond the built-in ones.
+    """
+    config = config or OptimizeConfig()
+    registry = registry or builtin_rewriters()
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    original, work = _load(model)
+    timings["load"] = time.perf_counter() - start
+
+    chosen = select_patterns(config, registry, patterns)
+    result = Result(model=work, target=config.target, patterns_used=[p.name for p in chosen])
+    result.ops_before = _op_counts(work)
+
+    start = time.perf_counter()
+    result.prepasses = run_prepasses(work, _prepass_options(config))
+    timings["prepasses"] = time.perf_counter() - start
+
+    _rewrite_rounds(result, chosen, config, timings)
+
+    start = time.perf_counter()
+    common.RemoveUnusedNodesPass()(work)
+    common.TopologicalSortPass()(work)
+    timings["cleanup"] = time.perf_counter() - start
+    result.ops_after = _op_counts(work)
+
+    if config.check.enabled:
+        start = time.perf_counter()
+        c = config.check
+        result.check = compare_models(
+            original,
+            result.to_proto(),
+            rtol=c.rtol,
+            atol=c.atol,
+            samples=c.samples,
+            seed=c.seed,
+            dims=c.dims,
+        )
+        timings["check"] = time.perf_counter() - start
+    result.timings = timings
+    return result
+
+
+def _load(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+) -> tuple[onnx.ModelProto, ir.Model]:
+    """The original as a proto (kept for the check) and an independent working copy."""
+    if isinstance(model, (str, os.PathLike)):
+        loaded = load_model(model)
+        original = ir.to_proto(loaded)
+        return original, loaded
+    if isinstance(model, onnx.ModelProto):
+        return model, model_from_proto(model)
+    original = ir.to_proto(model)
+    return original, ir.serde.deserialize_model(original)
+
+
+def select_patterns(
+    config: OptimizeConfig,
+    registry: RewriterRegistry,
+    patterns: Sequence[CompiledPattern] | None = None,
+) -> list[CompiledPattern]:
+    """The patterns this run uses: for the target, filtered by include/exclude."""
+    available = list(patterns) if patterns is not None else builtin_patterns(registry)
+    available += compile_all(config.extra_patterns, registry)
+    names = {p.name for p in available}
+    asked = set(config.patterns or []) | set(config.exclude)
+    unknown = sorted(asked - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown pattern name(s) {unknown}",
+            hint="`autofusion patterns list` shows the available patterns",
+        )
+    get_target(config.target)
+    chosen = [
+        p
+        for p in available
+        if config.target in p.spec.targets
+        and (config.patterns is None or p.name in config.patterns)
+        and p.name not in config.exclude
+    ]
+    return chosen
+
+
+def _prepass_options(config: OptimizeConfig) -> PrepassOptions:
+    return PrepassOptions(
+        fold_constants=config.fold_constants,
+        fold_input_size_limit=config.fold_input_size_limit,
+        fold_output_size_limit=config.fold_output_size_limit,
+        shape_inference=config.shape_inference,
+    )
+
+
+def _rewrite_rounds(
+    result: Result, patterns: list[CompiledPattern], config: OptimizeConfig, timings: dict
+) -> None:
+    by_name = {p.name: p for p in patterns}
+    matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
+    strategy = PriorityStrategy()
+    ctx = RewriteContext(result.model, get_target(config.target))
+    graph = result.model.graph
+    refused: dict[tuple[str, frozenset[str]], str] = {}  # rewriter said no: do not retry
+    timings["match"] = timings["rewrite"] = 0.0
+    for round_number in range(1, config.max_rounds + 1):
+        start = time.perf_counter()
+        found = matcher.find(graph)
+        candidates = [m for m in found.candidates if _key(m) not in refused]
+        timings["match"] += time.perf_counter() - start
+        start = time.perf_counter()
+        ctx.positions = node_positions(graph)
+        applied = 0
+        for match in strategy.select(candidates):
+            reason = check_match(match)
+            compiled = by_name[match.pattern.name]
+            if reason is None:
+                rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)
+                if isinstance(rewrite, str):
+                    reason = f"rewriter {compiled.rewriter.name!r}: {rewrite}"
+                else:
+                    apply_rewrite(ctx, match, rewrite)
+                    _record(result, match, rewrite.new_nodes, round_number)
+                    applied += 1
+                    continue
+            refused[_key(match)] = reason
+        if applied:
+            graph.sort()
+        timings["rewrite"] += time.perf_counter() - start
+        result.rounds = round_number
+        if not applied:
+            result.near_misses = found.near_misses + _refusals(refused, found.candidates)
+            break
+
+
+def _key(match: Match) -> tuple[str, frozenset[str]]:
+    return match.pattern.name, frozenset(match.node_names())
+
+
+def _refusals(refused: dict, candidates: list[Match]) -> list[NearMiss]:
+    still_there = {_key(m): m for m in candidates}
+    return [
+        NearMiss(key[0], tuple(still_there[key].node_names()), reason)
+        for key, reason in refused.items()
+        if key in still_there
+    ]
+
+
+def _record(result: Result, match: Match, new_nodes: list[ir.Node], round_number: int) -> None:
+    result.applied.append(
+        AppliedFusion(
+            pattern=match.pattern.name,
+            replaced_nodes=tuple(match.node_names()),
+            new_nodes=tuple(n.name or "" for n in new_nodes),
+            new_ops=tuple(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in new_nodes),
+            round=round_number,
+        )
+    )
+
+
+def _op_counts(model: ir.Model) -> Counter:
+    return Counter(
+        f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        for n in model.graph
+    )

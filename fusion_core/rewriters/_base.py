@@ -1,0 +1,167 @@
+"""What every rewriter shares: the interface, the context it works in, and how a
+rewrite is applied to the graph (with provenance on every new node).
+
+A rewriter is code registered by name. It is given a match and validated params and
+returns either a ``Rewrite`` (new nodes and which old values they replace) or a reason
+string when it cannot rewrite this match for this target. It never mutates the graph
+itself: ``apply_rewrite`` does, so a rejected rewrite leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import onnx_ir as ir
+from pydantic import BaseModel, ConfigDict
+
+from fusion_core.patterns import Match, PatternSpec
+from fusion_core.targets import Target
+
+__all__ = [
+    "PROVENANCE_KEYS",
+    "Params",
+    "Rewrite",
+    "RewriteContext",
+    "Rewriter",
+    "apply_rewrite",
+    "provenance",
+]
+
+# Node metadata written on every fused node, so validation and reports can map back.
+PROVENANCE_KEYS = ("autofusion.pattern", "autofusion.replaced_nodes", "autofusion.replaced_values")
+
+
+class Params(BaseModel):
+    """Base of each rewriter's params; fields naming pattern nodes end in ``_node``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class RewriteContext:
+    """The model being rewritten and the target; hands out unique names."""
+
+    model: ir.Model
+    target: Target
+    # Position of each node at the start of the current round (set by the pipeline), so
+    # placing a rewrite costs O(match size), not a scan of the graph.
+    positions: dict[int, int] = field(default_factory=dict)
+    _used_names: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        graph = self.model.graph
+        self._used_names.update(v.name for v in graph.initializers.values() if v.name)
+        self._used_names.update(v.name for v in graph.inputs if v.name)
+        for node in graph:
+            self._used_names.update(v.name for v in node.outputs if v.name)
+            if node.name:
+                self._used_names.add(node.name)
+
+    @property
+    def graph(self) -> ir.Graph:
+        return self.model.graph
+
+    @property
+    def opset(self) -> int:
+        return self.model.opset_imports.get("", self.model.opset_imports.get("ai.onnx", 1))
+
+    def fresh_name(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self._used_names:
+            name, k = f"{hint}_{k}", k + 1
+        self._used_names.add(name)
+        return name
+
+    def initializer(self, hint: str, array: np.ndarray) -> ir.Value:
+        """A new constant initializer holding ``array``, registered in the graph."""
+        name = self.fresh_name(hint)
+        value = ir.Value(name=name, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
+        value.dtype = ir.DataType.from_numpy(array.dtype)
+        self.graph.register_initializer(value)
+        return value
+
+    def use_domain(self, domain: str, version: int = 1) -> None:
+        self.model.opset_imports.setdefault(domain, version)
+
+
+@dataclass
+class Rewrite:
+    """The replacement of one match: new nodes, and the old values they stand in for."""
+
+    new_nodes: list[ir.Node]
+    replaced: list[tuple[ir.Value, ir.Value]]  # (old value, new value)
+
+
+class Rewriter(ABC):
+    """A named piece of code that replaces a match with faster nodes for a target."""
+
+    name: ClassVar[str]
+    targets: ClassVar[frozenset[str]] = frozenset({"generic", "onnxruntime"})
+    Params: ClassVar[type[Params]] = Params
+
+    def validate_params(self, raw: dict, pattern: PatternSpec) -> Params:
+        """Validate params against the schema and the pattern's node ids."""
+        params = self.Params.model_validate(raw)
+        ids = {n.id for n in pattern.nodes}
+        for field_name, value in params.model_dump().items():
+            if field_name.endswith("_node") and value is not None and value not in ids:
+                raise ValueError(
+                    f"rewriter.params.{field_name}: {value!r} names no node of the pattern "
+                    f"(nodes are {sorted(ids)})"
+                )
+        return params
+
+    @abstractmethod
+    def rewrite(self, match: Match, params: Params, ctx: RewriteContext) -> Rewrite | str:
+        """Build the replacement, or return why this match cannot be rewritten."""
+
+
+def provenance(node: ir.Node) -> tuple[list[str], list[str]]:
+    """(original node names, original value names) a node stands for."""
+    props = node.metadata_props
+    if "autofusion.replaced_nodes" in props:
+        return (
+            json.loads(props["autofusion.replaced_nodes"]),
+            json.loads(props.get("autofusion.replaced_values", "[]")),
+        )
+    return [node.name or f"<{node.op_type}>"], []
+
+
+def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
+    """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance."""
+    graph = ctx.graph
+    old_nodes = sorted(match.nodes.values(), key=lambda n: ctx.positions[id(n)])
+    replaced_nodes: list[str] = []
+    replaced_values: list[str] = []
+    for node in old_nodes:
+        names, values = provenance(node)
+        replaced_nodes += names
+        replaced_values += values
+    kept = {id(old) for old, _ in rewrite.replaced}
+    replaced_values += [
+        v.name for n in old_nodes for v in n.outputs if id(v) not in kept and v.name and v.uses()
+    ]
+    for node in rewrite.new_nodes:
+        node.metadata_props["autofusion.pattern"] = match.pattern.name
+        node.metadata_props["autofusion.replaced_nodes"] = json.dumps(replaced_nodes)
+        node.metadata_props["autofusion.replaced_values"] = json.dumps(replaced_values)
+        if not node.name:
+            node.name = ctx.fresh_name(f"{match.pattern.name}_{node.op_type}")
+    old_values = [old for old, _ in rewrite.replaced]
+    new_values = [new for _, new in rewrite.replaced]
+    ir.convenience.replace_nodes_and_values(
+        graph, old_nodes[-1], old_nodes, rewrite.new_nodes, old_values, new_values
+    )
+
+
+def copy_attributes(node: ir.Node, *, drop: Iterable[str] = ()) -> list[ir.Attr]:
+    """Fresh copies of a node's attributes (an Attr belongs to one node)."""
+    dropped = set(drop)
+    return [
+        ir.Attr(a.name, a.type, a.value) for a in node.attributes.values() if a.name not in dropped
+    ]
