@@ -79,6 +79,15 @@ class DropoutEliminationPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=modified)
 
 
+def _fold_constant_of_shape(node: ir.Node) -> bool | None:
+    # onnxscript keeps ConstantOfShape to keep files small, but weights written as
+    # ConstantOfShape (as in the ONNX model zoo's light models) must become constants
+    # for BatchNorm folding. The output size limit still bounds what is materialised.
+    if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
+        return True
+    return None
+
+
 def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
     """Run the pre-passes in place; return the names of those that changed the model."""
     changed = []
@@ -96,6 +105,7 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
             onnx_shape_inference=options.shape_inference,
             input_size_limit=options.fold_input_size_limit,
             output_size_limit=options.fold_output_size_limit,
+            should_fold=_fold_constant_of_shape,
         )
         if result.modified:
             changed.append("constant_folding")

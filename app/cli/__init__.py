@@ -1,0 +1,64 @@
+"""The ``autofusion`` command line.
+
+Exit codes (stable, for CI scripts):
+  0 success
+  1 the fused model failed the numerical check
+  2 usage or config error (bad option, unknown pattern or target)
+  3 the input model is missing, not ONNX, malformed or unsafe
+  4 a pattern file is invalid
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from app.cli import optimize as optimize_cmd
+from app.cli import patterns as patterns_cmd
+from app.cli._exit import EXIT_CONFIG, EXIT_MODEL, EXIT_PATTERN
+from fusion_core.errors import (
+    ConfigError,
+    FusionError,
+    ModelLoadError,
+    PatternError,
+    UnsafeModelError,
+)
+
+__all__ = ["main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autofusion",
+        description="Automatic operator fusion for ONNX models.",
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    optimize_cmd.add_parser(commands)
+    patterns_cmd.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ModelLoadError, UnsafeModelError) as exc:
+        return _fail(exc, EXIT_MODEL)
+    except PatternError as exc:
+        return _fail(exc, EXIT_PATTERN)
+    except ConfigError as exc:
+        return _fail(exc, EXIT_CONFIG)
+    except FusionError as exc:
+        return _fail(exc, EXIT_CONFIG)
+
+
+def _fail(exc: FusionError, code: int) -> int:
+    sys.stderr.write(f"autofusion: error: {exc}\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Exit codes of the ``autofusion`` command (documented in ``app.cli``)."""
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_MODEL = 3
+EXIT_PATTERN = 4

@@ -1,0 +1,75 @@
+"""A readable summary of a report, for terminals and CI logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_summary"]
+
+_MAX_NEAR_MISSES = 10
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    lines = [f"autofusion: {report.get('model') or 'model'} -> target {report['target']}"]
+    lines += _fusions(report)
+    lines += _ops(report["nodes"])
+    lines += _check(report.get("check"))
+    lines += _near_misses(report["near_misses"])
+    timings = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in report["timings_s"].items())
+    lines.append(f"time per phase: {timings}")
+    if report.get("output"):
+        lines.append(f"wrote {report['output']}")
+    return "\n".join(lines)
+
+
+def _fusions(report: dict[str, Any]) -> list[str]:
+    fusions = report["fusions"]
+    if not fusions:
+        return ["fusions applied: none"]
+    total = sum(fusions.values())
+    lines = [f"fusions applied: {total} in {report['rounds']} round(s)"]
+    width = max(len(name) for name in fusions)
+    for name, count in sorted(fusions.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {name:<{width}}  {count:>5}")
+    return lines
+
+
+def _ops(nodes: dict[str, Any]) -> list[str]:
+    before, after = nodes["by_op_before"], nodes["by_op_after"]
+    ops = sorted(set(before) | set(after), key=lambda op: (-before.get(op, 0), op))
+    width = max([len(op) for op in ops] + [7])
+    lines = [
+        f"nodes: {nodes['before']} -> {nodes['after']}",
+        f"  {'op type':<{width}}  before  after",
+    ]
+    for op in ops:
+        b, a = before.get(op, 0), after.get(op, 0)
+        lines.append(f"  {op:<{width}}  {b:>6}  {a:>5}")
+    return lines
+
+
+def _check(check: dict[str, Any] | None) -> list[str]:
+    if check is None:
+        return ["check: skipped (--no-check)"]
+    if check.get("error"):
+        return [f"check: FAILED: {check['error']}"]
+    verdict = "passed" if check["passed"] else "FAILED"
+    lines = [
+        f"check: {verdict} on {check['samples']} sample(s), max abs diff "
+        f"{check['max_abs_diff']:.3g} (onnxruntime, graph optimizations disabled)"
+    ]
+    for output in check["outputs"]:
+        if not output["passed"]:
+            lines.append(f"  output {output['name']!r}: {output['detail']}")
+    return lines
+
+
+def _near_misses(misses: list[dict[str, Any]]) -> list[str]:
+    if not misses:
+        return []
+    lines = [f"near misses (did not fuse): {len(misses)}"]
+    for miss in misses[:_MAX_NEAR_MISSES]:
+        lines.append(f"  {miss['pattern']} at {', '.join(miss['nodes'])}: {miss['reason']}")
+    if len(misses) > _MAX_NEAR_MISSES:
+        lines.append(f"  ... {len(misses) - _MAX_NEAR_MISSES} more in the JSON report")
+    return lines

@@ -1,0 +1,1 @@
+"""autofusion's job workers (Celery tasks arrive with issue 3)."""
