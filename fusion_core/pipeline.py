@@ -199,7 +199,7 @@ def _rewrite_rounds(
         timings["match"] += time.perf_counter() - start
         start = time.perf_counter()
         ctx.positions = node_positions(graph)
-        applied = 0
+        applied = refusals = 0
         for match in strategy.select(candidates):
             reason = check_match(match)
             compiled = by_name[match.pattern.name]
@@ -213,11 +213,14 @@ def _rewrite_rounds(
                     applied += 1
                     continue
             refused[_key(match)] = reason
+            refusals += 1
         if applied:
             graph.sort()
         timings["rewrite"] += time.perf_counter() - start
         result.rounds = round_number
-        if not applied:
+        # A refused candidate may have hidden an overlapping one that would succeed:
+        # another round retries without it.
+        if not applied and not refusals:
             result.near_misses = found.near_misses + _refusals(refused, found.candidates)
             break
 

@@ -1,0 +1,142 @@
+"""Pre-passes: constants hidden by exporters become visible to the patterns."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper as nh
+import onnx.parser
+import pytest
+
+from fusion_core import CheckOptions, OptimizeConfig, optimize
+from fusion_core.validate import make_session
+
+RNG = np.random.default_rng(7)
+C = 4
+
+
+def _bn_params() -> list[onnx.TensorProto]:
+    return [
+        nh.from_array(RNG.uniform(0.5, 1.5, C).astype(np.float32), "gamma"),
+        nh.from_array(RNG.normal(0, 0.1, C).astype(np.float32), "beta"),
+        nh.from_array(RNG.normal(0, 0.1, C).astype(np.float32), "mean"),
+        nh.from_array(RNG.uniform(0.5, 2.0, C).astype(np.float32), "var"),
+        nh.from_array(RNG.normal(0, 0.3, (C, 3, 3, 3)).astype(np.float32), "w"),
+    ]
+
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+SIGNATURE = "g (float[1,3,8,8] x) => (float[1,4,8,8] y)"
+
+# Each body hides the BN scale (input 1) behind a chain an exporter produces.
+HIDDEN_SCALE = {
+    "identity": "s = Identity(gamma)",
+    "identity-chain": "s0 = Identity(gamma)\n s = Identity(s0)",
+    "castlike": "s = CastLike(gamma, x)",
+    "expand": "shape = Constant<value = int64[1] {4}>()\n s = Expand(gamma, shape)",
+    "shape-expand": (
+        "one = Constant<value = float[1] {1.0}>()\n wshape = Shape<start = 0, end = 1>(w)\n"
+        " ones = Expand(one, wshape)\n s = Mul(gamma, ones)"
+    ),
+    "constant-node": "s = Constant<value = float[4] {1.0, 0.5, 2.0, 1.5}>()",
+}
+
+
+def _model(scale_body: str) -> onnx.ModelProto:
+    text = (
+        HEADER
+        + SIGNATURE
+        + " {\n "
+        + scale_body
+        + """
+ c = Conv<pads = [1, 1, 1, 1]>(x, w)
+ y = BatchNormalization(c, s, beta, mean, var)
+}"""
+    )
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(_bn_params())
+    return model
+
+
+@pytest.mark.parametrize("body", HIDDEN_SCALE.values(), ids=HIDDEN_SCALE.keys())
+def test_bn_parameters_behind_exporter_chains_still_fold(body: str) -> None:
+    model = _model(body)
+    result = optimize(model, OptimizeConfig(check=CheckOptions(enabled=False)))
+    fused = result.to_proto()
+
+    assert result.counts == {"conv_bn": 1}
+    assert [n.op_type for n in fused.graph.node] == ["Conv"]
+    onnx.checker.check_model(fused, full_check=True)
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = make_session(model).run(None, {"x": x})[0]
+    got = make_session(fused).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_in_inference_is_removed_so_patterns_see_through_it() -> None:
+    text = (
+        HEADER
+        + SIGNATURE
+        + """ {
+ c = Conv<pads = [1, 1, 1, 1]>(x, w)
+ d = Dropout(c)
+ y = BatchNormalization(d, gamma, beta, mean, var)
+}"""
+    )
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(_bn_params())
+    result = optimize(model, OptimizeConfig())
+    assert result.counts == {"conv_bn": 1}
+    assert "dropout_elimination" in result.prepasses
+    assert result.check is not None and result.check.passed
+
+
+def test_dropout_forced_into_training_is_kept() -> None:
+    text = (
+        HEADER
+        + SIGNATURE
+        + """ {
+ c = Conv<pads = [1, 1, 1, 1]>(x, w)
+ ratio = Constant<value = float {0.5}>()
+ train = Constant<value = bool {1}>()
+ d = Dropout(c, ratio, train)
+ y = BatchNormalization(d, gamma, beta, mean, var)
+}"""
+    )
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(_bn_params())
+    result = optimize(model, OptimizeConfig(check=CheckOptions(enabled=False)))
+    assert result.counts == {}
+    assert result.ops_after["Dropout"] == 1
+
+
+def test_initializer_listed_as_input_is_overridable_and_not_folded() -> None:
+    # From IR 4 on, an initializer that is also a graph input is a default the caller
+    # may replace: folding it would change the model's meaning.
+    model = _model("s = Identity(gamma)")
+    gamma = next(t for t in model.graph.initializer if t.name == "gamma")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("gamma", gamma.data_type, [C]))
+    result = optimize(model, OptimizeConfig(check=CheckOptions(enabled=False)))
+    assert result.counts == {}
+    reasons = [m.reason for m in result.near_misses if m.pattern == "conv_bn"]
+    assert any("is not a constant initializer" in r for r in reasons), reasons
+
+
+def test_ir3_initializer_inputs_are_constants() -> None:
+    model = onnx.parser.parse_model(
+        '<ir_version: 3, opset_import: ["" : 9]>\n'
+        + SIGNATURE
+        + """ {
+ c = Conv<pads = [1, 1, 1, 1]>(x, w)
+ y = BatchNormalization(c, gamma, beta, mean, var)
+}"""
+    )
+    params = _bn_params()
+    model.graph.initializer.extend(params)
+    for tensor in params:  # IR < 4 lists every initializer as an input
+        model.graph.input.append(
+            onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+        )
+    result = optimize(model, OptimizeConfig())
+    assert result.counts == {"conv_bn": 1}
+    assert result.check is not None and result.check.passed
