@@ -7,12 +7,15 @@ measures our rewrite and not onnxruntime's. Every output is compared with
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from fusion_core.ir import PROTOBUF_LIMIT_BYTES
 from fusion_core.validate._inputs import random_inputs
 
 __all__ = ["CheckResult", "OutputCheck", "compare_models", "make_session"]
@@ -57,9 +60,20 @@ def make_session(
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    if model.ByteSize() <= PROTOBUF_LIMIT_BYTES:
+        return ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    # Over 2 GB a model cannot be one protobuf: hand onnxruntime a file with its
+    # weights beside it, in a folder that lives as long as the session.
+    folder = tempfile.TemporaryDirectory(prefix="autofusion-")
+    path = Path(folder.name) / "model.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # saving with external data strips the tensors it writes out
+    onnx.save_model(copy, path, save_as_external_data=True, location="model.onnx.data")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session._autofusion_folder = folder  # keeps the weights alive
+    return session
 
 
 def compare_models(
