@@ -83,8 +83,12 @@ def compile_pattern(
 def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     errors = []
     for error in exc.errors():
-        path = ".".join(str(p) for p in error["loc"]) or "<pattern>"
+        path = ".".join(str(p) for p in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
+        if not path:
+            # Whole-pattern checks say "nodes.1.inputs.0: message": split the path off.
+            prefix, sep, rest = message.partition(": ")
+            path, message = (prefix, rest) if sep and " " not in prefix else ("<pattern>", message)
         errors.append((path, message))
     return errors
 

@@ -128,6 +128,11 @@ def check_external_data(model: ir.Model, model_dir: str | os.PathLike) -> None:
 def _check_location(tensor_name: str, location: str, root: Path) -> None:
     hint = "external-data files must sit next to the model, referenced by a relative name"
     rel = Path(location)
+    if not rel.parts or location.strip() in ("", "."):
+        raise UnsafeModelError(
+            f"tensor {tensor_name!r} has an empty external-data location {location!r}",
+            hint=hint,
+        )
     if rel.is_absolute() or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
         raise UnsafeModelError(
             f"tensor {tensor_name!r} refers to external data at absolute path {location!r}",
@@ -152,6 +157,12 @@ def _check_location(tensor_name: str, location: str, root: Path) -> None:
             f"external-data file {location!r} of tensor {tensor_name!r} is missing",
             hint="upload the external-data files together with the model",
         )
+    if current.stat().st_nlink > 1:
+        # A hard link may share its bytes with any file on the same disk.
+        raise UnsafeModelError(
+            f"external-data file {location!r} of tensor {tensor_name!r} is a hard link",
+            hint="copy the data file instead of linking it",
+        )
     if not current.resolve().is_relative_to(root):
         raise UnsafeModelError(
             f"tensor {tensor_name!r} refers to external data outside the model's folder: "
@@ -174,6 +185,9 @@ def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:
         if v.const_value is not None
     )
     if total <= PROTOBUF_LIMIT_BYTES:
+        # Tensors still lazily read from the source folder would be saved as references
+        # to files that do not exist beside the new model: read them in first.
+        ir.external_data.load_to_model(model)
         ir.save(model, path)
         return [path]
     data_name = path.name + ".data"

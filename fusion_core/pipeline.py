@@ -24,7 +24,7 @@ import onnx_ir.passes.common as common
 
 from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
-from fusion_core.errors import ConfigError
+from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
@@ -153,8 +153,15 @@ def select_patterns(
 ) -> list[CompiledPattern]:
     """The patterns this run uses: for the target, filtered by include/exclude."""
     available = list(patterns) if patterns is not None else builtin_patterns(registry)
-    available += compile_all(config.extra_patterns, registry)
     names = {p.name for p in available}
+    for extra in compile_all(config.extra_patterns, registry):
+        if extra.name in names:
+            raise PatternError(
+                f"pattern name {extra.name!r} is already taken",
+                hint="give your pattern its own name, e.g. in a namespace: mycompany.conv_bn",
+            )
+        names.add(extra.name)
+        available.append(extra)
     asked = set(config.patterns or []) | set(config.exclude)
     unknown = sorted(asked - names)
     if unknown:

@@ -11,6 +11,7 @@ Exit codes (stable, for CI scripts):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -53,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, EXIT_CONFIG)
     except FusionError as exc:
         return _fail(exc, EXIT_CONFIG)
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - must outlive this function
+        return 0
 
 
 def _fail(exc: FusionError, code: int) -> int:

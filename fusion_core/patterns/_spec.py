@@ -136,7 +136,11 @@ class PatternSpec(BaseModel):
                         f"nodes.{k}.inputs.{index}: {source!r} names no node of this pattern"
                     )
         for k, constraint in enumerate(self.constraints):
-            for text, node_id in constraint_ref_nodes(constraint):
+            try:
+                refs = constraint_ref_nodes(constraint)
+            except ValueError as exc:
+                raise ValueError(f"constraints.{k}: {exc}") from None
+            for text, node_id in refs:
                 if node_id is not None and node_id not in known:
                     raise ValueError(f"constraints.{k}: {text!r} names no node of this pattern")
                 ref = parse_ref(text)
