@@ -28,7 +28,14 @@ from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
-from fusion_core.rewriters import RewriteContext, RewriterRegistry, apply_rewrite, builtin_rewriters
+from fusion_core.rewriters import (
+    RewriteContext,
+    RewriterRegistry,
+    apply_rewrite,
+    builtin_rewriters,
+    discard,
+    missing_output,
+)
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.targets import get_target
 from fusion_core.validate import CheckResult, compare_models
@@ -214,6 +221,8 @@ def _rewrite_rounds(
                 rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)
                 if isinstance(rewrite, str):
                     reason = f"rewriter {compiled.rewriter.name!r}: {rewrite}"
+                elif (reason := missing_output(match, rewrite)) is not None:
+                    discard(rewrite)
                 else:
                     apply_rewrite(ctx, match, rewrite)
                     _record(result, match, rewrite.new_nodes, round_number)

@@ -115,9 +115,12 @@ def _describe(ref: str, value: ir.Value | None) -> str:
 
 
 @lru_cache(maxsize=1024)
-def _schema_default(op_type: str, domain: str, name: str) -> Any:
+def _schema_default(op_type: str, domain: str, opset: int | None, name: str) -> Any:
     try:
-        schema = onnx.defs.get_schema(op_type, domain=domain)
+        if opset is None:
+            schema = onnx.defs.get_schema(op_type, domain=domain)
+        else:
+            schema = onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
         return None
     attr = schema.attributes.get(name)
@@ -126,8 +129,8 @@ def _schema_default(op_type: str, domain: str, name: str) -> Any:
     return onnx.helper.get_attribute_value(attr.default_value)
 
 
-def attribute_value(node: ir.Node, name: str) -> Any:
-    """The attribute's value, else the schema default, else None."""
+def attribute_value(node: ir.Node, name: str, default: Any = None) -> Any:
+    """The attribute's value, else the schema default, else ``default``."""
     attr = node.attributes.get(name)
     if attr is not None:
         value = attr.value
@@ -136,10 +139,17 @@ def attribute_value(node: ir.Node, name: str) -> Any:
         if isinstance(value, (list, tuple)):
             return [v.decode() if isinstance(v, bytes) else v for v in value]
         return value
-    default = _schema_default(node.op_type, node.domain or "", name)
-    if isinstance(default, bytes):
-        return default.decode()
-    return default
+    domain = node.domain or ""
+    graph = node.graph
+    opset = None
+    if graph is not None:  # defaults can change between opsets: use the model's
+        opset = graph.opset_imports.get(domain, graph.opset_imports.get("ai.onnx"))
+    schema_default = _schema_default(node.op_type, domain, opset, name)
+    if schema_default is None:
+        return default
+    if isinstance(schema_default, bytes):
+        return schema_default.decode()
+    return schema_default
 
 
 # ---------------------------------------------------------------------------------------

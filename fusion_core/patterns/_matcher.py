@@ -232,7 +232,7 @@ class _Search:
                 return
         arity = len(node.inputs)
         perms = [tuple(range(arity))]
-        if spec.is_commutative() and arity == 2:
+        if spec.is_commutative(node.op_type) and arity == 2:
             perms.append((1, 0))
         for perm in perms:
             new_free = self._inputs_fit(spec, node, perm, nodes, free)

@@ -48,7 +48,7 @@ class NodeSpec(BaseModel):
     domain: str = ""  # declared before `op` so the op-type check can read it
     op: tuple[str, ...]
     inputs: dict[int, str] = Field(default_factory=dict)
-    commutative: bool | None = None  # None: inferred from the op types (Add, Mul, ...)
+    commutative: bool | None = None  # None: by the matched op type (Add, Mul, ...)
 
     @field_validator("op", mode="before")
     @classmethod
@@ -76,10 +76,14 @@ class NodeSpec(BaseModel):
             parse_edge(source)
         return inputs
 
-    def is_commutative(self) -> bool:
+    def is_commutative(self, op_type: str) -> bool:
+        """Whether a graph node of ``op_type`` playing this node may have swapped inputs.
+
+        Decided per matched op, so ``op: [Add, Sub]`` swaps an Add but never a Sub.
+        """
         if self.commutative is not None:
             return self.commutative
-        return all(op in COMMUTATIVE_OPS for op in self.op)
+        return op_type in COMMUTATIVE_OPS
 
 
 class RewriterRef(BaseModel):

@@ -11,6 +11,8 @@ from fusion_core.rewriters._base import (
     RewriteContext,
     Rewriter,
     apply_rewrite,
+    discard,
+    missing_output,
     provenance,
 )
 from fusion_core.rewriters.activation import FuseActivation
@@ -29,6 +31,8 @@ __all__ = [
     "RewriterRegistry",
     "apply_rewrite",
     "builtin_rewriters",
+    "discard",
+    "missing_output",
     "provenance",
 ]
 

@@ -74,7 +74,7 @@ def batchnorm_scale_shift(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | str:
     if any(a is None for a in arrays):
         return f"the parameters of BatchNormalization {bn.name!r} are not all constant"
     gamma, beta, mean, var = (a.astype(np.float64).reshape(-1) for a in arrays)
-    eps = float(attribute_value(bn, "epsilon") or 1e-5)
+    eps = float(attribute_value(bn, "epsilon", 1e-5))
     scale = gamma / np.sqrt(var + eps)
     return scale, beta - mean * scale
 
@@ -133,13 +133,13 @@ def _output_channels(producer: ir.Node, weight: np.ndarray) -> int | str:
     if op == "Conv":
         return weight.shape[0]
     if op == "ConvTranspose":
-        return weight.shape[1] * int(attribute_value(producer, "group") or 1)
+        return weight.shape[1] * int(attribute_value(producer, "group", 1))
     if op == "MatMul":
         if weight.ndim != 2:
             return f"the MatMul weight of {producer.name!r} has rank {weight.ndim}, expected 2"
         return weight.shape[1]
     if op == "Gemm":
-        trans_b = int(attribute_value(producer, "transB") or 0)
+        trans_b = int(attribute_value(producer, "transB", 0))
         return weight.shape[0] if trans_b else weight.shape[1]
     return f"cannot fold into {op} {producer.name!r}: supported are {FOLDABLE_PRODUCERS}"
 
@@ -149,7 +149,7 @@ def _scale_weight(producer: ir.Node, weight: np.ndarray, scale: np.ndarray) -> n
     if producer.op_type == "Conv":
         return w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
     if producer.op_type == "ConvTranspose":
-        group = int(attribute_value(producer, "group") or 1)
+        group = int(attribute_value(producer, "group", 1))
         c_in, per_group = w.shape[0], w.shape[1]
         grouped = w.reshape((group, c_in // group, per_group) + w.shape[2:])
         s = scale.reshape((group, 1, per_group) + (1,) * (w.ndim - 2))
@@ -167,8 +167,8 @@ def _bias(producer: ir.Node, channels: int) -> np.ndarray:
 def _fold_gemm(
     gemm: ir.Node, weight: np.ndarray, scale: np.ndarray, shift: np.ndarray, ctx: RewriteContext
 ) -> Folded | str:
-    trans_b = int(attribute_value(gemm, "transB") or 0)
-    beta = float(attribute_value(gemm, "beta") or 1.0)
+    trans_b = int(attribute_value(gemm, "transB", 0))
+    beta = float(attribute_value(gemm, "beta", 1.0))
     w = weight.astype(np.float64)
     new_weight = w * (scale.reshape(-1, 1) if trans_b else scale.reshape(1, -1))
     bias_value = gemm.inputs[2] if len(gemm.inputs) > 2 else None

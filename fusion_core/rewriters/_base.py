@@ -29,6 +29,8 @@ __all__ = [
     "RewriteContext",
     "Rewriter",
     "apply_rewrite",
+    "discard",
+    "missing_output",
     "provenance",
 ]
 
@@ -130,6 +132,37 @@ def provenance(node: ir.Node) -> tuple[list[str], list[str]]:
             json.loads(props.get("autofusion.replaced_values", "[]")),
         )
     return [node.name or f"<{node.op_type}>"], []
+
+
+def missing_output(match: Match, rewrite: Rewrite) -> str | None:
+    """Why the rewrite would lose a value still needed outside the match, or None.
+
+    Every output of a replaced node that is a graph output or has a reader outside the
+    match must be among the values the rewrite replaces (a MaxPool's Indices output,
+    a BatchNormalization's training outputs, a horizontal sibling's result...).
+    """
+    members = {id(n) for n in match.nodes.values()}
+    replaced = {id(old) for old, _ in rewrite.replaced}
+    for node_id, node in match.nodes.items():
+        for index, value in enumerate(node.outputs):
+            if id(value) in replaced:
+                continue
+            if value.is_graph_output():
+                return f"{node_id}.out{index} ({value.name!r}) is a graph output the rewrite drops"
+            readers = [u.node for u in value.uses() if id(u.node) not in members]
+            if readers:
+                return (
+                    f"{node_id}.out{index} ({value.name!r}) is read by {readers[0].op_type} "
+                    f"{readers[0].name!r}, but the rewrite drops it"
+                )
+    return None
+
+
+def discard(rewrite: Rewrite) -> None:
+    """Forget a rewrite that will not be applied: its nodes stop being readers."""
+    for node in rewrite.new_nodes:
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
 
 
 def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:

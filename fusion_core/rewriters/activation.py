@@ -55,8 +55,12 @@ def activation_params(act: ir.Node) -> list[float] | str:
 def _clip_bounds(clip: ir.Node) -> list[float] | str:
     info = np.finfo(np.float32)
     if clip.attributes.get("min") is not None or clip.attributes.get("max") is not None:
-        # opset < 11: bounds are attributes
-        return [float(attribute_value(clip, "min")), float(attribute_value(clip, "max"))]
+        # opset < 11: bounds are attributes; an absent one is unbounded
+        low, high = attribute_value(clip, "min"), attribute_value(clip, "max")
+        return [
+            float(info.min) if low is None else float(low),
+            float(info.max) if high is None else float(high),
+        ]
     bounds = []
     for index, default in ((1, float(info.min)), (2, float(info.max))):
         value = clip.inputs[index] if index < len(clip.inputs) else None

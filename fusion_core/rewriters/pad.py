@@ -46,7 +46,7 @@ class PadIntoConv(Rewriter):
         if (pads < 0).any():
             return f"Pad {pad.name!r} has negative pads (a crop)"
         spatial = rank - 2
-        conv_pads = np.array(attribute_value(conv, "pads") or [0] * (2 * spatial), dtype=np.int64)
+        conv_pads = np.array(attribute_value(conv, "pads", [0] * (2 * spatial)), dtype=np.int64)
         new_pads = conv_pads + np.concatenate([begin[2:], end[2:]])
         attributes = copy_attributes(conv, drop=("pads",))
         attributes.append(ir.AttrInt64s("pads", [int(p) for p in new_pads]))
@@ -59,7 +59,7 @@ class PadIntoConv(Rewriter):
 def _full_pads(pad: ir.Node, rank: int) -> np.ndarray | str:
     """The pads as ``[b_1..b_rank, e_1..e_rank]`` over all axes, or why not known."""
     if pad.attributes.get("pads") is not None:  # opset < 11
-        value = float(attribute_value(pad, "value") or 0.0)
+        value = float(attribute_value(pad, "value", 0.0))
         if value != 0.0:
             return f"Pad {pad.name!r} pads with {value}, not 0"
         return np.array(attribute_value(pad, "pads"), dtype=np.int64)
