@@ -1,0 +1,151 @@
+"""Shared helpers for the rewriter tests: build tiny models, optimize them, compare them.
+
+Models are written in ONNX text (``onnx.parser``); weights come from a seeded numpy
+generator and are appended as initializers, so every test model is a few hundred bytes
+and fully reproducible. Every model a helper builds passes the full ONNX checker, so a
+failing test points at the optimizer, not at the test model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.parser
+
+from fusion_core import CheckOptions, OptimizeConfig, Result, optimize
+from fusion_core.validate import make_session, random_inputs
+
+__all__ = [
+    "assert_fusion",
+    "assert_no_fusion",
+    "bn_params",
+    "build_model",
+    "misses",
+    "op_sequence",
+    "optimize_quiet",
+    "run_both",
+]
+
+
+def build_model(text: str, initializers: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """Parse ONNX text and append ``initializers`` (float arrays become float32)."""
+    model = onnx.parser.parse_model(text)
+    for name, array in (initializers or {}).items():
+        array = np.asarray(array)
+        if np.issubdtype(array.dtype, np.floating):
+            array = array.astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def bn_params(
+    rng: np.random.Generator, channels: int, prefix: str = "bn", *, positive: bool = False
+) -> dict[str, np.ndarray]:
+    """Non-trivial BatchNormalization parameters: ``<prefix>_scale/_bias/_mean/_var``.
+
+    The scale is far from 1 and (unless ``positive``) of mixed sign; the variance is
+    strictly positive.
+    """
+    scale = rng.uniform(0.5, 2.0, channels)
+    if not positive:
+        scale *= np.where(np.arange(channels) % 2 == 0, 1.0, -1.0)
+    return {
+        f"{prefix}_scale": scale,
+        f"{prefix}_bias": rng.standard_normal(channels),
+        f"{prefix}_mean": rng.standard_normal(channels),
+        f"{prefix}_var": rng.uniform(0.5, 2.0, channels),
+    }
+
+
+def optimize_quiet(
+    model: onnx.ModelProto,
+    *,
+    target: str = "generic",
+    patterns: list[str] | None = None,
+    **config: Any,
+) -> Result:
+    """``fusion_core.optimize`` with the built-in check disabled (tests compare themselves)."""
+    return optimize(
+        model,
+        OptimizeConfig(
+            target=target, patterns=patterns, check=CheckOptions(enabled=False), **config
+        ),
+    )
+
+
+def op_sequence(model: onnx.ModelProto) -> list[str]:
+    """Op types of the graph's nodes in order, ``domain::op`` outside the ONNX domain."""
+    return [
+        f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        for n in model.graph.node
+    ]
+
+
+def misses(result: Result, pattern: str) -> list[str]:
+    """The near-miss reasons the optimizer reported for ``pattern``."""
+    return [m.reason for m in result.near_misses if m.pattern == pattern]
+
+
+def run_both(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    *,
+    rtol: float,
+    atol: float,
+    feeds: dict[str, np.ndarray] | None = None,
+    seed: int = 0,
+) -> None:
+    """Run both models in onnxruntime (graph optimizations disabled); outputs must agree."""
+    feeds = feeds if feeds is not None else random_inputs(original, seed=seed)
+    reference, candidate = make_session(original), make_session(fused)
+    names = [o.name for o in reference.get_outputs()]
+    assert names == [o.name for o in candidate.get_outputs()], "the outputs differ"
+    for name, want, got in zip(
+        names, reference.run(names, feeds), candidate.run(names, feeds), strict=True
+    ):
+        assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def assert_fusion(
+    model: onnx.ModelProto,
+    result: Result,
+    *,
+    counts: dict[str, int],
+    ops: list[str],
+    rtol: float,
+    atol: float,
+) -> onnx.ModelProto:
+    """The four checks of a positive case (STYLE.md, Tests): match counts, op sequence,
+    full ONNX check, and the same outputs as ``model``. Returns the fused proto."""
+    assert result.counts == counts, f"counts {result.counts}, expected {counts}"
+    fused = result.to_proto()
+    assert op_sequence(fused) == ops, f"ops {op_sequence(fused)}, expected {ops}"
+    onnx.checker.check_model(fused, full_check=True)
+    run_both(model, fused, rtol=rtol, atol=atol)
+    return fused
+
+
+def assert_no_fusion(
+    model: onnx.ModelProto,
+    result: Result,
+    *,
+    pattern: str,
+    reason: str,
+    ops: list[str],
+    rtol: float,
+    atol: float,
+) -> onnx.ModelProto:
+    """A negative case: ``pattern`` did not fire, a near miss of it gives ``reason``
+    (a substring), and the untouched model is valid and computes the same."""
+    assert pattern not in result.counts, f"{pattern} fused: {result.counts}"
+    reasons = misses(result, pattern)
+    assert any(reason in r for r in reasons), f"{reason!r} not in {reasons}"
+    fused = result.to_proto()
+    assert op_sequence(fused) == ops, f"ops {op_sequence(fused)}, expected {ops}"
+    onnx.checker.check_model(fused, full_check=True)
+    run_both(model, fused, rtol=rtol, atol=atol)
+    return fused
