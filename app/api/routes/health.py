@@ -1,0 +1,5 @@
+"""Routes: health (to be written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

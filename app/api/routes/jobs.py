@@ -1,0 +1,5 @@
+"""Routes: jobs (to be written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: metrics (to be written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,5 @@
+"""Routes: patterns (to be written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

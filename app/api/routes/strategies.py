@@ -1,0 +1,5 @@
+"""Routes: strategies (to be written)."""
+
+from fastapi import APIRouter
+
+router = APIRouter()

@@ -1,0 +1,100 @@
+"""One ``Settings`` for the service, read from ``AUTOFUSION_*`` environment variables.
+
+Embedded mode (the default) needs nothing set: SQLite, Celery over kombu's
+``filesystem://`` transport and artifacts all live under ``data_dir``. Distributed mode
+sets ``database_url`` (PostgreSQL), ``broker_url`` (Redis) and an S3 store.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOFUSION_", extra="ignore")
+
+    data_dir: Path = Path("data")
+    # Empty means the embedded defaults under data_dir.
+    database_url: str = ""
+    broker_url: str = ""
+    # Run a Celery worker thread inside the API process (embedded mode).
+    embedded_worker: bool = True
+    # Apply database migrations when the API starts (compose runs a one-shot instead).
+    migrate_on_start: bool = True
+
+    artifact_store: Literal["local", "s3"] = "local"
+    s3_bucket: str = "autofusion"
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+
+    # Auth: embedded on 127.0.0.1 may run without keys; anything else should not.
+    require_api_keys: bool = False
+    default_tenant: str = "default"
+
+    # Upload limits, enforced while the body streams (before any parsing).
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    max_tensor_elements: int = Field(default=2 * 1024**3, ge=1)
+    allowed_op_domains: list[str] = Field(
+        default_factory=lambda: [
+            "",
+            "ai.onnx",
+            "ai.onnx.ml",
+            "com.microsoft",
+            "ai.onnx.preview.training",
+        ]
+    )
+
+    # Jobs
+    job_time_limit_s: int = Field(default=900, ge=1)
+    job_memory_limit_mb: int = Field(default=8192, ge=64)
+    lease_s: int = Field(default=60, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
+    reaper_interval_s: float = Field(default=15.0, gt=0)
+    # Redis re-delivers unacknowledged tasks after this; must exceed the job time limit.
+    visibility_timeout_s: int = Field(default=3600, ge=1)
+    retry_after_s: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _visibility_covers_jobs(self) -> Settings:
+        if self.visibility_timeout_s <= self.job_time_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed "
+                f"job_time_limit_s ({self.job_time_limit_s}), or Redis re-delivers running jobs"
+            )
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'autofusion.db').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return self.resolved_broker_url.startswith("filesystem://")
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

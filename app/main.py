@@ -1,0 +1,69 @@
+"""The FastAPI application: thin routes over services, problem+json errors.
+
+``create_app(settings)`` wires everything; on start it applies migrations, seeds the
+built-in patterns into the registry, and in embedded mode starts a Celery worker thread
+and the reaper in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api.routes import health, jobs, metrics, patterns, strategies
+from app.core.config import Settings, get_settings
+from app.core.problems import install_problem_handlers
+from app.db import session_scope
+from app.migrate import upgrade
+from app.services.artifacts import make_store
+from app.services.registry import seed_builtins
+from worker.celery_app import make_celery
+from worker.tasks import enqueue_job
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if settings.migrate_on_start:
+            upgrade(settings.resolved_database_url)
+        with session_scope(settings.resolved_database_url) as session:
+            seeded = seed_builtins(session)
+            if seeded:
+                logger.info("seeded %d built-in patterns into the registry", seeded)
+        celery = make_celery(settings)
+        app.state.celery = celery
+        app.state.enqueue = lambda job_id: enqueue_job(celery, job_id)
+        embedded = None
+        if settings.embedded_worker:
+            from worker.embedded import EmbeddedWorker
+
+            embedded = EmbeddedWorker(settings, celery)
+            embedded.start()
+        try:
+            yield
+        finally:
+            if embedded is not None:
+                embedded.stop()
+
+    app = FastAPI(
+        title="autofusion",
+        version="0.1.0",
+        summary="Automatic operator fusion for ONNX models, as a service.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = make_store(settings)
+    install_problem_handlers(app)
+    for module in (health, metrics, jobs, patterns, strategies):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,254 @@
+"""The job state machine. The row is the source of truth, not the broker:
+
+queued --claim--> running --finish--> succeeded | failed
+   \\                 \\--lease expired (reaper)--> queued (attempts < max) | failed
+    \\--cancel--> cancelled          running --cancel--> cancel_requested -> cancelled
+
+A worker owns a job while its lease is unexpired; claiming is a compare-and-set on the
+row, so a task delivered twice (at-least-once) runs once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from app.core.problems import ProblemError
+from app.models import Job, JobStatus, utcnow
+from app.services.auth import Principal
+
+__all__ = [
+    "cancel_job",
+    "claim_job",
+    "create_job",
+    "finish_job",
+    "get_job",
+    "list_jobs",
+    "reap_jobs",
+    "report_progress",
+    "request_hash",
+]
+
+
+def request_hash(
+    model_digest: str, data_files: list[dict], config: dict, strategy: str | None
+) -> str:
+    payload = json.dumps(
+        {"model": model_digest, "data": data_files, "config": config, "strategy": strategy},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def create_job(
+    session: Session,
+    principal: Principal,
+    *,
+    model_name: str,
+    model_digest: str,
+    data_files: list[dict],
+    config: dict[str, Any],
+    strategy: str | None,
+    idempotency_key: str | None,
+    max_attempts: int,
+) -> tuple[Job, bool]:
+    """Create a queued job, or return the job an identical earlier request created."""
+    digest = request_hash(model_digest, data_files, config, strategy)
+    if idempotency_key:
+        existing = session.scalars(
+            select(Job).where(
+                Job.tenant_id == principal.tenant_id, Job.idempotency_key == idempotency_key
+            )
+        ).first()
+        if existing is not None:
+            if existing.request_hash != digest:
+                raise ProblemError(
+                    422,
+                    "idempotency-key-reused",
+                    "Idempotency key reused",
+                    f"Idempotency-Key {idempotency_key!r} was used for a different request "
+                    f"(job {existing.id}); send a new key for a new request",
+                )
+            return existing, False
+    job = Job(
+        id=str(uuid.uuid4()),
+        tenant_id=principal.tenant_id,
+        model_name=model_name,
+        model_digest=model_digest,
+        data_files=data_files,
+        config=config,
+        strategy=strategy,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        max_attempts=max_attempts,
+    )
+    session.add(job)
+    session.flush()
+    return job, True
+
+
+def get_job(session: Session, tenant_id: str, job_id: str) -> Job:
+    """The tenant's job; another tenant's job is as absent as a missing one."""
+    job = session.get(Job, job_id)
+    if job is None or job.tenant_id != tenant_id:
+        raise ProblemError(404, "job-not-found", "Job not found", f"there is no job {job_id!r}")
+    return job
+
+
+def list_jobs(
+    session: Session, tenant_id: str, *, status: str | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    query = select(Job).where(Job.tenant_id == tenant_id)
+    if status:
+        query = query.where(Job.status == status)
+    total = len(session.scalars(query.with_only_columns(Job.id)).all())
+    rows = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
+    return list(rows), total
+
+
+def _touch(job: Job) -> None:
+    job.revision += 1
+    job.updated_at = utcnow()
+
+
+def cancel_job(session: Session, job: Job) -> Job:
+    if JobStatus(job.status).is_final:
+        raise ProblemError(
+            409, "job-finished", "Job already finished", f"job {job.id} is already {job.status}"
+        )
+    if job.status == JobStatus.queued:
+        job.status, job.stage, job.finished_at = JobStatus.cancelled.value, "cancelled", utcnow()
+    else:
+        job.cancel_requested = True  # the worker stops at its next progress report
+    _touch(job)
+    session.flush()
+    return job
+
+
+def claim_job(session: Session, job_id: str, worker_id: str, lease_s: int) -> Job | None:
+    """Compare-and-set: take a queued job (or one whose lease expired). None if taken."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.attempts < Job.max_attempts,
+            Job.cancel_requested.is_(False),
+            or_(
+                Job.status == JobStatus.queued.value,
+                and_(Job.status == JobStatus.running.value, Job.lease_until < now),
+            ),
+        )
+        .values(
+            status=JobStatus.running.value,
+            stage="starting",
+            attempts=Job.attempts + 1,
+            worker_id=worker_id,
+            lease_until=now + timedelta(seconds=lease_s),
+            started_at=now,
+            updated_at=now,
+            revision=Job.revision + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if result.rowcount != 1:
+        return None
+    return session.get(Job, job_id, populate_existing=True)
+
+
+def report_progress(
+    session: Session, job_id: str, worker_id: str, stage: str, progress: float, lease_s: int
+) -> bool:
+    """Record progress and renew the lease. False: the job was cancelled or lost."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.worker_id == worker_id,
+            Job.status == JobStatus.running.value,
+            Job.cancel_requested.is_(False),
+        )
+        .values(
+            stage=stage,
+            progress=max(0.0, min(1.0, progress)),
+            lease_until=now + timedelta(seconds=lease_s),
+            updated_at=now,
+            revision=Job.revision + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def finish_job(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    *,
+    status: JobStatus,
+    summary: dict | None = None,
+    error: str | None = None,
+    fused_digest: str | None = None,
+    report_digest: str | None = None,
+    registry_version: int | None = None,
+) -> bool:
+    """Write the outcome, if this worker still owns the job."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None or job.worker_id != worker_id or job.status != JobStatus.running.value:
+        return False
+    if job.cancel_requested and status != JobStatus.failed:
+        status = JobStatus.cancelled
+    job.status, job.stage = status.value, status.value
+    job.progress = 1.0 if status == JobStatus.succeeded else job.progress
+    job.finished_at, job.lease_until = utcnow(), None
+    job.summary, job.error = summary, error
+    job.fused_digest, job.report_digest = fused_digest, report_digest
+    if registry_version is not None:
+        job.registry_version = registry_version
+    _touch(job)
+    session.commit()
+    return True
+
+
+def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int = 60) -> list[str]:
+    """Requeue jobs whose worker died (lease expired); fail those out of attempts.
+
+    Returns the ids to enqueue again. Jobs queued for long with no taker are returned
+    too, in case their message was lost.
+    """
+    now = now or utcnow()
+    expired = session.scalars(
+        select(Job).where(Job.status == JobStatus.running.value, Job.lease_until < now)
+    ).all()
+    requeue = []
+    for job in expired:
+        if job.cancel_requested:
+            job.status, job.stage, job.finished_at = JobStatus.cancelled.value, "cancelled", now
+        elif job.attempts >= job.max_attempts:
+            job.status, job.stage, job.finished_at = JobStatus.failed.value, "failed", now
+            job.error = (
+                f"the job's worker stopped {job.attempts} time(s) before finishing "
+                "(crash, kill or out of memory); it will not be retried"
+            )
+        else:
+            job.status, job.stage, job.worker_id = JobStatus.queued.value, "queued", None
+            requeue.append(job.id)
+        job.lease_until = None
+        _touch(job)
+    stale = session.scalars(
+        select(Job.id).where(
+            Job.status == JobStatus.queued.value,
+            Job.updated_at < now - timedelta(seconds=stale_queued_s),
+        )
+    ).all()
+    session.commit()
+    return requeue + [j for j in stale if j not in requeue]

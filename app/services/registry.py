@@ -1,0 +1,200 @@
+"""The pattern registry: patterns as rows, every change a new immutable version.
+
+Each change bumps the registry version (one row in ``registry_state``) and records the
+pattern's new state in ``pattern_versions`` stamped with that version. A snapshot at
+version V (what a job used) is, for each pattern, its latest row at or before V: jobs
+are reproducible, and a change applies to the next job without restarting anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.problems import ProblemError
+from app.models import PatternRecord, PatternVersion, RegistryState, utcnow
+from fusion_core import compile_pattern
+from fusion_core.catalog import builtin_pattern_data
+
+__all__ = [
+    "change_pattern",
+    "create_pattern",
+    "etag_of",
+    "get_pattern",
+    "pattern_history",
+    "registry_version",
+    "seed_builtins",
+    "snapshot",
+]
+
+
+def registry_version(session: Session) -> int:
+    state = session.get(RegistryState, 1)
+    return state.version if state is not None else 0
+
+
+def _bump(session: Session) -> int:
+    state = session.get(RegistryState, 1, with_for_update=True)
+    if state is None:
+        state = RegistryState(id=1, version=0)
+        session.add(state)
+    state.version += 1
+    session.flush()
+    return state.version
+
+
+def etag_of(record: PatternRecord) -> str:
+    return f'"{record.name}@{record.version}"'
+
+
+def _record_version(
+    session: Session, record: PatternRecord, change: str, registry: int, actor: str | None
+) -> None:
+    record.updated_at = utcnow()
+    session.add(
+        PatternVersion(
+            name=record.name,
+            version=record.version,
+            registry_version=registry,
+            change=change,
+            enabled=record.enabled,
+            deleted=record.deleted,
+            spec=record.spec,
+            created_by=actor,
+        )
+    )
+    session.flush()
+
+
+def seed_builtins(session: Session) -> int:
+    """Insert the built-in patterns once (the first start of an empty registry)."""
+    if session.scalar(select(func.count()).select_from(PatternRecord)):
+        return 0
+    raws = builtin_pattern_data()
+    version = _bump(session)
+    for raw in raws:
+        record = PatternRecord(
+            name=raw["name"], version=1, spec=raw, builtin=True, enabled=True, deleted=False
+        )
+        session.add(record)
+        _record_version(session, record, "create", version, "builtin")
+    session.commit()
+    return len(raws)
+
+
+def _validated(spec: dict[str, Any]) -> dict[str, Any]:
+    compile_pattern(spec)  # raises PatternError naming the field: 422 problem+json
+    return spec
+
+
+def get_pattern(session: Session, name: str, *, include_deleted: bool = False) -> PatternRecord:
+    record = session.get(PatternRecord, name)
+    if record is None or (record.deleted and not include_deleted):
+        raise ProblemError(
+            404, "pattern-not-found", "Pattern not found", f"there is no pattern {name!r}"
+        )
+    return record
+
+
+def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) -> PatternRecord:
+    name = spec.get("name")
+    existing = session.get(PatternRecord, name) if isinstance(name, str) else None
+    if existing is not None and not existing.deleted:
+        raise ProblemError(
+            409,
+            "pattern-exists",
+            "Pattern exists",
+            f"pattern {name!r} already exists; PUT /v1/patterns/{name} changes it",
+        )
+    spec = _validated(spec)
+    version = _bump(session)
+    if existing is None:
+        record = PatternRecord(name=name, version=1, spec=spec, enabled=True, deleted=False)
+        session.add(record)
+    else:  # re-created after a delete: its history continues
+        record = existing
+        record.version, record.spec, record.enabled, record.deleted = (
+            existing.version + 1,
+            spec,
+            True,
+            False,
+        )
+    _record_version(session, record, "create", version, actor)
+    session.commit()
+    return record
+
+
+def _check_if_match(record: PatternRecord, if_match: str | None) -> None:
+    if if_match is not None and if_match.strip() not in (etag_of(record), "*"):
+        raise ProblemError(
+            412,
+            "precondition-failed",
+            "Precondition failed",
+            f"pattern {record.name!r} changed since you read it (now {etag_of(record)}, "
+            f"you sent If-Match {if_match}); GET it again and retry",
+        )
+
+
+def change_pattern(
+    session: Session,
+    name: str,
+    change: str,
+    *,
+    spec: dict[str, Any] | None = None,
+    if_match: str | None = None,
+    actor: str | None = None,
+) -> PatternRecord:
+    """Apply ``update`` (with ``spec``), ``enable``, ``disable`` or ``delete``."""
+    record = get_pattern(session, name)
+    _check_if_match(record, if_match)
+    if change == "update":
+        assert spec is not None
+        if spec.get("name") != name:
+            raise ProblemError(
+                422,
+                "pattern-name-mismatch",
+                "Name mismatch",
+                f"the spec is named {spec.get('name')!r} but the URL names {name!r}",
+            )
+        record.spec = _validated(spec)
+    elif change in ("enable", "disable"):
+        record.enabled = change == "enable"
+    elif change == "delete":
+        record.deleted = True
+    record.version += 1
+    _record_version(session, record, change, _bump(session), actor)
+    session.commit()
+    return record
+
+
+def pattern_history(session: Session, name: str) -> list[PatternVersion]:
+    get_pattern(session, name, include_deleted=True)
+    return list(
+        session.scalars(
+            select(PatternVersion)
+            .where(PatternVersion.name == name)
+            .order_by(PatternVersion.version)
+        )
+    )
+
+
+def snapshot(session: Session, version: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The enabled patterns' specs as of registry ``version`` (default: now)."""
+    version = registry_version(session) if version is None else version
+    latest = (
+        select(PatternVersion.name, func.max(PatternVersion.version).label("version"))
+        .where(PatternVersion.registry_version <= version)
+        .group_by(PatternVersion.name)
+        .subquery()
+    )
+    rows = session.scalars(
+        select(PatternVersion)
+        .join(
+            latest,
+            (PatternVersion.name == latest.c.name) & (PatternVersion.version == latest.c.version),
+        )
+        .order_by(PatternVersion.name)
+    ).all()
+    return version, [row.spec for row in rows if row.enabled and not row.deleted]
