@@ -15,8 +15,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from app.cli import keys as keys_cmd
 from app.cli import optimize as optimize_cmd
 from app.cli import patterns as patterns_cmd
+from app.cli import serve as serve_cmd
+from app.cli import submit as submit_cmd
+from app.cli import worker as worker_cmd
 from app.cli._exit import EXIT_CONFIG, EXIT_MODEL, EXIT_PATTERN
 from fusion_core.errors import (
     ConfigError,
@@ -37,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    optimize_cmd.add_parser(commands)
-    patterns_cmd.add_parser(commands)
+    for command in (optimize_cmd, patterns_cmd, serve_cmd, worker_cmd, submit_cmd, keys_cmd):
+        command.add_parser(commands)
     return parser
 
 

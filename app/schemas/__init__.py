@@ -1,0 +1,1 @@
+"""API schemas (pydantic), named by role: ``JobPublic``, ``PatternCreate``, ..."""
