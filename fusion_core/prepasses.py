@@ -115,7 +115,10 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
         )
         run("identity_elimination", common.IdentityEliminationPass())
     run("remove_unused", common.RemoveUnusedNodesPass())
-    if options.shape_inference:
+    # Constant folding already infers every node's output shape as it walks the graph.
+    # Only without it run onnx-ir's whole-graph pass (quadratic in the number of
+    # initializers in onnx-ir 1.1: docs/benchmarks.md).
+    if options.shape_inference and not options.fold_constants:
         try:
             run("shape_inference", common.ShapeInferencePass(strict_mode=False))
         except Exception as exc:  # inference is best effort, never fatal

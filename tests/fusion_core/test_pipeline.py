@@ -141,3 +141,21 @@ def test_refused_candidate_does_not_hide_an_overlapping_one() -> None:
     assert result.counts == {"conv_bn": 1}
     assert [n.op_type for n in result.to_proto().graph.node] == ["Conv", "Relu"]
     assert result.check is not None and result.check.passed
+
+
+def test_pad_folds_before_the_conv_becomes_a_fused_conv() -> None:
+    # pad_conv keeps the Conv a Conv, so it runs first; a FusedConv could not take it.
+    model = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17]>\n'
+        "g (float[1,3,6,6] x) => (float[1,4,8,8] y) {\n"
+        " pads = Constant<value = int64[8] {0, 0, 1, 1, 0, 0, 1, 1}>()\n"
+        " p = Pad(x, pads)\n"
+        " c = Conv<pads = [1, 1, 1, 1]>(p, w, b)\n"
+        " n = BatchNormalization<epsilon = 0.001>(c, gamma, beta, mean, var)\n"
+        " y = Relu(n)\n}"
+    )
+    model.graph.initializer.extend(_conv_bn_act("Relu").graph.initializer)
+    result = optimize(model, OptimizeConfig(target="onnxruntime"))
+    assert result.counts == {"pad_conv": 1, "conv_bn_relu": 1}
+    assert [n.op_type for n in result.to_proto().graph.node] == ["FusedConv"]
+    assert result.check is not None and result.check.passed
