@@ -19,7 +19,9 @@ from app.core.problems import install_problem_handlers
 from app.db import session_scope
 from app.migrate import upgrade
 from app.services.artifacts import make_store
+from app.services.metrics import install_metrics
 from app.services.registry import seed_builtins
+from app.services.strategies import seed_strategies
 from worker.celery_app import make_celery
 from worker.tasks import enqueue_job
 
@@ -40,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             seeded = seed_builtins(session)
             if seeded:
                 logger.info("seeded %d built-in patterns into the registry", seeded)
+            seed_strategies(session)
         celery = make_celery(settings)
         app.state.celery = celery
         app.state.enqueue = lambda job_id: enqueue_job(celery, job_id)
@@ -64,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = make_store(settings)
     install_problem_handlers(app)
+    install_metrics(app)
     for module in (health, metrics, jobs, patterns, strategies):
         app.include_router(module.router)
     return app

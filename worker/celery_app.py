@@ -22,12 +22,14 @@ def make_celery(settings: Settings) -> Celery:
     transport_options: dict = {}
     if settings.is_embedded_broker:
         folder = settings.broker_dir.resolve()
-        for sub in ("out", "processed"):
+        for sub in ("out", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport_options = {
             "data_folder_in": str(folder / "out"),
             "data_folder_out": str(folder / "out"),
             "processed_folder": str(folder / "processed"),
+            # kombu's default is ./control, relative to whatever the cwd is
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     else:

@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     # Redis re-delivers unacknowledged tasks after this; must exceed the job time limit.
     visibility_timeout_s: int = Field(default=3600, ge=1)
     retry_after_s: int = Field(default=2, ge=1)
+    # How often the server-sent event stream of a job polls its row.
+    events_poll_s: float = Field(default=0.5, gt=0)
 
     @model_validator(mode="after")
     def _visibility_covers_jobs(self) -> Settings:
@@ -93,6 +95,10 @@ class Settings(BaseSettings):
     @property
     def broker_dir(self) -> Path:
         return self.data_dir / "broker"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
 
 
 @lru_cache

@@ -7,6 +7,7 @@ URI (``https://autofusion.dev/problems/<slug>``), a title, the HTTP status and a
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,7 +23,13 @@ from fusion_core.errors import (
     UnsafeModelError,
 )
 
-__all__ = ["PROBLEM_BASE", "ProblemError", "install_problem_handlers", "problem_response"]
+__all__ = [
+    "PROBLEM_BASE",
+    "ProblemError",
+    "install_problem_handlers",
+    "problem_response",
+    "problem_responses",
+]
 
 PROBLEM_BASE = "https://autofusion.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
@@ -33,6 +40,28 @@ _FUSION_STATUS = {
     PatternError: 422,
     ConfigError: 422,
 }
+
+
+# For OpenAPI: what every error response looks like (extension members vary by type).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+    "additionalProperties": True,
+}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: these statuses answer ``application/problem+json``."""
+    return {
+        status: {"content": {MEDIA_TYPE: {"schema": copy.deepcopy(PROBLEM_SCHEMA)}}}
+        for status in statuses
+    }
 
 
 class ProblemError(Exception):

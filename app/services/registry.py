@@ -23,6 +23,9 @@ __all__ = [
     "create_pattern",
     "etag_of",
     "get_pattern",
+    "get_pattern_version",
+    "if_match_holds",
+    "list_patterns",
     "pattern_history",
     "registry_version",
     "seed_builtins",
@@ -126,8 +129,23 @@ def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) ->
     return record
 
 
+def list_patterns(session: Session) -> list[PatternRecord]:
+    """Every pattern that is not deleted, enabled or not, by name."""
+    query = select(PatternRecord).where(PatternRecord.deleted.is_(False))
+    return list(session.scalars(query.order_by(PatternRecord.name)))
+
+
+def if_match_holds(if_match: str | None, etag: str) -> bool:
+    """RFC 9110 If-Match: absent, ``*``, or a list holding ``etag`` (strong comparison,
+    so a weak ``W/`` tag never matches)."""
+    if if_match is None:
+        return True
+    tags = [tag.strip() for tag in if_match.split(",")]
+    return "*" in tags or etag in tags
+
+
 def _check_if_match(record: PatternRecord, if_match: str | None) -> None:
-    if if_match is not None and if_match.strip() not in (etag_of(record), "*"):
+    if not if_match_holds(if_match, etag_of(record)):
         raise ProblemError(
             412,
             "precondition-failed",
@@ -146,9 +164,15 @@ def change_pattern(
     if_match: str | None = None,
     actor: str | None = None,
 ) -> PatternRecord:
-    """Apply ``update`` (with ``spec``), ``enable``, ``disable`` or ``delete``."""
+    """Apply ``update`` (with ``spec``), ``enable``, ``disable`` or ``delete``.
+
+    Enabling an enabled pattern (or disabling a disabled one) changes nothing and makes
+    no new version.
+    """
     record = get_pattern(session, name)
     _check_if_match(record, if_match)
+    if change in ("enable", "disable") and record.enabled == (change == "enable"):
+        return record
     if change == "update":
         assert spec is not None
         if spec.get("name") != name:
@@ -178,6 +202,22 @@ def pattern_history(session: Session, name: str) -> list[PatternVersion]:
             .order_by(PatternVersion.version)
         )
     )
+
+
+def get_pattern_version(session: Session, name: str, version: int) -> PatternVersion:
+    get_pattern(session, name, include_deleted=True)
+    row = session.scalars(
+        select(PatternVersion).where(PatternVersion.name == name, PatternVersion.version == version)
+    ).first()
+    if row is None:
+        raise ProblemError(
+            404,
+            "pattern-version-not-found",
+            "Pattern version not found",
+            f"pattern {name!r} has no version {version}; "
+            f"GET /v1/patterns/{name}/versions lists them",
+        )
+    return row
 
 
 def snapshot(session: Session, version: int | None = None) -> tuple[int, list[dict[str, Any]]]:

@@ -1,5 +1,40 @@
-"""Routes: health (to be written)."""
+"""Routes: liveness (``/healthz``) and readiness (``/readyz``). No auth: probes call them."""
+
+from __future__ import annotations
 
 from fastapi import APIRouter
 
-router = APIRouter()
+from app.api.deps import SettingsDep
+from app.core.problems import ProblemError, problem_responses
+from app.schemas.health import HealthPublic, ReadinessPublic
+from app.services.health import readiness
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthPublic)
+def healthz() -> HealthPublic:
+    """The process is up and answering."""
+    return HealthPublic()
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadinessPublic,
+    responses=problem_responses(503),
+)
+def readyz(settings: SettingsDep) -> ReadinessPublic:
+    """The database and the broker are reachable (503 problem if not)."""
+    results = readiness(settings)
+    failures = {name: reason for name, reason in results.items() if reason is not None}
+    if failures:
+        raise ProblemError(
+            503,
+            "not-ready",
+            "Not ready",
+            "; ".join(failures.values()),
+            checks={name: reason or "ok" for name, reason in results.items()},
+        )
+    return ReadinessPublic(checks=dict.fromkeys(results, "ok"))

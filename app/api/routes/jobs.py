@@ -1,5 +1,302 @@
-"""Routes: jobs (to be written)."""
+"""Routes: optimization jobs. ``POST /v1/optimize`` creates one; the rest follow it.
 
-from fastapi import APIRouter
+Every job route answers 404 for another tenant's job, exactly as for a missing one.
+"""
 
-router = APIRouter()
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
+from app.core.problems import ProblemError, problem_responses
+from app.models import JobStatus
+from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
+from app.services.auth import Principal
+from app.services.events import job_events
+from app.services.jobs import cancel_job, get_job, list_jobs
+from app.services.uploads import accept_upload, create_job_for_upload
+
+__all__ = ["router"]
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(tags=["jobs"])
+
+WriterDep = Annotated[Principal, Depends(require_scope("jobs:write"))]
+
+
+def _optimize_body() -> dict[str, Any]:
+    """The multipart body, for OpenAPI: the route reads it as a stream, not as Form()."""
+    config_schema = _inline_refs(OptimizeOptions.model_json_schema())
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["model"],
+                        "properties": {
+                            "model": {
+                                "type": "string",
+                                "format": "binary",
+                                "description": "The ONNX model (its file name is kept).",
+                            },
+                            "data": {
+                                "type": "array",
+                                "items": {"type": "string", "format": "binary"},
+                                "description": "External-data files, named as the model's "
+                                "external-data locations name them (plain file names).",
+                            },
+                            "config": {
+                                "type": "string",
+                                "contentMediaType": "application/json",
+                                "contentSchema": config_schema,
+                                "description": "Options as JSON (OptimizeOptions).",
+                            },
+                        },
+                    },
+                    "encoding": {"config": {"contentType": "application/json"}},
+                }
+            },
+        }
+    }
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace ``#/$defs/X`` references by their definitions (OpenAPI has no ``$defs`` here)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
+
+
+def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None:
+    response.headers["ETag"] = job.etag
+    response.headers["Cache-Control"] = "no-cache"
+    if not job.status.is_final:
+        response.headers["Retry-After"] = str(retry_after_s)
+
+
+@router.post(
+    "/v1/optimize",
+    status_code=202,
+    response_model=JobPublic,
+    openapi_extra=_optimize_body(),
+    responses=problem_responses(401, 403, 413, 415, 422),
+)
+async def optimize(
+    request: Request,
+    response: Response,
+    principal: WriterDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> JobPublic:
+    """Upload a model (and its external data) and queue a job to optimize it."""
+    stored = await accept_upload(request, settings, store)
+    job, created = await run_in_threadpool(
+        create_job_for_upload,
+        session,
+        principal,
+        stored,
+        idempotency_key=idempotency_key,
+        max_attempts=settings.max_attempts,
+    )
+    if created:
+        _enqueue(request, job.id)
+    public = JobPublic.from_job(job)
+    _job_headers(response, public, settings.retry_after_s)
+    response.headers["Location"] = public.links.self
+    response.headers["Retry-After"] = str(settings.retry_after_s)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return public
+
+
+def _enqueue(request: Request, job_id: str) -> None:
+    # The row is committed: a lost message only delays the job (the reaper re-sends it).
+    try:
+        request.app.state.enqueue(job_id)
+    except Exception:
+        logger.exception("could not enqueue job %s; the reaper will send it again", job_id)
+
+
+@router.get("/v1/jobs", response_model=JobsPublic, responses=problem_responses(401, 422))
+def read_jobs(
+    principal: PrincipalDep,
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobsPublic:
+    """List this tenant's jobs, newest first."""
+    status_value = status.value if status is not None else None
+    jobs, total = list_jobs(
+        session, principal.tenant_id, status=status_value, limit=limit, offset=offset
+    )
+    items = [JobPublic.from_job(job) for job in jobs]
+    return JobsPublic(items=items, total=total, limit=limit, offset=offset)
+
+
+def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+    if not if_none_match:
+        return False
+    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return "*" in tags or etag in tags
+
+
+@router.get(
+    "/v1/jobs/{job_id}",
+    response_model=JobPublic,
+    responses={304: {"description": "Not modified"}, **problem_responses(401, 404, 422)},
+)
+def read_job(
+    job_id: str,
+    response: Response,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Any:
+    """One job; send its ETag in If-None-Match to poll cheaply (304 while unchanged)."""
+    public = JobPublic.from_job(get_job(session, principal.tenant_id, job_id))
+    if _etag_matches(if_none_match, public.etag):
+        not_modified = Response(status_code=304)
+        _job_headers(not_modified, public, settings.retry_after_s)
+        return not_modified
+    _job_headers(response, public, settings.retry_after_s)
+    return public
+
+
+@router.post(
+    "/v1/jobs/{job_id}/cancel",
+    status_code=202,
+    response_model=JobPublic,
+    responses=problem_responses(401, 403, 404, 409, 422),
+)
+def cancel(job_id: str, response: Response, principal: WriterDep, session: SessionDep) -> JobPublic:
+    """Cancel a job: at once if queued, at the worker's next progress report if running."""
+    job = cancel_job(session, get_job(session, principal.tenant_id, job_id))
+    session.commit()
+    public = JobPublic.from_job(job)
+    response.headers["ETag"] = public.etag
+    return public
+
+
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+        **problem_responses(401, 404, 422),
+    },
+)
+def events(
+    job_id: str,
+    request: Request,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Follow a job: `progress` on each change, then `done` when it ends; then the stream closes."""
+    get_job(session, principal.tenant_id, job_id)
+    last = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+    stream = job_events(
+        settings.resolved_database_url,
+        principal.tenant_id,
+        job_id,
+        poll_s=settings.events_poll_s,
+        last_revision=last,
+        is_disconnected=request.is_disconnected,
+    )
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _not_available(job_id: str, status: str, what: str) -> ProblemError:
+    return ProblemError(
+        409,
+        "job-not-succeeded",
+        "Job has no result",
+        f"job {job_id} is {status}: {what}; follow /v1/jobs/{job_id}/events or poll "
+        f"/v1/jobs/{job_id}",
+        job_status=status,
+    )
+
+
+@router.get(
+    "/v1/jobs/{job_id}/model",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The fused model"},
+        **problem_responses(401, 404, 409, 422),
+    },
+)
+def download_model(
+    job_id: str,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> FileResponse:
+    """The fused model (only once the job has succeeded)."""
+    job = get_job(session, principal.tenant_id, job_id)
+    if job.status != JobStatus.succeeded or not job.fused_digest:
+        raise _not_available(job.id, job.status, "the fused model exists once it has succeeded")
+    # A copy in a temporary file: the response streams it without holding it in memory,
+    # whichever store holds the blob, and the copy is removed once sent.
+    downloads = settings.data_dir / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=downloads, delete=False) as tmp:
+        path = Path(tmp.name)
+    try:
+        store.fetch(job.fused_digest, path)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return FileResponse(
+        path,
+        media_type="application/octet-stream",
+        filename=f"{Path(job.model_name).stem}.fused.onnx",
+        background=BackgroundTask(path.unlink, missing_ok=True),
+    )
+
+
+@router.get(
+    "/v1/jobs/{job_id}/report",
+    responses={
+        200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+        **problem_responses(401, 404, 409, 422),
+    },
+)
+def download_report(
+    job_id: str, principal: PrincipalDep, session: SessionDep, store: StoreDep
+) -> Response:
+    """The job's JSON report (once it has finished with one)."""
+    job = get_job(session, principal.tenant_id, job_id)
+    if not JobStatus(job.status).is_final or not job.report_digest:
+        raise _not_available(job.id, job.status, "the report exists once it has finished")
+    return Response(store.read_bytes(job.report_digest), media_type="application/json")

@@ -1,5 +1,157 @@
-"""Routes: patterns (to be written)."""
+"""Routes: the pattern registry. Every change makes a new immutable version."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
+from app.models import PatternRecord
+from app.schemas.registry import (
+    PatternCreate,
+    PatternPublic,
+    PatternsPublic,
+    PatternTestResult,
+    PatternVersionPublic,
+    PatternVersionsPublic,
+)
+from app.services import registry
+from app.services.auth import Principal
+from app.services.pattern_trial import trial_upload
+
+router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
+
+PatternWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
+# /test streams its body itself (app/services/uploads.py): documented here by hand.
+_MODEL_UPLOAD = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model"],
+                    "properties": {
+                        "model": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "A self-contained ONNX model (no external data).",
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
+IfMatch = Annotated[
+    str | None,
+    Header(description='The ETag you read ("<name>@<version>"); a stale one answers 412.'),
+]
+
+
+def _with_etag(response: Response, record: PatternRecord) -> PatternPublic:
+    response.headers["ETag"] = registry.etag_of(record)
+    return PatternPublic.from_record(record)
+
+
+@router.get("", response_model=PatternsPublic)
+def list_patterns(session: SessionDep, _: PrincipalDep) -> PatternsPublic:
+    """List the patterns (deleted ones excluded) and the registry version."""
+    records = registry.list_patterns(session)
+    return PatternsPublic.from_records(records, registry.registry_version(session))
+
+
+@router.post("", status_code=201, response_model=PatternPublic)
+def create_pattern(
+    body: PatternCreate, session: SessionDep, principal: PatternWriter, response: Response
+) -> PatternPublic:
+    """Register a pattern; a spec that does not compile answers 422 naming the field."""
+    record = registry.create_pattern(session, body.root, principal.label)
+    response.headers["Location"] = f"/v1/patterns/{record.name}"
+    return _with_etag(response, record)
+
+
+@router.get("/{name}", response_model=PatternPublic)
+def get_pattern(
+    name: str, session: SessionDep, _: PrincipalDep, response: Response
+) -> PatternPublic:
+    """Read a pattern's spec and state, with its ETag."""
+    return _with_etag(response, registry.get_pattern(session, name))
+
+
+@router.put("/{name}", response_model=PatternPublic)
+def replace_pattern(
+    name: str,
+    body: PatternCreate,
+    session: SessionDep,
+    principal: PatternWriter,
+    response: Response,
+    if_match: IfMatch = None,
+) -> PatternPublic:
+    """Replace a pattern's spec (a new version); If-Match guards against lost updates."""
+    record = registry.change_pattern(
+        session, name, "update", spec=body.root, if_match=if_match, actor=principal.label
+    )
+    return _with_etag(response, record)
+
+
+@router.delete("/{name}", status_code=204, response_model=None)
+def delete_pattern(
+    name: str, session: SessionDep, principal: PatternWriter, if_match: IfMatch = None
+) -> None:
+    """Delete a pattern (its history stays readable); If-Match is honoured."""
+    registry.change_pattern(session, name, "delete", if_match=if_match, actor=principal.label)
+
+
+@router.post("/{name}/enable", response_model=PatternPublic)
+def enable_pattern(
+    name: str,
+    session: SessionDep,
+    principal: PatternWriter,
+    response: Response,
+    if_match: IfMatch = None,
+) -> PatternPublic:
+    """Enable a pattern: the next jobs use it."""
+    record = registry.change_pattern(
+        session, name, "enable", if_match=if_match, actor=principal.label
+    )
+    return _with_etag(response, record)
+
+
+@router.post("/{name}/disable", response_model=PatternPublic)
+def disable_pattern(
+    name: str,
+    session: SessionDep,
+    principal: PatternWriter,
+    response: Response,
+    if_match: IfMatch = None,
+) -> PatternPublic:
+    """Disable a pattern: the next jobs leave it out."""
+    record = registry.change_pattern(
+        session, name, "disable", if_match=if_match, actor=principal.label
+    )
+    return _with_etag(response, record)
+
+
+@router.get("/{name}/versions", response_model=PatternVersionsPublic)
+def list_pattern_versions(name: str, session: SessionDep, _: PrincipalDep) -> PatternVersionsPublic:
+    """Every version of a pattern, oldest first, deleted patterns included."""
+    return PatternVersionsPublic.from_rows(name, registry.pattern_history(session, name))
+
+
+@router.get("/{name}/versions/{version}", response_model=PatternVersionPublic)
+def get_pattern_version(
+    name: str, version: int, session: SessionDep, _: PrincipalDep
+) -> PatternVersionPublic:
+    """One immutable version of a pattern."""
+    return PatternVersionPublic.model_validate(registry.get_pattern_version(session, name, version))
+
+
+@router.post("/{name}/test", response_model=PatternTestResult, openapi_extra=_MODEL_UPLOAD)
+async def run_pattern_test(
+    name: str, request: Request, session: SessionDep, settings: SettingsDep, _: PrincipalDep
+) -> PatternTestResult:
+    """Run one pattern on a model after the pre-passes: its matches and near misses."""
+    record = registry.get_pattern(session, name)
+    return PatternTestResult.from_trial(await trial_upload(request, settings, record))

@@ -1,5 +1,77 @@
-"""Routes: strategies (to be written)."""
+"""Routes: named strategies (``default``, ``vision``, ``nlp``...), versioned like patterns."""
 
-from fastapi import APIRouter
+from __future__ import annotations
 
-router = APIRouter()
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Response
+
+from app.api.deps import PrincipalDep, SessionDep, require_scope
+from app.models import Strategy
+from app.schemas.registry import (
+    StrategiesPublic,
+    StrategyCreate,
+    StrategyPublic,
+    StrategyVersionsPublic,
+)
+from app.services import strategies
+from app.services.auth import Principal
+
+router = APIRouter(prefix="/v1/strategies", tags=["strategies"])
+
+StrategyWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
+IfMatch = Annotated[
+    str | None,
+    Header(description='The ETag you read ("<name>@<version>"); a stale one answers 412.'),
+]
+
+
+def _with_etag(response: Response, strategy: Strategy) -> StrategyPublic:
+    response.headers["ETag"] = strategies.strategy_etag(strategy)
+    return StrategyPublic.from_row(strategy)
+
+
+@router.get("", response_model=StrategiesPublic)
+def list_strategies(session: SessionDep, _: PrincipalDep) -> StrategiesPublic:
+    """List the named strategies."""
+    return StrategiesPublic.from_rows(strategies.list_strategies(session))
+
+
+@router.post("", status_code=201, response_model=StrategyPublic)
+def create_strategy(
+    body: StrategyCreate, session: SessionDep, _: StrategyWriter, response: Response
+) -> StrategyPublic:
+    """Create a strategy; every pattern it names must exist (422 otherwise)."""
+    strategy = strategies.create_strategy(session, body)
+    response.headers["Location"] = f"/v1/strategies/{strategy.name}"
+    return _with_etag(response, strategy)
+
+
+@router.get("/{name}", response_model=StrategyPublic)
+def get_strategy(
+    name: str, session: SessionDep, _: PrincipalDep, response: Response
+) -> StrategyPublic:
+    """Read a strategy, with its ETag."""
+    return _with_etag(response, strategies.get_strategy(session, name))
+
+
+@router.put("/{name}", response_model=StrategyPublic)
+def replace_strategy(
+    name: str,
+    body: StrategyCreate,
+    session: SessionDep,
+    _: StrategyWriter,
+    response: Response,
+    if_match: IfMatch = None,
+) -> StrategyPublic:
+    """Replace a strategy (a new version); If-Match guards against lost updates."""
+    strategy = strategies.update_strategy(session, name, body, if_match=if_match)
+    return _with_etag(response, strategy)
+
+
+@router.get("/{name}/versions", response_model=StrategyVersionsPublic)
+def list_strategy_versions(
+    name: str, session: SessionDep, _: PrincipalDep
+) -> StrategyVersionsPublic:
+    """Every version of a strategy, oldest first."""
+    return StrategyVersionsPublic.from_rows(name, strategies.strategy_history(session, name))

@@ -1,0 +1,139 @@
+"""Prometheus metrics, one registry per app (tests create many apps; no global state).
+
+* ``autofusion_http_requests_total{method, route, status}``: counted by an ASGI
+  middleware; ``route`` is the route's path template (``/v1/jobs/{job_id}``), or
+  ``unmatched``, so ids never become label values.
+* ``autofusion_jobs{status}``: a gauge read from the database at scrape time, so it is
+  right whichever process changed the jobs.
+* ``autofusion_job_duration_seconds{status}`` and ``autofusion_job_stage_seconds{stage}``:
+  histograms of jobs that finished since this process started, observed at scrape time
+  (the stage times come from ``summary["timings_s"]`` when the worker recorded them).
+  Every API process observes every job: with several replicas, read one, don't sum.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.models import Job, JobStatus, utcnow
+
+__all__ = ["Metrics", "MetricsMiddleware", "install_metrics"]
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+_STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "autofusion_http_requests",
+            "HTTP requests answered, by method, route template and status code.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.jobs = Gauge(
+            "autofusion_jobs",
+            "Jobs in the database, by status (read at scrape time).",
+            ["status"],
+            registry=self.registry,
+        )
+        self.job_seconds = Histogram(
+            "autofusion_job_duration_seconds",
+            "Run time (start to finish) of jobs that finished since this process started.",
+            ["status"],
+            buckets=_JOB_BUCKETS,
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "autofusion_job_stage_seconds",
+            "Time per pipeline stage of jobs that finished since this process started "
+            "(from the job summary's timings_s).",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self._lock = threading.Lock()
+        self._watermark: datetime = utcnow()
+        self._seen_at_watermark: set[str] = set()
+
+    def scrape(self, session: Session) -> bytes:
+        """Refresh what comes from the database, then render the text format."""
+        with self._lock:
+            self._count_jobs(session)
+            self._observe_finished(session)
+        return generate_latest(self.registry)
+
+    def _count_jobs(self, session: Session) -> None:
+        counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+        for status in JobStatus:
+            self.jobs.labels(status.value).set(counts.get(status.value, 0))
+
+    def _observe_finished(self, session: Session) -> None:
+        rows = session.execute(
+            select(Job.id, Job.status, Job.started_at, Job.finished_at, Job.summary)
+            .where(Job.finished_at.is_not(None), Job.finished_at >= self._watermark)
+            .order_by(Job.finished_at)
+        ).all()
+        for job_id, status, started_at, finished_at, summary in rows:
+            if job_id in self._seen_at_watermark:
+                continue
+            if started_at is not None:
+                seconds = (_utc(finished_at) - _utc(started_at)).total_seconds()
+                self.job_seconds.labels(status).observe(max(seconds, 0.0))
+            timings = (summary or {}).get("timings_s")
+            if isinstance(timings, dict):
+                for stage, seconds in timings.items():
+                    if isinstance(seconds, int | float) and seconds >= 0:
+                        self.stage_seconds.labels(str(stage)).observe(seconds)
+            if _utc(finished_at) > _utc(self._watermark):
+                self._watermark, self._seen_at_watermark = _utc(finished_at), set()
+            self._seen_at_watermark.add(job_id)
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by route template and status (pure ASGI: streams pass)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # an exception that escapes becomes a 500 outside this middleware
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.requests.labels(method, route, str(status)).inc()
+
+
+def install_metrics(app: FastAPI) -> Metrics:
+    """Give ``app`` its own registry (``app.state.metrics``) and the counting middleware."""
+    metrics = Metrics()
+    app.state.metrics = metrics
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return metrics

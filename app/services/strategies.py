@@ -1,0 +1,190 @@
+"""Named strategies: which patterns a job uses, for which target, checked how.
+
+A strategy is data (``StrategySpec``), stored like a pattern: the current state in
+``strategies`` and every change as an immutable row in ``strategy_versions``. The
+pattern names it lists must exist in the registry when it is written. A job that names
+a strategy gets ``spec.config_overrides()`` merged into its ``OptimizeConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.problems import ProblemError
+from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
+from app.services.registry import if_match_holds
+from fusion_core import CheckOptions
+
+__all__ = [
+    "PRESETS",
+    "StrategySpec",
+    "create_strategy",
+    "get_strategy",
+    "list_strategies",
+    "seed_strategies",
+    "strategy_etag",
+    "strategy_history",
+    "update_strategy",
+]
+
+_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class StrategySpec(BaseModel):
+    """What a named strategy selects: ``patterns`` (None: all), minus ``exclude``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_NAME_PATTERN, max_length=200)
+    description: str = ""
+    patterns: list[str] | None = Field(
+        default=None, description="Only these patterns, by name; null means all of them."
+    )
+    exclude: list[str] = Field(default_factory=list)
+    target: Literal["generic", "onnxruntime"] | None = Field(
+        default=None, description="The target a job uses unless it names its own."
+    )
+    check: CheckOptions | None = None
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The ``OptimizeConfig`` fields this strategy sets (what it leaves unset is absent)."""
+        overrides: dict[str, Any] = {"patterns": self.patterns, "exclude": list(self.exclude)}
+        if self.target is not None:
+            overrides["target"] = self.target
+        if self.check is not None:
+            overrides["check"] = self.check.model_dump()
+        return overrides
+
+
+PRESETS = (
+    StrategySpec(name="default", description="Every pattern in the registry."),
+    StrategySpec(
+        name="vision",
+        description="Convolutional networks: conv, batch-norm, pooling and padding fusions.",
+        patterns=[
+            "conv_bn_relu",
+            "conv_bn_add_relu",
+            "dwconv_bn",
+            "pool_bn",
+            "conv_bn",
+            "conv_add",
+            "conv_mul",
+            "conv_activation",
+            "pad_conv",
+        ],
+    ),
+    StrategySpec(
+        name="nlp",
+        description="Transformers and MLPs: matmul, gemm and their epilogues.",
+        patterns=["matmul_add", "gemm_activation", "gemm_bn"],
+    ),
+)
+
+
+def strategy_etag(strategy: Strategy) -> str:
+    return f'"{strategy.name}@{strategy.version}"'
+
+
+def seed_strategies(session: Session) -> int:
+    """Insert the presets that are missing (all of them on the first start)."""
+    seeded = 0
+    for preset in PRESETS:
+        if session.get(Strategy, preset.name) is None:
+            _store(session, Strategy(name=preset.name, version=1), preset)
+            seeded += 1
+    session.commit()
+    return seeded
+
+
+def list_strategies(session: Session) -> list[Strategy]:
+    return list(session.scalars(select(Strategy).order_by(Strategy.name)))
+
+
+def get_strategy(session: Session, name: str) -> Strategy:
+    strategy = session.get(Strategy, name)
+    if strategy is None:
+        raise ProblemError(
+            404, "strategy-not-found", "Strategy not found", f"there is no strategy {name!r}"
+        )
+    return strategy
+
+
+def create_strategy(session: Session, spec: StrategySpec) -> Strategy:
+    if session.get(Strategy, spec.name) is not None:
+        raise ProblemError(
+            409,
+            "strategy-exists",
+            "Strategy exists",
+            f"strategy {spec.name!r} already exists; PUT /v1/strategies/{spec.name} changes it",
+        )
+    _check_pattern_names(session, spec)
+    strategy = _store(session, Strategy(name=spec.name, version=1), spec)
+    session.commit()
+    return strategy
+
+
+def update_strategy(
+    session: Session, name: str, spec: StrategySpec, *, if_match: str | None = None
+) -> Strategy:
+    """Replace the strategy's data with ``spec``: a new version."""
+    strategy = get_strategy(session, name)
+    if not if_match_holds(if_match, strategy_etag(strategy)):
+        raise ProblemError(
+            412,
+            "precondition-failed",
+            "Precondition failed",
+            f"strategy {name!r} changed since you read it (now {strategy_etag(strategy)}, "
+            f"you sent If-Match {if_match}); GET it again and retry",
+        )
+    if spec.name != name:
+        raise ProblemError(
+            422,
+            "strategy-name-mismatch",
+            "Name mismatch",
+            f"the strategy is named {spec.name!r} but the URL names {name!r}",
+        )
+    _check_pattern_names(session, spec)
+    strategy.version += 1
+    _store(session, strategy, spec)
+    session.commit()
+    return strategy
+
+
+def strategy_history(session: Session, name: str) -> list[StrategyVersion]:
+    get_strategy(session, name)
+    query = select(StrategyVersion).where(StrategyVersion.name == name)
+    return list(session.scalars(query.order_by(StrategyVersion.version)))
+
+
+def _store(session: Session, strategy: Strategy, spec: StrategySpec) -> Strategy:
+    data = spec.model_dump(mode="json")
+    strategy.data, strategy.updated_at = data, utcnow()
+    session.add(strategy)
+    session.add(StrategyVersion(name=strategy.name, version=strategy.version, data=data))
+    session.flush()
+    return strategy
+
+
+def _check_pattern_names(session: Session, spec: StrategySpec) -> None:
+    """Every pattern the strategy names must exist (enabled or not, but not deleted)."""
+    known = set(session.scalars(select(PatternRecord.name).where(PatternRecord.deleted.is_(False))))
+    errors = [
+        {"field": f"{field}.{i}", "message": f"unknown pattern {name!r}"}
+        for field, names in (("patterns", spec.patterns or []), ("exclude", spec.exclude))
+        for i, name in enumerate(names)
+        if name not in known
+    ]
+    if errors:
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        raise ProblemError(
+            422,
+            "invalid-strategy",
+            "Invalid strategy",
+            f"strategy {spec.name!r} names patterns the registry does not have: {detail} "
+            "(GET /v1/patterns lists them)",
+            errors=errors,
+        )
