@@ -12,11 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Until the service exists (issue 3), `make run` optimizes the bundled example model.
+# The service in embedded mode: the API on http://127.0.0.1:8000 (interactive docs at
+# /docs), a worker thread in the same process, everything stored in ./data
+# (docs/service.md). No API keys on 127.0.0.1. Ctrl-C stops it.
 run: $(STAMP)
-	mkdir -p build
-	$(BIN)/autofusion optimize tests/data/resnet/resnet50_w8_torchscript.onnx \
-		-o build/resnet50_w8_fused.onnx --target onnxruntime --report build/report.json
+	$(BIN)/autofusion serve --host 127.0.0.1 --port 8000 --data-dir data
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -145,6 +145,9 @@ def _load(
     """The original as a proto (kept for the check) and an independent working copy."""
     if isinstance(model, (str, os.PathLike)):
         loaded = load_model(model)
+        # External data is resolved against the model's folder only while the tensors
+        # are lazy; the check hands onnxruntime protos, so read the weights in now.
+        ir.external_data.load_to_model(loaded)
         original = ir.to_proto(loaded)
         return original, loaded
     if isinstance(model, onnx.ModelProto):

@@ -1,6 +1,7 @@
 """The ``autofusion`` command line.
 
-Exit codes (stable, for CI scripts):
+Exit codes of `optimize` and `patterns` (stable, for scripts; `submit` has its own,
+see `autofusion submit --help`):
   0 success
   1 the fused model failed the numerical check
   2 usage or config error (bad option, unknown pattern or target)
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from app.cli import keys as keys_cmd
+from app.cli import migrate as migrate_cmd
 from app.cli import optimize as optimize_cmd
 from app.cli import patterns as patterns_cmd
 from app.cli import serve as serve_cmd
@@ -41,7 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (optimize_cmd, patterns_cmd, serve_cmd, worker_cmd, submit_cmd, keys_cmd):
+    commands_in_order = (
+        optimize_cmd,
+        patterns_cmd,
+        serve_cmd,
+        worker_cmd,
+        submit_cmd,
+        keys_cmd,
+        migrate_cmd,
+    )
+    for command in commands_in_order:
         command.add_parser(commands)
     return parser
 

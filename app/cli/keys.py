@@ -1,14 +1,154 @@
-"""``autofusion keys`` (being written)."""
+"""`autofusion keys`: create, list and revoke API keys directly in the database.
+
+This is how the first key of a server started with `--require-api-keys` is made: it
+needs access to the database, not to the API. Each command applies the migrations
+first, so it works on a fresh database too. A key is printed once, on stdout alone (so
+`KEY=$(autofusion keys create ...)` captures it); only its sha256 is stored.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+
+from app.cli._exit import EXIT_CONFIG, EXIT_OK
+from app.cli.migrate import add_database_options, prepare_database, settings_from_args
+from app.db import session_scope
+from app.models import ApiKey, utcnow
+from app.services.auth import SCOPES, create_key
+
+__all__ = ["add_parser", "run"]
+
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("keys", help="(not available yet)")
-    p.set_defaults(run=run)
+    p = commands.add_parser(
+        "keys",
+        help="create, list and revoke API keys (directly in the database)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+
+    create = actions.add_parser("create", help="create a key and print it (once)")
+    create.add_argument("--tenant", required=True, help="tenant the key acts for (created if new)")
+    create.add_argument(
+        "--scopes",
+        default="jobs:write",
+        help=f"comma-separated, from {', '.join(SCOPES)} (default jobs:write)",
+    )
+    create.add_argument("--name", default="", help="a note: who or what uses the key")
+    add_database_options(create)
+    create.set_defaults(run=run, keys_action=_create)
+
+    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
+    listing.add_argument("--tenant", help="only this tenant's keys")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    add_database_options(listing)
+    listing.set_defaults(run=run, keys_action=_list)
+
+    revoke = actions.add_parser("revoke", help="revoke a key by id (see `keys list`)")
+    revoke.add_argument("key_id", type=int, metavar="ID")
+    add_database_options(revoke)
+    revoke.set_defaults(run=run, keys_action=_revoke)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"autofusion keys: {message}\n")
+    return EXIT_CONFIG
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("autofusion keys is not available yet")
+    try:
+        settings = settings_from_args(args)
+        url = prepare_database(settings)
+    except ValidationError as exc:
+        return _fail(f"invalid settings:\n{exc}")
+    except OperationalError as exc:
+        return _fail(f"cannot open the database: {exc.orig}")
+    return args.keys_action(args, url)
+
+
+def _create(args: argparse.Namespace, url: str) -> int:
+    if not _TENANT.fullmatch(args.tenant):
+        return _fail(
+            f"invalid tenant {args.tenant!r}: use up to 64 letters, digits, '.', '_' or '-'"
+        )
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    if not scopes:
+        return _fail(f"--scopes is empty; choose from {', '.join(SCOPES)}")
+    try:
+        with session_scope(url) as session:
+            token = create_key(session, args.tenant, scopes, name=args.name)
+            newest = select(ApiKey.id).where(ApiKey.prefix == token[:11]).order_by(ApiKey.id.desc())
+            key_id = session.scalars(newest).first()
+    except ValueError as exc:
+        return _fail(str(exc))
+    sys.stderr.write(
+        f"autofusion: created key {key_id} ({token[:11]}...) for tenant {args.tenant!r} "
+        f"with scopes {','.join(sorted(set(scopes)))}; it is shown only now:\n"
+    )
+    sys.stdout.write(token + "\n")
+    return EXIT_OK
+
+
+def _key_row(key: ApiKey) -> dict:
+    return {
+        "id": key.id,
+        "tenant": key.tenant_id,
+        "prefix": key.prefix,
+        "scopes": list(key.scopes),
+        "name": key.name,
+        "created_at": key.created_at.isoformat(),
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+    }
+
+
+def _list(args: argparse.Namespace, url: str) -> int:
+    with session_scope(url) as session:
+        query = select(ApiKey).order_by(ApiKey.id)
+        if args.tenant:
+            query = query.where(ApiKey.tenant_id == args.tenant)
+        rows = [_key_row(k) for k in session.scalars(query)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no keys")
+        return EXIT_OK
+    header = ("id", "tenant", "prefix", "scopes", "status", "created", "name")
+    table = [
+        (
+            str(r["id"]),
+            r["tenant"],
+            r["prefix"] + "...",
+            ",".join(r["scopes"]),
+            "revoked" if r["revoked_at"] else "active",
+            r["created_at"][:19],
+            r["name"],
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in [header, *table]) for i in range(len(header))]
+    for line in [header, *table]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _revoke(args: argparse.Namespace, url: str) -> int:
+    with session_scope(url) as session:
+        key = session.get(ApiKey, args.key_id)
+        if key is None:
+            return _fail(f"there is no key {args.key_id}; see `autofusion keys list`")
+        if key.revoked_at is None:
+            key.revoked_at = utcnow()
+        tenant, prefix = key.tenant_id, key.prefix
+    sys.stderr.write(f"autofusion: revoked key {args.key_id} ({prefix}...) of tenant {tenant!r}\n")
+    return EXIT_OK

@@ -1,14 +1,309 @@
-"""``autofusion submit`` (being written)."""
+"""`autofusion submit`: the CI client. Upload a model, follow the job, gate on the result.
+
+The upload carries an `Idempotency-Key` derived from the sha256 of the model, the data
+files and the config, so a retried CI step gets the job the first try created instead
+of a second one. Progress goes to stderr (a bar on a terminal, plain lines in a log),
+the summary or the JSON to stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from app.cli import _submit_output as output
+from app.cli._submit_client import (
+    EXIT_GATE,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Client,
+    SubmitError,
+    follow,
+    read_json,
+    retry_after,
+)
+from app.cli._submit_output import Gate, evaluate_gates
+
+__all__ = [
+    "EXIT_GATE",
+    "EXIT_JOB_FAILED",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "Upload",
+    "add_parser",
+    "idempotency_key",
+    "run",
+]
+
+
+_CHUNK = 1 << 20
+
+_EPILOG = """\
+exit codes:
+  0  the job succeeded and every quality gate passed
+  1  the job failed or was cancelled
+  2  usage error: bad option, unreadable file, or a request the server refused (4xx)
+  3  --timeout ran out before the job finished (the job goes on; its URL is printed)
+  4  a quality gate failed: the server's numerical check, --max-abs-diff, --min-speedup
+  5  the server cannot be reached, or answered with a server error (5xx)
+
+--max-abs-diff compares the report's check.max_abs_diff (the largest difference between
+the original and the fused model's outputs). --min-speedup compares the speedup the
+server measured; this server version does not profile yet, so a --min-speedup gate
+fails (exit 4) saying the server did not measure speed.
+
+--strategy takes a named strategy (see GET /v1/strategies) or a JSON/YAML file holding
+config fields (target, patterns, exclude, check: {rtol, atol, samples, ...}).
+With GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file.
+"""
+
+
+@dataclass
+class Upload:
+    model: Path
+    data: list[Path] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def data_name(path: Path) -> str:
+        """The name a data file has on the server: its plain file name, as the model's
+        external-data locations name it."""
+        return path.name
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("submit", help="(not available yet)")
+    p = commands.add_parser(
+        "submit",
+        help="send a model to an autofusion server, wait, download, gate (for CI)",
+        description=__doc__,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", type=Path, help="the .onnx file to optimize")
+    p.add_argument(
+        "--server",
+        default=os.environ.get("AUTOFUSION_SERVER"),
+        help="server URL, e.g. http://127.0.0.1:8000 (default: AUTOFUSION_SERVER)",
+    )
+    p.add_argument(
+        "--data", action="append", type=Path, default=[], metavar="FILE",
+        help="an external-data file of the model (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--strategy", metavar="NAME|FILE", help="named strategy or a config file")
+    p.add_argument("--target", choices=["generic", "onnxruntime"], help="what to emit")
+    p.add_argument("--wait", action="store_true", help="wait for the job to finish")
+    p.add_argument(
+        "--timeout", type=_positive, default=3600.0, metavar="SECONDS",
+        help="with --wait: give up after this long, exit 3 (default 3600)",
+    )  # fmt: skip
+    p.add_argument("--min-speedup", type=_positive, metavar="X", help="gate: speedup >= X")
+    p.add_argument(
+        "--max-abs-diff", type=_non_negative, metavar="Y",
+        help="gate: the check's max abs diff <= Y",
+    )  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, help="with --wait: write the fused model here")
+    p.add_argument("--report", type=Path, help="with --wait: write the JSON report here")
+    p.add_argument("--json", action="store_true", help="print JSON (report + job) on stdout")
+    p.add_argument(
+        "--api-key", default=os.environ.get("AUTOFUSION_API_KEY"),
+        help="API key (default: AUTOFUSION_API_KEY; prefer the variable, it stays out of logs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idempotency-key", metavar="KEY",
+        help="override the key derived from the inputs (e.g. to force a new job)",
+    )  # fmt: skip
     p.set_defaults(run=run)
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number, 0 or above, not {text}")
+    return value
+
+
+# ----- building the request -------------------------------------------------------------
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def idempotency_key(upload: Upload) -> str:
+    """Stable for the same model, data (names and bytes, in order) and config."""
+    digest = hashlib.sha256(b"autofusion-submit/1\n")
+    digest.update(f"model {_file_sha256(upload.model)}\n".encode())
+    for path in upload.data:
+        digest.update(f"data {upload.data_name(path)} {_file_sha256(path)}\n".encode())
+    config = json.dumps(upload.config, sort_keys=True, separators=(",", ":"))
+    digest.update(f"config {config}\n".encode())
+    return "autofusion-" + digest.hexdigest()
+
+
+def _load_strategy_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise SubmitError(f"cannot read the strategy file {path}: {exc}", EXIT_USAGE) from None
+    if not isinstance(data, dict):
+        raise SubmitError(f"{path} must hold a mapping of config fields", EXIT_USAGE)
+    return data
+
+
+def build_upload(args: argparse.Namespace) -> Upload:
+    for path in [args.model, *args.data]:
+        if not path.is_file():
+            raise SubmitError(f"no such file: {path}", EXIT_USAGE)
+    config: dict[str, Any] = {}
+    if args.strategy:
+        candidate = Path(args.strategy)
+        if candidate.is_file():
+            config = _load_strategy_file(candidate)
+        elif candidate.suffix in (".json", ".yaml", ".yml") or os.sep in args.strategy:
+            raise SubmitError(f"no such strategy file: {args.strategy}", EXIT_USAGE)
+        else:
+            config["strategy"] = args.strategy
+    if args.target:
+        config["target"] = args.target
+    return Upload(args.model, list(args.data), config)
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    if not args.server:
+        raise SubmitError("--server is required (or set AUTOFUSION_SERVER)", EXIT_USAGE)
+    if not args.server.startswith(("http://", "https://")):
+        raise SubmitError(f"--server must be an http(s) URL, not {args.server!r}", EXIT_USAGE)
+    needs_wait = [
+        name
+        for name, value in (
+            ("-o", args.output),
+            ("--report", args.report),
+            ("--min-speedup", args.min_speedup),
+            ("--max-abs-diff", args.max_abs_diff),
+        )
+        if value is not None
+    ]
+    if needs_wait and not args.wait:
+        raise SubmitError(
+            f"{', '.join(needs_wait)} need(s) --wait: without it submit returns as soon as "
+            "the job is queued",
+            EXIT_USAGE,
+        )
+
+
+# ----- the command ------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    job: dict
+    url: str
+    idempotency_key: str
+    replayed: bool = False  # the job an earlier identical request created
+    report: dict | None = None
+    gates: list[Gate] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    code: int = EXIT_OK
+    message: str | None = None
+
+
+def _link(job: dict, name: str, job_url: str) -> str:
+    return (job.get("links") or {}).get(name) or f"{job_url}/{name}"
+
+
+def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url: str) -> None:
+    job = outcome.job
+    if job["status"] != "succeeded":
+        error = job.get("error") or "no reason given"
+        outcome.code, outcome.message = EXIT_JOB_FAILED, f"job {job['id']} {job['status']}: {error}"
+        if outcome.replayed:
+            outcome.message += (
+                " (an earlier submit of the same inputs made this job; to run them again, "
+                "pass a new --idempotency-key)"
+            )
+        return
+    outcome.report = read_json(client.send("GET", _link(job, "report", job_url)))
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(outcome.report, indent=2) + "\n", encoding="utf-8")
+    if args.output:
+        client.download(_link(job, "model", job_url), args.output)
+    outcome.gates = evaluate_gates(outcome.report, args.max_abs_diff, args.min_speedup)
+    failed = [g for g in outcome.gates if not g.passed]
+    if failed:
+        outcome.code = EXIT_GATE
+        outcome.message = "quality gate failed: " + "; ".join(g.message for g in failed)
+
+
+def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome:
+    key = args.idempotency_key or idempotency_key(upload)
+    started = time.monotonic()
+    response = client.upload(upload, key)
+    job = read_json(response)
+    location = response.headers.get("Location") or f"/v1/jobs/{job['id']}"
+    job_url = httpx.URL(location).path if location.startswith("http") else location
+    outcome = Outcome(job, url=client.server + job_url, idempotency_key=key)
+    outcome.replayed = response.headers.get("Idempotent-Replayed") == "true"
+    if not args.wait:
+        return outcome
+    progress = output.Progress(sys.stderr)
+    try:
+        delay = retry_after(response, 1.0)
+        outcome.job = follow(client, job_url, job, delay, args.timeout, progress)
+    except SubmitError as exc:
+        if exc.code != EXIT_TIMEOUT:
+            raise
+        outcome.code, outcome.message = EXIT_TIMEOUT, str(exc)
+        return outcome
+    finally:
+        progress.close()
+    _collect(client, args, outcome, job_url)
+    outcome.elapsed_s = time.monotonic() - started
+    return outcome
+
+
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("autofusion submit is not available yet")
+    try:
+        _check_usage(args)
+        upload = build_upload(args)
+    except SubmitError as exc:
+        sys.stderr.write(f"autofusion submit: {exc}\n")
+        return exc.code
+    client = Client(args.server, args.api_key)
+    try:
+        outcome = _submit(client, args, upload)
+    except SubmitError as exc:
+        sys.stderr.write(f"autofusion submit: {exc}\n")
+        output.write_step_summary(upload.model.name, None, str(exc))
+        return exc.code
+    finally:
+        client.close()
+    output.emit(outcome, upload.model.name, args)
+    return outcome.code

@@ -334,3 +334,29 @@ def test_save_model_of_external_data_model_to_another_folder_reloads(tmp_path):
 def test_public_api_exports_load_and_save():
     assert fusion_core.load_model is load_model
     assert fusion_core.save_model is save_model
+
+
+def test_optimize_a_model_with_external_data_from_another_directory(tmp_path, monkeypatch):
+    # The check must find the weights beside the model, whatever the working directory.
+    import onnx as _onnx
+
+    from fusion_core import OptimizeConfig, optimize
+
+    model = _onnx.load("tests/data/resnet/resnet50_w8_torchscript.onnx")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    _onnx.save_model(
+        model,
+        folder / "m.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.weights",
+        size_threshold=0,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = optimize(folder / "m.onnx", OptimizeConfig())
+    assert result.check is not None and result.check.error is None
+    assert result.check.passed
+    assert result.ops_after.get("BatchNormalization", 0) == 0

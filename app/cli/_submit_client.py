@@ -1,0 +1,206 @@
+"""The HTTP side of ``autofusion submit``: requests with errors mapped to exit codes,
+transient failures retried, and a job followed to its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from app.cli._submit_output import FINAL
+
+if TYPE_CHECKING:
+    from app.cli.submit import Upload
+
+__all__ = [
+    "EXIT_GATE",
+    "EXIT_JOB_FAILED",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "Client",
+    "SubmitError",
+    "follow",
+    "read_json",
+    "retry_after",
+]
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_GATE = 4
+EXIT_UNREACHABLE = 5
+
+_TRANSIENT_STATUS = (502, 503, 504)
+_CHUNK = 1 << 20
+
+
+class SubmitError(Exception):
+    """Stop with a message and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Client:
+    """httpx with the errors mapped to exit codes and transient failures retried."""
+
+    def __init__(self, server: str, api_key: str | None) -> None:
+        headers = {"User-Agent": "autofusion-submit/1", "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.server = server.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.server, headers=headers, timeout=httpx.Timeout(60.0, connect=10.0)
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def send(
+        self, method: str, url: str, *, attempts: int = 5, body: Any = None, **kwargs: Any
+    ) -> httpx.Response:
+        """Send, retrying connection errors and 502/503/504 with backoff.
+
+        ``body``, if given, is called before each attempt for fresh request content.
+        """
+        delay = 0.5
+        for attempt in range(1, attempts + 1):
+            try:
+                response = self.http.request(method, url, **kwargs, **(body() if body else {}))
+            except httpx.TransportError as exc:
+                if attempt == attempts:
+                    raise SubmitError(
+                        f"cannot reach the server at {self.server}: {exc or type(exc).__name__}",
+                        EXIT_UNREACHABLE,
+                    ) from None
+            else:
+                if response.status_code not in _TRANSIENT_STATUS or attempt == attempts:
+                    return _raise_for_problem(response)
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        raise AssertionError("unreachable")
+
+    def upload(self, upload: Upload, key: str) -> httpx.Response:
+        files_opened: list[Any] = []
+
+        def body() -> dict:
+            # Reopened per attempt: a retry must send the files from their start.
+            for f in files_opened:
+                f.close()
+            files_opened.clear()
+            parts = [("model", (upload.model.name, open(upload.model, "rb")))]  # noqa: SIM115
+            parts += [
+                ("data", (upload.data_name(p), open(p, "rb")))  # noqa: SIM115
+                for p in upload.data
+            ]
+            files_opened.extend(part[1][1] for part in parts)
+            return {"files": parts, "data": {"config": json.dumps(upload.config)}}
+
+        try:
+            # Safe to resend: with the same Idempotency-Key a repeat returns the same job.
+            return self.send(
+                "POST",
+                "/v1/optimize",
+                attempts=3,
+                body=body,
+                headers={"Idempotency-Key": key},
+                timeout=httpx.Timeout(600.0, connect=10.0, write=None),
+            )
+        finally:
+            for f in files_opened:
+                f.close()
+
+    def download(self, url: str, destination: Path) -> None:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + ".part")
+        try:
+            with self.http.stream("GET", url, timeout=httpx.Timeout(600.0, connect=10.0)) as r:
+                _raise_for_problem(r, streamed=True)
+                with open(partial, "wb") as f:
+                    for chunk in r.iter_bytes(_CHUNK):
+                        f.write(chunk)
+            os.replace(partial, destination)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise SubmitError(f"download of {url} failed: {exc}", EXIT_UNREACHABLE) from None
+
+
+def _raise_for_problem(response: httpx.Response, *, streamed: bool = False) -> httpx.Response:
+    if response.status_code < 400:
+        return response
+    if streamed:
+        response.read()
+    try:
+        problem = response.json()
+        if not isinstance(problem, dict):
+            raise ValueError("not a problem document")
+        message = f"{problem.get('title', 'error')}: {problem.get('detail', '')}".rstrip(": ")
+    except ValueError:
+        message = response.text.strip()[:500] or response.reason_phrase
+    where = f"{response.request.method} {response.request.url.path}"
+    code = EXIT_USAGE if response.status_code < 500 else EXIT_UNREACHABLE
+    raise SubmitError(f"the server refused {where} ({response.status_code}): {message}", code)
+
+
+def read_json(response: httpx.Response) -> dict:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        where = f"{response.request.method} {response.request.url.path}"
+        raise SubmitError(
+            f"the server answered {where} with something other than a JSON object "
+            f"({response.headers.get('content-type', 'no content type')}): is --server right?",
+            EXIT_UNREACHABLE,
+        )
+    return data
+
+
+def retry_after(response: httpx.Response, default: float) -> float:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return default
+    return min(max(seconds, 0.1), 60.0)
+
+
+def follow(
+    client: Client, job_url: str, job: dict, delay: float, timeout: float, progress: Any
+) -> dict:
+    """Poll the job until it is final, honouring Retry-After and sending If-None-Match."""
+    deadline = time.monotonic() + timeout
+    etag: str | None = None
+    progress.update(job)
+    while job["status"] not in FINAL:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SubmitError(
+                f"job {job['id']} is still {job['status']} after {timeout:g} s; "
+                f"follow it at {client.server}{job_url}",
+                EXIT_TIMEOUT,
+            )
+        time.sleep(min(delay, left))
+        headers = {"If-None-Match": etag} if etag else {}
+        response = client.send("GET", job_url, headers=headers)
+        if response.status_code != 304:
+            job = read_json(response)
+            etag = response.headers.get("ETag")
+        delay = retry_after(response, delay)
+        progress.update(job)
+    return job

@@ -1,0 +1,934 @@
+"""``autofusion submit`` (the CI client), ``serve`` and ``keys``.
+
+Three layers:
+- the client's pieces and its exit codes with no server (usage 2, unreachable 5);
+- the whole submit flow against an in-process fake that speaks the API contract
+  (202 + Location + Retry-After, ETag/304, report, model, problem+json), so polling,
+  gates, timeouts and the GitHub step summary are checked exactly;
+- end to end against a real ``autofusion serve`` subprocess in embedded mode.
+
+Submit exit codes: 0 ok, 1 job failed, 2 usage, 3 timeout, 4 quality gate, 5 unreachable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+
+from app.cli import main
+from app.cli import serve as serve_cmd
+from app.cli._submit_output import Progress, evaluate_gates
+from app.cli.submit import Upload, idempotency_key
+from app.db import session_scope
+from app.migrate import upgrade
+from app.services.auth import authenticate
+
+REPO = Path(__file__).resolve().parents[2]
+RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
+
+REPORT = {
+    "target": "generic",
+    "fusions": {"conv_bn_relu": 3, "conv_bn": 1},
+    "rounds": 1,
+    "nodes": {"before": 20, "after": 9, "by_op_before": {}, "by_op_after": {}},
+    "timings_s": {"load": 0.01, "rewrite": 0.02},
+    "check": {"passed": True, "samples": 2, "error": None, "max_abs_diff": 2.5e-7},
+    "near_misses": [],
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in list(os.environ):
+        if name.upper().startswith("AUTOFUSION_") or name == "GITHUB_STEP_SUMMARY":
+            monkeypatch.delenv(name)
+
+
+def cli(capsys, *args: str | Path) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----- the client's pieces, no server ------------------------------------------------------
+
+
+@pytest.fixture
+def model_file(tmp_path) -> Path:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"not really onnx, the client never parses it")
+    return path
+
+
+def test_idempotency_key_depends_on_content_only(tmp_path, model_file):
+    key = idempotency_key(Upload(model_file, [], {"target": "generic"}))
+    assert key == idempotency_key(Upload(model_file, [], {"target": "generic"}))
+    elsewhere = tmp_path / "other" / "renamed.onnx"
+    elsewhere.parent.mkdir()
+    shutil.copy(model_file, elsewhere)
+    assert idempotency_key(Upload(elsewhere, [], {"target": "generic"})) == key
+    # Key order in the config does not matter; the values do.
+    a = idempotency_key(Upload(model_file, [], {"target": "generic", "strategy": "s"}))
+    b = idempotency_key(Upload(model_file, [], {"strategy": "s", "target": "generic"}))
+    assert a == b != key
+    assert idempotency_key(Upload(model_file, [], {"target": "onnxruntime"})) != key
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(b"weights")
+    with_data = idempotency_key(Upload(model_file, [data], {"target": "generic"}))
+    assert with_data != key
+    data.write_bytes(b"other weights")
+    assert idempotency_key(Upload(model_file, [data], {"target": "generic"})) != with_data
+    model_file.write_bytes(b"changed")
+    assert idempotency_key(Upload(model_file, [], {"target": "generic"})) != key
+    assert key.startswith("autofusion-") and len(key) <= 200
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param([], "--server is required", id="no-server"),
+        pytest.param(["--server", "127.0.0.1:8000"], "http(s) URL", id="server-not-url"),
+        pytest.param(["--server", "http://x", "-o", "f.onnx"], "need(s) --wait", id="o-no-wait"),
+        pytest.param(
+            ["--server", "http://x", "--max-abs-diff", "1"], "need(s) --wait", id="gate-no-wait"
+        ),
+        pytest.param(
+            ["--server", "http://x", "--strategy", "missing.yaml"],
+            "no such strategy file",
+            id="strategy-file-missing",
+        ),
+        pytest.param(
+            ["--server", "http://x", "--max-abs-diff", "-1", "--wait"], "0 or above", id="neg"
+        ),
+        pytest.param(["--server", "http://x", "--timeout", "0", "--wait"], "above 0", id="t0"),
+        pytest.param(["--server", "http://x", "--target", "tpu"], "invalid choice", id="target"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, model_file, args, message):
+    code, out, err = cli(capsys, "submit", model_file, *args)
+    assert code == 2
+    assert message in err
+    assert out == ""
+
+
+def test_missing_model_exits_2(capsys, tmp_path):
+    code, _, err = cli(capsys, "submit", tmp_path / "nope.onnx", "--server", "http://x")
+    assert code == 2
+    assert "no such file" in err
+
+
+def test_unreachable_server_exits_5(capsys, model_file, tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    port = free_port()  # nothing listens there
+    code, out, err = cli(capsys, "submit", model_file, "--server", f"http://127.0.0.1:{port}")
+    assert code == 5
+    assert "cannot reach the server" in err
+    assert out == ""
+    assert "cannot reach the server" in summary.read_text()
+
+
+@pytest.mark.parametrize(
+    "strategy, content, expected",
+    [
+        pytest.param("vision", None, {"strategy": "vision"}, id="name"),
+        pytest.param("s.json", '{"target": "onnxruntime"}', {"target": "onnxruntime"}, id="json"),
+        pytest.param(
+            "s.yaml",
+            "exclude: [pad_conv]\ncheck: {atol: 0.01}\n",
+            {"exclude": ["pad_conv"], "check": {"atol": 0.01}},
+            id="yaml",
+        ),
+    ],
+)
+def test_strategy_name_or_file(tmp_path, model_file, strategy, content, expected):
+    from app.cli.submit import build_upload
+
+    if content is not None:
+        (tmp_path / strategy).write_text(content)
+        strategy = str(tmp_path / strategy)
+    args = _args(model_file, "--strategy", strategy)
+    assert build_upload(args).config == expected
+    args = _args(model_file, "--strategy", strategy, "--target", "generic")
+    assert build_upload(args).config == {**expected, "target": "generic"}
+
+
+def _args(*argv: str | Path):
+    from app.cli import build_parser
+
+    return build_parser().parse_args(["submit", *map(str, argv), "--server", "http://x"])
+
+
+def test_strategy_file_must_be_a_mapping(capsys, tmp_path, model_file):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("- a\n- b\n")
+    code, _, err = cli(capsys, "submit", model_file, "--server", "http://x", "--strategy", bad)
+    assert code == 2
+    assert "mapping" in err
+
+
+def _report(**changes) -> dict:
+    report = json.loads(json.dumps(REPORT))
+    for key, value in changes.items():
+        report[key] = value
+    return report
+
+
+@pytest.mark.parametrize(
+    "report, max_abs_diff, min_speedup, verdicts",
+    [
+        pytest.param(_report(), None, None, {"check": True}, id="check-only"),
+        pytest.param(_report(), 2.5e-7, None, {"check": True, "max-abs-diff": True}, id="equal"),
+        pytest.param(_report(), 1e-7, None, {"check": True, "max-abs-diff": False}, id="above"),
+        pytest.param(_report(check=None), 1.0, None, {"max-abs-diff": False}, id="check-skipped"),
+        pytest.param(
+            _report(check={"passed": False, "error": None, "max_abs_diff": 0.5}),
+            None,
+            None,
+            {"check": False},
+            id="check-failed",
+        ),
+        pytest.param(
+            _report(), None, 1.1, {"check": True, "min-speedup": False}, id="speed-unmeasured"
+        ),
+        pytest.param(
+            _report(speedup=1.3), None, 1.2, {"check": True, "min-speedup": True}, id="speed-ok"
+        ),
+        pytest.param(
+            _report(profile={"speedup": 1.1}),
+            None,
+            1.2,
+            {"check": True, "min-speedup": False},
+            id="speed-low",
+        ),
+    ],
+)
+def test_gates(report, max_abs_diff, min_speedup, verdicts):
+    gates = evaluate_gates(report, max_abs_diff, min_speedup)
+    assert {g.name: g.passed for g in gates} == verdicts
+    for gate in gates:
+        assert gate.message
+    if min_speedup is not None and "speedup" not in json.dumps(report):
+        assert "did not measure speed" in gates[-1].message
+
+
+def test_progress_bar_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    progress = Progress(stream)
+    progress.update({"id": "j", "status": "running", "stage": "validate", "progress": 0.5})
+    progress.update({"id": "j", "status": "succeeded", "stage": "succeeded", "progress": 1.0})
+    progress.close()
+    text = stream.getvalue()
+    assert "\r[############............]  50%  running: validate" in text
+    assert "100%  succeeded" in text
+    assert text.endswith("\n")
+
+
+# ----- the full flow against a fake server that speaks the contract ------------------------
+
+
+class FakeApi:
+    """The API contract in ~100 lines: jobs advance one state per GET of the job."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.jobs: dict[str, dict] = {}
+        self.by_key: dict[str, str] = {}
+        self.states = [
+            ("queued", "queued", 0.0),
+            ("running", "optimize", 0.3),
+            ("running", "optimize", 0.3),
+            ("running", "validate", 0.8),
+            ("succeeded", "succeeded", 1.0),
+        ]
+        self.error: str | None = None
+        self.report = _report()
+        self.retry_after = "0"
+        self.post_answer: tuple[int, dict] | None = None
+        self.post_raw: bytes | None = None
+        self.not_modified = 0
+
+    def job(self, job_id: str) -> dict:
+        state = self.jobs[job_id]
+        index = min(state["polls"], len(self.states) - 1)
+        status, stage, progress = self.states[index]
+        revision = len(dict.fromkeys(self.states[: index + 1]))  # distinct states so far
+        base = f"/v1/jobs/{job_id}"
+        return {
+            "id": job_id,
+            "status": status,
+            "stage": stage,
+            "progress": progress,
+            "revision": revision,
+            "registry_version": 1,
+            "summary": None,
+            "error": self.error if status == "failed" else None,
+            "links": {"self": base, "model": f"{base}/model", "report": f"{base}/report"},
+        }
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, status: int, data: dict, **headers: str) -> None:
+                media = "application/problem+json" if status >= 400 else "application/json"
+                headers = {"Content-Type": media, **headers}
+                self._send(status, json.dumps(data).encode(), headers)
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                api.requests.append({"method": "POST", "headers": dict(self.headers), "body": body})
+                if api.post_answer is not None:
+                    self._json(*api.post_answer)
+                    return
+                if api.post_raw is not None:
+                    self._send(200, api.post_raw, {"Content-Type": "text/html"})
+                    return
+                key = self.headers.get("Idempotency-Key")
+                replayed = key in api.by_key
+                job_id = api.by_key.get(key) or f"job-{len(api.jobs) + 1}"
+                api.by_key[key] = job_id
+                api.jobs.setdefault(job_id, {"polls": 0})
+                headers = {"Location": f"/v1/jobs/{job_id}", "Retry-After": api.retry_after}
+                if replayed:
+                    headers["Idempotent-Replayed"] = "true"
+                self._json(202, api.job(job_id), **headers)
+
+            def do_GET(self) -> None:
+                api.requests.append(
+                    {"method": "GET", "path": self.path, "headers": dict(self.headers)}
+                )
+                parts = self.path.strip("/").split("/")
+                job_id = parts[2]
+                if len(parts) == 4 and parts[3] == "report":
+                    self._json(200, api.report)
+                elif len(parts) == 4 and parts[3] == "model":
+                    self._send(
+                        200, b"fused-model-bytes", {"Content-Type": "application/octet-stream"}
+                    )
+                else:
+                    api.jobs[job_id]["polls"] += 1
+                    job = api.job(job_id)
+                    etag = f'"{job["revision"]}"'
+                    headers = {"ETag": etag, "Retry-After": api.retry_after}
+                    if self.headers.get("If-None-Match") == etag:
+                        api.not_modified += 1
+                        self._send(304, b"", headers)
+                    else:
+                        self._json(200, job, **headers)
+
+        return Handler
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeApi, str]]:
+    api = FakeApi()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), api.handler())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield api, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_submit_waits_downloads_and_summarises(capsys, fake, model_file, tmp_path, monkeypatch):
+    api, url = fake
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("AUTOFUSION_API_KEY", "af_secret")
+    fused, report = tmp_path / "out" / "fused.onnx", tmp_path / "report.json"
+    code, out, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "-o", fused,
+        "--report", report, "--max-abs-diff", "1e-3", "--target", "onnxruntime",
+    )  # fmt: skip
+    assert code == 0, err
+    assert fused.read_bytes() == b"fused-model-bytes"
+    assert json.loads(report.read_text()) == api.report
+    post = api.requests[0]
+    assert post["headers"]["Idempotency-Key"] == idempotency_key(
+        Upload(model_file, [], {"target": "onnxruntime"})
+    )
+    assert post["headers"]["Authorization"] == "Bearer af_secret"
+    assert b'name="model"; filename="m.onnx"' in post["body"]
+    assert b'name="config"' in post["body"] and b'{"target": "onnxruntime"}' in post["body"]
+    polls = [r for r in api.requests if r["method"] == "GET" and r["path"] == "/v1/jobs/job-1"]
+    assert all(r["headers"].get("Authorization") == "Bearer af_secret" for r in polls)
+    assert any("If-None-Match" in r["headers"] for r in polls)
+    assert api.not_modified >= 1  # the repeated state came back as 304
+    # A log (not a terminal): one line per status/stage change.
+    assert "job job-1 running: optimize (30%)" in err
+    assert "job job-1 running: validate (80%)" in err
+    assert err.count("running: optimize") == 1
+    assert "fusions:" in out and "4 (conv_bn_relu 3, conv_bn 1)" in out
+    assert "passed, max abs diff 2.5e-07" in out
+    assert "20 -> 9" in out
+    assert "not measured by the server" in out
+    assert "gate max-abs-diff:" in out and "passed" in out
+    markdown = summary.read_text()
+    assert markdown.startswith("earlier step\n### autofusion: `m.onnx` passed")
+    assert "| fusions | 4 (conv_bn_relu 3, conv_bn 1) |" in markdown
+    assert "af_secret" not in out + err + markdown
+
+
+def test_submit_json_and_idempotent_retry(capsys, fake, model_file):
+    api, url = fake
+    first = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json")
+    second = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json")
+    assert first[0] == second[0] == 0
+    one, two = json.loads(first[1]), json.loads(second[1])
+    assert one["job"]["id"] == two["job"]["id"] == "job-1"
+    assert len(api.jobs) == 1
+    assert one["check"]["max_abs_diff"] == 2.5e-7 and one["fusions"] == REPORT["fusions"]
+    assert one["submit"]["exit_code"] == 0 and one["submit"]["url"] == f"{url}/v1/jobs/job-1"
+
+
+def test_submit_without_wait_returns_when_queued(capsys, fake, model_file):
+    api, url = fake
+    code, out, _ = cli(capsys, "submit", model_file, "--server", url)
+    assert code == 0
+    assert out.strip() == f"autofusion: m.onnx -> job job-1 queued: {url}/v1/jobs/job-1"
+    assert [r["method"] for r in api.requests] == ["POST"]
+
+
+def test_failed_job_exits_1(capsys, fake, model_file, tmp_path, monkeypatch):
+    api, url = fake
+    api.states = [("running", "optimize", 0.2), ("failed", "failed", 0.2)]
+    api.error = "the model is not valid ONNX"
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    fused = tmp_path / "x.onnx"
+    code, out, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "-o", fused)
+    assert code == 1
+    assert "job job-1 failed: the model is not valid ONNX" in err
+    assert not fused.exists()
+    assert "FAILED" in summary.read_text()
+    assert "--idempotency-key" not in err
+    # A retried step gets the same failed job back, and is told how to run it again.
+    code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait")
+    assert code == 1 and len(api.jobs) == 1
+    assert "pass a new --idempotency-key" in err
+    code, _, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "--idempotency-key", "again"
+    )
+    assert code == 1 and len(api.jobs) == 2
+
+
+@pytest.mark.parametrize(
+    "options, report, message",
+    [
+        pytest.param(["--max-abs-diff", "1e-9"], _report(), "2.5e-07 > 1e-09", id="max-abs-diff"),
+        pytest.param(["--min-speedup", "1.1"], _report(), "did not measure speed", id="speed"),
+        pytest.param(
+            [],
+            _report(check={"passed": False, "error": None, "max_abs_diff": 3.0}),
+            "does not match",
+            id="check",
+        ),
+    ],
+)
+def test_quality_gate_exits_4(capsys, fake, model_file, tmp_path, options, report, message):
+    api, url = fake
+    api.report = report
+    fused = tmp_path / "fused.onnx"
+    code, out, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "-o", fused, *options
+    )
+    assert code == 4
+    assert "quality gate failed" in err and message in err
+    assert "FAILED" in out
+    assert fused.exists()  # the model is still written, for inspection
+
+
+def test_timeout_exits_3(capsys, fake, model_file):
+    api, url = fake
+    api.states = [("running", "optimize", 0.1)]
+    started = time.monotonic()
+    code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "--timeout", "0.5")
+    assert code == 3
+    assert time.monotonic() - started < 10
+    assert f"still running after 0.5 s; follow it at {url}/v1/jobs/job-1" in err
+
+
+def test_retry_after_is_honoured(capsys, fake, model_file):
+    api, url = fake
+    api.states = [("queued", "queued", 0.0), ("succeeded", "succeeded", 1.0)]
+    api.retry_after = "1"
+    started = time.monotonic()
+    code, _, _ = cli(capsys, "submit", model_file, "--server", url, "--wait")
+    assert code == 0
+    assert time.monotonic() - started >= 1.0
+
+
+@pytest.mark.parametrize(
+    "status, expected",
+    [pytest.param(401, 2, id="unauthorized"), pytest.param(503, 5, id="unavailable")],
+)
+def test_refused_upload(capsys, fake, model_file, status, expected):
+    api, url = fake
+    problem = {"type": "x", "title": "Unauthorized", "status": status, "detail": "no key"}
+    api.post_answer = (status, problem)
+    code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait")
+    assert code == expected
+    assert f"({status}): Unauthorized: no key" in err
+    # 503 is retried (safe: the Idempotency-Key makes a repeat harmless); 401 is not.
+    assert len(api.requests) == (3 if status == 503 else 1)
+
+
+def test_not_an_autofusion_server_exits_5(capsys, fake, model_file):
+    api, url = fake
+    api.post_raw = b"<html>a login page</html>"
+    code, out, err = cli(capsys, "submit", model_file, "--server", url)
+    assert code == 5
+    assert "something other than a JSON object (text/html): is --server right?" in err
+
+
+# ----- serve and keys, in-process ----------------------------------------------------------
+
+
+def _serve_args(*argv: str):
+    from app.cli import build_parser
+
+    return build_parser().parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize(
+    "host, options, allowed",
+    [
+        pytest.param("127.0.0.1", [], True, id="loopback"),
+        pytest.param("localhost", [], True, id="localhost"),
+        pytest.param("::1", [], True, id="ipv6-loopback"),
+        pytest.param("0.0.0.0", [], False, id="any"),
+        pytest.param("example.org", [], False, id="hostname"),
+        pytest.param("0.0.0.0", ["--require-api-keys"], True, id="keys"),
+        pytest.param("0.0.0.0", ["--insecure-no-auth"], True, id="insecure"),
+    ],
+)
+def test_serve_refuses_open_host_without_keys(
+    capsys, monkeypatch, tmp_path, host, options, allowed
+):
+    started = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: started.update(kw))
+    code, _, err = cli(capsys, "serve", "--host", host, "--data-dir", tmp_path, *options)
+    if allowed:
+        assert code == 0 and started["host"] == host and started["port"] == 8000
+    else:
+        assert code == 2 and not started
+        assert "--require-api-keys" in err and "--insecure-no-auth" in err
+
+
+def test_serve_flags_override_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOFUSION_DATA_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("AUTOFUSION_REQUIRE_API_KEYS", "true")
+    settings = serve_cmd.settings_from_args(_serve_args())
+    assert settings.data_dir == tmp_path / "env"
+    assert settings.require_api_keys and settings.embedded_worker
+    assert settings.is_embedded_broker
+    settings = serve_cmd.settings_from_args(
+        _serve_args("--data-dir", str(tmp_path / "flag"), "--broker", "redis://r:6379/0")
+    )
+    assert settings.data_dir == tmp_path / "flag"
+    assert settings.broker_url == "redis://r:6379/0" and not settings.embedded_worker
+    settings = serve_cmd.settings_from_args(
+        _serve_args("--broker", "redis://r:6379/0", "--embedded-worker")
+    )
+    assert settings.embedded_worker
+    monkeypatch.setenv("AUTOFUSION_EMBEDDED_WORKER", "true")
+    settings = serve_cmd.settings_from_args(_serve_args("--broker", "redis://r:6379/0"))
+    assert settings.embedded_worker
+    settings = serve_cmd.settings_from_args(_serve_args("--no-embedded-worker"))
+    assert not settings.embedded_worker
+
+
+def test_serve_rejects_invalid_settings(capsys, monkeypatch):
+    monkeypatch.setenv("AUTOFUSION_JOB_TIME_LIMIT_S", "7200")  # above the visibility timeout
+    code, _, err = cli(capsys, "serve")
+    assert code == 2
+    assert "visibility_timeout_s" in err
+
+
+def test_keys_create_list_revoke(capsys, tmp_path):
+    data = tmp_path / "data"
+    code, out, err = cli(
+        capsys, "keys", "create", "--tenant", "ci", "--scopes", "jobs:write,patterns:write",
+        "--name", "pipeline", "--data-dir", data,
+    )  # fmt: skip
+    assert code == 0, err
+    token = out.strip()
+    assert token.startswith("af_") and "\n" not in token
+    assert "shown only now" in err and token not in err
+    url = f"sqlite:///{(data / 'autofusion.db').resolve()}"
+    with session_scope(url) as session:
+        principal = authenticate(session, token)
+    assert principal.tenant_id == "ci"
+    assert principal.scopes == {"jobs:write", "patterns:write"}
+
+    code, out, _ = cli(capsys, "keys", "list", "--data-dir", data, "--json")
+    (row,) = json.loads(out)
+    assert row["tenant"] == "ci" and row["name"] == "pipeline" and row["revoked_at"] is None
+    assert token not in out and token[:11] == row["prefix"]
+    code, out, _ = cli(capsys, "keys", "list", "--data-dir", data)
+    assert "active" in out and "pipeline" in out
+
+    assert cli(capsys, "keys", "revoke", str(row["id"]), "--data-dir", data)[0] == 0
+    with session_scope(url) as session:
+        assert authenticate(session, token) is None
+    code, _, err = cli(capsys, "keys", "revoke", "99", "--data-dir", data)
+    assert code == 2 and "no key 99" in err
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param(["--tenant", "ci", "--scopes", "jobs:rule"], "unknown scope", id="scope"),
+        pytest.param(["--tenant", "a b", "--scopes", "admin"], "invalid tenant", id="tenant"),
+        pytest.param(["--tenant", "ci", "--scopes", ","], "--scopes is empty", id="empty"),
+    ],
+)
+def test_keys_create_rejects(capsys, tmp_path, options, message):
+    code, out, err = cli(capsys, "keys", "create", *options, "--data-dir", tmp_path)
+    assert code == 2 and message in err and out == ""
+
+
+def test_migrate_creates_the_schema(tmp_path):
+    import argparse
+
+    from app.cli import migrate as migrate_cmd
+
+    # Parsed here so the test does not depend on the command's registration in app.cli.
+    parser = argparse.ArgumentParser()
+    migrate_cmd.add_parser(parser.add_subparsers())
+    url = f"sqlite:///{(tmp_path / 'x.db').resolve()}"
+    args = parser.parse_args(["migrate", "--database", url])
+    assert args.run(args) == 0
+    upgrade(url)  # already at head: a no-op
+    from app.migrate import check
+
+    check(url)  # models and migrations agree on the migrated database
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["bucket-exists", "bucket-missing"])
+def test_migrate_creates_a_missing_bucket(monkeypatch, exists):
+    import boto3
+    from botocore.stub import Stubber
+
+    from app.cli.migrate import ensure_bucket
+    from app.core.config import Settings
+
+    client = boto3.client(
+        "s3",
+        endpoint_url="http://minio:9000",
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+    stub = Stubber(client)
+    if exists:
+        stub.add_response("head_bucket", {}, {"Bucket": "af"})
+    else:
+        stub.add_client_error("head_bucket", "404", http_status_code=404)
+        stub.add_response("create_bucket", {}, {"Bucket": "af"})
+    monkeypatch.setattr(boto3, "client", lambda *a, **k: client)
+    settings = Settings(artifact_store="s3", s3_bucket="af", s3_endpoint_url="http://minio:9000")
+    with stub:
+        assert ensure_bucket(settings) is (not exists)
+        stub.assert_no_pending_responses()
+
+
+# ----- end to end: a real `autofusion serve` (embedded mode) ------------------------------
+
+
+def start_cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``autofusion ARGS`` in a subprocess, with only the AUTOFUSION_* variables given."""
+    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("AUTOFUSION_")}
+    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            command + args,
+            cwd=REPO,
+            env={**clean, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+FAST_POLL = {"AUTOFUSION_RETRY_AFTER_S": "1"}  # the Retry-After clients get: poll each second
+
+
+class Server:
+    def __init__(self, data_dir: Path, *options: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data_dir.parent / f"serve-{self.port}.log"
+        args = ["serve", "--port", str(self.port), "--data-dir", str(data_dir), *options]
+        self.process = start_cli(args, self.log, env)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.fail(f"exited with {self.process.returncode}")
+            try:
+                status = httpx.get(f"{self.url}/healthz", timeout=2).status_code
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            if status == 200:
+                return
+            self.fail(f"GET /healthz answered {status}")
+        self.fail(f"/healthz not up after {timeout} s")
+
+    def fail(self, why: str) -> None:
+        self.stop()
+        pytest.fail(f"autofusion serve {why}; its log:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("serve") / "data", env=FAST_POLL)
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _submit_json(capsys, server: Server, *options: str | Path) -> tuple[int, dict, str]:
+    code, out, err = cli(
+        capsys, "submit", RESNET, "--server", server.url, "--wait", "--timeout", "120",
+        "--json", *options,
+    )  # fmt: skip
+    return code, (json.loads(out) if out.strip() else {}), err
+
+
+@pytest.mark.slow
+def test_e2e_submit_fuses_and_gates(capsys, server, tmp_path):
+    fused = tmp_path / "fused.onnx"
+    code, first, err = _submit_json(capsys, server, "-o", fused, "--max-abs-diff", "1e-3")
+    assert code == 0, err
+    ops = {node.op_type for node in onnx.load(fused).graph.node}
+    assert "BatchNormalization" not in ops and "Conv" in ops
+    assert first["job"]["status"] == "succeeded" and first["check"]["passed"]
+    assert sum(first["fusions"].values()) > 0
+    assert first["nodes"]["after"] < first["nodes"]["before"]
+    diff = first["check"]["max_abs_diff"]
+    assert 0 <= diff <= 1e-3
+
+    # The same inputs again (a retried CI step): the same job, nothing recomputed.
+    code, again, err = _submit_json(capsys, server, "--max-abs-diff", repr(diff))
+    assert code == 0, err  # the gate is inclusive: diff <= diff
+    assert again["job"]["id"] == first["job"]["id"]
+
+    # A gate tighter than what the check measured fails with 4. When the fused model
+    # matches exactly (diff 0), nothing is tighter than 0 and the strictest gate passes.
+    code, strict, err = _submit_json(capsys, server, "--max-abs-diff", repr(diff / 2))
+    assert strict["job"]["id"] == first["job"]["id"]
+    if diff > 0:
+        assert code == 4 and "max abs diff" in err
+        assert strict["submit"]["gates"][-1]["passed"] is False
+    else:
+        assert code == 0 and strict["submit"]["gates"][-1]["passed"] is True
+
+    code, _, err = _submit_json(capsys, server, "--min-speedup", "1.01")
+    assert code == 4 and "did not measure speed" in err
+
+
+@pytest.mark.slow
+def test_e2e_api_keys(capsys, tmp_path):
+    data = tmp_path / "data"
+    code, out, err = cli(
+        capsys, "keys", "create", "--tenant", "ci", "--scopes", "jobs:write", "--data-dir", data
+    )
+    assert code == 0, err
+    token = out.strip()
+    srv = Server(data, "--require-api-keys", env=FAST_POLL)
+    try:
+        srv.wait_healthy()
+        code, _, err = cli(capsys, "submit", RESNET, "--server", srv.url)
+        assert code == 2 and "401" in err
+        code, _, err = cli(capsys, "submit", RESNET, "--server", srv.url, "--api-key", "af_wrong")
+        assert code == 2 and "401" in err
+        code, result, err = _submit_json(capsys, srv, "--api-key", token)
+        assert code == 0, err
+        assert result["job"]["status"] == "succeeded"
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def external_data_model(tmp_path) -> tuple[Path, Path]:
+    """The ResNet test model with every weight in one external-data file beside it."""
+    path = tmp_path / "resnet.onnx"
+    onnx.save_model(
+        onnx.load(RESNET),
+        path,
+        save_as_external_data=True,
+        location="resnet.weights",
+        size_threshold=0,
+    )
+    weights = tmp_path / "resnet.weights"
+    assert weights.stat().st_size > path.stat().st_size
+    return path, weights
+
+
+@pytest.mark.slow
+def test_e2e_external_data(capsys, server, external_data_model, tmp_path):
+    path, weights = external_data_model
+    fused = tmp_path / "fused.onnx"
+    code, out, err = cli(
+        capsys, "submit", path, "--data", weights, "--server", server.url, "--wait",
+        "--timeout", "120", "-o", fused, "--json",
+    )  # fmt: skip
+    result = json.loads(out)
+    assert [d["name"] for d in result["job"]["data_files"]] == ["resnet.weights"]
+    assert code == 0, err
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(fused).graph.node}
+
+
+@pytest.mark.slow
+def test_e2e_external_data_file_missing(capsys, server, external_data_model):
+    path, _ = external_data_model
+    # Without its data file the server refuses the model: a usage error, with the reason.
+    code, out, err = cli(capsys, "submit", path, "--server", server.url)
+    assert code == 2 and "(422)" in err and "resnet.weights" in err
+    assert out == ""
+
+
+# ----- the compose topology, minus containers: migrate once, API, separate worker ----------
+
+PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database, dropped afterwards (skipped without PostgreSQL)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect():
+            pass
+    except OperationalError:
+        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432 (.ci/run starts it)")
+    name = f"autofusion_submit_{os.getpid()}_{int(time.time())}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        from app.db import get_engine
+
+        get_engine(f"{PG_SERVER}/{name}").dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """An empty Redis database number of our own, flushed afterwards."""
+    import redis
+
+    try:
+        redis.Redis(host="127.0.0.1", port=6379, socket_timeout=5).ping()
+    except redis.RedisError:
+        pytest.skip("Redis is not running on 127.0.0.1:6379 (.ci/run starts it)")
+    for number in range(15, 0, -1):
+        client = redis.Redis(host="127.0.0.1", port=6379, db=number, socket_timeout=5)
+        if client.dbsize() == 0 and client.set("autofusion-submit-claim", "1", nx=True):
+            try:
+                yield f"redis://127.0.0.1:6379/{number}"
+            finally:
+                client.flushdb()
+                client.close()
+            return
+    pytest.skip("no empty Redis database number to use")
+
+
+@pytest.mark.slow
+def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
+    """As docker-compose.yml runs it: migrate once; an API with migrations off, no worker
+    thread (a Redis broker turns it off) and keys required; jobs wait for a worker."""
+    from app.cli import migrate as migrate_cmd
+
+    env = {"AUTOFUSION_DATABASE_URL": postgres_url, "AUTOFUSION_BROKER_URL": redis_url}
+    migrate_cmd.prepare_database(migrate_cmd.Settings(database_url=postgres_url))
+    code, out, err = cli(capsys, "keys", "create", "--tenant", "ci", "--database", postgres_url)
+    assert code == 0, err
+    key = out.strip()
+    api_env = {**env, **FAST_POLL, "AUTOFUSION_MIGRATE_ON_START": "false"}
+    srv = Server(tmp_path / "api", "--require-api-keys", env=api_env)
+    worker = None
+    try:
+        srv.wait_healthy()
+        code, out, err = cli(capsys, "submit", RESNET, "--server", srv.url, "--api-key", key)
+        assert code == 0, err
+        time.sleep(3)  # no worker yet: the job must still be queued
+        job = httpx.get(out.split(": ")[-1].strip(), headers={"X-API-Key": key}).json()
+        assert job["status"] == "queued"
+
+        # Local artifacts: the worker shares the API's data dir (compose shares S3 instead).
+        worker_env = {**env, "AUTOFUSION_DATA_DIR": str(tmp_path / "api")}
+        worker = start_cli(["worker", "--pool", "solo"], tmp_path / "worker.log", worker_env)
+        code, result, err = _submit_json(capsys, srv, "--api-key", key)
+        assert code == 0, err + (tmp_path / "worker.log").read_text()[-3000:]
+        assert result["job"]["id"] == job["id"]
+        assert result["check"]["passed"]
+    finally:
+        if worker is not None:
+            stop_process(worker)
+        srv.stop()
