@@ -1,10 +1,23 @@
-"""Celery tasks: thin adapters that take a job id (placeholder until the worker lands)."""
+"""Celery tasks: thin adapters that take a job id and hand it to ``execute_job``.
+
+The task is registered on every app ``make_celery`` builds (it includes this module);
+the app carries the service's Settings as ``conf.autofusion_settings`` and, where the
+process made them, an artifact store (``conf.autofusion_store``) and a stop event
+(``conf.autofusion_stop``, the embedded worker's shutdown).
+"""
 
 from __future__ import annotations
 
-from celery import Celery
+import os
+import socket
+import uuid
 
-__all__ = ["RUN_JOB", "enqueue_job"]
+from celery import Celery, shared_task
+
+from app.services.artifacts import make_store
+from worker.execute import execute_job
+
+__all__ = ["RUN_JOB", "enqueue_job", "run_job"]
 
 RUN_JOB = "autofusion.run_job"
 
@@ -12,3 +25,29 @@ RUN_JOB = "autofusion.run_job"
 def enqueue_job(celery: Celery, job_id: str) -> None:
     """Send the job id (never model bytes) to the queue; call after the commit."""
     celery.send_task(RUN_JOB, args=[job_id])
+
+
+@shared_task(
+    name=RUN_JOB,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def run_job(self, job_id: str) -> str:
+    """One attempt at a job; the row, not this message, says whether there is work."""
+    conf = self.app.conf
+    settings = conf.autofusion_settings
+    store = conf.get("autofusion_store") or make_store(settings)
+    outcome = execute_job(
+        settings, job_id, _worker_id(self.request), store, stop=conf.get("autofusion_stop")
+    )
+    if outcome.needs_enqueue:
+        enqueue_job(self.app, job_id)
+    return outcome.value
+
+
+def _worker_id(request) -> str:
+    """Unique per attempt: node, process, and the message being handled."""
+    node = request.hostname or socket.gethostname()
+    return f"{node}/{os.getpid()}/{(request.id or uuid.uuid4().hex)[:12]}"[:200]

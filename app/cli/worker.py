@@ -1,14 +1,125 @@
-"""``autofusion worker`` (being written)."""
+"""``autofusion worker``: a Celery worker process for the job queue, plus the reaper.
+
+Settings come from ``AUTOFUSION_*`` environment variables; the flags override them.
+Each job runs in a sandboxed child process (time and memory limits), so a model that
+crashes onnxruntime or exhausts memory fails its job, not this worker.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from app.cli._exit import EXIT_CONFIG
+from app.core.config import Settings
+
+__all__ = ["add_parser", "run"]
+
+logger = logging.getLogger(__name__)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("worker", help="(not available yet)")
+    p = commands.add_parser(
+        "worker",
+        help="run a job worker (Celery) and the lease reaper",
+        description="Run a Celery worker for the job queue, plus the lease reaper. Settings "
+        "come from AUTOFUSION_* environment variables; these flags override them.",
+    )
+    p.add_argument("--concurrency", type=_positive, default=1, help="jobs run at once (default: 1)")
+    p.add_argument(
+        "--pool",
+        choices=["prefork", "solo", "threads"],
+        default="prefork",
+        help="Celery pool: prefork (default) runs jobs in forked processes",
+    )
+    p.add_argument("--database", help="database URL (default: AUTOFUSION_DATABASE_URL)")
+    p.add_argument("--broker", help="broker URL, e.g. redis://host:6379/0 (AUTOFUSION_BROKER_URL)")
+    p.add_argument("--data-dir", help="scratch space and local artifacts (AUTOFUSION_DATA_DIR)")
+    p.add_argument(
+        "--loglevel", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO", type=str.upper
+    )
     p.set_defaults(run=run)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with the flags that were given on top."""
+    flags = {"database_url": args.database, "broker_url": args.broker, "data_dir": args.data_dir}
+    return Settings(**{key: value for key, value in flags.items() if value is not None})
+
+
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("autofusion worker is not available yet")
+    try:
+        settings = load_settings(args)
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        sys.stderr.write(f"autofusion worker: error: invalid settings: {details}\n")
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=args.loglevel, format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
+    )
+    return _start(settings, args)
+
+
+def _start(settings: Settings, args: argparse.Namespace) -> int:
+    # Imported here: the other commands need neither Celery nor the worker.
+    from celery.signals import worker_process_init, worker_ready
+
+    from app.db import get_engine
+    from app.services.artifacts import make_store
+    from worker.celery_app import QUEUE, make_celery
+    from worker.reaper import Reaper
+    from worker.tasks import enqueue_job
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    celery = make_celery(settings)
+    celery.conf.autofusion_store = make_store(settings)
+    reaper = Reaper(settings, lambda job_id: enqueue_job(celery, job_id))
+
+    def fresh_connections(**_) -> None:
+        # A forked pool process must not share the parent's database connections.
+        get_engine(settings.resolved_database_url).dispose(close=False)
+
+    worker_process_init.connect(fresh_connections, weak=False)
+    worker_ready.connect(lambda **_: reaper.start(), weak=False)
+    worker = celery.Worker(
+        pool=args.pool,
+        concurrency=args.concurrency,
+        loglevel=args.loglevel,
+        queues=[QUEUE],
+        without_mingle=True,
+        without_gossip=True,
+    )
+    logger.info(
+        "worker: broker %s, %s pool x%d, time limit %d s, memory limit %d MB",
+        _redact(settings.resolved_broker_url),
+        args.pool,
+        args.concurrency,
+        settings.job_time_limit_s,
+        settings.job_memory_limit_mb,
+    )
+    try:
+        worker.start()
+    finally:
+        reaper.stop()
+    return worker.exitcode or 0
+
+
+def _redact(url: str) -> str:
+    """The URL without a password."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{userinfo.split(':')[0]}:***@{host}" if at else url

@@ -1,7 +1,7 @@
 """The job state machine. The row is the source of truth, not the broker:
 
 queued --claim--> running --finish--> succeeded | failed
-   \\                 \\--lease expired (reaper)--> queued (attempts < max) | failed
+   \\                 \\--lease expired, crash--> queued (attempts < max) | failed
     \\--cancel--> cancelled          running --cancel--> cancel_requested -> cancelled
 
 A worker owns a job while its lease is unexpired; claiming is a compare-and-set on the
@@ -31,6 +31,7 @@ __all__ = [
     "get_job",
     "list_jobs",
     "reap_jobs",
+    "release_job",
     "report_progress",
     "request_hash",
 ]
@@ -164,10 +165,23 @@ def claim_job(session: Session, job_id: str, worker_id: str, lease_s: int) -> Jo
 
 
 def report_progress(
-    session: Session, job_id: str, worker_id: str, stage: str, progress: float, lease_s: int
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    stage: str,
+    progress: float,
+    lease_s: int,
+    *,
+    registry_version: int | None = None,
 ) -> bool:
-    """Record progress and renew the lease. False: the job was cancelled or lost."""
+    """Record progress and renew the lease. False: the job was cancelled or lost.
+
+    ``registry_version``: the registry snapshot the job uses, recorded when it starts.
+    """
     now = utcnow()
+    values: dict[str, Any] = {}
+    if registry_version is not None:
+        values["registry_version"] = registry_version
     result = session.execute(
         update(Job)
         .where(
@@ -182,6 +196,7 @@ def report_progress(
             lease_until=now + timedelta(seconds=lease_s),
             updated_at=now,
             revision=Job.revision + 1,
+            **values,
         )
         .execution_options(synchronize_session=False)
     )
@@ -219,6 +234,44 @@ def finish_job(
     return True
 
 
+def release_job(
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    *,
+    error: str | None = None,
+    count_attempt: bool = True,
+) -> bool:
+    """Put a job this worker owns back to queued (its attempt crashed, or the worker is
+    stopping: then ``count_attempt=False`` gives the attempt back). False if not owned."""
+    values: dict[str, Any] = {
+        "status": JobStatus.queued.value,
+        "stage": "queued",
+        "progress": 0.0,
+        "worker_id": None,
+        "lease_until": None,
+        "updated_at": utcnow(),
+        "revision": Job.revision + 1,
+    }
+    if error is not None:
+        values["error"] = error
+    if not count_attempt:
+        values["attempts"] = Job.attempts - 1
+    result = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.worker_id == worker_id,
+            Job.status == JobStatus.running.value,
+            Job.cancel_requested.is_(False),
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
 def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int = 60) -> list[str]:
     """Requeue jobs whose worker died (lease expired); fail those out of attempts.
 
@@ -250,5 +303,13 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
             Job.updated_at < now - timedelta(seconds=stale_queued_s),
         )
     ).all()
+    if stale:
+        # Sent again at most once per stale_queued_s, not on every pass of every reaper.
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(stale), Job.status == JobStatus.queued.value)
+            .values(updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
     session.commit()
     return requeue + [j for j in stale if j not in requeue]

@@ -1,0 +1,221 @@
+"""``execute_job`` without Celery: one attempt from the claim to the finished row, with a
+real sandboxed child process, on SQLite and a local store in ``tmp_path``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from worker_testing import RESNET, WorkerEnv, assert_same_outputs, op_types
+
+from app.models import JobStatus
+from app.services import jobs as job_service
+from app.services.jobs import cancel_job, claim_job
+from app.services.registry import registry_version
+from worker.execute import Outcome, execute_job
+from worker.plan import merge_strategy
+from worker.sandbox import TEST_CRASH_ENV
+
+
+def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> None:
+    stages: list[str] = []
+    real_report = job_service.report_progress
+
+    def recording(session, job_id, worker_id, stage, *args, **kwargs):
+        stages.append(stage)
+        return real_report(session, job_id, worker_id, stage, *args, **kwargs)
+
+    monkeypatch.setattr("worker.execute.report_progress", recording)
+    job_id = env.submit()
+
+    assert execute_job(env.settings, job_id, "worker-1", env.store) == Outcome.succeeded
+
+    job = env.job(job_id)
+    assert (job.status, job.stage, job.progress, job.attempts) == ("succeeded", "succeeded", 1, 1)
+    assert job.error is None
+    with env.db() as session:
+        assert job.registry_version == registry_version(session) > 0
+    fused = env.store.fetch(job.fused_digest, tmp_path / "fused.onnx")
+    assert "BatchNormalization" not in op_types(fused)
+    assert_same_outputs(RESNET, fused, atol=1e-4)
+    report = json.loads(env.store.read_bytes(job.report_digest))
+    summary = job.summary
+    assert summary["counts"] == report["fusions"] and summary["counts"]["conv_bn_relu"] > 0
+    assert summary["check"]["passed"] is True and summary["check"]["max_abs_diff"] < 1e-4
+    assert summary["nodes"]["after"] < summary["nodes"]["before"]
+    assert summary["registry_version"] == job.registry_version
+    assert summary["target"] == "generic" and summary["timings"]["sandbox"] > 0
+    assert report["model"] == "resnet.onnx" and report["output"] == "fused.onnx"
+    # Stage boundaries in order (heartbeats may repeat one), then no scratch left behind.
+    assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == [
+        "fetching",
+        "prepasses",
+        "saving",
+        "storing",
+    ]
+    assert not (env.settings.jobs_dir / job_id).exists()
+
+
+def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:
+    model = onnx.load(RESNET)
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    onnx.save_model(model, folder / "net.onnx", save_as_external_data=True, location="net.weights")
+    assert (folder / "net.onnx").stat().st_size < 100_000  # the weights are elsewhere
+    job_id = env.submit(
+        folder / "net.onnx", model_name="net.onnx", data_files=(folder / "net.weights",)
+    )
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
+    job = env.job(job_id)
+    assert job.summary["check"]["passed"] is True, job.summary
+    fused = env.store.fetch(job.fused_digest, tmp_path / "fused.onnx")
+    assert_same_outputs(RESNET, fused, atol=1e-4)
+
+
+def test_only_one_claim_wins(env: WorkerEnv) -> None:
+    job_id = env.submit()
+    barrier, winners = threading.Barrier(6), []
+
+    def claim(worker: str) -> None:
+        barrier.wait(timeout=10)
+        with env.db() as session:
+            if claim_job(session, job_id, worker, 60) is not None:
+                winners.append(worker)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(winners) == 1
+    job = env.job(job_id)
+    assert (job.status, job.worker_id, job.attempts) == ("running", winners[0], 1)
+    # Another delivery of the same message while the winner works: nothing happens.
+    assert execute_job(env.settings, job_id, "late", env.store) == Outcome.skipped
+    assert env.job(job_id).revision == job.revision
+
+
+def test_a_finished_job_is_not_run_again(env: WorkerEnv) -> None:
+    job_id = env.submit()
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
+    before = env.job(job_id)
+    assert execute_job(env.settings, job_id, "w2", env.store) == Outcome.skipped
+    after = env.job(job_id)
+    assert (after.status, after.attempts, after.revision, after.worker_id) == (
+        "succeeded",
+        1,
+        before.revision,
+        "w1",
+    )
+
+
+def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monkeypatch) -> None:
+    monkeypatch.setenv(TEST_CRASH_ENV, "segv")
+    job_id = env.submit(max_attempts=3)
+    for attempt in (1, 2):
+        assert execute_job(env.settings, job_id, f"w{attempt}", env.store) == Outcome.requeued
+        job = env.job(job_id)
+        assert (job.status, job.attempts, job.worker_id) == ("queued", attempt, None)
+        assert f"attempt {attempt} of 3" in job.error and "signal 11" in job.error
+    assert execute_job(env.settings, job_id, "w3", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert (job.status, job.attempts) == ("failed", 3)
+    assert job.error == (
+        "the optimization process crashed (signal 11, SIGSEGV); gave up after 3 attempts"
+    )
+    assert job.fused_digest is None and job.registry_version is not None
+
+
+@pytest.mark.parametrize(
+    ("settings", "crash", "message"),
+    [
+        pytest.param(
+            {"job_time_limit_s": 1},
+            "sleep:60",
+            "the optimization ran past the time limit of 1 s; gave up after 1 attempt",
+            id="time-limit",
+        ),
+        pytest.param(
+            {"job_memory_limit_mb": 64},
+            None,
+            "the optimization ran out of memory (limit 64 MB); gave up after 1 attempt",
+            id="memory-limit",
+        ),
+    ],
+)
+def test_limits_fail_the_job_not_the_worker(
+    make_env, monkeypatch, settings: dict, crash: str | None, message: str
+) -> None:
+    env = make_env(**settings)
+    if crash:
+        monkeypatch.setenv(TEST_CRASH_ENV, crash)
+    job_id = env.submit(max_attempts=1)
+    start = time.monotonic()
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    assert time.monotonic() - start < 15
+    job = env.job(job_id)
+    assert (job.status, job.attempts, job.error) == ("failed", 1, message)
+
+
+def test_user_errors_fail_at_once(env: WorkerEnv) -> None:
+    not_onnx = env.submit(b"this is not a model", model_name="junk.onnx")
+    unknown_pattern = env.submit(config={"patterns": ["no.such_pattern"]})
+    bad_option = env.submit(config={"target": "tpu"})
+    no_strategy = env.submit(strategy="gone")
+    for job_id in (not_onnx, unknown_pattern, bad_option, no_strategy):
+        assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    errors = {job_id: env.job(job_id) for job_id in (not_onnx, unknown_pattern, bad_option)}
+    assert all(j.attempts == 1 and j.status == "failed" for j in errors.values())
+    assert (
+        "junk.onnx" in errors[not_onnx].error and "not a valid ONNX model" in errors[not_onnx].error
+    )
+    assert "unknown pattern name(s) ['no.such_pattern']" in errors[unknown_pattern].error
+    assert errors[bad_option].error.startswith("invalid options: target:")
+    assert "strategy 'gone' does not exist" in env.job(no_strategy).error
+
+
+def test_a_strategy_is_merged_under_the_job_config(env: WorkerEnv) -> None:
+    from app.services.strategies import StrategySpec, create_strategy
+
+    with env.db() as session:
+        spec = StrategySpec(name="heads", patterns=["conv_bn", "conv_bn_relu"], target="generic")
+        create_strategy(session, spec)
+    job_id = env.submit(config={"exclude": ["conv_bn"]}, strategy="heads")
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
+    summary = env.job(job_id).summary
+    assert set(summary["counts"]) == {"conv_bn_relu"}
+    assert summary["strategy"] == {"name": "heads", "version": 1}
+
+
+def test_merge_strategy() -> None:
+    strategy = {"patterns": ["a", "b"], "exclude": ["c"], "target": "onnxruntime"}
+    job = {"target": "generic", "exclude": ["d", "c"], "check": {"atol": 1e-3}}
+    assert merge_strategy(strategy, job) == {
+        "patterns": ["a", "b"],
+        "exclude": ["c", "d"],
+        "target": "generic",
+        "check": {"atol": 1e-3},
+    }
+
+
+def test_cancelling_a_running_job_kills_its_child(make_env, monkeypatch) -> None:
+    env = make_env(lease_s=1)  # heartbeats (and so cancellation checks) every 0.5 s
+    monkeypatch.setenv(TEST_CRASH_ENV, "sleep:60")
+    job_id = env.submit()
+    outcome: list[Outcome] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(execute_job(env.settings, job_id, "w1", env.store))
+    )
+    runner.start()
+    env.wait_for(job_id, lambda j: j.stage == "prepasses", timeout=15)
+    with env.db() as session:
+        cancel_job(session, session.get(job_service.Job, job_id))
+    runner.join(timeout=10)
+    assert not runner.is_alive()
+    assert outcome == [Outcome.cancelled]
+    job = env.job(job_id)
+    assert (job.status, job.attempts) == (JobStatus.cancelled, 1)

@@ -1,0 +1,297 @@
+"""``execute_job``: one attempt at one job, from the claim to the finished row.
+
+No Celery here (the task in ``worker.tasks`` is a thin adapter), so tests call it
+directly. The steps:
+
+1. claim the row (compare-and-set; None means someone else has it, or it is over);
+2. plan: the registry snapshot (recorded on the row), the named strategy merged into
+   the config, and the config checked against the snapshot, all before any child runs;
+3. fetch the model and its external data from the store into an attempt folder;
+4. run ``worker.sandbox`` in a child process with time and memory limits, reporting its
+   progress and renewing the lease while it runs;
+5. store the fused model and the report, and finish the row.
+
+A user error (bad model, config or pattern) fails the job at once. A crash (signal,
+exit without a result, time or memory limit) costs an attempt: the job goes back to
+queued for another worker, or fails once it has had ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from app.core.config import Settings
+from app.db import session_scope
+from app.models import Job, JobStatus
+from app.services.artifacts import ArtifactStore
+from app.services.jobs import claim_job, finish_job, release_job, report_progress
+from worker import sandbox
+from worker.plan import JobConfigError, Plan, plan_job, summarize
+from worker.snapshots import SnapshotCache, default_cache
+from worker.supervise import ChildRun, run_child
+
+__all__ = ["Outcome", "execute_job"]
+
+logger = logging.getLogger(__name__)
+
+
+class Outcome(enum.StrEnum):
+    skipped = "skipped"  # not claimed: another worker has it, or it is over
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    requeued = "requeued"  # the attempt crashed; the job is queued again
+    deferred = "deferred"  # the worker is stopping; the job is queued again
+    lost = "lost"  # the lease went to another worker; nothing was written
+
+    @property
+    def needs_enqueue(self) -> bool:
+        return self in (Outcome.requeued, Outcome.deferred)
+
+
+class _UserError(Exception):
+    """The job cannot succeed as asked: fail it now, with this message."""
+
+
+class _Crash(Exception):
+    """The attempt died; another attempt might not."""
+
+
+def execute_job(
+    settings: Settings,
+    job_id: str,
+    worker_id: str,
+    store: ArtifactStore,
+    *,
+    stop: threading.Event | None = None,
+    cache: SnapshotCache | None = None,
+) -> Outcome:
+    """Run one attempt at ``job_id``; the row says what happened, the outcome repeats it.
+
+    ``stop`` set means the worker is shutting down: the child is killed and the job
+    queued again without costing an attempt. ``Outcome.needs_enqueue`` tells the
+    caller to send the job id to the queue again.
+    """
+    if stop is not None and stop.is_set():
+        return Outcome.deferred
+    with session_scope(settings.resolved_database_url) as session:
+        job = claim_job(session, job_id, worker_id, settings.lease_s)
+        if job is None:
+            logger.info("job %s: not claimed (running elsewhere, or over)", job_id)
+            return Outcome.skipped
+        attempt = _Attempt(settings, job, worker_id, store, stop or threading.Event())
+    logger.info("job %s: attempt %d of %d", job_id, attempt.number, attempt.max_attempts)
+    try:
+        return attempt.run(cache or default_cache)
+    finally:
+        shutil.rmtree(attempt.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            attempt.folder.parent.rmdir()  # the job's folder, once no attempt is left in it
+
+
+class _Attempt:
+    def __init__(
+        self,
+        settings: Settings,
+        job: Job,
+        worker_id: str,
+        store: ArtifactStore,
+        stop: threading.Event,
+    ) -> None:
+        self.settings, self.worker_id, self.store, self.stop = settings, worker_id, store, stop
+        self.url = settings.resolved_database_url
+        self.job_id, self.number, self.max_attempts = job.id, job.attempts, job.max_attempts
+        self.job = job  # detached: read-only facts (model, files, config, strategy)
+        self.folder = (settings.jobs_dir / job.id / f"attempt-{job.attempts}").resolve()
+        self.registry_version: int | None = job.registry_version
+
+    @contextmanager
+    def _db(self) -> Iterator[Session]:
+        with session_scope(self.url) as session:
+            yield session
+
+    def run(self, cache: SnapshotCache) -> Outcome:
+        try:
+            with self._db() as session:
+                plan = plan_job(session, self.job, cache)
+            self.registry_version = plan.snapshot.version
+            if not self.report("fetching", 0.02):
+                return self._abandoned()
+            self._prepare(plan)
+            child = run_child(
+                self.folder,
+                time_limit_s=self.settings.job_time_limit_s,
+                heartbeat_s=max(0.5, self.settings.lease_s / 3),
+                report=self.report,
+                should_stop=self.stop.is_set,
+            )
+            return self._after_child(child, plan)
+        except (_UserError, JobConfigError) as exc:
+            return self._finish(JobStatus.failed, error=str(exc))
+        except _Crash as exc:
+            return self._crashed(str(exc))
+        except OperationalError:
+            raise  # the database is gone: the lease runs out and the reaper takes over
+        except Exception as exc:  # a bug here must not leave the job running for nothing
+            logger.exception("job %s: the worker failed", self.job_id)
+            return self._crashed(f"internal worker error ({type(exc).__name__})")
+
+    def report(self, stage: str, progress: float) -> bool:
+        """Progress and a renewed lease; False when the job was cancelled or lost."""
+        try:
+            with self._db() as session:
+                return report_progress(
+                    session,
+                    self.job_id,
+                    self.worker_id,
+                    stage,
+                    progress,
+                    self.settings.lease_s,
+                    registry_version=self.registry_version,
+                )
+        except OperationalError as exc:  # the database blinked: keep working, retry later
+            logger.warning("job %s: could not report progress: %s", self.job_id, exc)
+            return True
+
+    def _prepare(self, plan: Plan) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        inputs = self.folder / sandbox.INPUT_DIR
+        inputs.mkdir(parents=True)
+        files = [{"name": self.job.model_name, "digest": self.job.model_digest}]
+        try:
+            for entry in files + list(self.job.data_files or []):
+                self.store.fetch(entry["digest"], inputs / Path(entry["name"]).name)
+        except Exception as exc:  # any store (local, S3) and any reason: worth a retry
+            raise _Crash(f"could not fetch the model from the artifact store: {exc}") from exc
+        job_file = {
+            "model": Path(self.job.model_name).name,
+            "config": plan.config,
+            "memory_limit_mb": self.settings.job_memory_limit_mb,
+            "parent_pid": os.getpid(),
+        }
+        (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
+        patterns = json.dumps(plan.snapshot.specs)
+        (self.folder / sandbox.PATTERNS_FILE).write_text(patterns, encoding="utf-8")
+
+    def _after_child(self, child: ChildRun, plan: Plan) -> Outcome:
+        if child.status == "abandoned":
+            return self._abandoned()
+        if child.status == "stopped":
+            return self._release(error=None, count_attempt=False)
+        if child.status == "timeout":
+            limit = self.settings.job_time_limit_s
+            raise _Crash(f"the optimization ran past the time limit of {limit} s")
+        output = self.folder / sandbox.OUTPUT_DIR
+        error_file = output / sandbox.ERROR_FILE
+        if error_file.exists():
+            self._raise_child_error(json.loads(error_file.read_text(encoding="utf-8")), child)
+        if child.returncode == 0 and (output / sandbox.REPORT_FILE).exists():
+            return self._succeed(output, plan, child)
+        logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
+        raise _Crash(self._describe_exit(child))
+
+    def _raise_child_error(self, error: dict[str, Any], child: ChildRun) -> None:
+        kind, message = error.get("kind"), str(error.get("message", ""))
+        if kind in sandbox.USER_ERROR_KINDS:
+            raise _UserError(message)
+        if kind == "memory":
+            raise _Crash(self._memory_message())
+        logger.error("job %s: internal error in the sandbox:\n%s", self.job_id, child.log_tail)
+        raise _UserError(f"internal error in the optimizer: {message}")
+
+    def _memory_message(self) -> str:
+        limit = self.settings.job_memory_limit_mb
+        return f"the optimization ran out of memory (limit {limit} MB)"
+
+    def _describe_exit(self, child: ChildRun) -> str:
+        code = child.returncode or 0
+        if any(hint in child.log_tail.lower() for hint in sandbox.MEMORY_HINTS):
+            return self._memory_message()
+        if code < 0:
+            return f"the optimization process crashed (signal {-code}, {_signal_name(-code)})"
+        if code == 0:
+            return "the optimization process exited without writing a result"
+        return f"the optimization process exited with code {code} without a result"
+
+    def _succeed(self, output: Path, plan: Plan, child: ChildRun) -> Outcome:
+        if not self.report("storing", 0.9):
+            return self._abandoned()
+        try:
+            fused = self.store.put_file(output / sandbox.FUSED_FILE)
+            data_files = [
+                {"name": p.name, "digest": self.store.put_file(p)}
+                for p in sorted(output.glob(sandbox.FUSED_FILE + ".data"))
+            ]
+            report_digest = self.store.put_file(output / sandbox.REPORT_FILE)
+        except Exception as exc:  # worth a retry: the store may be back
+            raise _Crash(f"could not store the results in the artifact store: {exc}") from exc
+        report = json.loads((output / sandbox.REPORT_FILE).read_text(encoding="utf-8"))
+        summary = summarize(report, plan, self.number, child.seconds)
+        if data_files:
+            summary["fused_data_files"] = data_files
+        return self._finish(
+            JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
+        )
+
+    def _crashed(self, what: str) -> Outcome:
+        logger.warning("job %s: attempt %d: %s", self.job_id, self.number, what)
+        if self.number >= self.max_attempts:
+            tries = f"{self.number} attempt{'s' if self.number > 1 else ''}"
+            return self._finish(JobStatus.failed, error=f"{what}; gave up after {tries}")
+        error = f"attempt {self.number} of {self.max_attempts}: {what}; trying again"
+        return self._release(error=error, count_attempt=True)
+
+    def _release(self, *, error: str | None, count_attempt: bool) -> Outcome:
+        with self._db() as session:
+            released = release_job(
+                session, self.job_id, self.worker_id, error=error, count_attempt=count_attempt
+            )
+        if not released:  # cancelled meanwhile, or no longer ours
+            return self._abandoned()
+        return Outcome.requeued if count_attempt else Outcome.deferred
+
+    def _finish(self, status: JobStatus, **fields: Any) -> Outcome:
+        with self._db() as session:
+            done = finish_job(
+                session,
+                self.job_id,
+                self.worker_id,
+                status=status,
+                registry_version=self.registry_version,
+                **fields,
+            )
+            final = session.get(Job, self.job_id)
+            outcome = Outcome(final.status) if done and final is not None else Outcome.lost
+        logger.info("job %s: %s", self.job_id, outcome)
+        return outcome
+
+    def _abandoned(self) -> Outcome:
+        """report() said no: finish a cancelled job, or walk away from a lost one."""
+        with self._db() as session:
+            job = session.get(Job, self.job_id)
+            cancelled = job is not None and job.cancel_requested
+        if cancelled:
+            return self._finish(JobStatus.cancelled)
+        logger.warning("job %s: lost the lease to another worker; stopping", self.job_id)
+        return Outcome.lost
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"

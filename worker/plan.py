@@ -1,0 +1,132 @@
+"""Before a child runs and after it: what an attempt runs (the plan) and what the job
+row says about the result (the summary).
+
+The plan takes the registry snapshot (a retry reuses the version its first attempt
+recorded), merges a named strategy under the job's own options, and checks the result
+against the snapshot with fusion_core itself, so a config error fails the job without
+starting a process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.models import Job, Strategy
+from app.services.strategies import StrategySpec
+from fusion_core import FusionError, OptimizeConfig
+from fusion_core.pipeline import select_patterns
+from fusion_core.rewriters import builtin_rewriters
+from worker.sandbox import describe_validation_error
+from worker.snapshots import CompiledSnapshot, SnapshotCache
+
+__all__ = ["JobConfigError", "Plan", "merge_strategy", "plan_job", "summarize"]
+
+
+class JobConfigError(Exception):
+    """The job cannot succeed as asked (options, strategy): fail it, with this message."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    snapshot: CompiledSnapshot
+    config: dict[str, Any]  # an OptimizeConfig, as JSON
+    strategy: dict[str, Any] | None  # {"name", "version"} of the strategy merged in
+
+
+def merge_strategy(overrides: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """A strategy's options under the job's own: the job wins, excludes add up.
+
+    ``overrides`` is ``StrategySpec.config_overrides()``; ``config`` holds only the
+    options the job set (the API stores them with ``exclude_unset``).
+    """
+    merged = {**overrides, **config}
+    if isinstance(overrides.get("exclude"), list) and isinstance(config.get("exclude"), list):
+        merged["exclude"] = list(dict.fromkeys(overrides["exclude"] + config["exclude"]))
+    if isinstance(overrides.get("check"), dict) and isinstance(config.get("check"), dict):
+        merged["check"] = {**overrides["check"], **config["check"]}
+    return merged
+
+
+def plan_job(session: Session, job: Job, cache: SnapshotCache) -> Plan:
+    """What the attempt runs: snapshot, config (strategy merged in), checked. Raises
+    ``JobConfigError`` when the job cannot succeed as asked."""
+    # A retry keeps the snapshot of the first attempt: one job, one set of patterns.
+    snapshot = cache.get(session, job.registry_version)
+    config, strategy = dict(job.config or {}), None
+    if job.strategy:
+        overrides, strategy = _strategy(session, job.strategy, snapshot)
+        config = merge_strategy(overrides, config)
+    try:
+        parsed = OptimizeConfig.model_validate(config)
+        select_patterns(parsed, builtin_rewriters(), snapshot.compiled)
+    except ValidationError as exc:
+        raise JobConfigError(f"invalid options: {describe_validation_error(exc)}") from None
+    except FusionError as exc:
+        raise JobConfigError(str(exc)) from None
+    return Plan(snapshot, parsed.model_dump(mode="json"), strategy)
+
+
+def _strategy(
+    session: Session, name: str, snapshot: CompiledSnapshot
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The named strategy's options, and what the summary says about it.
+
+    Patterns it names that this snapshot lacks (disabled or deleted since the strategy
+    was written) are dropped, not fatal: disabling a pattern must not break a strategy.
+    """
+    record = session.get(Strategy, name)
+    if record is None:
+        raise JobConfigError(
+            f"strategy {name!r} does not exist; "
+            "GET /v1/strategies lists the strategies, or submit without one"
+        )
+    try:
+        overrides = StrategySpec.model_validate(record.data).config_overrides()
+    except ValidationError as exc:
+        detail = describe_validation_error(exc)
+        raise JobConfigError(f"strategy {name!r} is invalid: {detail}") from None
+    available = {p.name for p in snapshot.compiled}
+    unavailable: list[str] = []
+    for key in ("patterns", "exclude"):
+        if isinstance(overrides.get(key), list):
+            unavailable += [n for n in overrides[key] if n not in available]
+            overrides[key] = [n for n in overrides[key] if n in available]
+    info: dict[str, Any] = {"name": record.name, "version": record.version}
+    if unavailable:
+        info["unavailable_patterns"] = sorted(set(unavailable))
+    return overrides, info
+
+
+def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float) -> dict:
+    check = report.get("check")
+    counts = dict(report.get("fusions") or {})
+    summary: dict[str, Any] = {
+        "target": report.get("target"),
+        "registry_version": plan.snapshot.version,
+        "strategy": plan.strategy,
+        "counts": counts,
+        "fusions": sum(counts.values()),
+        "check": None,
+        "nodes": {k: report["nodes"][k] for k in ("before", "after")},
+        "timings": {**report.get("timings_s", {}), "sandbox": round(seconds, 3)},
+        "attempts": attempts,
+    }
+    if check is not None:
+        summary["check"] = {
+            "passed": check.get("passed"),
+            "max_abs_diff": _finite(check.get("max_abs_diff")),
+            "error": check.get("error"),
+        }
+    if plan.snapshot.skipped:
+        summary["skipped_patterns"] = sorted(plan.snapshot.skipped)
+    return summary
+
+
+def _finite(value: Any) -> float | None:
+    """JSON columns (PostgreSQL's above all) refuse inf and NaN."""
+    return value if isinstance(value, int | float) and math.isfinite(value) else None

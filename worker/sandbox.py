@@ -1,0 +1,210 @@
+"""The sandboxed child: ``python -m worker.sandbox FOLDER`` runs one optimization.
+
+Pure: no database, no broker, no settings. The worker prepares FOLDER::
+
+    job.json        {"model": NAME, "config": {...OptimizeConfig...},
+                     "memory_limit_mb": N, "parent_pid": PID}
+    patterns.json   [pattern spec, ...]   (the registry snapshot)
+    input/NAME      the model, and its external-data files beside it
+
+and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB) and
+``output/report.json``, or ``output/error.json`` ``{"kind", "message"}`` with kind
+``model``, ``config``, ``pattern`` (the user's fault: the job fails at once), ``memory``
+(counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
+``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
+stderr, which the worker keeps in ``sandbox.log``.
+
+The address-space limit is set before anything big is imported, so a model (or an
+onnxruntime) that exhausts memory fails here, not in the worker. A thread exits the
+child if the worker that started it dies, so a ``kill -9`` of the worker leaves no
+orphan behind.
+
+For tests only, ``AUTOFUSION_SANDBOX_TEST_CRASH`` makes the child misbehave just before
+it optimizes: ``segv`` (a segmentation fault) or ``sleep:SECONDS``. The worker sets it
+nowhere; a job's config cannot reach it.
+"""
+
+from __future__ import annotations
+
+# Only the standard library before the memory limit is in place.
+import errno
+import json
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = [
+    "ERROR_FILE",
+    "FUSED_FILE",
+    "INPUT_DIR",
+    "JOB_FILE",
+    "LOG_FILE",
+    "PATTERNS_FILE",
+    "REPORT_FILE",
+    "TEST_CRASH_ENV",
+    "MEMORY_HINTS",
+    "USER_ERROR_KINDS",
+    "describe_validation_error",
+    "main",
+]
+
+JOB_FILE = "job.json"
+PATTERNS_FILE = "patterns.json"
+INPUT_DIR = "input"
+OUTPUT_DIR = "output"
+FUSED_FILE = "fused.onnx"
+REPORT_FILE = "report.json"
+ERROR_FILE = "error.json"
+LOG_FILE = "sandbox.log"
+TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
+USER_ERROR_KINDS = frozenset({"model", "config", "pattern"})
+EXIT_ERROR = 3  # error.json written
+EXIT_ORPHANED = 70  # the worker died
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m worker.sandbox FOLDER\n")
+        return 2
+    folder = Path(argv[0])
+    output = folder / OUTPUT_DIR
+    output.mkdir(exist_ok=True)
+    try:
+        job = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
+        _limit_memory(int(job["memory_limit_mb"]))
+        _exit_with_parent(int(job["parent_pid"]))
+        _optimize(folder, job, _progress_stream())
+    except BaseException as exc:  # every failure becomes error.json, then an exit code
+        kind = _kind_of(exc)
+        traceback.print_exc()
+        _write_json(output / ERROR_FILE, {"kind": kind, "message": _message(kind, exc)})
+        return EXIT_ERROR
+    return 0
+
+
+def _limit_memory(megabytes: int) -> None:
+    limit = megabytes * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(EXIT_ORPHANED)
+
+    threading.stack_size(256 * 1024)  # address space is what the limit counts
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _progress_stream() -> TextIO:
+    """Keep the real stdout for progress; send fd 1 (C libraries, print) to stderr."""
+    stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    return stream
+
+
+def _emit(stream: TextIO, stage: str, progress: float) -> None:
+    stream.write(json.dumps({"stage": stage, "progress": progress}) + "\n")
+
+
+def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
+    _emit(progress, "prepasses", 0.1)
+    from fusion_core import OptimizeConfig, optimize, save_model
+    from fusion_core.catalog import compile_all
+    from fusion_core.report import build_report
+
+    config = OptimizeConfig.model_validate(job["config"])
+    specs = json.loads((folder / PATTERNS_FILE).read_text(encoding="utf-8"))
+    patterns = compile_all(specs)
+    _test_crash()
+    model_path = folder / INPUT_DIR / job["model"]
+    result = optimize(model_path, config, patterns=patterns)
+    _emit(progress, "saving", 0.8)
+    output = folder / OUTPUT_DIR
+    save_model(result.model, output / FUSED_FILE)
+    report = build_report(result, model=job["model"], output=FUSED_FILE)
+    _write_json(output / REPORT_FILE, report)
+
+
+def _test_crash() -> None:
+    mode = os.environ.get(TEST_CRASH_ENV, "")
+    if mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif mode.startswith("sleep:"):
+        time.sleep(float(mode.partition(":")[2]))
+
+
+MEMORY_HINTS = (
+    "memoryerror",
+    "cannot allocate memory",
+    "failed to map segment",
+    "bad_alloc",
+    "out of memory",
+    "memory allocation",
+    "can't start new thread",
+)
+
+
+def _kind_of(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return "memory"
+    if isinstance(exc, ImportError | RuntimeError) and any(
+        hint in str(exc).lower() for hint in MEMORY_HINTS
+    ):
+        return "memory"
+    try:
+        from pydantic import ValidationError
+
+        from fusion_core.errors import (
+            ConfigError,
+            FusionError,
+            ModelLoadError,
+            PatternError,
+            UnsafeModelError,
+        )
+    except BaseException:  # the failure was in these imports: nothing more to learn
+        return "internal"
+    if isinstance(exc, ModelLoadError | UnsafeModelError):
+        return "model"
+    if isinstance(exc, PatternError):
+        return "pattern"
+    if isinstance(exc, ConfigError | FusionError | ValidationError):
+        return "config"
+    return "internal"
+
+
+def describe_validation_error(exc: Any) -> str:
+    """A pydantic ValidationError in one line: ``field: message; ...``."""
+    parts = []
+    for error in exc.errors():
+        path = ".".join(str(p) for p in error["loc"]) or "<config>"
+        parts.append(f"{path}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def _message(kind: str, exc: BaseException) -> str:
+    if kind == "memory":
+        return "ran out of memory"
+    if kind == "config" and hasattr(exc, "errors") and callable(exc.errors):
+        return f"invalid options: {describe_validation_error(exc)}"
+    if kind in USER_ERROR_KINDS:
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
