@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import numpy as np
 import onnx
 import pytest
 
@@ -36,6 +37,7 @@ from app.cli.submit import Upload, idempotency_key
 from app.db import session_scope
 from app.migrate import upgrade
 from app.services.auth import authenticate
+from fusion_core.validate import make_session
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -928,6 +930,14 @@ def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
         assert code == 0, err + (tmp_path / "worker.log").read_text()[-3000:]
         assert result["job"]["id"] == job["id"]
         assert result["check"]["passed"]
+        # The downloaded fused model runs in onnxruntime and matches the original.
+        model_url = f"{srv.url}/v1/jobs/{job['id']}/model"
+        fused = onnx.load_from_string(httpx.get(model_url, headers={"X-API-Key": key}).content)
+        assert "BatchNormalization" not in {n.op_type for n in fused.graph.node}
+        x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        want = make_session(onnx.load(RESNET)).run(None, {"input": x})[0]
+        got = make_session(fused).run(None, {"input": x})[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
     finally:
         if worker is not None:
             stop_process(worker)
