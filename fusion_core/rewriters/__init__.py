@@ -18,8 +18,16 @@ from fusion_core.rewriters._base import (
 from fusion_core.rewriters.activation import FuseActivation
 from fusion_core.rewriters.affine import FoldAffine
 from fusion_core.rewriters.batchnorm import FoldBatchNorm, PoolBatchNorm
+from fusion_core.rewriters.gelu import FuseGelu
 from fusion_core.rewriters.gemm import MatMulAddToGemm
+from fusion_core.rewriters.layernorm import (
+    FoldLayerNormAffine,
+    LayerNorm,
+    RMSNorm,
+    SkipLayerNorm,
+)
 from fusion_core.rewriters.pad import PadIntoConv
+from fusion_core.rewriters.qkv import MergeSiblings
 from fusion_core.rewriters.region import FusedRegion
 
 __all__ = [
@@ -43,6 +51,12 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     MatMulAddToGemm,
     PadIntoConv,
     PoolBatchNorm,
+    LayerNorm,
+    FoldLayerNormAffine,
+    RMSNorm,
+    SkipLayerNorm,
+    FuseGelu,
+    MergeSiblings,
     FusedRegion,
 )
 
