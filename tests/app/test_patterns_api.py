@@ -23,6 +23,8 @@ from app.services.auth import create_key
 from app.services.registry import snapshot
 from fusion_core.catalog import builtin_pattern_data
 
+BUILTINS = len(builtin_pattern_data())
+
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 PROBLEM = "application/problem+json"
@@ -111,7 +113,7 @@ def upload(client: TestClient, name: str, content: bytes, **options):
 def test_builtins_are_listed_after_start(client):
     body = client.get("/v1/patterns").json()
     builtin_names = sorted(raw["name"] for raw in builtin_pattern_data())
-    assert body["count"] == len(body["data"]) == 13
+    assert body["count"] == len(body["data"]) == BUILTINS
     assert [p["name"] for p in body["data"]] == builtin_names
     assert all(p["builtin"] and p["enabled"] and p["version"] == 1 for p in body["data"])
     assert body["registry_version"] >= 1
@@ -227,7 +229,7 @@ def test_invalid_spec_is_rejected_naming_the_field(client, spec, field, message)
     assert matching, body["errors"]
     assert message in matching[0]["message"]
     assert registry_version(client) == before
-    assert client.get("/v1/patterns").json()["count"] == 13
+    assert client.get("/v1/patterns").json()["count"] == BUILTINS
 
 
 def test_body_that_is_not_an_object_is_rejected(client):
@@ -387,14 +389,14 @@ def test_snapshot_excludes_disabled_and_deleted_and_old_versions_reproduce(clien
     assert version == registry_version(client)
     names = {s["name"] for s in specs}
     assert "conv_mul" not in names and "conv_add" not in names
-    assert len(specs) == 12  # 13 built-ins + 1 created - 1 disabled - 1 deleted
+    assert len(specs) == BUILTINS - 1  # built-ins + 1 created - 1 disabled - 1 deleted
     current = next(s for s in specs if s["name"] == "acme.conv_relu")
     assert current["priority"] == 50
 
     assert old_version == created_at
     old_names = {s["name"] for s in old_specs}
     assert {"conv_mul", "conv_add", "acme.conv_relu"} <= old_names
-    assert len(old_specs) == 14
+    assert len(old_specs) == BUILTINS + 1
     assert next(s for s in old_specs if s["name"] == "acme.conv_relu") == CONV_RELU
     assert seeded_version == 1
     assert sorted(s["name"] for s in seeded_specs) == sorted(
