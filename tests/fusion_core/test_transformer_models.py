@@ -1,0 +1,52 @@
+"""The tiny transformer exports (tests/data/transformers): what fuses today.
+
+Attention blocks do not fuse yet (the next step of the transformer issue); GELU, the
+Q/K/V projections and, on the dynamo exports, the residual LayerNorms do, and every
+fused model still matches its original.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusion_core import CheckOptions, OptimizeConfig, optimize
+
+FOLDER = Path(__file__).resolve().parents[1] / "data" / "transformers"
+FILES = sorted(p.stem for p in FOLDER.glob("*.onnx"))
+LAYERS = 2
+
+
+def _family(name: str) -> str:
+    return name.split("_", 1)[0]
+
+
+def _count(counts: dict[str, int], prefix: str) -> int:
+    return sum(n for pattern, n in counts.items() if pattern.startswith(prefix))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_onnxruntime_target(name: str) -> None:
+    config = OptimizeConfig(target="onnxruntime", check=CheckOptions(rtol=0.0, atol=1e-4))
+    result = optimize(FOLDER / f"{name}.onnx", config)
+
+    assert result.check is not None and result.check.passed, result.check
+    assert _count(result.counts, "gelu_") == LAYERS  # one GELU per layer
+    assert result.ops_after.get("Erf", 0) == result.ops_after.get("Tanh", 0) == 0
+    # GPT-2's Conv1D already computes Q, K and V in one Gemm.
+    expected_merges = 0 if _family(name) == "gpt2" else LAYERS
+    assert result.counts.get("qkv_bias_merge", 0) == expected_merges
+    if name.endswith("_dynamo"):
+        # Every LayerNormalization takes its residual Add (2 per layer + the last one).
+        assert result.ops_after["com.microsoft::SkipLayerNormalization"] == 2 * LAYERS + 1
+        assert result.ops_after.get("LayerNormalization", 0) == 0
+
+
+@pytest.mark.parametrize("name", [n for n in FILES if n.endswith("_eager_dynamo")])
+def test_generic_target_explains_gelu_needs_opset_20(name: str) -> None:
+    result = optimize(FOLDER / f"{name}.onnx", OptimizeConfig(target="generic"))
+    assert result.check is not None and result.check.passed
+    assert _count(result.counts, "gelu_") == 0
+    reasons = [m.reason for m in result.near_misses if m.pattern.startswith("gelu_")]
+    assert reasons and all("needs opset 20" in r for r in reasons), reasons
