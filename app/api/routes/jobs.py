@@ -16,6 +16,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
+from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
 from app.core.problems import ProblemError, problem_responses
 from app.models import JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
@@ -35,57 +36,25 @@ WriterDep = Annotated[Principal, Depends(require_scope("jobs:write"))]
 
 def _optimize_body() -> dict[str, Any]:
     """The multipart body, for OpenAPI: the route reads it as a stream, not as Form()."""
-    config_schema = _inline_refs(OptimizeOptions.model_json_schema())
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["model"],
-                        "properties": {
-                            "model": {
-                                "type": "string",
-                                "format": "binary",
-                                "description": "The ONNX model (its file name is kept).",
-                            },
-                            "data": {
-                                "type": "array",
-                                "items": {"type": "string", "format": "binary"},
-                                "description": "External-data files, named as the model's "
-                                "external-data locations name them (plain file names).",
-                            },
-                            "config": {
-                                "type": "string",
-                                "contentMediaType": "application/json",
-                                "contentSchema": config_schema,
-                                "description": "Options as JSON (OptimizeOptions).",
-                            },
-                        },
-                    },
-                    "encoding": {"config": {"contentType": "application/json"}},
-                }
+    config_schema = inline_refs(OptimizeOptions.model_json_schema())
+    return multipart_body(
+        {
+            "model": binary_part("The ONNX model (its file name is kept)."),
+            "data": {
+                "type": "array",
+                "items": {"type": "string", "format": "binary"},
+                "description": "External-data files, named as the model's "
+                "external-data locations name them (plain file names).",
             },
-        }
-    }
-
-
-def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """Replace ``#/$defs/X`` references by their definitions (OpenAPI has no ``$defs`` here)."""
-    defs = schema.pop("$defs", {})
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return resolve(defs[ref.removeprefix("#/$defs/")])
-            return {key: resolve(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [resolve(item) for item in node]
-        return node
-
-    return resolve(schema)
+            "config": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": config_schema,
+                "description": "Options as JSON (OptimizeOptions).",
+            },
+        },
+        encoding={"config": {"contentType": "application/json"}},
+    )
 
 
 def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None:

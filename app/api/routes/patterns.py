@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request, Response
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
+from app.api.openapi_bodies import binary_part, multipart_body
 from app.models import PatternRecord
 from app.schemas.registry import (
     PatternCreate,
@@ -24,26 +25,9 @@ router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
 
 PatternWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
 # /test streams its body itself (app/services/uploads.py): documented here by hand.
-_MODEL_UPLOAD = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["model"],
-                    "properties": {
-                        "model": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "A self-contained ONNX model (no external data).",
-                        }
-                    },
-                }
-            }
-        },
-    }
-}
+_MODEL_UPLOAD = multipart_body(
+    {"model": binary_part("A self-contained ONNX model (no external data).")}
+)
 IfMatch = Annotated[
     str | None,
     Header(description='The ETag you read ("<name>@<version>"); a stale one answers 412.'),
