@@ -17,6 +17,7 @@ from fusion_core.rewriters._base import (
 )
 from fusion_core.rewriters.activation import FuseActivation
 from fusion_core.rewriters.affine import FoldAffine
+from fusion_core.rewriters.attention import FuseAttention
 from fusion_core.rewriters.batchnorm import FoldBatchNorm, PoolBatchNorm
 from fusion_core.rewriters.gelu import FuseGelu
 from fusion_core.rewriters.gemm import MatMulAddToGemm
@@ -57,6 +58,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     SkipLayerNorm,
     FuseGelu,
     MergeSiblings,
+    FuseAttention,
     FusedRegion,
 )
 

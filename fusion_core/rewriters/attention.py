@@ -1,0 +1,217 @@
+"""``attention``: the scaled-dot-product core of multi-head attention as one
+com.microsoft ``MultiHeadAttention`` (onnxruntime only)::
+
+    Q = Transpose(Reshape(q, [B, S, N, H]), perm=[0, 2, 1, 3])        q: [B, S, N * H]
+    K = Transpose(Reshape(k, [B, L, N, H]), perm=[0, 2, 3, 1])        K^T directly
+    V = Transpose(Reshape(v, [B, L, N, H]), perm=[0, 2, 1, 3])
+    P = Softmax(MatMul(Q, K) * c + M, axis=-1)       (or MatMul(Q, K) / c, c -> 1 / c)
+    y = Reshape(Transpose(MatMul(P, V), perm=[0, 2, 1, 3]), [B, S, N * H])
+      = MultiHeadAttention(q, k, v, attention_bias=M, num_heads=N, scale=c)
+
+(https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.MultiHeadAttention).
+Its default scale is ``1 / sqrt(H)``; the rewriter always passes the graph's constant,
+so a model whose scale differs from the default fuses too.
+
+``N`` and ``H`` come from the graph, never from the user: the last two entries of the
+head-split Reshape's target (a constant, or a ``Concat`` whose last two parts are
+constants, as both exporters write it), a ``-1`` among them resolved with the hidden
+size (the last dimension of ``q``, which must be known). The pattern language cannot
+say this (it compares whole constants, not entries of a Concat, and cannot relate them
+to another value's dimension), so this module checks it, and that each Reshape keeps
+the batch and sequence dimensions (``B`` and ``S`` or ``L``): its target entry is 0
+(without ``allowzero``) or the input's known dimension, or the known output dimension
+equals the input's. Without that proof (TorchScript exports leave the shapes unknown)
+the match is refused with the reason, since a Reshape to ``[B * S, 1, N, H]`` would
+compute another attention.
+
+The additive mask ``M`` becomes ``attention_bias`` (input 5). onnxruntime 1.32's CPU
+kernel takes it only as rank 4 ``[B or 1, N or 1, S, L]`` and rejects a
+``[B, 1, 1, L]`` padding mask ("Input 'attention_bias' dimension 2 should be same as
+sequence_length"), so the mask's last two dimensions must be known equal to those of
+the scores.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import Match, attribute_value
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.targets import MS_DOMAIN
+
+__all__ = ["FuseAttention"]
+
+_Dim = int | str | None  # a known size, a symbolic one, or unknown
+
+
+class AttentionParams(Params):
+    q_reshape_node: str = "q_reshape"
+    k_reshape_node: str = "k_reshape"
+    v_reshape_node: str = "v_reshape"
+    qk_node: str = "qk"  # MatMul(Q, K^T)
+    scale_node: str = "scale"  # Mul by c or Div by c
+    mask_node: str | None = None  # Add of the additive mask
+    output_node: str = "out_reshape"  # the Reshape back to [B, S, N * H]
+
+
+class FuseAttention(Rewriter):
+    name = "attention"
+    targets = frozenset({"onnxruntime"})
+    Params = AttentionParams
+
+    def rewrite(self, match: Match, params: AttentionParams, ctx: RewriteContext) -> Rewrite | str:
+        splits = [
+            match.node(params.q_reshape_node),
+            match.node(params.k_reshape_node),
+            match.node(params.v_reshape_node),
+        ]
+        heads = _heads(splits)
+        if isinstance(heads, str):
+            return heads
+        output = match.node(params.output_node)
+        failure = _merges_heads(output, splits[0].inputs[0], heads)
+        if failure is not None:
+            return failure
+        # input 1 after the commutative swap: Mul(c, scores) is written either way
+        scale = _scale(match.node(params.scale_node), match.input(params.scale_node, 1))
+        if isinstance(scale, str):
+            return scale
+        inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
+        if params.mask_node is not None:
+            mask = _attention_bias(match.node(params.mask_node), match.node(params.scale_node))
+            if isinstance(mask, str):
+                return mask
+            inputs += [None, None, mask]
+        ctx.use_domain(MS_DOMAIN)
+        attrs = [ir.AttrInt64("num_heads", heads[0]), ir.AttrFloat32("scale", scale)]
+        node = ir.Node(MS_DOMAIN, "MultiHeadAttention", inputs, attrs)
+        old = output.outputs[0]
+        node.outputs[0].type, node.outputs[0].shape = old.type, old.shape
+        return Rewrite([node], [(old, node.outputs[0])])
+
+
+def _dims(value: ir.Value) -> list[_Dim] | None:
+    if value.shape is None:
+        return None
+    return [d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape]
+
+
+def _target_entries(reshape: ir.Node) -> list[int | None] | str:
+    """The Reshape target, entry by entry (None where not a constant): a constant, or a
+    Concat of 1-D parts (exporters build ``[B, S]`` from Shape and the rest constant)."""
+    target = reshape.inputs[1]
+    array = constant_array(target)
+    if array is not None:
+        return [int(a) for a in array.reshape(-1)]
+    producer = target.producer() if target is not None else None
+    if producer is None or producer.op_type != "Concat":
+        return f"the target of Reshape {reshape.name!r} is neither a constant nor a Concat"
+    entries: list[int | None] = []
+    for part in producer.inputs:
+        array = constant_array(part)
+        if array is not None:
+            entries += [int(a) for a in array.reshape(-1)]
+        elif part is not None and part.shape is not None and part.shape.is_static():
+            entries += [None] * int(np.prod(part.shape.numpy(), dtype=np.int64))
+        else:
+            return f"the length of part {part.name!r} of the target of {reshape.name!r} is unknown"
+    return entries
+
+
+def _keeps_dim(reshape: ir.Node, entries: list[int | None], i: int, want: _Dim) -> bool:
+    """Whether output dimension ``i`` of the Reshape is ``want`` (a known dimension)."""
+    if want is None:
+        return False
+    entry = entries[i]
+    if entry == 0 and not attribute_value(reshape, "allowzero", 0):
+        return True  # copies dimension i of the input, which is B or S (see the callers)
+    if entry is not None and entry == want:
+        return True
+    out = _dims(reshape.outputs[0])
+    return out is not None and len(out) > i and out[i] == want
+
+
+def _heads(splits: list[ir.Node]) -> tuple[int, int] | str:
+    """(N, H) read from the head-split Reshapes, which must agree and keep [B, S]."""
+    found = None
+    for reshape in splits:
+        source = reshape.inputs[0]
+        dims = _dims(source)
+        if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
+            return f"{source.name!r} (read by Reshape {reshape.name!r}) is not [B, S, hidden]"
+        entries = _target_entries(reshape)
+        if isinstance(entries, str):
+            return entries
+        if len(entries) != 4:
+            return f"Reshape {reshape.name!r} does not split into [B, S, heads, head_size]"
+        heads, size = entries[2], entries[3]
+        if heads == -1 and size is not None and size > 0 and dims[2] % size == 0:
+            heads = dims[2] // size
+        if size == -1 and heads is not None and heads > 0 and dims[2] % heads == 0:
+            size = dims[2] // heads
+        if heads is None or size is None or heads <= 0 or size <= 0 or heads * size != dims[2]:
+            return (
+                f"the heads and head size {entries[2:]} of the target of Reshape "
+                f"{reshape.name!r} are not constants that split {dims[2]}"
+            )
+        if not all(_keeps_dim(reshape, entries, i, dims[i]) for i in (0, 1)):
+            return (
+                f"cannot show that Reshape {reshape.name!r} keeps the batch and sequence "
+                f"dimensions of {source.name!r} ({dims[:2]})"
+            )
+        if found is not None and found != (heads, size):
+            return f"Reshape {reshape.name!r} splits into {(heads, size)} heads, not {found}"
+        found = (heads, size)
+    assert found is not None
+    return found
+
+
+def _merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> str | None:
+    """The final Reshape goes back to [B, S, N * H] with the query's B and S."""
+    entries = _target_entries(output)
+    if isinstance(entries, str):
+        return entries
+    dims = _dims(query) or [None, None]
+    hidden = heads[0] * heads[1]
+    out = _dims(output.outputs[0])
+    last_ok = entries[-1] in (hidden, -1) or (out is not None and out[-1] == hidden)
+    if len(entries) != 3 or not last_ok:
+        return f"Reshape {output.name!r} does not merge the heads into [B, S, {hidden}]"
+    if not all(_keeps_dim(output, entries, i, dims[i]) for i in (0, 1)):
+        return (
+            f"cannot show that Reshape {output.name!r} restores the batch and sequence "
+            f"dimensions of {query.name!r} ({dims[:2]})"
+        )
+    return None
+
+
+def _scale(node: ir.Node, factor: ir.Value | None) -> float | str:
+    array = constant_array(factor)
+    if array is None or array.size != 1:
+        return f"{node.op_type} {node.name!r} does not scale by a constant scalar"
+    value = float(array.reshape(-1)[0])
+    if node.op_type == "Div":
+        if value == 0:
+            return f"Div {node.name!r} divides by 0"
+        value = 1.0 / value
+    return value
+
+
+def _attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
+    """The mask added to the scores, if onnxruntime's kernel takes it as it is."""
+    mask = next(v for v in add.inputs if v is not scale.outputs[0])
+    scores, dims = _dims(scale.outputs[0]), _dims(mask)
+    if scores is None or dims is None or len(dims) != 4 or len(scores) != 4:
+        return f"the mask {mask.name!r} is not known to be rank 4 like the scores"
+    fits = all(
+        d == 1 or (d is not None and d == s) for d, s in zip(dims[:2], scores[:2], strict=True)
+    )
+    matches = all(d is not None and d == s for d, s in zip(dims[2:], scores[2:], strict=True))
+    if not (fits and matches):
+        return (
+            f"the mask {mask.name!r} has shape {dims}; MultiHeadAttention takes "
+            f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
+        )
+    return mask

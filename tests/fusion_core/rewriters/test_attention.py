@@ -1,0 +1,200 @@
+"""``attention`` (attention_mha, attention_mha_no_mask): the scaled-dot-product core of
+multi-head attention, after ``qkv_bias_merge``, as com.microsoft MultiHeadAttention.
+
+The block is B = 2, S = 5, hidden 16, 4 heads of size 4, written as the BERT family
+exports it: Reshape -> Transpose(0, 2, 1, 3) per head split (K straight to
+Transpose(0, 2, 3, 1)), MatMul, Mul by the scale, Add of the mask built as
+``Where(keep, 0, -3.4e38)``, Softmax, MatMul, Transpose, Reshape.
+
+Tolerance: rtol = atol = 1e-5. MultiHeadAttention sums in another order than the
+MatMuls it replaces; at these sizes the outputs differed by about 1e-7.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import (
+    assert_fusion,
+    assert_no_fusion,
+    build_model,
+    misses,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+B, S, HIDDEN, HEADS = 2, 5, 16, 4
+MHA = "com.microsoft::MultiHeadAttention"
+
+
+def attention_model(
+    *,
+    mask: str | None = "[2, 1, 5, 5]",
+    scale: str = "Mul",
+    scale_value: float = 0.5,
+    split_target=(0, 0, HEADS, HIDDEN // HEADS),
+    merge_target=(0, 0, HIDDEN),
+    target_input: bool = False,
+    scale_input: bool = False,
+    scale_first: bool = False,
+    seed: int = 0,
+) -> onnx.ModelProto:
+    """Q/K/V projections (MatMul + bias Add) and eager attention over ``x[2, 5, 16]``;
+    ``mask`` is the shape of the boolean ``keep`` input (None: no mask)."""
+    rng = np.random.default_rng(seed)
+    inits = {f"w{p}": rng.standard_normal((HIDDEN, HIDDEN)) * 0.25 for p in "qkv"} | {
+        f"b{p}": rng.standard_normal(HIDDEN) * 0.1 for p in "qkv"
+    }
+    inits["merge_shape"] = np.array(merge_target, np.int64)
+    inputs = [f"float[{B}, {S}, {HIDDEN}] x"]
+    if target_input:
+        inputs.append("int64[4] split_shape")
+    else:
+        inits["split_shape"] = np.array(split_target, np.int64)
+    if scale_input:
+        inputs.append("float c")
+    else:
+        inits["c"] = np.array(scale_value, np.float32)
+    body = []
+    scores = "scaled"
+    if mask is not None:
+        inputs.append(f"bool{mask} keep")
+        inits["zero"] = np.array(0.0, np.float32)
+        inits["lowest"] = np.array(np.finfo(np.float32).min, np.float32)
+        body.append("bias = Where (keep, zero, lowest)")
+    for p in "qkv":
+        body += [f"{p}m = MatMul (x, w{p})", f"{p}a = Add ({p}m, b{p})"]
+        body.append(f"{p}r = Reshape ({p}a, split_shape)")
+    body += [
+        "qt = Transpose <perm = [0, 2, 1, 3]> (qr)",
+        "kt = Transpose <perm = [0, 2, 3, 1]> (kr)",
+        "vt = Transpose <perm = [0, 2, 1, 3]> (vr)",
+        "qk = MatMul (qt, kt)",
+        f"scaled = {scale} (c, qk)" if scale_first else f"scaled = {scale} (qk, c)",
+    ]
+    if mask is not None:
+        body.append("masked = Add (scaled, bias)")
+        scores = "masked"
+    body += [
+        f"probs = Softmax <axis = -1> ({scores})",
+        "context = MatMul (probs, vt)",
+        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
+        "y = Reshape (ct, merge_shape)",
+    ]
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+    g ({", ".join(inputs)}) => (float[{B}, {S}, {HIDDEN}] y) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, inits)
+
+
+def merged_ops(mask: bool) -> list[str]:
+    return (["Where"] if mask else []) + ["MatMul", "Add", "Split", MHA]
+
+
+def the_attention(model: onnx.ModelProto) -> onnx.NodeProto:
+    (node,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    return node
+
+
+def attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+CASES = {
+    "mask-mul": dict(mask="[2, 1, 5, 5]"),
+    "mask-per-batch-and-head": dict(mask="[2, 4, 5, 5]"),
+    "mask-shared": dict(mask="[1, 1, 5, 5]"),
+    "no-mask-div": dict(mask=None, scale="Div", scale_value=2.0),
+    "scale-written-first": dict(scale_first=True),
+    # 0.3 is not 1 / sqrt(4): the graph's scale is passed explicitly, not the default.
+    "scale-not-the-default": dict(scale_value=0.3),
+    "targets-with-minus-one": dict(split_target=(B, S, -1, 4), merge_target=(B, S, -1)),
+    "heads-minus-one": dict(split_target=(0, 0, HEADS, -1), merge_target=(0, 0, -1)),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_attention_becomes_multi_head_attention(case):
+    model = attention_model(**case)
+    result = optimize_quiet(model, target="onnxruntime")
+    mask = case.get("mask", "") is not None
+    pattern = "attention_mha" if mask else "attention_mha_no_mask"
+    fused = assert_fusion(
+        model,
+        result,
+        counts={"qkv_bias_merge": 1, pattern: 1},
+        ops=merged_ops(mask),
+        **TOL,
+    )
+    node = the_attention(fused)
+    value = case.get("scale_value", 0.5)
+    expected_scale = 1 / value if case.get("scale") == "Div" else value
+    assert attrs(node)["num_heads"] == HEADS
+    assert attrs(node)["scale"] == pytest.approx(expected_scale, rel=1e-7)
+    split = [n for n in fused.graph.node if n.op_type == "Split"][0]
+    assert list(node.input[:3]) == list(split.output)
+    assert list(node.input[3:]) == (["", "", "bias"] if mask else [])
+
+
+def test_generic_target_keeps_the_block():
+    """MultiHeadAttention is an onnxruntime contrib op: the patterns list onnxruntime only."""
+    model = attention_model()
+    result = optimize_quiet(model, target="generic")
+    assert result.counts == {"qkv_bias_merge": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# Negative cases: the block stays (after the Q/K/V merge) and a near miss says why.
+
+UNFUSED = [
+    "Where", "MatMul", "Add", "Split", "Reshape", "Reshape", "Reshape", "Transpose",
+    "Transpose", "Transpose", "MatMul", "Mul", "Add", "Softmax", "MatMul", "Transpose",
+    "Reshape",
+]  # fmt: skip
+# Without a mask there is no Where and no Add between the Mul and the Softmax.
+UNFUSED_NO_MASK = UNFUSED[1:12] + UNFUSED[13:]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        # onnxruntime's CPU kernel rejects a [B, 1, 1, S] attention_bias at run time.
+        (dict(mask="[2, 1, 1, 5]"), "MultiHeadAttention takes [B or 1, heads or 1, S, L]"),
+        # [10, 1, 4, 4] splits heads but attends over each token alone: another attention.
+        (
+            dict(split_target=(10, 1, HEADS, 4), merge_target=(B, S, HIDDEN), mask=None),
+            "keeps the batch and sequence dimensions",
+        ),
+        (dict(scale_input=True), "scale.in1 ('c') is not a constant initializer"),
+    ],
+    ids=["mask-1xS", "reshape-mixes-batch", "scale-input"],
+)
+def test_no_fusion(case, reason):
+    model = attention_model(**case)
+    result = optimize_quiet(model, target="onnxruntime")
+    masked = case.get("mask", "") is not None
+    pattern = "attention_mha" if masked else "attention_mha_no_mask"
+    ops = UNFUSED if masked else UNFUSED_NO_MASK
+    assert_no_fusion(model, result, pattern=pattern, reason=reason, ops=ops, **TOL)
+
+
+def test_no_fusion_when_the_target_is_computed():
+    """The heads cannot be read from a Reshape target the model computes at run time."""
+    model = attention_model(target_input=True)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "attention_mha" not in result.counts
+    reasons = misses(result, "attention_mha")
+    assert any("is neither a constant nor a Concat" in r for r in reasons), reasons
+    fused = result.to_proto()
+    assert op_sequence(fused) == UNFUSED
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((B, S, HIDDEN)).astype(np.float32),
+        "split_shape": np.array([B, S, HEADS, HIDDEN // HEADS], np.int64),
+        "keep": rng.random((B, 1, S, S)) < 0.7,
+    }
+    run_both(model, fused, feeds=feeds, **TOL)
