@@ -6,9 +6,11 @@ shape), and old models list their initializers as graph inputs. After these pass
 pattern sees plain constant initializers and inferred shapes.
 
 Constant folding is onnxscript's (with size limits, so a pre-pass never materialises a
-huge tensor); identity and unused-node elimination, lifting Constant nodes and shape
-inference are onnx-ir's passes. Our own code here is only what those do not do:
-treating IR<4 initializer-inputs as constants and removing inference-mode Dropout.
+huge tensor); identity and unused-node elimination and lifting Constant nodes are
+onnx-ir's passes. Our own code here is only what those do not do: treating IR<4
+initializer-inputs as constants, removing inference-mode Dropout, and a linear
+whole-graph shape inference (onnx's, with data propagation, so symbolic dims such as
+the batch and sequence of a TorchScript export flow through Shape/Concat/Reshape).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
 from fusion_core.ir import constant_array
 
-__all__ = ["PrepassOptions", "run_prepasses"]
+__all__ = ["PrepassOptions", "SymbolicShapeInferencePass", "run_prepasses"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,10 @@ class PrepassOptions:
     fold_input_size_limit: int = 1 << 22
     fold_output_size_limit: int = 1 << 23
     shape_inference: bool = True
+    # Initializers above this many elements reach onnx's shape inference as typed graph
+    # inputs without data (keeps the proto small and models over 2 GB inferable); the
+    # small ones stay, since Reshape and data propagation read their values.
+    shape_inference_initializer_limit: int = 1024
 
 
 class InitializerInputsToConstantsPass(ir.passes.InPlacePass):
@@ -79,6 +86,103 @@ class DropoutEliminationPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=modified)
 
 
+class SymbolicShapeInferencePass(ir.passes.InPlacePass):
+    """onnx's shape inference with data propagation over the whole graph, in linear time.
+
+    Large initializers are handed to onnx as typed inputs without data (the model's
+    inputs and initializers are restored before returning); the inferred shapes fill in
+    the dims the model does not know yet, by value name. Known dims are never
+    overwritten, and a failure of the inference leaves the model as it was: shapes are
+    best effort, never fatal.
+    """
+
+    def __init__(self, *, initializer_limit: int = 1024) -> None:
+        super().__init__()
+        self.initializer_limit = initializer_limit
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(
+                self._proto_without_large_initializers(model),
+                check_type=False,
+                strict_mode=False,
+                data_prop=True,
+            )
+        except Exception as exc:  # inference is best effort, never fatal
+            logger.warning("shape inference failed, continuing without it: %s", exc)
+            return ir.passes.PassResult(model, modified=False)
+        types = {info.name: info.type for info in inferred.graph.value_info}
+        types.update((info.name, info.type) for info in inferred.graph.output)
+        modified = False
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            for value in node.outputs:
+                if value.name in types:
+                    modified |= _merge_type(value, types[value.name])
+        return ir.passes.PassResult(model, modified=modified)
+
+    def _proto_without_large_initializers(self, model: ir.Model) -> onnx.ModelProto:
+        graph = model.graph
+        everything = list(graph.initializers.values())
+        large = [
+            v
+            for v in everything
+            if v.const_value is None or v.const_value.size > self.initializer_limit
+        ]
+        input_count = len(graph.inputs)
+        input_names = {v.name for v in graph.inputs}
+        try:
+            for value in large:
+                if value.const_value is not None:
+                    value.shape = value.shape or value.const_value.shape
+                    value.dtype = value.dtype or value.const_value.dtype
+                graph.initializers.pop(value.name)
+                if value.name not in input_names:
+                    graph.inputs.append(value)
+            return ir.serde.serialize_model(model)
+        finally:
+            # Restore inputs and initializers exactly, in their original order. Only the
+            # containers' own methods keep a value's bookkeeping right: a slice ``del``
+            # on graph.inputs would leave the flag behind, so ``is_graph_input()`` would
+            # stay True and every large weight would read as an overridable default.
+            while len(graph.inputs) > input_count:
+                graph.inputs.pop()
+            graph.initializers.clear()
+            for value in everything:
+                graph.initializers.add(value)
+
+
+def _merge_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
+    """Fill in what ``value`` does not know from an inferred type; True if it changed."""
+    modified = False
+    if value.type is None:
+        inferred_type = ir.serde.deserialize_type_proto_for_type(type_proto)
+        if inferred_type is not None:
+            value.type = inferred_type
+            modified = True
+    shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+    if shape is None:
+        return modified
+    if value.shape is None:
+        value.shape = shape
+        return True
+    if len(value.shape) != len(shape):
+        return modified  # a conflict: keep what the model says
+    dims = [_better_dim(old, new) for old, new in zip(value.shape, shape, strict=True)]
+    if dims != list(value.shape):
+        value.shape = ir.Shape(dims)
+        modified = True
+    return modified
+
+
+def _better_dim(old: int | ir.SymbolicDim, new: int | ir.SymbolicDim) -> int | ir.SymbolicDim:
+    """A known dim beats a symbol, a named symbol beats an unknown one; ties keep ``old``."""
+    if isinstance(old, int):
+        return old
+    if isinstance(new, int) or (old.value is None and new.value is not None):
+        return new
+    return old
+
+
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:
     # onnxscript keeps ConstantOfShape to keep files small, but weights written as
     # ConstantOfShape (as in the ONNX model zoo's light models) must become constants
@@ -115,13 +219,14 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
         )
         run("identity_elimination", common.IdentityEliminationPass())
     run("remove_unused", common.RemoveUnusedNodesPass())
-    # Constant folding already infers every node's output shape as it walks the graph.
-    # Only without it run onnx-ir's whole-graph pass (quadratic in the number of
-    # initializers in onnx-ir 1.1: docs/benchmarks.md).
-    if options.shape_inference and not options.fold_constants:
-        try:
-            run("shape_inference", common.ShapeInferencePass(strict_mode=False))
-        except Exception as exc:  # inference is best effort, never fatal
-            logger.warning("shape inference failed, continuing without it: %s", exc)
     run("topological_sort", common.TopologicalSortPass())
+    # Constant folding infers each node's shape on its own, which loses symbolic dims
+    # computed at run time (Shape -> Concat -> Reshape); a whole-graph inference with
+    # data propagation keeps them. Not onnx-ir's ShapeInferencePass: it is quadratic in
+    # the number of initializers in onnx-ir 1.1 (docs/benchmarks.md).
+    if options.shape_inference:
+        run(
+            "shape_inference",
+            SymbolicShapeInferencePass(initializer_limit=options.shape_inference_initializer_limit),
+        )
     return changed

@@ -6,9 +6,12 @@ import numpy as np
 import onnx
 import onnx.numpy_helper as nh
 import onnx.parser
+import onnx_ir as ir
 import pytest
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize
+from fusion_core.ir import constant_array
+from fusion_core.prepasses import PrepassOptions, SymbolicShapeInferencePass, run_prepasses
 from fusion_core.validate import make_session
 
 RNG = np.random.default_rng(7)
@@ -140,3 +143,56 @@ def test_ir3_initializer_inputs_are_constants() -> None:
     result = optimize(model, OptimizeConfig())
     assert result.counts == {"conv_bn": 1}
     assert result.check is not None and result.check.passed
+
+
+def test_symbolic_batch_dim_flows_through_run_time_shapes() -> None:
+    # TorchScript exports rebuild shapes at run time (Shape -> Slice -> Concat -> Reshape);
+    # per-node inference loses N and S there, whole-graph inference with data
+    # propagation keeps them, so the Add is provably of two [N, S, 16] tensors.
+    text = (
+        HEADER
+        + """g (float[N, S, 16] a, float[N, S, 4, 4] b) => (float[N, S, 16] y) {
+ full = Shape(a)
+ ns = Slice(full, starts, ends)
+ shape = Concat<axis = 0>(ns, last)
+ r = Reshape(b, shape)
+ s = Add(a, r)
+ y = Relu(s)
+}"""
+    )
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.extend(
+        nh.from_array(np.array([v], np.int64), name)
+        for name, v in (("starts", 0), ("ends", 2), ("last", 16))
+    )
+    model = ir.serde.deserialize_model(proto)
+    assert "shape_inference" in run_prepasses(model, PrepassOptions())
+
+    values = {n.outputs[0].name: n.outputs[0] for n in model.graph}
+    want = [ir.SymbolicDim("N"), ir.SymbolicDim("S"), 16]
+    for name in ("r", "s"):
+        shape = values[name].shape
+        assert shape is not None and list(shape) == want, (name, shape)
+
+
+def test_shape_inference_keeps_large_initializers_and_input_order() -> None:
+    text = (
+        HEADER
+        + """g (float[N, 2048] x) => (float[N, 2048] y) {
+ y = Add(x, w)
+}"""
+    )
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.append(nh.from_array(np.ones(2048, np.float32), "w"))
+    model = ir.serde.deserialize_model(proto)
+    modified = SymbolicShapeInferencePass(initializer_limit=16)(model).modified
+
+    assert not modified  # y's shape was already fully known
+    assert [v.name for v in model.graph.inputs] == ["x"]
+    assert list(model.graph.initializers) == ["w"]
+    w = model.graph.initializers["w"]
+    assert w.const_value.numpy().sum() == 2048
+    # Lent to onnx as an input, w must come back a plain constant, not an overridable
+    # default (patterns would otherwise refuse to read it).
+    assert not w.is_graph_input()
+    assert constant_array(w) is not None
