@@ -29,6 +29,24 @@ kernel takes it only as rank 4 ``[B or 1, N or 1, S, L]`` and rejects a
 ``[B, 1, 1, L]`` padding mask ("Input 'attention_bias' dimension 2 should be same as
 sequence_length"), so the mask's last two dimensions must be known equal to those of
 the scores.
+
+The SDPA form (``attention_mha_sdpa.yaml``, PyTorch's ``scaled_dot_product_attention``
+exported by dynamo) differs in three places, each named by a parameter:
+
+* the scale is split into ``Mul(Q, s_q)`` and ``Mul(K^T, s_k)`` before the MatMul
+  (``q_scale_node``, ``k_scale_node`` in place of ``scale_node``): ``scale = s_q * s_k``;
+* ``K^T`` is ``Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L])``
+  with ``K`` transposed by ``[0, 2, 1, 3]`` (``k_flat_node``, ``k_unflat_node``); the
+  rewriter proves it swaps the last two axes from the known (possibly symbolic) shapes:
+  the flat Reshape gives rank 3 ending in ``[L, H]`` of ``K`` and the other gives
+  ``[B, N, H, L]``, so the first merges and the second splits the leading axes;
+* ``Softmax`` is followed by ``Where(IsNaN(P), 0, P)`` (``nan_guard_node``, the Where),
+  which maps a fully masked row (all ``-inf``, softmax NaN) to zeros. MultiHeadAttention
+  has no such guard: with ``-inf`` in ``attention_bias`` such a row is not zeros. So the
+  guard is dropped only when the mask is ``Where(cond, a, b)`` of finite constants (dynamo
+  writes ``Where(mask, 0, -3.4e38)``): then no score is ``-inf``, a fully masked row gets
+  a uniform softmax in both graphs, and the guard never fires. A mask that may hold
+  ``-inf`` (TorchScript's ``Where(mask, 0, -inf)``, or a graph input) is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +69,12 @@ class AttentionParams(Params):
     k_reshape_node: str = "k_reshape"
     v_reshape_node: str = "v_reshape"
     qk_node: str = "qk"  # MatMul(Q, K^T)
-    scale_node: str = "scale"  # Mul by c or Div by c
+    scale_node: str | None = "scale"  # Mul by c or Div by c
+    q_scale_node: str | None = None  # SDPA: Mul(Q, s_q) (with k_scale_node)
+    k_scale_node: str | None = None  # SDPA: Mul(K^T, s_k)
+    k_flat_node: str | None = None  # SDPA: Reshape of K to [B * N, L, H]
+    k_unflat_node: str | None = None  # SDPA: Reshape of its transpose to [B, N, H, L]
+    nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P) after the Softmax
     mask_node: str | None = None  # Add of the additive mask
     output_node: str = "out_reshape"  # the Reshape back to [B, S, N * H]
 
@@ -74,15 +97,32 @@ class FuseAttention(Rewriter):
         failure = _merges_heads(output, splits[0].inputs[0], heads)
         if failure is not None:
             return failure
-        # input 1 after the commutative swap: Mul(c, scores) is written either way
-        scale = _scale(match.node(params.scale_node), match.input(params.scale_node, 1))
-        if isinstance(scale, str):
-            return scale
+        scale = 1.0
+        scale_nodes = [params.scale_node, params.q_scale_node, params.k_scale_node]
+        for name in scale_nodes:
+            if name is None:
+                continue
+            # input 1 after the commutative swap: Mul(c, scores) is written either way
+            factor = _scale(match.node(name), match.input(name, 1))
+            if isinstance(factor, str):
+                return factor
+            scale *= factor
+        if params.k_flat_node is not None and params.k_unflat_node is not None:
+            failure = _swaps_last_axes(
+                match.node(params.k_flat_node), match.node(params.k_unflat_node)
+            )
+            if failure is not None:
+                return failure
         inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
         if params.mask_node is not None:
-            mask = _attention_bias(match.node(params.mask_node), match.node(params.scale_node))
+            scores = match.node(params.scale_node or params.qk_node)
+            mask = _attention_bias(match.node(params.mask_node), scores)
             if isinstance(mask, str):
                 return mask
+            if params.nan_guard_node is not None:
+                failure = _finite_mask(mask, match.node(params.nan_guard_node))
+                if failure is not None:
+                    return failure
             inputs += [None, None, mask]
         ctx.use_domain(MS_DOMAIN)
         attrs = [ir.AttrInt64("num_heads", heads[0]), ir.AttrFloat32("scale", scale)]
@@ -215,3 +255,41 @@ def _attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
             f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
         )
     return mask
+
+
+def _swaps_last_axes(flat: ir.Node, unflat: ir.Node) -> str | None:
+    """Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L]) is K^T."""
+    k, flat_dims, out = _dims(flat.inputs[0]), _dims(flat.outputs[0]), _dims(unflat.outputs[0])
+    known = k is not None and flat_dims is not None and out is not None
+    if not known or len(k) != 4 or len(flat_dims) != 3 or len(out) != 4:
+        return f"the shapes around {flat.name!r} and {unflat.name!r} are not known"
+    want_flat, want_out = k[2:], [k[0], k[1], k[3], k[2]]
+    same = all(
+        a is not None and a == b
+        for a, b in zip(flat_dims[1:] + out, want_flat + want_out, strict=True)
+    )
+    if not same:
+        return (
+            f"cannot show that {flat.name!r} .. {unflat.name!r} swaps the last two axes of "
+            f"K {k}: shapes {flat_dims} and {out}"
+        )
+    return None
+
+
+def _finite_mask(mask: ir.Value, guard: ir.Node) -> str | None:
+    """Whether the mask is Where of finite constants, so Softmax never gives NaN rows."""
+    zero = constant_array(guard.inputs[1])
+    if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
+        return f"Where {guard.name!r} after the Softmax does not replace NaN by 0"
+    producer = mask.producer()
+    arrays = (
+        [constant_array(v) for v in producer.inputs[1:]]
+        if producer is not None and producer.op_type == "Where"
+        else [None]
+    )
+    if any(a is None or not np.all(np.isfinite(a)) for a in arrays):
+        return (
+            f"the mask {mask.name!r} is not Where of finite constants: a fully masked row "
+            "(-inf) gives NaN, which the graph turns into 0 and MultiHeadAttention does not"
+        )
+    return None

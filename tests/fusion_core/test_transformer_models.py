@@ -39,9 +39,12 @@ def test_onnxruntime_target(name: str) -> None:
     # GPT-2's Conv1D already computes Q, K and V in one Gemm.
     expected_merges = 0 if _family(name) == "gpt2" else LAYERS
     assert result.counts.get("qkv_bias_merge", 0) == expected_merges
-    # MultiHeadAttention: eager attention of the BERT family, dynamo exports (one per layer).
-    fuses_attention = name.endswith("_eager_dynamo") and _family(name) != "gpt2"
-    assert result.counts.get("attention_mha", 0) == (LAYERS if fuses_attention else 0)
+    # MultiHeadAttention: the BERT family's dynamo exports, eager and SDPA (one per layer).
+    bert_family = _family(name) != "gpt2"
+    fuses_eager = name.endswith("_eager_dynamo") and bert_family
+    fuses_sdpa = name.endswith("_sdpa_dynamo") and bert_family
+    assert result.counts.get("attention_mha", 0) == (LAYERS if fuses_eager else 0)
+    assert result.counts.get("attention_mha_sdpa", 0) == (LAYERS if fuses_sdpa else 0)
     if name.endswith("_dynamo"):
         # Every LayerNormalization takes its residual Add (2 per layer + the last one).
         assert result.ops_after["com.microsoft::SkipLayerNormalization"] == 2 * LAYERS + 1

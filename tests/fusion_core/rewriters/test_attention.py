@@ -1,5 +1,6 @@
-"""``attention`` (attention_mha, attention_mha_no_mask): the scaled-dot-product core of
-multi-head attention, after ``qkv_bias_merge``, as com.microsoft MultiHeadAttention.
+"""``attention`` (attention_mha, attention_mha_no_mask, attention_mha_sdpa): the
+scaled-dot-product core of multi-head attention, after ``qkv_bias_merge``, as
+com.microsoft MultiHeadAttention (the SDPA form is at the end of this file).
 
 The block is B = 2, S = 5, hidden 16, 4 heads of size 4, written as the BERT family
 exports it: Reshape -> Transpose(0, 2, 1, 3) per head split (K straight to
@@ -198,3 +199,96 @@ def test_no_fusion_when_the_target_is_computed():
         "keep": rng.random((B, 1, S, S)) < 0.7,
     }
     run_both(model, fused, feeds=feeds, **TOL)
+
+
+# ---------------------------------------------------------------------------------------
+# attention_mha_sdpa: the same block as dynamo exports scaled_dot_product_attention.
+
+
+def sdpa_model(*, lowest: float = float(np.finfo(np.float32).min)) -> onnx.ModelProto:
+    """Symbolic batch and sequence (as dynamo writes them, so the Shape(K) chain stays);
+    the scale 0.7 is split over Q and K^T, K^T is a 3-D Reshape/Transpose/Reshape, the
+    mask is ``Where(keep, 0, lowest)`` and ``Where(IsNaN(P), 0, P)`` follows the Softmax."""
+    rng = np.random.default_rng(0)
+    inits = {f"w{p}": rng.standard_normal((HIDDEN, HIDDEN)) * 0.25 for p in "qkv"} | {
+        f"b{p}": rng.standard_normal(HIDDEN) * 0.1 for p in "qkv"
+    }
+    inits |= {
+        "split_shape": np.array([0, 0, HEADS, HIDDEN // HEADS], np.int64),
+        "merge_shape": np.array([0, 0, HIDDEN], np.int64),
+        "s": np.array(0.7, np.float32),
+        "zero": np.array(0.0, np.float32),
+        "lowest": np.array(lowest, np.float32),
+        "minus1": np.array([-1], np.int64),
+        "minus2": np.array([-2], np.int64),
+        "big": np.array([np.iinfo(np.int64).max], np.int64),
+        "small": np.array([np.iinfo(np.int64).min], np.int64),
+    }
+    body = ["bias = Where (keep, zero, lowest)"]
+    for p in "qkv":
+        body += [f"{p}m = MatMul (x, w{p})", f"{p}a = Add ({p}m, b{p})"]
+        body.append(f"{p}r = Reshape ({p}a, split_shape)")
+        body.append(f"{p}t = Transpose <perm = [0, 2, 1, 3]> ({p}r)")
+    body += [
+        "kshape = Shape (kt)",
+        "last = Slice (kshape, minus1, big)",
+        "len = Slice (kshape, minus2, minus1)",
+        "lead = Slice (kshape, small, minus2)",
+        "flat_target = Concat <axis = 0> (minus1, len, last)",
+        "kflat = Reshape (kt, flat_target)",
+        "kswap = Transpose <perm = [0, 2, 1]> (kflat)",
+        "unflat_target = Concat <axis = 0> (lead, last, len)",
+        "ktt = Reshape (kswap, unflat_target)",
+        "qs = Mul (qt, s)",
+        "ks = Mul (ktt, s)",
+        "qk = MatMul (qs, ks)",
+        "masked = Add (qk, bias)",
+        "probs = Softmax <axis = -1> (masked)",
+        "nan = IsNaN (probs)",
+        "guarded = Where (nan, zero, probs)",
+        "context = MatMul (guarded, vt)",
+        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
+        "y = Reshape (ct, merge_shape)",
+    ]
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, seq, {HIDDEN}] x, bool[batch, 1, seq, seq] keep)
+        => (float[batch, seq, {HIDDEN}] y) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, inits)
+
+
+def sdpa_feeds() -> dict[str, np.ndarray]:
+    """Batch 1 is fully masked, row by row: the case the NaN guard is there for."""
+    rng = np.random.default_rng(1)
+    keep = rng.random((B, 1, S, S)) < 0.7
+    keep[1] = False
+    return {"x": rng.standard_normal((B, S, HIDDEN)).astype(np.float32), "keep": keep}
+
+
+def test_sdpa_attention_becomes_multi_head_attention():
+    model = sdpa_model()
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
+    fused = result.to_proto()
+    assert op_sequence(fused) == merged_ops(mask=True)
+    onnx.checker.check_model(fused, full_check=True)
+    node = the_attention(fused)
+    assert attrs(node)["num_heads"] == HEADS
+    assert attrs(node)["scale"] == pytest.approx(0.7 * 0.7, rel=1e-6)
+    assert list(node.input[3:]) == ["", "", "bias"]
+    # With a finite mask a fully masked row is uniform in both graphs (no NaN to guard).
+    run_both(model, fused, feeds=sdpa_feeds(), **TOL)
+
+
+def test_sdpa_no_fusion_with_an_infinite_mask():
+    """With -inf a fully masked row is NaN, which the guard turns into 0: MultiHeadAttention
+    has no guard, so the block stays."""
+    model = sdpa_model(lowest=-np.inf)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "attention_mha_sdpa" not in result.counts
+    reasons = misses(result, "attention_mha_sdpa")
+    assert any("is not Where of finite constants" in r for r in reasons), reasons
+    fused = result.to_proto()
+    assert "MultiHeadAttention" not in [n.op_type for n in fused.graph.node]
+    run_both(model, fused, feeds=sdpa_feeds(), **TOL)
