@@ -8,8 +8,10 @@ by a recorder once the lifespan has started; no worker runs).
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
@@ -28,6 +30,34 @@ from app.core.config import Settings
 from app.db import session_scope
 from app.main import create_app
 from app.models import Job
+
+
+def _load_services():
+    """tests/services.py, loaded by path (see tests/fusion_core/rewriters/conftest.py)."""
+    path = Path(__file__).resolve().parents[1] / "services.py"
+    spec = importlib.util.spec_from_file_location("_autofusion_test_services", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+services = sys.modules.get("_autofusion_test_services") or _load_services()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database, dropped afterwards (skipped without PostgreSQL)."""
+    with services.fresh_postgres_database(pytest.skip) as url:
+        yield url
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """An empty Redis database number of our own, flushed afterwards."""
+    with services.empty_redis_db(pytest.skip) as client:
+        yield services.redis_url(client)
+
 
 PROBLEM_JSON = "application/problem+json"
 PROBLEM_BASE = "https://autofusion.dev/problems/"

@@ -851,55 +851,6 @@ def test_e2e_external_data_file_missing(capsys, server, external_data_model):
 
 # ----- the compose topology, minus containers: migrate once, API, separate worker ----------
 
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database, dropped afterwards (skipped without PostgreSQL)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.exc import OperationalError
-
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect():
-            pass
-    except OperationalError:
-        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432 (.ci/run starts it)")
-    name = f"autofusion_submit_{os.getpid()}_{int(time.time())}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{PG_SERVER}/{name}"
-    finally:
-        from app.db import get_engine
-
-        get_engine(f"{PG_SERVER}/{name}").dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    """An empty Redis database number of our own, flushed afterwards."""
-    import redis
-
-    try:
-        redis.Redis(host="127.0.0.1", port=6379, socket_timeout=5).ping()
-    except redis.RedisError:
-        pytest.skip("Redis is not running on 127.0.0.1:6379 (.ci/run starts it)")
-    for number in range(15, 0, -1):
-        client = redis.Redis(host="127.0.0.1", port=6379, db=number, socket_timeout=5)
-        if client.dbsize() == 0 and client.set("autofusion-submit-claim", "1", nx=True):
-            try:
-                yield f"redis://127.0.0.1:6379/{number}"
-            finally:
-                client.flushdb()
-                client.close()
-            return
-    pytest.skip("no empty Redis database number to use")
-
 
 @pytest.mark.slow
 def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):

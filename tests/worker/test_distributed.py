@@ -8,19 +8,15 @@ Skipped when PostgreSQL or Redis is not running on 127.0.0.1 (``.ci/run`` starts
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 from worker_testing import REPO, WorkerEnv, new_env
 
 from worker.celery_app import QUEUE, make_celery
@@ -29,50 +25,8 @@ from worker.tasks import enqueue_job
 
 pytestmark = pytest.mark.slow
 
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 LEASE_S = 3
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    admin = create_engine(f"{PG_SERVER}/test", isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect():
-            pass
-    except OperationalError:
-        pytest.skip("PostgreSQL is not running on 127.0.0.1:5432")
-    name = f"autofusion_test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{PG_SERVER}/{name}"
-    finally:
-        from app.db import get_engine
-
-        get_engine(f"{PG_SERVER}/{name}").dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture
-def redis_db() -> Iterator[redis.Redis]:
-    """An empty Redis database number of our own (claimed with a key), flushed after."""
-    try:
-        redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_timeout=5).ping()
-    except redis.RedisError:
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
-    for number in random.sample(range(1, 16), 15):
-        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number, socket_timeout=5)
-        if client.dbsize() == 0 and client.set("autofusion-test-claim", "1", nx=True):
-            try:
-                yield client
-            finally:
-                client.flushdb()
-                client.close()
-            return
-    pytest.skip("no empty Redis database number to use")
 
 
 @pytest.fixture

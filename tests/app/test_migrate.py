@@ -3,40 +3,25 @@ on SQLite and on the real PostgreSQL (.ci/run starts it)."""
 
 from __future__ import annotations
 
-import os
-import time
+import sys
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import inspect
 
 from app.db import get_engine
 from app.migrate import check, downgrade, upgrade
 from app.models import Base
 
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
+# Loaded by tests/app/conftest.py (tests/ is never on sys.path).
+services = sys.modules["_autofusion_test_services"]
 
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect():
-            pass
-    except OperationalError:
-        pytest.fail("PostgreSQL is not running on 127.0.0.1:5432: run the tests with .ci/run")
-    name = f"autofusion_migrations_{os.getpid()}_{int(time.time() * 1000)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{PG_SERVER}/{name}"
-    try:
+    # Unlike the end-to-end tests, a missing PostgreSQL fails here rather than skips.
+    with services.fresh_postgres_database(pytest.fail) as url:
         yield url
-    finally:
-        get_engine(url).dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _tables(url: str) -> set[str]:
