@@ -24,6 +24,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
 from fusion_core.ir import constant_array
+from fusion_core.shape_reads import ShapeReadsFromInputsPass
 
 __all__ = ["PrepassOptions", "SymbolicShapeInferencePass", "run_prepasses"]
 
@@ -101,23 +102,21 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
         self.initializer_limit = initializer_limit
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(
-                self._proto_without_large_initializers(model),
-                check_type=False,
-                strict_mode=False,
-                data_prop=True,
-            )
-        except Exception as exc:  # inference is best effort, never fatal
-            logger.warning("shape inference failed, continuing without it: %s", exc)
-            return ir.passes.PassResult(model, modified=False)
-        types = {info.name: info.type for info in inferred.graph.value_info}
-        types.update((info.name, info.type) for info in inferred.graph.output)
+        proto = self._proto_without_large_initializers(model)
         modified = False
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
-            for value in node.outputs:
-                if value.name in types:
-                    modified |= _merge_type(value, types[value.name])
+        # onnxruntime's symbolic inference first: it follows shape arithmetic that onnx's
+        # data propagation drops (Where/Equal/Expand/Range in the mask builders of
+        # transformers 5), so a TorchScript BERT's mask reads [batch, 1, sequence,
+        # sequence] instead of four fresh unknowns. onnx's then fills in what it left.
+        for inferred in (_onnxruntime_inference(proto), _onnx_inference(proto)):
+            if inferred is None:
+                continue
+            types = {info.name: info.type for info in inferred.graph.value_info}
+            types.update((info.name, info.type) for info in inferred.graph.output)
+            for node in ir.traversal.RecursiveGraphIterator(model.graph):
+                for value in node.outputs:
+                    if value.name in types:
+                        modified |= _merge_type(value, types[value.name])
         return ir.passes.PassResult(model, modified=modified)
 
     def _proto_without_large_initializers(self, model: ir.Model) -> onnx.ModelProto:
@@ -151,6 +150,54 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
                 graph.initializers.add(value)
 
 
+def _onnx_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    try:
+        return onnx.shape_inference.infer_shapes(
+            proto, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as exc:  # inference is best effort, never fatal
+        logger.warning("onnx shape inference failed, continuing without it: %s", exc)
+        return None
+
+
+def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, strict first.
+
+    Without ``auto_merge`` it stops at the first broadcast of two different symbols
+    (BERT adds position embeddings of ``Min(64, sequence)`` rows to ``sequence`` rows);
+    with it, such symbols are taken as equal, which holds whenever the model runs unless
+    one of them is 1 at run time. That assumption is the one the exporter made too, and
+    every fused model is still checked against the original.
+
+    Driven step by step rather than through ``SymbolicShapeInference.infer_shapes``:
+    that one writes ``sym_shape_infer_temp.onnx`` (and external data) into the current
+    directory when some shape stays unknown, and throws away the shapes it did infer.
+    """
+    from onnxruntime.tools import symbolic_shape_infer
+
+    # Its warnings ("unsupported broadcast ...") are the reason for the second try.
+    ort_logger = logging.getLogger(symbolic_shape_infer.__name__)
+    level = ort_logger.level
+    ort_logger.setLevel(logging.ERROR)
+    result = None
+    try:
+        for auto_merge in (False, True):
+            inference = symbolic_shape_infer.SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
+            complete = False
+            inference._preprocess(proto)
+            while inference.run_:
+                complete = inference._infer_impl()
+            inference._update_output_from_vi()
+            result = inference.out_mp_
+            if complete:
+                break
+    except Exception as exc:  # best effort, never fatal: keep what the last try gave
+        logger.info("onnxruntime symbolic shape inference failed: %s", exc)
+    finally:
+        ort_logger.setLevel(level)
+    return result
+
+
 def _merge_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
     """Fill in what ``value`` does not know from an inferred type; True if it changed."""
     modified = False
@@ -178,9 +225,14 @@ def _better_dim(old: int | ir.SymbolicDim, new: int | ir.SymbolicDim) -> int | i
     """A known dim beats a symbol, a named symbol beats an unknown one; ties keep ``old``."""
     if isinstance(old, int):
         return old
-    if isinstance(new, int) or (old.value is None and new.value is not None):
+    if isinstance(new, int) or (_unknown(old) and not _unknown(new)):
         return new
     return old
+
+
+def _unknown(dim: ir.SymbolicDim) -> bool:
+    # onnx's inference names the dims it cannot relate to anything "unk__<n>"
+    return dim.value is None or dim.value.startswith("unk__")
 
 
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:
@@ -229,4 +281,6 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
             "shape_inference",
             SymbolicShapeInferencePass(initializer_limit=options.shape_inference_initializer_limit),
         )
+        run("shape_reads_from_inputs", ShapeReadsFromInputsPass())
+        run("remove_unused", common.RemoveUnusedNodesPass())
     return changed

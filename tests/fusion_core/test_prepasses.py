@@ -196,3 +196,80 @@ def test_shape_inference_keeps_large_initializers_and_input_order() -> None:
     # default (patterns would otherwise refuse to read it).
     assert not w.is_graph_input()
     assert constant_array(w) is not None
+
+
+def _expand_by_computed_shape() -> ir.Model:
+    """``Expand(c, Where(Equal(Shape(x), -1), 1, Shape(x)))``: how transformers 5's mask
+    builders reach the TorchScript export. onnx's data propagation stops at Where and
+    Equal; onnxruntime's symbolic inference follows them."""
+    text = (
+        HEADER
+        + """g (float[N, S] x) => (float[N, S] y) {
+ s = Shape(x)
+ is_minus = Equal(s, minus1)
+ t = Where(is_minus, one, s)
+ e = Expand(c, t)
+ y = Add(e, x)
+}"""
+    )
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.extend(
+        [
+            nh.from_array(np.array([-1, -1], np.int64), "minus1"),
+            nh.from_array(np.array([1, 1], np.int64), "one"),
+            nh.from_array(np.array(2.0, np.float32), "c"),
+        ]
+    )
+    return ir.serde.deserialize_model(proto)
+
+
+def test_symbolic_dims_through_where_and_equal(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # onnxruntime's infer_shapes would write files here
+    model = _expand_by_computed_shape()
+    run_prepasses(model, PrepassOptions())
+    values = {n.outputs[0].name: n.outputs[0] for n in model.graph}
+    assert list(values["e"].shape) == [ir.SymbolicDim("N"), ir.SymbolicDim("S")]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shape_reads_of_inner_tensors_come_from_the_inputs() -> None:
+    """``Shape(h)`` of an inner [N, 4] tensor becomes ``Concat(Shape(x)[0:1], [4])``, so
+    h no longer escapes a fusion; the model computes the same at every batch size."""
+    text = (
+        HEADER
+        + """g (float[N, 8] x) => (float[N, 4] y) {
+ h = MatMul(x, wt)
+ s = Shape(h)
+ target = Concat<axis = 0>(minus1, two)
+ flat = Reshape(h, target)
+ r = Relu(flat)
+ n = Gather<axis = 0>(s, zero)
+ n1 = Unsqueeze(n, zero1)
+ shape = Concat<axis = 0>(n1, four)
+ y = Reshape(r, shape)
+}"""
+    )
+    proto = onnx.parser.parse_model(text)
+    proto.graph.initializer.extend(
+        [
+            nh.from_array(RNG.normal(size=(8, 4)).astype(np.float32), "wt"),
+            nh.from_array(np.array([-1], np.int64), "minus1"),
+            nh.from_array(np.array([2], np.int64), "two"),
+            nh.from_array(np.array([4], np.int64), "four"),
+            nh.from_array(np.array(0, np.int64), "zero"),
+            nh.from_array(np.array([0], np.int64), "zero1"),
+        ]
+    )
+    model = ir.serde.deserialize_model(proto)
+    assert "shape_reads_from_inputs" in run_prepasses(model, PrepassOptions())
+
+    shape_reads = [n for n in model.graph if n.op_type == "Shape"]
+    assert [n.inputs[0].name for n in shape_reads] == ["x"]
+    assert shape_reads[0].attributes["start"].value == 0
+    assert shape_reads[0].attributes["end"].value == 1
+    fused = ir.serde.serialize_model(model)
+    for batch in (1, 3):
+        x = RNG.normal(size=(batch, 8)).astype(np.float32)
+        (want,) = make_session(proto).run(None, {"x": x})
+        (got,) = make_session(fused).run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=0, atol=0)

@@ -1,0 +1,154 @@
+"""A pre-pass: read dimensions from the graph inputs, not from inner tensors.
+
+The TorchScript exporter builds every Reshape target from ``Shape`` of the tensor at
+hand (``Shape(context)[0]`` for the batch of an attention output), and the dynamo
+exporter reads ``Shape(K)`` inside scaled-dot-product attention. Such a read makes the
+inner tensor "escape" any fusion around it, although only its dimensions are used.
+
+Once whole-graph shape inference has named those dimensions (``batch``, ``sequence``,
+or a number), this pass replaces ``Shape(x)[start:end]`` by the same dimensions taken
+from where they come from: a constant for a known size, ``Shape(input)[j:j+1]`` for a
+symbol that is dimension ``j`` of a graph input. A read with any other dimension (an
+unknown, or a symbol no graph input carries, such as ``batch*sequence``) stays as it is.
+The result is only as true as the inferred shapes, which every fusion relies on anyway,
+and each fused model is checked against the original.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.patterns import attribute_value
+
+__all__ = ["ShapeReadsFromInputsPass"]
+
+_Source = int | tuple[ir.Value, int]  # a known size, or (graph input, axis)
+
+
+class ShapeReadsFromInputsPass(ir.passes.InPlacePass):
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        self._names = (
+            {v.name for v in graph.initializers.values()}
+            | {v.name for n in graph for v in n.outputs}
+            | {v.name for v in graph.inputs}
+        )
+        symbols = _input_symbols(graph)
+        shapes_of_inputs: dict[tuple[str, int], ir.Value] = {}
+        modified = False
+        for node in list(graph):
+            if node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+                continue
+            sources = _sources(node, symbols)
+            if sources is None:
+                continue
+            parts = self._parts(graph, node, sources, shapes_of_inputs)
+            if len(parts) == 1:
+                new = parts[0]
+            else:
+                concat = ir.Node("", "Concat", parts, [ir.AttrInt64("axis", 0)])
+                graph.insert_before(node, concat)
+                new = concat.outputs[0]
+            new.dtype = ir.DataType.INT64
+            new.shape = ir.Shape([len(sources)])
+            old = node.outputs[0]
+            if old.is_graph_output():
+                continue  # keep graph outputs produced by their own node
+            old.replace_all_uses_with(new)
+            graph.remove(node, safe=True)
+            modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+    def _fresh(self, hint: str) -> str:
+        name, k = hint, 1
+        while name in self._names:
+            name, k = f"{hint}_{k}", k + 1
+        self._names.add(name)
+        return name
+
+    def _parts(
+        self,
+        graph: ir.Graph,
+        node: ir.Node,
+        sources: list[_Source],
+        shapes_of_inputs: dict[tuple[str, int], ir.Value],
+    ) -> list[ir.Value]:
+        """1-D int64 values that concatenate to the dims: runs of sizes as one constant."""
+        parts: list[ir.Value] = []
+        sizes: list[int] = []
+
+        def flush() -> None:
+            if sizes:
+                array = np.array(sizes, dtype=np.int64)
+                value = ir.Value(
+                    name=self._fresh(f"{node.name or 'shape'}_dims"),
+                    shape=ir.Shape(array.shape),
+                    const_value=ir.tensor(array),
+                )
+                value.dtype = ir.DataType.INT64
+                graph.register_initializer(value)
+                parts.append(value)
+                sizes.clear()
+
+        for source in sources:
+            if isinstance(source, int):
+                sizes.append(source)
+                continue
+            flush()
+            value, axis = source
+            key = (value.name or "", axis)
+            if key not in shapes_of_inputs:
+                read = ir.Node(
+                    "",
+                    "Shape",
+                    [value],
+                    [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)],
+                )
+                read.outputs[0].name = self._fresh(f"{value.name}_dim{axis}")
+                read.outputs[0].dtype = ir.DataType.INT64
+                read.outputs[0].shape = ir.Shape([1])
+                # at the top of the graph, so every later read can share it
+                graph.insert_before(next(iter(graph)), read)
+                shapes_of_inputs[key] = read.outputs[0]
+            parts.append(shapes_of_inputs[key])
+        flush()
+        return parts
+
+
+def _input_symbols(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
+    symbols: dict[str, tuple[ir.Value, int]] = {}
+    for value in graph.inputs:
+        if value.shape is None:
+            continue
+        for axis, dim in enumerate(value.shape):
+            if isinstance(dim, ir.SymbolicDim) and dim.value and not dim.value.startswith("unk__"):
+                symbols.setdefault(dim.value, (value, axis))
+    return symbols
+
+
+def _sources(node: ir.Node, symbols: dict[str, tuple[ir.Value, int]]) -> list[_Source] | None:
+    """Where each dimension read by this Shape comes from, or None if any is unknown."""
+    x = node.inputs[0]
+    if x is None or x.is_graph_input() or x.shape is None or x.const_value is not None:
+        return None
+    rank = len(x.shape)
+    start = _clamp(attribute_value(node, "start", 0), rank)
+    end = _clamp(attribute_value(node, "end", rank), rank)
+    sources: list[_Source] = []
+    for dim in list(x.shape)[start:end]:
+        if isinstance(dim, int):
+            sources.append(dim)
+        elif dim.value in symbols:
+            sources.append(symbols[dim.value])
+        else:
+            return None
+    return sources or None
+
+
+def _clamp(index: int | None, rank: int) -> int:
+    if index is None:
+        return rank
+    if index < 0:
+        index += rank
+    return min(max(index, 0), rank)
