@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import onnx
 import onnx_ir as ir
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fusion_core.ir import constant_array, consumers
+from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
 from fusion_core.patterns._match import Match
 from fusion_core.patterns._refs import parse_ref
 
@@ -427,6 +428,87 @@ class ConsumersConstraint(_ValueConstraint):
         return f"{_describe(self.value, value)} has {count} consumer(s) [{readers}] and {failure}"
 
 
+class FormulaConstraint(BaseModel):
+    """Every element of a constant equals a formula over matched dimensions, within
+    ``rtol``/``atol``: ``scale == 1 / sqrt(dim(q_t.out0, -1))`` (see _formula.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["formula"]
+    value: str
+    equals: str
+    rtol: float = Field(default=1e-6, ge=0)
+    atol: float = Field(default=0.0, ge=0)
+
+    @field_validator("equals")
+    @classmethod
+    def _compiles(cls, text: str) -> str:
+        try:
+            compile_formula(text)
+        except FormulaError as exc:
+            raise ValueError(str(exc)) from None
+        return text
+
+    @property
+    def formula(self) -> Formula:
+        return compile_formula(self.equals)
+
+    def refs(self) -> list[str]:
+        return [self.value, *self.formula.refs]
+
+    def check(self, match: Match) -> str | None:
+        value = match.value(self.value)
+        array = constant_array(value)
+        if array is None:
+            return f"{_describe(self.value, value)} is not a constant initializer"
+
+        def dim(ref: str, axis: int) -> int | str:
+            target = match.value(ref)
+            shape = target.shape if target is not None else None
+            if shape is None or not -len(shape) <= axis < len(shape):
+                return f"dimension {axis} of {_describe(ref, target)} is unknown"
+            size = shape[axis]
+            if not isinstance(size, int):
+                return f"dimension {axis} of {_describe(ref, target)} is symbolic ({size})"
+            return size
+
+        expected = self.formula.evaluate(dim)
+        if isinstance(expected, str):
+            return expected
+        if not np.allclose(array, expected, rtol=self.rtol, atol=self.atol):
+            return (
+                f"the values of {_describe(self.value, value)} are {_show(array)}, expected "
+                f"{self.equals} = {expected:.8g} (rtol {self.rtol}, atol {self.atol})"
+            )
+        return None
+
+
+class OpsetConstraint(_Comparison):
+    """The model's opset for a domain: ``{kind: opset, lt: 23}`` leaves models that can
+    take a whole-block op to the pattern that emits it."""
+
+    kind: Literal["opset"]
+    domain: str = ""
+    # opset versions are integers (the base class compares floats: 23 would read 23.0)
+    ge: int | None = None
+    gt: int | None = None
+    le: int | None = None
+    lt: int | None = None
+
+    def refs(self) -> list[str]:
+        return []
+
+    def check(self, match: Match) -> str | None:
+        graph = next(iter(match.nodes.values())).graph
+        imports = graph.opset_imports if graph is not None else {}
+        version = imports.get(self.domain)
+        if version is None and self.domain == "":
+            version = imports.get("ai.onnx")
+        if version is None:
+            return f"the model imports no opset for domain {self.domain!r}"
+        failure = self.compare(version)
+        return f"the model's opset for {self.domain or 'ai.onnx'!r} {failure}" if failure else None
+
+
 Constraint = Annotated[
     AttrConstraint
     | ConstantConstraint
@@ -438,7 +520,9 @@ Constraint = Annotated[
     | SameShapeConstraint
     | BroadcastableConstraint
     | ChannelwiseConstraint
-    | ConsumersConstraint,
+    | ConsumersConstraint
+    | FormulaConstraint
+    | OpsetConstraint,
     Field(discriminator="kind"),
 ]
 

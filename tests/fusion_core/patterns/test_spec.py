@@ -235,6 +235,38 @@ INVALID_SPECS = [
         id="no-nodes",
     ),
     pytest.param(
+        add_constraint(
+            {"kind": "formula", "value": "bn.in1", "equals": "__import__('os').getcwd()"}
+        ),
+        "constraints.2",
+        "is not allowed",
+        id="formula-calls-python",
+    ),
+    pytest.param(
+        add_constraint({"kind": "formula", "value": "bn.in1", "equals": "conv.in1 + 1"}),
+        "constraints.2",
+        "is not allowed",
+        id="formula-bare-name",
+    ),
+    pytest.param(
+        add_constraint({"kind": "formula", "value": "bn.in1", "equals": "dim(relu.out0, 0)"}),
+        "constraints.2",
+        "relu",
+        id="formula-names-unknown-node",
+    ),
+    pytest.param(
+        add_constraint({"kind": "formula", "value": "bn.in1", "equals": "sqrt(dim(conv.in1,"}),
+        "constraints.2",
+        "is not a formula",
+        id="formula-syntax",
+    ),
+    pytest.param(
+        add_constraint({"kind": "opset", "domain": ""}),
+        "constraints.2",
+        "comparison",
+        id="opset-without-comparison",
+    ),
+    pytest.param(
         set_field(
             "rewriter", value={"name": "fused_region", "params": {"domain": "com.microsoft"}}
         ),
