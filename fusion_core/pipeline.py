@@ -5,8 +5,10 @@ load -> pre-passes -> (match -> select -> rewrite)* -> clean up -> check
 Rewriting runs in rounds: each round enumerates every candidate of every pattern on
 the current graph, the strategy picks a non-overlapping subset, and the rewriters
 replace it. A fusion can expose another (a Conv+BN folded into a Conv can then take
-its activation), so rounds repeat until one changes nothing. The near misses of that
-last round are exactly the places that did not fuse, with their reasons.
+its activation), so rounds repeat until one changes nothing. The near misses are those
+of that last round (the places that did not fuse, with the constraint that failed) and
+every rewriter refusal of any round, even where another rewrite later changed the
+nodes (generic attention refused below opset 23, then its scale folded).
 """
 
 from __future__ import annotations
@@ -217,7 +219,11 @@ def _rewrite_rounds(
         start = time.perf_counter()
         ctx.positions = node_positions(graph)
         applied = refusals = 0
+        waiting: set[int] = set()  # nodes of candidates a refused one had blocked
+        by_node: dict[int, list[Match]] = {}  # built on the first refusal of the round
         for match in strategy.select(candidates):
+            if not waiting.isdisjoint(match.node_ids()):
+                continue  # next round: what the refused candidate blocked goes first
             reason = check_match(match)
             compiled = by_name[match.pattern.name]
             if reason is None:
@@ -233,6 +239,11 @@ def _rewrite_rounds(
                     continue
             refused[_key(match)] = reason
             refusals += 1
+            if not by_node:
+                for other in candidates:
+                    for node_id in other.node_ids():
+                        by_node.setdefault(node_id, []).append(other)
+            waiting |= _blocked_by(match, by_node)
         if applied:
             graph.sort()
         timings["rewrite"] += time.perf_counter() - start
@@ -240,21 +251,25 @@ def _rewrite_rounds(
         # A refused candidate may have hidden an overlapping one that would succeed:
         # another round retries without it.
         if not applied and not refusals:
-            result.near_misses = found.near_misses + _refusals(refused, found.candidates)
+            result.near_misses = found.near_misses + [
+                NearMiss(pattern, tuple(sorted(nodes)), reason)
+                for (pattern, nodes), reason in refused.items()
+            ]
             break
+
+
+def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:
+    """Nodes of the other candidates that overlap ``match`` (the ones it kept out)."""
+    blocked: set[int] = set()
+    for node_id in match.node_ids():
+        for other in by_node.get(node_id, ()):
+            if other is not match:
+                blocked |= other.node_ids()
+    return blocked
 
 
 def _key(match: Match) -> tuple[str, frozenset[str]]:
     return match.pattern.name, frozenset(match.node_names())
-
-
-def _refusals(refused: dict, candidates: list[Match]) -> list[NearMiss]:
-    still_there = {_key(m): m for m in candidates}
-    return [
-        NearMiss(key[0], tuple(still_there[key].node_names()), reason)
-        for key, reason in refused.items()
-        if key in still_there
-    ]
 
 
 def _record(result: Result, match: Match, new_nodes: list[ir.Node], round_number: int) -> None:

@@ -327,7 +327,13 @@ def test_bias_that_does_not_fit_keeps_the_add(case, pattern, reason, op):
         ops=["MatMul", "Add", f"com.microsoft::{op}"],
         **TOL,
     )
-    assert misses(result, f"{pattern}_bias") == []  # the chain is gone in the last round
+    # A rewriter's refusal stays reported after the GELU fused without the bias; a failed
+    # constraint only while its chain is still there (it is gone in the last round).
+    reported = misses(result, f"{pattern}_bias")
+    if reason.startswith("the bias"):
+        assert len(reported) == 1 and reported[0].startswith(f"rewriter 'gelu': {reason}")
+    else:
+        assert reported == []
 
 
 def test_max_difference_is_far_below_the_tolerance():
