@@ -30,6 +30,7 @@ from fusion_core.rewriters.layernorm import (
 from fusion_core.rewriters.pad import PadIntoConv
 from fusion_core.rewriters.qkv import MergeSiblings
 from fusion_core.rewriters.region import FusedRegion
+from fusion_core.rewriters.scale import FoldScale
 
 __all__ = [
     "PROVENANCE_KEYS",
@@ -58,6 +59,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     SkipLayerNorm,
     FuseGelu,
     MergeSiblings,
+    FoldScale,
     FuseAttention,
     FusedRegion,
 )

@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
+from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, PatternSpec
 from fusion_core.targets import Target
 
@@ -121,6 +122,20 @@ class Rewriter(ABC):
     @abstractmethod
     def rewrite(self, match: Match, params: Params, ctx: RewriteContext) -> Rewrite | str:
         """Build the replacement, or return why this match cannot be rewritten."""
+
+
+def scale_factor(node: ir.Node, factor: ir.Value | None) -> float | str:
+    """What a Mul by ``factor`` (or a Div by it) multiplies by: a constant scalar, or
+    why not."""
+    array = constant_array(factor)
+    if array is None or array.size != 1:
+        return f"{node.op_type} {node.name!r} does not scale by a constant scalar"
+    value = float(array.reshape(-1)[0])
+    if node.op_type == "Div":
+        if value == 0:
+            return f"Div {node.name!r} divides by 0"
+        value = 1.0 / value
+    return value
 
 
 def provenance(node: ir.Node) -> tuple[list[str], list[str]]:

@@ -1,5 +1,8 @@
 """``attention``: the scaled-dot-product core of multi-head attention as one
-com.microsoft ``MultiHeadAttention`` (onnxruntime only)::
+com.microsoft ``MultiHeadAttention`` on onnxruntime, or ONNX ``Attention`` (opset 23,
+same q/k/v/mask/scale, ``q_num_heads = kv_num_heads = N``) on the generic target when
+the model's opset allows; below it the block is refused with that reason and the
+generic target folds the scale instead (``fold_scale``)::
 
     Q = Transpose(Reshape(q, [B, S, N, H]), perm=[0, 2, 1, 3])        q: [B, S, N * H]
     K = Transpose(Reshape(k, [B, L, N, H]), perm=[0, 2, 3, 1])        K^T directly
@@ -56,12 +59,13 @@ import onnx_ir as ir
 
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention"]
 
 _Dim = int | str | None  # a known size, a symbolic one, or unknown
+ATTENTION_OPSET = 23  # https://onnx.ai/onnx/operators/onnx__Attention.html
 
 
 class AttentionParams(Params):
@@ -76,15 +80,22 @@ class AttentionParams(Params):
     k_unflat_node: str | None = None  # SDPA: Reshape of its transpose to [B, N, H, L]
     nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P) after the Softmax
     mask_node: str | None = None  # Add of the additive mask
+    context_reshape_node: str | None = None  # TorchScript SDPA: Reshape of P @ V to its shape
     output_node: str = "out_reshape"  # the Reshape back to [B, S, N * H]
 
 
 class FuseAttention(Rewriter):
     name = "attention"
-    targets = frozenset({"onnxruntime"})
+    targets = frozenset({"onnxruntime", "generic"})
     Params = AttentionParams
 
     def rewrite(self, match: Match, params: AttentionParams, ctx: RewriteContext) -> Rewrite | str:
+        contrib = ctx.target.can_emit(MS_DOMAIN)
+        if not contrib and ctx.opset < ATTENTION_OPSET:
+            return (
+                f"ONNX Attention needs opset {ATTENTION_OPSET} (the model has {ctx.opset}); "
+                "the generic target folds the attention scale into the projection instead"
+            )
         splits = [
             match.node(params.q_reshape_node),
             match.node(params.k_reshape_node),
@@ -94,16 +105,25 @@ class FuseAttention(Rewriter):
         if isinstance(heads, str):
             return heads
         output = match.node(params.output_node)
-        failure = _merges_heads(output, splits[0].inputs[0], heads)
-        if failure is not None:
-            return failure
+        # MultiHeadAttention's [B, S, N * H] is out_t's [B, S, N, H] with the heads merged,
+        # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
+        # from past the second (a 0 entry without allowzero)
+        reshape_after = _merges_heads(output, splits[0].inputs[0], heads) is not None
+        if reshape_after:
+            failure = _reshapes_same_data(output)
+            if failure is not None:
+                return failure
+        if params.context_reshape_node is not None:
+            failure = _identity_reshape(match.node(params.context_reshape_node))
+            if failure is not None:
+                return failure
         scale = 1.0
         scale_nodes = [params.scale_node, params.q_scale_node, params.k_scale_node]
         for name in scale_nodes:
             if name is None:
                 continue
             # input 1 after the commutative swap: Mul(c, scores) is written either way
-            factor = _scale(match.node(name), match.input(name, 1))
+            factor = scale_factor(match.node(name), match.input(name, 1))
             if isinstance(factor, str):
                 return factor
             scale *= factor
@@ -114,22 +134,56 @@ class FuseAttention(Rewriter):
             if failure is not None:
                 return failure
         inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
+        nodes: list[ir.Node] = []
+        keep_rows = None
         if params.mask_node is not None:
             scores = match.node(params.scale_node or params.qk_node)
             mask = _attention_bias(match.node(params.mask_node), scores)
             if isinstance(mask, str):
                 return mask
             if params.nan_guard_node is not None:
-                failure = _finite_mask(mask, match.node(params.nan_guard_node))
-                if failure is not None:
-                    return failure
+                guarded = _guarded_mask(mask, match.node(params.nan_guard_node), ctx)
+                if isinstance(guarded, str):
+                    return guarded
+                mask, keep_rows, mask_nodes = guarded
+                nodes += mask_nodes
             inputs += [None, None, mask]
-        ctx.use_domain(MS_DOMAIN)
-        attrs = [ir.AttrInt64("num_heads", heads[0]), ir.AttrFloat32("scale", scale)]
-        node = ir.Node(MS_DOMAIN, "MultiHeadAttention", inputs, attrs)
+        nodes.append(_attention_node(contrib, inputs, heads[0], scale, ctx))
+        q = splits[0].inputs[0]
+        nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
+        if keep_rows is not None:
+            nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
+            nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
+        if reshape_after:
+            nodes.append(
+                ir.Node(
+                    "",
+                    "Reshape",
+                    [nodes[-1].outputs[0], output.inputs[1]],
+                    output.attributes.values(),
+                )
+            )
         old = output.outputs[0]
-        node.outputs[0].type, node.outputs[0].shape = old.type, old.shape
-        return Rewrite([node], [(old, node.outputs[0])])
+        new = nodes[-1].outputs[0]
+        new.type, new.shape = old.type, old.shape
+        return Rewrite(nodes, [(old, new)])
+
+
+def _attention_node(
+    contrib: bool, inputs: list[ir.Value | None], heads: int, scale: float, ctx: RewriteContext
+) -> ir.Node:
+    """com.microsoft MultiHeadAttention, or ONNX Attention: the same 3-D q, k, v, the
+    additive mask (MultiHeadAttention's input 5, Attention's input 3) and scale."""
+    if contrib:
+        ctx.use_domain(MS_DOMAIN)
+        attrs = [ir.AttrInt64("num_heads", heads), ir.AttrFloat32("scale", scale)]
+        return ir.Node(MS_DOMAIN, "MultiHeadAttention", inputs, attrs)
+    attrs = [
+        ir.AttrInt64("q_num_heads", heads),
+        ir.AttrInt64("kv_num_heads", heads),
+        ir.AttrFloat32("scale", scale),
+    ]
+    return ir.Node("", "Attention", [v for v in inputs if v is not None], attrs)
 
 
 def _dims(value: ir.Value) -> list[_Dim] | None:
@@ -227,18 +281,6 @@ def _merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> s
     return None
 
 
-def _scale(node: ir.Node, factor: ir.Value | None) -> float | str:
-    array = constant_array(factor)
-    if array is None or array.size != 1:
-        return f"{node.op_type} {node.name!r} does not scale by a constant scalar"
-    value = float(array.reshape(-1)[0])
-    if node.op_type == "Div":
-        if value == 0:
-            return f"Div {node.name!r} divides by 0"
-        value = 1.0 / value
-    return value
-
-
 def _attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
     """The mask added to the scores, if onnxruntime's kernel takes it as it is."""
     mask = next(v for v in add.inputs if v is not scale.outputs[0])
@@ -276,8 +318,22 @@ def _swaps_last_axes(flat: ir.Node, unflat: ir.Node) -> str | None:
     return None
 
 
-def _finite_mask(mask: ir.Value, guard: ir.Node) -> str | None:
-    """Whether the mask is Where of finite constants, so Softmax never gives NaN rows."""
+def _guarded_mask(
+    mask: ir.Value, guard: ir.Node, ctx: RewriteContext
+) -> tuple[ir.Value, ir.Value | None, list[ir.Node]] | str:
+    """The mask for MultiHeadAttention and, if needed, which rows to keep, so that
+    MultiHeadAttention followed by the keep multiply computes what the graph's
+    Softmax -> Where(IsNaN(P), 0, P) computes.
+
+    A mask ``Where(cond, a, b)`` of finite constants never gives a row of ``-inf``: a
+    fully masked row gets a uniform softmax in both graphs and the guard never fires
+    (dynamo's ``Where(mask, 0, -3.4e38)``). With ``-inf`` on one side (TorchScript's
+    ``Where(mask, 0, -inf)``) a fully masked row is NaN and the guard makes the context
+    0, while MultiHeadAttention would give NaN: so ``-inf`` becomes float32's lowest
+    finite value and the output rows whose mask row attends to nothing are multiplied
+    by 0. ``cond`` must be the same for every head (``[B or 1, 1, S, L]``), as the keep
+    factor is per row of the merged output.
+    """
     zero = constant_array(guard.inputs[1])
     if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
         return f"Where {guard.name!r} after the Softmax does not replace NaN by 0"
@@ -287,9 +343,75 @@ def _finite_mask(mask: ir.Value, guard: ir.Node) -> str | None:
         if producer is not None and producer.op_type == "Where"
         else [None]
     )
-    if any(a is None or not np.all(np.isfinite(a)) for a in arrays):
+    if any(a is None for a in arrays):
         return (
-            f"the mask {mask.name!r} is not Where of finite constants: a fully masked row "
-            "(-inf) gives NaN, which the graph turns into 0 and MultiHeadAttention does not"
+            f"the mask {mask.name!r} is not Where of constants: a fully masked row (-inf) "
+            "gives NaN, which the graph turns into 0 and MultiHeadAttention does not"
+        )
+    if all(np.all(np.isfinite(a)) for a in arrays):
+        return mask, None, []
+    assert producer is not None
+    minus_inf = [bool(np.all(np.isneginf(a))) for a in arrays]
+    if sum(minus_inf) != 1 or not all(
+        np.all(np.isfinite(a)) or m for a, m in zip(arrays, minus_inf, strict=True)
+    ):
+        return (
+            f"the mask {mask.name!r} is not Where(cond, finite, -inf) or Where(cond, -inf, finite)"
+        )
+    cond = producer.inputs[0]
+    dims = _dims(cond) if cond is not None else None
+    if dims is None or len(dims) != 4 or dims[1] != 1:
+        return (
+            f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L]: "
+            "rows fully masked for some heads only cannot be kept apart after the merge"
+        )
+    lowest = np.finfo(np.float32).min
+    finite = [np.where(np.isneginf(a), lowest, a).astype(a.dtype) for a in arrays]
+    values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
+    nodes = [ir.Node("", "Where", [cond, *values])]
+    attend = cond
+    if minus_inf[0]:  # True selects -inf: the positions attended to are the False ones
+        nodes.append(ir.Node("", "Not", [cond]))
+        attend = nodes[-1].outputs[0]
+    nodes.append(ir.Node("", "Cast", [attend], [ir.AttrInt64("to", ir.DataType.FLOAT)]))
+    if ctx.opset >= 18:
+        axes = ctx.initializer("keep_rows_axes", np.array([3], dtype=np.int64))
+        reduce = ir.Node(
+            "", "ReduceMax", [nodes[-1].outputs[0], axes], [ir.AttrInt64("keepdims", 0)]
+        )
+    else:
+        reduce = ir.Node(
+            "",
+            "ReduceMax",
+            [nodes[-1].outputs[0]],
+            [ir.AttrInt64s("axes", [3]), ir.AttrInt64("keepdims", 0)],
+        )
+    nodes.append(reduce)  # [B, 1, S]: 1 where the row attends to something
+    nodes.append(ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])]))
+    return nodes[0].outputs[0], nodes[-1].outputs[0], nodes
+
+
+def _identity_reshape(reshape: ir.Node) -> str | None:
+    """Whether the Reshape is known to keep its input's shape (every dim known equal)."""
+    before, after = _dims(reshape.inputs[0]), _dims(reshape.outputs[0])
+    if before is None or after is None or before != after or None in before:
+        return (
+            f"cannot show that Reshape {reshape.name!r} keeps the shape of the context "
+            f"({before} -> {after})"
+        )
+    return None
+
+
+def _reshapes_same_data(reshape: ir.Node) -> str | None:
+    """Whether the Reshape of out_t can read MultiHeadAttention's output instead."""
+    entries = _target_entries(reshape)
+    if isinstance(entries, str):
+        return entries
+    if attribute_value(reshape, "allowzero", 0):
+        return None
+    if any(e is None or e == 0 for e in entries[2:]):
+        return (
+            f"Reshape {reshape.name!r} may copy a dimension past the second of its input "
+            f"(target {entries}), which merging the heads changes"
         )
     return None

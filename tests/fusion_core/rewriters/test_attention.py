@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from helpers import (
     assert_fusion,
@@ -42,6 +43,8 @@ def attention_model(
     scale_input: bool = False,
     scale_first: bool = False,
     seed: int = 0,
+    out_shape: str = f"[{B}, {S}, {HIDDEN}]",
+    opset: int = 17,
 ) -> onnx.ModelProto:
     """Q/K/V projections (MatMul + bias Add) and eager attention over ``x[2, 5, 16]``;
     ``mask`` is the shape of the boolean ``keep`` input (None: no mask)."""
@@ -85,8 +88,9 @@ def attention_model(
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
         "y = Reshape (ct, merge_shape)",
     ]
-    text = f"""<ir_version: 8, opset_import: ["" : 17]>
-    g ({", ".join(inputs)}) => (float[{B}, {S}, {HIDDEN}] y) {{
+    ir_version = 8 if opset < 21 else 10
+    text = f"""<ir_version: {ir_version}, opset_import: ["" : {opset}]>
+    g ({", ".join(inputs)}) => (float{out_shape} y) {{
         {chr(10).join(body)}
     }}"""
     return build_model(text, inits)
@@ -141,11 +145,73 @@ def test_attention_becomes_multi_head_attention(case):
     assert list(node.input[3:]) == (["", "", "bias"] if mask else [])
 
 
-def test_generic_target_keeps_the_block():
-    """MultiHeadAttention is an onnxruntime contrib op: the patterns list onnxruntime only."""
+def test_generic_target_keeps_the_block_and_folds_the_scale():
+    """Below opset 23 the generic target has no attention op: the block stays, with its
+    scale (0.5 = 1 / sqrt(head size 4)) folded into the Q projection, then merged."""
     model = attention_model()
     result = optimize_quiet(model, target="generic")
+    assert result.counts == {"attention_scale_fold": 1, "qkv_bias_merge": 1}
+    fused = result.to_proto()
+    assert "Mul" not in op_sequence(fused)
+    run_both(model, fused, **TOL)
+    reasons = misses(result, "attention_mha")
+    assert any("needs opset 23" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("mask", ["[2, 1, 5, 5]", None], ids=["mask", "no-mask"])
+def test_generic_target_at_opset_23_emits_onnx_attention(mask):
+    model = attention_model(mask=mask, scale_value=0.3, opset=23)
+    result = optimize_quiet(model, target="generic")
+    pattern = "attention_mha" if mask else "attention_mha_no_mask"
+    assert result.counts == {"qkv_bias_merge": 1, pattern: 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    assert op_sequence(fused) == merged_ops(mask is not None)[:-1] + ["Attention"]
+    (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    assert node.domain == ""
+    assert attrs(node)["q_num_heads"] == attrs(node)["kv_num_heads"] == HEADS
+    assert attrs(node)["scale"] == pytest.approx(0.3, rel=1e-7)
+    assert len(node.input) == (4 if mask else 3)
+    run_both(model, fused, **TOL)
+    # The scale fold is for models that cannot take the whole block; alone, it says so.
+    alone = optimize_quiet(model, target="generic", patterns=["attention_scale_fold"])
+    assert alone.counts == {}
+    reasons = misses(alone, "attention_scale_fold")
+    assert reasons == ["the model's opset for 'ai.onnx' is 23, expected lt 23"]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        (dict(scale_value=0.3), "expected 1 / sqrt(dim(q_t.out0, -1)) = 0.5"),
+        (dict(scale="Div", scale_value=3.0), "expected sqrt(dim(q_t.out0, -1)) = 2"),
+    ],
+    ids=["mul-not-1-over-sqrt", "div-not-sqrt"],
+)
+def test_scale_that_is_not_the_attention_scale_stays(case, reason):
+    model = attention_model(**case)
+    result = optimize_quiet(model, target="generic")
     assert result.counts == {"qkv_bias_merge": 1}
+    # The near miss, alone: with the merge, the last round no longer sees the fold's path.
+    pattern = "attention_scale_fold_div" if case.get("scale") == "Div" else "attention_scale_fold"
+    alone = optimize_quiet(model, target="generic", patterns=[pattern])
+    assert alone.counts == {}
+    reasons = misses(alone, pattern)
+    assert any(reason in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("sdpa_lowest", [float(np.finfo(np.float32).min), -np.inf])
+def test_sdpa_generic_folds_both_scales(sdpa_lowest):
+    model = sdpa_model(lowest=sdpa_lowest, scale=(HIDDEN // HEADS) ** -0.25)
+    result = optimize_quiet(model, target="generic")
+    assert result.counts == {
+        "attention_scale_fold_sdpa": 1,
+        "attention_scale_fold_sdpa_k": 1,
+        "qkv_bias_merge": 1,
+    }
+    fused = result.to_proto()
+    assert "Mul" not in op_sequence(fused)
+    run_both(model, fused, feeds=sdpa_feeds(), **TOL)
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,7 +271,9 @@ def test_no_fusion_when_the_target_is_computed():
 # attention_mha_sdpa: the same block as dynamo exports scaled_dot_product_attention.
 
 
-def sdpa_model(*, lowest: float = float(np.finfo(np.float32).min)) -> onnx.ModelProto:
+def sdpa_model(
+    *, lowest: float = float(np.finfo(np.float32).min), keep_heads: int = 1, scale: float = 0.7
+) -> onnx.ModelProto:
     """Symbolic batch and sequence (as dynamo writes them, so the Shape(K) chain stays);
     the scale 0.7 is split over Q and K^T, K^T is a 3-D Reshape/Transpose/Reshape, the
     mask is ``Where(keep, 0, lowest)`` and ``Where(IsNaN(P), 0, P)`` follows the Softmax."""
@@ -216,7 +284,7 @@ def sdpa_model(*, lowest: float = float(np.finfo(np.float32).min)) -> onnx.Model
     inits |= {
         "split_shape": np.array([0, 0, HEADS, HIDDEN // HEADS], np.int64),
         "merge_shape": np.array([0, 0, HIDDEN], np.int64),
-        "s": np.array(0.7, np.float32),
+        "s": np.array(scale, np.float32),
         "zero": np.array(0.0, np.float32),
         "lowest": np.array(lowest, np.float32),
         "minus1": np.array([-1], np.int64),
@@ -251,7 +319,7 @@ def sdpa_model(*, lowest: float = float(np.finfo(np.float32).min)) -> onnx.Model
         "y = Reshape (ct, merge_shape)",
     ]
     text = f"""<ir_version: 8, opset_import: ["" : 17]>
-    g (float[batch, seq, {HIDDEN}] x, bool[batch, 1, seq, seq] keep)
+    g (float[batch, seq, {HIDDEN}] x, bool[batch, {keep_heads}, seq, seq] keep)
         => (float[batch, seq, {HIDDEN}] y) {{
         {chr(10).join(body)}
     }}"""
@@ -281,14 +349,71 @@ def test_sdpa_attention_becomes_multi_head_attention():
     run_both(model, fused, feeds=sdpa_feeds(), **TOL)
 
 
-def test_sdpa_no_fusion_with_an_infinite_mask():
-    """With -inf a fully masked row is NaN, which the guard turns into 0: MultiHeadAttention
-    has no guard, so the block stays."""
+def test_sdpa_infinite_mask_keeps_the_guard():
+    """With -inf a fully masked row is NaN, which the guard turns into 0; MultiHeadAttention
+    has no guard, so the mask becomes finite and such rows are multiplied by 0."""
     model = sdpa_model(lowest=-np.inf)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    assert op_sequence(fused)[-6:] == ["Where", "Cast", "ReduceMax", "Transpose", MHA, "Mul"]
+    feeds = sdpa_feeds()
+    run_both(model, fused, feeds=feeds, **TOL)
+    # The multiply is what keeps batch 1 (fully masked) at 0: without it, the finite mask
+    # gives those rows a uniform softmax, the mean of V.
+    (mul,) = [n for n in fused.graph.node if n.op_type == "Mul"]
+    ablated = onnx.ModelProto()
+    ablated.CopyFrom(fused)
+    ablated.graph.node.remove(next(n for n in ablated.graph.node if n.op_type == "Mul"))
+    for node in ablated.graph.node:
+        if node.op_type == "MultiHeadAttention":
+            node.output[0] = mul.output[0]
+    session = onnxruntime.InferenceSession(
+        ablated.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (y,) = session.run(None, feeds)
+    (expected,) = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
+    assert np.all(expected[1] == 0)
+    assert np.abs(y[1]).max() > 0.1
+    np.testing.assert_allclose(y[0], expected[0], **TOL)
+
+
+def test_sdpa_infinite_mask_per_head_is_refused():
+    """A row may be fully masked for one head only: a per-row factor cannot express it."""
+    model = sdpa_model(lowest=-np.inf, keep_heads=HEADS)
     result = optimize_quiet(model, target="onnxruntime")
     assert "attention_mha_sdpa" not in result.counts
     reasons = misses(result, "attention_mha_sdpa")
-    assert any("is not Where of finite constants" in r for r in reasons), reasons
-    fused = result.to_proto()
-    assert "MultiHeadAttention" not in [n.op_type for n in fused.graph.node]
-    run_both(model, fused, feeds=sdpa_feeds(), **TOL)
+    assert any("is not known to be [B or 1, 1, S, L]" in r for r in reasons), reasons
+    keep = np.random.default_rng(1).random((B, HEADS, S, S)) < 0.7
+    keep[1, 2] = False
+    feeds = {"x": sdpa_feeds()["x"], "keep": keep}
+    run_both(model, result.to_proto(), feeds=feeds, **TOL)
+
+
+def test_two_dimensional_merge_keeps_a_reshape():
+    """GPT-2 merges the heads straight into [B * S, hidden] for its Gemm: the Reshape
+    stays, reading MultiHeadAttention's output."""
+    model = attention_model(merge_target=(-1, HIDDEN), out_shape=f"[{B * S}, {HIDDEN}]")
+    result = optimize_quiet(model, target="onnxruntime")
+    assert_fusion(
+        model,
+        result,
+        counts={"qkv_bias_merge": 1, "attention_mha": 1},
+        ops=merged_ops(mask=True) + ["Reshape"],
+        **TOL,
+    )
+
+
+def test_merge_that_copies_a_head_dimension_is_refused():
+    """A 0 past the second entry copies the heads (4) from out_t, but would copy the
+    hidden size (16) from MultiHeadAttention's output."""
+    model = attention_model(merge_target=(0, 0, 0, -1), out_shape=f"[{B}, {S}, {HEADS}, 4]")
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "attention_mha" not in result.counts
+    reasons = misses(result, "attention_mha")
+    assert any("may copy a dimension past the second" in r for r in reasons), reasons
+    run_both(model, result.to_proto(), **TOL)
