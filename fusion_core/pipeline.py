@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -27,7 +27,7 @@ import onnx_ir.passes.common as common
 from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
 from fusion_core.errors import ConfigError, PatternError
-from fusion_core.ir import load_model, model_from_proto, node_positions
+from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
 from fusion_core.rewriters import (
@@ -40,7 +40,14 @@ from fusion_core.rewriters import (
 )
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.targets import get_target
-from fusion_core.validate import CheckResult, compare_models
+from fusion_core.validate import CheckResult, compare_models, random_inputs
+from fusion_core.validate._regions import RegionReport, compare_regions
+from fusion_core.validate._structure import (
+    OutputSignature,
+    checker_problems,
+    output_signature,
+    structure_problems,
+)
 
 __all__ = ["AppliedFusion", "Result", "optimize", "select_patterns"]
 
@@ -80,6 +87,9 @@ class Result:
     rounds: int = 0
     prepasses: list[str] = field(default_factory=list)
     check: CheckResult | None = None
+    regions: RegionReport | None = None  # set when the check fails: which fusion drifts
+    rollbacks: list[dict] = field(default_factory=list)  # progressive validation took back
+    structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -95,17 +105,21 @@ def optimize(
     *,
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
+    skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
 ) -> Result:
     """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
 
     ``patterns`` replaces the built-in patterns (the service passes its registry
-    snapshot); ``registry`` adds rewriters beyond the built-in ones.
+    snapshot); ``registry`` adds rewriters beyond the built-in ones. ``skip`` names
+    fusions not to apply, as (pattern, matched node names) -> reason (progressive
+    validation rolls back a fusion this way); they are reported as near misses.
+    When the check fails, ``Result.regions`` names the fused region that drifts first.
     """
     config = config or OptimizeConfig()
     registry = registry or builtin_rewriters()
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    original, work = _load(model)
+    original, work = _load(model, keep_original=config.check.enabled)
     timings["load"] = time.perf_counter() - start
 
     chosen = select_patterns(config, registry, patterns)
@@ -116,7 +130,8 @@ def optimize(
     result.prepasses = run_prepasses(work, _prepass_options(config))
     timings["prepasses"] = time.perf_counter() - start
 
-    _rewrite_rounds(result, chosen, config, timings)
+    signature = output_signature(work)
+    _rewrite_rounds(result, chosen, config, timings, dict(skip or {}), signature)
 
     start = time.perf_counter()
     common.RemoveUnusedNodesPass()(work)
@@ -124,29 +139,38 @@ def optimize(
     timings["cleanup"] = time.perf_counter() - start
     result.ops_after = _op_counts(work)
 
-    if config.check.enabled:
+    if config.check.enabled and original is not None:
         start = time.perf_counter()
         c = config.check
+        fused = result.to_proto()
         result.check = compare_models(
-            original,
-            result.to_proto(),
-            rtol=c.rtol,
-            atol=c.atol,
-            samples=c.samples,
-            seed=c.seed,
-            dims=c.dims,
+            original, fused, rtol=c.rtol, atol=c.atol, samples=c.samples, seed=c.seed, dims=c.dims
         )
+        # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
+        # checker by design; the generic target must pass it in full.
+        if config.target == "generic" and fused.ByteSize() <= PROTOBUF_LIMIT_BYTES:
+            result.structure += checker_problems(fused, full_check=True)
+        if result.structure:
+            result.check.passed = False
+            result.check.error = result.check.error or "; ".join(result.structure)
+        if not result.check.passed and result.applied:
+            feeds = [
+                random_inputs(original, seed=c.seed + k, dims=c.dims) for k in range(c.samples)
+            ]
+            result.regions = compare_regions(original, fused, feeds, rtol=c.rtol, atol=c.atol)
         timings["check"] = time.perf_counter() - start
     result.timings = timings
     return result
 
 
 def _load(
-    model: ir.Model | onnx.ModelProto | str | os.PathLike,
-) -> tuple[onnx.ModelProto, ir.Model]:
+    model: ir.Model | onnx.ModelProto | str | os.PathLike, *, keep_original: bool
+) -> tuple[onnx.ModelProto | None, ir.Model]:
     """The original as a proto (kept for the check) and an independent working copy."""
     if isinstance(model, (str, os.PathLike)):
         loaded = load_model(model)
+        if not keep_original:  # no check: copying a large model would cost as much as parsing it
+            return None, loaded
         # External data is resolved against the model's folder only while the tensors
         # are lazy; the check hands onnxruntime protos, so read the weights in now.
         ir.external_data.load_to_model(loaded)
@@ -202,14 +226,18 @@ def _prepass_options(config: OptimizeConfig) -> PrepassOptions:
 
 
 def _rewrite_rounds(
-    result: Result, patterns: list[CompiledPattern], config: OptimizeConfig, timings: dict
+    result: Result,
+    patterns: list[CompiledPattern],
+    config: OptimizeConfig,
+    timings: dict,
+    refused: dict[tuple[str, frozenset[str]], str],  # rewriter said no: do not retry
+    signature: OutputSignature,
 ) -> None:
     by_name = {p.name: p for p in patterns}
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
     strategy = PriorityStrategy()
     ctx = RewriteContext(result.model, get_target(config.target))
     graph = result.model.graph
-    refused: dict[tuple[str, frozenset[str]], str] = {}  # rewriter said no: do not retry
     timings["match"] = timings["rewrite"] = 0.0
     for round_number in range(1, config.max_rounds + 1):
         start = time.perf_counter()
@@ -246,6 +274,10 @@ def _rewrite_rounds(
             waiting |= _blocked_by(match, by_node)
         if applied:
             graph.sort()
+            broken = structure_problems(result.model, signature)
+            if broken:  # a rewriter bug: stop here rather than build on it
+                result.structure += [f"round {round_number}: {p}" for p in broken]
+                break
         timings["rewrite"] += time.perf_counter() - start
         result.rounds = round_number
         # A refused candidate may have hidden an overlapping one that would succeed:

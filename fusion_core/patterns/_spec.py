@@ -115,6 +115,10 @@ class PatternSpec(BaseModel):
     constraints: list[Constraint] = Field(default_factory=list)
     rewriter: RewriterRef
     cost_hints: CostHints | None = None
+    # The fused op must stay in fp32 when the rest of the model runs in fp16
+    # (normalizations: their variance and sums leave fp16's range or precision first).
+    # Reported as a block list for fp16 conversion; never flagged as a range problem.
+    keep_fp32: bool = False
 
     @field_validator("name")
     @classmethod

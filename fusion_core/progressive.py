@@ -1,0 +1,173 @@
+"""Progressive validation: fuse in stages, check after each, roll back only what breaks.
+
+An optimizer that changes a model's answers is worst when the user has to bisect the
+culprit by hand. Here each stage (a group of patterns, by name glob) runs the whole
+pipeline on the previous stage's output and checks it against that input. When the
+check fails, the stage's fusions are bisected: with the fusions in the order they were
+applied, the smallest prefix that still fails ends in a culprit; that fusion is rolled
+back (re-running the stage with it skipped: ``optimize(..., skip=...)``), and the search
+repeats until the stage passes. Everything else the stage fused is kept. Each culprit
+costs about log2(fusions) extra runs of the stage.
+
+The default stages put the memory-bound fusions first (folds into weights, normalizations,
+activations: cheap to verify, rarely wrong) and the compute-bound ones (fused convolutions
+and GEMMs, merged projections, attention) after; any list of globs can replace them.
+The verdict compares the final model with the original.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import onnx
+import onnx_ir as ir
+
+from fusion_core.catalog import CompiledPattern
+from fusion_core.config import OptimizeConfig
+from fusion_core.pipeline import Result, optimize, select_patterns
+from fusion_core.rewriters import RewriterRegistry, builtin_rewriters
+from fusion_core.validate import compare_models
+
+__all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
+
+DEFAULT_STAGES: tuple[tuple[str, ...], ...] = (
+    (
+        "*_bn",
+        "conv_add",
+        "conv_mul",
+        "pad_conv",
+        "layer_norm*",
+        "rms_norm*",
+        "gelu_*",
+        "attention_scale_fold*",
+    ),
+    ("*",),
+)
+MAX_ROLLBACKS_PER_STAGE = 16  # past this, the stage as a whole is not kept
+
+_Key = tuple[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Rollback:
+    stage: int
+    pattern: str
+    nodes: list[str]
+    error: str  # what the check said with this fusion applied
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def optimize_progressive(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig | None = None,
+    *,
+    stages: Sequence[Sequence[str]] = DEFAULT_STAGES,
+    registry: RewriterRegistry | None = None,
+    patterns: Sequence[CompiledPattern] | None = None,
+) -> Result:
+    """``optimize`` in checked stages; ``Result.rollbacks`` lists what was taken back."""
+    config = config or OptimizeConfig()
+    registry = registry or builtin_rewriters()
+    check = config.check.model_copy(update={"enabled": True})
+    available = [p.name for p in select_patterns(config, registry, patterns)]
+    first = optimize(model, config.model_copy(update={"patterns": [], "check": check}))
+    original = first.to_proto()  # after loading and the pre-passes, before any fusion
+    current: ir.Model = first.model
+    done: list[Result] = []
+    rollbacks: list[Rollback] = []
+    skip: dict[_Key, str] = {}  # rolled back in an earlier stage stays rolled back
+    for number, globs in enumerate(stages, start=1):
+        names = [n for n in available if any(fnmatch.fnmatch(n, g) for g in globs)]
+        if not names:
+            continue
+        stage_config = config.model_copy(update={"patterns": names, "exclude": [], "check": check})
+
+        def run(
+            skip: dict[_Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
+        ) -> Result:
+            return optimize(source, cfg, registry=registry, patterns=patterns, skip=skip)
+
+        result, stage_rollbacks = _bisect_stage(run, number, skip)
+        rollbacks += stage_rollbacks
+        if result is None:  # even with nothing fused the stage fails: keep its input
+            continue
+        done.append(result)
+        current = result.model
+    return _combined(first, done, rollbacks, original, config)
+
+
+def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:
+    rollbacks: list[Rollback] = []
+    result = run(skip)
+    while not _passed(result):
+        keys = [_key(a.pattern, a.replaced_nodes) for a in result.applied]
+        keys = [k for k in keys if k not in skip]
+        if not keys or len(rollbacks) >= MAX_ROLLBACKS_PER_STAGE:
+            return None, rollbacks + [
+                Rollback(number, "*", [], f"the stage was not kept: {_error(result)}")
+            ]
+        # applying keys[:k] fails for k = len(keys); find the smallest failing k
+        low, high, failing = 1, len(keys), result
+        while low < high:
+            middle = (low + high) // 2
+            trial = run(skip | {k: "bisecting" for k in keys[middle:]})
+            if _passed(trial):
+                low = middle + 1
+            else:
+                high, failing = middle, trial
+        culprit = keys[low - 1]
+        error = _error(failing)
+        skip[culprit] = f"rolled back by progressive validation: {error}"
+        rollbacks.append(Rollback(number, culprit[0], sorted(culprit[1]), error))
+        result = run(skip)
+    return result, rollbacks
+
+
+def _combined(
+    first: Result,
+    stages: list[Result],
+    rollbacks: list[Rollback],
+    original: onnx.ModelProto,
+    config: OptimizeConfig,
+) -> Result:
+    final = stages[-1] if stages else first
+    final.applied = [a for stage in stages for a in stage.applied]
+    final.near_misses = [m for stage in stages for m in stage.near_misses]
+    final.ops_before = first.ops_before
+    final.prepasses = first.prepasses
+    final.rounds = sum(stage.rounds for stage in stages)
+    final.rollbacks = [r.to_dict() for r in rollbacks]
+    final.regions = None
+    c = config.check
+    final.check = (
+        compare_models(
+            original, final.to_proto(), rtol=c.rtol, atol=c.atol, samples=c.samples,
+            seed=c.seed, dims=c.dims,
+        )
+        if c.enabled
+        else None
+    )  # fmt: skip
+    return final
+
+
+def _key(pattern: str, nodes: Sequence[str]) -> _Key:
+    return pattern, frozenset(nodes)
+
+
+def _passed(result: Result) -> bool:
+    return result.check is not None and result.check.passed
+
+
+def _error(result: Result) -> str:
+    check = result.check
+    if check is None:
+        return "not checked"
+    if check.error:
+        return check.error
+    failed = [o for o in check.outputs if not o.passed]
+    return "; ".join(f"output {o.name!r}: {o.detail}" for o in failed) or "check failed"

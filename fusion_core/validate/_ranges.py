@@ -1,0 +1,136 @@
+"""Range analysis for fp16: which fused regions would leave float16 behind.
+
+The original model runs in onnxruntime with every tensor a fused region touches exposed
+(its outputs, and the intermediate tensors it removed: provenance lists them as
+``autofusion.replaced_values``); each tensor's observed range over the samples is
+recorded. A fused region is flagged when its values
+
+- overflow: some |x| exceeds float16's largest finite value, 65504 (becomes inf), or
+- underflow: some nonzero |x| is below float16's smallest normal, 2^-14 ~ 6.1e-5
+  (it keeps at most a few bits, or becomes 0).
+
+Regions of patterns marked ``keep_fp32`` (the normalizations) are not flagged: their
+fused op is meant to stay in fp32. They and the flagged regions together are the block
+list a float16 conversion should honour (``fp32_nodes``: fused node names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+
+from fusion_core.validate._regions import _with_outputs, fused_regions
+
+__all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "PrecisionReport", "RangeFlag", "check_fp16"]
+
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504
+FP16_MIN_NORMAL = float(np.finfo(np.float16).tiny)  # 2**-14
+
+
+@dataclass(frozen=True)
+class RangeFlag:
+    pattern: str
+    fused_nodes: list[str]
+    tensor: str
+    problem: str  # "overflow" or "underflow"
+    max_abs: float
+    min_nonzero_abs: float | None
+
+
+@dataclass
+class PrecisionReport:
+    precision: str = "fp16"
+    flags: list[RangeFlag] = field(default_factory=list)
+    kept_fp32: list[str] = field(default_factory=list)  # fused nodes of keep_fp32 patterns
+    error: str | None = None
+
+    @property
+    def fp32_nodes(self) -> list[str]:
+        flagged = [n for f in self.flags for n in f.fused_nodes]
+        return sorted(set(self.kept_fp32) | set(flagged))
+
+    def to_dict(self) -> dict:
+        return {
+            "precision": self.precision,
+            "flags": [asdict(f) for f in self.flags],
+            "kept_fp32": self.kept_fp32,
+            "fp32_nodes": self.fp32_nodes,
+            "error": self.error,
+        }
+
+
+def check_fp16(
+    original: onnx.ModelProto,
+    fused: onnx.ModelProto,
+    feeds: list[dict[str, np.ndarray]],
+    keep_fp32: set[str],
+) -> PrecisionReport:
+    """Flag fused regions whose values leave float16, from the original's observed ranges."""
+    from fusion_core.validate._compare import make_session
+
+    report = PrecisionReport()
+    original_values = {o for n in original.graph.node for o in n.output}
+    regions = []
+    for pattern, _, nodes in fused_regions(fused):
+        names = [n.name for n in nodes]
+        if pattern in keep_fp32:
+            report.kept_fp32 += names
+            continue
+        tensors = [o for n in nodes for o in n.output if o in original_values]
+        tensors += [t for n in nodes for t in _replaced_values(n) if t in original_values]
+        regions.append((pattern, names, sorted(set(tensors))))
+    wanted = sorted({t for *_, tensors in regions for t in tensors})
+    if not wanted:
+        return report
+    try:
+        session = make_session(_with_outputs(original, wanted))
+        ranges: dict[str, tuple[float, float | None]] = {}
+        for feed in feeds:
+            for name, array in zip(wanted, session.run(wanted, feed), strict=True):
+                ranges[name] = _merge(ranges.get(name), _range(np.asarray(array)))
+    except Exception as exc:  # onnxruntime raises many types; report them all
+        report.error = f"could not record the original's ranges: {exc}"
+        return report
+    for pattern, names, tensors in regions:
+        for tensor in tensors:
+            max_abs, min_nonzero = ranges.get(tensor, (0.0, None))
+            problem = None
+            if max_abs > FP16_MAX:
+                problem = "overflow"
+            elif min_nonzero is not None and min_nonzero < FP16_MIN_NORMAL:
+                problem = "underflow"
+            if problem:
+                report.flags.append(
+                    RangeFlag(pattern, names, tensor, problem, max_abs, min_nonzero)
+                )
+    return report
+
+
+def _replaced_values(node: onnx.NodeProto) -> list[str]:
+    import json
+
+    props = {p.key: p.value for p in node.metadata_props}
+    return json.loads(props.get("autofusion.replaced_values", "[]"))
+
+
+def _range(array: np.ndarray) -> tuple[float, float | None]:
+    """(max |x|, smallest nonzero |x|) of a float tensor; (0, None) for anything else."""
+    if not np.issubdtype(array.dtype, np.floating) or array.size == 0:
+        return 0.0, None
+    magnitude = np.abs(array[np.isfinite(array)].astype(np.float64))
+    nonzero = magnitude[magnitude > 0]
+    return (
+        float(magnitude.max()) if magnitude.size else 0.0,
+        float(nonzero.min()) if nonzero.size else None,
+    )
+
+
+def _merge(
+    a: tuple[float, float | None] | None, b: tuple[float, float | None]
+) -> tuple[float, float | None]:
+    if a is None:
+        return b
+    smallest = [v for v in (a[1], b[1]) if v is not None]
+    return max(a[0], b[0]), (min(smallest) if smallest else None)
