@@ -20,6 +20,7 @@ from app.cli import keys as keys_cmd
 from app.cli import migrate as migrate_cmd
 from app.cli import optimize as optimize_cmd
 from app.cli import patterns as patterns_cmd
+from app.cli import profile as profile_cmd
 from app.cli import serve as serve_cmd
 from app.cli import submit as submit_cmd
 from app.cli import worker as worker_cmd
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands_in_order = (
         optimize_cmd,
+        profile_cmd,
         patterns_cmd,
         serve_cmd,
         worker_cmd,
