@@ -41,6 +41,7 @@ from fusion_core.rewriters import (
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.targets import get_target
 from fusion_core.validate import CheckResult, compare_models, random_inputs
+from fusion_core.validate._ranges import PrecisionReport
 from fusion_core.validate._regions import RegionReport, compare_regions
 from fusion_core.validate._structure import (
     OutputSignature,
@@ -90,6 +91,7 @@ class Result:
     regions: RegionReport | None = None  # set when the check fails: which fusion drifts
     rollbacks: list[dict] = field(default_factory=list)  # progressive validation took back
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
+    precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
 
     @property
     def counts(self) -> dict[str, int]:

@@ -1,6 +1,23 @@
-"""Reports: the JSON document (the contract) and its renderings."""
+"""Reports: the JSON document (the contract) and its renderings.
 
-from fusion_core.report._json import REPORT_VERSION, build_report
+``build_report`` makes the document, valid against ``report_schema()`` (published as
+``docs/report.schema.json``); ``format_summary`` (terminal), ``format_markdown`` (CI)
+and ``render_html`` (one self-contained page) render it.
+"""
+
+from fusion_core.report._html import MAX_REGION_PICTURES, render_html
+from fusion_core.report._json import REPORT_VERSION, build_report, file_sha256
+from fusion_core.report._markdown import format_markdown
+from fusion_core.report._schema import report_schema
 from fusion_core.report._text import format_summary
 
-__all__ = ["REPORT_VERSION", "build_report", "format_summary"]
+__all__ = [
+    "MAX_REGION_PICTURES",
+    "REPORT_VERSION",
+    "build_report",
+    "file_sha256",
+    "format_markdown",
+    "format_summary",
+    "render_html",
+    "report_schema",
+]

@@ -1,15 +1,26 @@
-"""The JSON report of one optimization: plain data, the contract consumers rely on."""
+"""The JSON report of one optimization: plain data, the contract consumers rely on.
+
+Its JSON Schema is ``docs/report.schema.json``, generated from ``_schema.py``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
+from fusion_core.config import OptimizeConfig
 from fusion_core.pipeline import Result
+from fusion_core.report._provenance import fusion_entries
 
-__all__ = ["REPORT_VERSION", "build_report"]
+__all__ = ["REPORT_VERSION", "build_report", "file_sha256"]
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+_CHUNK = 1 << 20
+
+PathArg = str | os.PathLike | None
 
 
 def _version(package: str) -> str | None:
@@ -19,21 +30,55 @@ def _version(package: str) -> str | None:
         return None
 
 
+def file_sha256(path: PathArg) -> str | None:
+    """The sha256 of a file, or None when there is no path or no such file."""
+    if path is None or not Path(path).is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def build_report(
-    result: Result, *, model: str | None = None, output: str | None = None
+    result: Result,
+    *,
+    model: str | None = None,
+    output: str | None = None,
+    model_file: PathArg = None,
+    output_file: PathArg = None,
+    config: OptimizeConfig | None = None,
+    registry_version: int | str | None = None,
+    profile: dict[str, Any] | None = None,
+    rollbacks: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Everything ``optimize`` did, as JSON-serialisable data."""
+    """Everything ``optimize`` did, as JSON-serialisable data.
+
+    ``model``/``output`` name the files in the report; their sha256 is taken from
+    ``model_file``/``output_file`` when given (a name may not be a path from here),
+    else from ``model``/``output`` when those are existing files. ``profile`` is a
+    ``ProfileReport.to_dict()`` (``fusion_core.profile``). ``rollbacks`` are
+    ``{"pattern", "nodes", "error", ...}``, by default the result's own (progressive
+    validation); null when neither has any record of a progressive run.
+    """
     return {
         "report_version": REPORT_VERSION,
         "tool": {name: _version(name) for name in ("autofusion", "onnx", "onnx-ir", "onnxruntime")},
         "model": model,
         "output": output,
+        "digests": {
+            "model_sha256": file_sha256(model_file if model_file is not None else model),
+            "output_sha256": file_sha256(output_file if output_file is not None else output),
+        },
+        "config": config.model_dump(mode="json") if config is not None else None,
+        "registry_version": registry_version,
         "target": result.target,
         "patterns_used": result.patterns_used,
         "prepasses": result.prepasses,
         "rounds": result.rounds,
         "fusions": result.counts,
-        "applied": [f.to_dict() for f in result.applied],
+        "applied": fusion_entries([f.to_dict() for f in result.applied], profile),
         "near_misses": [m.to_dict() for m in result.near_misses],
         "nodes": {
             "before": sum(result.ops_before.values()),
@@ -43,4 +88,14 @@ def build_report(
         },
         "timings_s": {k: round(v, 6) for k, v in result.timings.items()},
         "check": result.check.to_dict() if result.check is not None else None,
+        "profile": profile,
+        "rollbacks": _rollbacks(result, rollbacks),
+        "regions": result.regions.to_dict() if result.regions is not None else None,
+        "structure": list(result.structure),
+        "precision": result.precision.to_dict() if result.precision is not None else None,
     }
+
+
+def _rollbacks(result: Result, given: list[dict[str, Any]] | None) -> list[dict] | None:
+    records = given if given is not None else getattr(result, "rollbacks", None)
+    return [dict(r) for r in records] if records is not None else None

@@ -1,0 +1,96 @@
+"""A Markdown summary of a report, for CI logs and pull-request comments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_markdown"]
+
+_MAX_NEAR_MISSES = 10
+
+
+def format_markdown(report: dict[str, Any]) -> str:
+    """Fusions per pattern, node counts, the check verdict, top near misses, profile."""
+    nodes = report.get("nodes") or {}
+    lines = [
+        f"## autofusion: {_md(report.get('model') or 'model')} -> {_md(report.get('target'))}",
+        "",
+        f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}  ",
+        f"**Check:** {_verdict(report.get('check'))}",
+        "",
+    ]
+    lines += _fusions(report)
+    lines += _ratios(report.get("profile"))
+    lines += _rollbacks(report.get("rollbacks"))
+    lines += _near_misses(report.get("near_misses") or [])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _md(value: Any) -> str:
+    """A value safe inside a table cell: no pipes or line breaks."""
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _verdict(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "skipped"
+    if check.get("error"):
+        return f"**FAILED**: {_md(check['error'])}"
+    verdict = "passed" if check.get("passed") else "**FAILED**"
+    diff = check.get("max_abs_diff")
+    detail = f", max abs diff {diff:.3g}" if isinstance(diff, (int, float)) else ""
+    return f"{verdict} on {check.get('samples')} sample(s){detail}"
+
+
+def _fusions(report: dict[str, Any]) -> list[str]:
+    fusions = report.get("fusions") or {}
+    total = sum(fusions.values())
+    lines = [f"### Fusions: {total} in {report.get('rounds')} round(s)", ""]
+    if not fusions:
+        return lines + ["none", ""]
+    lines += ["| pattern | count |", "|---|---:|"]
+    for name, count in sorted(fusions.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| {_md(name)} | {count} |")
+    return lines + [""]
+
+
+def _ratios(profile: dict[str, Any] | None) -> list[str]:
+    """fused / original median latency per onnxruntime level, and per pattern."""
+    if not isinstance(profile, dict):
+        return []
+    rows = [(c.get("level"), c.get("ratio")) for c in profile.get("latency") or []]
+    rows += [(f"pattern {p.get('pattern')}", p.get("ratio")) for p in profile.get("patterns") or []]
+    if not rows:
+        return []
+    lines = ["### Profile: fused / original time", "", "| measure | ratio |", "|---|---:|"]
+    for name, value in rows:
+        shown = f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
+        lines.append(f"| {_md(name)} | {shown} |")
+    return lines + [""]
+
+
+def _rollbacks(rollbacks: list[dict[str, Any]] | None) -> list[str]:
+    if not rollbacks:
+        return []
+    lines = [
+        f"### Rolled back: {len(rollbacks)}",
+        "",
+        "| pattern | nodes | error |",
+        "|---|---|---|",
+    ]
+    for r in rollbacks:
+        nodes = ", ".join(r.get("nodes") or [])
+        lines.append(f"| {_md(r.get('pattern'))} | {_md(nodes)} | {_md(r.get('error'))} |")
+    return lines + [""]
+
+
+def _near_misses(misses: list[dict[str, Any]]) -> list[str]:
+    if not misses:
+        return []
+    lines = [f"### Near misses: {len(misses)}", "", "| pattern | nodes | reason |", "|---|---|---|"]
+    for m in misses[:_MAX_NEAR_MISSES]:
+        nodes = ", ".join(m.get("nodes") or [])
+        lines.append(f"| {_md(m.get('pattern'))} | {_md(nodes)} | {_md(m.get('reason'))} |")
+    if len(misses) > _MAX_NEAR_MISSES:
+        lines.append(f"\n{len(misses) - _MAX_NEAR_MISSES} more in the JSON report.")
+    return lines + [""]

@@ -1,0 +1,208 @@
+"""The report's JSON Schema, described as pydantic models (the schema is generated).
+
+``build_report`` writes plain dicts; these models only describe them. Sections owned
+by other layers (``check``, ``profile``) name the keys the renderings read and allow
+more, so those layers can grow without a new report version.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Report", "report_schema"]
+
+_SHA256 = "^[0-9a-f]{64}$"
+_OPEN = ConfigDict(extra="allow")
+_CLOSED = ConfigDict(extra="forbid")
+
+
+class Digests(BaseModel):
+    model_config = _CLOSED
+    model_sha256: str | None = Field(pattern=_SHA256, description="sha256 of the input file")
+    output_sha256: str | None = Field(pattern=_SHA256, description="sha256 of the fused file")
+
+
+class Provenance(BaseModel):
+    model_config = _OPEN
+    original_nodes: list[str] = Field(
+        description="Nodes of the input graph (after pre-passes) this fusion covers, "
+        "following the nodes earlier fusions created back to the ones they replaced"
+    )
+    from_fusions: list[int] = Field(
+        description="Indices (in 'applied') of earlier fusions whose nodes this one replaced"
+    )
+    superseded_by: list[int] = Field(
+        description="Indices of later fusions that replaced some of this one's new nodes"
+    )
+
+
+class MeasuredGain(BaseModel):
+    model_config = _OPEN
+    before_us: float | None = Field(description="Time of the nodes the region replaced, µs/run")
+    after_us: float | None = Field(description="Time of the fused node(s), µs/run")
+    saved_us: float | None = Field(description="before_us - after_us")
+    ratio: float | None = Field(description="after_us / before_us: below 1 is faster")
+
+
+class Fusion(BaseModel):
+    model_config = _OPEN
+    index: int = Field(description="Position in 'applied', in the order fusions were applied")
+    pattern: str
+    replaced_nodes: list[str]
+    new_nodes: list[str]
+    new_ops: list[str] = Field(description="Op types of the new nodes, domain::op when custom")
+    round: int
+    provenance: Provenance
+    predicted_gain: Any = Field(description="The cost model's prediction; null until one exists")
+    measured_gain: MeasuredGain | None = Field(
+        description="From the profile's 'regions' entry for a new node; null without one"
+    )
+
+
+class NearMiss(BaseModel):
+    model_config = _OPEN
+    pattern: str
+    nodes: list[str]
+    reason: str = Field(description="The constraint that failed, naming the value")
+
+
+class Nodes(BaseModel):
+    model_config = _CLOSED
+    before: int
+    after: int
+    by_op_before: dict[str, int]
+    by_op_after: dict[str, int]
+
+
+class OutputCheck(BaseModel):
+    model_config = _OPEN
+    name: str
+    passed: bool
+
+
+class Check(BaseModel):
+    """``CheckResult.to_dict()``: the onnxruntime comparison of original and fused model."""
+
+    model_config = _OPEN
+    passed: bool
+    samples: int
+    seed: int
+    outputs: list[OutputCheck]
+    max_abs_diff: float | None = None
+    error: str | None = None
+
+
+class SessionLatency(BaseModel):
+    model_config = _OPEN
+    label: str = Field(description="The session: 'original' or 'fused'")
+    median_ms: float | None
+    p90_ms: float | None
+
+
+class LatencyComparison(BaseModel):
+    model_config = _OPEN
+    level: str = Field(description="onnxruntime graph optimization level, e.g. ORT_ENABLE_ALL")
+    ratio: float | None = Field(description="fused / original median: below 1 is faster")
+    sessions: list[SessionLatency]
+
+
+class OpTypeTime(BaseModel):
+    model_config = _OPEN
+    op_type: str
+    total_us: float = Field(description="Summed kernel time over the profiled runs")
+
+
+class NodeProfile(BaseModel):
+    model_config = _OPEN
+    runs: int = Field(description="Profiled runs the totals cover")
+    op_types: list[OpTypeTime]
+
+
+class NodeProfiles(BaseModel):
+    model_config = _OPEN
+    original: NodeProfile | None = None
+    fused: NodeProfile | None = None
+
+
+class RegionTime(BaseModel):
+    model_config = _OPEN
+    pattern: str
+    fused_nodes: list[str] = Field(description="The fused node(s) in the fused model")
+    replaced_nodes: list[str] = Field(description="The original nodes they replaced")
+    before_us: float | None = Field(description="Summed time of the replaced nodes, µs/run")
+    after_us: float | None = Field(description="Time of the fused node(s), µs/run")
+
+
+class Profile(BaseModel):
+    """``ProfileReport.to_dict()`` (``fusion_core.profile``): onnxruntime timings.
+
+    Keys the renderings read are described; all are optional and others are allowed.
+    """
+
+    model_config = _OPEN
+    latency: list[LatencyComparison] | None = Field(
+        default=None, description="Per optimization level: median and p90 ms per session"
+    )
+    nodes: NodeProfiles | None = Field(
+        default=None, description="onnxruntime profiler times per op type, original and fused"
+    )
+    regions: list[RegionTime] | None = Field(
+        default=None, description="Time per fused region, before and after"
+    )
+
+
+class Rollback(BaseModel):
+    model_config = _OPEN
+    pattern: str
+    nodes: list[str]
+    error: str = Field(description="Why the fusion was rolled back (the failed check)")
+
+
+class Report(BaseModel):
+    """What one ``optimize`` run did: the contract of ``report.json``."""
+
+    model_config = ConfigDict(extra="forbid", title="autofusion report")
+    report_version: Literal[2]
+    tool: dict[str, str | None] = Field(description="Versions of autofusion and its runtimes")
+    model: str | None = Field(description="The input model's name or path")
+    output: str | None = Field(description="The fused model's name or path")
+    digests: Digests
+    config: dict[str, Any] | None = Field(description="OptimizeConfig, as JSON")
+    registry_version: int | str | None = Field(description="Pattern registry snapshot")
+    target: str
+    patterns_used: list[str]
+    prepasses: list[str]
+    rounds: int
+    fusions: dict[str, int] = Field(description="Number of fusions per pattern")
+    applied: list[Fusion]
+    near_misses: list[NearMiss] = Field(description="Places that matched but did not fuse")
+    nodes: Nodes
+    timings_s: dict[str, float] = Field(description="Seconds per phase of optimize")
+    check: Check | None = Field(description="Validation; null when the check was skipped")
+    profile: Profile | None = Field(description="Profiling; null when not profiled")
+    rollbacks: list[Rollback] | None = Field(
+        description="Fusions undone by progressive validation; null when it did not run"
+    )
+    regions: dict[str, Any] | None = Field(
+        description=(
+            "When the check failed: each fused region's outputs against the original "
+            "tensors of the same name (regions, first_drift: the culprit, error)"
+        )
+    )
+    structure: list[str] = Field(
+        description="What a rewrite broke (outputs, dangling reads, onnx.checker); empty: nothing"
+    )
+    precision: dict[str, Any] | None = Field(
+        description=(
+            "fp16 range analysis (flags: overflow/underflow per region tensor, kept_fp32, "
+            "fp32_nodes: the block list for a float16 conversion); null unless asked for"
+        )
+    )
+
+
+def report_schema() -> dict[str, Any]:
+    """The report's JSON Schema (draft 2020-12)."""
+    schema = Report.model_json_schema(mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
