@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    model_validator,
+)
 
 __all__ = ["CheckOptions", "OptimizeConfig"]
 
@@ -19,8 +26,40 @@ class CheckOptions(BaseModel):
     atol: float = Field(default=1e-4, ge=0)
     samples: int = Field(default=2, ge=1, le=100)
     seed: int = 0
-    # Values for symbolic dimensions, by name (others are 1).
+    # Values for symbolic dimensions, by name (others are 1): the single shape profile
+    # when ``profiles`` is empty.
     dims: dict[str, int] = Field(default_factory=dict)
+    # Shape profiles, each values for symbolic dims by name; every profile is checked
+    # with its own ``samples`` seeded samples, e.g.
+    # [{"batch": 1, "sequence": 16}, {"batch": 8, "sequence": 128}].
+    profiles: list[dict[str, PositiveInt]] = Field(default_factory=list, max_length=16)
+    # Per-output tolerance by output name, e.g. {"logits": {"rtol": 0, "atol": 1e-3}};
+    # a key left out, and every output not named, takes the default for its dtype
+    # (float32/float64: rtol/atol above; float16: 1e-2/1e-3; bfloat16: 2e-2/1e-2;
+    # integers and bool: exact).
+    tolerances: dict[str, dict[Literal["rtol", "atol"], NonNegativeFloat]] = Field(
+        default_factory=dict
+    )
+    # How float inputs are drawn: normal(input_mean, input_std) or
+    # uniform(input_low, input_high). Integer inputs follow the graph (token ids below
+    # the vocabulary size, masks 0/1).
+    input_distribution: Literal["normal", "uniform"] = "normal"
+    input_mean: float = 0.0
+    input_std: float = Field(default=1.0, gt=0)
+    input_low: float = -1.0
+    input_high: float = 1.0
+
+    @model_validator(mode="after")
+    def _uniform_range(self) -> CheckOptions:
+        if self.input_distribution == "uniform" and not self.input_low < self.input_high:
+            raise ValueError(
+                f"input_low ({self.input_low}) must be below input_high ({self.input_high})"
+            )
+        return self
+
+    def shape_profiles(self) -> list[dict[str, int]]:
+        """The profiles to check: ``profiles``, or ``dims`` as the only one."""
+        return [dict(p) for p in self.profiles] or [dict(self.dims)]
 
 
 class OptimizeConfig(BaseModel):
@@ -41,3 +80,12 @@ class OptimizeConfig(BaseModel):
     fold_output_size_limit: int = Field(default=1 << 23, ge=0)
     shape_inference: bool = True
     check: CheckOptions = Field(default_factory=CheckOptions)
+    # Fuse in checked stages and roll back only the fusions that break the check
+    # (fusion_core.progressive; docs/validation.md).
+    progressive: bool = False
+    # The precision the fused model will run in: fp16 adds the range analysis of every
+    # fused region (overflow, underflow) and the fp32 block list to the result.
+    precision: Literal["fp32", "fp16"] = "fp32"
+    # Measure both models' latency and per-op times (fusion_core.profile) into the
+    # report: done by the callers that write reports (CLI, worker), not by optimize().
+    profile: bool = False

@@ -40,8 +40,8 @@ from fusion_core.rewriters import (
 )
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.targets import get_target
-from fusion_core.validate import CheckResult, compare_models, random_inputs
-from fusion_core.validate._ranges import PrecisionReport
+from fusion_core.validate import CheckResult, FloatDistribution, compare_models, random_inputs
+from fusion_core.validate._ranges import PrecisionReport, check_fp16
 from fusion_core.validate._regions import RegionReport, compare_regions
 from fusion_core.validate._structure import (
     OutputSignature,
@@ -118,6 +118,11 @@ def optimize(
     When the check fails, ``Result.regions`` names the fused region that drifts first.
     """
     config = config or OptimizeConfig()
+    if config.progressive:
+        from fusion_core.progressive import optimize_progressive  # it calls optimize()
+
+        stepwise = config.model_copy(update={"progressive": False})
+        return optimize_progressive(model, stepwise, registry=registry, patterns=patterns)
     registry = registry or builtin_rewriters()
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -143,26 +148,51 @@ def optimize(
 
     if config.check.enabled and original is not None:
         start = time.perf_counter()
-        c = config.check
-        fused = result.to_proto()
-        result.check = compare_models(
-            original, fused, rtol=c.rtol, atol=c.atol, samples=c.samples, seed=c.seed, dims=c.dims
-        )
-        # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
-        # checker by design; the generic target must pass it in full.
-        if config.target == "generic" and fused.ByteSize() <= PROTOBUF_LIMIT_BYTES:
-            result.structure += checker_problems(fused, full_check=True)
-        if result.structure:
-            result.check.passed = False
-            result.check.error = result.check.error or "; ".join(result.structure)
-        if not result.check.passed and result.applied:
-            feeds = [
-                random_inputs(original, seed=c.seed + k, dims=c.dims) for k in range(c.samples)
-            ]
-            result.regions = compare_regions(original, fused, feeds, rtol=c.rtol, atol=c.atol)
+        keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
+        check_against_original(result, original, config, keep_fp32)
         timings["check"] = time.perf_counter() - start
     result.timings = timings
     return result
+
+
+def check_against_original(
+    result: Result, original: onnx.ModelProto, config: OptimizeConfig, keep_fp32: set[str]
+) -> None:
+    """Compare with the original; on failure name the drifting region; fp16 ranges."""
+    c = config.check
+    fused = result.to_proto()
+    distribution = FloatDistribution(
+        c.input_distribution, mean=c.input_mean, std=c.input_std, low=c.input_low, high=c.input_high
+    )
+    result.check = compare_models(
+        original,
+        fused,
+        rtol=c.rtol,
+        atol=c.atol,
+        samples=c.samples,
+        seed=c.seed,
+        profiles=c.shape_profiles(),
+        tolerances=c.tolerances,
+        distribution=distribution,
+    )
+    # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
+    # checker by design; the generic target must pass it in full.
+    if config.target == "generic" and fused.ByteSize() <= PROTOBUF_LIMIT_BYTES:
+        result.structure += checker_problems(fused, full_check=True)
+    if result.structure:
+        result.check.passed = False
+        result.check.error = result.check.error or "; ".join(result.structure)
+    feeds = None
+    if (not result.check.passed or config.precision == "fp16") and result.applied:
+        dims = c.shape_profiles()[0]
+        feeds = [
+            random_inputs(original, seed=c.seed + k, dims=dims, distribution=distribution)
+            for k in range(c.samples)
+        ]
+    if feeds and not result.check.passed:
+        result.regions = compare_regions(original, fused, feeds, rtol=c.rtol, atol=c.atol)
+    if feeds and config.precision == "fp16":
+        result.precision = check_fp16(original, fused, feeds, keep_fp32=keep_fp32)
 
 
 def _load(

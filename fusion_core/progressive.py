@@ -27,9 +27,8 @@ import onnx_ir as ir
 
 from fusion_core.catalog import CompiledPattern
 from fusion_core.config import OptimizeConfig
-from fusion_core.pipeline import Result, optimize, select_patterns
+from fusion_core.pipeline import Result, check_against_original, optimize, select_patterns
 from fusion_core.rewriters import RewriterRegistry, builtin_rewriters
-from fusion_core.validate import compare_models
 
 __all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
 
@@ -98,7 +97,7 @@ def optimize_progressive(
             continue
         done.append(result)
         current = result.model
-    return _combined(first, done, rollbacks, original, config)
+    return _combined(first, done, rollbacks, original, config, registry, patterns)
 
 
 def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:
@@ -134,6 +133,8 @@ def _combined(
     rollbacks: list[Rollback],
     original: onnx.ModelProto,
     config: OptimizeConfig,
+    registry: RewriterRegistry,
+    patterns: Sequence[CompiledPattern] | None,
 ) -> Result:
     final = stages[-1] if stages else first
     final.applied = [a for stage in stages for a in stage.applied]
@@ -143,15 +144,10 @@ def _combined(
     final.rounds = sum(stage.rounds for stage in stages)
     final.rollbacks = [r.to_dict() for r in rollbacks]
     final.regions = None
-    c = config.check
-    final.check = (
-        compare_models(
-            original, final.to_proto(), rtol=c.rtol, atol=c.atol, samples=c.samples,
-            seed=c.seed, dims=c.dims,
-        )
-        if c.enabled
-        else None
-    )  # fmt: skip
+    final.check = None
+    if config.check.enabled:
+        keep = {p.name for p in select_patterns(config, registry, patterns) if p.spec.keep_fp32}
+        check_against_original(final, original, config, keep)
     return final
 
 

@@ -1,6 +1,35 @@
 """Validation: does the fused model still compute what the original computed?"""
 
-from fusion_core.validate._compare import CheckResult, OutputCheck, compare_models, make_session
-from fusion_core.validate._inputs import random_inputs
+from fusion_core.validate._compare import (
+    CheckResult,
+    OutputCheck,
+    ProfileCheck,
+    compare_models,
+    make_session,
+)
+from fusion_core.validate._inputs import (
+    FloatDistribution,
+    InputSpec,
+    describe_inputs,
+    random_inputs,
+)
+from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
+from fusion_core.validate._user_inputs import check_feeds, load_inputs
 
-__all__ = ["CheckResult", "OutputCheck", "compare_models", "make_session", "random_inputs"]
+__all__ = [
+    "HISTOGRAM_EDGES",
+    "CheckResult",
+    "ErrorStats",
+    "FloatDistribution",
+    "InputSpec",
+    "OutputCheck",
+    "ProfileCheck",
+    "Tolerance",
+    "check_feeds",
+    "compare_models",
+    "default_tolerance",
+    "describe_inputs",
+    "load_inputs",
+    "make_session",
+    "random_inputs",
+]

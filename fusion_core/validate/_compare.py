@@ -1,13 +1,21 @@
 """Run the original and the fused model side by side in onnxruntime and compare.
 
 onnxruntime's own graph optimizations are disabled for both sessions, so the check
-measures our rewrite and not onnxruntime's. Every output is compared with
-``|fused - original| <= atol + rtol * |original|`` (numpy's ``allclose`` rule).
+measures our rewrite and not onnxruntime's. The check is Monte Carlo: ``samples``
+seeded random samples (``random_inputs``) per shape profile, or the caller's feeds.
+Every output is compared element by element with
+``|fused - original| <= atol + rtol * |original|`` (numpy's ``allclose`` rule) against
+its own tolerance: the one given for it by name in ``tolerances``, else the default for
+its dtype (``default_tolerance``: float32/float64 the configured rtol/atol, float16 and
+bfloat16 looser, integers and bool exact). Statistics (``_stats``) are kept per profile
+and over all profiles; the verdict passes when every output passes in every profile.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,10 +23,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from fusion_core.errors import ConfigError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES
-from fusion_core.validate._inputs import random_inputs
+from fusion_core.validate._inputs import FloatDistribution, random_inputs
+from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
 
-__all__ = ["CheckResult", "OutputCheck", "compare_models", "make_session"]
+__all__ = ["CheckResult", "OutputCheck", "ProfileCheck", "compare_models", "make_session"]
 
 
 @dataclass(frozen=True)
@@ -30,22 +40,82 @@ class OutputCheck:
     atol: float
     passed: bool
     detail: str = ""
+    dtype: str = ""
+    elements: int = 0  # compared, over all samples
+    mismatches: int = 0  # elements outside the tolerance
+    mean_abs_diff: float = 0.0
+    cosine_similarity: float | None = None
+    # Counts of |error| per decade bin; CheckResult.histogram_edges are the lower edges.
+    histogram: list[int] = field(default_factory=list)
+    tolerance_source: str = ""  # "configured", "override", "default for float16", ...
+
+    @classmethod
+    def from_stats(cls, name: str, dtype: str, stats: ErrorStats, detail: str = "") -> OutputCheck:
+        tol = stats.tolerance
+        return cls(
+            name=name,
+            max_abs_diff=stats.max_abs,
+            max_rel_diff=stats.max_rel,
+            rtol=tol.rtol,
+            atol=tol.atol,
+            passed=stats.passed,
+            detail=detail or stats.detail(),
+            dtype=dtype,
+            elements=stats.elements,
+            mismatches=stats.mismatches,
+            mean_abs_diff=stats.mean_abs,
+            cosine_similarity=stats.cosine_similarity,
+            histogram=list(stats.histogram),
+            tolerance_source=tol.source,
+        )
+
+
+@dataclass
+class ProfileCheck:
+    """One shape profile: the dims it used (every symbolic dim, defaults included)."""
+
+    dims: dict[str, int]
+    samples: int
+    seeds: list[int]  # one per sample; empty for caller-supplied feeds
+    passed: bool = False
+    outputs: list[OutputCheck] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
 class CheckResult:
     passed: bool
-    samples: int
+    samples: int  # per profile
     seed: int
-    outputs: list[OutputCheck] = field(default_factory=list)
+    outputs: list[OutputCheck] = field(default_factory=list)  # over all profiles
     error: str | None = None
+    profiles: list[ProfileCheck] = field(default_factory=list)
+    histogram_edges: list[float] = field(default_factory=lambda: list(HISTOGRAM_EDGES))
 
     @property
     def max_abs_diff(self) -> float:
         return max((o.max_abs_diff for o in self.outputs), default=0.0)
 
+    @property
+    def max_rel_diff(self) -> float:
+        return max((o.max_rel_diff for o in self.outputs), default=0.0)
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"max_abs_diff": self.max_abs_diff}
+        """JSON-ready: plain types only, infinities and NaNs as None."""
+        extra = {"max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff}
+        return _jsonable(asdict(self) | extra)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def make_session(
@@ -84,60 +154,191 @@ def compare_models(
     atol: float = 1e-4,
     samples: int = 2,
     seed: int = 0,
-    dims: dict[str, int] | None = None,
-    feeds: list[dict[str, np.ndarray]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    profiles: Sequence[Mapping[str, int]] | None = None,
+    tolerances: Mapping[str, Mapping[str, float]] | None = None,
+    distribution: FloatDistribution | None = None,
+    int_high: int = 2,
 ) -> CheckResult:
-    """Compare every output of ``fused`` against ``original`` on seeded random inputs."""
-    result = CheckResult(passed=False, samples=samples, seed=seed)
+    """Compare every output of ``fused`` against ``original``.
+
+    ``profiles`` lists values for symbolic dims, one dict per shape profile; without it
+    ``dims`` is the single profile. Sample ``j`` of profile ``p`` is drawn with seed
+    ``seed + p * samples + j``. ``feeds`` replaces the generated samples (one profile).
+    ``tolerances`` maps an output name to ``{"rtol": .., "atol": ..}`` (either may be
+    left out: it then comes from the dtype default). A name that is not an output, or
+    a dim that is not a symbolic dim of an input, raises ConfigError; onnxruntime
+    failures are reported in ``error``.
+    """
+    outputs = [o.name for o in original.graph.output]
+    overrides = _check_tolerances(tolerances or {}, outputs)
+    plans = _plans(original, samples, seed, dims, profiles, feeds)
+    result = CheckResult(passed=False, samples=plans[0].samples, seed=seed)
     try:
-        reference, candidate = make_session(original), make_session(fused)
+        sessions = make_session(original), make_session(fused)
     except Exception as exc:  # onnxruntime raises many types; report them all
         result.error = f"onnxruntime could not load a model: {exc}"
         return result
-    feeds = feeds or [random_inputs(original, seed=seed + k, dims=dims) for k in range(samples)]
-    names = [o.name for o in reference.get_outputs()]
-    worst: dict[str, tuple[float, float, str]] = {n: (0.0, 0.0, "") for n in names}
-    try:
-        for feed in feeds:
-            expected = reference.run(names, feed)
-            actual = candidate.run(names, feed)
-            for name, want, got in zip(names, expected, actual, strict=True):
-                worst[name] = _worse(
-                    worst[name], _diff(np.asarray(want), np.asarray(got), rtol, atol)
-                )
-    except Exception as exc:
-        result.error = f"onnxruntime failed to run a model: {exc}"
-        return result
-    for name in names:
-        abs_diff, rel_diff, detail = worst[name]
-        passed = not detail
-        result.outputs.append(OutputCheck(name, abs_diff, rel_diff, rtol, atol, passed, detail))
-    result.passed = all(o.passed for o in result.outputs)
+    outs = sessions[0].get_outputs()
+    dtypes = {o.name: _dtype_name(o.type) for o in outs}
+    tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
+    overall = {n: ErrorStats(tol) for n, tol in tols.items()}
+    for index, plan in enumerate(plans):
+        stats = {n: ErrorStats(tol) for n, tol in tols.items()}
+        generated = (
+            random_inputs(
+                original, seed=s, dims=plan.dims, int_high=int_high, distribution=distribution
+            )
+            for s in plan.seeds
+        )
+        error = _run(sessions, plan.feeds or generated, [stats, overall])
+        check = plan.check
+        check.error = error
+        check.outputs = [OutputCheck.from_stats(n, dtypes[n], stats[n]) for n in dtypes]
+        check.passed = error is None and all(o.passed for o in check.outputs)
+        if error and result.error is None:
+            where = f" (profile {index}: {check.dims})" if len(plans) > 1 else ""
+            result.error = f"{error}{where}"
+        result.profiles.append(check)
+    result.outputs = [
+        OutputCheck.from_stats(n, dtypes[n], overall[n], _overall_detail(n, overall[n], result))
+        for n in dtypes
+    ]
+    result.passed = result.error is None and all(p.passed for p in result.profiles)
     return result
 
 
-def _diff(want: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple[float, float, str]:
-    if want.shape != got.shape:
-        return float("inf"), float("inf"), f"shape {list(got.shape)} != {list(want.shape)}"
-    if want.dtype != got.dtype:
-        return float("inf"), float("inf"), f"dtype {got.dtype} != {want.dtype}"
-    if not np.issubdtype(want.dtype, np.number) or want.size == 0:
-        same = bool(np.array_equal(want, got))
-        return (0.0 if same else float("inf")), 0.0, "" if same else "values differ"
-    w, g = want.astype(np.float64), got.astype(np.float64)
-    nan_mismatch = np.isnan(w) != np.isnan(g)
-    err = np.abs(w - g)
-    err[np.isnan(w) & np.isnan(g)] = 0.0
-    abs_diff = float(np.nanmax(err)) if err.size else 0.0
-    rel_diff = float(np.nanmax(err / np.maximum(np.abs(w), 1e-12))) if err.size else 0.0
-    bad = bool(nan_mismatch.any()) or bool((err > atol + rtol * np.abs(w)).any())
-    detail = (
-        f"max abs diff {abs_diff:.3g} exceeds atol {atol:g} + rtol {rtol:g} * |expected|"
-        if bad
-        else ""
+def _run(
+    sessions: tuple[ort.InferenceSession, ort.InferenceSession],
+    feeds: Iterable[Mapping[str, np.ndarray]],
+    into: list[dict[str, ErrorStats]],
+) -> str | None:
+    """Run both models on every feed, adding each output to the stats ``into``; the
+    onnxruntime failure that stopped it, if any."""
+    reference, candidate = sessions
+    names = [o.name for o in reference.get_outputs()]
+    try:
+        for feed in feeds:
+            expected = reference.run(names, dict(feed))
+            actual = candidate.run(names, dict(feed))
+            for name, want, got in zip(names, expected, actual, strict=True):
+                for stats in into:
+                    stats[name].update(np.asarray(want), np.asarray(got))
+    except ConfigError:
+        raise  # an input the generator cannot make: the caller's to fix, not a run failure
+    except Exception as exc:
+        return f"onnxruntime failed to run a model: {exc}"
+    return None
+
+
+@dataclass
+class _Plan:
+    dims: dict[str, int]
+    seeds: list[int]
+    feeds: list[Mapping[str, np.ndarray]] | None
+    check: ProfileCheck
+
+    @property
+    def samples(self) -> int:
+        return self.check.samples
+
+
+def _plans(
+    model: onnx.ModelProto,
+    samples: int,
+    seed: int,
+    dims: Mapping[str, int] | None,
+    profiles: Sequence[Mapping[str, int]] | None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None,
+) -> list[_Plan]:
+    if feeds:
+        return [_Plan({}, [], list(feeds), ProfileCheck({}, len(feeds), []))]
+    symbolic = _symbolic_dims(model)
+    plans = []
+    for p, profile in enumerate(profiles or [dims or {}]):
+        _check_profile(profile, symbolic, p)
+        used = {name: int(profile.get(name, 1)) for name in symbolic} | dict(profile)
+        seeds = [seed + p * samples + j for j in range(samples)]
+        plans.append(_Plan(dict(profile), seeds, None, ProfileCheck(used, samples, seeds)))
+    return plans
+
+
+def _symbolic_dims(model: onnx.ModelProto) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    names: dict[str, None] = {}
+    for value in model.graph.input:
+        if value.name not in initializers:
+            for d in value.type.tensor_type.shape.dim:
+                if d.dim_param:
+                    names[d.dim_param] = None
+    return list(names)
+
+
+def _check_profile(profile: Mapping[str, int], symbolic: list[str], index: int) -> None:
+    unknown = sorted(set(profile) - set(symbolic))
+    if unknown:
+        raise ConfigError(
+            f"shape profile {index} names {unknown}, which no model input has as a "
+            f"symbolic dimension",
+            hint=f"the model's symbolic dimensions are {symbolic or 'none'}",
+        )
+    bad = {k: v for k, v in profile.items() if not isinstance(v, (int, np.integer)) or v < 1}
+    if bad:
+        raise ConfigError(
+            f"shape profile {index} gives {bad}: dimensions must be whole numbers >= 1",
+            hint='e.g. {"batch": 1, "sequence": 16}',
+        )
+
+
+def _check_tolerances(
+    tolerances: Mapping[str, Mapping[str, float]], outputs: list[str]
+) -> dict[str, Mapping[str, float]]:
+    for name, tol in tolerances.items():
+        if name not in outputs:
+            raise ConfigError(
+                f"tolerances name output {name!r}, which the model does not have",
+                hint=f"the model's outputs are {outputs}",
+            )
+        wrong = sorted(set(tol) - {"rtol", "atol"})
+        negative = {k: v for k, v in tol.items() if k in ("rtol", "atol") and not v >= 0}
+        if wrong or negative:
+            raise ConfigError(
+                f"tolerance for output {name!r} is {dict(tol)}",
+                hint='give {"rtol": r, "atol": a} with r, a >= 0 (either may be left out)',
+            )
+    return dict(tolerances)
+
+
+def _tolerance(
+    dtype: str, rtol: float, atol: float, override: Mapping[str, float] | None
+) -> Tolerance:
+    default = default_tolerance(dtype, rtol, atol)
+    if not override:
+        return default
+    return Tolerance(
+        float(override.get("rtol", default.rtol)),
+        float(override.get("atol", default.atol)),
+        "override",
     )
-    return abs_diff, rel_diff, detail
 
 
-def _worse(a: tuple[float, float, str], b: tuple[float, float, str]) -> tuple[float, float, str]:
-    return (max(a[0], b[0]), max(a[1], b[1]), a[2] or b[2])
+_ORT_TYPE_NAMES = {"float": "float32", "double": "float64"}
+
+
+def _dtype_name(ort_type: str) -> str:
+    """'tensor(float16)' -> 'float16' (ONNX's 'float' and 'double' as numpy names)."""
+    inner = ort_type.removeprefix("tensor(").removesuffix(")")
+    return _ORT_TYPE_NAMES.get(inner, inner)
+
+
+def _overall_detail(name: str, stats: ErrorStats, result: CheckResult) -> str:
+    detail = stats.detail()
+    failing = [
+        index
+        for index, profile in enumerate(result.profiles)
+        if any(o.name == name and not o.passed for o in profile.outputs)
+    ]
+    if detail and len(result.profiles) > 1 and failing:
+        detail += f" (fails in profile(s) {failing})"
+    return detail

@@ -247,3 +247,33 @@ def test_fp16_has_nothing_to_flag_in_a_well_scaled_model() -> None:
     result = _optimize(model)
     report = check_fp16(model, result.to_proto(), _feeds(model), keep_fp32=set())
     assert report.flags == [] and report.error is None
+
+
+# ---------------------------------------------------------------------------------------
+# The same, switched on through OptimizeConfig (what the CLI and the service send)
+
+
+def test_config_precision_fp16_fills_the_result() -> None:
+    result = optimize(overflow_model(), OptimizeConfig(precision="fp16"))
+    assert result.precision is not None
+    assert {f.tensor for f in result.precision.flags} == {"p", "s"}
+    assert result.precision.kept_fp32  # the LayerNormalization
+
+
+def test_config_progressive_rolls_back_through_optimize() -> None:
+    registry = builtin_rewriters()
+    registry.register(WrongEpsilonFoldBatchNorm())
+    config = OptimizeConfig(progressive=True, check=CheckOptions(rtol=RTOL, atol=ATOL))
+    result = optimize(conv_model(), config, registry=registry)
+    assert [r["pattern"] for r in result.rollbacks] == ["conv_bn"]
+    assert result.check is not None and result.check.passed
+
+
+def test_config_shape_profiles_are_all_checked() -> None:
+    path = "tests/data/transformers/bert_eager_dynamo.onnx"
+    profiles = [{"batch": 1, "sequence": 5}, {"batch": 3, "sequence": 11}]
+    check = CheckOptions(profiles=profiles, samples=1, rtol=0, atol=1e-4)
+    result = optimize(path, OptimizeConfig(target="onnxruntime", check=check))
+    assert result.check is not None and result.check.passed
+    checked = [p.dims for p in result.check.profiles]
+    assert [{k: d[k] for k in ("batch", "sequence")} for d in checked] == profiles
