@@ -182,6 +182,7 @@ class _Attempt:
             "config": plan.config,
             "memory_limit_mb": self.settings.job_memory_limit_mb,
             "parent_pid": os.getpid(),
+            "registry_version": plan.snapshot.version,
         }
         (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
         patterns = json.dumps(plan.snapshot.specs)
@@ -237,12 +238,18 @@ class _Attempt:
                 for p in sorted(output.glob(sandbox.FUSED_FILE + ".data"))
             ]
             report_digest = self.store.put_file(output / sandbox.REPORT_FILE)
+            artifacts = {
+                name: self.store.put_file(output / name)
+                for name in (sandbox.REPORT_HTML_FILE, sandbox.REPORT_MARKDOWN_FILE)
+                if (output / name).is_file()
+            }
         except Exception as exc:  # worth a retry: the store may be back
             raise _Crash(f"could not store the results in the artifact store: {exc}") from exc
         report = json.loads((output / sandbox.REPORT_FILE).read_text(encoding="utf-8"))
         summary = summarize(report, plan, self.number, child.seconds)
         if data_files:
             summary["fused_data_files"] = data_files
+        summary["artifacts"] = artifacts  # GET /v1/jobs/{id}/artifacts/{name}
         return self._finish(
             JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
         )

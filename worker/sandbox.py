@@ -7,11 +7,12 @@ Pure: no database, no broker, no settings. The worker prepares FOLDER::
     patterns.json   [pattern spec, ...]   (the registry snapshot)
     input/NAME      the model, and its external-data files beside it
 
-and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB) and
-``output/report.json``, or ``output/error.json`` ``{"kind", "message"}`` with kind
-``model``, ``config``, ``pattern`` (the user's fault: the job fails at once), ``memory``
-(counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
-``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
+and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
+``output/report.json`` with its renderings ``report.html`` and ``report.md``, or
+``output/error.json`` ``{"kind", "message"}`` with kind ``model``, ``config``,
+``pattern`` (the user's fault: the job fails at once), ``memory`` (counts as a crash)
+or ``internal``. Progress goes to stdout as JSON lines ``{"stage": "prepasses",
+"progress": 0.1}``; everything else anyone prints goes to
 stderr, which the worker keeps in ``sandbox.log``.
 
 The address-space limit is set before anything big is imported, so a model (or an
@@ -47,6 +48,8 @@ __all__ = [
     "LOG_FILE",
     "PATTERNS_FILE",
     "REPORT_FILE",
+    "REPORT_HTML_FILE",
+    "REPORT_MARKDOWN_FILE",
     "TEST_CRASH_ENV",
     "MEMORY_HINTS",
     "USER_ERROR_KINDS",
@@ -60,6 +63,8 @@ INPUT_DIR = "input"
 OUTPUT_DIR = "output"
 FUSED_FILE = "fused.onnx"
 REPORT_FILE = "report.json"
+REPORT_HTML_FILE = "report.html"
+REPORT_MARKDOWN_FILE = "report.md"
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
@@ -117,9 +122,12 @@ def _emit(stream: TextIO, stage: str, progress: float) -> None:
 
 def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     _emit(progress, "prepasses", 0.1)
+    import onnx
+
     from fusion_core import OptimizeConfig, optimize, save_model
     from fusion_core.catalog import compile_all
-    from fusion_core.report import build_report
+    from fusion_core.profile import ProfileOptions, profile_models
+    from fusion_core.report import build_report, format_markdown, render_html
 
     config = OptimizeConfig.model_validate(job["config"])
     specs = json.loads((folder / PATTERNS_FILE).read_text(encoding="utf-8"))
@@ -130,8 +138,29 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     _emit(progress, "saving", 0.8)
     output = folder / OUTPUT_DIR
     save_model(result.model, output / FUSED_FILE)
-    report = build_report(result, model=job["model"], output=FUSED_FILE)
+    profile = None
+    if config.profile:
+        _emit(progress, "profiling", 0.82)
+        options = ProfileOptions(dims=config.check.shape_profiles()[0])
+        profile = profile_models(model_path, output / FUSED_FILE, options=options).to_dict()
+    report = build_report(
+        result,
+        model=job["model"],
+        output=FUSED_FILE,
+        model_file=model_path,
+        output_file=output / FUSED_FILE,
+        config=config,
+        registry_version=job.get("registry_version"),
+        profile=profile,
+    )
     _write_json(output / REPORT_FILE, report)
+    _emit(progress, "report", 0.85)
+    (output / REPORT_MARKDOWN_FILE).write_text(format_markdown(report), encoding="utf-8")
+    # The pictures need the graphs only: the weights stay on disk.
+    original = onnx.load(model_path, load_external_data=False)
+    fused = onnx.load(output / FUSED_FILE, load_external_data=False)
+    html = render_html(report, original=original, fused=fused)
+    (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
 
 
 def _test_crash() -> None:

@@ -37,6 +37,8 @@ class JobLinks(BaseModel):
     # Present once the job has succeeded (model) or finished with a report.
     model: str | None = None
     report: str | None = None
+    # The report's renderings the worker stored: report.html, report.md.
+    artifacts: dict[str, str] = Field(default_factory=dict)
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -88,6 +90,10 @@ class JobPublic(BaseModel):
             cancel=f"{base}/cancel",
             model=f"{base}/model" if status == JobStatus.succeeded and job.fused_digest else None,
             report=f"{base}/report" if status.is_final and job.report_digest else None,
+            artifacts={
+                name: f"{base}/artifacts/{name}"
+                for name in ((job.summary or {}).get("artifacts") or {})
+            },
         )
         fields = {name: getattr(job, name) for name in cls.model_fields if name != "links"}
         return cls.model_validate({**fields, "links": links})

@@ -318,6 +318,31 @@ def test_downloads_after_success(service, tiny_model):
     assert got.json() == report
 
 
+def test_report_renderings_are_served_as_artifacts(service, tiny_model, problem):
+    job_id = service.submit(tiny_model).json()["id"]
+    problem(
+        service.client.get(f"/v1/jobs/{job_id}/artifacts/report.html"), 409, "job-not-succeeded"
+    )
+    store = service.app.state.store
+    html = "<!doctype html><title>report</title>"
+    _succeed(service, job_id, b"fused", {"fusions": {}})
+    service.update_job(
+        job_id,
+        summary={"artifacts": {"report.html": store.put_bytes(html.encode())}},
+    )
+    job = service.client.get(f"/v1/jobs/{job_id}").json()
+    assert job["links"]["artifacts"] == {"report.html": f"/v1/jobs/{job_id}/artifacts/report.html"}
+    got = service.client.get(job["links"]["artifacts"]["report.html"])
+    assert got.status_code == 200 and got.text == html
+    assert got.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in got.headers["content-security-policy"]
+    problem(service.client.get(f"/v1/jobs/{job_id}/artifacts/report.md"), 409, "job-not-succeeded")
+    body = problem(
+        service.client.get(f"/v1/jobs/{job_id}/artifacts/secrets.txt"), 404, "artifact-not-found"
+    )
+    assert "report.html" in body["detail"]
+
+
 def test_healthz_and_readyz(service, problem, monkeypatch):
     assert service.client.get("/healthz").json() == {"status": "ok"}
     ready = service.client.get("/readyz")

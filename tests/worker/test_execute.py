@@ -55,9 +55,31 @@ def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> N
         "fetching",
         "prepasses",
         "saving",
+        "report",
         "storing",
     ]
     assert not (env.settings.jobs_dir / job_id).exists()
+    # The report's renderings are stored beside it.
+    assert set(summary["artifacts"]) == {"report.html", "report.md"}
+    html = env.store.read_bytes(summary["artifacts"]["report.html"]).decode()
+    assert "<svg" in html and "conv_bn_relu" in html
+    markdown = env.store.read_bytes(summary["artifacts"]["report.md"]).decode()
+    assert "conv_bn_relu" in markdown
+    assert report["digests"]["model_sha256"] == job.model_digest
+
+
+def test_a_job_can_profile_and_validate_progressively(env: WorkerEnv) -> None:
+    config = {"progressive": True, "profile": True, "precision": "fp16"}
+    job_id = env.submit(config=config)
+    assert execute_job(env.settings, job_id, "worker-1", env.store) == Outcome.succeeded
+    job = env.job(job_id)
+    report = json.loads(env.store.read_bytes(job.report_digest))
+    assert report["rollbacks"] == [] and report["check"]["passed"] is True
+    assert {level["level"] for level in report["profile"]["latency"]} == {
+        "ORT_ENABLE_ALL",
+        "ORT_DISABLE_ALL",
+    }
+    assert report["precision"] is not None
 
 
 def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:

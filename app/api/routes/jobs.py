@@ -269,3 +269,39 @@ def download_report(
     if not JobStatus(job.status).is_final or not job.report_digest:
         raise _not_available(job.id, job.status, "the report exists once it has finished")
     return Response(store.read_bytes(job.report_digest), media_type="application/json")
+
+
+# The renderings of the report the worker stores beside it (worker/sandbox.py).
+ARTIFACT_TYPES = {
+    "report.html": "text/html; charset=utf-8",
+    "report.md": "text/markdown; charset=utf-8",
+}
+
+
+@router.get(
+    "/v1/jobs/{job_id}/artifacts/{name}",
+    responses={
+        200: {
+            "content": {media: {} for media in ARTIFACT_TYPES.values()},
+            "description": "report.html (self-contained, charts and region pictures) or report.md",
+        },
+        **problem_responses(401, 404, 409, 422),
+    },
+)
+def download_artifact(
+    job_id: str, name: str, principal: PrincipalDep, session: SessionDep, store: StoreDep
+) -> Response:
+    """One of the job's stored files besides the model and report.json."""
+    if name not in ARTIFACT_TYPES:
+        raise ProblemError(
+            404,
+            "artifact-not-found",
+            "No such artifact",
+            f"jobs have no artifact {name!r}; the artifacts are {sorted(ARTIFACT_TYPES)}",
+        )
+    job = get_job(session, principal.tenant_id, job_id)
+    digest = ((job.summary or {}).get("artifacts") or {}).get(name)
+    if not JobStatus(job.status).is_final or not digest:
+        raise _not_available(job.id, job.status, f"{name} exists once it has succeeded")
+    headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+    return Response(store.read_bytes(digest), media_type=ARTIFACT_TYPES[name], headers=headers)
