@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
@@ -108,6 +109,7 @@ def optimize(
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
     skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Result:
     """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
 
@@ -116,13 +118,17 @@ def optimize(
     fusions not to apply, as (pattern, matched node names) -> reason (progressive
     validation rolls back a fusion this way); they are reported as near misses.
     When the check fails, ``Result.regions`` names the fused region that drifts first.
+    ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
+    generated check samples.
     """
     config = config or OptimizeConfig()
     if config.progressive:
         from fusion_core.progressive import optimize_progressive  # it calls optimize()
 
         stepwise = config.model_copy(update={"progressive": False})
-        return optimize_progressive(model, stepwise, registry=registry, patterns=patterns)
+        return optimize_progressive(
+            model, stepwise, registry=registry, patterns=patterns, feeds=feeds
+        )
     registry = registry or builtin_rewriters()
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -149,14 +155,18 @@ def optimize(
     if config.check.enabled and original is not None:
         start = time.perf_counter()
         keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
-        check_against_original(result, original, config, keep_fp32)
+        check_against_original(result, original, config, keep_fp32, feeds)
         timings["check"] = time.perf_counter() - start
     result.timings = timings
     return result
 
 
 def check_against_original(
-    result: Result, original: onnx.ModelProto, config: OptimizeConfig, keep_fp32: set[str]
+    result: Result,
+    original: onnx.ModelProto,
+    config: OptimizeConfig,
+    keep_fp32: set[str],
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> None:
     """Compare with the original; on failure name the drifting region; fp16 ranges."""
     c = config.check
@@ -174,6 +184,7 @@ def check_against_original(
         profiles=c.shape_profiles(),
         tolerances=c.tolerances,
         distribution=distribution,
+        feeds=feeds,
     )
     # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
     # checker by design; the generic target must pass it in full.
@@ -182,16 +193,15 @@ def check_against_original(
     if result.structure:
         result.check.passed = False
         result.check.error = result.check.error or "; ".join(result.structure)
-    feeds = None
-    if (not result.check.passed or config.precision == "fp16") and result.applied:
+    if feeds is None and (not result.check.passed or config.precision == "fp16"):
         dims = c.shape_profiles()[0]
         feeds = [
             random_inputs(original, seed=c.seed + k, dims=dims, distribution=distribution)
             for k in range(c.samples)
         ]
-    if feeds and not result.check.passed:
+    if feeds and result.applied and not result.check.passed:
         result.regions = compare_regions(original, fused, feeds, rtol=c.rtol, atol=c.atol)
-    if feeds and config.precision == "fp16":
+    if feeds and result.applied and config.precision == "fp16":
         result.precision = check_fp16(original, fused, feeds, keep_fp32=keep_fp32)
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -68,6 +69,7 @@ def optimize_progressive(
     stages: Sequence[Sequence[str]] = DEFAULT_STAGES,
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Result:
     """``optimize`` in checked stages; ``Result.rollbacks`` lists what was taken back."""
     config = config or OptimizeConfig()
@@ -89,7 +91,9 @@ def optimize_progressive(
         def run(
             skip: dict[_Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
         ) -> Result:
-            return optimize(source, cfg, registry=registry, patterns=patterns, skip=skip)
+            return optimize(
+                source, cfg, registry=registry, patterns=patterns, skip=skip, feeds=feeds
+            )
 
         result, stage_rollbacks = _bisect_stage(run, number, skip)
         rollbacks += stage_rollbacks
@@ -97,7 +101,7 @@ def optimize_progressive(
             continue
         done.append(result)
         current = result.model
-    return _combined(first, done, rollbacks, original, config, registry, patterns)
+    return _combined(first, done, rollbacks, original, config, registry, patterns, feeds)
 
 
 def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:
@@ -135,6 +139,7 @@ def _combined(
     config: OptimizeConfig,
     registry: RewriterRegistry,
     patterns: Sequence[CompiledPattern] | None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None,
 ) -> Result:
     final = stages[-1] if stages else first
     final.applied = [a for stage in stages for a in stage.applied]
@@ -147,7 +152,7 @@ def _combined(
     final.check = None
     if config.check.enabled:
         keep = {p.name for p in select_patterns(config, registry, patterns) if p.spec.keep_fp32}
-        check_against_original(final, original, config, keep)
+        check_against_original(final, original, config, keep, feeds)
     return final
 
 

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from app.cli import compare as compare_cmd
 from app.cli import keys as keys_cmd
 from app.cli import migrate as migrate_cmd
 from app.cli import optimize as optimize_cmd
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands_in_order = (
         optimize_cmd,
+        compare_cmd,
         profile_cmd,
         patterns_cmd,
         serve_cmd,

@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from app.cli._exit import EXIT_CHECK_FAILED, EXIT_OK
 from fusion_core import OptimizeConfig, load_pattern_file, optimize, save_model
 from fusion_core.catalog import parse_pattern_text
 from fusion_core.config import CheckOptions
-from fusion_core.errors import ConfigError, PatternError
+from fusion_core.errors import ConfigError, ModelLoadError, PatternError
+from fusion_core.profile import ProfileOptions, profile_models
 from fusion_core.report import build_report, format_markdown, format_summary, render_html
+from fusion_core.validate import load_inputs
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -35,7 +38,47 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--atol", type=float, default=CheckOptions().atol)
     p.add_argument("--samples", type=int, default=CheckOptions().samples)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=V[,NAME=V...]",
+        help="a shape profile for the check (values of symbolic dims); repeat for several",
+    )
+    p.add_argument(
+        "--inputs", help="check with these inputs: a .npz file or an ONNX test-data folder"
+    )
+    p.add_argument(
+        "--progressive",
+        action="store_true",
+        help="fuse in checked stages and roll back only the fusions that break the check",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "fp16"],
+        default="fp32",
+        help="fp16: flag fused regions whose values leave float16's range",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="measure both models in onnxruntime (latency, per-op times) into the report",
+    )
     p.set_defaults(run=run)
+
+
+def _profile(text: str) -> dict[str, int]:
+    """``batch=1,sequence=16`` -> {"batch": 1, "sequence": 16}."""
+    profile = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise ConfigError(
+                f"--shape {text!r}: expected NAME=VALUE pairs, comma-separated",
+                hint="for example --shape batch=1,sequence=16 --shape batch=8,sequence=128",
+            )
+        profile[name.strip()] = int(value)
+    return profile
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -59,19 +102,44 @@ def run(args: argparse.Namespace) -> int:
                 atol=args.atol,
                 samples=args.samples,
                 seed=args.seed,
+                profiles=[_profile(text) for text in args.shape],
             ),
+            progressive=args.progressive,
+            precision=args.precision,
+            profile=args.profile,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from None
-    result = optimize(args.model, config)
+    feeds = None
+    if args.inputs:
+        feeds = load_inputs(args.inputs, _graph_only(args.model))
+    result = optimize(args.model, config, feeds=feeds)
     save_model(result.model, args.output)
-    report = build_report(result, model=args.model, output=args.output, config=config)
+    profile = None
+    if args.profile:
+        dims = config.check.shape_profiles()[0]
+        options = ProfileOptions(seed=args.seed, dims=dims)
+        profile = profile_models(
+            args.model, args.output, feeds=(feeds or [None])[0], options=options
+        )
+    report = build_report(
+        result, model=args.model, output=args.output, config=config,
+        profile=profile.to_dict() if profile is not None else None,
+    )  # fmt: skip
     _write_renderings(args, report)
     print(format_summary(report))
     if result.check is not None and not result.check.passed:
         sys.stderr.write("autofusion: the fused model does not match the original\n")
         return EXIT_CHECK_FAILED
     return EXIT_OK
+
+
+def _graph_only(path: str) -> onnx.ModelProto:
+    """The model's graph, weights left on disk (to describe its inputs)."""
+    try:
+        return onnx.load(path, load_external_data=False)
+    except (OSError, ValueError, DecodeError) as exc:
+        raise ModelLoadError(f"cannot read the model {path!r}: {exc}") from None
 
 
 def _write_renderings(args: argparse.Namespace, report: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _fusions(report)
     lines += _ops(report["nodes"])
     lines += _check(report.get("check"))
+    lines += _validation_extras(report)
     lines += _near_misses(report["near_misses"])
     timings = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in report["timings_s"].items())
     lines.append(f"time per phase: {timings}")
@@ -72,4 +73,36 @@ def _near_misses(misses: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {miss['pattern']} at {', '.join(miss['nodes'])}: {miss['reason']}")
     if len(misses) > _MAX_NEAR_MISSES:
         lines.append(f"  ... {len(misses) - _MAX_NEAR_MISSES} more in the JSON report")
+    return lines
+
+
+def _validation_extras(report: dict[str, Any]) -> list[str]:
+    """The drifting region, rollbacks, structural problems, fp16 flags, profile ratios."""
+    lines = []
+    drift = (report.get("regions") or {}).get("first_drift")
+    if drift:
+        lines.append(
+            f"first fused region that drifts: {drift['pattern']} (replaced "
+            f"{', '.join(drift['replaced_nodes'][:5])}), max abs diff {drift['max_abs_diff']}"
+        )
+    for rollback in report.get("rollbacks") or []:
+        lines.append(
+            f"rolled back: {rollback['pattern']} at {', '.join(rollback['nodes'][:5])}: "
+            f"{rollback['error']}"
+        )
+    lines += [f"structure: {problem}" for problem in report.get("structure") or []]
+    precision = report.get("precision")
+    if precision:
+        for flag in precision["flags"]:
+            lines.append(
+                f"fp16 {flag['problem']}: {flag['pattern']} tensor {flag['tensor']!r} "
+                f"(max |x| {flag['max_abs']:.3g})"
+            )
+        lines.append(f"keep in fp32 for float16: {len(precision['fp32_nodes'])} fused node(s)")
+    for level in (report.get("profile") or {}).get("latency") or []:
+        if level.get("ratio") is not None:
+            lines.append(
+                f"latency fused/original at {level['level']}: {level['ratio']:.3f} "
+                "(ratio of medians, below 1 is faster)"
+            )
     return lines

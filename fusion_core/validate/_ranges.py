@@ -6,8 +6,9 @@ The original model runs in onnxruntime with every tensor a fused region touches 
 recorded. A fused region is flagged when its values
 
 - overflow: some |x| exceeds float16's largest finite value, 65504 (becomes inf), or
-- underflow: some nonzero |x| is below float16's smallest normal, 2^-14 ~ 6.1e-5
-  (it keeps at most a few bits, or becomes 0).
+- underflow: more than 1% of its nonzero values are below float16's smallest normal,
+  2^-14 ~ 6.1e-5 (they keep at most a few bits, or become 0). A few tiny values are in
+  almost every tensor and cost nothing; a tensor made of them loses its precision.
 
 Regions of patterns marked ``keep_fp32`` (the normalizations) are not flagged: their
 fused op is meant to stay in fp32. They and the flagged regions together are the block
@@ -27,6 +28,7 @@ __all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "PrecisionReport", "RangeFlag", "check
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 FP16_MIN_NORMAL = float(np.finfo(np.float16).tiny)  # 2**-14
+UNDERFLOW_FRACTION = 0.01  # of the nonzero values
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class RangeFlag:
     problem: str  # "overflow" or "underflow"
     max_abs: float
     min_nonzero_abs: float | None
+    subnormal_fraction: float  # of the nonzero values, below FP16_MIN_NORMAL
 
 
 @dataclass
@@ -86,7 +89,7 @@ def check_fp16(
         return report
     try:
         session = make_session(_with_outputs(original, wanted))
-        ranges: dict[str, tuple[float, float | None]] = {}
+        ranges: dict[str, _Range] = {}
         for feed in feeds:
             for name, array in zip(wanted, session.run(wanted, feed), strict=True):
                 ranges[name] = _merge(ranges.get(name), _range(np.asarray(array)))
@@ -95,16 +98,16 @@ def check_fp16(
         return report
     for pattern, names, tensors in regions:
         for tensor in tensors:
-            max_abs, min_nonzero = ranges.get(tensor, (0.0, None))
+            max_abs, min_nonzero, tiny, nonzero = ranges.get(tensor, (0.0, None, 0, 0))
+            fraction = tiny / nonzero if nonzero else 0.0
             problem = None
             if max_abs > FP16_MAX:
                 problem = "overflow"
-            elif min_nonzero is not None and min_nonzero < FP16_MIN_NORMAL:
+            elif fraction > UNDERFLOW_FRACTION:
                 problem = "underflow"
             if problem:
-                report.flags.append(
-                    RangeFlag(pattern, names, tensor, problem, max_abs, min_nonzero)
-                )
+                flag = RangeFlag(pattern, names, tensor, problem, max_abs, min_nonzero, fraction)
+                report.flags.append(flag)
     return report
 
 
@@ -115,22 +118,25 @@ def _replaced_values(node: onnx.NodeProto) -> list[str]:
     return json.loads(props.get("autofusion.replaced_values", "[]"))
 
 
-def _range(array: np.ndarray) -> tuple[float, float | None]:
-    """(max |x|, smallest nonzero |x|) of a float tensor; (0, None) for anything else."""
+_Range = tuple[float, float | None, int, int]  # max |x|, min nonzero |x|, tiny, nonzero
+
+
+def _range(array: np.ndarray) -> _Range:
+    """Magnitudes of a float tensor; nothing for any other."""
     if not np.issubdtype(array.dtype, np.floating) or array.size == 0:
-        return 0.0, None
+        return 0.0, None, 0, 0
     magnitude = np.abs(array[np.isfinite(array)].astype(np.float64))
     nonzero = magnitude[magnitude > 0]
     return (
         float(magnitude.max()) if magnitude.size else 0.0,
         float(nonzero.min()) if nonzero.size else None,
+        int((nonzero < FP16_MIN_NORMAL).sum()),
+        int(nonzero.size),
     )
 
 
-def _merge(
-    a: tuple[float, float | None] | None, b: tuple[float, float | None]
-) -> tuple[float, float | None]:
+def _merge(a: _Range | None, b: _Range) -> _Range:
     if a is None:
         return b
     smallest = [v for v in (a[1], b[1]) if v is not None]
-    return max(a[0], b[0]), (min(smallest) if smallest else None)
+    return max(a[0], b[0]), (min(smallest) if smallest else None), a[2] + b[2], a[3] + b[3]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-__all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions"]
+__all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions", "tensor_diffs"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,6 @@ def compare_regions(
     atol: float,
 ) -> RegionReport:
     """Compare every fused region's outputs with the original tensors of the same name."""
-    from fusion_core.validate._compare import make_session  # one session factory for all
-
     report = RegionReport()
     original_values = {o for n in original.graph.node for o in n.output}
     plan = []
@@ -86,14 +84,7 @@ def compare_regions(
     if not wanted:
         return report
     try:
-        reference = make_session(_with_outputs(original, wanted))
-        candidate = make_session(_with_outputs(fused, wanted))
-        worst = {t: (0.0, 0.0, True) for t in wanted}
-        for feed in feeds:
-            expected = reference.run(wanted, feed)
-            actual = candidate.run(wanted, feed)
-            for name, want, got in zip(wanted, expected, actual, strict=True):
-                worst[name] = _worse(worst[name], _diff(want, got, rtol, atol))
+        worst = tensor_diffs(original, fused, wanted, feeds, rtol=rtol, atol=atol)
     except Exception as exc:  # onnxruntime raises many types; report them all
         report.error = f"could not run the models with the region outputs exposed: {exc}"
         return report
@@ -111,6 +102,30 @@ def compare_regions(
             )
         )
     return report
+
+
+def tensor_diffs(
+    a: onnx.ModelProto,
+    b: onnx.ModelProto,
+    names: list[str],
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    rtol: float,
+    atol: float,
+) -> dict[str, tuple[float, float, bool]]:
+    """(max abs diff, max rel diff, within tolerance) of each named tensor of both models
+    over the feeds; onnxruntime's errors propagate."""
+    from fusion_core.validate._compare import make_session  # one session factory for all
+
+    reference = make_session(_with_outputs(a, names))
+    candidate = make_session(_with_outputs(b, names))
+    worst = {name: (0.0, 0.0, True) for name in names}
+    for feed in feeds:
+        expected = reference.run(names, feed)
+        actual = candidate.run(names, feed)
+        for name, want, got in zip(names, expected, actual, strict=True):
+            worst[name] = _worse(worst[name], _diff(want, got, rtol, atol))
+    return worst
 
 
 def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -277,3 +277,27 @@ def test_config_shape_profiles_are_all_checked() -> None:
     assert result.check is not None and result.check.passed
     checked = [p.dims for p in result.check.profiles]
     assert [{k: d[k] for k in ("batch", "sequence")} for d in checked] == profiles
+
+
+def test_fp16_underflow_needs_a_real_share_of_tiny_values() -> None:
+    """A few values below 2^-14 are everywhere; a region made of them is flagged."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[64, 8] x) => (float[64, 4] y) {
+        p = MatMul (x, w)
+        y = Add (p, b)
+    }"""
+    for scale, flagged in ((1e-7, True), (1.0, False)):
+        model = onnx.parser.parse_model(text)
+        rng = np.random.default_rng(0)
+        model.graph.initializer.extend(
+            [
+                nh.from_array((rng.normal(0, 1, (8, 4)) * scale).astype(np.float32), "w"),
+                nh.from_array(np.zeros(4, np.float32), "b"),
+            ]
+        )
+        result = _optimize(model)
+        report = check_fp16(model, result.to_proto(), _feeds(model), keep_fp32=set())
+        problems = {f.problem for f in report.flags}
+        assert problems == ({"underflow"} if flagged else set()), report.flags
+        if flagged:
+            assert all(f.subnormal_fraction > 0.5 for f in report.flags)
