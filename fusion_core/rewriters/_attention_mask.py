@@ -1,0 +1,101 @@
+"""The attention mask: what MultiHeadAttention takes, and the NaN guard of SDPA exports."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.rewriters._attention_shapes import known_dims
+from fusion_core.rewriters._base import RewriteContext
+
+
+def attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
+    """The mask added to the scores, if onnxruntime's kernel takes it as it is."""
+    mask = next(v for v in add.inputs if v is not scale.outputs[0])
+    scores, dims = known_dims(scale.outputs[0]), known_dims(mask)
+    if scores is None or dims is None or len(dims) != 4 or len(scores) != 4:
+        return f"the mask {mask.name!r} is not known to be rank 4 like the scores"
+    fits = all(
+        d == 1 or (d is not None and d == s) for d, s in zip(dims[:2], scores[:2], strict=True)
+    )
+    matches = all(d is not None and d == s for d, s in zip(dims[2:], scores[2:], strict=True))
+    if not (fits and matches):
+        return (
+            f"the mask {mask.name!r} has shape {dims}; MultiHeadAttention takes "
+            f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
+        )
+    return mask
+
+
+def guarded_mask(
+    mask: ir.Value, guard: ir.Node, ctx: RewriteContext
+) -> tuple[ir.Value, ir.Value | None, list[ir.Node]] | str:
+    """The mask for MultiHeadAttention and, if needed, which rows to keep, so that
+    MultiHeadAttention followed by the keep multiply computes what the graph's
+    Softmax -> Where(IsNaN(P), 0, P) computes.
+
+    A mask ``Where(cond, a, b)`` of finite constants never gives a row of ``-inf``: a
+    fully masked row gets a uniform softmax in both graphs and the guard never fires
+    (dynamo's ``Where(mask, 0, -3.4e38)``). With ``-inf`` on one side (TorchScript's
+    ``Where(mask, 0, -inf)``) a fully masked row is NaN and the guard makes the context
+    0, while MultiHeadAttention would give NaN: so ``-inf`` becomes float32's lowest
+    finite value and the output rows whose mask row attends to nothing are multiplied
+    by 0. ``cond`` must be the same for every head (``[B or 1, 1, S, L]``), as the keep
+    factor is per row of the merged output.
+    """
+    zero = constant_array(guard.inputs[1])
+    if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
+        return f"Where {guard.name!r} after the Softmax does not replace NaN by 0"
+    producer = mask.producer()
+    arrays = (
+        [constant_array(v) for v in producer.inputs[1:]]
+        if producer is not None and producer.op_type == "Where"
+        else [None]
+    )
+    if any(a is None for a in arrays):
+        return (
+            f"the mask {mask.name!r} is not Where of constants: a fully masked row (-inf) "
+            "gives NaN, which the graph turns into 0 and MultiHeadAttention does not"
+        )
+    if all(np.all(np.isfinite(a)) for a in arrays):
+        return mask, None, []
+    assert producer is not None
+    minus_inf = [bool(np.all(np.isneginf(a))) for a in arrays]
+    if sum(minus_inf) != 1 or not all(
+        np.all(np.isfinite(a)) or m for a, m in zip(arrays, minus_inf, strict=True)
+    ):
+        return (
+            f"the mask {mask.name!r} is not Where(cond, finite, -inf) or Where(cond, -inf, finite)"
+        )
+    cond = producer.inputs[0]
+    dims = known_dims(cond) if cond is not None else None
+    if dims is None or len(dims) != 4 or dims[1] != 1:
+        return (
+            f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L]: "
+            "rows fully masked for some heads only cannot be kept apart after the merge"
+        )
+    lowest = np.finfo(np.float32).min
+    finite = [np.where(np.isneginf(a), lowest, a).astype(a.dtype) for a in arrays]
+    values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
+    nodes = [ir.Node("", "Where", [cond, *values])]
+    attend = cond
+    if minus_inf[0]:  # True selects -inf: the positions attended to are the False ones
+        nodes.append(ir.Node("", "Not", [cond]))
+        attend = nodes[-1].outputs[0]
+    nodes.append(ir.Node("", "Cast", [attend], [ir.AttrInt64("to", ir.DataType.FLOAT)]))
+    if ctx.opset >= 18:
+        axes = ctx.initializer("keep_rows_axes", np.array([3], dtype=np.int64))
+        reduce = ir.Node(
+            "", "ReduceMax", [nodes[-1].outputs[0], axes], [ir.AttrInt64("keepdims", 0)]
+        )
+    else:
+        reduce = ir.Node(
+            "",
+            "ReduceMax",
+            [nodes[-1].outputs[0]],
+            [ir.AttrInt64s("axes", [3]), ir.AttrInt64("keepdims", 0)],
+        )
+    nodes.append(reduce)  # [B, 1, S]: 1 where the row attends to something
+    nodes.append(ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])]))
+    return nodes[0].outputs[0], nodes[-1].outputs[0], nodes

@@ -1,0 +1,158 @@
+"""Shape proofs for the attention rewriter: the head split and merge Reshapes, K^T.
+
+Each function returns what it proved, or a sentence saying why not (a near miss).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import attribute_value
+
+Dim = int | str | None  # a known size, a symbolic one, or unknown
+
+
+def known_dims(value: ir.Value) -> list[Dim] | None:
+    if value.shape is None:
+        return None
+    return [d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape]
+
+
+def target_entries(reshape: ir.Node) -> list[int | None] | str:
+    """The Reshape target, entry by entry (None where not a constant): a constant, or a
+    Concat of 1-D parts (exporters build ``[B, S]`` from Shape and the rest constant)."""
+    target = reshape.inputs[1]
+    array = constant_array(target)
+    if array is not None:
+        return [int(a) for a in array.reshape(-1)]
+    producer = target.producer() if target is not None else None
+    if producer is None or producer.op_type != "Concat":
+        return f"the target of Reshape {reshape.name!r} is neither a constant nor a Concat"
+    entries: list[int | None] = []
+    for part in producer.inputs:
+        array = constant_array(part)
+        if array is not None:
+            entries += [int(a) for a in array.reshape(-1)]
+        elif part is not None and part.shape is not None and part.shape.is_static():
+            entries += [None] * int(np.prod(part.shape.numpy(), dtype=np.int64))
+        else:
+            return f"the length of part {part.name!r} of the target of {reshape.name!r} is unknown"
+    return entries
+
+
+def _keeps_dim(reshape: ir.Node, entries: list[int | None], i: int, want: Dim) -> bool:
+    """Whether output dimension ``i`` of the Reshape is ``want`` (a known dimension)."""
+    if want is None:
+        return False
+    entry = entries[i]
+    if entry == 0 and not attribute_value(reshape, "allowzero", 0):
+        return True  # copies dimension i of the input, which is B or S (see the callers)
+    if entry is not None and entry == want:
+        return True
+    out = known_dims(reshape.outputs[0])
+    return out is not None and len(out) > i and out[i] == want
+
+
+def heads_of(splits: list[ir.Node]) -> tuple[int, int] | str:
+    """(N, H) read from the head-split Reshapes, which must agree and keep [B, S]."""
+    found = None
+    for reshape in splits:
+        source = reshape.inputs[0]
+        dims = known_dims(source)
+        if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
+            return f"{source.name!r} (read by Reshape {reshape.name!r}) is not [B, S, hidden]"
+        entries = target_entries(reshape)
+        if isinstance(entries, str):
+            return entries
+        if len(entries) != 4:
+            return f"Reshape {reshape.name!r} does not split into [B, S, heads, head_size]"
+        heads, size = entries[2], entries[3]
+        if heads == -1 and size is not None and size > 0 and dims[2] % size == 0:
+            heads = dims[2] // size
+        if size == -1 and heads is not None and heads > 0 and dims[2] % heads == 0:
+            size = dims[2] // heads
+        if heads is None or size is None or heads <= 0 or size <= 0 or heads * size != dims[2]:
+            return (
+                f"the heads and head size {entries[2:]} of the target of Reshape "
+                f"{reshape.name!r} are not constants that split {dims[2]}"
+            )
+        if not all(_keeps_dim(reshape, entries, i, dims[i]) for i in (0, 1)):
+            return (
+                f"cannot show that Reshape {reshape.name!r} keeps the batch and sequence "
+                f"dimensions of {source.name!r} ({dims[:2]})"
+            )
+        if found is not None and found != (heads, size):
+            return f"Reshape {reshape.name!r} splits into {(heads, size)} heads, not {found}"
+        found = (heads, size)
+    assert found is not None
+    return found
+
+
+def merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> str | None:
+    """The final Reshape goes back to [B, S, N * H] with the query's B and S."""
+    entries = target_entries(output)
+    if isinstance(entries, str):
+        return entries
+    dims = known_dims(query) or [None, None]
+    hidden = heads[0] * heads[1]
+    out = known_dims(output.outputs[0])
+    last_ok = entries[-1] in (hidden, -1) or (out is not None and out[-1] == hidden)
+    if len(entries) != 3 or not last_ok:
+        return f"Reshape {output.name!r} does not merge the heads into [B, S, {hidden}]"
+    if not all(_keeps_dim(output, entries, i, dims[i]) for i in (0, 1)):
+        return (
+            f"cannot show that Reshape {output.name!r} restores the batch and sequence "
+            f"dimensions of {query.name!r} ({dims[:2]})"
+        )
+    return None
+
+
+def swaps_last_axes(flat: ir.Node, unflat: ir.Node) -> str | None:
+    """Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L]) is K^T."""
+    k, flat_dims, out = (
+        known_dims(flat.inputs[0]),
+        known_dims(flat.outputs[0]),
+        known_dims(unflat.outputs[0]),
+    )
+    known = k is not None and flat_dims is not None and out is not None
+    if not known or len(k) != 4 or len(flat_dims) != 3 or len(out) != 4:
+        return f"the shapes around {flat.name!r} and {unflat.name!r} are not known"
+    want_flat, want_out = k[2:], [k[0], k[1], k[3], k[2]]
+    same = all(
+        a is not None and a == b
+        for a, b in zip(flat_dims[1:] + out, want_flat + want_out, strict=True)
+    )
+    if not same:
+        return (
+            f"cannot show that {flat.name!r} .. {unflat.name!r} swaps the last two axes of "
+            f"K {k}: shapes {flat_dims} and {out}"
+        )
+    return None
+
+
+def identity_reshape(reshape: ir.Node) -> str | None:
+    """Whether the Reshape is known to keep its input's shape (every dim known equal)."""
+    before, after = known_dims(reshape.inputs[0]), known_dims(reshape.outputs[0])
+    if before is None or after is None or before != after or None in before:
+        return (
+            f"cannot show that Reshape {reshape.name!r} keeps the shape of the context "
+            f"({before} -> {after})"
+        )
+    return None
+
+
+def reshapes_same_data(reshape: ir.Node) -> str | None:
+    """Whether the Reshape of out_t can read MultiHeadAttention's output instead."""
+    entries = target_entries(reshape)
+    if isinstance(entries, str):
+        return entries
+    if attribute_value(reshape, "allowzero", 0):
+        return None
+    if any(e is None or e == 0 for e in entries[2:]):
+        return (
+            f"Reshape {reshape.name!r} may copy a dimension past the second of its input "
+            f"(target {entries}), which merging the heads changes"
+        )
+    return None
