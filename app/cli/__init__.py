@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from app.cli import calibrate as calibrate_cmd
 from app.cli import compare as compare_cmd
 from app.cli import keys as keys_cmd
 from app.cli import migrate as migrate_cmd
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         optimize_cmd,
         compare_cmd,
         profile_cmd,
+        calibrate_cmd,
         patterns_cmd,
         serve_cmd,
         worker_cmd,

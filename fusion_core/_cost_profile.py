@@ -1,0 +1,133 @@
+"""Target profiles: what a machine costs, as data (YAML, like patterns).
+
+The shipped profiles live in ``fusion_core/target_profiles/*.yaml``; ``autofusion
+calibrate`` measures one for the machine it runs on. A profile prices the cost model's
+counts: seconds = max(bytes / bandwidth, FLOPs / peak) + launches * launch overhead.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fusion_core.errors import ConfigError
+
+__all__ = [
+    "PROFILE_NAME_PATTERN",
+    "Calibration",
+    "TargetProfile",
+    "dump_target_profile",
+    "load_target_profile",
+    "shipped_profiles",
+]
+
+_PACKAGE_FOLDER = "target_profiles"
+PROFILE_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
+
+class Calibration(BaseModel):
+    """How a measured profile was measured (absent from hand-written profiles)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool: str = "autofusion calibrate"
+    threads: int = Field(ge=1)
+    repeats: int = Field(ge=1)
+    quick: bool = False
+    onnxruntime: str = ""
+    measured_at: str = ""  # ISO 8601, UTC
+
+
+class TargetProfile(BaseModel):
+    """The prices of one machine class. Sizes in bytes, times in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=PROFILE_NAME_PATTERN)
+    description: str = ""
+    memory_bandwidth_bytes_per_s: float = Field(gt=0, description="sustained main-memory bytes/s")
+    launch_overhead_s: float = Field(gt=0, description="seconds per kernel (node) launch")
+    peak_flops_per_s: float = Field(gt=0, description="attainable FLOP/s of a large MatMul")
+    l1_cache_bytes: int = Field(gt=0, description="bytes of L1 data cache per core")
+    l2_cache_bytes: int = Field(gt=0, description="bytes of L2 cache per core")
+    fusion_buffer_bytes: int = Field(
+        gt=0, description="bytes a fused kernel's working set should fit in (fast memory)"
+    )
+    memory_pool_bytes: int = Field(gt=0, description="bytes of memory the runtime may allocate")
+    calibration: Calibration | None = None
+
+    def seconds(self, *, bytes_moved: float, flops: float, launches: float) -> float:
+        """Roofline time of ``launches`` kernels moving ``bytes_moved`` and computing."""
+        memory = bytes_moved / self.memory_bandwidth_bytes_per_s
+        compute = flops / self.peak_flops_per_s
+        return max(memory, compute) + launches * self.launch_overhead_s
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped with autofusion."""
+    folder = resources.files("fusion_core") / _PACKAGE_FOLDER
+    return sorted(
+        entry.name.rsplit(".", 1)[0]
+        for entry in folder.iterdir()
+        if entry.name.endswith((".yaml", ".yml"))
+    )
+
+
+def load_target_profile(name_or_path: str | os.PathLike) -> TargetProfile:
+    """A shipped profile by name (``cpu``, ``gpu``) or a YAML/JSON file by path.
+
+    Raises ConfigError: an unknown name lists the shipped ones; an invalid file names
+    the field that is wrong.
+    """
+    text, origin = _read(name_or_path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"target profile {origin} is not valid YAML or JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"target profile {origin} holds no mapping",
+            hint="write the fields name, memory_bandwidth_bytes_per_s, launch_overhead_s, ...",
+        )
+    try:
+        return TargetProfile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<profile>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"target profile {origin} is invalid: {problems}") from None
+
+
+def _read(name_or_path: str | os.PathLike) -> tuple[str, str]:
+    text_name = os.fspath(name_or_path)
+    shipped = shipped_profiles()
+    if text_name in shipped:
+        folder = resources.files("fusion_core") / _PACKAGE_FOLDER
+        return (folder / f"{text_name}.yaml").read_text(encoding="utf-8"), repr(text_name)
+    path = Path(text_name)
+    looks_like_path = path.suffix in (".yaml", ".yml", ".json") or os.sep in text_name
+    if not looks_like_path and not path.is_file():
+        raise ConfigError(
+            f"unknown target profile {text_name!r}",
+            hint=f"shipped profiles: {shipped}; or give the path of a YAML file",
+        )
+    try:
+        return path.read_text(encoding="utf-8"), repr(text_name)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read target profile {text_name!r}: {exc.strerror}",
+            hint=f"shipped profiles: {shipped}",
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"target profile {text_name!r} is not UTF-8 text") from None
+
+
+def dump_target_profile(profile: TargetProfile, *, header: str = "") -> str:
+    """The profile as YAML (fields in declaration order), optionally after comments."""
+    data: dict[str, Any] = profile.model_dump(mode="json", exclude_none=True)
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(data, sort_keys=False)

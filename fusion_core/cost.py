@@ -1,0 +1,228 @@
+"""The cost model: what a candidate fusion is predicted to save on a target.
+
+Per node (``fusion_core._cost_ops`` documents the counting conventions): FLOPs, bytes
+read and written. Per candidate (a ``Match``):
+
+- ``bytes_saved``: intermediates no longer written and read back. An internal value
+  (output of a fused node, consumed only inside the fusion, not a graph output) saves
+  its size once for the write (unless a view produced it) plus once per fused node that
+  reads it (views excepted); an external input read by several fused nodes (a
+  horizontal fusion) saves its size once per extra reader.
+- ``launches_saved``: fused nodes minus kernels after the rewrite (one, unless the
+  rewriter is known to emit more: ``fusion_core._cost_rewrites``).
+- ``flops_delta``: FLOPs the rewrite adds (> 0) or removes (< 0): a folded
+  BatchNormalization's go, a Q/K/V merge keeps them.
+- ``working_set_bytes``: external inputs + outputs of the fused kernel + its largest
+  internal value, compared with the profile's ``fusion_buffer_bytes``.
+
+Priced by a ``TargetProfile`` as a roofline per kernel: ``time = max(bytes / bandwidth,
+FLOPs / peak) + launch overhead``. ``time_before_s`` sums that over the fused nodes;
+``time_after_s`` prices the fused kernel(s): the same bytes less ``bytes_saved``, the
+FLOPs plus ``flops_delta``. ``gain_s = time_before_s - time_after_s`` (for memory-bound
+nodes: launches saved * launch overhead + bytes saved / bandwidth + FLOPs removed /
+peak) and ``speedup = time_before_s / time_after_s``.
+
+When a shape is unknown (symbolic, not resolved by ``dims``) the estimate falls back to
+the pattern's ``cost_hints``: ``speedup = 1 / (1 - max(memory_saving, compute_saving))``
+(at most 20) and ``gain_s`` counts only the launches saved; ``estimated_from`` says
+``"hints"`` (or ``"none"`` without hints, with no speedup).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx_ir as ir
+
+from fusion_core._cost_ops import NodeCost, Shapes, node_cost
+from fusion_core._cost_profile import (
+    PROFILE_NAME_PATTERN,
+    Calibration,
+    TargetProfile,
+    dump_target_profile,
+    load_target_profile,
+    shipped_profiles,
+)
+from fusion_core._cost_rewrites import RewriteEffect, rewrite_effect
+from fusion_core.patterns import Match
+
+__all__ = [
+    "PROFILE_NAME_PATTERN",
+    "Calibration",
+    "CostModel",
+    "Gain",
+    "NodeCost",
+    "RewriteEffect",
+    "TargetProfile",
+    "dump_target_profile",
+    "load_target_profile",
+    "rewrite_effect",
+    "shipped_profiles",
+]
+
+MAX_HINT_SPEEDUP = 20.0
+Estimate = Literal["shapes", "hints", "none"]
+
+
+@dataclass(frozen=True)
+class Gain:
+    """The predicted effect of one candidate. Sizes in bytes, times in seconds."""
+
+    pattern: str
+    nodes: tuple[str, ...]
+    estimated_from: Estimate
+    gain_s: float
+    speedup: float | None
+    launches_saved: int
+    bytes_saved: int | None = None
+    flops_delta: int | None = None
+    working_set_bytes: int | None = None
+    fits_fusion_buffer: bool | None = None
+    time_before_s: float | None = None
+    time_after_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "pattern": self.pattern,
+            "nodes": list(self.nodes),
+            "estimated_from": self.estimated_from,
+            "gain_s": self.gain_s,
+            "speedup": self.speedup,
+            "launches_saved": self.launches_saved,
+            "bytes_saved": self.bytes_saved,
+            "flops_delta": self.flops_delta,
+            "working_set_bytes": self.working_set_bytes,
+            "fits_fusion_buffer": self.fits_fusion_buffer,
+            "time_before_s": self.time_before_s,
+            "time_after_s": self.time_after_s,
+        }
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    bytes_saved: int
+    working_set: int
+
+
+class CostModel:
+    """Scores candidates on a target profile; ``dims`` resolves symbolic dimensions."""
+
+    def __init__(
+        self,
+        profile: TargetProfile | str | os.PathLike,
+        dims: Mapping[str, int] | None = None,
+    ) -> None:
+        self.profile = (
+            profile if isinstance(profile, TargetProfile) else load_target_profile(profile)
+        )
+        self.shapes = Shapes(dims)
+
+    def node_cost(self, node: ir.Node) -> NodeCost | None:
+        """FLOPs and bytes of one node; None when a shape or dtype it needs is unknown."""
+        return node_cost(node, self.shapes)
+
+    def node_time(self, node: ir.Node) -> float | None:
+        """Roofline seconds of the node as its own kernel (None when its cost is unknown)."""
+        cost = self.node_cost(node)
+        if cost is None:
+            return None
+        return self.profile.seconds(bytes_moved=cost.bytes, flops=cost.flops, launches=1)
+
+    def score(self, candidates: Sequence[Match]) -> list[Gain]:
+        """One ``Gain`` per candidate, in order."""
+        return [self.candidate_gain(match) for match in candidates]
+
+    def candidate_gain(self, match: Match) -> Gain:
+        """The predicted gain of rewriting ``match`` (from shapes, else from hints)."""
+        effect = rewrite_effect(match)
+        fused = [match.nodes[i] for i in effect.fused]
+        launches_saved = len(fused) - effect.kernels_after
+        costs = {id(n): self.node_cost(n) for n in fused}
+        known = {k: c for k, c in costs.items() if c is not None}
+        traffic = None
+        if len(known) == len(costs):
+            traffic = self._traffic(fused, known, keep_intermediates=effect.intermediates_kept)
+        if traffic is None:
+            return self._hint_gain(match, launches_saved)
+        removed = sum(known[id(match.nodes[i])].flops for i in effect.removed)
+        seconds = self.profile.seconds
+        before = sum(
+            seconds(bytes_moved=c.bytes, flops=c.flops, launches=1) for c in known.values()
+        )
+        after = seconds(
+            bytes_moved=sum(c.bytes for c in known.values()) - traffic.bytes_saved,
+            flops=sum(c.flops for c in known.values()) - removed,
+            launches=effect.kernels_after,
+        )
+        return Gain(
+            pattern=match.pattern.name,
+            nodes=tuple(match.node_names()),
+            estimated_from="shapes",
+            gain_s=before - after,
+            speedup=before / after,
+            launches_saved=launches_saved,
+            bytes_saved=traffic.bytes_saved,
+            flops_delta=-removed,
+            working_set_bytes=traffic.working_set,
+            fits_fusion_buffer=traffic.working_set <= self.profile.fusion_buffer_bytes,
+            time_before_s=before,
+            time_after_s=after,
+        )
+
+    def _hint_gain(self, match: Match, launches_saved: int) -> Gain:
+        hints = match.pattern.cost_hints
+        fractions = [] if hints is None else [hints.memory_saving, hints.compute_saving]
+        fractions = [f for f in fractions if f is not None]
+        speedup = None
+        if fractions:
+            speedup = min(1.0 / max(1.0 - max(fractions), 1e-9), MAX_HINT_SPEEDUP)
+        return Gain(
+            pattern=match.pattern.name,
+            nodes=tuple(match.node_names()),
+            estimated_from="hints" if fractions else "none",
+            gain_s=launches_saved * self.profile.launch_overhead_s,
+            speedup=speedup,
+            launches_saved=launches_saved,
+        )
+
+    def _traffic(
+        self,
+        fused: list[ir.Node],
+        costs: Mapping[int, NodeCost],
+        *,
+        keep_intermediates: bool,
+    ) -> _Traffic | None:
+        """Bytes saved and working set of the fused nodes; None if a size is unknown."""
+        members = {id(n) for n in fused}
+        readers: dict[int, tuple[ir.Value, int]] = {}  # external input -> non-view readers
+        saved = outputs = largest_internal = 0
+        for node in fused:
+            view = costs[id(node)].view
+            for value in {id(v): v for v in node.inputs if v is not None}.values():
+                producer = value.producer()
+                if producer is None or id(producer) not in members:
+                    _, count = readers.get(id(value), (value, 0))
+                    readers[id(value)] = (value, count + (0 if view else 1))
+            for value in (v for v in node.outputs if v.name):
+                size = self.shapes.nbytes(value)
+                if size is None:
+                    return None
+                consumers = {id(c): c for c in value.consumers()}
+                if value.is_graph_output() or not consumers or not consumers.keys() <= members:
+                    outputs += size
+                    continue
+                largest_internal = max(largest_internal, size)
+                if not keep_intermediates:
+                    reads = sum(1 for c in consumers if not costs[c].view)
+                    saved += size * ((0 if view else 1) + reads)
+        inputs = 0
+        for value, count in readers.values():
+            size = self.shapes.nbytes(value)
+            if size is None:
+                return None
+            inputs += size
+            saved += size * max(count - 1, 0)
+        return _Traffic(bytes_saved=saved, working_set=inputs + outputs + largest_internal)
