@@ -89,3 +89,13 @@ class OptimizeConfig(BaseModel):
     # Measure both models' latency and per-op times (fusion_core.profile) into the
     # report: done by the callers that write reports (CLI, worker), not by optimize().
     profile: bool = False
+    # How overlapping candidates are chosen: by pattern priority (the default), or by the
+    # cost model's predicted gain with a strategy (fusion_core/selection.py).
+    selection: Literal["priority", "greedy", "dp", "genetic", "auto"] = "priority"
+    # The hardware the cost model prices for: a shipped profile (cpu, gpu) or a path to
+    # one written by `autofusion calibrate`.
+    target_profile: str = "cpu"
+    # Drop candidates predicted to speed their nodes up by less than this ratio
+    # (time before / time after), or whose fused working set exceeds this many bytes.
+    cost_threshold: float | None = Field(default=None, gt=0)
+    memory_limit: int | None = Field(default=None, ge=0)

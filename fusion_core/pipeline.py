@@ -39,6 +39,7 @@ from fusion_core.rewriters import (
     discard,
     missing_output,
 )
+from fusion_core.selection import CostBasedSelection
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.targets import get_target
 from fusion_core.validate import CheckResult, FloatDistribution, compare_models, random_inputs
@@ -93,6 +94,7 @@ class Result:
     rollbacks: list[dict] = field(default_factory=list)  # progressive validation took back
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
     precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
+    selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
 
     @property
     def counts(self) -> dict[str, int]:
@@ -277,7 +279,9 @@ def _rewrite_rounds(
 ) -> None:
     by_name = {p.name: p for p in patterns}
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
-    strategy = PriorityStrategy()
+    strategy: PriorityStrategy | CostBasedSelection = PriorityStrategy()
+    if config.selection != "priority":
+        strategy = CostBasedSelection(config, op_count=sum(1 for _ in result.model.graph))
     ctx = RewriteContext(result.model, get_target(config.target))
     graph = result.model.graph
     timings["match"] = timings["rewrite"] = 0.0
@@ -288,6 +292,8 @@ def _rewrite_rounds(
         timings["match"] += time.perf_counter() - start
         start = time.perf_counter()
         ctx.positions = node_positions(graph)
+        if isinstance(strategy, CostBasedSelection):
+            strategy.positions = ctx.positions
         applied = refusals = 0
         waiting: set[int] = set()  # nodes of candidates a refused one had blocked
         by_node: dict[int, list[Match]] = {}  # built on the first refusal of the round
@@ -329,6 +335,9 @@ def _rewrite_rounds(
                 NearMiss(pattern, tuple(sorted(nodes)), reason)
                 for (pattern, nodes), reason in refused.items()
             ]
+            if isinstance(strategy, CostBasedSelection):
+                result.near_misses += strategy.dropped
+                result.selections = strategy.records
             break
 
 

@@ -64,6 +64,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="measure both models in onnxruntime (latency, per-op times) into the report",
     )
+    p.add_argument(
+        "--selection",
+        choices=["priority", "greedy", "dp", "genetic", "auto"],
+        default="priority",
+        help="choose among overlapping fusions by pattern priority or by predicted gain",
+    )
+    p.add_argument(
+        "--target-profile",
+        default="cpu",
+        help="cost model hardware: cpu, gpu, or a file from `autofusion calibrate`",
+    )
+    p.add_argument("--cost-threshold", type=float, help="minimum predicted speedup ratio")
+    p.add_argument("--memory-limit", type=int, help="maximum fused working set, bytes")
     p.set_defaults(run=run)
 
 
@@ -107,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
             progressive=args.progressive,
             precision=args.precision,
             profile=args.profile,
+            selection=args.selection,
+            target_profile=args.target_profile,
+            cost_threshold=args.cost_threshold,
+            memory_limit=args.memory_limit,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from None

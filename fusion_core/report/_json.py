@@ -92,6 +92,7 @@ def build_report(
         "rollbacks": _rollbacks(result, rollbacks),
         "regions": result.regions.to_dict() if result.regions is not None else None,
         "structure": list(result.structure),
+        "selections": list(result.selections),
         "precision": result.precision.to_dict() if result.precision is not None else None,
     }
 

@@ -194,6 +194,13 @@ class Report(BaseModel):
     structure: list[str] = Field(
         description="What a rewrite broke (outputs, dangling reads, onnx.checker); empty: nothing"
     )
+    selections: list[dict[str, Any]] = Field(
+        description=(
+            "Cost-based selection, one entry per round (strategy, objective_s, chosen and "
+            "rejected candidates with their predicted gain and reason); empty with the "
+            "default priority selection"
+        )
+    )
     precision: dict[str, Any] | None = Field(
         description=(
             "fp16 range analysis (flags: overflow/underflow per region tensor, kept_fp32, "

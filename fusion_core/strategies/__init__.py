@@ -1,5 +1,29 @@
 """Strategies choose a non-overlapping subset of the candidates to rewrite."""
 
 from fusion_core.strategies._priority import PriorityStrategy
+from fusion_core.strategies._selection import (
+    AutoChoice,
+    Candidate,
+    Rejection,
+    Selection,
+    SelectionStrategy,
+)
+from fusion_core.strategies.auto import STRATEGIES, AutoStrategy, strategy_by_name
+from fusion_core.strategies.dp import DPStrategy
+from fusion_core.strategies.genetic import GeneticStrategy
+from fusion_core.strategies.greedy import GreedyStrategy
 
-__all__ = ["PriorityStrategy"]
+__all__ = [
+    "STRATEGIES",
+    "AutoChoice",
+    "AutoStrategy",
+    "Candidate",
+    "DPStrategy",
+    "GeneticStrategy",
+    "GreedyStrategy",
+    "PriorityStrategy",
+    "Rejection",
+    "Selection",
+    "SelectionStrategy",
+    "strategy_by_name",
+]

@@ -1,0 +1,91 @@
+"""Cost-based selection: the cost model prices each candidate, a strategy picks the set.
+
+The pipeline's default (``OptimizeConfig.selection = "priority"``) takes candidates by
+pattern priority. With ``greedy``, ``dp``, ``genetic`` or ``auto`` each round instead
+prices every candidate with ``fusion_core.cost.CostModel`` (the target profile's
+bandwidth, launch overhead and peak FLOP/s over the inferred shapes, or the pattern's
+cost hints when shapes are unknown) and hands them to the strategy, which maximises the
+total predicted gain of a non-overlapping set (``fusion_core.strategies``).
+``cost_threshold`` and ``memory_limit`` drop candidates before the choice; those drops
+become near misses with their reason. Each round's objective, chosen and rejected
+candidates and the strategy's time are kept in ``Result.selections``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fusion_core.config import OptimizeConfig
+from fusion_core.cost import CostModel
+from fusion_core.patterns import Match, NearMiss
+from fusion_core.strategies import Candidate, strategy_by_name
+
+__all__ = ["CostBasedSelection"]
+
+_FILTERS = ("cost_threshold", "memory_limit")
+
+
+class CostBasedSelection:
+    """Same interface as ``PriorityStrategy.select``, plus what it decided and why."""
+
+    def __init__(self, config: OptimizeConfig, *, op_count: int) -> None:
+        self.name = config.selection
+        self.cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
+        self.strategy = strategy_by_name(
+            config.selection,
+            cost_threshold=config.cost_threshold,
+            memory_limit=config.memory_limit,
+        )
+        self.op_count = op_count
+        self.positions: Mapping[int, int] | None = None
+        self.records: list[dict[str, Any]] = []
+        self.dropped: list[NearMiss] = []  # threshold and memory-limit rejections
+
+    def select(self, candidates: Sequence[Match]) -> list[Match]:
+        priced = []
+        for index, match in enumerate(candidates):
+            gain = self.cost.candidate_gain(match)
+            priced.append(
+                Candidate(
+                    index,
+                    match.node_ids(),
+                    gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
+                    gain.working_set_bytes,
+                    gain.speedup,
+                    payload=(match, gain),
+                )
+            )
+        selection = self.strategy.select(priced, positions=self.positions, op_count=self.op_count)
+        for rejection in selection.rejected:
+            if rejection.kind in _FILTERS:
+                match = rejection.candidate.payload[0]
+                reason = f"{self.name} selection: {rejection.reason}"
+                self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
+        self.records.append(
+            {
+                "strategy": selection.strategy,
+                "objective_s": selection.objective,
+                "seconds": selection.seconds,
+                "proven_optimal": selection.proven_optimal,
+                "chosen": [_describe(c) for c in selection.chosen],
+                "rejected": [
+                    {**_describe(r.candidate), "reason": r.reason} for r in selection.rejected
+                ],
+                "notes": list(selection.notes),
+                "auto": selection.auto.to_dict() if selection.auto else None,
+            }
+        )
+        return [c.payload[0] for c in selection.chosen]
+
+
+def _describe(candidate: Candidate) -> dict[str, Any]:
+    match, gain = candidate.payload
+    return {
+        "pattern": match.pattern.name,
+        "nodes": list(match.node_names()),
+        "gain_s": gain.gain_s,
+        "speedup": gain.speedup,
+        "estimated_from": gain.estimated_from,
+    }
