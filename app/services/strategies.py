@@ -18,6 +18,7 @@ from app.core.problems import ProblemError
 from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
 from app.services.registry import if_match_holds
 from fusion_core import CheckOptions
+from fusion_core.catalog import builtin_pattern_data
 
 __all__ = [
     "PRESETS",
@@ -49,6 +50,11 @@ class StrategySpec(BaseModel):
         default=None, description="The target a job uses unless it names its own."
     )
     check: CheckOptions | None = None
+    # Cost-based choice among overlapping fusions (docs/cost.md); unset: the job's own.
+    selection: Literal["priority", "greedy", "dp", "genetic", "auto"] | None = None
+    target_profile: str | None = Field(default=None, max_length=200)
+    cost_threshold: float | None = Field(default=None, gt=0)
+    memory_limit: int | None = Field(default=None, ge=0)
 
     def config_overrides(self) -> dict[str, Any]:
         """The ``OptimizeConfig`` fields this strategy sets (what it leaves unset is absent)."""
@@ -57,8 +63,22 @@ class StrategySpec(BaseModel):
             overrides["target"] = self.target
         if self.check is not None:
             overrides["check"] = self.check.model_dump()
+        for name in ("selection", "target_profile", "cost_threshold", "memory_limit"):
+            if getattr(self, name) is not None:
+                overrides[name] = getattr(self, name)
         return overrides
 
+
+_NLP_PREFIXES = (
+    "attention_",
+    "qkv_",
+    "kv_",
+    "layer_norm",
+    "rms_norm",
+    "skip_layer_norm",
+    "gelu_",
+)
+BUILTIN_PATTERN_NAMES = sorted(p["name"] for p in builtin_pattern_data())
 
 PRESETS = (
     StrategySpec(name="default", description="Every pattern in the registry."),
@@ -79,8 +99,15 @@ PRESETS = (
     ),
     StrategySpec(
         name="nlp",
-        description="Transformers and MLPs: matmul, gemm and their epilogues.",
-        patterns=["matmul_add", "gemm_activation", "gemm_bn"],
+        description=(
+            "Transformers and MLPs: attention, Q/K/V merges, layer and RMS norms with their "
+            "residuals, GELU, and matmul/gemm epilogues."
+        ),
+        patterns=[
+            name
+            for name in BUILTIN_PATTERN_NAMES
+            if name.startswith(_NLP_PREFIXES) or name in ("matmul_add", "gemm_activation")
+        ],
     ),
 )
 

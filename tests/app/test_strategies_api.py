@@ -69,7 +69,10 @@ def test_presets_are_seeded(client):
     assert sorted(by_name) == ["default", "nlp", "vision"]
     assert by_name["default"]["patterns"] is None  # every pattern
     assert by_name["vision"]["patterns"] == VISION
-    assert by_name["nlp"]["patterns"] == ["matmul_add", "gemm_activation", "gemm_bn"]
+    nlp = by_name["nlp"]["patterns"]
+    # every transformer fusion, none of the convolutional ones
+    assert {"attention_mha_sdpa_kt", "qkv_bias_merge", "skip_layer_norm", "matmul_add"} <= set(nlp)
+    assert "gelu_erf_half_inner_bias" in nlp and not any(p.startswith("conv") for p in nlp)
     assert all(s["version"] == 1 and s["exclude"] == [] for s in body["data"])
     # Every preset names patterns the registry has.
     registry = {p["name"] for p in client.get("/v1/patterns").json()["data"]}
@@ -192,3 +195,14 @@ def test_a_strategy_becomes_optimize_config_fields():
     assert config.check.rtol == 0.01 and config.check.samples == 3
     plain = StrategySpec(name="plain", exclude=["pad_conv"]).config_overrides()
     assert plain == {"patterns": None, "exclude": ["pad_conv"]}  # leaves target and check
+
+
+def test_a_strategy_can_choose_by_predicted_gain():
+    spec = StrategySpec(
+        name="fast", selection="dp", target_profile="gpu", cost_threshold=1.05, memory_limit=1 << 20
+    )
+    config = OptimizeConfig(**spec.config_overrides())
+    assert (config.selection, config.target_profile) == ("dp", "gpu")
+    assert (config.cost_threshold, config.memory_limit) == (1.05, 1 << 20)
+    with pytest.raises(ValueError, match="selection"):
+        StrategySpec(name="bad", selection="simulated_annealing")
