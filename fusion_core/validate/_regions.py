@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
+from fusion_core.validate._stats import ErrorStats, Tolerance
+
 __all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions", "tensor_diffs"]
 
 
@@ -119,13 +121,14 @@ def tensor_diffs(
 
     reference = make_session(_with_outputs(a, names))
     candidate = make_session(_with_outputs(b, names))
-    worst = {name: (0.0, 0.0, True) for name in names}
+    # the check's own comparison rule (NaN matches NaN; shape or dtype differences fail)
+    stats = {name: ErrorStats(Tolerance(rtol, atol)) for name in names}
     for feed in feeds:
         expected = reference.run(names, feed)
         actual = candidate.run(names, feed)
         for name, want, got in zip(names, expected, actual, strict=True):
-            worst[name] = _worse(worst[name], _diff(want, got, rtol, atol))
-    return worst
+            stats[name].update(np.asarray(want), np.asarray(got))
+    return {name: (s.max_abs, s.max_rel, s.passed) for name, s in stats.items()}
 
 
 def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
@@ -144,27 +147,6 @@ def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
             info.name = name
         copy.graph.output.append(info)
     return copy
-
-
-def _diff(want: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> tuple[float, float, bool]:
-    want, got = np.asarray(want), np.asarray(got)
-    if want.shape != got.shape or want.dtype != got.dtype:
-        return float("inf"), float("inf"), False
-    if not np.issubdtype(want.dtype, np.number) or want.size == 0:
-        same = bool(np.array_equal(want, got))
-        return (0.0 if same else float("inf")), 0.0, same
-    w, g = want.astype(np.float64), got.astype(np.float64)
-    both_nan = np.isnan(w) & np.isnan(g)
-    err = np.where(both_nan, 0.0, np.abs(w - g))
-    nan_mismatch = bool((np.isnan(w) != np.isnan(g)).any())
-    abs_diff = float(np.nanmax(err))
-    rel_diff = float(np.nanmax(err / np.maximum(np.abs(w), 1e-12)))
-    passed = not nan_mismatch and not bool((err > atol + rtol * np.abs(w)).any())
-    return abs_diff, rel_diff, passed
-
-
-def _worse(a: tuple[float, float, bool], b: tuple[float, float, bool]) -> tuple[float, float, bool]:
-    return max(a[0], b[0]), max(a[1], b[1]), a[2] and b[2]
 
 
 def _finite(data: dict) -> dict:
