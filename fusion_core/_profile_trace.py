@@ -32,7 +32,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,9 @@ KERNEL_SUFFIX = "_kernel_time"
 Feeds = dict[str, np.ndarray]
 
 
-@dataclass(frozen=True)
-class NodeTime:
-    """One node's kernel time over the kept runs (µs, as the trace reports it)."""
+class _KernelTotal:
+    """``count`` kernel runs that took ``total_us`` in all (µs, as the trace reports)."""
 
-    name: str
-    op_type: str
     count: int
     total_us: float
 
@@ -76,17 +73,22 @@ class NodeTime:
         return self.total_us / self.count if self.count else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "op_type": self.op_type,
-            "count": self.count,
-            "total_us": float(self.total_us),
-            "mean_us": float(self.mean_us),
-        }
+        data = asdict(self)  # type: ignore[call-overload]
+        return data | {"total_us": float(self.total_us), "mean_us": float(self.mean_us)}
 
 
 @dataclass(frozen=True)
-class OpTypeTime:
+class NodeTime(_KernelTotal):
+    """One node's kernel time over the kept runs."""
+
+    name: str
+    op_type: str
+    count: int
+    total_us: float
+
+
+@dataclass(frozen=True)
+class OpTypeTime(_KernelTotal):
     """The sum of the node times of one op type: ``nodes`` distinct nodes ran ``count``
     kernels in all."""
 
@@ -94,19 +96,6 @@ class OpTypeTime:
     nodes: int
     count: int
     total_us: float
-
-    @property
-    def mean_us(self) -> float:
-        return self.total_us / self.count if self.count else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "op_type": self.op_type,
-            "nodes": self.nodes,
-            "count": self.count,
-            "total_us": float(self.total_us),
-            "mean_us": float(self.mean_us),
-        }
 
 
 @dataclass(frozen=True)
