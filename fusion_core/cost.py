@@ -100,6 +100,26 @@ class Gain:
             "time_after_s": self.time_after_s,
         }
 
+    def prediction(self) -> dict:
+        """The report's ``predicted_gain``: µs per run, keyed like its ``measured_gain``."""
+        before = _us(self.time_before_s)
+        after = _us(self.time_after_s)
+        return {
+            "before_us": before,
+            "after_us": after,
+            "saved_us": _us(self.gain_s),
+            "ratio": round(after / before, 4) if before and after is not None else None,
+            "speedup": self.speedup,
+            "estimated_from": self.estimated_from,
+            "launches_saved": self.launches_saved,
+            "bytes_saved": self.bytes_saved,
+            "flops_delta": self.flops_delta,
+        }
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e6, 3)
+
 
 @dataclass(frozen=True)
 class _Traffic:

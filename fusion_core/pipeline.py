@@ -27,6 +27,7 @@ import onnx_ir.passes.common as common
 
 from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
+from fusion_core.cost import CostModel
 from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
@@ -41,6 +42,7 @@ from fusion_core.rewriters import (
 )
 from fusion_core.selection import CostBasedSelection
 from fusion_core.strategies import PriorityStrategy
+from fusion_core.switches import resolve_switches
 from fusion_core.targets import get_target
 from fusion_core.validate import CheckResult, FloatDistribution, compare_models, random_inputs
 from fusion_core.validate._ranges import PrecisionReport, check_fp16
@@ -64,6 +66,9 @@ class AppliedFusion:
     new_nodes: tuple[str, ...]
     new_ops: tuple[str, ...]
     round: int
+    # The cost model's prediction for this fusion on config.target_profile
+    # (fusion_core.cost.Gain.prediction), priced on the graph it was applied to.
+    predicted_gain: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -72,6 +77,7 @@ class AppliedFusion:
             "new_nodes": list(self.new_nodes),
             "new_ops": list(self.new_ops),
             "round": self.round,
+            "predicted_gain": self.predicted_gain,
         }
 
 
@@ -95,6 +101,7 @@ class Result:
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
     precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
+    switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
 
     @property
     def counts(self) -> dict[str, int]:
@@ -125,11 +132,16 @@ def optimize(
     """
     config = config or OptimizeConfig()
     if config.progressive:
-        from fusion_core.progressive import optimize_progressive  # it calls optimize()
+        from fusion_core.progressive import DEFAULT_STAGES, optimize_progressive  # it calls us
 
-        stepwise = config.model_copy(update={"progressive": False})
+        stepwise = config.model_copy(update={"progressive": False, "stages": None})
         return optimize_progressive(
-            model, stepwise, registry=registry, patterns=patterns, feeds=feeds
+            model,
+            stepwise,
+            stages=config.stages or DEFAULT_STAGES,
+            registry=registry,
+            patterns=patterns,
+            feeds=feeds,
         )
     registry = registry or builtin_rewriters()
     timings: dict[str, float] = {}
@@ -137,8 +149,10 @@ def optimize(
     original, work = _load(model, keep_original=config.check.enabled)
     timings["load"] = time.perf_counter() - start
 
+    config, switched = resolve_switches(config, work)
     chosen = select_patterns(config, registry, patterns)
     result = Result(model=work, target=config.target, patterns_used=[p.name for p in chosen])
+    result.switches = [s.to_dict() for s in switched]
     result.ops_before = _op_counts(work)
 
     start = time.perf_counter()
@@ -282,6 +296,9 @@ def _rewrite_rounds(
     strategy: PriorityStrategy | CostBasedSelection = PriorityStrategy()
     if config.selection != "priority":
         strategy = CostBasedSelection(config, op_count=sum(1 for _ in result.model.graph))
+        cost = strategy.cost
+    else:  # priority selection ignores the cost model, but the report shows its prediction
+        cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
     ctx = RewriteContext(result.model, get_target(config.target))
     graph = result.model.graph
     timings["match"] = timings["rewrite"] = 0.0
@@ -309,8 +326,9 @@ def _rewrite_rounds(
                 elif (reason := missing_output(match, rewrite)) is not None:
                     discard(rewrite)
                 else:
+                    predicted = cost.candidate_gain(match).prediction()  # before the rewrite
                     apply_rewrite(ctx, match, rewrite)
-                    _record(result, match, rewrite.new_nodes, round_number)
+                    _record(result, match, rewrite.new_nodes, round_number, predicted)
                     applied += 1
                     continue
             refused[_key(match)] = reason
@@ -335,10 +353,10 @@ def _rewrite_rounds(
                 NearMiss(pattern, tuple(sorted(nodes)), reason)
                 for (pattern, nodes), reason in refused.items()
             ]
-            if isinstance(strategy, CostBasedSelection):
-                result.near_misses += strategy.dropped
-                result.selections = strategy.records
             break
+    if isinstance(strategy, CostBasedSelection):  # also when max_rounds ran out
+        result.near_misses += strategy.dropped
+        result.selections = strategy.records
 
 
 def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:
@@ -355,7 +373,13 @@ def _key(match: Match) -> tuple[str, frozenset[str]]:
     return match.pattern.name, frozenset(match.node_names())
 
 
-def _record(result: Result, match: Match, new_nodes: list[ir.Node], round_number: int) -> None:
+def _record(
+    result: Result,
+    match: Match,
+    new_nodes: list[ir.Node],
+    round_number: int,
+    predicted_gain: dict | None,
+) -> None:
     result.applied.append(
         AppliedFusion(
             pattern=match.pattern.name,
@@ -363,6 +387,7 @@ def _record(result: Result, match: Match, new_nodes: list[ir.Node], round_number
             new_nodes=tuple(n.name or "" for n in new_nodes),
             new_ops=tuple(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in new_nodes),
             round=round_number,
+            predicted_gain=predicted_gain,
         )
     )
 

@@ -193,8 +193,10 @@ def _fusions(report: dict[str, Any]) -> str:
 
 
 def _gain(gain: Any) -> str | None:
-    if isinstance(gain, dict) and "before_us" in gain:
+    if isinstance(gain, dict) and gain.get("before_us") is not None:
         return f"{_us(gain.get('before_us'))} -> {_us(gain.get('after_us'))} µs/run"
+    if isinstance(gain, dict) and gain.get("estimated_from") in ("hints", "none"):
+        return f"saves {_us(gain.get('saved_us'))} µs/run ({gain['estimated_from']})"
     return None if gain is None else json.dumps(gain)
 
 

@@ -93,6 +93,7 @@ def build_report(
         "regions": result.regions.to_dict() if result.regions is not None else None,
         "structure": list(result.structure),
         "selections": list(result.selections),
+        "switches": list(result.switches),
         "precision": result.precision.to_dict() if result.precision is not None else None,
     }
 

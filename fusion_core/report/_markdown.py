@@ -48,9 +48,15 @@ def _fusions(report: dict[str, Any]) -> list[str]:
     lines = [f"### Fusions: {total} in {report.get('rounds')} round(s)", ""]
     if not fusions:
         return lines + ["none", ""]
-    lines += ["| pattern | count |", "|---|---:|"]
+    predicted: dict[str, float] = {}  # the cost model's µs saved per run, per pattern
+    for fusion in report.get("applied") or []:
+        saved = (fusion.get("predicted_gain") or {}).get("saved_us")
+        if isinstance(saved, (int, float)):
+            predicted[fusion["pattern"]] = predicted.get(fusion["pattern"], 0.0) + saved
+    lines += ["| pattern | count | predicted µs saved |", "|---|---:|---:|"]
     for name, count in sorted(fusions.items(), key=lambda kv: (-kv[1], kv[0])):
-        lines.append(f"| {_md(name)} | {count} |")
+        saved = f"{predicted[name]:.3g}" if name in predicted else "n/a"
+        lines.append(f"| {_md(name)} | {count} | {saved} |")
     return lines + [""]
 
 

@@ -46,6 +46,30 @@ class MeasuredGain(BaseModel):
     ratio: float | None = Field(description="after_us / before_us: below 1 is faster")
 
 
+class PredictedGain(BaseModel):
+    model_config = _OPEN
+    before_us: float | None = Field(description="Roofline time of the replaced nodes, µs/run")
+    after_us: float | None = Field(description="Roofline time of the fused kernel(s), µs/run")
+    saved_us: float = Field(description="Predicted time saved, µs/run (launches only from hints)")
+    ratio: float | None = Field(description="after_us / before_us: below 1 is faster")
+    speedup: float | None = Field(description="before / after; from cost hints without shapes")
+    estimated_from: Literal["shapes", "hints", "none"]
+    launches_saved: int
+    bytes_saved: int | None
+    flops_delta: int | None = Field(description="FLOPs added (> 0) or removed (< 0)")
+
+
+class SwitchOutcome(BaseModel):
+    model_config = _OPEN
+    when: str = Field(description="The condition, e.g. \"dim('$x', -1) > 1024\"")
+    action: Literal["disable", "enable"]
+    patterns: list[str]
+    fired: bool
+    per_profile: list[bool | str] = Field(
+        description="Per shape profile: the condition's value, or why it was undecided"
+    )
+
+
 class Fusion(BaseModel):
     model_config = _OPEN
     index: int = Field(description="Position in 'applied', in the order fusions were applied")
@@ -55,7 +79,9 @@ class Fusion(BaseModel):
     new_ops: list[str] = Field(description="Op types of the new nodes, domain::op when custom")
     round: int
     provenance: Provenance
-    predicted_gain: Any = Field(description="The cost model's prediction; null until one exists")
+    predicted_gain: PredictedGain | None = Field(
+        description="The cost model's prediction on the config's target profile (docs/cost.md)"
+    )
     measured_gain: MeasuredGain | None = Field(
         description="From the profile's 'regions' entry for a new node; null without one"
     )
@@ -200,6 +226,10 @@ class Report(BaseModel):
             "rejected candidates with their predicted gain and reason); empty with the "
             "default priority selection"
         )
+    )
+    switches: list[SwitchOutcome] = Field(
+        default_factory=list,
+        description="The config's dynamic switches and whether each fired (docs/cost.md)",
     )
     precision: dict[str, Any] | None = Field(
         description=(

@@ -162,7 +162,19 @@ def test_each_fusion_has_provenance_and_gains(conv_report):
         "from_fusions": [],
         "superseded_by": [],
     }
-    assert "predicted_gain" in fusion and fusion["predicted_gain"] is None
+    predicted = fusion["predicted_gain"]  # the cost model on the default "cpu" profile
+    assert predicted["estimated_from"] == "shapes"
+    assert predicted["launches_saved"] == 2  # Conv, BN, Relu -> one FusedConv
+    # c and n (1x4x8x8 float32, 1024 bytes) are no longer written and read back
+    assert predicted["bytes_saved"] == 4 * 1024
+    assert predicted["flops_delta"] < 0  # the BatchNormalization's FLOPs are folded away
+    assert predicted["saved_us"] > 0
+    np.testing.assert_allclose(
+        predicted["saved_us"], predicted["before_us"] - predicted["after_us"], rtol=0, atol=2e-3
+    )
+    np.testing.assert_allclose(
+        predicted["ratio"], predicted["after_us"] / predicted["before_us"], rtol=0, atol=1e-4
+    )
     assert fusion["measured_gain"] == {
         "before_us": 30.0,
         "after_us": 12.0,
