@@ -10,10 +10,11 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 
-__all__ = ["CheckOptions", "OptimizeConfig"]
+__all__ = ["CheckOptions", "OptimizeConfig", "Switch"]
 
 
 class CheckOptions(BaseModel):
@@ -62,6 +63,31 @@ class CheckOptions(BaseModel):
         return [dict(p) for p in self.profiles] or [dict(self.dims)]
 
 
+class Switch(BaseModel):
+    """Patterns turned off (or on) by the input shapes (fusion_core/switches.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # One comparison of shape formulas over graph inputs, e.g. "dim('$x', -1) > 1024".
+    when: str = Field(min_length=1, max_length=500)
+    disable: list[str] = Field(default_factory=list)
+    enable: list[str] = Field(default_factory=list)
+
+    @field_validator("when")
+    @classmethod
+    def _condition(cls, text: str) -> str:
+        from fusion_core.switches import compile_condition  # it imports this module
+
+        compile_condition(text)  # FormulaError is a ValueError: a validation error
+        return text
+
+    @model_validator(mode="after")
+    def _one_action(self) -> Switch:
+        if bool(self.disable) == bool(self.enable):
+            raise ValueError("a switch either disables or enables patterns: give one list")
+        return self
+
+
 class OptimizeConfig(BaseModel):
     """What to fuse, for which target, and how to check it."""
 
@@ -83,6 +109,11 @@ class OptimizeConfig(BaseModel):
     # Fuse in checked stages and roll back only the fusions that break the check
     # (fusion_core.progressive; docs/validation.md).
     progressive: bool = False
+    # The stages of progressive mode, each a list of pattern-name globs; None: the
+    # default stages (fusion_core.progressive.DEFAULT_STAGES).
+    stages: list[list[str]] | None = Field(default=None, min_length=1, max_length=32)
+    # Patterns disabled or enabled by the input shapes (fusion_core/switches.py).
+    switches: list[Switch] = Field(default_factory=list, max_length=64)
     # The precision the fused model will run in: fp16 adds the range analysis of every
     # fused region (overflow, underflow) and the fp32 block list to the result.
     precision: Literal["fp32", "fp16"] = "fp32"

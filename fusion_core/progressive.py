@@ -30,6 +30,7 @@ from fusion_core.catalog import CompiledPattern
 from fusion_core.config import OptimizeConfig
 from fusion_core.pipeline import Result, check_against_original, optimize, select_patterns
 from fusion_core.rewriters import RewriterRegistry, builtin_rewriters
+from fusion_core.switches import resolve_switches
 
 __all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
 
@@ -75,8 +76,10 @@ def optimize_progressive(
     config = config or OptimizeConfig()
     registry = registry or builtin_rewriters()
     check = config.check.model_copy(update={"enabled": True})
+    no_fusion = {"patterns": [], "switches": [], "check": check}
+    first = optimize(model, config.model_copy(update=no_fusion))
+    config, switched = resolve_switches(config, first.model)  # every stage sees the same
     available = [p.name for p in select_patterns(config, registry, patterns)]
-    first = optimize(model, config.model_copy(update={"patterns": [], "check": check}))
     original = first.to_proto()  # after loading and the pre-passes, before any fusion
     current: ir.Model = first.model
     done: list[Result] = []
@@ -101,7 +104,9 @@ def optimize_progressive(
             continue
         done.append(result)
         current = result.model
-    return _combined(first, done, rollbacks, original, config, registry, patterns, feeds)
+    final = _combined(first, done, rollbacks, original, config, registry, patterns, feeds)
+    final.switches = [s.to_dict() for s in switched]
+    return final
 
 
 def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:

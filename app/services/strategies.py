@@ -19,6 +19,7 @@ from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
 from app.services.registry import if_match_holds
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data
+from fusion_core.config import Switch
 
 __all__ = [
     "PRESETS",
@@ -55,6 +56,13 @@ class StrategySpec(BaseModel):
     target_profile: str | None = Field(default=None, max_length=200)
     cost_threshold: float | None = Field(default=None, gt=0)
     memory_limit: int | None = Field(default=None, ge=0)
+    # Patterns turned off or on by the job's input shapes (docs/cost.md).
+    switches: list[Switch] = Field(default_factory=list, max_length=64)
+    # Progressive mode and its stages (lists of pattern-name globs; docs/validation.md).
+    progressive: bool | None = None
+    stages: list[list[str]] | None = Field(default=None, min_length=1, max_length=32)
+    # The precision the fused model will run in: fp16 adds the range analysis.
+    precision: Literal["fp32", "fp16"] | None = None
 
     def config_overrides(self) -> dict[str, Any]:
         """The ``OptimizeConfig`` fields this strategy sets (what it leaves unset is absent)."""
@@ -63,10 +71,23 @@ class StrategySpec(BaseModel):
             overrides["target"] = self.target
         if self.check is not None:
             overrides["check"] = self.check.model_dump()
-        for name in ("selection", "target_profile", "cost_threshold", "memory_limit"):
+        if self.switches:
+            overrides["switches"] = [s.model_dump() for s in self.switches]
+        for name in _OPTIONAL_FIELDS:
             if getattr(self, name) is not None:
                 overrides[name] = getattr(self, name)
         return overrides
+
+
+_OPTIONAL_FIELDS = (
+    "selection",
+    "target_profile",
+    "cost_threshold",
+    "memory_limit",
+    "progressive",
+    "stages",
+    "precision",
+)
 
 
 _NLP_PREFIXES = (
@@ -81,10 +102,21 @@ _NLP_PREFIXES = (
 BUILTIN_PATTERN_NAMES = sorted(p["name"] for p in builtin_pattern_data())
 
 PRESETS = (
-    StrategySpec(name="default", description="Every pattern in the registry."),
+    StrategySpec(
+        name="default",
+        description=(
+            "Every pattern in the registry; the cost model's auto strategy chooses among "
+            "overlapping fusions."
+        ),
+        selection="auto",
+    ),
     StrategySpec(
         name="vision",
-        description="Convolutional networks: conv, batch-norm, pooling and padding fusions.",
+        description=(
+            "Convolutional networks: conv, batch-norm, pooling and padding fusions, the "
+            "exact (dp) choice where conv+bn+relu and conv+add paths compete."
+        ),
+        selection="dp",
         patterns=[
             "conv_bn_relu",
             "conv_bn_add_relu",
@@ -101,8 +133,10 @@ PRESETS = (
         name="nlp",
         description=(
             "Transformers and MLPs: attention, Q/K/V merges, layer and RMS norms with their "
-            "residuals, GELU, and matmul/gemm epilogues."
+            "residuals, GELU, and matmul/gemm epilogues; the exact (dp) choice between a "
+            "whole attention block and its pieces."
         ),
+        selection="dp",
         patterns=[
             name
             for name in BUILTIN_PATTERN_NAMES

@@ -74,6 +74,12 @@ def test_presets_are_seeded(client):
     assert {"attention_mha_sdpa_kt", "qkv_bias_merge", "skip_layer_norm", "matmul_add"} <= set(nlp)
     assert "gelu_erf_half_inner_bias" in nlp and not any(p.startswith("conv") for p in nlp)
     assert all(s["version"] == 1 and s["exclude"] == [] for s in body["data"])
+    # Presets choose among overlapping fusions with the cost model.
+    assert {n: s["selection"] for n, s in by_name.items()} == {
+        "default": "auto",
+        "vision": "dp",
+        "nlp": "dp",
+    }
     # Every preset names patterns the registry has.
     registry = {p["name"] for p in client.get("/v1/patterns").json()["data"]}
     for preset in PRESETS:
@@ -206,3 +212,30 @@ def test_a_strategy_can_choose_by_predicted_gain():
     assert (config.cost_threshold, config.memory_limit) == (1.05, 1 << 20)
     with pytest.raises(ValueError, match="selection"):
         StrategySpec(name="bad", selection="simulated_annealing")
+
+
+def test_a_strategy_carries_switches_stages_and_precision(client):
+    body = {
+        "name": "acme.large_images",
+        "patterns": ["conv_bn_relu", "conv_bn", "conv_activation"],
+        "switches": [{"when": "dim('$x', -1) > 1024", "disable": ["conv_bn_relu"]}],
+        "progressive": True,
+        "stages": [["conv_bn"], ["conv_*"]],
+        "precision": "fp16",
+    }
+    created = client.post("/v1/strategies", json=body)
+    assert created.status_code == 201, created.text
+    stored = client.get("/v1/strategies/acme.large_images").json()
+    assert stored["switches"] == [{**body["switches"][0], "enable": []}]
+    assert stored["stages"] == body["stages"] and stored["precision"] == "fp16"
+    config = OptimizeConfig(**StrategySpec(**body).config_overrides())
+    assert config.progressive and config.stages == [["conv_bn"], ["conv_*"]]
+    assert config.precision == "fp16" and config.switches[0].disable == ["conv_bn_relu"]
+
+
+def test_a_switch_that_does_not_parse_is_refused_with_its_field(client):
+    body = {"name": "bad_switch", "switches": [{"when": "open('/etc/x') > 0", "disable": ["x"]}]}
+    response = client.post("/v1/strategies", json=body)
+    assert response.status_code == 422
+    assert "body.switches.0.when" in response.text
+    assert "the functions are sqrt(x) and dim(ref, axis)" in response.text
