@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import yaml
 from google.protobuf.message import DecodeError
 
 from app.cli._exit import EXIT_CHECK_FAILED, EXIT_OK
@@ -77,7 +78,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cost-threshold", type=float, help="minimum predicted speedup ratio")
     p.add_argument("--memory-limit", type=int, help="maximum fused working set, bytes")
-    p.set_defaults(run=run)
+    p.add_argument(
+        "--strategy",
+        metavar="FILE",
+        help="a strategy (YAML/JSON, the document POST /v1/strategies takes): patterns, "
+        "selection, switches, stages...; options given here override it",
+    )
+    p.set_defaults(run=run, default_of=p.get_default)
 
 
 def _profile(text: str) -> dict[str, int]:
@@ -98,35 +105,86 @@ def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
 
+# CLI option -> the OptimizeConfig field it sets (check options under "check.").
+_CONFIG_OPTIONS = {
+    "target": "target",
+    "patterns": "patterns",
+    "exclude": "exclude",
+    "no_check": "check.enabled",
+    "rtol": "check.rtol",
+    "atol": "check.atol",
+    "samples": "check.samples",
+    "seed": "check.seed",
+    "shape": "check.profiles",
+    "progressive": "progressive",
+    "precision": "precision",
+    "profile": "profile",
+    "selection": "selection",
+    "target_profile": "target_profile",
+    "cost_threshold": "cost_threshold",
+    "memory_limit": "memory_limit",
+}
+
+
+def _option_value(args: argparse.Namespace, option: str) -> Any:
+    value = getattr(args, option)
+    if option in ("patterns", "exclude"):
+        return _names(value) if option == "patterns" else _names(value) or []
+    if option == "no_check":
+        return not value
+    if option == "shape":
+        return [_profile(text) for text in value]
+    return value
+
+
+def build_config(args: argparse.Namespace, extra_patterns: list[dict]) -> OptimizeConfig:
+    """The strategy file's settings (if any), then every option given on the command line."""
+    data: dict[str, Any] = {"check": {}}
+    if args.strategy:
+        data |= _strategy_overrides(args.strategy)
+        data["check"] = dict(data.get("check") or {})
+    default_of = getattr(args, "default_of", lambda _option: None)
+    for option, field in _CONFIG_OPTIONS.items():
+        if args.strategy and getattr(args, option) == default_of(option):
+            continue  # not given: the strategy's value (or the config's default) stands
+        section, _, name = field.rpartition(".")
+        (data["check"] if section else data)[name] = _option_value(args, option)
+    data["extra_patterns"] = extra_patterns
+    try:
+        return OptimizeConfig(**data)
+    except ValueError as exc:
+        raise ConfigError(f"invalid options: {exc}") from None
+
+
+def _strategy_overrides(path: str) -> dict[str, Any]:
+    """Config fields from a file, as ``autofusion submit --strategy FILE`` takes them; a
+    named strategy's document (``POST /v1/strategies``) works too: its name and
+    description are dropped."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # JSON is YAML
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the strategy file {path!r}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path} must hold a mapping of config fields (patterns, selection...)")
+    fields = {k: v for k, v in document.items() if k not in _STRATEGY_ONLY}
+    try:  # validated here so that the error names the file
+        OptimizeConfig(**fields)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path} is not a valid strategy: {exc}", hint="see docs/cost.md, 'Strategy configs'"
+        ) from None
+    return fields
+
+
+_STRATEGY_ONLY = ("name", "description")
+
+
 def run(args: argparse.Namespace) -> int:
     extra = []
     for path in args.pattern_file:
         load_pattern_file(path)  # compile once here so errors name the file
         extra += parse_pattern_text(Path(path).read_text(encoding="utf-8"), path)
-    try:
-        config = OptimizeConfig(
-            target=args.target,
-            patterns=_names(args.patterns),
-            exclude=_names(args.exclude) or [],
-            extra_patterns=extra,
-            check=CheckOptions(
-                enabled=not args.no_check,
-                rtol=args.rtol,
-                atol=args.atol,
-                samples=args.samples,
-                seed=args.seed,
-                profiles=[_profile(text) for text in args.shape],
-            ),
-            progressive=args.progressive,
-            precision=args.precision,
-            profile=args.profile,
-            selection=args.selection,
-            target_profile=args.target_profile,
-            cost_threshold=args.cost_threshold,
-            memory_limit=args.memory_limit,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"invalid options: {exc}") from None
+    config = build_config(args, extra)
     feeds = None
     if args.inputs:
         feeds = load_inputs(args.inputs, _graph_only(args.model))
@@ -135,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     profile = None
     if args.profile:
         dims = config.check.shape_profiles()[0]
-        options = ProfileOptions(seed=args.seed, dims=dims)
+        options = ProfileOptions(seed=config.check.seed, dims=dims)
         profile = profile_models(
             args.model, args.output, feeds=(feeds or [None])[0], options=options
         )
