@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fusion_core.errors import ConfigError
 
@@ -58,7 +58,24 @@ class TargetProfile(BaseModel):
         gt=0, description="bytes a fused kernel's working set should fit in (fast memory)"
     )
     memory_pool_bytes: int = Field(gt=0, description="bytes of memory the runtime may allocate")
+    # The roofline prices every kernel alike; a runtime's fused kernels are not all as good
+    # as its plain ones (onnxruntime's CPU SkipLayerNormalization is slower than the Add
+    # and LayerNormalization it replaces). Per rewriter name: the measured time of the
+    # kernel(s) it emits over the roofline's prediction, relative to the unfused nodes'
+    # (learned from profiled reports by `autofusion calibrate --from-report`; 1 if absent).
+    kernel_factors: dict[str, float] = Field(default_factory=dict)
     calibration: Calibration | None = None
+
+    @field_validator("kernel_factors")
+    @classmethod
+    def _positive(cls, factors: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in factors.items() if not v > 0}
+        if bad:
+            raise ValueError(f"kernel factors must be positive: {bad}")
+        return factors
+
+    def kernel_factor(self, rewriter: str) -> float:
+        return self.kernel_factors.get(rewriter, 1.0)
 
     def seconds(self, *, bytes_moved: float, flops: float, launches: float) -> float:
         """Roofline time of ``launches`` kernels moving ``bytes_moved`` and computing."""

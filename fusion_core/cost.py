@@ -18,9 +18,11 @@ read and written. Per candidate (a ``Match``):
 Priced by a ``TargetProfile`` as a roofline per kernel: ``time = max(bytes / bandwidth,
 FLOPs / peak) + launch overhead``. ``time_before_s`` sums that over the fused nodes;
 ``time_after_s`` prices the fused kernel(s): the same bytes less ``bytes_saved``, the
-FLOPs plus ``flops_delta``. ``gain_s = time_before_s - time_after_s`` (for memory-bound
-nodes: launches saved * launch overhead + bytes saved / bandwidth + FLOPs removed /
-peak) and ``speedup = time_before_s / time_after_s``.
+FLOPs plus ``flops_delta``, times the profile's measured ``kernel_factors`` entry for the
+rewriter (how much slower or faster than the roofline its kernel runs, relative to the
+unfused nodes; 1 when the profile has none). ``gain_s = time_before_s - time_after_s``
+(for memory-bound nodes and a factor of 1: launches saved * launch overhead + bytes saved
+/ bandwidth + FLOPs removed / peak) and ``speedup = time_before_s / time_after_s``.
 
 When a shape is unknown (symbolic, not resolved by ``dims``) the estimate falls back to
 the pattern's ``cost_hints``: ``speedup = 1 / (1 - max(memory_saving, compute_saving))``
@@ -176,7 +178,7 @@ class CostModel:
             bytes_moved=sum(c.bytes for c in known.values()) - traffic.bytes_saved,
             flops=sum(c.flops for c in known.values()) - removed,
             launches=effect.kernels_after,
-        )
+        ) * self.profile.kernel_factor(match.pattern.rewriter.name)
         return Gain(
             pattern=match.pattern.name,
             nodes=tuple(match.node_names()),

@@ -33,6 +33,7 @@ from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, n
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
 from fusion_core.rewriters import (
+    Rewrite,
     RewriteContext,
     RewriterRegistry,
     apply_rewrite,
@@ -66,6 +67,7 @@ class AppliedFusion:
     new_nodes: tuple[str, ...]
     new_ops: tuple[str, ...]
     round: int
+    rewriter: str | None = None  # its name in the rewriter registry
     # The cost model's prediction for this fusion on config.target_profile
     # (fusion_core.cost.Gain.prediction), priced on the graph it was applied to.
     predicted_gain: dict | None = None
@@ -77,6 +79,7 @@ class AppliedFusion:
             "new_nodes": list(self.new_nodes),
             "new_ops": list(self.new_ops),
             "round": self.round,
+            "rewriter": self.rewriter,
             "predicted_gain": self.predicted_gain,
         }
 
@@ -328,7 +331,7 @@ def _rewrite_rounds(
                 else:
                     predicted = cost.candidate_gain(match).prediction()  # before the rewrite
                     apply_rewrite(ctx, match, rewrite)
-                    _record(result, match, rewrite.new_nodes, round_number, predicted)
+                    _record(result, match, rewrite, round_number, compiled.rewriter.name, predicted)
                     applied += 1
                     continue
             refused[_key(match)] = reason
@@ -376,10 +379,12 @@ def _key(match: Match) -> tuple[str, frozenset[str]]:
 def _record(
     result: Result,
     match: Match,
-    new_nodes: list[ir.Node],
+    rewrite: Rewrite,
     round_number: int,
+    rewriter: str,
     predicted_gain: dict | None,
 ) -> None:
+    new_nodes = rewrite.new_nodes
     result.applied.append(
         AppliedFusion(
             pattern=match.pattern.name,
@@ -387,6 +392,7 @@ def _record(
             new_nodes=tuple(n.name or "" for n in new_nodes),
             new_ops=tuple(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in new_nodes),
             round=round_number,
+            rewriter=rewriter,
             predicted_gain=predicted_gain,
         )
     )

@@ -12,6 +12,10 @@ optimizations are off so onnxruntime runs the nodes as written. Cache sizes and 
 come from the operating system. ``--quick`` uses small sizes and few repetitions (a
 few seconds; the numbers are rougher).
 
+``--from-report R.json`` does not measure: it learns how the fused kernels run against
+the roofline from profiled reports and adds those kernel factors to ``--base``
+(``app/cli/_calibrate_kernels.py``).
+
 Exit codes: 0 measured and written, 2 usage or option error or the file cannot be
 written.
 """
@@ -92,6 +96,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--name", default="calibrated", help="the profile's name (calibrated)")
     p.add_argument("--quick", action="store_true", help="small sizes, few runs: a few seconds")
+    p.add_argument(
+        "--from-report",
+        action="append",
+        default=[],
+        metavar="REPORT",
+        help="learn kernel factors from profiled reports (optimize --profile --report) "
+        "instead of measuring; repeat for several",
+    )
+    p.add_argument(
+        "--base",
+        default="cpu",
+        help="with --from-report: the profile the factors are added to (default cpu)",
+    )
     p.set_defaults(run=run)
 
 
@@ -105,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             "(letters, digits, '_', '.', '-')\n"
         )
         return EXIT_CONFIG
+    if args.from_report:
+        from app.cli._calibrate_kernels import run_from_reports
+
+        return run_from_reports(args)
     sizes = Sizes.for_mode(args.quick)
     measured = measure(sizes, threads=args.threads)
     profile = _profile(args.name, measured, sizes, threads=args.threads, quick=args.quick)

@@ -78,6 +78,7 @@ class Fusion(BaseModel):
     new_nodes: list[str]
     new_ops: list[str] = Field(description="Op types of the new nodes, domain::op when custom")
     round: int
+    rewriter: str | None = Field(default=None, description="The rewriter that made it")
     provenance: Provenance
     predicted_gain: PredictedGain | None = Field(
         description="The cost model's prediction on the config's target profile (docs/cost.md)"

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from onnx import numpy_helper
 
+from fusion_core._cost_fit import fit_kernel_factors
 from fusion_core.catalog import builtin_patterns
 from fusion_core.cost import CostModel, Gain, TargetProfile, load_target_profile, shipped_profiles
 from fusion_core.errors import ConfigError
@@ -325,8 +326,9 @@ def test_gains_serialise_to_strict_json():
 def test_shipped_profiles_load_with_positive_prices(name):
     loaded = load_target_profile(name)
     assert name in shipped_profiles() and loaded.name == name
-    for value in loaded.model_dump(exclude={"name", "description", "calibration"}).values():
-        assert value > 0
+    prices = loaded.model_dump(exclude={"name", "description", "calibration", "kernel_factors"})
+    assert all(value > 0 for value in prices.values())
+    assert all(value > 0 for value in loaded.kernel_factors.values())
 
 
 def test_the_gpu_profile_is_faster_than_the_cpu_one():
@@ -372,3 +374,66 @@ def test_a_profile_missing_a_field_or_not_a_mapping_is_refused(tmp_path):
 
 def test_cost_model_accepts_a_profile_name():
     assert CostModel("gpu").profile.name == "gpu"
+
+
+# --- kernel factors (a profile's measured correction of the roofline, per rewriter) ----
+
+
+def _conv_bn_relu_match():
+    model = conv_bn_relu()
+    return matches(model)["conv_bn_relu"]
+
+
+def test_a_kernel_factor_scales_the_fused_kernels_time_only():
+    match = _conv_bn_relu_match()
+    assert match.pattern.rewriter.name == "fuse_activation"
+    plain = CostModel(profile()).candidate_gain(match)
+    slow = CostModel(profile(kernel_factors={"fuse_activation": 4.0})).candidate_gain(match)
+    other = CostModel(profile(kernel_factors={"skip_layer_norm": 4.0})).candidate_gain(match)
+    assert slow.time_before_s == plain.time_before_s
+    assert slow.time_after_s == pytest.approx(4.0 * plain.time_after_s, rel=1e-12)
+    assert slow.gain_s < 0 < plain.gain_s  # the fusion is now predicted to lose
+    assert other == plain  # a factor for another rewriter changes nothing
+
+
+def test_a_profile_refuses_a_factor_that_is_not_positive():
+    with pytest.raises(ValueError, match="must be positive"):
+        profile(kernel_factors={"fuse_activation": 0.0})
+
+
+def _entry(rewriter, predicted, measured, from_fusions=()):
+    return {
+        "rewriter": rewriter,
+        "provenance": {"from_fusions": list(from_fusions)},
+        "predicted_gain": {"before_us": predicted[0], "after_us": predicted[1]},
+        "measured_gain": {"before_us": measured[0], "after_us": measured[1]},
+    }
+
+
+def test_factors_are_fitted_against_the_machine_scale():
+    report = {
+        "applied": [
+            # unfused nodes run 2x their roofline here: the scale
+            _entry("fuse_activation", (10.0, 5.0), (20.0, 10.0)),  # as predicted: 1
+            _entry("fuse_activation", (30.0, 10.0), (60.0, 30.0)),  # 1.5
+            _entry("skip_layer_norm", (10.0, 4.0), (20.0, 32.0)),  # 4x slower: 4
+            # a chain (built on fusion 0): its kernel is the last fusion's; not in the scale
+            _entry("merge_siblings", (1.0, 5.0), (999.0, 30.0), from_fusions=[0]),
+            # no measurement (the report was not profiled there): ignored
+            {"rewriter": "fold_batchnorm", "predicted_gain": {"before_us": 1, "after_us": 1}},
+        ]
+    }
+    scale, fitted = fit_kernel_factors([report])
+    assert scale == 2.0
+    by_name = {f.rewriter: f for f in fitted}
+    assert sorted(by_name) == ["fuse_activation", "merge_siblings", "skip_layer_norm"]
+    assert by_name["fuse_activation"].factor == 1.25  # median of 1 and 1.5
+    assert (by_name["fuse_activation"].low, by_name["fuse_activation"].high) == (1.0, 1.5)
+    assert by_name["fuse_activation"].regions == 2
+    assert by_name["skip_layer_norm"].factor == 4.0
+    assert by_name["merge_siblings"].factor == 3.0  # 30 / (5 * 2)
+
+
+def test_reports_without_profiled_regions_cannot_be_fitted():
+    with pytest.raises(ConfigError, match="optimize --profile"):
+        fit_kernel_factors([{"applied": [{"rewriter": "x", "predicted_gain": None}]}])
