@@ -2,22 +2,25 @@
 
 A profiled report (``optimize --profile``) holds, per fused region, the cost model's
 prediction (``predicted_gain``: roofline µs of the replaced nodes and of the fused
-kernel) and onnxruntime's measurement (``measured_gain``: traced µs of the same). The
-roofline is off by a machine-wide scale (the runtime reaches some fraction of the
-bandwidth it prices) and, for some fused kernels, by more: that excess is the factor.
+kernel) and onnxruntime's measurement (``measured_gain``: traced µs of the same).
 
-- The scale ``s`` is the median, over regions made by a single fusion, of measured
-  before / predicted before: how the unfused nodes really run against the roofline.
-- A region's factor is measured after / (predicted after * s): its fused kernel against
-  what the roofline, scaled like the unfused nodes, says. Where later fusions built on
-  earlier ones (Conv+BN folded, then the Relu joined), the region's kernel is the last
-  fusion's, so the last fusion's rewriter and predicted after are used.
+- A region's factor is its measured ratio over its predicted one,
+  ``(measured after / measured before) / (predicted after / predicted before)``: how
+  much slower (> 1) or faster the fused kernel runs, relative to the nodes it replaced,
+  than the roofline says. Multiplying the fused kernel's predicted time by it makes the
+  predicted ratio the measured one; being a ratio of ratios, it does not depend on how
+  far the roofline is off for the whole machine.
+- Where later fusions built on earlier ones (Conv+BN folded, then the Relu joined), the
+  region's kernel is the last fusion's and its rewriter gets the factor; the region's
+  predicted before is the chain's: the sum of every fusion's before less the afters
+  that a later fusion consumed.
 - A rewriter's factor is the median over its regions; ``FittedFactor`` keeps the count
-  and the range so a caller can see how much the regions agree.
+  and the range so a caller can see how much the regions agree. The machine scale
+  (median measured / predicted before, over all regions) is returned as a diagnostic.
 
 The factor multiplies the fused kernel's predicted time (``TargetProfile.kernel_factors``),
-so a factor of 4 makes a fusion whose kernel runs 4x slower than its roofline predict a
-loss, and cost-based selection leaves it out.
+so a fusion whose kernel measured slower than the nodes it replaced is predicted to lose,
+and cost-based selection leaves it out.
 """
 
 from __future__ import annotations
@@ -49,16 +52,17 @@ def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, lis
     measurement (a report made without ``--profile``, or before predictions existed).
     """
     regions = [r for report in reports for r in _regions(report.get("applied") or [])]
-    singles = [r.measured_before / r.predicted_before for r in regions if r.single]
-    if not singles:
+    if not regions:
         raise ConfigError(
             "no fused region in these reports has both a predicted and a measured gain",
             hint="write the reports with `autofusion optimize --profile --report FILE`",
         )
-    scale = statistics.median(singles)
+    scale = statistics.median(r.measured_before / r.predicted_before for r in regions)
     by_rewriter: dict[str, list[float]] = defaultdict(list)
     for r in regions:
-        by_rewriter[r.rewriter].append(r.measured_after / (r.predicted_after * scale))
+        measured = r.measured_after / r.measured_before
+        predicted = r.predicted_after / r.predicted_before
+        by_rewriter[r.rewriter].append(measured / predicted)
     fitted = [
         FittedFactor(name, statistics.median(values), len(values), min(values), max(values))
         for name, values in sorted(by_rewriter.items())
@@ -69,8 +73,7 @@ def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, lis
 @dataclass(frozen=True)
 class _Region:
     rewriter: str
-    single: bool  # made by one fusion (no earlier fusion's nodes inside)
-    predicted_before: float
+    predicted_before: float  # of the whole chain of fusions that made the region
     predicted_after: float
     measured_before: float
     measured_after: float
@@ -78,18 +81,37 @@ class _Region:
 
 def _regions(applied: Sequence[Mapping[str, Any]]) -> list[_Region]:
     found = []
-    for entry in applied:
-        predicted = entry.get("predicted_gain") or {}
+    for index, entry in enumerate(applied):
         measured = entry.get("measured_gain") or {}
+        chain = _chain(applied, index)
+        if chain is None or not entry.get("rewriter"):
+            continue
+        before = sum(_predicted(applied[i], "before_us") for i in chain)
+        before -= sum(_predicted(applied[i], "after_us") for i in chain[:-1])
         numbers = (
-            predicted.get("before_us"),
-            predicted.get("after_us"),
+            before,
+            _predicted(entry, "after_us"),
             measured.get("before_us"),
             measured.get("after_us"),
         )
-        rewriter = entry.get("rewriter")
-        if not rewriter or not all(isinstance(n, (int, float)) and n > 0 for n in numbers):
-            continue
-        single = not (entry.get("provenance") or {}).get("from_fusions")
-        found.append(_Region(rewriter, single, *numbers))
+        if all(isinstance(n, (int, float)) and n > 0 for n in numbers):
+            found.append(_Region(entry["rewriter"], *numbers))
     return found
+
+
+def _predicted(entry: Mapping[str, Any], key: str) -> float:
+    value = (entry.get("predicted_gain") or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _chain(applied: Sequence[Mapping[str, Any]], index: int) -> list[int] | None:
+    """``index`` after every earlier fusion it built on (None if a link is missing)."""
+    chain: list[int] = []
+    for earlier in (applied[index].get("provenance") or {}).get("from_fusions") or []:
+        if not 0 <= earlier < index:
+            return None
+        part = _chain(applied, earlier)
+        if part is None:
+            return None
+        chain += part
+    return chain + [index]
