@@ -240,7 +240,11 @@ class _Attempt:
             report_digest = self.store.put_file(output / sandbox.REPORT_FILE)
             artifacts = {
                 name: self.store.put_file(output / name)
-                for name in (sandbox.REPORT_HTML_FILE, sandbox.REPORT_MARKDOWN_FILE)
+                for name in (
+                    sandbox.REPORT_HTML_FILE,
+                    sandbox.REPORT_MARKDOWN_FILE,
+                    sandbox.PROFILE_TRACE_FILE,
+                )
                 if (output / name).is_file()
             }
         except Exception as exc:  # worth a retry: the store may be back

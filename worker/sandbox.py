@@ -8,7 +8,9 @@ Pure: no database, no broker, no settings. The worker prepares FOLDER::
     input/NAME      the model, and its external-data files beside it
 
 and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
-``output/report.json`` with its renderings ``report.html`` and ``report.md``, or
+``output/report.json`` with its renderings ``report.html`` and ``report.md`` (and,
+when the config asks to profile, ``profile_trace.json``: onnxruntime's own profiler
+trace of a few runs of the fused model), or
 ``output/error.json`` ``{"kind", "message"}`` with kind ``model``, ``config``,
 ``pattern`` (the user's fault: the job fails at once), ``memory`` (counts as a crash)
 or ``internal``. Progress goes to stdout as JSON lines ``{"stage": "prepasses",
@@ -47,6 +49,7 @@ __all__ = [
     "JOB_FILE",
     "LOG_FILE",
     "PATTERNS_FILE",
+    "PROFILE_TRACE_FILE",
     "REPORT_FILE",
     "REPORT_HTML_FILE",
     "REPORT_MARKDOWN_FILE",
@@ -65,6 +68,8 @@ FUSED_FILE = "fused.onnx"
 REPORT_FILE = "report.json"
 REPORT_HTML_FILE = "report.html"
 REPORT_MARKDOWN_FILE = "report.md"
+PROFILE_TRACE_FILE = "profile_trace.json"
+TRACE_RUNS = 3
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
@@ -143,6 +148,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
         _emit(progress, "profiling", 0.82)
         options = ProfileOptions(dims=config.check.shape_profiles()[0])
         profile = profile_models(model_path, output / FUSED_FILE, options=options).to_dict()
+        _keep_trace(model_path, output / FUSED_FILE, output, options.dims)
     report = build_report(
         result,
         model=job["model"],
@@ -161,6 +167,33 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     fused = onnx.load(output / FUSED_FILE, load_external_data=False)
     html = render_html(report, original=original, fused=fused)
     (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
+
+
+def _keep_trace(model_path: Path, fused_path: Path, output: Path, dims: dict[str, int]) -> None:
+    """Write onnxruntime's profiler trace of ``TRACE_RUNS`` runs of the fused model (the
+    settings ``fusion_core.profile`` traces with) to ``PROFILE_TRACE_FILE``. The profile
+    in the report keeps only aggregates; this is the raw trace, for chrome://tracing or
+    Perfetto. A failure here costs the trace, not the job."""
+    try:
+        import onnx
+        import onnxruntime as ort
+
+        from fusion_core.validate import random_inputs
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+        so.enable_profiling, so.profile_file_prefix = True, str(output / "ort-trace")
+        session = ort.InferenceSession(str(fused_path), so, providers=["CPUExecutionProvider"])
+        original = onnx.load(model_path, load_external_data=False)
+        feeds = random_inputs(original, seed=0, dims=dims)
+        inputs = {i.name: feeds[i.name] for i in session.get_inputs()}
+        for _ in range(TRACE_RUNS):
+            session.run(None, inputs)
+        os.replace(session.end_profiling(), output / PROFILE_TRACE_FILE)
+    except Exception:  # logged: the report has the profile already
+        sys.stderr.write("could not keep the profiler trace:\n")
+        traceback.print_exc()
 
 
 def _test_crash() -> None:

@@ -19,6 +19,8 @@ __all__ = [
     "SessionDep",
     "SettingsDep",
     "StoreDep",
+    "check_scope",
+    "principal_for_token",
     "require_scope",
 ]
 
@@ -57,6 +59,12 @@ def get_principal(
     token = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
         token = authorization[7:].strip()
+    return principal_for_token(settings, session, token)
+
+
+def principal_for_token(settings: Settings, session: Session, token: str | None) -> Principal:
+    """Who ``token`` is (None: no key sent); 401 for an unknown key, or for none when keys
+    are required. The API (headers) and the dashboard (its cookie) both come here."""
     if token:
         principal = authenticate(session, token)
         if principal is None:
@@ -82,15 +90,20 @@ def _unauthorized(detail: str) -> ProblemError:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
+def check_scope(principal: Principal, scope: str) -> Principal:
+    """``principal``, or 403 when it lacks ``scope``."""
+    if not principal.can(scope):
+        raise ProblemError(
+            403,
+            "forbidden",
+            "Forbidden",
+            f"this API key lacks the {scope!r} scope; ask an admin for a key that has it",
+        )
+    return principal
+
+
 def require_scope(scope: str):
     def check(principal: PrincipalDep) -> Principal:
-        if not principal.can(scope):
-            raise ProblemError(
-                403,
-                "forbidden",
-                "Forbidden",
-                f"this API key lacks the {scope!r} scope; ask an admin for a key that has it",
-            )
-        return principal
+        return check_scope(principal, scope)
 
     return check

@@ -34,7 +34,14 @@ from fusion_core.ir import model_from_proto
 from fusion_core.patterns import Matcher, NearMiss
 from fusion_core.prepasses import PrepassOptions, run_prepasses
 
-__all__ = ["LISTED", "PatternTrial", "load_self_contained", "trial_upload", "try_pattern"]
+__all__ = [
+    "LISTED",
+    "PatternTrial",
+    "load_self_contained",
+    "receive_trial_model",
+    "trial_upload",
+    "try_pattern",
+]
 
 LISTED = 1000  # matches and near misses returned in full up to this many each
 
@@ -52,6 +59,12 @@ class PatternTrial:
 
 async def trial_upload(request: Request, settings: Settings, record: PatternRecord) -> PatternTrial:
     """Receive the multipart upload (one ``model`` part) and try ``record`` on it."""
+    model = await receive_trial_model(request, settings)
+    return await run_in_threadpool(try_pattern, record, model)
+
+
+async def receive_trial_model(request: Request, settings: Settings) -> ir.Model:
+    """The multipart upload's one ``model`` part, checked and loaded (self-contained)."""
     upload = await receive_upload(request, settings)
     try:
         if upload.data_names or upload.config_text is not None:
@@ -64,7 +77,7 @@ async def trial_upload(request: Request, settings: Settings, record: PatternReco
         model = await run_in_threadpool(load_self_contained, upload.model_path, settings)
     finally:
         await run_in_threadpool(shutil.rmtree, upload.folder, True)
-    return await run_in_threadpool(try_pattern, record, model)
+    return model
 
 
 def load_self_contained(path: Path, settings: Settings) -> ir.Model:

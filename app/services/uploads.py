@@ -46,6 +46,7 @@ __all__ = [
     "MAX_DATA_FILES",
     "StoredUpload",
     "Upload",
+    "accept_received",
     "accept_upload",
     "check_file_name",
     "create_job_for_upload",
@@ -71,6 +72,8 @@ class Upload:
     model_name: str | None = None
     data_names: list[str] = field(default_factory=list)
     config_text: str | None = None
+    # Small text parts a caller asked for by name (the dashboard's form fields).
+    fields: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_path(self) -> Path:
@@ -124,8 +127,10 @@ class _FormWriter:
     """python-multipart callbacks: file parts go to disk as they arrive, ``config`` to a
     bounded buffer; anything unexpected stops the upload with a problem."""
 
-    def __init__(self, upload: Upload) -> None:
+    def __init__(self, upload: Upload, text_fields: frozenset[str] = frozenset()) -> None:
         self.upload = upload
+        self.text_fields = text_fields
+        self._text: bytearray | None = None
         self.finished = False
         self._header_name = bytearray()
         self._header_value = bytearray()
@@ -192,6 +197,10 @@ class _FormWriter:
             if self._config is not None:
                 raise _bad_upload("send at most one 'config' part", CONFIG_FIELD)
             self._config = bytearray()
+        elif self._field in self.text_fields and filename is None:
+            if self._field in self.upload.fields:
+                raise _bad_upload(f"send at most one {self._field!r} part", self._field)
+            self._text = bytearray()
         else:
             raise _bad_upload(
                 f"unknown form field {self._field!r}; expected 'model', 'data' or 'config'",
@@ -210,6 +219,12 @@ class _FormWriter:
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self._file is not None:
             self._file.write(data[start:end])
+        elif self._text is not None:
+            if len(self._text) + (end - start) > MAX_CONFIG_BYTES:
+                raise _too_large(
+                    f"the {self._field!r} part exceeds {MAX_CONFIG_BYTES} bytes", MAX_CONFIG_BYTES
+                )
+            self._text += data[start:end]
         elif self._config is not None and self._field == CONFIG_FIELD:
             if len(self._config) + (end - start) > MAX_CONFIG_BYTES:
                 raise _too_large(
@@ -220,6 +235,9 @@ class _FormWriter:
     def on_part_end(self) -> None:
         if self._file is not None:
             self.close()
+        elif self._text is not None:
+            self.upload.fields[self._field] = _decode(bytes(self._text))
+            self._text = None
         elif self._field == CONFIG_FIELD and self._config is not None:
             try:
                 self.upload.config_text = bytes(self._config).decode("utf-8")
@@ -256,14 +274,19 @@ def remove_folder(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-async def receive_upload(request: Request, settings: Settings) -> Upload:
-    """Stream the multipart body into a new upload folder, enforcing the size limit."""
+async def receive_upload(
+    request: Request, settings: Settings, *, text_fields: frozenset[str] = frozenset()
+) -> Upload:
+    """Stream the multipart body into a new upload folder, enforcing the size limit.
+
+    ``text_fields``: names of small text parts accepted besides model, data and config
+    (kept in ``Upload.fields``)."""
     limit = settings.max_upload_bytes
     boundary = _boundary(request.headers.get("content-type"))
     _check_declared_length(request.headers.get("content-length"), limit)
     upload = Upload(settings.uploads_dir / uuid.uuid4().hex)
     upload.folder.mkdir(parents=True)
-    writer = _FormWriter(upload)
+    writer = _FormWriter(upload, text_fields)
     try:
         parser = MultipartParser(boundary, writer.callbacks())
         received = 0
@@ -342,7 +365,11 @@ def store_upload(upload: Upload, store: ArtifactStore) -> tuple[str, list[dict[s
 
 async def accept_upload(request: Request, settings: Settings, store: ArtifactStore) -> StoredUpload:
     """Receive, check and store an upload; the upload folder is gone afterwards."""
-    upload = await receive_upload(request, settings)
+    return await accept_received(await receive_upload(request, settings), settings, store)
+
+
+async def accept_received(upload: Upload, settings: Settings, store: ArtifactStore) -> StoredUpload:
+    """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards."""
     try:
         options = parse_options(upload.config_text)
         await run_in_threadpool(inspect_model, upload.model_path, upload.data_names, settings)

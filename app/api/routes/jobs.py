@@ -6,8 +6,6 @@ Every job route answers 404 for another tenant's job, exactly as for a missing o
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -17,9 +15,10 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
 from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
-from app.core.problems import ProblemError, problem_responses
+from app.core.problems import problem_responses
 from app.models import JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
+from app.services import job_files
 from app.services.auth import Principal
 from app.services.events import job_events
 from app.services.jobs import cancel_job, get_job, list_jobs
@@ -205,17 +204,6 @@ def events(
     )
 
 
-def _not_available(job_id: str, status: str, what: str) -> ProblemError:
-    return ProblemError(
-        409,
-        "job-not-succeeded",
-        "Job has no result",
-        f"job {job_id} is {status}: {what}; follow /v1/jobs/{job_id}/events or poll "
-        f"/v1/jobs/{job_id}",
-        job_status=status,
-    )
-
-
 @router.get(
     "/v1/jobs/{job_id}/model",
     response_class=FileResponse,
@@ -233,23 +221,11 @@ def download_model(
 ) -> FileResponse:
     """The fused model (only once the job has succeeded)."""
     job = get_job(session, principal.tenant_id, job_id)
-    if job.status != JobStatus.succeeded or not job.fused_digest:
-        raise _not_available(job.id, job.status, "the fused model exists once it has succeeded")
-    # A copy in a temporary file: the response streams it without holding it in memory,
-    # whichever store holds the blob, and the copy is removed once sent.
-    downloads = settings.data_dir / "downloads"
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=downloads, delete=False) as tmp:
-        path = Path(tmp.name)
-    try:
-        store.fetch(job.fused_digest, path)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    path = job_files.fused_model_copy(job, store, settings.data_dir / "downloads")
     return FileResponse(
         path,
         media_type="application/octet-stream",
-        filename=f"{Path(job.model_name).stem}.fused.onnx",
+        filename=job_files.fused_model_filename(job),
         background=BackgroundTask(path.unlink, missing_ok=True),
     )
 
@@ -266,16 +242,11 @@ def download_report(
 ) -> Response:
     """The job's JSON report (once it has finished with one)."""
     job = get_job(session, principal.tenant_id, job_id)
-    if not JobStatus(job.status).is_final or not job.report_digest:
-        raise _not_available(job.id, job.status, "the report exists once it has finished")
-    return Response(store.read_bytes(job.report_digest), media_type="application/json")
+    return Response(job_files.report_bytes(job, store), media_type="application/json")
 
 
-# The renderings of the report the worker stores beside it (worker/sandbox.py).
-ARTIFACT_TYPES = {
-    "report.html": "text/html; charset=utf-8",
-    "report.md": "text/markdown; charset=utf-8",
-}
+# The files the worker stores beside the report (worker/sandbox.py).
+ARTIFACT_TYPES = job_files.ARTIFACT_TYPES
 
 
 @router.get(
@@ -283,7 +254,9 @@ ARTIFACT_TYPES = {
     responses={
         200: {
             "content": {media: {} for media in ARTIFACT_TYPES.values()},
-            "description": "report.html (self-contained, charts and region pictures) or report.md",
+            "description": "report.html (self-contained, charts and region pictures), "
+            "report.md, or profile_trace.json (onnxruntime's profiler trace of the fused "
+            "model, when the job profiled)",
         },
         **problem_responses(401, 404, 409, 422),
     },
@@ -292,16 +265,8 @@ def download_artifact(
     job_id: str, name: str, principal: PrincipalDep, session: SessionDep, store: StoreDep
 ) -> Response:
     """One of the job's stored files besides the model and report.json."""
-    if name not in ARTIFACT_TYPES:
-        raise ProblemError(
-            404,
-            "artifact-not-found",
-            "No such artifact",
-            f"jobs have no artifact {name!r}; the artifacts are {sorted(ARTIFACT_TYPES)}",
-        )
+    job_files.check_artifact_name(name)
     job = get_job(session, principal.tenant_id, job_id)
-    digest = ((job.summary or {}).get("artifacts") or {}).get(name)
-    if not JobStatus(job.status).is_final or not digest:
-        raise _not_available(job.id, job.status, f"{name} exists once it has succeeded")
-    headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
-    return Response(store.read_bytes(digest), media_type=ARTIFACT_TYPES[name], headers=headers)
+    headers = {"Content-Security-Policy": job_files.ARTIFACT_CSP}
+    body = job_files.artifact_bytes(job, name, store)
+    return Response(body, media_type=ARTIFACT_TYPES[name], headers=headers)
