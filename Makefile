@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
+# chromium (apt-get install chromium) from a throwaway embedded server.
+screenshots: $(STAMP)
+	$(BIN)/python tests/browser/screenshots.py --out docs/screenshots
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -22,6 +22,7 @@ from app.services.artifacts import make_store
 from app.services.metrics import install_metrics
 from app.services.registry import seed_builtins
 from app.services.strategies import seed_strategies
+from app.ui import install_ui
 from worker.celery_app import make_celery
 from worker.tasks import enqueue_job
 
@@ -70,4 +71,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_metrics(app)
     for module in (health, metrics, jobs, patterns, strategies):
         app.include_router(module.router)
+    install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)
     return app

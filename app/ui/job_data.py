@@ -1,0 +1,98 @@
+"""What the job pages read besides the row: the report and the models, from the store.
+
+Blobs are content-addressed, so what is derived from one (a report's speedup) is cached
+by digest and never goes stale.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import onnx
+
+from app.models import Job, JobStatus
+from app.services.artifacts import ArtifactStore
+from app.ui.report_view import DASH, latency_ratio, report_view
+
+__all__ = ["LIVE", "job_row", "load_report_view", "speedup_of"]
+
+logger = logging.getLogger(__name__)
+
+LIVE = frozenset({JobStatus.queued.value, JobStatus.running.value})
+# Region pictures load both models' graphs into the API process: only up to this size.
+MAX_PICTURE_MODEL_BYTES = 200 * 1024 * 1024
+_RATIOS: dict[str, float | None] = {}
+_MAX_CACHED = 4096
+
+
+def speedup_of(job: Job, store: ArtifactStore) -> float | None:
+    """fused / original latency at ORT_ENABLE_ALL, from the job's report (if profiled)."""
+    digest = job.report_digest
+    if not digest or job.status != JobStatus.succeeded.value:
+        return None
+    if digest not in _RATIOS:
+        try:
+            ratio = latency_ratio(json.loads(store.read_bytes(digest)))
+        except (OSError, ValueError) as exc:
+            logger.warning("job %s: cannot read its report: %s", job.id, exc)
+            return None
+        if len(_RATIOS) >= _MAX_CACHED:
+            _RATIOS.clear()
+        _RATIOS[digest] = ratio
+    return _RATIOS[digest]
+
+
+def _created(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def job_row(job: Job, store: ArtifactStore) -> dict[str, Any]:
+    """One line of the jobs table."""
+    summary = job.summary or {}
+    check = summary.get("check")
+    verdict = DASH
+    if isinstance(check, dict) and check.get("passed") is not None:
+        verdict = "passed" if check["passed"] else "failed"
+    ratio = speedup_of(job, store)
+    return {
+        "id": job.id,
+        "status": job.status,
+        "model_name": job.model_name,
+        "target": summary.get("target") or (job.config or {}).get("target") or DASH,
+        "ratio": f"{ratio:.3f}" if ratio else None,
+        "speedup": f"{1 / ratio:.2f}×" if ratio else DASH,
+        "verdict": verdict,
+        "created": _created(job.created_at),
+        "live": job.status in LIVE,
+    }
+
+
+def _load_model(store: ArtifactStore, digest: str | None) -> onnx.ModelProto | None:
+    if not digest:
+        return None
+    data = store.read_bytes(digest)
+    if len(data) > MAX_PICTURE_MODEL_BYTES:
+        return None
+    # The graph only: a model's external data stays where it is.
+    return onnx.load_model_from_string(data)
+
+
+def load_report_view(job: Job, store: ArtifactStore) -> dict[str, Any] | None:
+    """The report as the page shows it, with region pictures when the models allow."""
+    if not job.report_digest:
+        return None
+    report = json.loads(store.read_bytes(job.report_digest))
+    original = fused = None
+    if job.status == JobStatus.succeeded.value and report.get("applied"):
+        try:
+            original = _load_model(store, job.model_digest)
+            fused = _load_model(store, job.fused_digest)
+        except Exception as exc:  # a picture is not worth failing the page for
+            logger.warning("job %s: no region pictures: %s", job.id, exc)
+            original = fused = None
+    view = report_view(report, original=original, fused=fused)
+    view["model"] = report.get("model")
+    return view

@@ -1,0 +1,173 @@
+"""Dashboard pages: the jobs list, one job (live while it runs, its report once done),
+cancel, and downloads authenticated by the dashboard's cookie."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import FileResponse, RedirectResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import SessionDep, SettingsDep, StoreDep
+from app.core.problems import ProblemError
+from app.models import Job, JobStatus
+from app.services import job_files
+from app.services.jobs import cancel_job, get_job, list_jobs
+from app.ui.common import UIPrincipal, render, require
+from app.ui.job_data import LIVE, job_row, load_report_view
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/ui/jobs", include_in_schema=False)
+
+PAGE_SIZE = 20
+STATUSES = [status.value for status in JobStatus]
+# What /ui/jobs/{id}/download/{what} serves: the API's files, by a short name.
+DOWNLOADS = {"report.html", "report.md", "trace", "model", "report"}
+
+
+def _status_filter(status: str | None) -> str | None:
+    if not status:
+        return None
+    if status not in STATUSES:
+        raise ProblemError(
+            422, "invalid-request", "Invalid request", f"status must be one of {STATUSES}"
+        )
+    return status
+
+
+def _page_context(
+    session: SessionDep, store: StoreDep, tenant_id: str, status: str | None, page: int
+) -> dict:
+    jobs, total = list_jobs(
+        session, tenant_id, status=status, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE
+    )
+    rows = [job_row(job, store) for job in jobs]
+    return {
+        "rows": rows,
+        "status": status or "",
+        "statuses": STATUSES,
+        "page": page,
+        "pages": max(math.ceil(total / PAGE_SIZE), 1),
+        "total": total,
+        "has_next": page * PAGE_SIZE < total,
+        "live": any(row["live"] for row in rows),
+    }
+
+
+Page = Annotated[int, Query(ge=1, le=1_000_000)]
+
+
+@router.get("")
+def jobs_page(
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    store: StoreDep,
+    status: str | None = None,
+    page: Page = 1,
+):
+    """The tenant's jobs, newest first, filtered by status, a page at a time."""
+    context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)
+    return render(request, "jobs.html", context)
+
+
+@router.get("/rows")
+def jobs_rows(
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    store: StoreDep,
+    status: str | None = None,
+    page: Page = 1,
+):
+    """The table body alone, polled while a job in view is live (then no more)."""
+    context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)
+    return render(request, "_job_rows.html", context)
+
+
+def _job_context(job: Job) -> dict:
+    live = job.status in LIVE
+    return {
+        "job": job,
+        "live": live,
+        "cancel_requested": bool(job.cancel_requested),
+        "progress": max(0.0, min(1.0, job.progress or 0.0)),
+    }
+
+
+@router.get("/{job_id}")
+def job_page(
+    job_id: str, request: Request, principal: UIPrincipal, session: SessionDep, store: StoreDep
+):
+    """One job: its state (live while queued or running), then its report."""
+    job = get_job(session, principal.tenant_id, job_id)
+    context = _job_context(job)
+    context["report"] = None if context["live"] else load_report_view(job, store)
+    context["artifacts"] = sorted((job.summary or {}).get("artifacts") or {})
+    return render(request, "job.html", context)
+
+
+@router.get("/{job_id}/live")
+def job_live(job_id: str, request: Request, principal: UIPrincipal, session: SessionDep):
+    """The live section; once the job has finished, HX-Refresh loads the whole page."""
+    job = get_job(session, principal.tenant_id, job_id)
+    context = _job_context(job)
+    headers = {} if context["live"] else {"HX-Refresh": "true"}
+    return render(request, "_job_live.html", context, headers=headers)
+
+
+@router.post("/{job_id}/cancel")
+def job_cancel(job_id: str, principal: UIPrincipal, session: SessionDep):
+    """Cancel the job (a POST form: see app/ui/common.py on CSRF), then show it."""
+    require(principal, "jobs:write")
+    job = get_job(session, principal.tenant_id, job_id)
+    if not JobStatus(job.status).is_final:  # it may have finished meanwhile: just show it
+        cancel_job(session, job)
+        session.commit()
+    return RedirectResponse(f"/ui/jobs/{job.id}", status_code=303)
+
+
+@router.get("/{job_id}/download/{what}")
+async def job_download(
+    job_id: str,
+    what: str,
+    principal: UIPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> Response:
+    """The API's downloads (model, report, artifacts), authenticated by the cookie."""
+    if what not in DOWNLOADS:
+        raise ProblemError(404, "not-found", "Not found", f"there is no download {what!r}")
+    job = get_job(session, principal.tenant_id, job_id)
+    stem = job_files.fused_model_filename(job).removesuffix(".fused.onnx")
+    if what == "model":
+        folder = settings.data_dir / "downloads"
+        path = await run_in_threadpool(job_files.fused_model_copy, job, store, folder)
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            filename=job_files.fused_model_filename(job),
+            background=BackgroundTask(path.unlink, missing_ok=True),
+        )
+    if what == "report":
+        body = await run_in_threadpool(job_files.report_bytes, job, store)
+        disposition = f'attachment; filename="{_ascii(stem)}.report.json"'
+        return Response(
+            body, media_type="application/json", headers={"Content-Disposition": disposition}
+        )
+    name = "profile_trace.json" if what == "trace" else what
+    body = await run_in_threadpool(job_files.artifact_bytes, job, name, store)
+    headers = {"Content-Security-Policy": job_files.ARTIFACT_CSP}
+    if name != "report.html":
+        headers["Content-Disposition"] = f'attachment; filename="{_ascii(stem)}.{name}"'
+    return Response(body, media_type=job_files.ARTIFACT_TYPES[name], headers=headers)
+
+
+def _ascii(name: str) -> str:
+    """A file name safe inside a quoted header value."""
+    return "".join(c if c.isascii() and c.isalnum() or c in "._-" else "_" for c in name)

@@ -1,0 +1,189 @@
+"""Dashboard pages of the pattern registry: list, view (with history), create and edit as
+YAML, enable/disable, and try a pattern on an uploaded model (no job is created)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import SessionDep, SettingsDep
+from app.core.problems import ProblemError
+from app.models import PatternRecord
+from app.schemas.registry import PatternSummary, PatternTestResult
+from app.services import registry
+from app.services.pattern_trial import receive_trial_model, try_pattern
+from app.ui.common import UIPrincipal, form_errors, render, require
+from app.ui.report_view import match_pictures
+from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag
+from fusion_core.errors import FusionError
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/ui/patterns", include_in_schema=False)
+
+YamlField = Annotated[str, Form(max_length=1 << 20)]
+VersionField = Annotated[str | None, Form()]
+_NEW_PATTERN = """\
+name: acme.conv_relu
+description: A Relu after a Conv, as one fused op.
+priority: 10
+targets: [generic, onnxruntime]
+nodes:
+  - {id: conv, op: Conv}
+  - {id: act, op: Relu, inputs: {"0": conv}}
+constraints:
+  - {kind: attr, node: conv, name: group, eq: 1}
+rewriter: {name: fused_region, params: {domain: ai.acme}}
+"""
+
+
+@router.get("")
+def patterns_page(request: Request, principal: UIPrincipal, session: SessionDep):
+    """Every pattern (deleted ones excluded) and the registry version."""
+    rows = [PatternSummary.from_record(r) for r in registry.list_patterns(session)]
+    context = {"patterns": rows, "registry_version": registry.registry_version(session)}
+    return render(request, "patterns.html", context)
+
+
+def _form(request: Request, *, action: str, text: str, errors=(), status=200, **extra):
+    context = {"action": action, "yaml": text, "errors": list(errors), **extra}
+    return render(request, "pattern_form.html", context, status_code=status)
+
+
+@router.get("/new")
+def new_pattern_page(request: Request, principal: UIPrincipal):
+    """An empty form (an example to start from)."""
+    return _form(request, action="/ui/patterns/new", text=_NEW_PATTERN, name=None)
+
+
+@router.post("/new")
+def create_pattern(request: Request, principal: UIPrincipal, session: SessionDep, yaml: YamlField):
+    """Register the pattern; errors show next to the text, which is kept."""
+    require(principal, "patterns:write")
+    try:
+        record = registry.create_pattern(session, parse_yaml(yaml), principal.label)
+    except (ProblemError, FusionError, ValidationError) as exc:
+        session.rollback()
+        status, errors = form_errors(exc, "yaml")
+        if isinstance(exc, ProblemError) and exc.slug == "pattern-exists":
+            errors = [{"field": "name", "message": exc.detail}]
+        return _form(
+            request, action="/ui/patterns/new", text=yaml, errors=errors, status=status, name=None
+        )
+    return RedirectResponse(f"/ui/patterns/{record.name}", status_code=303)
+
+
+def _pattern_context(session: SessionDep, record: PatternRecord) -> dict:
+    return {
+        "pattern": record,
+        "yaml": dump_yaml(record.spec),
+        "versions": registry.pattern_history(session, record.name),
+        "summary": PatternSummary.from_record(record),
+    }
+
+
+@router.get("/{name}")
+def pattern_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
+    """A pattern: its YAML, history, enable/disable, edit, and try on a model."""
+    context = _pattern_context(session, registry.get_pattern(session, name))
+    return render(request, "pattern.html", context)
+
+
+@router.get("/{name}/edit")
+def edit_pattern_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
+    """The current spec as YAML, with the version it was read at."""
+    record = registry.get_pattern(session, name)
+    return _form(
+        request,
+        action=f"/ui/patterns/{record.name}/edit",
+        text=dump_yaml(record.spec),
+        name=record.name,
+        version=record.version,
+    )
+
+
+@router.post("/{name}/edit")
+def edit_pattern(
+    name: str,
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    yaml: YamlField,
+    version: VersionField = None,
+):
+    """A new version of the pattern, unless someone changed it since (then say so)."""
+    require(principal, "patterns:write")
+    record = registry.get_pattern(session, name)
+    try:
+        record = registry.change_pattern(
+            session,
+            name,
+            "update",
+            spec=parse_yaml(yaml),
+            if_match=version_etag(name, version),
+            actor=principal.label,
+        )
+    except (ProblemError, FusionError, ValidationError) as exc:
+        session.rollback()
+        status, errors = form_errors(exc, "yaml")
+        if isinstance(exc, ProblemError) and exc.status == 412:
+            errors = [{"field": "version", "message": exc.detail}]
+        elif isinstance(exc, ProblemError) and exc.slug == "pattern-name-mismatch":
+            errors = [{"field": "name", "message": exc.detail}]
+        return _form(
+            request,
+            action=f"/ui/patterns/{name}/edit",
+            text=yaml,
+            errors=errors,
+            status=status,
+            name=name,
+            version=version or record.version,
+        )
+    return RedirectResponse(f"/ui/patterns/{record.name}", status_code=303)
+
+
+@router.post("/{name}/toggle")
+def toggle_pattern(
+    name: str, principal: UIPrincipal, session: SessionDep, version: VersionField = None
+):
+    """Enable a disabled pattern, or disable an enabled one."""
+    require(principal, "patterns:write")
+    record = registry.get_pattern(session, name)
+    change = "disable" if record.enabled else "enable"
+    registry.change_pattern(
+        session, name, change, if_match=version_etag(name, version), actor=principal.label
+    )
+    return RedirectResponse(f"/ui/patterns/{name}", status_code=303)
+
+
+@router.get("/{name}/versions/{version}")
+def pattern_version_page(
+    name: str, version: int, request: Request, principal: UIPrincipal, session: SessionDep
+):
+    """One immutable version of a pattern, as YAML."""
+    row = registry.get_pattern_version(session, name, version)
+    context = {"row": row, "yaml": dump_yaml(row.spec)}
+    return render(request, "pattern_version.html", context)
+
+
+@router.post("/{name}/try")
+async def try_pattern_page(
+    name: str, request: Request, principal: UIPrincipal, session: SessionDep, settings: SettingsDep
+):
+    """Match the pattern on an uploaded model (the API's /test): matches and near misses."""
+    record = registry.get_pattern(session, name)
+    context = _pattern_context(session, record)
+    try:
+        model = await receive_trial_model(request, settings)
+        trial = await run_in_threadpool(try_pattern, record, model)
+    except (ProblemError, FusionError) as exc:
+        status, errors = form_errors(exc, "model")
+        context["try_errors"] = errors
+        return render(request, "pattern.html", context, status_code=status)
+    context["trial"] = PatternTestResult.from_trial(trial)
+    context["pictures"] = await run_in_threadpool(match_pictures, model, trial.matches)
+    return render(request, "pattern.html", context)

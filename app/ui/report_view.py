@@ -1,0 +1,244 @@
+"""The job report (``report.json``, version 2) as what the job page shows.
+
+Everything is read defensively: sections owned by other layers may grow or be absent
+(``check``, ``profile``), and ``predicted_gain`` has no fixed shape. The charts and region
+pictures come from ``fusion_core.report``'s helpers, which escape every label, so their
+SVG is the only markup marked safe here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+from markupsafe import Markup
+
+from fusion_core.report import MAX_REGION_PICTURES
+from fusion_core.report._charts import grouped_bars
+from fusion_core.report._graph import GraphIndex, region_svg
+from fusion_core.report._provenance import final_nodes
+
+__all__ = ["DASH", "MAX_MATCH_PICTURES", "fmt", "latency_ratio", "match_pictures", "report_view"]
+
+DASH = "—"
+_MAX_ROWS = 1000
+_MAX_OP_TYPES = 25
+MAX_MATCH_PICTURES = 10
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    number = _num(value)
+    return DASH if number is None else f"{number:.{digits}g}"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def latency_ratio(report: Mapping[str, Any], level: str = "ORT_ENABLE_ALL") -> float | None:
+    """fused / original median latency at ``level``; None when not profiled there."""
+    for comparison in _list(_dict(report.get("profile")).get("latency")):
+        if _dict(comparison).get("level") == level:
+            return _num(comparison.get("ratio"))
+    return None
+
+
+def _levels(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for comparison in map(_dict, _list(profile.get("latency"))):
+        sessions = {s.get("label"): s for s in map(_dict, _list(comparison.get("sessions")))}
+        ratio = _num(comparison.get("ratio"))
+        rows.append(
+            {
+                "level": str(comparison.get("level") or "?"),
+                "ratio": fmt(ratio, 3),
+                "speedup": f"{1 / ratio:.2f}×" if ratio else DASH,
+                "original_ms": fmt(_dict(sessions.get("original")).get("median_ms")),
+                "fused_ms": fmt(_dict(sessions.get("fused")).get("median_ms")),
+                "original_create_ms": fmt(_dict(sessions.get("original")).get("create_ms")),
+                "fused_create_ms": fmt(_dict(sessions.get("fused")).get("create_ms")),
+            }
+        )
+    return rows
+
+
+def _gain_text(gain: Any) -> str:
+    """A predicted gain of any shape, in a few words; ``—`` for none."""
+    if gain is None:
+        return DASH
+    if isinstance(gain, dict) and ("saved_us" in gain or "speedup" in gain):
+        parts = []
+        if _num(gain.get("saved_us")) is not None:
+            parts.append(f"saved {fmt(gain['saved_us'], 3)} µs/run")
+        if _num(gain.get("speedup")) is not None:
+            parts.append(f"{fmt(gain['speedup'], 3)}×")
+        if parts:
+            return ", ".join(parts)
+    if isinstance(gain, dict):
+        parts = [
+            f"{key} {fmt(value)}" if _num(value) is not None else f"{key} {value}"
+            for key, value in gain.items()
+            if isinstance(value, int | float | str) and not isinstance(value, bool)
+        ]
+        return ", ".join(parts) or json.dumps(gain)[:200]
+    if _num(gain) is not None:
+        return fmt(gain)
+    return json.dumps(gain)[:200] if not isinstance(gain, str) else gain[:200]
+
+
+def _fusions(applied: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per pattern: count, replaced nodes, predicted and measured gains."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for fusion in applied:
+        groups.setdefault(str(fusion.get("pattern")), []).append(fusion)
+    rows = []
+    for pattern, fusions in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        predicted = [_gain_text(f.get("predicted_gain")) for f in fusions]
+        measured = [_dict(f.get("measured_gain")) for f in fusions]
+        saved = [v for v in (_num(m.get("saved_us")) for m in measured) if v is not None]
+        ratios = [v for v in (_num(m.get("ratio")) for m in measured) if v is not None]
+        rows.append(
+            {
+                "pattern": pattern,
+                "count": len(fusions),
+                "replaced": [str(n) for f in fusions for n in _list(f.get("replaced_nodes"))],
+                "predicted": DASH if all(p == DASH for p in predicted) else "; ".join(predicted),
+                "saved_us": fmt(sum(saved)) if saved else DASH,
+                "ratio": fmt(sum(ratios) / len(ratios), 3) if ratios else DASH,
+            }
+        )
+    return rows
+
+
+def _validation(check: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": str(o.get("name")),
+            "passed": bool(o.get("passed")),
+            "max_abs": fmt(o.get("max_abs_diff", o.get("max_abs"))),
+            "max_rel": fmt(o.get("max_rel_diff", o.get("max_rel"))),
+            "rtol": fmt(o.get("rtol")),
+            "atol": fmt(o.get("atol")),
+        }
+        for o in map(_dict, _list(check.get("outputs")))
+    ]
+
+
+def _op_times(node_profile: Any) -> dict[str, float]:
+    profile = _dict(node_profile)
+    runs = max(int(_num(profile.get("runs")) or 1), 1)
+    return {
+        str(o.get("op_type")): (_num(o.get("total_us")) or 0.0) / runs
+        for o in map(_dict, _list(profile.get("op_types")))
+    }
+
+
+def _op_type_chart(profile: dict[str, Any]) -> Markup | None:
+    nodes = _dict(profile.get("nodes"))
+    before, after = _op_times(nodes.get("original")), _op_times(nodes.get("fused"))
+    if not before and not after:
+        return None
+    ops = sorted(set(before) | set(after), key=lambda op: -(before.get(op, 0) + after.get(op, 0)))
+    rows = [(op, [before.get(op), after.get(op)]) for op in ops[:_MAX_OP_TYPES]]
+    svg = grouped_bars("chart-op-types", "time per op type", rows, ["original", "fused"], "µs/run")
+    return Markup(svg)  # grouped_bars escapes every label
+
+
+def _regions(
+    applied: list[dict[str, Any]], original: onnx.ModelProto, fused: onnx.ModelProto
+) -> list[dict[str, Any]]:
+    before, after = GraphIndex(original), GraphIndex(fused)
+    regions = []
+    for position, fusion in enumerate(applied[:MAX_REGION_PICTURES]):
+        index = fusion.get("index", position)
+        names = _list(_dict(fusion.get("provenance")).get("original_nodes")) or _list(
+            fusion.get("replaced_nodes")
+        )
+        label = f"#{index} {fusion.get('pattern')}"
+        left = region_svg(before, [str(n) for n in names], f"{label}: before")
+        right = region_svg(after, final_nodes(applied, index), f"{label}: after")
+        regions.append(
+            {
+                "label": label,
+                # region_svg escapes node names, op types and titles.
+                "before": Markup(left) if left else None,
+                "after": Markup(right) if right else None,
+            }
+        )
+    return regions
+
+
+def report_view(
+    report: dict[str, Any],
+    *,
+    original: onnx.ModelProto | None = None,
+    fused: onnx.ModelProto | None = None,
+) -> dict[str, Any]:
+    """What the job page renders of ``report``; region pictures need both models."""
+    profile, check, nodes = (_dict(report.get(k)) for k in ("profile", "check", "nodes"))
+    applied = [f for f in _list(report.get("applied")) if isinstance(f, dict)]
+    rollbacks = report.get("rollbacks")
+    regions = None
+    if original is not None and fused is not None and applied:
+        regions = _regions(applied, original, fused)
+    return {
+        "target": report.get("target"),
+        "levels": _levels(profile),
+        "checked": report.get("check") is not None,
+        "check_passed": bool(check.get("passed")),
+        "check_error": check.get("error"),
+        "max_abs": fmt(check.get("max_abs_diff")),
+        "nodes_before": nodes.get("before"),
+        "nodes_after": nodes.get("after"),
+        "fusion_count": len(applied),
+        "fusions": _fusions(applied),
+        "near_misses": [
+            {
+                "pattern": str(m.get("pattern")),
+                "nodes": [str(n) for n in _list(m.get("nodes"))],
+                "reason": str(m.get("reason")),
+            }
+            for m in map(_dict, _list(report.get("near_misses"))[:_MAX_ROWS])
+        ],
+        "near_miss_count": len(_list(report.get("near_misses"))),
+        "rollbacks": [
+            {
+                "pattern": str(r.get("pattern")),
+                "nodes": [str(n) for n in _list(r.get("nodes"))],
+                "error": str(r.get("error")),
+            }
+            for r in map(_dict, _list(rollbacks))
+        ],
+        "validation": _validation(check),
+        "op_chart": _op_type_chart(profile),
+        "regions": regions,
+        "regions_left_out": max(len(applied) - MAX_REGION_PICTURES, 0),
+    }
+
+
+def match_pictures(model: ir.Model, matches: list[list[str]]) -> list[Markup]:
+    """The first matches of a pattern trial drawn in ``model`` (after the pre-passes),
+    the matched nodes highlighted among their neighbours."""
+    if not matches:
+        return []
+    index = GraphIndex(ir.to_proto(model))
+    pictures = []
+    for number, names in enumerate(matches[:MAX_MATCH_PICTURES], start=1):
+        svg = region_svg(index, names, f"match {number}")
+        if svg:
+            pictures.append(Markup(svg))  # region_svg escapes every label
+    return pictures

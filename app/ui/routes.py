@@ -1,0 +1,80 @@
+"""The dashboard's router: /ui, sign in and out, and the pages of each resource
+(app/ui/jobs.py, submit.py, patterns.py, strategies.py). None is in the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse
+
+from app.api.deps import SessionDep, SettingsDep
+from app.services.auth import authenticate
+from app.ui import jobs, patterns, strategies, submit
+from app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
+
+__all__ = ["router"]
+
+router = APIRouter(include_in_schema=False)
+for module in (jobs, submit, patterns, strategies):
+    router.include_router(module.router)
+
+
+@router.get("/")
+@router.get("/ui")
+def home() -> RedirectResponse:
+    """The server's root opens the dashboard (README: `make run`, then open :8000)."""
+    return RedirectResponse("/ui/jobs", status_code=303)
+
+
+@router.get("/ui/login")
+def login_page(
+    request: Request, settings: SettingsDep, reason: str | None = None, next: str | None = None
+):
+    """Paste an API key; it is kept in an HttpOnly cookie for this dashboard only."""
+    context = {
+        "message": LOGIN_REASONS.get(reason or ""),
+        "next": safe_next(next),
+        "keys_required": settings.require_api_keys,
+        "errors": [],
+    }
+    return render(request, "login.html", context)
+
+
+@router.post("/ui/login")
+def login(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    key: Annotated[str, Form(max_length=500)] = "",
+    next: Annotated[str | None, Form()] = None,
+):
+    """Check the key as the API would; on success keep it in the cookie."""
+    key = key.strip()
+    if not key or authenticate(session, key) is None:
+        message = "Paste an API key." if not key else "This API key is unknown or was revoked."
+        context = {
+            "message": None,
+            "next": safe_next(next),
+            "keys_required": settings.require_api_keys,
+            "errors": [{"field": "key", "message": message}],
+        }
+        return render(request, "login.html", context, status_code=401)
+    response = RedirectResponse(safe_next(next), status_code=303)
+    response.set_cookie(
+        COOKIE,
+        key,
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.api_route("/ui/logout", methods=["GET", "POST"])
+def logout() -> RedirectResponse:
+    """Forget the key (the cookie); the key itself stays valid."""
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,114 @@
+"""Dashboard: submit a model. The upload takes the API's path: the same streaming
+receiver and size limit, the same model checks, the same job creation and enqueueing
+as ``POST /v1/optimize``; only the options come from form fields, not a JSON part."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import get_args
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import SessionDep, SettingsDep, StoreDep
+from app.core.problems import ProblemError
+from app.services.strategies import list_strategies
+from app.services.uploads import (
+    Upload,
+    accept_received,
+    check_file_name,
+    create_job_for_upload,
+    receive_upload,
+    remove_folder,
+)
+from app.ui.common import UIPrincipal, form_errors, render, require
+from fusion_core.config import OptimizeConfig
+from fusion_core.errors import FusionError
+
+__all__ = ["router"]
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/ui/submit", include_in_schema=False)
+
+TARGETS = list(get_args(OptimizeConfig.model_fields["target"].annotation))
+FORM_FIELDS = frozenset({"target", "strategy", "model_name", "profile"})
+# Where an error of the upload shows: next to the field it is about.
+_FIELD_OF = {"config.target": "target", "config.strategy": "strategy", "config": "model"}
+
+
+def _form(request: Request, session: SessionDep, values: dict, errors: list, status: int = 200):
+    context = {
+        "targets": TARGETS,
+        "strategies": [s.name for s in list_strategies(session)],
+        "values": values,
+        "errors": errors,
+    }
+    return render(request, "submit.html", context, status_code=status)
+
+
+@router.get("")
+def submit_page(request: Request, principal: UIPrincipal, session: SessionDep):
+    """The upload form."""
+    return _form(request, session, {"target": ""}, [])
+
+
+def _apply_fields(upload: Upload) -> None:
+    """The form fields as the API's ``config`` part, and the model's name if given."""
+    fields = upload.fields
+    config: dict = {}
+    if fields.get("target"):
+        config["target"] = fields["target"]
+    if fields.get("strategy"):
+        config["strategy"] = fields["strategy"]
+    if "profile" in fields:
+        config["profile"] = True
+    upload.config_text = json.dumps(config)
+    name = fields.get("model_name", "").strip()
+    if name and name != upload.model_name:
+        check_file_name(name, "model_name")
+        upload.model_path.rename(upload.folder / name)
+        upload.model_name = name
+
+
+@router.post("")
+async def submit(
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+):
+    """Upload, check and store the model, create and enqueue the job, then show it."""
+    require(principal, "jobs:write")
+    values: dict = {"target": ""}
+    try:
+        upload = await receive_upload(request, settings, text_fields=FORM_FIELDS)
+        values = {**upload.fields, "profile": "profile" in upload.fields}
+        try:
+            _apply_fields(upload)
+        except BaseException:
+            remove_folder(upload.folder)
+            raise
+        stored = await accept_received(upload, settings, store)
+        job, created = await run_in_threadpool(
+            create_job_for_upload,
+            session,
+            principal,
+            stored,
+            idempotency_key=None,
+            max_attempts=settings.max_attempts,
+        )
+    except (ProblemError, FusionError) as exc:
+        status, errors = form_errors(exc, "model")
+        for error in errors:
+            error["field"] = _FIELD_OF.get(error["field"], error["field"])
+        return await run_in_threadpool(_form, request, session, values, errors, status)
+    if created:
+        try:  # the row is committed: a lost message only delays the job (the reaper)
+            request.app.state.enqueue(job.id)
+        except Exception:
+            logger.exception("could not enqueue job %s; the reaper will send it again", job.id)
+    return RedirectResponse(f"/ui/jobs/{job.id}", status_code=303)

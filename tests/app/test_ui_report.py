@@ -1,0 +1,151 @@
+"""The job page of a finished job: the report, downloads by cookie, and escaping.
+
+Jobs here really run: ``execute_job`` (the worker's attempt, sandbox included) runs in
+the test, as a worker would after taking the job from the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from ui_testing import ESCAPED_XSS, XSS, assert_page, conv_bn_relu, multipart
+
+from app.models import Job
+from worker.execute import Outcome, execute_job
+
+
+def _run(service, job_id: str) -> Job:
+    store = service.app.state.store
+    assert execute_job(service.settings, job_id, "worker-1", store) == Outcome.succeeded
+    with service.db() as session:
+        job = session.get(Job, job_id)
+        session.expunge(job)
+        return job
+
+
+@pytest.fixture
+def finished(service):
+    """A profiled job that fused conv_bn_relu, finished by the worker."""
+    form = multipart(conv_bn_relu().SerializeToString(), "net.onnx", profile="on")
+    response = service.client.post("/ui/submit", **form, follow_redirects=False)
+    job_id = response.headers["location"].removeprefix("/ui/jobs/")
+    return service, _run(service, job_id)
+
+
+def _section(html: str, element_id: str) -> str:
+    start = html.index(f'id="{element_id}"')
+    return html[start : start + 20000]
+
+
+def test_a_finished_job_shows_its_report(finished):
+    service, job = finished
+    html = assert_page(
+        service.client.get(f"/ui/jobs/{job.id}"),
+        "job-status",
+        "job-stage",
+        "job-progress",
+        "report",
+        "summary",
+        "fusions",
+        "near-misses",
+        "rollbacks",
+        "validation",
+        "op-type-chart",
+        "regions",
+        "download-model",
+        "download-report",
+        "download-trace",
+    )
+    assert 'data-status="succeeded"' in html and "hx-trigger" not in html
+    assert 'id="live"' not in html and 'id="cancel"' not in html
+    summary = _section(html, "summary")
+    assert 'data-level="ORT_ENABLE_ALL"' in summary and 'data-level="ORT_DISABLE_ALL"' in summary
+    before = int(re.search(r'id="nodes-before">(\d+)<', summary).group(1))
+    after = int(re.search(r'id="nodes-after">(\d+)<', summary).group(1))
+    assert before > after >= 1
+    fusions = re.search(r'<table id="fusions">.*?</table>', html, re.S).group(0)
+    assert '<tr data-pattern="conv_bn_relu"><td>conv_bn_relu</td><td>1</td>' in fusions
+    validation = re.search(r'<table id="validation">.*?</table>', html, re.S).group(0)
+    assert 'data-output="y" data-passed="true"' in validation
+    assert "<svg" in _section(html, "op-type-chart")[:3000]
+    assert _section(html, "regions").count('class="region"') >= 2  # before and after
+    assert f'href="/ui/jobs/{job.id}/download/report.html"' in html
+    rows = service.client.get("/ui/jobs").text
+    row = re.search(rf'<tr data-job-id="{job.id}".*?</tr>', rows, re.S).group(0)
+    assert 'data-status="succeeded"' in row and "passed" in row and "data-ratio=" in row
+
+
+def test_downloads_go_through_the_cookie_routes(finished):
+    service, job = finished
+    base = f"/ui/jobs/{job.id}/download"
+    model = service.client.get(f"{base}/model")
+    assert model.status_code == 200 and model.content == service.app.state.store.read_bytes(
+        job.fused_digest
+    )
+    assert "net.fused.onnx" in model.headers["content-disposition"]
+    report = service.client.get(f"{base}/report")
+    assert report.json()["report_version"] == 2
+    trace = service.client.get(f"{base}/trace")
+    assert trace.headers["content-type"] == "application/json"
+    assert any(e.get("cat") == "Node" for e in trace.json())
+    page = service.client.get(f"{base}/report.html")
+    assert (
+        page.headers["content-security-policy"] == "default-src 'none'; style-src 'unsafe-inline'"
+    )
+    assert service.client.get(f"{base}/report.md").status_code == 200
+    assert service.client.get(f"{base}/secrets").status_code == 404
+    # The API serves the trace too, as an artifact.
+    api = service.client.get(f"/v1/jobs/{job.id}/artifacts/profile_trace.json")
+    assert api.status_code == 200 and api.headers["content-type"] == "application/json"
+    assert json.loads(api.content) == trace.json()
+
+
+def test_downloads_of_a_job_without_results_are_a_conflict(service, tiny_model):
+    job_id = service.submit(tiny_model).json()["id"]
+    response = service.client.get(f"/ui/jobs/{job_id}/download/model")
+    assert_page(response, "error", status=409)
+    page = service.client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="download-model"' not in page and 'id="download-trace"' not in page
+
+
+def test_user_strings_never_render_as_markup(service):
+    """Model name, doc strings, node names and a pattern description hold a tag: every page
+    shows it as text."""
+    model = conv_bn_relu(prefix=XSS, doc=XSS).SerializeToString()
+    form = multipart(model, "m.onnx", model_name=f"{XSS}.onnx", profile="on")
+    response = service.client.post("/ui/submit", **form, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    job = _run(service, response.headers["location"].removeprefix("/ui/jobs/"))
+    assert job.model_name == f"{XSS}.onnx"
+    pattern = (
+        "name: acme.xss\n"
+        f'description: "{XSS}"\n'
+        "nodes: [{id: a, op: Relu}]\n"
+        "rewriter: {name: fused_region, params: {domain: ai.acme}}\n"
+    )
+    created = service.client.post("/ui/patterns/new", data={"yaml": pattern})
+    assert created.status_code == 200  # followed to the pattern's page
+    broken_text = pattern.replace("acme.xss", "acme.xss2") + f"{XSS}: 1\n"
+    broken = service.client.post("/ui/patterns/new", data={"yaml": broken_text})
+    assert broken.status_code == 422
+    trial = service.client.post("/ui/patterns/conv_bn_relu/try", **multipart(model))
+    pages = {
+        "jobs": service.client.get("/ui/jobs"),
+        "job": service.client.get(f"/ui/jobs/{job.id}"),
+        "patterns": service.client.get("/ui/patterns"),
+        "pattern": service.client.get("/ui/patterns/acme.xss"),
+        "pattern form with errors": broken,
+        "trial": trial,
+    }
+    for name, response in pages.items():
+        html = response.text
+        assert XSS not in html, name
+        assert "onerror=alert(1)>" not in html, name
+        assert ESCAPED_XSS in html, name
+    job_page = pages["job"].text
+    # Node names reached the report (fusions, regions) and were escaped there too.
+    assert f"{ESCAPED_XSS}conv" in _section(job_page, "fusions")
+    assert ESCAPED_XSS in _section(job_page, "regions")
+    assert f"<mark>{ESCAPED_XSS}conv</mark>" in pages["trial"].text

@@ -1,0 +1,73 @@
+"""Helpers of the dashboard tests: page checks and small models."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+)
+XSS = "<img src=x onerror=alert(1)>"
+ESCAPED_XSS = "&lt;img src=x onerror=alert(1)&gt;"
+_EXTERNAL = re.compile(r"""(?:src|href|action)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
+
+
+def assert_page(response: httpx.Response, *ids: str, status: int = 200) -> str:
+    """An HTML page of ``status`` with the CSP, nothing from another host, and ``ids``."""
+    assert response.status_code == status, response.text[:2000]
+    assert response.headers["content-type"].startswith("text/html")
+    assert response.headers["content-security-policy"] == CSP
+    html = response.text
+    assert not _EXTERNAL.search(html), _EXTERNAL.search(html)
+    assert "<script>" not in html and "<script " not in html.replace(
+        '<script src="/ui/static/htmx.min.js" defer>', ""
+    )
+    for element_id in ids:
+        assert f'id="{element_id}"' in html, f"#{element_id} missing"
+    return html
+
+
+def conv_bn_relu(prefix: str = "", doc: str = "", width: int = 4) -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization -> Relu -> y: the built-in conv_bn_relu fuses it."""
+    rng = np.random.default_rng(0)
+    channels = 3
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((channels, 2, 3, 3)).astype("f4"), "W"),
+        numpy_helper.from_array(rng.standard_normal(channels).astype("f4") + 2, "scale"),
+        numpy_helper.from_array(rng.standard_normal(channels).astype("f4"), "bias"),
+        numpy_helper.from_array(rng.standard_normal(channels).astype("f4"), "mean"),
+        numpy_helper.from_array(rng.random(channels).astype("f4") + 0.5, "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name=f"{prefix}conv", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name=f"{prefix}bn"
+        ),
+        helper.make_node("Relu", ["b"], ["y"], name=f"{prefix}relu", doc_string=doc),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, width, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, width, width])],
+        inits,
+        doc_string=doc,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], doc_string=doc)
+    onnx.checker.check_model(model)
+    return model
+
+
+def multipart(
+    model: bytes, filename: str = "model.onnx", **fields: str
+) -> dict[str, list[tuple[str, tuple]]]:
+    """``files=`` for httpx: the model and text fields, as a browser sends the form."""
+    parts = [("model", (filename, model, "application/octet-stream"))]
+    parts += [(name, (None, value)) for name, value in fields.items()]
+    return {"files": parts}
