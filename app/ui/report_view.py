@@ -1,14 +1,13 @@
 """The job report (``report.json``, version 2) as what the job page shows.
 
 Everything is read defensively: sections owned by other layers may grow or be absent
-(``check``, ``profile``), and ``predicted_gain`` has no fixed shape. The charts and region
+(``check``, ``profile``). The charts and region
 pictures come from ``fusion_core.report``'s helpers, which escape every label, so their
 SVG is the only markup marked safe here.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -76,52 +75,40 @@ def _levels(profile: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _gain_text(gain: Any) -> str:
-    """A predicted gain of any shape, in a few words; ``—`` for none."""
-    if gain is None:
-        return DASH
-    if isinstance(gain, dict) and ("saved_us" in gain or "speedup" in gain):
-        parts = []
-        if _num(gain.get("saved_us")) is not None:
-            parts.append(f"saved {fmt(gain['saved_us'], 3)} µs/run")
-        if _num(gain.get("speedup")) is not None:
-            parts.append(f"{fmt(gain['speedup'], 3)}×")
-        if parts:
-            return ", ".join(parts)
-    if isinstance(gain, dict):
-        parts = [
-            f"{key} {fmt(value)}" if _num(value) is not None else f"{key} {value}"
-            for key, value in gain.items()
-            if isinstance(value, int | float | str) and not isinstance(value, bool)
-        ]
-        return ", ".join(parts) or json.dumps(gain)[:200]
-    if _num(gain) is not None:
-        return fmt(gain)
-    return json.dumps(gain)[:200] if not isinstance(gain, str) else gain[:200]
-
-
 def _fusions(applied: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per pattern: count, replaced nodes, predicted and measured gains."""
+    """One row per pattern: count, replaced nodes, and the predicted and measured gains
+    summed over its fusions (after / before of the sums: the pattern's overall ratio)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for fusion in applied:
         groups.setdefault(str(fusion.get("pattern")), []).append(fusion)
     rows = []
     for pattern, fusions in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        predicted = [_gain_text(f.get("predicted_gain")) for f in fusions]
-        measured = [_dict(f.get("measured_gain")) for f in fusions]
-        saved = [v for v in (_num(m.get("saved_us")) for m in measured) if v is not None]
-        ratios = [v for v in (_num(m.get("ratio")) for m in measured) if v is not None]
+        predicted = _totals([_dict(f.get("predicted_gain")) for f in fusions])
+        measured = _totals([_dict(f.get("measured_gain")) for f in fusions])
         rows.append(
             {
                 "pattern": pattern,
                 "count": len(fusions),
                 "replaced": [str(n) for f in fusions for n in _list(f.get("replaced_nodes"))],
-                "predicted": DASH if all(p == DASH for p in predicted) else "; ".join(predicted),
-                "saved_us": fmt(sum(saved)) if saved else DASH,
-                "ratio": fmt(sum(ratios) / len(ratios), 3) if ratios else DASH,
+                "predicted_saved_us": predicted["saved"],
+                "predicted_ratio": predicted["ratio"],
+                "saved_us": measured["saved"],
+                "ratio": measured["ratio"],
             }
         )
     return rows
+
+
+def _totals(gains: list[dict[str, Any]]) -> dict[str, str]:
+    """Summed ``saved_us`` and the ratio of summed after to summed before, as text."""
+    saved = [v for v in (_num(g.get("saved_us")) for g in gains) if v is not None]
+    pairs = [(_num(g.get("before_us")), _num(g.get("after_us"))) for g in gains]
+    pairs = [(b, a) for b, a in pairs if b is not None and a is not None]
+    before = sum(b for b, _ in pairs)
+    return {
+        "saved": fmt(sum(saved)) if saved else DASH,
+        "ratio": fmt(sum(a for _, a in pairs) / before, 3) if pairs and before else DASH,
+    }
 
 
 def _validation(check: dict[str, Any]) -> list[dict[str, Any]]:

@@ -67,6 +67,15 @@ def test_a_finished_job_shows_its_report(finished):
     assert before > after >= 1
     fusions = re.search(r'<table id="fusions">.*?</table>', html, re.S).group(0)
     assert '<tr data-pattern="conv_bn_relu"><td>conv_bn_relu</td><td>1</td>' in fusions
+    # predicted (cost model) and measured (profile) µs saved, then after / before
+    report = service.client.get(f"/v1/jobs/{job.id}/report").json()
+    (fusion,) = report["applied"]
+    cells = re.findall(r"<td>([^<]*)</td>", fusions.split("</code>")[-1])
+    predicted, measured = fusion["predicted_gain"], fusion["measured_gain"]
+    assert float(cells[0]) == pytest.approx(predicted["saved_us"], rel=1e-3)
+    assert float(cells[1]) == pytest.approx(predicted["ratio"], rel=1e-2)
+    assert float(cells[2]) == pytest.approx(measured["saved_us"], rel=1e-3)
+    assert float(cells[3]) == pytest.approx(measured["ratio"], rel=1e-2)
     validation = re.search(r'<table id="validation">.*?</table>', html, re.S).group(0)
     assert 'data-output="y" data-passed="true"' in validation
     assert "<svg" in _section(html, "op-type-chart")[:3000]
