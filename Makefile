@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint clean screenshots
+.PHONY: run test lint clean screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,19 @@ test: lint
 # chromium (apt-get install chromium) from a throwaway embedded server.
 screenshots: $(STAMP)
 	$(BIN)/python tests/browser/screenshots.py --out docs/screenshots
+
+# The benchmarks against onnxruntime, onnxscript, onnxoptimizer and onnxslim on a corpus
+# of real networks exported with random weights, then the scaling benchmarks
+# (docs/benchmarks.md). Installs the `bench` extra first; BENCH_OUT names the results folder.
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_OUT ?=
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	PYTHON=$(BIN)/python bench/run_all.sh $(BENCH_OUT)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache
