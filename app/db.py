@@ -10,13 +10,24 @@ from functools import lru_cache
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["get_engine", "session_factory", "session_scope"]
+__all__ = ["POOL_CONNECTIONS", "get_engine", "session_factory", "session_scope"]
+
+# Connections one process's engine may open: SQLAlchemy's pool of 5 plus 10 overflow,
+# stated here because the API bounds its concurrent request sessions below it
+# (app/api/deps.py).
+POOL_SIZE, POOL_OVERFLOW = 5, 10
+POOL_CONNECTIONS = POOL_SIZE + POOL_OVERFLOW
 
 
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=POOL_SIZE,
+            max_overflow=POOL_OVERFLOW,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -27,7 +38,7 @@ def get_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
 
 
 @lru_cache(maxsize=8)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.problems import ProblemError
-from app.db import session_factory
+from app.db import POOL_CONNECTIONS, session_factory
 from app.services.artifacts import ArtifactStore
 from app.services.auth import SCOPES, Principal, authenticate, ensure_tenant
 
@@ -32,7 +33,18 @@ def get_settings_dep(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-def get_session(settings: SettingsDep) -> Iterator[Session]:
+async def get_session(settings: SettingsDep) -> AsyncIterator[Session]:
+    """A session per request, closed as soon as the route and its response serialization
+    are done (``scope="function"``), in the event loop (async: no worker thread needed).
+
+    Sync routes and FastAPI's serialization of their results run in worker threads. If
+    more requests held connections than the pool has, a thread could wait for a
+    connection that belongs to a request waiting for a thread: the pool and the thread
+    pool deadlock (seen under load: docs/benchmarks.md, "The service under load";
+    tests/app/test_concurrency.py). So at most ``REQUEST_SESSIONS`` requests hold a
+    session at once (the rest wait in the event loop, using no thread), fewer than the
+    pool's connections, and fewer than the worker threads.
+    """
     session = session_factory(settings.resolved_database_url)()
     try:
         yield session
@@ -40,7 +52,12 @@ def get_session(settings: SettingsDep) -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# Below the pool's connections: the rest serve the embedded worker's threads, the
+# reaper and the event streams, which take their own sessions.
+REQUEST_SESSIONS = POOL_CONNECTIONS - 5
+SessionDep = Annotated[
+    Session, Depends(get_session, scope="function", max_concurrency=REQUEST_SESSIONS)
+]
 
 
 def get_store(request: Request) -> ArtifactStore:
@@ -65,17 +82,36 @@ def get_principal(
 def principal_for_token(settings: Settings, session: Session, token: str | None) -> Principal:
     """Who ``token`` is (None: no key sent); 401 for an unknown key, or for none when keys
     are required. The API (headers) and the dashboard (its cookie) both come here."""
-    if token:
-        principal = authenticate(session, token)
-        if principal is None:
-            raise _unauthorized("the API key is unknown or revoked")
-        return principal
-    if settings.require_api_keys:
-        raise _unauthorized("this server requires an API key")
-    # Embedded mode without keys: everything belongs to the default tenant.
-    ensure_tenant(session, settings.default_tenant)
-    session.commit()
-    return Principal(settings.default_tenant, frozenset(SCOPES))
+    try:
+        if token:
+            principal = authenticate(session, token)
+            if principal is None:
+                raise _unauthorized("the API key is unknown or revoked")
+            return principal
+        if settings.require_api_keys:
+            raise _unauthorized("this server requires an API key")
+        # Embedded mode without keys: everything belongs to the default tenant.
+        _ensure_default_tenant(session, settings)
+        return Principal(settings.default_tenant, frozenset(SCOPES))
+    finally:
+        # Hand the connection back before the route runs: the route may wait for a worker
+        # thread, and it must not hold a connection while it waits (see get_session).
+        session.close()
+
+
+_KNOWN_TENANTS: set[tuple[str, str]] = set()  # (database, tenant): tenants are never deleted
+
+
+def _ensure_default_tenant(session: Session, settings: Settings) -> None:
+    key = (settings.resolved_database_url, settings.default_tenant)
+    if key in _KNOWN_TENANTS:
+        return
+    try:
+        ensure_tenant(session, settings.default_tenant)
+        session.commit()
+    except IntegrityError:  # a concurrent first request created it
+        session.rollback()
+    _KNOWN_TENANTS.add(key)
 
 
 def _unauthorized(detail: str) -> ProblemError:
