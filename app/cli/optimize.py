@@ -74,7 +74,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target-profile",
         default="cpu",
-        help="cost model hardware: cpu, gpu, or a file from `autofusion calibrate`",
+        help="cost model hardware: cpu, cpu-kernels, gpu, or a file from `autofusion calibrate`",
     )
     p.add_argument("--cost-threshold", type=float, help="minimum predicted speedup ratio")
     p.add_argument("--memory-limit", type=int, help="maximum fused working set, bytes")

@@ -322,7 +322,7 @@ def test_gains_serialise_to_strict_json():
 # --- target profiles ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["cpu", "cpu-kernels", "gpu"])
 def test_shipped_profiles_load_with_positive_prices(name):
     loaded = load_target_profile(name)
     assert name in shipped_profiles() and loaded.name == name
@@ -438,3 +438,10 @@ def test_a_factor_is_the_measured_ratio_over_the_predicted_one():
 def test_reports_without_profiled_regions_cannot_be_fitted():
     with pytest.raises(ConfigError, match="optimize --profile"):
         fit_kernel_factors([{"applied": [{"rewriter": "x", "predicted_gain": None}]}])
+
+
+def test_the_kernel_factors_profile_is_the_cpu_profile_plus_factors():
+    cpu, fitted = load_target_profile("cpu"), load_target_profile("cpu-kernels")
+    prices = {"name", "description", "calibration", "kernel_factors"}
+    assert fitted.model_dump(exclude=prices) == cpu.model_dump(exclude=prices)
+    assert fitted.kernel_factor("skip_layer_norm") > 1 and fitted.kernel_factor("nope") == 1.0
