@@ -27,7 +27,8 @@ unfused nodes; 1 when the profile has none). ``gain_s = time_before_s - time_aft
 When a shape is unknown (symbolic, not resolved by ``dims``) the estimate falls back to
 the pattern's ``cost_hints``: ``speedup = 1 / (1 - max(memory_saving, compute_saving))``
 (at most 20) and ``gain_s`` counts only the launches saved; ``estimated_from`` says
-``"hints"`` (or ``"none"`` without hints, with no speedup).
+``"hints"`` (or ``"none"`` without hints, with no speedup). A kernel factor divides the
+hinted speedup (taken as 1 without hints); below 1, the launches saved count as a loss.
 """
 
 from __future__ import annotations
@@ -201,11 +202,17 @@ class CostModel:
         speedup = None
         if fractions:
             speedup = min(1.0 / max(1.0 - max(fractions), 1e-9), MAX_HINT_SPEEDUP)
+        gain_s = launches_saved * self.profile.launch_overhead_s
+        factor = self.profile.kernel_factor(match.pattern.rewriter.name)
+        if factor != 1.0:  # a measured kernel factor divides the hinted speedup (1 if none)
+            speedup = (speedup or 1.0) / factor
+            if speedup < 1:  # the kernel is measured to lose more than the fusion saves
+                gain_s = -gain_s
         return Gain(
             pattern=match.pattern.name,
             nodes=tuple(match.node_names()),
             estimated_from="hints" if fractions else "none",
-            gain_s=launches_saved * self.profile.launch_overhead_s,
+            gain_s=gain_s,
             speedup=speedup,
             launches_saved=launches_saved,
         )

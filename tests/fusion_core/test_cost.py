@@ -445,3 +445,13 @@ def test_the_kernel_factors_profile_is_the_cpu_profile_plus_factors():
     prices = {"name", "description", "calibration", "kernel_factors"}
     assert fitted.model_dump(exclude=prices) == cpu.model_dump(exclude=prices)
     assert fitted.kernel_factor("skip_layer_norm") > 1 and fitted.kernel_factor("nope") == 1.0
+
+
+def test_without_shapes_a_kernel_factor_divides_the_hinted_speedup():
+    match = matches(conv_bn_relu(batch="N"))["conv_bn_relu"]  # hints: speedup 1 / 0.34
+    mild = CostModel(profile(kernel_factors={"fuse_activation": 2.0})).candidate_gain(match)
+    assert mild.estimated_from == "hints"
+    assert mild.speedup == pytest.approx(1 / (1 - 0.66) / 2.0)
+    assert mild.gain_s == pytest.approx(2e-6)  # still above 1: the launches saved
+    slow = CostModel(profile(kernel_factors={"fuse_activation": 10.0})).candidate_gain(match)
+    assert slow.speedup < 1 and slow.gain_s == pytest.approx(-2e-6)  # predicted to lose
