@@ -106,22 +106,40 @@ def _onnxslim(src: Path, dst: Path, entry: dict) -> dict:
     return {}
 
 
-def _autofusion(target: str, preset_name: str) -> Runner:
+def _autofusion(target: str, preset_name: str, **overrides: Any) -> Runner:
     from app.services.strategies import PRESETS
 
     preset = next(p for p in PRESETS if p.name == preset_name)
     # The check is off: no other tool validates its output, and the comparison here
     # measures every output against the original anyway.
     config = OptimizeConfig(
-        target=target, check=CheckOptions(enabled=False), **preset.config_overrides()
+        target=target,
+        check=CheckOptions(enabled=False),
+        **(preset.config_overrides() | overrides),
     )
 
     def run(src: Path, dst: Path, entry: dict) -> dict:
-        result = optimize(str(src), config)
+        # The cost model prices the shapes the model is run at (as `--shape` would):
+        # without them it falls back to the patterns' cost hints.
+        dims = _symbolic_dims(src, entry.get("input_shapes") or {})
+        shaped = config.model_copy(update={"check": CheckOptions(enabled=False, dims=dims)})
+        result = optimize(str(src), shaped)
         save_model(result.model, dst)
         return {"fusions": result.counts, "rounds": result.rounds}
 
     return run
+
+
+def _symbolic_dims(src: Path, shapes: dict[str, list[int]]) -> dict[str, int]:
+    """Values of the graph's symbolic dimensions, read off the corpus's input shapes."""
+    import onnx
+
+    dims = {}
+    for value in onnx.load(str(src), load_external_data=False).graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param and value.name in shapes:
+                dims[dim.dim_param] = int(shapes[value.name][axis])
+    return dims
 
 
 def all_tools() -> list[Tool]:
@@ -180,6 +198,16 @@ def all_tools() -> list[Tool]:
                     f"fusion_core.optimize, target {target}, strategy preset {preset}, check off",
                 )
             )
+    # Cost-based selection on the kernel factors fitted on this machine class
+    # (docs/cost.md, "Kernel factors"): leaves out the fusions predicted to lose.
+    tools.append(
+        Tool(
+            "autofusion-ort-cpu-kernels",
+            "autofusion",
+            _autofusion("onnxruntime", "default", selection="greedy", target_profile="cpu-kernels"),
+            "fusion_core.optimize, target onnxruntime, greedy selection on cpu-kernels, check off",
+        )
+    )
     return tools
 
 
