@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from app.cli._exit import EXIT_CONFIG, EXIT_OK
 from fusion_core._cost_fit import FittedFactor, fit_kernel_factors
-from fusion_core.cost import dump_target_profile, load_target_profile
+from fusion_core.cost import load_target_profile
 from fusion_core.errors import ConfigError
 
 __all__ = ["run_from_reports"]
 
 
 def run_from_reports(args: argparse.Namespace) -> int:
+    from app.cli.calibrate import write_profile  # it imports this module lazily
+
     reports = []
     for path in args.from_report:
         try:
@@ -35,11 +36,7 @@ def run_from_reports(args: argparse.Namespace) -> int:
         f"(measured / roofline time of unfused nodes) {scale:.3g}."
     )
     path = Path(args.output)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump_target_profile(profile, header=header), encoding="utf-8")
-    except OSError as exc:
-        sys.stderr.write(f"autofusion: error: cannot write {str(path)!r}: {exc.strerror}\n")
+    if not write_profile(path, profile, header):
         return EXIT_CONFIG
     print(_table(path, scale, fitted))
     return EXIT_OK

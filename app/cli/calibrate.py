@@ -134,14 +134,21 @@ def run(args: argparse.Namespace) -> int:
         f"with {args.threads} thread(s) on {platform.machine()}."
     )
     path = Path(args.output)
+    if not write_profile(path, profile, header):
+        return EXIT_CONFIG
+    print(_summary(profile, sizes, path))
+    return EXIT_OK
+
+
+def write_profile(path: Path, profile: TargetProfile, header: str) -> bool:
+    """Write ``profile`` as YAML after ``header``; False (said on stderr) if it cannot."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dump_target_profile(profile, header=header), encoding="utf-8")
     except OSError as exc:
         sys.stderr.write(f"autofusion: error: cannot write {str(path)!r}: {exc.strerror}\n")
-        return EXIT_CONFIG
-    print(_summary(profile, sizes, path))
-    return EXIT_OK
+        return False
+    return True
 
 
 def measure(sizes: Sizes, *, threads: int) -> Measurement:
