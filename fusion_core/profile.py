@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -82,6 +83,7 @@ __all__ = [
     "profile_nodes",
     "read_trace",
     "region_times",
+    "write_trace",
 ]
 
 logger = logging.getLogger(__name__)
@@ -305,13 +307,43 @@ def profile_nodes(
     """Per-node kernel times from onnxruntime's profiler over ``options.node_runs`` runs
     (after ``options.warmup`` runs that are dropped from the trace)."""
     with tempfile.TemporaryDirectory(prefix="autofusion-trace-") as scratch:
-        prepared = prepare_model(model, "model", Path(scratch))
-        session = _session(prepared, level, options, profile_prefix=str(Path(scratch) / "ort"))
-        inputs = inputs_for(session, feeds)
-        for _ in range(options.warmup + options.node_runs):
-            timed_run(session, inputs, prepared.label)
-        events = read_trace(session.end_profiling())
+        runs = options.warmup + options.node_runs
+        trace = _traced_runs(model, feeds, runs, options, level, Path(scratch))
+        events = read_trace(trace)
     return parse_trace(events, skip_runs=options.warmup, level=level)
+
+
+def write_trace(
+    model: ModelLike,
+    path: str | os.PathLike,
+    *,
+    runs: int,
+    feeds: Feeds | None = None,
+    options: ProfileOptions | None = None,
+    level: str = "ORT_DISABLE_ALL",
+) -> None:
+    """onnxruntime's raw profiler trace of ``runs`` runs of ``model`` (for
+    chrome://tracing or Perfetto), written to ``path``; the same sessions and inputs as
+    ``profile_nodes`` (inputs from ``options.seed`` and ``options.dims`` unless given)."""
+    options = options or ProfileOptions()
+    with tempfile.TemporaryDirectory(prefix="autofusion-trace-") as scratch:
+        prepared = prepare_model(model, "model", Path(scratch))
+        if feeds is None:
+            feeds = random_inputs(prepared.proto, seed=options.seed, dims=options.dims)
+        trace = _traced_runs(prepared, feeds, runs, options, level, Path(scratch))
+        shutil.move(trace, path)  # the scratch folder may be on another file system
+
+
+def _traced_runs(
+    model: Any, feeds: Feeds, runs: int, options: ProfileOptions, level: str, scratch: Path
+) -> str:
+    """Run ``model`` ``runs`` times under the profiler; the trace file's path (in scratch)."""
+    prepared = prepare_model(model, "model", scratch)
+    session = _session(prepared, level, options, profile_prefix=str(scratch / "ort"))
+    inputs = inputs_for(session, feeds)
+    for _ in range(runs):
+        timed_run(session, inputs, prepared.label)
+    return session.end_profiling()
 
 
 def region_times(

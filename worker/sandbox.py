@@ -148,7 +148,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
         _emit(progress, "profiling", 0.82)
         options = ProfileOptions(dims=config.check.shape_profiles()[0])
         profile = profile_models(model_path, output / FUSED_FILE, options=options).to_dict()
-        _keep_trace(model_path, output / FUSED_FILE, output, options.dims)
+        _keep_trace(output / FUSED_FILE, output, options)
     report = build_report(
         result,
         model=job["model"],
@@ -169,28 +169,14 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
 
 
-def _keep_trace(model_path: Path, fused_path: Path, output: Path, dims: dict[str, int]) -> None:
-    """Write onnxruntime's profiler trace of ``TRACE_RUNS`` runs of the fused model (the
-    settings ``fusion_core.profile`` traces with) to ``PROFILE_TRACE_FILE``. The profile
-    in the report keeps only aggregates; this is the raw trace, for chrome://tracing or
-    Perfetto. A failure here costs the trace, not the job."""
+def _keep_trace(fused_path: Path, output: Path, options: Any) -> None:
+    """onnxruntime's raw profiler trace of ``TRACE_RUNS`` runs of the fused model, as
+    ``PROFILE_TRACE_FILE``: the report keeps only the profile's aggregates. A failure
+    here costs the trace, not the job."""
+    from fusion_core.profile import write_trace
+
     try:
-        import onnx
-        import onnxruntime as ort
-
-        from fusion_core.validate import random_inputs
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
-        so.enable_profiling, so.profile_file_prefix = True, str(output / "ort-trace")
-        session = ort.InferenceSession(str(fused_path), so, providers=["CPUExecutionProvider"])
-        original = onnx.load(model_path, load_external_data=False)
-        feeds = random_inputs(original, seed=0, dims=dims)
-        inputs = {i.name: feeds[i.name] for i in session.get_inputs()}
-        for _ in range(TRACE_RUNS):
-            session.run(None, inputs)
-        os.replace(session.end_profiling(), output / PROFILE_TRACE_FILE)
+        write_trace(fused_path, output / PROFILE_TRACE_FILE, runs=TRACE_RUNS, options=options)
     except Exception:  # logged: the report has the profile already
         sys.stderr.write("could not keep the profiler trace:\n")
         traceback.print_exc()
