@@ -121,7 +121,7 @@ def _autofusion(target: str, preset_name: str, **overrides: Any) -> Runner:
     def run(src: Path, dst: Path, entry: dict) -> dict:
         # The cost model prices the shapes the model is run at (as `--shape` would):
         # without them it falls back to the patterns' cost hints.
-        dims = _symbolic_dims(src, entry.get("input_shapes") or {})
+        dims = symbolic_dims(src, entry.get("input_shapes") or {})
         shaped = config.model_copy(update={"check": CheckOptions(enabled=False, dims=dims)})
         result = optimize(str(src), shaped)
         save_model(result.model, dst)
@@ -130,7 +130,7 @@ def _autofusion(target: str, preset_name: str, **overrides: Any) -> Runner:
     return run
 
 
-def _symbolic_dims(src: Path, shapes: dict[str, list[int]]) -> dict[str, int]:
+def symbolic_dims(src: Path, shapes: dict[str, Any]) -> dict[str, int]:
     """Values of the graph's symbolic dimensions, read off the corpus's input shapes."""
     import onnx
 

@@ -52,6 +52,7 @@ from fusion_core.profile import ProfileOptions, measure_latency, profile_models
 from fusion_core.report import build_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tools import symbolic_dims  # bench/ is not a package: found through sys.path
 
 DEFAULT_MODELS = Path.home() / ".cache" / "autofusion-bench"
 IMAGE = {"a": 224, "b": 288}
@@ -95,14 +96,9 @@ def bert_base(folder: Path, shape: str) -> tuple[Path, dict[str, np.ndarray]]:
 MODELS = {"resnet50": resnet50, "bert-base": bert_base}
 
 
-def symbolic_dims(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+def dims_of(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, int]:
     """Values for the graph's symbolic dimensions, read off the feeds."""
-    dims = {}
-    for value in onnx.load(path, load_external_data=False).graph.input:
-        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            if dim.dim_param and value.name in feeds:
-                dims[dim.dim_param] = int(feeds[value.name].shape[axis])
-    return dims
+    return symbolic_dims(path, {name: array.shape for name, array in feeds.items()})
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -158,7 +154,7 @@ def measure(
     path: Path, feeds: dict, profiles: list[str], args: argparse.Namespace
 ) -> tuple[dict[str, list[dict]], list[dict]]:
     """Regions (predicted on each profile, measured) and the profiled reports."""
-    dims = symbolic_dims(path, feeds)
+    dims = dims_of(path, feeds)
     # Priority selection: the fused model is the same whatever profile prices it.
     results = {p: optimize(path, _config(p, dims)) for p in profiles}
     options = ProfileOptions(
@@ -226,7 +222,7 @@ def summary(rows: list[dict]) -> dict:
 
 def latency(path: Path, feeds: dict, fitted: str, args: argparse.Namespace) -> dict:
     """Original, priority-fused and cost-selected (fitted profile) models, interleaved."""
-    dims = symbolic_dims(path, feeds)
+    dims = dims_of(path, feeds)
     priority = optimize(path, _config(args.target_profile, dims))
     chosen = optimize(path, _config(fitted, dims, selection="greedy"))
     left_out = sorted(
