@@ -82,21 +82,16 @@ def get_principal(
 def principal_for_token(settings: Settings, session: Session, token: str | None) -> Principal:
     """Who ``token`` is (None: no key sent); 401 for an unknown key, or for none when keys
     are required. The API (headers) and the dashboard (its cookie) both come here."""
-    try:
-        if token:
-            principal = authenticate(session, token)
-            if principal is None:
-                raise _unauthorized("the API key is unknown or revoked")
-            return principal
-        if settings.require_api_keys:
-            raise _unauthorized("this server requires an API key")
-        # Embedded mode without keys: everything belongs to the default tenant.
-        _ensure_default_tenant(session, settings)
-        return Principal(settings.default_tenant, frozenset(SCOPES))
-    finally:
-        # Hand the connection back before the route runs: the route may wait for a worker
-        # thread, and it must not hold a connection while it waits (see get_session).
-        session.close()
+    if token:
+        principal = authenticate(session, token)
+        if principal is None:
+            raise _unauthorized("the API key is unknown or revoked")
+        return principal
+    if settings.require_api_keys:
+        raise _unauthorized("this server requires an API key")
+    # Embedded mode without keys: everything belongs to the default tenant.
+    _ensure_default_tenant(session, settings)
+    return Principal(settings.default_tenant, frozenset(SCOPES))
 
 
 _KNOWN_TENANTS: set[tuple[str, str]] = set()  # (database, tenant): tenants are never deleted
