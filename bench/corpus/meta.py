@@ -34,8 +34,15 @@ meta.json keys
 ``expected``       per target, the fusions that must appear in the report:
                    ``{"generic": {"conv_bn": 10}, "onnxruntime": {"conv_bn": 10}}`` —
                    pattern name (``fusion_core/patterns/builtin/*.yaml``) -> minimum
-                   count. ``{}`` for a target means "exit 0, check passes, nothing
+                   count. A key may join alternatives with ``|``
+                   (``"conv_bn|dwconv_bn|conv_bn_relu": 35``): the minimum applies to
+                   their sum, for fusions whose split between overlapping patterns is
+                   the selection's business (priorities), not the model's.
+                   ``{}`` for a target means "exit 0, check passes, nothing
                    required"; a model where nothing should fuse says so in ``notes``.
+``preserved_ops``  optional: op types (``QuantizeLinear``, ``ConvInteger``, ...) whose
+                   count must be the same before and after optimize, on every target:
+                   what the engine must leave intact (quantized parts, unknown domains).
 ``shapes``         optional: shape profiles for the check, each a mapping of symbolic
                    dim name -> value, passed as ``--shape a=1,b=2`` (one per profile).
                    ``[]`` lets the check choose.
@@ -93,6 +100,7 @@ class ModelMeta:
     size_bytes: int
     targets: list[str] = field(default_factory=lambda: list(TARGETS))
     expected: dict[str, dict[str, int]] = field(default_factory=dict)
+    preserved_ops: list[str] = field(default_factory=list)
     shapes: list[dict[str, int]] = field(default_factory=list)
     atol: float | None = None
     rtol: float | None = None
@@ -114,6 +122,13 @@ class ModelMeta:
             if bad:
                 raise MetaError(f"{self.name}: expected[{target}] counts must be ints >= 1")
         return self
+
+    def expected_counts(self, target: str, fusions: dict[str, int]) -> dict[str, tuple]:
+        """Per expected key: (minimum, count found in ``fusions``), alternatives summed."""
+        return {
+            key: (minimum, sum(fusions.get(name, 0) for name in key.split("|")))
+            for key, minimum in self.expected.get(target, {}).items()
+        }
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
