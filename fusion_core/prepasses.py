@@ -16,6 +16,7 @@ the batch and sequence of a TorchScript export flow through Shape/Concat/Reshape
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import onnx
@@ -26,7 +27,12 @@ from onnxscript.optimizer import fold_constants
 from fusion_core.ir import constant_array
 from fusion_core.shape_reads import ShapeReadsFromInputsPass
 
-__all__ = ["PrepassOptions", "SymbolicShapeInferencePass", "run_prepasses"]
+__all__ = [
+    "IdentityEliminationPass",
+    "PrepassOptions",
+    "SymbolicShapeInferencePass",
+    "run_prepasses",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +93,64 @@ class DropoutEliminationPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=modified)
 
 
+class IdentityEliminationPass(ir.passes.InPlacePass):
+    """Remove ``y = Identity(x)`` wherever that keeps every graph's outputs, in every graph.
+
+    onnx-ir's own pass (1.1) renames ``x`` to ``y`` when ``y`` is a graph output, which
+    breaks two things it does not look at: a ``Scan`` body that returns both the carried
+    sum ``x`` and its copy ``y`` (the body then returns one value twice and the first
+    output loses its name: the ONNX node test ``test_scan_sum`` computed ``[1e-45, 0]``
+    instead of ``[9, 12]``), and a branch of ``If`` whose output copies a value of the
+    outer graph (the rename raises "already an output of a different graph"). So an
+    Identity that produces a graph output is removed only when ``x`` is made by a node of
+    the same graph and is no graph's input, initializer or output; other copies stay.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graphs = [model.graph, *model.functions.values()]
+        nodes = [n for g in graphs for n in ir.traversal.RecursiveGraphIterator(g)]
+        modified = False
+        for node in nodes:
+            if _is_identity(node) and node.graph is not None:
+                modified |= _eliminate_identity(node)
+        return ir.passes.PassResult(model, modified=modified)
+
+
+def _is_identity(node: ir.Node) -> bool:
+    return (
+        node.op_type == "Identity"
+        and node.domain in ("", "ai.onnx")
+        and len(node.inputs) == 1
+        and len(node.outputs) == 1
+        and node.inputs[0] is not None
+    )
+
+
+def _eliminate_identity(node: ir.Node) -> bool:
+    source, copy = node.inputs[0], node.outputs[0]
+    graph = node.graph
+    if copy.is_graph_output():
+        producer = source.producer()
+        if (
+            producer is None
+            or producer.graph is not graph
+            or source.is_graph_output()
+            or source.is_graph_input()
+            or source.is_initializer()
+        ):
+            return False
+    if source.type is None:
+        source.type = copy.type
+    if source.shape is None:
+        source.shape = copy.shape
+    was_output = copy.is_graph_output()
+    ir.convenience.replace_all_uses_with(copy, source, replace_graph_outputs=True)
+    if was_output:
+        source.name = copy.name
+    graph.remove(node, safe=True)
+    return True
+
+
 class SymbolicShapeInferencePass(ir.passes.InPlacePass):
     """onnx's shape inference with data propagation over the whole graph, in linear time.
 
@@ -108,15 +172,21 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
         # data propagation drops (Where/Equal/Expand/Range in the mask builders of
         # transformers 5), so a TorchScript BERT's mask reads [batch, 1, sequence,
         # sequence] instead of four fresh unknowns. onnx's then fills in what it left.
-        for inferred in (_onnxruntime_inference(proto), _onnx_inference(proto)):
+        # onnxruntime's symbolic inference gives an If the rank of one branch even when
+        # the other differs (silero-vad: rank 4 for an LSTM input of rank 3) and carries
+        # that downstream, so it is used only on graphs without control flow.
+        inferences = [_onnx_inference(proto)]
+        if not _has_control_flow(model.graph):
+            inferences.insert(0, _onnxruntime_inference(proto))
+        values = _values_named_once(model.graph)
+        for inferred in inferences:
             if inferred is None:
                 continue
             types = {info.name: info.type for info in inferred.graph.value_info}
             types.update((info.name, info.type) for info in inferred.graph.output)
-            for node in ir.traversal.RecursiveGraphIterator(model.graph):
-                for value in node.outputs:
-                    if value.name in types:
-                        modified |= _merge_type(value, types[value.name])
+            for value in values:
+                if value.name in types:
+                    modified |= _merge_type(value, types[value.name])
         return ir.passes.PassResult(model, modified=modified)
 
     def _proto_without_large_initializers(self, model: ir.Model) -> onnx.ModelProto:
@@ -148,6 +218,25 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
             graph.initializers.clear()
             for value in everything:
                 graph.initializers.add(value)
+
+
+def _values_named_once(graph: ir.Graph) -> list[ir.Value]:
+    """Node outputs of ``graph`` and its subgraphs whose name no other value shares.
+
+    The inferred types come back by name, and the two branches of an ``If`` often
+    define values of the same name with different shapes (silero-vad's LSTM input is
+    rank 3 in one branch, rank 2 in the other): such a name says nothing reliable.
+    """
+    values = [v for node in ir.traversal.RecursiveGraphIterator(graph) for v in node.outputs]
+    counts = Counter(v.name for v in values)
+    return [v for v in values if counts[v.name] == 1]
+
+
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+
+
+def _has_control_flow(graph: ir.Graph) -> bool:
+    return any(n.op_type in _CONTROL_FLOW and n.domain in ("", "ai.onnx") for n in graph)
 
 
 def _onnx_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -254,7 +343,7 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
 
     run("initializer_inputs", InitializerInputsToConstantsPass())
     run("dropout_elimination", DropoutEliminationPass())
-    run("identity_elimination", common.IdentityEliminationPass())
+    run("identity_elimination", IdentityEliminationPass())
     if options.fold_constants:
         result = fold_constants(
             model,
@@ -269,7 +358,7 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
             "lift_constants",
             common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
         )
-        run("identity_elimination", common.IdentityEliminationPass())
+        run("identity_elimination", IdentityEliminationPass())
     run("remove_unused", common.RemoveUnusedNodesPass())
     run("topological_sort", common.TopologicalSortPass())
     # Constant folding infers each node's shape on its own, which loses symbolic dims

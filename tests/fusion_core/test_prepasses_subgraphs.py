@@ -1,0 +1,150 @@
+"""Pre-passes on models with control flow: If/Loop/Scan bodies keep what they compute.
+
+Each case is a model on which a pre-pass used to break the graph (a wrong answer, a
+crash, or a model onnxruntime no longer loads); the test runs the pre-passes and the
+original and pre-passed models on the same inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.parser
+import onnx_ir as ir
+import pytest
+
+from fusion_core.ir import model_from_proto
+from fusion_core.prepasses import IdentityEliminationPass, PrepassOptions, run_prepasses
+from fusion_core.validate import make_session
+
+RTOL, ATOL = 0.0, 0.0  # the pre-passes here must not change a single bit
+
+
+def _scan_sum() -> onnx.ModelProto:
+    """onnx's node test ``test_scan_sum``: the body returns the carried sum and its copy."""
+    body = onnx.parser.parse_graph(
+        """scan_body (float[2] sum_in, float[2] next) => (float[2] sum_out, float[2] scan_out) {
+            sum_out = Add(sum_in, next)
+            scan_out = Identity(sum_out)
+        }"""
+    )
+    node = oh.make_node("Scan", ["initial", "x"], ["y", "z"], body=body, num_scan_inputs=1)
+    graph = oh.make_graph(
+        [node],
+        "scan_sum",
+        [
+            oh.make_tensor_value_info("initial", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2]),
+        ],
+        [
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [3, 2]),
+        ],
+    )
+    # As test_scan9_sum: opset 9+ Scan has no batch axis (test_scan_sum is its opset-8 twin).
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)], ir_version=8)
+
+
+def _if_copies_outer_value() -> onnx.ModelProto:
+    """silero-vad's shape: a branch returns ``Identity`` of a value of the outer graph."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (bool c, float[2, 3] x) => (float[2, 3] y) {
+        t = Relu(x)
+        y = If(c) <
+            then_branch = then_g () => (float[2, 3] a) { a = Identity(t) },
+            else_branch = else_g () => (float[2, 3] b) { n = Neg(t)  b = Identity(n) }
+        >
+    }"""
+    return onnx.parser.parse_model(text)
+
+
+def _if_branches_of_different_rank() -> onnx.ModelProto:
+    """Two branches whose outputs differ in rank, the If's output feeding more ops."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (bool c, float[2, 3] x) => (float[N] y) {
+        r = If(c) <
+            then_branch = then_g () => (float[2, 3] a) { a = Relu(x) },
+            else_branch = else_g () => (float[6] b) {
+                s = Constant<value = int64[1] {6}>()
+                b = Reshape(x, s)
+            }
+        >
+        s2 = Constant<value = int64[1] {-1}>()
+        y = Reshape(r, s2)
+    }"""
+    return onnx.parser.parse_model(text)
+
+
+CASES = {
+    "scan-carried-and-copy": (
+        _scan_sum,
+        [
+            {
+                "initial": np.array([0, 0], np.float32),
+                "x": np.arange(6, dtype=np.float32).reshape(3, 2),
+            }
+        ],
+    ),
+    "if-identity-of-outer-value": (
+        _if_copies_outer_value,
+        [
+            {"c": np.array(flag), "x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+            for flag in (True, False)
+        ],
+    ),
+    "if-branches-of-different-rank": (
+        _if_branches_of_different_rank,
+        [
+            {"c": np.array(flag), "x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)}
+            for flag in (True, False)
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_prepasses_keep_control_flow_results(case):
+    build, feeds = CASES[case]
+    original = build()
+    onnx.checker.check_model(original, full_check=True)
+    model = model_from_proto(original)
+    run_prepasses(model, PrepassOptions())
+    prepassed = ir.to_proto(model)
+    want, got = make_session(original), make_session(prepassed)
+    names = [o.name for o in original.graph.output]
+    for feed in feeds:
+        for name, a, b in zip(names, want.run(names, feed), got.run(names, feed), strict=True):
+            np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_scan_sum_values():
+    """The numbers of the node test itself: sums [9, 12], running sums per step."""
+    model = model_from_proto(_scan_sum())
+    run_prepasses(model, PrepassOptions())
+    feed = {
+        "initial": np.zeros(2, np.float32),
+        "x": np.arange(1, 7, dtype=np.float32).reshape(3, 2),
+    }
+    y, z = make_session(ir.to_proto(model)).run(["y", "z"], feed)
+    np.testing.assert_allclose(y, [9, 12], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(z, [[1, 2], [4, 6], [9, 12]], rtol=RTOL, atol=ATOL)
+
+
+def test_identity_of_graph_output_is_kept_when_its_source_is_an_output_too():
+    model = model_from_proto(_scan_sum())
+    IdentityEliminationPass()(model)
+    scan = next(iter(model.graph))
+    body = scan.attributes["body"].as_graph()
+    assert [n.op_type for n in body] == ["Add", "Identity"]
+    assert [v.name for v in body.outputs] == ["sum_out", "scan_out"]
+
+
+def test_identity_inside_a_branch_is_removed_where_it_is_safe():
+    model = model_from_proto(_if_copies_outer_value())
+    IdentityEliminationPass()(model)
+    if_node = next(n for n in model.graph if n.op_type == "If")
+    then_ops = [n.op_type for n in if_node.attributes["then_branch"].as_graph()]
+    else_ops = [n.op_type for n in if_node.attributes["else_branch"].as_graph()]
+    assert then_ops == ["Identity"]  # copies an outer value: must stay
+    assert else_ops == ["Neg"]  # copies a value of its own branch: removed
