@@ -21,6 +21,7 @@ from fusion_core.rewriters.attention import FuseAttention
 from fusion_core.rewriters.batchnorm import FoldBatchNorm, PoolBatchNorm
 from fusion_core.rewriters.gelu import FuseGelu
 from fusion_core.rewriters.gemm import MatMulAddToGemm
+from fusion_core.rewriters.hardswish import FuseHardSigmoid, FuseHardSwish
 from fusion_core.rewriters.layernorm import (
     FoldLayerNormAffine,
     LayerNorm,
@@ -31,6 +32,7 @@ from fusion_core.rewriters.pad import PadIntoConv
 from fusion_core.rewriters.qkv import MergeSiblings
 from fusion_core.rewriters.region import FusedRegion
 from fusion_core.rewriters.scale import FoldScale
+from fusion_core.rewriters.silu import FuseSiLU
 
 __all__ = [
     "PROVENANCE_KEYS",
@@ -58,6 +60,9 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     RMSNorm,
     SkipLayerNorm,
     FuseGelu,
+    FuseSiLU,
+    FuseHardSigmoid,
+    FuseHardSwish,
     MergeSiblings,
     FoldScale,
     FuseAttention,

@@ -27,7 +27,7 @@ from fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_produ
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
 from fusion_core.targets import MS_DOMAIN
 
-__all__ = ["FuseActivation", "activation_params"]
+__all__ = ["FuseActivation", "activation_params", "clip_bounds"]
 
 CONV_ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Tanh")
 GEMM_ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh")
@@ -48,11 +48,12 @@ def activation_params(act: ir.Node) -> list[float] | str:
     if op == "HardSigmoid":
         return [float(attribute_value(act, "alpha")), float(attribute_value(act, "beta"))]
     if op == "Clip":
-        return _clip_bounds(act)
+        return clip_bounds(act)
     return []
 
 
-def _clip_bounds(clip: ir.Node) -> list[float] | str:
+def clip_bounds(clip: ir.Node) -> list[float] | str:
+    """A Clip's [min, max] (inputs from opset 11, attributes before; absent: unbounded)."""
     info = np.finfo(np.float32)
     if clip.attributes.get("min") is not None or clip.attributes.get("max") is not None:
         # opset < 11: bounds are attributes; an absent one is unbounded
