@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from fusion_core.ir import consumers, node_positions
+from fusion_core.patterns._explain import explain_unmatched
 from fusion_core.patterns._match import Match, NearMiss
 from fusion_core.patterns._refs import parse_edge
 from fusion_core.patterns._spec import NodeSpec, PatternSpec
@@ -127,8 +128,19 @@ class Matcher:
             plan = self._plan(pattern, index)
             if plan is not None:
                 search.run(plan, result, self.max_matches)
+        explained = [self._explain_plan(p) for p in self.patterns if p.explain is not None]
+        if explained:
+            explain_unmatched(search, explained, result)
         result.candidates.sort(key=lambda m: min(search.positions[id(n)] for n in m.nodes.values()))
         return result
+
+    def _explain_plan(self, pattern: PatternSpec) -> _Plan:
+        """The plan grown from the pattern's ``explain.node``, whatever the graph holds."""
+        assert pattern.explain is not None
+        key = (pattern.name, f"explain:{pattern.explain.node}")
+        if key not in self._plans or self._plans[key].pattern is not pattern:
+            self._plans[key] = _Plan(pattern, pattern.explain.node)
+        return self._plans[key]
 
     def _plan(self, pattern: PatternSpec, index: dict[str, list[ir.Node]]) -> _Plan | None:
         counts = {n.id: sum(len(index.get(_key(n, op), ())) for op in n.op) for n in pattern.nodes}

@@ -29,7 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
 from fusion_core.patterns._refs import parse_edge, parse_ref
 
-__all__ = ["COMMUTATIVE_OPS", "TARGET_NAMES", "CostHints", "NodeSpec", "PatternSpec", "RewriterRef"]
+__all__ = [
+    "COMMUTATIVE_OPS",
+    "TARGET_NAMES",
+    "CostHints",
+    "ExplainSpec",
+    "NodeSpec",
+    "PatternSpec",
+    "RewriterRef",
+]
 
 TARGET_NAMES = ("generic", "onnxruntime")
 TargetName = Literal["generic", "onnxruntime"]
@@ -102,6 +110,25 @@ class CostHints(BaseModel):
     compute_saving: float | None = Field(default=None, ge=-1, le=1)
 
 
+class ExplainSpec(BaseModel):
+    """Explain graph nodes no binding reached: every node that could play ``node`` and
+    passes the probe ``when`` (registered by name, fusion_core/patterns/_explain.py)
+    but is in no candidate gets a near miss naming the first step that failed."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    when: str
+
+    @field_validator("when")
+    @classmethod
+    def _known_probe(cls, when: str) -> str:
+        from fusion_core.patterns._explain import PROBES
+
+        if when not in PROBES:
+            raise ValueError(f"unknown probe {when!r}; known: {sorted(PROBES)}")
+        return when
+
+
 class PatternSpec(BaseModel):
     """A fusion pattern: what to find, what must hold, and which rewriter replaces it."""
 
@@ -119,6 +146,7 @@ class PatternSpec(BaseModel):
     # (normalizations: their variance and sums leave fp16's range or precision first).
     # Reported as a block list for fp16 conversion; never flagged as a range problem.
     keep_fp32: bool = False
+    explain: ExplainSpec | None = None
 
     @field_validator("name")
     @classmethod
@@ -154,6 +182,8 @@ class PatternSpec(BaseModel):
                 ref = parse_ref(text)
                 if ref.kind == "free" and ref.name not in self.free_inputs():
                     raise ValueError(f"constraints.{k}: {text!r} is not a free input of a node")
+        if self.explain is not None and self.explain.node not in known:
+            raise ValueError(f"explain.node: {self.explain.node!r} names no node of this pattern")
         _check_acyclic(self.nodes)
         _check_connected(self.nodes)
         return self

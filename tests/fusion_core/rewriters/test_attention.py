@@ -45,9 +45,13 @@ def attention_model(
     seed: int = 0,
     out_shape: str = f"[{B}, {S}, {HIDDEN}]",
     opset: int = 17,
+    k_two_transposes: bool = False,
+    extra_step: str | None = None,
 ) -> onnx.ModelProto:
     """Q/K/V projections (MatMul + bias Add) and eager attention over ``x[2, 5, 16]``;
-    ``mask`` is the shape of the boolean ``keep`` input (None: no mask)."""
+    ``mask`` is the shape of the boolean ``keep`` input (None: no mask);
+    ``k_two_transposes`` writes K^T as dynamo without its optimizer does, and
+    ``extra_step`` (an elementwise op) is applied to the scaled scores with a constant 0."""
     rng = np.random.default_rng(seed)
     inits = {f"w{p}": rng.standard_normal((HIDDEN, HIDDEN)) * 0.25 for p in "qkv"} | {
         f"b{p}": rng.standard_normal(HIDDEN) * 0.1 for p in "qkv"
@@ -72,15 +76,23 @@ def attention_model(
     for p in "qkv":
         body += [f"{p}m = MatMul (x, w{p})", f"{p}a = Add ({p}m, b{p})"]
         body.append(f"{p}r = Reshape ({p}a, split_shape)")
+    body.append("qt = Transpose <perm = [0, 2, 1, 3]> (qr)")
+    if k_two_transposes:
+        body.append("kh = Transpose <perm = [0, 2, 1, 3]> (kr)")
+        body.append("kt = Transpose <perm = [0, 1, 3, 2]> (kh)")
+    else:
+        body.append("kt = Transpose <perm = [0, 2, 3, 1]> (kr)")
     body += [
-        "qt = Transpose <perm = [0, 2, 1, 3]> (qr)",
-        "kt = Transpose <perm = [0, 2, 3, 1]> (kr)",
         "vt = Transpose <perm = [0, 2, 1, 3]> (vr)",
         "qk = MatMul (qt, kt)",
         f"scaled = {scale} (c, qk)" if scale_first else f"scaled = {scale} (qk, c)",
     ]
+    if extra_step is not None:
+        inits["nothing"] = np.array(0.0, np.float32)
+        body += ["scaled_more = " + extra_step + " (scaled, nothing)"]
+        scores = "scaled_more"
     if mask is not None:
-        body.append("masked = Add (scaled, bias)")
+        body.append(f"masked = Add ({scores}, bias)")
         scores = "masked"
     body += [
         f"probs = Softmax <axis = -1> ({scores})",
@@ -417,3 +429,69 @@ def test_merge_that_copies_a_head_dimension_is_refused():
     reasons = misses(result, "attention_mha")
     assert any("may copy a dimension past the second" in r for r in reasons), reasons
     run_both(model, result.to_proto(), **TOL)
+
+
+# ---------------------------------------------------------------------------------------
+# K^T as two Transposes (dynamo without its optimizer), and near misses where no
+# binding of any attention pattern completes (the attention probe).
+
+
+@pytest.mark.parametrize("mask", ["[2, 1, 5, 5]", None], ids=["mask", "no-mask"])
+def test_k_transposed_twice_becomes_multi_head_attention(mask):
+    model = attention_model(mask=mask, k_two_transposes=True)
+    result = optimize_quiet(model, target="onnxruntime")
+    pattern = "attention_mha_kt2" if mask else "attention_mha_kt2_no_mask"
+    fused = assert_fusion(
+        model,
+        result,
+        counts={"qkv_bias_merge": 1, pattern: 1},
+        ops=merged_ops(mask is not None),
+        **TOL,
+    )
+    assert attrs(the_attention(fused))["num_heads"] == HEADS
+
+
+def test_k_transposed_twice_in_another_order_stays():
+    """[0, 1, 3, 2] then [0, 2, 1, 3] is not K^T: the perm constraint says so."""
+    model = attention_model(k_two_transposes=True)
+    k_heads, k_t = [n for n in model.graph.node if n.output[0] in ("kh", "kt")]
+    k_heads.attribute[0].ints[:] = [0, 1, 3, 2]
+    k_t.attribute[0].ints[:] = [0, 2, 1, 3]
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "attention_mha_kt2" not in result.counts
+    reasons = misses(result, "attention_mha_kt2")
+    assert any("k_heads.perm" in r and "expected eq [0, 2, 1, 3]" in r for r in reasons), reasons
+
+
+def test_attention_softmax_no_pattern_reaches_is_explained():
+    """A Sub between the scale and the mask: no attention pattern binds past it, and the
+    near miss names the closest pattern, the step (its node id and op) and what is there."""
+    model = attention_model(extra_step="Sub")
+    result = optimize_quiet(model, target="onnxruntime")
+    assert not any(p.startswith("attention_mha") for p in result.counts), result.counts
+    fused = result.to_proto()
+    assert op_sequence(fused).count("Softmax") == 1
+    (miss,) = [m for m in result.near_misses if m.pattern.startswith("attention_mha")]
+    assert miss.pattern == "attention_mha"
+    assert miss.nodes == ("<Add>", "<Softmax>")  # the partial binding: mask, softmax
+    assert miss.reason == (
+        "expected Mul or Div 'scale' computing input 0 of mask (an unnamed Add); "
+        "found an unnamed Sub"
+    )
+    run_both(model, fused, **TOL)
+
+
+def test_softmax_that_is_not_attention_is_not_explained():
+    """A classifier's Softmax over a projection (MatMul by a constant weight) is not
+    attention: no attention near miss is made up for it."""
+    w = np.random.default_rng(0).standard_normal((HIDDEN, 3)).astype(np.float32)
+    model = build_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 16] x) => (float[2, 3] y) {
+            logits = MatMul (x, w)
+            y = Softmax <axis = -1> (logits)
+        }""",
+        {"w": w},
+    )
+    result = optimize_quiet(model, target="onnxruntime")
+    assert not [m for m in result.near_misses if m.pattern.startswith("attention")]
