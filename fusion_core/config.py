@@ -105,7 +105,14 @@ class OptimizeConfig(BaseModel):
     fold_input_size_limit: int = Field(default=1 << 22, ge=0)
     fold_output_size_limit: int = Field(default=1 << 23, ge=0)
     shape_inference: bool = True
+    # Convert the model to this opset (default domain) before the pre-passes, so that
+    # fusions may emit ops of newer opsets (HardSwish: 14); never downgrades. None: keep
+    # the model's opset (fusion_core/prepasses_opset.py).
+    upgrade_opset: int | None = Field(default=None, ge=1)
     check: CheckOptions = Field(default_factory=CheckOptions)
+    # Write (and, in the service, store) the fused model even when the check fails; by
+    # default a model that failed its check is never handed out.
+    keep_failed: bool = False
     # Fuse in checked stages and roll back only the fusions that break the check
     # (fusion_core.progressive; docs/validation.md).
     progressive: bool = False

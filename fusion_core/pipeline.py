@@ -32,6 +32,7 @@ from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
+from fusion_core.prepasses_opset import upgrade_opset
 from fusion_core.rewriters import (
     Rewrite,
     RewriteContext,
@@ -45,7 +46,14 @@ from fusion_core.selection import CostBasedSelection
 from fusion_core.strategies import PriorityStrategy
 from fusion_core.switches import resolve_switches
 from fusion_core.targets import get_target
-from fusion_core.validate import CheckResult, FloatDistribution, compare_models, random_inputs
+from fusion_core.validate import (
+    CANNOT_LOAD,
+    ORIGINAL_CANNOT_RUN,
+    CheckResult,
+    FloatDistribution,
+    compare_models,
+    random_inputs,
+)
 from fusion_core.validate._ranges import PrecisionReport, check_fp16
 from fusion_core.validate._regions import RegionReport, compare_regions
 from fusion_core.validate._structure import (
@@ -159,7 +167,12 @@ def optimize(
     result.ops_before = _op_counts(work)
 
     start = time.perf_counter()
+    # opt-in opset upgrade, before the other pre-passes (fusion_core/prepasses_opset.py)
+    work, upgrade = upgrade_opset(work, config.upgrade_opset)
+    result.model = work
     result.prepasses = run_prepasses(work, _prepass_options(config))
+    if upgrade is not None:  # the report says what the upgrade did
+        result.prepasses.insert(0, upgrade.describe())
     timings["prepasses"] = time.perf_counter() - start
 
     signature = output_signature(work)
@@ -212,8 +225,11 @@ def check_against_original(
     if result.structure:
         result.check.passed = False
         result.check.error = result.check.error or "; ".join(result.structure)
+    if result.check.failure in (ORIGINAL_CANNOT_RUN, CANNOT_LOAD):
+        return  # nothing ran: no region or range can be compared either
     if feeds is None and (not result.check.passed or config.precision == "fp16"):
-        dims = c.shape_profiles()[0]
+        # the sizes the check settled on: ones the original runs on
+        dims = result.check.profiles[0].dims if result.check.profiles else c.shape_profiles()[0]
         feeds = [
             random_inputs(original, seed=c.seed + k, dims=dims, distribution=distribution)
             for k in range(c.samples)

@@ -12,14 +12,14 @@ import onnx
 import yaml
 from google.protobuf.message import DecodeError
 
-from app.cli._exit import EXIT_CHECK_FAILED, EXIT_OK
+from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from fusion_core import OptimizeConfig, load_pattern_file, optimize, save_model
 from fusion_core.catalog import parse_pattern_text
 from fusion_core.config import CheckOptions
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
 from fusion_core.profile import ProfileOptions, profile_models
 from fusion_core.report import build_report, format_markdown, format_summary, render_html
-from fusion_core.validate import load_inputs
+from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -35,6 +35,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--html", help="also write the report as one self-contained HTML page")
     p.add_argument("--markdown", help="also write a Markdown summary (for CI logs)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="write the fused model even when the check fails (by default nothing is written)",
+    )
     p.add_argument("--rtol", type=float, default=CheckOptions().rtol)
     p.add_argument("--atol", type=float, default=CheckOptions().atol)
     p.add_argument("--samples", type=int, default=CheckOptions().samples)
@@ -48,6 +53,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--inputs", help="check with these inputs: a .npz file or an ONNX test-data folder"
+    )
+    p.add_argument(
+        "--upgrade-opset",
+        type=int,
+        metavar="N",
+        help="convert the model to opset N first (onnx's version converter), so fusions "
+        "may emit newer ops (HardSwish: 14); never downgrades",
     )
     p.add_argument(
         "--progressive",
@@ -111,11 +123,13 @@ _CONFIG_OPTIONS = {
     "patterns": "patterns",
     "exclude": "exclude",
     "no_check": "check.enabled",
+    "keep_failed": "keep_failed",
     "rtol": "check.rtol",
     "atol": "check.atol",
     "samples": "check.samples",
     "seed": "check.seed",
     "shape": "check.profiles",
+    "upgrade_opset": "upgrade_opset",
     "progressive": "progressive",
     "precision": "precision",
     "profile": "profile",
@@ -189,24 +203,33 @@ def run(args: argparse.Namespace) -> int:
     if args.inputs:
         feeds = load_inputs(args.inputs, _graph_only(args.model))
     result = optimize(args.model, config, feeds=feeds)
-    save_model(result.model, args.output)
+    check = result.check
+    failed = check is not None and not check.passed
+    written = not failed or config.keep_failed
+    if written:
+        save_model(result.model, args.output)
     profile = None
-    if args.profile:
-        dims = config.check.shape_profiles()[0]
+    if args.profile and not failed:
+        dims = check.profiles[0].dims if check and check.profiles else config.check.dims
         options = ProfileOptions(seed=config.check.seed, dims=dims)
         profile = profile_models(
             args.model, args.output, feeds=(feeds or [None])[0], options=options
         )
     report = build_report(
-        result, model=args.model, output=args.output, config=config,
+        result, model=args.model, output=args.output if written else None, config=config,
         profile=profile.to_dict() if profile is not None else None,
     )  # fmt: skip
-    _write_renderings(args, report)
+    _write_renderings(args, report, fused_path=args.output if written else None)
     print(format_summary(report))
-    if result.check is not None and not result.check.passed:
-        sys.stderr.write("autofusion: the fused model does not match the original\n")
-        return EXIT_CHECK_FAILED
-    return EXIT_OK
+    if not failed:
+        return EXIT_OK
+    kept = f"; the fused model was written anyway to {args.output} (--keep-failed)"
+    note = kept if written else "; nothing was written to the output path (--keep-failed writes it)"
+    if check.failure == ORIGINAL_CANNOT_RUN:
+        sys.stderr.write(f"autofusion: {check.error}{note}\n")
+        return EXIT_CONFIG
+    sys.stderr.write(f"autofusion: the fused model does not match the original{note}\n")
+    return EXIT_CHECK_FAILED
 
 
 def _graph_only(path: str) -> onnx.ModelProto:
@@ -217,7 +240,9 @@ def _graph_only(path: str) -> onnx.ModelProto:
         raise ModelLoadError(f"cannot read the model {path!r}: {exc}") from None
 
 
-def _write_renderings(args: argparse.Namespace, report: dict[str, Any]) -> None:
+def _write_renderings(
+    args: argparse.Namespace, report: dict[str, Any], *, fused_path: str | None
+) -> None:
     if args.report:
         _write(args.report, json.dumps(report, indent=2) + "\n")
     if args.markdown:
@@ -225,7 +250,7 @@ def _write_renderings(args: argparse.Namespace, report: dict[str, Any]) -> None:
     if args.html:
         # Only the graphs are drawn: leave the weights on disk.
         original = onnx.load(args.model, load_external_data=False)
-        fused = onnx.load(args.output, load_external_data=False)
+        fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
         _write(args.html, render_html(report, original=original, fused=fused))
 
 

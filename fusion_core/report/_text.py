@@ -11,6 +11,7 @@ _MAX_NEAR_MISSES = 10
 
 def format_summary(report: dict[str, Any]) -> str:
     lines = [f"autofusion: {report.get('model') or 'model'} -> target {report['target']}"]
+    lines += [f"  {p}" for p in report.get("prepasses", []) if p.startswith("upgrade_opset:")]
     lines += _fusions(report)
     lines += _ops(report["nodes"])
     lines += _check(report.get("check"))
