@@ -125,7 +125,7 @@ def _multiplies_x(match: Match, mul_node: str, x: ir.Value | None) -> str | None
     mul = match.node(mul_node)
     inner = [v for v in mul.inputs if v is not None and id(v.producer()) in members]
     if len(inner) != 1:
-        return f"{mul_node} ({mul.name!r}) does not read the chain once"
+        return f"{mul_node} (Mul -> {mul.outputs[0].name!r}) does not read the chain once"
     return other_operand(match, mul_node, inner[0], x)
 
 

@@ -58,8 +58,8 @@ def other_operand(match: Match, mul_node: str, inner: ir.Value, x: ir.Value | No
     x_name = x.name if x is not None else None
     other_name = other.name if other is not None else None
     return (
-        f"{mul_node} ({mul.name!r}) multiplies {inner.name!r} by {other_name!r}, not by the "
-        f"activation's input {x_name!r}"
+        f"{mul_node} (Mul -> {mul.outputs[0].name!r}) multiplies {inner.name!r} by "
+        f"{other_name!r}, not by the activation's input {x_name!r}"
     )
 
 
