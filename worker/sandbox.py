@@ -12,9 +12,10 @@ and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
 when the config asks to profile, ``profile_trace.json``: onnxruntime's own profiler
 trace of a few runs of the fused model), or
 ``output/error.json`` ``{"kind", "message"}`` with kind ``model``, ``config``,
-``pattern`` (the user's fault: the job fails at once), ``memory`` (counts as a crash)
-or ``internal``. Progress goes to stdout as JSON lines ``{"stage": "prepasses",
-"progress": 0.1}``; everything else anyone prints goes to
+``pattern``, ``check`` (the fused model failed its check: the report and renderings are
+written, the fused model only with ``keep_failed``; these four fail the job at once),
+``memory`` (counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
+``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
 stderr, which the worker keeps in ``sandbox.log``.
 
 The address-space limit is set before anything big is imported, so a model (or an
@@ -73,7 +74,7 @@ TRACE_RUNS = 3
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
-USER_ERROR_KINDS = frozenset({"model", "config", "pattern"})
+USER_ERROR_KINDS = frozenset({"model", "config", "pattern", "check"})
 EXIT_ERROR = 3  # error.json written
 EXIT_ORPHANED = 70  # the worker died
 
@@ -142,19 +143,24 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     result = optimize(model_path, config, patterns=patterns)
     _emit(progress, "saving", 0.8)
     output = folder / OUTPUT_DIR
-    save_model(result.model, output / FUSED_FILE)
+    check = result.check
+    failed = check is not None and not check.passed
+    fused_path = output / FUSED_FILE if not failed or config.keep_failed else None
+    if fused_path is not None:
+        save_model(result.model, fused_path)
     profile = None
-    if config.profile:
+    if config.profile and not failed:
         _emit(progress, "profiling", 0.82)
-        options = ProfileOptions(dims=config.check.shape_profiles()[0])
-        profile = profile_models(model_path, output / FUSED_FILE, options=options).to_dict()
-        _keep_trace(output / FUSED_FILE, output, options)
+        dims = check.profiles[0].dims if check and check.profiles else config.check.dims
+        options = ProfileOptions(dims=dims)
+        profile = profile_models(model_path, fused_path, options=options).to_dict()
+        _keep_trace(fused_path, output, options)
     report = build_report(
         result,
         model=job["model"],
-        output=FUSED_FILE,
+        output=FUSED_FILE if fused_path else None,
         model_file=model_path,
-        output_file=output / FUSED_FILE,
+        output_file=fused_path,
         config=config,
         registry_version=job.get("registry_version"),
         profile=profile,
@@ -164,9 +170,28 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     (output / REPORT_MARKDOWN_FILE).write_text(format_markdown(report), encoding="utf-8")
     # The pictures need the graphs only: the weights stay on disk.
     original = onnx.load(model_path, load_external_data=False)
-    fused = onnx.load(output / FUSED_FILE, load_external_data=False)
+    fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
     html = render_html(report, original=original, fused=fused)
     (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
+    if failed:  # the report stays: it says what the check saw
+        raise CheckFailed(_check_message(check, kept=fused_path is not None))
+
+
+class CheckFailed(Exception):
+    """The fused model failed its check: the job fails, with its report kept."""
+
+
+def _check_message(check: Any, *, kept: bool) -> str:
+    if check.failure == "original_cannot_run":
+        text = check.error  # names the dims to give: the job's config.check.dims
+    elif check.failure == "mismatch":
+        worst = max(check.outputs, key=lambda o: o.max_abs_diff, default=None)
+        where = f" (output {worst.name!r}: {worst.detail})" if worst and worst.detail else ""
+        text = f"the fused model does not match the original{where}"
+    else:
+        text = f"the fused model failed its check: {check.error}"
+    tail = "; the fused model is kept (keep_failed)" if kept else ""
+    return f"{text}; see the report{tail}"
 
 
 def _keep_trace(fused_path: Path, output: Path, options: Any) -> None:
@@ -202,6 +227,8 @@ MEMORY_HINTS = (
 
 
 def _kind_of(exc: BaseException) -> str:
+    if isinstance(exc, CheckFailed):
+        return "check"
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return "memory"
     if isinstance(exc, ImportError | RuntimeError) and any(

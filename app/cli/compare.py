@@ -12,16 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 
-from app.cli._exit import EXIT_CHECK_FAILED, EXIT_OK
+from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from app.cli.optimize import _graph_only, _profile
 from fusion_core.config import CheckOptions
 from fusion_core.ir import load_model
-from fusion_core.validate import compare_models, load_inputs, random_inputs
+from fusion_core.validate import ORIGINAL_CANNOT_RUN, compare_models, load_inputs, random_inputs
 from fusion_core.validate._regions import compare_regions, fused_regions, tensor_diffs
 
 __all__ = ["add_parser", "run"]
@@ -51,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
         a, b, rtol=args.rtol, atol=args.atol, samples=args.samples, seed=args.seed,
         profiles=profiles or None, feeds=feeds,
     )  # fmt: skip
+    if check.failure == ORIGINAL_CANNOT_RUN:
+        sys.stderr.write(f"autofusion: {check.error}\n")
+        return EXIT_CONFIG
     if feeds is None:
-        dims = profiles[0] if profiles else {}
+        dims = check.profiles[0].dims if check.profiles else {}  # sizes the check settled on
         feeds = [random_inputs(a, seed=args.seed + k, dims=dims) for k in range(args.samples)]
     outputs = {o.name for o in a.graph.output}
     shared = sorted(

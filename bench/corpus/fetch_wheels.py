@@ -63,14 +63,19 @@ def find_archive(wheels: Path, pin: str) -> Path | None:
     return None
 
 
-def download(wheels: Path, pin: str) -> Path:
-    """``pip download --no-deps pin`` into ``wheels`` unless it is there already."""
+def download(wheels: Path, pin: str, *, binary_only: bool = False) -> Path:
+    """``pip download --no-deps pin`` into ``wheels`` unless it is there already.
+
+    ``binary_only`` for packages whose sdist would have to be built to be downloaded.
+    """
     found = find_archive(wheels, pin)
     if found is not None:
         return found
     wheels.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s", pin)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels)]
+    if binary_only:
+        cmd.append("--only-binary=:all:")
     proc = subprocess.run([*cmd, pin], capture_output=True, text=True)
     found = find_archive(wheels, pin)
     if proc.returncode != 0 or found is None:

@@ -119,6 +119,19 @@ class Check(BaseModel):
     outputs: list[OutputCheck]
     max_abs_diff: float | None = None
     error: str | None = None
+    failure: (
+        Literal["original_cannot_run", "fused_cannot_run", "cannot_load", "mismatch"] | None
+    ) = Field(
+        default=None,
+        description="Why it did not pass: the original cannot run on the generated inputs "
+        "(give shapes or inputs; says nothing of the fusion), the fused model cannot run "
+        "or load, or the outputs differ",
+    )
+    dynamic_dims: list[str] = Field(
+        default_factory=list,
+        description="The inputs' dynamic dims by name (an unnamed one as 'input[axis]'), "
+        "the names --shape takes",
+    )
 
 
 class SessionLatency(BaseModel):

@@ -1,12 +1,17 @@
 """Validation: does the fused model still compute what the original computed?"""
 
 from fusion_core.validate._compare import (
+    CANNOT_LOAD,
+    FUSED_CANNOT_RUN,
+    MISMATCH,
+    ORIGINAL_CANNOT_RUN,
     CheckResult,
     OutputCheck,
     ProfileCheck,
     compare_models,
     make_session,
 )
+from fusion_core.validate._dims import candidate_dims, input_dims
 from fusion_core.validate._inputs import (
     FloatDistribution,
     InputSpec,
@@ -17,7 +22,11 @@ from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, 
 from fusion_core.validate._user_inputs import check_feeds, load_inputs
 
 __all__ = [
+    "CANNOT_LOAD",
+    "FUSED_CANNOT_RUN",
     "HISTOGRAM_EDGES",
+    "MISMATCH",
+    "ORIGINAL_CANNOT_RUN",
     "CheckResult",
     "ErrorStats",
     "FloatDistribution",
@@ -25,10 +34,12 @@ __all__ = [
     "OutputCheck",
     "ProfileCheck",
     "Tolerance",
+    "candidate_dims",
     "check_feeds",
     "compare_models",
     "default_tolerance",
     "describe_inputs",
+    "input_dims",
     "load_inputs",
     "make_session",
     "random_inputs",

@@ -13,9 +13,10 @@ and over all profiles; the verdict passes when every output passes in every prof
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import onnxruntime as ort
 
 from fusion_core.errors import ConfigError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES
+from fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
 from fusion_core.validate._inputs import FloatDistribution, random_inputs
 from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
 
@@ -82,6 +84,13 @@ class ProfileCheck:
     error: str | None = None
 
 
+# Why a check that did not pass failed (CheckResult.failure):
+ORIGINAL_CANNOT_RUN = "original_cannot_run"  # the inputs are wrong for the model, not the fusion
+FUSED_CANNOT_RUN = "fused_cannot_run"
+CANNOT_LOAD = "cannot_load"
+MISMATCH = "mismatch"
+
+
 @dataclass
 class CheckResult:
     passed: bool
@@ -89,6 +98,10 @@ class CheckResult:
     seed: int
     outputs: list[OutputCheck] = field(default_factory=list)  # over all profiles
     error: str | None = None
+    # None when passed; else ORIGINAL_CANNOT_RUN, FUSED_CANNOT_RUN, CANNOT_LOAD or MISMATCH
+    failure: str | None = None
+    # The dynamic dims of the inputs (free names: "batch", "x[2]" for an unnamed one)
+    dynamic_dims: list[str] = field(default_factory=list)
     profiles: list[ProfileCheck] = field(default_factory=list)
     histogram_edges: list[float] = field(default_factory=lambda: list(HISTOGRAM_EDGES))
 
@@ -175,69 +188,124 @@ def compare_models(
     overrides = _check_tolerances(tolerances or {}, outputs)
     plans = _plans(original, samples, seed, dims, profiles, feeds)
     result = CheckResult(passed=False, samples=plans[0].samples, seed=seed)
+    result.dynamic_dims = input_dims(original).names
     try:
         sessions = make_session(original), make_session(fused)
     except Exception as exc:  # onnxruntime raises many types; report them all
         result.error = f"onnxruntime could not load a model: {exc}"
+        result.failure = CANNOT_LOAD
         return result
+    generate = functools.partial(
+        random_inputs, original, int_high=int_high, distribution=distribution
+    )
     outs = sessions[0].get_outputs()
     dtypes = {o.name: _dtype_name(o.type) for o in outs}
     tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
     overall = {n: ErrorStats(tol) for n, tol in tols.items()}
     for index, plan in enumerate(plans):
         stats = {n: ErrorStats(tol) for n, tol in tols.items()}
-        generated = (
-            random_inputs(
-                original, seed=s, dims=plan.dims, int_high=int_high, distribution=distribution
-            )
-            for s in plan.seeds
-        )
-        error = _run(sessions, plan.feeds or generated, [stats, overall])
+        error = failure = None
+        if plan.feeds is None and (error := _runnable_dims(sessions[0], plan, generate)):
+            failure = ORIGINAL_CANNOT_RUN  # nothing to compare in this profile
+        else:
+            generated = (generate(seed=s, dims=plan.check.dims) for s in plan.seeds)
+            error, failure = _run(sessions, plan.feeds or generated, [stats, overall])
         check = plan.check
         check.error = error
         check.outputs = [OutputCheck.from_stats(n, dtypes[n], stats[n]) for n in dtypes]
         check.passed = error is None and all(o.passed for o in check.outputs)
         if error and result.error is None:
             where = f" (profile {index}: {check.dims})" if len(plans) > 1 else ""
-            result.error = f"{error}{where}"
+            result.error, result.failure = f"{error}{where}", failure
         result.profiles.append(check)
     result.outputs = [
         OutputCheck.from_stats(n, dtypes[n], overall[n], _overall_detail(n, overall[n], result))
         for n in dtypes
     ]
     result.passed = result.error is None and all(p.passed for p in result.profiles)
+    if not result.passed and result.failure is None:
+        result.failure = MISMATCH
     return result
+
+
+def _runnable_dims(
+    reference: ort.InferenceSession, plan: _Plan, generate: Callable[..., dict]
+) -> str | None:
+    """Settle ``plan``'s dims on the first candidate the original runs on; else say why.
+
+    Sizes the user gave are kept; the others are tried in ``candidate_dims`` order, so a
+    detector whose Resize needs a multiple of 32 is not judged on a 1x1 image.
+    """
+    tried: list[dict[str, int]] = []
+    last_error = ""
+    for k in range(CANDIDATES):
+        dims = candidate_dims(plan.info, plan.given, k)
+        if dims in tried:
+            continue
+        tried.append(dims)
+        try:
+            feed = generate(seed=plan.seeds[0], dims=dims)
+            reference.run(None, feed)
+        except ConfigError:
+            raise  # an input the generator cannot make: the caller's to fix
+        except Exception as exc:
+            last_error = _first_line(str(exc))
+            continue
+        plan.check.dims = dims
+        return None
+    free = [name for name in plan.info.names if name not in plan.given]
+    hint = (
+        f"give --shape NAME=VALUE for {', '.join(free)}"
+        if free
+        else "the sizes given with --shape do not suit it"
+    )
+    return (
+        f"the original model cannot run on generated inputs (tried {tried}): {last_error}; "
+        f"{hint}, or your own inputs with --inputs"
+    )
+
+
+def _first_line(text: str) -> str:
+    text = text.strip().splitlines()[0] if text.strip() else text
+    return text[:400]
 
 
 def _run(
     sessions: tuple[ort.InferenceSession, ort.InferenceSession],
     feeds: Iterable[Mapping[str, np.ndarray]],
     into: list[dict[str, ErrorStats]],
-) -> str | None:
+) -> tuple[str | None, str | None]:
     """Run both models on every feed, adding each output to the stats ``into``; the
-    onnxruntime failure that stopped it, if any."""
+    onnxruntime failure that stopped it and whose it was (a ``failure`` kind), if any."""
     reference, candidate = sessions
     names = [o.name for o in reference.get_outputs()]
-    try:
-        for feed in feeds:
+    for feed in feeds:
+        try:
             expected = reference.run(names, dict(feed))
+        except ConfigError:
+            raise  # an input the generator cannot make: the caller's to fix, not a run failure
+        except Exception as exc:
+            return (
+                f"the original model cannot run on these inputs: {_first_line(str(exc))}",
+                ORIGINAL_CANNOT_RUN,
+            )
+        try:
             actual = candidate.run(names, dict(feed))
-            for name, want, got in zip(names, expected, actual, strict=True):
-                for stats in into:
-                    stats[name].update(np.asarray(want), np.asarray(got))
-    except ConfigError:
-        raise  # an input the generator cannot make: the caller's to fix, not a run failure
-    except Exception as exc:
-        return f"onnxruntime failed to run a model: {exc}"
-    return None
+        except Exception as exc:
+            return f"the fused model fails to run: {_first_line(str(exc))}", FUSED_CANNOT_RUN
+        for name, want, got in zip(names, expected, actual, strict=True):
+            for stats in into:
+                stats[name].update(np.asarray(want), np.asarray(got))
+    return None, None
 
 
 @dataclass
 class _Plan:
-    dims: dict[str, int]
+    given: dict[str, int]  # the sizes the caller gave
     seeds: list[int]
     feeds: list[Mapping[str, np.ndarray]] | None
-    check: ProfileCheck
+    check: ProfileCheck  # its dims are every free name's size, once settled
+    info: InputDims | None = None
 
     @property
     def samples(self) -> int:
@@ -254,25 +322,14 @@ def _plans(
 ) -> list[_Plan]:
     if feeds:
         return [_Plan({}, [], list(feeds), ProfileCheck({}, len(feeds), []))]
-    symbolic = _symbolic_dims(model)
+    info = input_dims(model)
     plans = []
     for p, profile in enumerate(profiles or [dims or {}]):
-        _check_profile(profile, symbolic, p)
-        used = {name: int(profile.get(name, 1)) for name in symbolic} | dict(profile)
+        _check_profile(profile, info.names, p)
+        used = candidate_dims(info, profile, 0)
         seeds = [seed + p * samples + j for j in range(samples)]
-        plans.append(_Plan(dict(profile), seeds, None, ProfileCheck(used, samples, seeds)))
+        plans.append(_Plan(dict(profile), seeds, None, ProfileCheck(used, samples, seeds), info))
     return plans
-
-
-def _symbolic_dims(model: onnx.ModelProto) -> list[str]:
-    initializers = {t.name for t in model.graph.initializer}
-    names: dict[str, None] = {}
-    for value in model.graph.input:
-        if value.name not in initializers:
-            for d in value.type.tensor_type.shape.dim:
-                if d.dim_param:
-                    names[d.dim_param] = None
-    return list(names)
 
 
 def _check_profile(profile: Mapping[str, int], symbolic: list[str], index: int) -> None:

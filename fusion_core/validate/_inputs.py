@@ -1,6 +1,7 @@
 """Seeded random inputs that make sense for the model.
 
-Symbolic dimensions take the value given in ``dims`` (by name) or 1. What values an
+Symbolic dimensions take the value given in ``dims`` (by name; ``_dims`` names the
+unnamed ones and computes expressions of names) or 1. What values an
 input gets depends on what the graph does with it (``describe_inputs``):
 
 - ``index``: an integer input that reaches input 1 of a ``Gather`` directly or through
@@ -29,6 +30,7 @@ import numpy as np
 import onnx
 
 from fusion_core.errors import ConfigError
+from fusion_core.validate._dims import dim_key, evaluate_dim
 
 __all__ = [
     "INDEX_PRESERVING",
@@ -119,7 +121,8 @@ class InputSpec:
 
     name: str
     elem_type: int
-    shape: tuple[int | str | None, ...]
+    # a size, a name, an expression of names, or ``input[axis]`` for an unnamed one
+    shape: tuple[int | str, ...]
     kind: Kind
     high: int | None = None
 
@@ -140,18 +143,19 @@ def describe_inputs(model: onnx.ModelProto, *, int_high: int = 2) -> list[InputS
             continue
         tensor_type = value.type.tensor_type
         elem_type = tensor_type.elem_type
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in tensor_type.shape.dim
-        )
+        shape = tuple(dim_key(value.name, axis, d) for axis, d in enumerate(tensor_type.shape.dim))
         kind, high = _kind(value.name, elem_type, uses, shapes, int_high)
         specs.append(InputSpec(value.name, elem_type, shape, kind, high))
     return specs
 
 
 def resolve_shape(spec: InputSpec, dims: Mapping[str, int]) -> list[int]:
-    """Concrete shape: symbolic dims from ``dims`` by name, unnamed or missing ones 1."""
-    return [d if isinstance(d, int) else dims.get(d or "", 1) for d in spec.shape]
+    """Concrete shape: symbolic dims (and expressions of them) from ``dims``, missing ones 1."""
+    shape = []
+    for d in spec.shape:
+        size = d if isinstance(d, int) else evaluate_dim(d, dims)
+        shape.append(1 if size is None else size)
+    return shape
 
 
 def random_inputs(

@@ -133,11 +133,11 @@ def test_a_failure_in_one_profile_fails_the_verdict_and_names_the_profile() -> N
     assert result.outputs[0].mismatches == result.profiles[1].outputs[0].elements
 
 
-def test_dims_is_the_single_profile_and_unset_dims_are_one() -> None:
+def test_dims_is_the_single_profile_and_unset_dims_take_their_role_default() -> None:
     result = compare_models(SYM, SYM, samples=1, dims={"batch": 2})
     (profile,) = result.profiles
-    assert profile.dims == {"batch": 2, "seq": 1}
-    assert profile.outputs[0].elements == 2 * 1 * 4
+    assert profile.dims == {"batch": 2, "seq": 16}  # a sequence: 16 (fusion_core.validate._dims)
+    assert profile.outputs[0].elements == 2 * 16 * 4
 
 
 @pytest.mark.parametrize(
@@ -286,6 +286,8 @@ def test_to_dict_is_plain_json_without_infinities() -> None:
         "histogram_edges",
         "max_abs_diff",
         "max_rel_diff",
+        "failure",
+        "dynamic_dims",
     }
     assert set(json.loads(text)) == expected_keys
     assert {"cosine_similarity", "histogram", "mean_abs_diff", "tolerance_source"} <= set(
@@ -305,9 +307,9 @@ def test_a_run_failure_in_one_profile_is_reported_not_raised() -> None:
     )
     assert not result.passed
     assert [p.error is None for p in result.profiles] == [True, False]
-    assert (
-        result.error is not None and "failed to run" in result.error and "profile 1" in result.error
-    )
+    assert result.error is not None and "profile 1" in result.error
+    assert "the original model cannot run" in result.error and "--shape" in result.error
+    assert result.failure == "original_cannot_run"
 
 
 def test_check_options_profiles_fall_back_to_dims_and_validate() -> None:

@@ -241,3 +241,25 @@ def test_cancelling_a_running_job_kills_its_child(make_env, monkeypatch) -> None
     assert outcome == [Outcome.cancelled]
     job = env.job(job_id)
     assert (job.status, job.attempts) == (JobStatus.cancelled, 1)
+
+
+def test_a_failed_check_fails_the_job_and_keeps_the_report(env: WorkerEnv, tmp_path) -> None:
+    # Folding BN into a conv changes the last bits, which a zero tolerance sees.
+    strict = {"check": {"rtol": 0, "atol": 0}}
+    failed = env.submit(config=strict)
+    kept = env.submit(config=strict | {"keep_failed": True})
+    for job_id in (failed, kept):
+        assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(failed)
+    assert job.attempts == 1 and "does not match the original" in job.error
+    assert job.fused_digest is None  # a model that failed its check is never handed out
+    report = json.loads(env.store.read_bytes(job.report_digest))
+    assert report["check"]["passed"] is False and report["check"]["failure"] == "mismatch"
+    assert report["output"] is None and set(job.summary["artifacts"]) == {
+        "report.html",
+        "report.md",
+    }
+    job = env.job(kept)
+    assert job.fused_digest is not None and "kept (keep_failed)" in job.error
+    env.store.fetch(job.fused_digest, tmp_path / "kept.onnx")
+    assert "BatchNormalization" not in op_types(tmp_path / "kept.onnx")

