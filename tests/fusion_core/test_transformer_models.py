@@ -108,9 +108,15 @@ def test_generic_target_folds_the_scale_and_explains_the_attention(name: str) ->
     config = OptimizeConfig(target="generic", check=CheckOptions(rtol=0.0, atol=ATOL))
     result = optimize(FOLDER / f"{name}.onnx", config)
     assert result.check is not None and result.check.passed, result.check
-    refusals = [m for m in result.near_misses if m.pattern.startswith("attention_mha")]
+    refusals = [m for m in result.near_misses if "ONNX Attention needs opset 23" in m.reason]
     assert len(refusals) == LAYERS
-    assert all("ONNX Attention needs opset 23" in m.reason for m in refusals), refusals
+    assert all(m.pattern.startswith("attention_mha") for m in refusals), refusals
+    # After the fold, the last round's probe also explains each Softmax (the scale it
+    # looks for is gone); nothing else is reported for attention.
+    others = [
+        m for m in result.near_misses if m.pattern.startswith("attention_mha") and m not in refusals
+    ]
+    assert all("'scale'" in m.reason or "'q_scale'" in m.reason for m in others), others
     folds = _count(result.counts, "attention_scale_fold")
     if _family(name) == "gpt2":
         assert folds == 0
@@ -126,3 +132,31 @@ def test_generic_target_explains_gelu_needs_opset_20(name: str) -> None:
     assert _count(result.counts, "gelu_") == 0
     reasons = [m.reason for m in result.near_misses if m.pattern.startswith("gelu_")]
     assert reasons and all("needs opset 20" in r for r in reasons), reasons
+
+
+def test_an_attention_no_pattern_binds_is_explained() -> None:
+    """Layer 1's scores go through a Sub of 0 between the scale and the mask: no
+    attention pattern binds that far (no constraint ever runs), the other layer still
+    fuses, and the near miss names the closest pattern and the step that found no node."""
+    model = onnx.load(FOLDER / "bert_eager_dynamo.onnx")
+    producers = {out: node for node in model.graph.node for out in node.output}
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"][1]
+    mask_add = producers[softmax.input[0]]
+    (k,) = [k for k, name in enumerate(mask_add.input) if producers[name].op_type == "Mul"]
+    scaled = mask_add.input[k]
+    zero = onnx.numpy_helper.from_array(np.array(0.0, np.float32), "broken_zero")
+    model.graph.initializer.append(zero)
+    sub = onnx.helper.make_node("Sub", [scaled, "broken_zero"], ["broken"], name="broken_sub")
+    mask_add.input[k] = "broken"
+    position = list(model.graph.node).index(mask_add)
+    model.graph.node.insert(position, sub)
+    result = optimize(model, OptimizeConfig(target="onnxruntime"))
+    assert result.check is not None and result.check.passed
+    assert _count(result.counts, "attention_") == LAYERS - 1
+    (miss,) = [m for m in result.near_misses if m.pattern.startswith("attention_")]
+    assert miss.pattern == "attention_mha"
+    assert miss.nodes == (mask_add.name, softmax.name)
+    assert miss.reason == (
+        f"expected Mul or Div 'scale' computing input 0 of mask (Add {mask_add.name!r}); "
+        "found Sub 'broken_sub'"
+    )
