@@ -148,3 +148,36 @@ def test_identity_inside_a_branch_is_removed_where_it_is_safe():
     else_ops = [n.op_type for n in if_node.attributes["else_branch"].as_graph()]
     assert then_ops == ["Identity"]  # copies an outer value: must stay
     assert else_ops == ["Neg"]  # copies a value of its own branch: removed
+
+
+def _image_model(height: str | int, width: str | int = "W") -> onnx.ModelProto:
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3, {height}, {width}] x) => (float[N, 3, {height}, {width}] y) {{
+        p = MaxPool<kernel_shape = [2, 2], strides = [2, 2]>(x)
+        u = Resize<mode = "nearest">(p, , scales)
+        y = Add(u, x)
+    }}"""
+    model = onnx.parser.parse_model(text)
+    scales = np.array([1, 1, 2, 2], np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(scales, "scales"))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (_image_model("H"), False),  # dynamic spatial dims: sympy's floor(...) chains
+        (_scan_sum(), False),  # control flow: one branch's rank for every branch
+        (_image_model(64, 64), True),  # only the batch is dynamic
+    ],
+    ids=["dynamic-image", "control-flow", "static-image"],
+)
+def test_onnxruntime_symbolic_inference_only_where_it_is_safe_and_fast(
+    monkeypatch, model, expected
+):
+    import fusion_core.prepasses as prepasses
+
+    calls = []
+    monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda proto: calls.append(1))
+    prepasses.SymbolicShapeInferencePass()(model_from_proto(model))
+    assert bool(calls) is expected
