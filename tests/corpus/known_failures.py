@@ -2,14 +2,21 @@
 when its fix lands (the xfail is strict, so a fixed case fails until its entry goes).
 
 Keys are (model name, target); target "*" stands for both. Node-test keys use the
-test's id without the target (``node/test_scan_sum``).
+test's id (``node/test_scan_sum``) and a target or "*".
 """
 
 from __future__ import annotations
 
 import pytest
 
-MODEL_FAILURES: dict[tuple[str, str], str] = {}
+MODEL_FAILURES: dict[tuple[str, str], str] = {
+    ("ppocr_rec_v4", "*"): "layer_norm: 0 of 5 fused, near miss 'dimension -1 of $x is "
+    "unknown' (shape inference is skipped for dynamic image inputs; the scale has the size)",
+    ("silero_vad_v6", "*"): "exit 2, the original cannot run on generated inputs: sr is "
+    "drawn at random but the If compares it with 16000 (that branch wants input [1, 512])",
+    ("pysilero_v5", "*"): "exit 2, the original cannot run on generated inputs: sr is "
+    "drawn at random but the If compares it with 16000 (that branch wants input [1, 512])",
+}
 
 NODE_FAILURES: dict[tuple[str, str], str] = {}
 
