@@ -17,10 +17,11 @@ import json
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from corpus_tier import CACHE, CALL_TIMEOUT, HERE, REPO, RESULTS, WORKERS
+from corpus_tier import CACHE, CALL_TIMEOUT, HERE, REPO, RESULTS, WORKERS, optimize
 
 
 def _selected_node_jobs(session, tmp: Path) -> list[dict]:
@@ -68,6 +69,28 @@ def node_results(request) -> dict[tuple[str, str], dict]:
     RESULTS["node_tests"] = {f"{k[0]}-{k[1]}": {"rc": v["rc"], "seconds": v["seconds"]}
                              for k, v in by_case.items()}
     return by_case
+
+
+@pytest.fixture(scope="session")
+def model_runs(request, tmp_path_factory) -> dict[tuple[str, str], tuple]:
+    """Every selected corpus case optimized once, WORKERS CLI processes at a time (the
+    CLI is mostly one busy core); (model name, target) -> (process, report, seconds)."""
+    cases = []
+    for item in request.session.items:
+        spec = getattr(item, "callspec", None)
+        if spec is None or "info" not in spec.params or isinstance(spec.params["info"], Exception):
+            continue
+        cases.append((spec.params["path"], spec.params["info"], spec.params["target"]))
+    root = tmp_path_factory.mktemp("corpus")
+
+    def run(case):
+        path, info, target = case
+        tmp = root / f"{info.name}-{target}"
+        tmp.mkdir()
+        return (info.name, target), optimize(path, info, target, tmp)
+
+    with ThreadPoolExecutor(max_workers=max(1, WORKERS)) as pool:
+        return dict(pool.map(run, cases))
 
 
 def pytest_collection_modifyitems(config, items):

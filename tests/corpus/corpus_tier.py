@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -16,6 +19,7 @@ import node_tests  # noqa: E402
 CACHE = meta.cache_dir()
 WORKERS = int(os.environ.get("AUTOFUSION_CORPUS_WORKERS", "2"))
 CALL_TIMEOUT = 120
+MODEL_TIMEOUT = 600
 RESULTS: dict[str, dict] = {"models": {}, "node_tests": {}}
 
 
@@ -36,3 +40,21 @@ def node_cases() -> dict[str, Path]:
     )
 
 
+
+
+def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
+    """``autofusion optimize`` as a user runs it: (process, report or None, seconds)."""
+    report = tmp / "report.json"
+    cmd = [*cli(), "optimize", str(path), "-o", str(tmp / "out.onnx"), "--target", target,
+           "--report", str(report)]
+    for profile in info.shapes:
+        cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
+    if info.atol is not None:
+        cmd += ["--atol", str(info.atol)]
+    if info.rtol is not None:
+        cmd += ["--rtol", str(info.rtol)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    seconds = time.perf_counter() - start
+    data = json.loads(report.read_text()) if report.is_file() else None
+    return proc, data, seconds

@@ -15,9 +15,6 @@ with one ``autofusion:`` line saying what was wrong.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import time
 from pathlib import Path
 
 import known_failures
@@ -25,10 +22,9 @@ import meta
 import pytest
 import quantize
 import wheel_models
-from corpus_tier import CACHE, RESULTS, cli, node_cases
+from corpus_tier import CACHE, RESULTS, node_cases
 
 TARGETS = meta.TARGETS
-MODEL_TIMEOUT = 600
 DOCUMENTED_EXITS = {0, 1, 2, 3, 4}
 
 
@@ -65,23 +61,6 @@ def test_corpus_is_built():
     wanted = {m.name for m in wheel_models.WHEEL_MODELS} | {r.name for r in quantize.RECIPES}
     missing = sorted(wanted - found)
     assert not missing, f"not in {CACHE}: {missing}; run python bench/corpus/build.py"
-
-
-def _optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
-    report = tmp / "report.json"
-    cmd = [*cli(), "optimize", str(path), "-o", str(tmp / "out.onnx"), "--target", target,
-           "--report", str(report)]
-    for profile in info.shapes:
-        cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
-    if info.atol is not None:
-        cmd += ["--atol", str(info.atol)]
-    if info.rtol is not None:
-        cmd += ["--rtol", str(info.rtol)]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MODEL_TIMEOUT)
-    seconds = time.perf_counter() - start
-    data = json.loads(report.read_text()) if report.is_file() else None
-    return proc, data, seconds
 
 
 def _check_problems(data: dict) -> list[str]:
@@ -129,11 +108,11 @@ def _record(info, target, proc, data, seconds) -> None:
 
 
 @pytest.mark.parametrize(("path", "info", "target"), _model_cases())
-def test_model(path: Path, info: meta.ModelMeta, target: str, tmp_path: Path):
+def test_model(path: Path, info: meta.ModelMeta, target: str, model_runs):
     """Exit 0, no traceback, the check passed, the expected fusions, quantized ops kept."""
     if isinstance(info, Exception):
         pytest.fail(f"{path.parent / meta.META_FILE}: {info}")
-    proc, data, seconds = _optimize(path, info, target, tmp_path)
+    proc, data, seconds = model_runs[(info.name, target)]
     _record(info, target, proc, data, seconds)
     output = proc.stdout + proc.stderr
     problems = []
