@@ -40,8 +40,6 @@ def node_cases() -> dict[str, Path]:
     )
 
 
-
-
 def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
     """``autofusion optimize`` as a user runs it: (process, report or None, seconds)."""
     report = tmp / "report.json"
@@ -54,7 +52,10 @@ def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
     if info.rtol is not None:
         cmd += ["--rtol", str(info.rtol)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=MODEL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess(cmd, -9, "", f"timed out after {MODEL_TIMEOUT} s")
     seconds = time.perf_counter() - start
     data = json.loads(report.read_text()) if report.is_file() else None
     return proc, data, seconds
