@@ -176,7 +176,13 @@ def optimize(
     timings["prepasses"] = time.perf_counter() - start
 
     signature = output_signature(work)
-    _rewrite_rounds(result, chosen, config, timings, dict(skip or {}), signature)
+    ctx = RewriteContext(work, get_target(config.target))
+    timings["match"] = timings["rewrite"] = 0.0
+    # The main graph first, then every If/Loop/Scan body: each is matched on its own.
+    for graph in [work.graph, *subgraphs(work.graph)]:
+        ctx.current_graph = graph
+        _rewrite_rounds(result, graph, ctx, chosen, config, timings, dict(skip or {}), signature)
+    result.near_misses = list(dict.fromkeys(result.near_misses))  # skips repeat per graph
 
     start = time.perf_counter()
     common.RemoveUnusedNodesPass()(work)
@@ -302,8 +308,22 @@ def _prepass_options(config: OptimizeConfig) -> PrepassOptions:
     )
 
 
+def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
+    """Every If/Loop/Scan body below ``graph``, outer ones first."""
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                found.append(attr.as_graph())
+            elif attr.type == ir.AttributeType.GRAPHS:
+                found.extend(attr.as_graphs())
+    return found
+
+
 def _rewrite_rounds(
     result: Result,
+    graph: ir.Graph,
+    ctx: RewriteContext,
     patterns: list[CompiledPattern],
     config: OptimizeConfig,
     timings: dict,
@@ -314,13 +334,10 @@ def _rewrite_rounds(
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
     strategy: PriorityStrategy | CostBasedSelection = PriorityStrategy()
     if config.selection != "priority":
-        strategy = CostBasedSelection(config, op_count=sum(1 for _ in result.model.graph))
+        strategy = CostBasedSelection(config, op_count=sum(1 for _ in graph))
         cost = strategy.cost
     else:  # priority selection ignores the cost model, but the report shows its prediction
         cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
-    ctx = RewriteContext(result.model, get_target(config.target))
-    graph = result.model.graph
-    timings["match"] = timings["rewrite"] = 0.0
     for round_number in range(1, config.max_rounds + 1):
         start = time.perf_counter()
         found = matcher.find(graph)
@@ -364,18 +381,18 @@ def _rewrite_rounds(
                 result.structure += [f"round {round_number}: {p}" for p in broken]
                 break
         timings["rewrite"] += time.perf_counter() - start
-        result.rounds = round_number
+        result.rounds = max(result.rounds, round_number)
         # A refused candidate may have hidden an overlapping one that would succeed:
         # another round retries without it.
         if not applied and not refusals:
-            result.near_misses = found.near_misses + [
+            result.near_misses += found.near_misses + [
                 NearMiss(pattern, tuple(sorted(nodes)), reason)
                 for (pattern, nodes), reason in refused.items()
             ]
             break
     if isinstance(strategy, CostBasedSelection):  # also when max_rounds ran out
         result.near_misses += strategy.dropped
-        result.selections = strategy.records
+        result.selections += strategy.records
 
 
 def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:
@@ -415,7 +432,8 @@ def _record(
 
 
 def _op_counts(model: ir.Model) -> Counter:
+    """Op types over every graph, If/Loop/Scan bodies included."""
     return Counter(
         f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-        for n in model.graph
+        for n in ir.traversal.RecursiveGraphIterator(model.graph)
     )

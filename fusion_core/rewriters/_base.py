@@ -54,20 +54,28 @@ class RewriteContext:
     # Position of each node at the start of the current round (set by the pipeline), so
     # placing a rewrite costs O(match size), not a scan of the graph.
     positions: dict[int, int] = field(default_factory=dict)
+    # The graph being rewritten: the main graph, or the body of an If/Loop/Scan (set by
+    # the pipeline); new nodes and initializers go there.
+    current_graph: ir.Graph | None = None
     _used_names: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        # Names are unique across every graph: a body sees the outer graph's values.
         graph = self.model.graph
         self._used_names.update(v.name for v in graph.initializers.values() if v.name)
         self._used_names.update(v.name for v in graph.inputs if v.name)
-        for node in graph:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
             self._used_names.update(v.name for v in node.outputs if v.name)
             if node.name:
                 self._used_names.add(node.name)
+            for attr in node.attributes.values():
+                for body in _bodies(attr):
+                    self._used_names.update(v.name for v in body.inputs if v.name)
+                    self._used_names.update(k for k in body.initializers if k)
 
     @property
     def graph(self) -> ir.Graph:
-        return self.model.graph
+        return self.current_graph if self.current_graph is not None else self.model.graph
 
     @property
     def opset(self) -> int:
@@ -90,6 +98,14 @@ class RewriteContext:
 
     def use_domain(self, domain: str, version: int = 1) -> None:
         self.model.opset_imports.setdefault(domain, version)
+
+
+def _bodies(attr: ir.Attr) -> list[ir.Graph]:
+    if attr.type == ir.AttributeType.GRAPH:
+        return [attr.as_graph()]
+    if attr.type == ir.AttributeType.GRAPHS:
+        return list(attr.as_graphs())
+    return []
 
 
 @dataclass
