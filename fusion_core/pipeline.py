@@ -385,7 +385,12 @@ def _rewrite_rounds(
         # A refused candidate may have hidden an overlapping one that would succeed:
         # another round retries without it.
         if not applied and not refusals:
-            result.near_misses += found.near_misses + [
+            # A place a rewriter refused is explained by that refusal; the matcher's own
+            # account of what the refusal's earlier rewrite left behind says it twice.
+            refused_nodes = {name for _, nodes in refused for name in nodes}
+            result.near_misses += [
+                m for m in found.near_misses if refused_nodes.isdisjoint(m.nodes)
+            ] + [
                 NearMiss(pattern, tuple(sorted(nodes)), reason)
                 for (pattern, nodes), reason in refused.items()
             ]

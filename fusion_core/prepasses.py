@@ -15,9 +15,13 @@ the batch and sequence of a TorchScript export flow through Shape/Concat/Reshape
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import types
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
@@ -282,8 +286,7 @@ def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     that one writes ``sym_shape_infer_temp.onnx`` (and external data) into the current
     directory when some shape stays unknown, and throws away the shapes it did infer.
     """
-    from onnxruntime.tools import symbolic_shape_infer
-
+    symbolic_shape_infer = _symbolic_shape_infer_module()
     # Its warnings ("unsupported broadcast ...") are the reason for the second try.
     ort_logger = logging.getLogger(symbolic_shape_infer.__name__)
     level = ort_logger.level
@@ -305,6 +308,27 @@ def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     finally:
         ort_logger.setLevel(level)
     return result
+
+
+@functools.cache
+def _symbolic_shape_infer_module() -> types.ModuleType:
+    """onnxruntime's ``tools/symbolic_shape_infer.py``, without ``onnxruntime.tools``.
+
+    That package's ``__init__`` imports its PyTorch export helpers, which import torch
+    whenever it is installed: 2.4 s of every optimize for a module that needs only onnx,
+    numpy and sympy. So the file is loaded on its own, once.
+    """
+    import onnxruntime
+
+    path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+    spec = importlib.util.spec_from_file_location("_autofusion_symbolic_shape_infer", path)
+    if spec is None or spec.loader is None:  # a different onnxruntime layout
+        from onnxruntime.tools import symbolic_shape_infer
+
+        return symbolic_shape_infer
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _merge_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
