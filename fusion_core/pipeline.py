@@ -30,6 +30,7 @@ from fusion_core.config import OptimizeConfig
 from fusion_core.cost import CostModel
 from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
+from fusion_core.left_alone import left_alone, quantized_unit
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from fusion_core.prepasses import PrepassOptions, run_prepasses
 from fusion_core.prepasses_opset import upgrade_opset
@@ -113,6 +114,7 @@ class Result:
     precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
     switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
+    left_alone: list[dict] = field(default_factory=list)  # parts no rule rewrites, and why
 
     @property
     def counts(self) -> dict[str, int]:
@@ -179,7 +181,9 @@ def optimize(
     ctx = RewriteContext(work, get_target(config.target))
     timings["match"] = timings["rewrite"] = 0.0
     # The main graph first, then every If/Loop/Scan body: each is matched on its own.
-    for graph in [work.graph, *subgraphs(work.graph)]:
+    bodies = subgraphs(work.graph)
+    result.left_alone = left_alone(work, len(bodies))  # before our own contrib ops appear
+    for graph in [work.graph, *bodies]:
         ctx.current_graph = graph
         _rewrite_rounds(result, graph, ctx, chosen, config, timings, dict(skip or {}), signature)
     result.near_misses = list(dict.fromkeys(result.near_misses))  # skips repeat per graph
@@ -353,7 +357,7 @@ def _rewrite_rounds(
         for match in strategy.select(candidates):
             if not waiting.isdisjoint(match.node_ids()):
                 continue  # next round: what the refused candidate blocked goes first
-            reason = check_match(match)
+            reason = check_match(match) or quantized_unit(match)
             compiled = by_name[match.pattern.name]
             if reason is None:
                 rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)

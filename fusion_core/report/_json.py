@@ -95,6 +95,7 @@ def build_report(
         "selections": list(result.selections),
         "switches": list(result.switches),
         "precision": result.precision.to_dict() if result.precision is not None else None,
+        "left_alone": list(getattr(result, "left_alone", [])),
     }
 
 

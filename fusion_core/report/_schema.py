@@ -200,6 +200,13 @@ class Rollback(BaseModel):
     error: str = Field(description="Why the fusion was rolled back (the failed check)")
 
 
+class LeftAlone(BaseModel):
+    model_config = _OPEN
+    what: str = Field(description="The kind of part: 'domain X', 'quantized ops', ...")
+    nodes: int
+    reason: str
+
+
 class Report(BaseModel):
     """What one ``optimize`` run did: the contract of ``report.json``."""
 
@@ -250,6 +257,11 @@ class Report(BaseModel):
             "fp16 range analysis (flags: overflow/underflow per region tensor, kept_fp32, "
             "fp32_nodes: the block list for a float16 conversion); null unless asked for"
         )
+    )
+    left_alone: list[LeftAlone] = Field(
+        default_factory=list,
+        description="Parts no rule rewrites (other domains, quantized ops, float16) and "
+        "what was searched (If/Loop/Scan bodies), each with the reason",
     )
 
 

@@ -17,6 +17,10 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _check(report.get("check"))
     lines += _validation_extras(report)
     lines += _near_misses(report["near_misses"])
+    lines += [
+        f"left alone: {r['what']} ({r['nodes']} nodes): {r['reason']}"
+        for r in report.get("left_alone", [])
+    ]
     timings = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in report["timings_s"].items())
     lines.append(f"time per phase: {timings}")
     if report.get("output"):
