@@ -10,7 +10,8 @@ shell. A call that runs longer than ``--call-timeout`` is interrupted and record
     python tests/corpus/cli_batch.py JOBS.jsonl RESULTS.jsonl [--call-timeout 60]
 
 JOBS.jsonl: one ``{"id", "model", "target", "out"}`` per line; RESULTS.jsonl gets one
-``{"id", "target", "rc", "seconds", "output"}`` per job, appended as each one ends.
+``{"id", "target", "rc", "seconds", "output", "failure"}`` per job (``failure``: the
+report's check failure kind, when the check failed), appended as each one ends.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def captured_fds():
 def run_one(job: dict, call_timeout: int) -> dict:
     from app.cli import main
 
-    argv = ["optimize", job["model"], "-o", job["out"], "--target", job["target"]]
+    report = Path(job["out"]).with_suffix(".json")
+    argv = ["optimize", job["model"], "-o", job["out"], "--target", job["target"],
+            "--report", str(report)]
     start = time.perf_counter()
     signal.alarm(call_timeout)
     with captured_fds() as out:
@@ -79,7 +82,11 @@ def run_one(job: dict, call_timeout: int) -> dict:
         finally:
             signal.alarm(0)
     text = out["text"]
+    check = json.loads(report.read_text()).get("check") or {} if report.is_file() else {}
+    with contextlib.suppress(FileNotFoundError):
+        report.unlink()
     return {
+        "failure": check.get("failure"),
         "id": job["id"],
         "target": job["target"],
         "rc": rc,

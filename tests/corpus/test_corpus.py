@@ -19,6 +19,7 @@ from pathlib import Path
 
 import known_failures
 import meta
+import onnxruntime
 import pytest
 import quantize
 import wheel_models
@@ -141,7 +142,7 @@ def _node_params() -> list:
 @pytest.mark.parametrize("node_case", _node_params())
 def test_node_model_no_traceback(node_case, node_results):
     """An ONNX backend test model: no traceback, a documented exit with one clear line."""
-    name, _, target = node_case
+    name, path, target = node_case
     result = node_results.get((name, target))
     assert result is not None, "the batch runner recorded nothing (it crashed or timed out)"
     output, rc = result["output"], result["rc"]
@@ -152,3 +153,18 @@ def test_node_model_no_traceback(node_case, node_results):
         assert lines and lines[-1].startswith("autofusion:"), (
             f"exit {rc} without a closing 'autofusion:' line:\n{output[-1000:]}"
         )
+    if rc == 1 and result.get("failure") == "cannot_load":
+        problem = _ort_load_problem(path)
+        assert problem is None, (
+            "exit 1 says the fused model does not match, but onnxruntime cannot load the "
+            f"original itself ({problem}): that is not a fusion mismatch"
+        )
+
+
+def _ort_load_problem(path: Path) -> str | None:
+    """Why onnxruntime cannot load ``path``, or None when it can."""
+    try:
+        onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # any load failure is the answer
+        return str(exc).strip().splitlines()[0][:200]
+    return None
