@@ -138,6 +138,9 @@ def build_one(recipe: Recipe, models: Path) -> bool:
         return False
     source = recipe.source(hashlib.sha256(src.read_bytes()).hexdigest())
     if meta.is_current(models, recipe.name, source):
+        fresh = recipe_meta(recipe, source, models / recipe.name / meta.MODEL_FILE)
+        if meta.read(models / recipe.name) != fresh:  # the recipe's expectations changed
+            meta.write(models, fresh)
         return False
     target = models / recipe.name
     target.mkdir(parents=True, exist_ok=True)
