@@ -29,7 +29,7 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -80,6 +80,9 @@ class InputDims:
 
     roles: dict[str, str]  # free name -> role (first seen wins, in input order)
     expressions: tuple[str, ...]  # dim_params computed from the free names
+    # A name seen only inside an expression (dynamo's "32*h") -> that expression and the
+    # role of the dim it is: the name is sized so that the dim gets the role's size.
+    scaled: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -99,6 +102,8 @@ def input_dims(model: onnx.ModelProto) -> InputDims:
     initializers = {t.name for t in model.graph.initializer}
     roles: dict[str, str] = {}
     expressions: dict[str, None] = {}
+    plain: set[str] = set()
+    inside: dict[str, tuple[str, str]] = {}
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -111,12 +116,18 @@ def input_dims(model: onnx.ModelProto) -> InputDims:
             names = _names_in(key)
             if names != [key]:
                 expressions[key] = None
+                role = _role(key, axis, rank, tensor_type.elem_type, False)
+                for name in names:
+                    inside.setdefault(name, (key, role))
+            else:
+                plain.add(key)
             for name in names:
                 role = _role(name, axis, rank, tensor_type.elem_type, names == [key])
                 if axis == 1 and rank == 3 and _RNN_STATE.search(value.name) and names == [key]:
                     role = "batch"
                 roles.setdefault(name, role)
-    return InputDims(roles, tuple(expressions))
+    scaled = {name: how for name, how in inside.items() if name not in plain}
+    return InputDims(roles, tuple(expressions), scaled)
 
 
 def candidate_dims(dims: InputDims, given: Mapping[str, int], k: int) -> dict[str, int]:
@@ -125,7 +136,22 @@ def candidate_dims(dims: InputDims, given: Mapping[str, int], k: int) -> dict[st
     for name, role in dims.roles.items():
         sizes = _ROLE_SIZES[role]
         chosen[name] = int(given[name]) if name in given else sizes[min(k, len(sizes) - 1)]
+    for name, (expression, role) in dims.scaled.items():
+        if name not in given:
+            sizes = _ROLE_SIZES[role]
+            target = sizes[min(k, len(sizes) - 1)]
+            chosen[name] = _solve(expression, name, target, chosen)
     return chosen
+
+
+def _solve(expression: str, name: str, target: int, values: Mapping[str, int]) -> int:
+    """The size of ``name`` that brings ``expression`` closest to ``target`` from below,
+    taking it as linear in ``name`` (``32*h``: h = 7 for 224); 1 if it is not."""
+    at = {n: evaluate_dim(expression, {**values, name: n}) for n in (1, 2)}
+    if at[1] is None or at[2] is None or at[2] <= at[1]:
+        return 1
+    slope, offset = at[2] - at[1], at[1] - (at[2] - at[1])
+    return max(1, (target - offset) // slope)
 
 
 def _role(name: str, axis: int, rank: int, elem_type: int, plain: bool) -> str:

@@ -145,3 +145,20 @@ def test_when_the_original_runs_on_no_candidate_the_check_says_so():
     assert "the original model cannot run on generated inputs" in result.error
     assert "does not match" not in result.error and "--shape NAME=VALUE for W" in result.error
     assert result.dynamic_dims == ["H", "W"]
+
+
+def test_a_name_seen_only_in_a_multiple_sizes_the_dim_not_itself():
+    """dynamo writes a YOLO input as [batch, 3, 32*h, 32*w]: h is 7 for a 224 image."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3, "32*h", "32*w"])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+    dims = input_dims(model)
+    assert candidate_dims(dims, {}, 0) == {"batch": 1, "h": 7, "w": 7}
+    assert candidate_dims(dims, {}, 3) == {"batch": 1, "h": 20, "w": 20}  # 640
+    assert random_inputs(model, seed=0, dims=candidate_dims(dims, {}, 0))["x"].shape == (
+        1,
+        3,
+        224,
+        224,
+    )
