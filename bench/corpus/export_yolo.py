@@ -47,15 +47,11 @@ PINS = [
 EXPORTERS = {"torchscript": "torch-torchscript", "dynamo": "torch-dynamo"}
 OPSETS = {"torchscript": 17, "dynamo": 18}
 ATOL, RTOL = 1e-4, 1e-4  # box coordinates reach ~500 pixels: a relative part is needed
-RECIPE = 1
-# The dynamo export names its spatial dims "32*h" and "32*w". Today's check sizes the free
-# names h and w as image sides (224, ...), i.e. 7168x7168 images, and grows past 16 GB;
-# so the profile is given (320x320) until the check sizes such expressions by their value.
-SHAPES = {"dynamo": [{"batch": 1, "h": 10, "w": 10}]}
-SHAPES_NOTE = (
-    " shapes are given: the check would size h and w (dims 32*h, 32*w) as image sides, "
-    "7168x7168 images (issue 13, part 5); drop them once it sizes expressions by value."
-)
+RECIPE = 2
+# The dynamo export names its spatial dims "32*h" and "32*w"; the check sizes such a dim
+# by its value (h = 7 for a 224 image), so no shapes are given for it (recipe 2).
+SHAPES: dict[str, list[dict[str, int]]] = {}
+SHAPES_NOTE = ""
 SILU = "silu|conv_activation"  # x * Sigmoid(x), alone or into its Conv
 
 
