@@ -13,6 +13,8 @@ input gets depends on what the graph does with it (``describe_inputs``):
 - ``mask``: an integer input whose name contains "mask", or whose every value-reading
   use (again through index-preserving ops; Shape and Size read no values) is one of
   ``MASK_CONSUMERS`` (comparisons, logic, Where, Mul) gets 0 or 1.
+- ``rate``: an integer input named like a sample rate (``sr``, ``sample_rate``) gets
+  16000, the rate audio models branch on (silero-vad runs at 8000 or 16000 only).
 - ``int``: any other integer input gets ``0 .. int_high - 1``.
 - ``bool``: fair coin flips.
 - ``float``: ``FloatDistribution``: normal(mean, std), by default standard normal, or
@@ -22,6 +24,7 @@ input gets depends on what the graph does with it (``describe_inputs``):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -82,7 +85,11 @@ _INT_TYPES = frozenset(
     }
 )
 
-Kind = Literal["index", "mask", "int", "bool", "float", "other"]
+Kind = Literal["index", "mask", "rate", "int", "bool", "float", "other"]
+# An integer input named like a sample rate ("sr", "sample_rate") selects a branch in
+# audio models (silero-vad runs only at 8000 or 16000 Hz): it gets the common rate.
+SAMPLE_RATE = 16000
+_RATE_NAME = re.compile(r"^(sr|sample_?rate|sampling_?rate|rate)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,8 @@ def _sample(
         return distribution.sample(rng, shape).astype(spec.dtype)
     if spec.kind in ("bool", "mask"):
         return rng.integers(0, 2, size=shape).astype(spec.dtype)
+    if spec.kind == "rate":
+        return np.full(shape, SAMPLE_RATE, dtype=spec.dtype)
     if spec.kind in ("index", "int"):
         return rng.integers(0, spec.high, size=shape).astype(spec.dtype)
     raise ConfigError(
@@ -205,6 +214,8 @@ def _kind(
         return "bool", None
     if elem_type not in _INT_TYPES:
         return "other", None
+    if _RATE_NAME.match(name):
+        return "rate", None
     reached = _reached_uses(name, uses)
     rows = [
         r for r in (_gather_rows(node, shapes) for node, i in reached if _is_index(node, i)) if r

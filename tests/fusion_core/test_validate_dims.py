@@ -162,3 +162,15 @@ def test_a_name_seen_only_in_a_multiple_sizes_the_dim_not_itself():
         224,
         224,
     )
+
+
+def test_a_sample_rate_input_gets_the_common_rate():
+    """silero-vad branches on ``sr``: 0 or 1 runs no branch it has."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, N] audio, int64 sr) => (float[1, N] y) {
+        r = Cast<to = 1>(sr)
+        y = Mul(audio, r)
+    }"""
+    model = onnx.parser.parse_model(text)
+    feed = random_inputs(model, seed=0, dims={"N": 4})
+    assert feed["sr"].dtype == np.int64 and int(feed["sr"]) == 16000
