@@ -184,7 +184,11 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
         # Conv, Pool and Resize (26 s on PP-OCRv4's 672-node detector, 18 s on a YOLOv8n;
         # onnx's inference takes 3 ms there). CNN fusions need channels, which are static.
         inferences = [_onnx_inference(proto)]
-        if not _has_control_flow(model.graph) and not _has_dynamic_image_input(model.graph):
+        if _has_control_flow(model.graph):
+            pass
+        elif _has_dynamic_image_input(model.graph):
+            inferences.insert(0, _static_dims_of_image_model(proto))
+        else:
             inferences.insert(0, _onnxruntime_inference(proto))
         values = _values_named_once(model.graph)
         for inferred in inferences:
@@ -241,6 +245,64 @@ def _values_named_once(graph: ir.Graph) -> list[ir.Value]:
 
 
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+
+
+def _static_dims_of_image_model(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The dims that do not depend on the image size, from two concrete inferences.
+
+    onnxruntime's inference is fast with numbers: it runs with the dynamic spatial dims
+    set to 224 and then to 256, and a dim is kept where both agree (the channels of a
+    conv, the width of a LayerNorm in an OCR recognizer's transformer); dims that follow
+    the image come back unknown, and symbolic ones (the batch) stay as they were.
+    """
+    inferred = [_onnxruntime_inference(_with_spatial_size(proto, size)) for size in (224, 256)]
+    if inferred[0] is None or inferred[1] is None:
+        return None
+    other = {info.name: info for info in inferred[1].graph.value_info}
+    merged = onnx.ModelProto()
+    merged.CopyFrom(inferred[0])
+    for info in merged.graph.value_info:
+        twin = other.get(info.name)
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+        if twin is None or not twin.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
+            continue
+        twin_dims = twin.type.tensor_type.shape.dim
+        if len(dims) != len(twin_dims):
+            info.type.tensor_type.ClearField("shape")
+            continue
+        for dim, twin_dim in zip(dims, twin_dims, strict=True):
+            if dim.HasField("dim_value") and dim.dim_value != twin_dim.dim_value:
+                dim.Clear()  # follows the image size: unknown
+    del merged.graph.output[:]  # outputs are inferred from value_info alone
+    return merged
+
+
+def _with_spatial_size(proto: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for value in copy.graph.input:
+        tensor_type = value.type.tensor_type
+        if tensor_type.elem_type not in _FLOAT_PROTO_TYPES or len(tensor_type.shape.dim) not in (
+            4,
+            5,
+        ):
+            continue
+        for dim in list(tensor_type.shape.dim)[2:]:
+            if not dim.HasField("dim_value") or dim.dim_value <= 0:
+                dim.Clear()
+                dim.dim_value = size
+    return copy
+
+
+_FLOAT_PROTO_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.DOUBLE,
+    }
+)
 
 
 def _has_dynamic_image_input(graph: ir.Graph) -> bool:

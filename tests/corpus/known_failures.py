@@ -9,14 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-MODEL_FAILURES: dict[tuple[str, str], str] = {
-    ("ppocr_rec_v4", "*"): "layer_norm: 0 of 5 fused, near miss 'dimension -1 of $x is "
-    "unknown' (shape inference is skipped for dynamic image inputs; the scale has the size)",
-    ("silero_vad_v6", "*"): "exit 2, the original cannot run on generated inputs: sr is "
-    "drawn at random but the If compares it with 16000 (that branch wants input [1, 512])",
-    ("pysilero_v5", "*"): "exit 2, the original cannot run on generated inputs: sr is "
-    "drawn at random but the If compares it with 16000 (that branch wants input [1, 512])",
-}
+MODEL_FAILURES: dict[tuple[str, str], str] = {}
 
 # onnxruntime cannot load the original (an op or opset it does not implement, batchwise
 # RNN layout, training ops), and the CLI exits 1 "the fused model does not match the

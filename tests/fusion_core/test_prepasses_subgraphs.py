@@ -15,7 +15,12 @@ import onnx_ir as ir
 import pytest
 
 from fusion_core.ir import model_from_proto
-from fusion_core.prepasses import IdentityEliminationPass, PrepassOptions, run_prepasses
+from fusion_core.prepasses import (
+    IdentityEliminationPass,
+    PrepassOptions,
+    SymbolicShapeInferencePass,
+    run_prepasses,
+)
 from fusion_core.validate import make_session
 
 RTOL, ATOL = 0.0, 0.0  # the pre-passes here must not change a single bit
@@ -163,12 +168,18 @@ def _image_model(height: str | int, width: str | int = "W") -> onnx.ModelProto:
     return model
 
 
+def _spatial_dims(proto: onnx.ModelProto) -> list:
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    return [d.dim_value or d.dim_param for d in list(dims)[2:]]
+
+
 @pytest.mark.parametrize(
     ("model", "expected"),
     [
-        (_image_model("H"), False),  # dynamic spatial dims: sympy's floor(...) chains
-        (_scan_sum(), False),  # control flow: one branch's rank for every branch
-        (_image_model(64, 64), True),  # only the batch is dynamic
+        # dynamic spatial dims: sympy's floor(...) chains; run with numbers instead
+        (_image_model("H"), [[224, 224], [256, 256]]),
+        (_scan_sum(), []),  # control flow: one branch's rank for every branch
+        (_image_model(64, 64), [[64, 64]]),  # only the batch is dynamic
     ],
     ids=["dynamic-image", "control-flow", "static-image"],
 )
@@ -177,7 +188,16 @@ def test_onnxruntime_symbolic_inference_only_where_it_is_safe_and_fast(
 ):
     import fusion_core.prepasses as prepasses
 
-    calls = []
-    monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda proto: calls.append(1))
+    seen = []
+    monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda p: seen.append(p))
     prepasses.SymbolicShapeInferencePass()(model_from_proto(model))
-    assert bool(calls) is expected
+    assert [_spatial_dims(p) for p in seen] == expected
+
+
+def test_an_image_model_keeps_the_dims_that_do_not_follow_the_image():
+    """Channels survive a dynamic image size; the spatial dims stay unknown."""
+    model = model_from_proto(_image_model("H"))
+    SymbolicShapeInferencePass()(model)
+    pooled = next(n for n in model.graph if n.op_type == "MaxPool").outputs[0]
+    assert pooled.shape is not None and pooled.shape[1] == 3
+    assert not isinstance(pooled.shape[2], int) and not isinstance(pooled.shape[3], int)
