@@ -190,9 +190,18 @@ def compare_models(
     result = CheckResult(passed=False, samples=plans[0].samples, seed=seed)
     result.dynamic_dims = input_dims(original).names
     try:
-        sessions = make_session(original), make_session(fused)
+        reference = make_session(original)
     except Exception as exc:  # onnxruntime raises many types; report them all
-        result.error = f"onnxruntime could not load a model: {exc}"
+        result.error = (
+            f"onnxruntime cannot load the original model: {_first_line(str(exc))}; the check "
+            "needs it (--no-check fuses without checking)"
+        )
+        result.failure = ORIGINAL_CANNOT_RUN  # says nothing about the fusion
+        return result
+    try:
+        sessions = reference, make_session(fused)
+    except Exception as exc:
+        result.error = f"onnxruntime cannot load the fused model: {_first_line(str(exc))}"
         result.failure = CANNOT_LOAD
         return result
     generate = functools.partial(

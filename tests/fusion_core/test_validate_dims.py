@@ -174,3 +174,13 @@ def test_a_sample_rate_input_gets_the_common_rate():
     model = onnx.parser.parse_model(text)
     feed = random_inputs(model, seed=0, dims={"N": 4})
     assert feed["sr"].dtype == np.int64 and int(feed["sr"]) == 16000
+
+
+def test_an_original_onnxruntime_cannot_load_is_not_a_mismatch():
+    text = """<ir_version: 8, opset_import: ["" : 17, "ai.custom" : 1]>
+    g (float[2] x) => (float[2] y) { y = ai.custom.Mystery(x) }"""
+    model = onnx.parser.parse_model(text)
+    result = compare_models(model, model, samples=1)
+    assert result.failure == ORIGINAL_CANNOT_RUN
+    assert "onnxruntime cannot load the original model" in result.error
+    assert "--no-check" in result.error
