@@ -60,7 +60,8 @@ def test_unloadable_model_is_an_error_not_a_crash() -> None:
     broken = _model("y = NoSuchOp(x)")
     result = compare_models(IDENTITY, broken)
     assert not result.passed
-    assert result.error is not None and "could not load" in result.error
+    assert result.error is not None and "cannot load the fused model" in result.error
+    assert result.failure == "cannot_load"
 
 
 def test_random_inputs_are_seeded_and_typed() -> None:
