@@ -238,6 +238,16 @@ def _link(job: dict, name: str, job_url: str) -> str:
     return (job.get("links") or {}).get(name) or f"{job_url}/{name}"
 
 
+def _write_failed_report(client: Client, path: Path, url: str) -> None:
+    """A job whose check failed keeps its report (what the check saw): write it too."""
+    try:
+        report = read_json(client.send("GET", url))
+    except SubmitError:  # the job failed before it had one
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
 def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url: str) -> None:
     job = outcome.job
     if job["status"] != "succeeded":
@@ -248,6 +258,8 @@ def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url
                 " (an earlier submit of the same inputs made this job; to run them again, "
                 "pass a new --idempotency-key)"
             )
+        if args.report and job["status"] == "failed":
+            _write_failed_report(client, args.report, _link(job, "report", job_url))
         return
     outcome.report = read_json(client.send("GET", _link(job, "report", job_url)))
     if args.report:

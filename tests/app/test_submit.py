@@ -893,3 +893,17 @@ def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
         if worker is not None:
             stop_process(worker)
         srv.stop()
+
+
+def test_a_failed_check_job_still_writes_its_report(capsys, fake, model_file, tmp_path):
+    """A job whose check failed keeps the report saying what the check saw."""
+    api, url = fake
+    api.states = [("running", "optimize", 0.2), ("failed", "failed", 0.9)]
+    api.error = "the fused model does not match the original; see the report"
+    api.report = _report(check={"passed": False, "error": None, "max_abs_diff": 0.5})
+    report_path = tmp_path / "r.json"
+    code, _, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "--report", report_path
+    )
+    assert code == 1 and "does not match the original" in err
+    assert json.loads(report_path.read_text())["check"]["max_abs_diff"] == 0.5
