@@ -9,39 +9,29 @@ from __future__ import annotations
 
 import pytest
 
-MODEL_FAILURES: dict[tuple[str, str], str] = {}
-
-# onnxruntime cannot load the original (an op or opset it does not implement, batchwise
-# RNN layout, training ops), and the CLI exits 1 "the fused model does not match the
-# original" instead of saying so (check.failure is "cannot_load").
-_ORIGINAL_CANNOT_LOAD = (
-    "exit 1 'does not match' although onnxruntime cannot load the original itself"
+_ATTENTION_ORT = (
+    "attention: 0 of the expected blocks fused on the onnxruntime target"
 )
 
-NODE_FAILURES: dict[tuple[str, str], str] = {
-    ("node/test_split_to_sequence_1", "*"): "exit 5, internal error: RuntimeError in "
-    "onnxscript's constant folding of SplitToSequence (_constant_folding.py:1227)",
-    ("node/test_adagrad", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_adam", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_bernoulli", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_bernoulli_double_expanded", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_gru_batchwise", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_image_decoder_decode_bmp_rgb", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_lstm_batchwise", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_momentum", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_roialign_aligned_false", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("node/test_strnormalizer_export_monday_casesensintive_lower", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-converted/test_AvgPool1d", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-converted/test_GLU", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-converted/test_PoissonNLLLLoss_no_reduce", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-converted/test_Softsign", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-operator/test_operator_addconstant", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-operator/test_operator_basic", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-operator/test_operator_mm", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("pytorch-operator/test_operator_non_float_params", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("simple/test_gradient_of_add", "*"): _ORIGINAL_CANNOT_LOAD,
-    ("simple/test_gradient_of_add_and_mul", "*"): _ORIGINAL_CANNOT_LOAD,
+MODEL_FAILURES: dict[tuple[str, str], str] = {
+    ("ppocr_rec_v4", "*"): "layer_norm: 0 of 5 fused, near miss 'dimension -1 of $x is "
+    "unknown' (shape inference is skipped for dynamic image inputs; the scale has the size)",
+    # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)
+    ("deberta_v2_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
+    ("deberta_v2_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("modernbert_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
+    ("modernbert_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("modernbert_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
+    ("modernbert_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("swin_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("t5_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
+    ("t5_encoder_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("t5_encoder_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
+    ("whisper_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
+    ("whisper_encoder_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
 }
+
+NODE_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _lookup(table: dict[tuple[str, str], str], name: str, target: str) -> str | None:
