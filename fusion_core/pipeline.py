@@ -390,10 +390,15 @@ def _rewrite_rounds(
         # another round retries without it.
         if not applied and not refusals:
             # A place a rewriter refused is explained by that refusal; the matcher's own
-            # account of what the refusal's earlier rewrite left behind says it twice.
-            refused_nodes = {name for _, nodes in refused for name in nodes}
+            # account of the same pattern there (of what the refusal's earlier rewrite
+            # left behind) would say it twice.
+            refused_nodes: dict[str, set[str]] = {}
+            for pattern, nodes in refused:
+                refused_nodes.setdefault(pattern, set()).update(nodes)
             result.near_misses += [
-                m for m in found.near_misses if refused_nodes.isdisjoint(m.nodes)
+                m
+                for m in found.near_misses
+                if refused_nodes.get(m.pattern, set()).isdisjoint(m.nodes)
             ] + [
                 NearMiss(pattern, tuple(sorted(nodes)), reason)
                 for (pattern, nodes), reason in refused.items()
