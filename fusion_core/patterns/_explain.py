@@ -31,12 +31,13 @@ def _activation(value: ir.Value | None) -> bool:
 
 def attention_softmax(node: ir.Node) -> bool:
     """A Softmax of scores: its input comes from a MatMul of two activations, possibly
-    through a few elementwise steps (scale, mask, Where, Cast)."""
+    through a few elementwise steps (scale, mask, Where, Cast) and reshapes (DeBERTa
+    reshapes its scores between the relative-position Add and the mask's Where)."""
     todo, seen = [(node.inputs[0] if node.inputs else None, 0)], set()
     while todo:
         value, depth = todo.pop()
         producer = value.producer() if value is not None else None
-        if producer is None or id(producer) in seen or depth > 4:
+        if producer is None or id(producer) in seen or depth > 6:
             continue
         seen.add(id(producer))
         if producer.op_type == "MatMul":
@@ -44,6 +45,8 @@ def attention_softmax(node: ir.Node) -> bool:
                 return True
         elif producer.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast"):
             todo += [(v, depth + 1) for v in producer.inputs if _activation(v)]
+        elif producer.op_type in ("Reshape", "Squeeze", "Unsqueeze") and producer.inputs:
+            todo.append((producer.inputs[0], depth + 1))
     return False
 
 
