@@ -14,8 +14,6 @@ _ATTENTION_ORT = (
 )
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
-    ("ppocr_rec_v4", "*"): "layer_norm: 0 of 5 fused, near miss 'dimension -1 of $x is "
-    "unknown' (shape inference is skipped for dynamic image inputs; the scale has the size)",
     # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)
     ("deberta_v2_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("deberta_v2_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
