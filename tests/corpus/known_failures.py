@@ -25,7 +25,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     ("t5_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("t5_encoder_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
     ("t5_encoder_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
-    ("whisper_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("whisper_encoder_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
 }
 

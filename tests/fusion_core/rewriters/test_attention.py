@@ -35,7 +35,7 @@ MHA = "com.microsoft::MultiHeadAttention"
 def attention_model(
     *,
     mask: str | None = "[2, 1, 5, 5]",
-    scale: str = "Mul",
+    scale: str | None = "Mul",
     scale_value: float = 0.5,
     split_target=(0, 0, HEADS, HIDDEN // HEADS),
     merge_target=(0, 0, HIDDEN),
@@ -47,11 +47,14 @@ def attention_model(
     opset: int = 17,
     k_two_transposes: bool = False,
     extra_step: str | None = None,
+    prescale_q: bool = False,
 ) -> onnx.ModelProto:
     """Q/K/V projections (MatMul + bias Add) and eager attention over ``x[2, 5, 16]``;
     ``mask`` is the shape of the boolean ``keep`` input (None: no mask);
     ``k_two_transposes`` writes K^T as dynamo without its optimizer does, and
-    ``extra_step`` (an elementwise op) is applied to the scaled scores with a constant 0."""
+    ``extra_step`` (an elementwise op) is applied to the scaled scores with a constant 0;
+    ``scale=None`` leaves the scores unscaled (T5), and ``prescale_q`` multiplies the query
+    projection by ``c`` before its heads are split (Whisper, as dynamo exports it)."""
     rng = np.random.default_rng(seed)
     inits = {f"w{p}": rng.standard_normal((HIDDEN, HIDDEN)) * 0.25 for p in "qkv"} | {
         f"b{p}": rng.standard_normal(HIDDEN) * 0.1 for p in "qkv"
@@ -75,6 +78,9 @@ def attention_model(
         body.append("bias = Where (keep, zero, lowest)")
     for p in "qkv":
         body += [f"{p}m = MatMul (x, w{p})", f"{p}a = Add ({p}m, b{p})"]
+        if p == "q" and prescale_q:
+            body += ["qs = Mul (qa, c)", "qr = Reshape (qs, split_shape)"]
+            continue
         body.append(f"{p}r = Reshape ({p}a, split_shape)")
     body.append("qt = Transpose <perm = [0, 2, 1, 3]> (qr)")
     if k_two_transposes:
@@ -85,7 +91,9 @@ def attention_model(
     body += [
         "vt = Transpose <perm = [0, 2, 1, 3]> (vr)",
         "qk = MatMul (qt, kt)",
-        f"scaled = {scale} (c, qk)" if scale_first else f"scaled = {scale} (qk, c)",
+        "scaled = Identity (qk)"
+        if scale is None
+        else (f"scaled = {scale} (c, qk)" if scale_first else f"scaled = {scale} (qk, c)"),
     ]
     if extra_step is not None:
         inits["nothing"] = np.array(0.0, np.float32)
@@ -495,3 +503,21 @@ def test_softmax_that_is_not_attention_is_not_explained():
     )
     result = optimize_quiet(model, target="onnxruntime")
     assert not [m for m in result.near_misses if m.pattern.startswith("attention")]
+
+
+@pytest.mark.parametrize(
+    ("case", "pattern", "scale"),
+    [
+        (dict(scale=None), "attention_mha_unscaled", 1.0),
+        (dict(scale=None, mask=None), "attention_mha_unscaled_no_mask", 1.0),
+        (dict(scale=None, mask=None, prescale_q=True), "attention_mha_unscaled_no_mask", 1.0),
+    ],
+    ids=["t5-unscaled-with-bias", "unscaled-no-mask", "whisper-query-scaled-first"],
+)
+def test_unscaled_scores_become_attention_with_scale_one(case, pattern, scale):
+    model = attention_model(**case)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts.get(pattern) == 1, result.counts
+    fused = result.to_proto()
+    assert attrs(the_attention(fused))["scale"] == pytest.approx(scale, rel=1e-7)
+    run_both(model, fused, **TOL)
