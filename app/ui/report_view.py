@@ -202,6 +202,10 @@ def report_view(
             for m in map(_dict, _list(report.get("near_misses"))[:_MAX_ROWS])
         ],
         "near_miss_count": len(_list(report.get("near_misses"))),
+        "left_alone": [
+            {"what": str(r.get("what")), "nodes": r.get("nodes"), "reason": str(r.get("reason"))}
+            for r in map(_dict, _list(report.get("left_alone")))
+        ],
         "rollbacks": [
             {
                 "pattern": str(r.get("pattern")),

@@ -49,6 +49,7 @@ def render_html(
         _rollbacks(report.get("rollbacks")),
         _check(report.get("check")),
         _near_misses(report.get("near_misses") or []),
+        _left_alone(report.get("left_alone") or []),
         _regions(report, original, fused),
         _config(report.get("config")),
     ]
@@ -236,6 +237,13 @@ def _check(check: dict[str, Any] | None) -> str:
     ]
     headers = ["output", "verdict", "max abs", "max rel", "rtol", "atol", "detail"]
     return head + _table(headers, rows)
+
+
+def _left_alone(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return ""
+    rows = [[r.get("what"), r.get("nodes"), r.get("reason")] for r in records]
+    return '<h2 id="left-alone">Left as it is</h2>' + _table(["part", "nodes", "why"], rows)
 
 
 def _near_misses(misses: list[dict[str, Any]]) -> str:

@@ -23,6 +23,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines += _ratios(report.get("profile"))
     lines += _rollbacks(report.get("rollbacks"))
     lines += _near_misses(report.get("near_misses") or [])
+    lines += _left_alone(report.get("left_alone") or [])
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -87,6 +88,15 @@ def _rollbacks(rollbacks: list[dict[str, Any]] | None) -> list[str]:
     for r in rollbacks:
         nodes = ", ".join(r.get("nodes") or [])
         lines.append(f"| {_md(r.get('pattern'))} | {_md(nodes)} | {_md(r.get('error'))} |")
+    return lines + [""]
+
+
+def _left_alone(records: list[dict[str, Any]]) -> list[str]:
+    if not records:
+        return []
+    lines = ["### Left as it is", "", "| part | nodes | why |", "|---|---|---|"]
+    for r in records:
+        lines.append(f"| {_md(r.get('what'))} | {r.get('nodes')} | {_md(r.get('reason'))} |")
     return lines + [""]
 
 

@@ -50,6 +50,7 @@ def test_a_finished_job_shows_its_report(finished):
         "summary",
         "fusions",
         "near-misses",
+        "left-alone",
         "rollbacks",
         "validation",
         "op-type-chart",
@@ -59,6 +60,7 @@ def test_a_finished_job_shows_its_report(finished):
         "download-trace",
     )
     assert 'data-status="succeeded"' in html and "hx-trigger" not in html
+    assert "every part is standard ONNX the rules read" in _section(html, "left-alone")
     assert 'id="live"' not in html and 'id="cancel"' not in html
     summary = _section(html, "summary")
     assert 'data-level="ORT_ENABLE_ALL"' in summary and 'data-level="ORT_DISABLE_ALL"' in summary

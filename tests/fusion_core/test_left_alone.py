@@ -59,3 +59,14 @@ def test_the_same_chain_outside_a_qdq_unit_fuses():
     assert result.counts == {"silu": 1}
     assert result.check is not None and result.check.passed
     assert result.left_alone == []
+
+
+def test_the_renderings_say_what_was_left_alone():
+    from fusion_core.report import build_report, format_markdown, format_summary, render_html
+
+    config = OptimizeConfig(target="onnxruntime", check=CheckOptions(enabled=False))
+    report = build_report(optimize(_qdq_silu(), config), config=config)
+    assert report["left_alone"][0]["what"] == "domain ai.custom"
+    assert "left alone: quantized ops (2 nodes)" in format_summary(report)
+    assert "| quantized ops | 2 |" in format_markdown(report)
+    assert 'id="left-alone"' in render_html(report) and "domain ai.custom" in render_html(report)
