@@ -26,8 +26,8 @@ original with their 10th-90th percentile (below 1: faster).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _cnn_models
 import make_resnet_models as mrm
+from _interleaved import interleaved_ms, paired_summary
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 
@@ -97,25 +98,9 @@ def session(path: Path, level: str, threads: int) -> ort.InferenceSession:
 
 def latency(paths: dict[str, Path], feeds: dict, level: str, args) -> dict:
     sessions = {label: session(p, level, args.threads) for label, p in paths.items()}
-    labels = list(sessions)
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for i in range(args.warmup + args.iters):
-        k = i % len(labels)
-        for label in labels[k:] + labels[:k]:
-            start = time.perf_counter()
-            sessions[label].run(None, feeds)
-            if i >= args.warmup:
-                times[label].append((time.perf_counter() - start) * 1000)
-    out = {}
-    for label in labels:
-        paired = [t / b for t, b in zip(times[label], times["original"], strict=True)]
-        out[label] = {
-            "median_ms": statistics.median(times[label]),
-            "paired_ratio": statistics.median(paired),
-            "p10": float(np.percentile(paired, 10)),
-            "p90": float(np.percentile(paired, 90)),
-        }
-    return out
+    runs = {label: functools.partial(sess.run, None, feeds) for label, sess in sessions.items()}
+    times = interleaved_ms(runs, warmup=args.warmup, iters=args.iters)
+    return paired_summary(times, base="original")
 
 
 VARIANTS = {

@@ -25,15 +25,18 @@ The variants' outputs are compared with the first's (max abs diff, at DISABLE_AL
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx.parser
 import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _interleaved import interleaved_ms, paired_summary
 
 LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_ALL")
 SIXTH = 1.0 / 6.0
@@ -97,26 +100,12 @@ def session(model: onnx.ModelProto, level: str, threads: int) -> ort.InferenceSe
 
 def measure(models: dict[str, onnx.ModelProto], feeds: dict, level: str, args) -> dict:
     sessions = {label: session(m, level, args.threads) for label, m in models.items()}
-    labels = list(sessions)
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    for i in range(args.warmup + args.iters):
-        k = i % len(labels)
-        for label in labels[k:] + labels[:k]:
-            start = time.perf_counter()
-            sessions[label].run(None, feeds)
-            if i >= args.warmup:
-                times[label].append((time.perf_counter() - start) * 1000)
-    base = times[labels[0]]
-    out = {}
-    for label in labels:
-        paired = [t / b for t, b in zip(times[label], base, strict=True)]
-        out[label] = {
-            "median_ms": statistics.median(times[label]),
-            "paired_ratio": statistics.median(paired),
-            "paired_p10": float(np.percentile(paired, 10)),
-            "paired_p90": float(np.percentile(paired, 90)),
-        }
-    return out
+    runs = {label: functools.partial(sess.run, None, feeds) for label, sess in sessions.items()}
+    times = interleaved_ms(runs, warmup=args.warmup, iters=args.iters)
+    summary = paired_summary(times, base=next(iter(times)))
+    for record in summary.values():  # this script's key names
+        record["paired_p10"], record["paired_p90"] = record.pop("p10"), record.pop("p90")
+    return summary
 
 
 def max_diffs(models: dict[str, onnx.ModelProto], feeds: dict, threads: int) -> dict:
