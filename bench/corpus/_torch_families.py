@@ -30,6 +30,7 @@ nn = mtm.nn
 LAYERS, HIDDEN, HEADS, FFN = mtm.LAYERS, mtm.HIDDEN, mtm.HEADS, mtm.INTERMEDIATE
 VOCAB, POSITIONS = mtm.VOCAB_SIZE, mtm.MAX_POSITIONS
 MEL_BINS, AUDIO_POSITIONS = 16, 32  # Whisper: 16 mel bins, 64 input frames -> 32 positions
+_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # ids below every vocab
 _TEXT = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS, initializer_range=0.1)
 _DECODER = dict(
     **_TEXT,
@@ -38,9 +39,7 @@ _DECODER = dict(
     num_attention_heads=HEADS,
     intermediate_size=FFN,
     use_cache=False,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
+    **_TOKENS,
 )
 
 
@@ -115,9 +114,7 @@ FAMILIES = {
             num_mel_bins=MEL_BINS,
             max_source_positions=AUDIO_POSITIONS,
             init_std=0.1,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
+            **_TOKENS,
             decoder_start_token_id=1,
         ),
         "audio",
@@ -185,9 +182,7 @@ FAMILIES = {
             intermediate_size=FFN,
             global_attn_every_n_layers=2,
             local_attention=16,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=2,
+            **_TOKENS,
             cls_token_id=1,
             sep_token_id=2,
         ),

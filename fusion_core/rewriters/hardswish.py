@@ -40,7 +40,7 @@ import onnx_ir as ir
 from fusion_core.patterns import Match
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.rewriters.activation import clip_bounds
-from fusion_core.rewriters.silu import other_operand
+from fusion_core.rewriters.silu import gated_input, other_operand
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["HARDSIGMOID_OPSET", "HARDSWISH_OPSET", "FuseHardSigmoid", "FuseHardSwish"]
@@ -104,11 +104,9 @@ class FuseHardSwish(Rewriter):
     Params = HardSwishParams
 
     def rewrite(self, match: Match, params: HardSwishParams, ctx: RewriteContext) -> Rewrite | str:
-        hsig = match.node(params.hard_sigmoid_node)
-        x = hsig.inputs[0] if hsig.inputs else None
-        reason = other_operand(match, params.output_node, hsig.outputs[0], x)
-        if reason is not None:
-            return f"not a HardSwish: {reason}"
+        x = gated_input(match, params.hard_sigmoid_node, params.output_node, "HardSwish")
+        if isinstance(x, str):
+            return x
         if ctx.opset < HARDSWISH_OPSET:
             return (
                 f"ONNX HardSwish needs opset {HARDSWISH_OPSET}; the model imports opset "

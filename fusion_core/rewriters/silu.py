@@ -34,7 +34,7 @@ from fusion_core.patterns import Match
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.targets import MS_DOMAIN
 
-__all__ = ["SWISH_OPSET", "FuseSiLU", "other_operand"]
+__all__ = ["SWISH_OPSET", "FuseSiLU", "gated_input", "other_operand"]
 
 # ONNX Swish exists from opset 24 on.
 SWISH_OPSET = 24
@@ -63,16 +63,25 @@ def other_operand(match: Match, mul_node: str, inner: ir.Value, x: ir.Value | No
     )
 
 
+def gated_input(match: Match, gate_node: str, output_node: str, what: str) -> ir.Value | str:
+    """``x`` of ``x * gate(x)`` (SiLU, HardSwish): the gate's input, when the output Mul
+    multiplies the gate by that very value; else why not, naming ``what`` it is not."""
+    gate = match.node(gate_node)
+    x = gate.inputs[0] if gate.inputs else None
+    reason = other_operand(match, output_node, gate.outputs[0], x)
+    if reason is not None or x is None:
+        return f"not a {what}: {reason}"
+    return x
+
+
 class FuseSiLU(Rewriter):
     name = "silu"
     Params = SiLUParams
 
     def rewrite(self, match: Match, params: SiLUParams, ctx: RewriteContext) -> Rewrite | str:
-        sig = match.node(params.sigmoid_node)
-        x = sig.inputs[0] if sig.inputs else None
-        reason = other_operand(match, params.output_node, sig.outputs[0], x)
-        if reason is not None:
-            return f"not a SiLU: {reason}"
+        x = gated_input(match, params.sigmoid_node, params.output_node, "SiLU")
+        if isinstance(x, str):
+            return x
         if ctx.target.can_emit(MS_DOMAIN):
             ctx.use_domain(MS_DOMAIN)
             node = ir.Node(MS_DOMAIN, "QuickGelu", [x], [ir.AttrFloat32("alpha", 1.0)])
