@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _cnn_models
 import make_resnet_models as mrm
 from _interleaved import interleaved_ms, paired_summary
+from bench_tools import session  # one way to open a timed session, spinning off
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 
@@ -85,15 +86,6 @@ def export(model: nn.Module, exporter: str, opset: int, path: Path) -> None:
     else:
         mrm.DYNAMO_OPSET = opset
         mrm.export_dynamo(model, x, path)
-
-
-def session(path: Path, level: str, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def latency(paths: dict[str, Path], feeds: dict, level: str, args) -> dict:
