@@ -9,8 +9,9 @@ Latency is measured so that a comparison is fair on a shared, noisy machine:
 * warm-up runs come first (first runs allocate and pre-pack);
 * runs are interleaved: each iteration runs every session once, rotating which goes
   first, so drift of the machine (another job, a frequency change) hits all alike;
-* the result is the median and p90 per session and the ratio of the two medians
-  (fused / original: below 1 means the fused model is faster).
+* the result is the median and p90 per session, the ratio of the two medians, and the
+  paired ratio: fused / original within each iteration, its median, a 95% interval
+  and a verdict (faster / no measurable change / slower; fusion_core/_profile_stats.py).
 
 It is measured at onnxruntime's default level, ``ORT_ENABLE_ALL`` (what a user who
 deploys with onnxruntime gets), and with onnxruntime's optimizations off,
@@ -48,6 +49,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from fusion_core._profile_stats import PairedRatio, paired_ratio
 from fusion_core._profile_trace import (
     MemoryStats,
     NodeProfile,
@@ -71,6 +73,7 @@ __all__ = [
     "NodeProfile",
     "NodeTime",
     "OpTypeTime",
+    "PairedRatio",
     "PatternTime",
     "ProfileOptions",
     "ProfileReport",
@@ -151,6 +154,9 @@ class LatencyComparison:
 
     level: str
     sessions: list[SessionLatency]
+    # fused / original per interleaved iteration, with its interval and verdict
+    # (fusion_core/_profile_stats.py); None without both sessions.
+    paired: PairedRatio | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -165,6 +171,7 @@ class LatencyComparison:
         return {
             "level": self.level,
             "ratio": self.ratio,
+            "paired": self.paired.to_dict() if self.paired else None,
             "sessions": [s.to_dict() for s in self.sessions],
         }
 
@@ -296,6 +303,8 @@ def measure_latency(
                 if i >= options.warmup:
                     times[label].append(elapsed * 1000)
     comparison = LatencyComparison(level, [_summary(lb, create_ms[lb], times[lb]) for lb in labels])
+    if "original" in times and "fused" in times:
+        comparison.paired = paired_ratio(times["fused"], times["original"])
     for session in comparison.sessions:
         logger.debug("%s %s: median %.3f ms", level, session.label, session.median_ms)
     return comparison

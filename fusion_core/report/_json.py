@@ -14,6 +14,7 @@ from typing import Any
 from fusion_core.config import OptimizeConfig
 from fusion_core.pipeline import Result
 from fusion_core.report._provenance import fusion_entries
+from fusion_core.report._reader import speed_section
 
 __all__ = ["REPORT_VERSION", "build_report", "file_sha256"]
 
@@ -89,6 +90,7 @@ def build_report(
         "timings_s": {k: round(v, 6) for k, v in result.timings.items()},
         "check": result.check.to_dict() if result.check is not None else None,
         "profile": profile,
+        "speed": speed_section(profile),
         "rollbacks": _rollbacks(result, rollbacks),
         "regions": result.regions.to_dict() if result.regions is not None else None,
         "structure": list(result.structure),

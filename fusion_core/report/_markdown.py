@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusion_core.report._reader import read_report
+
 __all__ = ["format_markdown"]
 
 _MAX_NEAR_MISSES = 10
@@ -16,7 +18,8 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"## autofusion: {_md(report.get('model') or 'model')} -> {_md(report.get('target'))}",
         "",
         f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}  ",
-        f"**Check:** {_verdict(report.get('check'))}",
+        f"**Check:** {_verdict(report.get('check'))}  ",
+        f"**Speed:** {_speed(report)}",
         "",
     ]
     lines += _fusions(report)
@@ -43,6 +46,17 @@ def _verdict(check: dict[str, Any] | None) -> str:
     return f"{verdict} on {check.get('samples')} sample(s){detail}"
 
 
+def _speed(report: dict[str, Any]) -> str:
+    speed = read_report(report).speed
+    if speed is None:
+        return "not measured"
+    if speed.verdict == "faster":
+        return f"**{speed.describe()}**"
+    if speed.verdict == "slower":
+        return f"**SLOWER**: {_md(speed.describe())}"
+    return _md(speed.describe())
+
+
 def _fusions(report: dict[str, Any]) -> list[str]:
     fusions = report.get("fusions") or {}
     total = sum(fusions.values())
@@ -65,7 +79,10 @@ def _ratios(profile: dict[str, Any] | None) -> list[str]:
     """fused / original median latency per onnxruntime level, and per pattern."""
     if not isinstance(profile, dict):
         return []
-    rows = [(c.get("level"), c.get("ratio")) for c in profile.get("latency") or []]
+    rows = [
+        (c.get("level"), (c.get("paired") or {}).get("median", c.get("ratio")))
+        for c in profile.get("latency") or []
+    ]
     rows += [(f"pattern {p.get('pattern')}", p.get("ratio")) for p in profile.get("patterns") or []]
     if not rows:
         return []

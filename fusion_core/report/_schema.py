@@ -141,11 +141,41 @@ class SessionLatency(BaseModel):
     p90_ms: float | None
 
 
+class PairedRatio(BaseModel):
+    model_config = _OPEN
+    median: float = Field(description="Median of fused / original per interleaved iteration")
+    low: float = Field(description="Lower end of the confidence interval of that median")
+    high: float = Field(description="Upper end of the confidence interval")
+    confidence: float = Field(description="The interval's coverage (at least 0.95 from 6 runs)")
+    runs: int = Field(description="Paired runs (iterations)")
+    verdict: Literal["faster", "no measurable change", "slower"] = Field(
+        description="faster: the whole interval is below 1; slower: above 1"
+    )
+
+
 class LatencyComparison(BaseModel):
     model_config = _OPEN
     level: str = Field(description="onnxruntime graph optimization level, e.g. ORT_ENABLE_ALL")
     ratio: float | None = Field(description="fused / original median: below 1 is faster")
+    paired: PairedRatio | None = Field(
+        default=None, description="The paired ratio, its interval and verdict"
+    )
     sessions: list[SessionLatency]
+
+
+class Speed(BaseModel):
+    """The verdict consumers read (fusion_core.report.read_report)."""
+
+    model_config = ConfigDict(extra="forbid")
+    level: str | None = Field(description="The level measured: ORT_ENABLE_ALL when profiled there")
+    ratio: float = Field(description="fused / original (paired median): below 1 is faster")
+    speedup: float = Field(description="1 / ratio: above 1 is faster")
+    low: float | None = Field(description="The interval of the ratio; null in old reports")
+    high: float | None
+    confidence: float | None
+    runs: int | None = Field(description="Paired runs the ratio is the median of")
+    verdict: Literal["faster", "no measurable change", "slower"] | None
+    threads: int | None = Field(description="onnxruntime intra-op threads of the measurement")
 
 
 class OpTypeTime(BaseModel):
@@ -229,6 +259,9 @@ class Report(BaseModel):
     timings_s: dict[str, float] = Field(description="Seconds per phase of optimize")
     check: Check | None = Field(description="Validation; null when the check was skipped")
     profile: Profile | None = Field(description="Profiling; null when not profiled")
+    speed: Speed | None = Field(
+        description="The speed verdict at the deployment level; null when not profiled"
+    )
     rollbacks: list[Rollback] | None = Field(
         description="Fusions undone by progressive validation; null when it did not run"
     )

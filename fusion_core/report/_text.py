@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusion_core.report._reader import read_report
+
 __all__ = ["format_summary"]
 
 _MAX_NEAR_MISSES = 10
@@ -104,10 +106,29 @@ def _validation_extras(report: dict[str, Any]) -> list[str]:
                 f"(max |x| {flag['max_abs']:.3g})"
             )
         lines.append(f"keep in fp32 for float16: {len(precision['fp32_nodes'])} fused node(s)")
+    lines += _speed(report)
+    return lines
+
+
+def _speed(report: dict[str, Any]) -> list[str]:
+    """The verdict at the deployment level in plain words, then the other levels."""
+    speed = read_report(report).speed
+    if speed is None:
+        return []
+    lines = [f"speed: {speed.describe()}"]
+    if speed.verdict == "no measurable change":
+        lines.append("  the fused model is not measurably faster than the original on this machine")
+    elif speed.verdict == "slower":
+        lines.append(
+            "  the fused model is SLOWER than the original on this machine: "
+            "--selection measured keeps only the fusions that measure faster"
+        )
     for level in (report.get("profile") or {}).get("latency") or []:
-        if level.get("ratio") is not None:
-            lines.append(
-                f"latency fused/original at {level['level']}: {level['ratio']:.3f} "
-                "(ratio of medians, below 1 is faster)"
-            )
+        paired = level.get("paired")
+        if level.get("level") == speed.level or not paired:
+            continue
+        lines.append(
+            f"  at {level['level']}: fused/original {paired['median']:.3f} "
+            f"(interval {paired['low']:.3f}-{paired['high']:.3f}): {paired['verdict']}"
+        )
     return lines

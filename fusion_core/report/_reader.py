@@ -1,0 +1,184 @@
+"""The one typed reader of a report: what the worker, the dashboard and the CI client
+take from ``report.json``.
+
+Each consumer once read its own keys (the CI client looked for a ``speedup`` no report
+had, and its speed gate could never pass). Now they all call ``read_report`` and use
+its fields; the keys are named here only, next to ``speed_section``, which writes the
+``speed`` entry that ``build_report`` puts in every report. A test builds real reports
+and reads them back, so a renamed key fails there, not in production.
+
+Reports written before the ``speed`` entry existed still read: the speed then comes
+from the profile's ratio of medians, with no interval and no verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fusion_core._profile_stats import VERDICTS
+
+__all__ = [
+    "DEPLOYMENT_LEVEL",
+    "ReportSummary",
+    "Speed",
+    "read_report",
+    "speed_section",
+]
+
+# The level a user who deploys with onnxruntime gets, and so the one the verdict is on.
+DEPLOYMENT_LEVEL = "ORT_ENABLE_ALL"
+
+
+@dataclass(frozen=True)
+class Speed:
+    """fused / original run time at ``level`` (below 1: faster), as measured."""
+
+    level: str
+    ratio: float
+    low: float | None = None  # the interval; None in reports older than the verdict
+    high: float | None = None
+    confidence: float | None = None
+    runs: int | None = None
+    verdict: str | None = None  # one of fusion_core._profile_stats.VERDICTS
+    threads: int | None = None
+
+    @property
+    def speedup(self) -> float:
+        """original / fused: above 1 is faster."""
+        return 1.0 / self.ratio if self.ratio > 0 else math.inf
+
+    def describe(self) -> str:
+        """One plain line, e.g. ``1.23x faster: fused/original 0.813 (95% interval
+        0.801-0.826, 20 paired runs, ORT_ENABLE_ALL, 1 thread)``."""
+        head = f"{self.speedup:.2f}x"
+        if self.verdict:
+            head += f" ({self.verdict})" if self.verdict != "faster" else " faster"
+        detail = f"fused/original {self.ratio:.3f}"
+        extras = []
+        if self.low is not None and self.high is not None:
+            share = f"{self.confidence:.0%} " if self.confidence else ""
+            extras.append(f"{share}interval {self.low:.3f}-{self.high:.3f}")
+        if self.runs:
+            extras.append(f"{self.runs} paired runs")
+        extras.append(self.level)
+        if self.threads:
+            extras.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
+        return f"{head}: {detail} ({', '.join(extras)})"
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """The facts consumers act on; None where the report has no such measurement."""
+
+    target: str | None
+    fusions: int
+    nodes_before: int | None
+    nodes_after: int | None
+    check_passed: bool | None  # None: the check was skipped
+    check_failure: str | None  # fusion_core.validate's failure kind, when it failed
+    max_abs_diff: float | None
+    speed: Speed | None
+    size_before_bytes: int | None
+    size_after_bytes: int | None
+    peak_memory_before_bytes: int | None
+    peak_memory_after_bytes: int | None
+
+
+def speed_section(profile: Mapping[str, Any] | None, threads: int | None = None) -> dict | None:
+    """The report's ``speed`` entry from a ``ProfileReport.to_dict()``: the paired
+    ratio at the deployment level (else the first level measured); None unprofiled."""
+    if not isinstance(profile, Mapping):
+        return None
+    levels = [c for c in profile.get("latency") or [] if isinstance(c, Mapping)]
+    chosen = next((c for c in levels if c.get("level") == DEPLOYMENT_LEVEL), None)
+    chosen = chosen or (levels[0] if levels else None)
+    if chosen is None:
+        return None
+    paired = chosen.get("paired")
+    if threads is None:
+        threads = _int((profile.get("options") or {}).get("threads"))
+    if isinstance(paired, Mapping) and _num(paired.get("median")):
+        median = float(paired["median"])
+        return {
+            "level": chosen.get("level"),
+            "ratio": median,
+            "speedup": 1.0 / median,
+            "low": _num(paired.get("low")),
+            "high": _num(paired.get("high")),
+            "confidence": _num(paired.get("confidence")),
+            "runs": _int(paired.get("runs")),
+            "verdict": paired.get("verdict") if paired.get("verdict") in VERDICTS else None,
+            "threads": threads,
+        }
+    ratio = _num(chosen.get("ratio"))
+    if not ratio:
+        return None
+    return {
+        "level": chosen.get("level"),
+        "ratio": ratio,
+        "speedup": 1.0 / ratio,
+        "low": None,
+        "high": None,
+        "confidence": None,
+        "runs": None,
+        "verdict": None,
+        "threads": threads,
+    }
+
+
+def read_report(report: Mapping[str, Any]) -> ReportSummary:
+    """The summary of a report dict (a stored one, of any version since 2)."""
+    check = _map(report.get("check"))
+    nodes = _map(report.get("nodes"))
+    speed = report.get("speed")
+    if not isinstance(speed, Mapping):  # a report from before the speed entry
+        speed = speed_section(_map(report.get("profile")) or None)
+    size, memory = _map(report.get("size")), _map(report.get("memory"))
+    fusions = _map(report.get("fusions"))
+    return ReportSummary(
+        target=report.get("target") if isinstance(report.get("target"), str) else None,
+        fusions=sum(v for v in fusions.values() if isinstance(v, int)),
+        nodes_before=_int(nodes.get("before")),
+        nodes_after=_int(nodes.get("after")),
+        check_passed=bool(check.get("passed")) if check else None,
+        check_failure=check.get("failure") if isinstance(check.get("failure"), str) else None,
+        max_abs_diff=_num(check.get("max_abs_diff")),
+        speed=_speed(speed),
+        size_before_bytes=_int(size.get("before_bytes")),
+        size_after_bytes=_int(size.get("after_bytes")),
+        peak_memory_before_bytes=_int(memory.get("before_bytes")),
+        peak_memory_after_bytes=_int(memory.get("after_bytes")),
+    )
+
+
+def _speed(entry: Mapping[str, Any] | None) -> Speed | None:
+    if not isinstance(entry, Mapping) or not _num(entry.get("ratio")):
+        return None
+    verdict = entry.get("verdict")
+    return Speed(
+        level=str(entry.get("level") or DEPLOYMENT_LEVEL),
+        ratio=float(entry["ratio"]),
+        low=_num(entry.get("low")),
+        high=_num(entry.get("high")),
+        confidence=_num(entry.get("confidence")),
+        runs=_int(entry.get("runs")),
+        verdict=verdict if verdict in VERDICTS else None,
+        threads=_int(entry.get("threads")),
+    )
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
