@@ -1,12 +1,14 @@
-"""MobileNetV3-Large, EfficientNet-B0 and ConvNeXt-Tiny in plain torch, for the corpus.
+"""MobileNetV3-Large, EfficientNet-B0, ConvNeXt-Tiny and DenseNet-121 in plain torch.
 
 timm would be the obvious source, but timm 1.0 imports torchvision when it is imported
 (``timm.layers.create_norm`` imports ``torchvision.ops.misc.FrozenBatchNorm2d``) and
-PyPI's torchvision does not import beside this project's torch build. So the three
+PyPI's torchvision does not import beside this project's torch build. So the four
 networks are written out here, following torchvision's definitions (the published
-architectures: Howard et al. 2019, Tan & Le 2019, Liu et al. 2022) layer for layer,
-with the same hyper-parameters and parameter counts (5,483,032 / 5,288,548 /
-28,589,128 with 1000 classes); ResNet-50 comes from ``make_resnet_models.py``.
+architectures: Howard et al. 2019, Tan & Le 2019, Liu et al. 2022, Huang et al. 2017)
+layer for layer, with the same hyper-parameters and parameter counts (5,483,032 /
+5,288,548 / 28,589,128 / 7,978,856 with 1000 classes); ResNet-50 comes from
+``make_resnet_models.py``. DenseNet-121 is the pre-activation case: most of its 121
+BatchNormalizations follow a Concat or a pool, not a Conv, so they cannot fold.
 
 Weights are seeded and random (nothing is downloaded). As in ``make_resnet_models``,
 every normalization's statistics and affine parameters are randomized so that folding
@@ -247,10 +249,61 @@ class ConvNeXtTiny(nn.Module):
         return self.classifier(self.avgpool(self.features(x)))
 
 
+class DenseLayer(nn.Module):
+    """BN -> ReLU -> 1x1 Conv (4 x growth) -> BN -> ReLU -> 3x3 Conv (growth), whose
+    output is concatenated to the block's running feature map (torchvision ``_DenseLayer``)."""
+
+    def __init__(self, cin: int, growth: int, bn_size: int):
+        super().__init__()
+        self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU()
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2, self.relu2 = nn.BatchNorm2d(bn_size * growth), nn.ReLU()
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(self.relu1(self.norm1(x)))
+        return torch.cat([x, self.conv2(self.relu2(self.norm2(y)))], 1)
+
+
+class DenseNet121(nn.Module):
+    """DenseNet-121 (torchvision ``densenet121``): growth 32, blocks 6-12-24-16,
+    64 initial features, bottleneck 4x, transitions halve channels and resolution."""
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        growth, bn_size, channels = 32, 4, 64
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, channels, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+        for i, depth in enumerate((6, 12, 24, 16)):
+            for _ in range(depth):
+                layers.append(DenseLayer(channels, growth, bn_size))
+                channels += growth
+            if i < 3:  # transition: BN -> ReLU -> 1x1 Conv -> AvgPool 2x2
+                layers += [
+                    nn.BatchNorm2d(channels),
+                    nn.ReLU(),
+                    nn.Conv2d(channels, channels // 2, 1, bias=False),
+                    nn.AvgPool2d(2, 2),
+                ]
+                channels //= 2
+        layers += [nn.BatchNorm2d(channels), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "mobilenetv3_large": MobileNetV3Large,
     "efficientnet_b0": EfficientNetB0,
     "convnext_tiny": ConvNeXtTiny,
+    "densenet121": DenseNet121,
 }
 
 

@@ -1,4 +1,4 @@
-"""Export the benchmark corpus: eight real architectures with seeded random weights.
+"""Export the benchmark corpus: nine real architectures with seeded random weights.
 
 Why this script exists: ``bench/bench_tools.py`` compares autofusion with the ONNX
 optimizers people use today on the networks they use them on. Nothing is downloaded
@@ -6,11 +6,12 @@ optimizers people use today on the networks they use them on. Nothing is downloa
 random weights and exported by torch's dynamo exporter at opset 18.
 
 * CNNs, batch 1, 3x224x224, input ``input``, output ``logits``: ResNet-50
-  (``make_resnet_models.py``), MobileNetV3-Large, EfficientNet-B0, ConvNeXt-Tiny
-  (``_cnn_models.py``; timm cannot be imported without torchvision, see there).
-  Exported in inference mode with ``optimize=False``: the exporter's onnxscript pass
-  would fold every BatchNormalization into its Conv, and BN fusion is part of what is
-  compared. The BN count is checked (53 / 46 / 49; ConvNeXt has LayerNorms instead).
+  (``make_resnet_models.py``), MobileNetV3-Large, EfficientNet-B0, ConvNeXt-Tiny,
+  DenseNet-121 (``_cnn_models.py``; timm cannot be imported without torchvision, see
+  there). Exported in inference mode with ``optimize=False``: the exporter's onnxscript
+  pass would fold every BatchNormalization into its Conv, and BN fusion is part of what
+  is compared. The BN count is checked (53 / 46 / 49 / 121; ConvNeXt has LayerNorms
+  instead).
 * Transformers from their transformers config defaults (``bench_transformers.build``
   and ``export``: eager attention, dynamic batch and sequence axes, the exporter's
   default ``optimize=True``): BERT-base, DistilBERT, GPT-2 (inputs ``input_ids`` and
@@ -67,12 +68,19 @@ CORPUS = {
     "mobilenetv3_large": ("cnn", "mobilenetv3_large"),
     "efficientnet_b0": ("cnn", "efficientnet_b0"),
     "convnext_tiny": ("cnn", "convnext_tiny"),
+    "densenet121": ("cnn", "densenet121"),
     "bert_base": ("transformer", "bert"),
     "distilbert": ("transformer", "distilbert"),
     "gpt2": ("transformer", "gpt2"),
     "vit_base": ("transformer", "vit"),
 }
-EXPECTED_BN = {"resnet50": 53, "mobilenetv3_large": 46, "efficientnet_b0": 49, "convnext_tiny": 0}
+EXPECTED_BN = {
+    "resnet50": 53,
+    "mobilenetv3_large": 46,
+    "efficientnet_b0": 49,
+    "convnext_tiny": 0,
+    "densenet121": 121,
+}
 ATOL = 1e-3  # full-size random-weight networks; the diff itself is recorded
 
 
