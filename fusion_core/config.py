@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["CheckOptions", "OptimizeConfig", "Switch"]
+__all__ = ["CheckOptions", "MeasureOptions", "OptimizeConfig", "Switch"]
 
 
 class CheckOptions(BaseModel):
@@ -88,6 +88,23 @@ class Switch(BaseModel):
         return self
 
 
+class MeasureOptions(BaseModel):
+    """How measured selection times the candidates (fusion_core/measured.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Seconds of timed runs in all, the final comparison with the original included.
+    budget_s: float = Field(default=60.0, gt=0, le=3600)
+    # onnxruntime as deployed: the level and intra-op threads to measure at.
+    level: Literal["ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC"] = "ORT_ENABLE_ALL"
+    threads: int = Field(default=1, ge=1, le=256)
+    # A folder for decisions by machine class and model structure; None: no cache. The
+    # caller picks it (the CLI: ~/.cache/autofusion/measured; the worker: its data dir).
+    cache_dir: str | None = None
+    # At least this many paired runs per comparison, whatever the budget.
+    min_runs: int = Field(default=10, ge=6, le=10_000)
+
+
 class OptimizeConfig(BaseModel):
     """What to fuse, for which target, and how to check it."""
 
@@ -128,8 +145,14 @@ class OptimizeConfig(BaseModel):
     # report: done by the callers that write reports (CLI, worker), not by optimize().
     profile: bool = False
     # How overlapping candidates are chosen: by pattern priority (the default), or by the
-    # cost model's predicted gain with a strategy (fusion_core/selection.py).
-    selection: Literal["priority", "greedy", "dp", "genetic", "auto"] = "priority"
+    # cost model's predicted gain with a strategy (fusion_core/selection.py). "measured":
+    # priority proposes, then this machine decides (``measure``, fusion_core/measured.py).
+    selection: Literal["priority", "greedy", "dp", "genetic", "auto", "measured"] = "priority"
+    # Measured selection: time the model with and without each group of fusions on this
+    # machine and keep a group only when it is faster beyond the noise (any selection
+    # proposes; selection "measured" turns this on with priority proposing).
+    measure: bool = False
+    measure_options: MeasureOptions = Field(default_factory=lambda: MeasureOptions())
     # The hardware the cost model prices for: a shipped profile (cpu, gpu) or a path to
     # one written by `autofusion calibrate`.
     target_profile: str = "cpu"

@@ -27,7 +27,6 @@ import onnx_ir.passes.common as common
 
 from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
-from fusion_core.cost import CostModel
 from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
 from fusion_core.left_alone import left_alone, quantized_unit
@@ -43,8 +42,7 @@ from fusion_core.rewriters import (
     discard,
     missing_output,
 )
-from fusion_core.selection import CostBasedSelection
-from fusion_core.strategies import PriorityStrategy
+from fusion_core.selection import selection_for
 from fusion_core.switches import resolve_switches
 from fusion_core.targets import get_target
 from fusion_core.validate import (
@@ -115,6 +113,7 @@ class Result:
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
     switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
     left_alone: list[dict] = field(default_factory=list)  # parts no rule rewrites, and why
+    measurement: dict | None = None  # measured selection: groups, decisions, final ratio
 
     @property
     def counts(self) -> dict[str, int]:
@@ -144,6 +143,10 @@ def optimize(
     generated check samples.
     """
     config = config or OptimizeConfig()
+    if config.measure or config.selection == "measured":
+        from fusion_core.measured import optimize_measured  # it calls us
+
+        return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
     if config.progressive:
         from fusion_core.progressive import DEFAULT_STAGES, optimize_progressive  # it calls us
 
@@ -346,12 +349,10 @@ def _rewrite_rounds(
 ) -> None:
     by_name = {p.name: p for p in patterns}
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
-    strategy: PriorityStrategy | CostBasedSelection = PriorityStrategy()
-    if config.selection != "priority":
-        strategy = CostBasedSelection(config, op_count=sum(1 for _ in graph))
-        cost = strategy.cost
-    else:  # priority selection ignores the cost model, but the report shows its prediction
-        cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
+    # Priority selection uses the cost model only for the config's limits; the report
+    # shows its prediction for every fusion either way.
+    strategy = selection_for(config, op_count=sum(1 for _ in graph))
+    cost = strategy.cost
     for round_number in range(1, config.max_rounds + 1):
         start = time.perf_counter()
         found = matcher.find(graph)
@@ -359,8 +360,7 @@ def _rewrite_rounds(
         timings["match"] += time.perf_counter() - start
         start = time.perf_counter()
         ctx.positions = node_positions(graph)
-        if isinstance(strategy, CostBasedSelection):
-            strategy.positions = ctx.positions
+        strategy.positions = ctx.positions
         applied = refusals = 0
         waiting: set[int] = set()  # nodes of candidates a refused one had blocked
         by_node: dict[int, list[Match]] = {}  # built on the first refusal of the round
@@ -414,9 +414,8 @@ def _rewrite_rounds(
                 for (pattern, nodes), reason in refused.items()
             ]
             break
-    if isinstance(strategy, CostBasedSelection):  # also when max_rounds ran out
-        result.near_misses += strategy.dropped
-        result.selections += strategy.records
+    result.near_misses += strategy.dropped  # also when max_rounds ran out
+    result.selections += strategy.records
 
 
 def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:

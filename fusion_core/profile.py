@@ -79,6 +79,7 @@ __all__ = [
     "ProfileReport",
     "RegionTime",
     "SessionLatency",
+    "interleaved_ms",
     "measure_latency",
     "parse_trace",
     "pattern_times",
@@ -295,19 +296,34 @@ def measure_latency(
             create_ms[label] = (time.perf_counter() - start) * 1000
         inputs = {label: inputs_for(s, feeds) for label, s in sessions.items()}
         labels = list(sessions)
-        times: dict[str, list[float]] = {label: [] for label in labels}
-        for i in range(options.warmup + options.iters):
-            k = i % len(labels)
-            for label in labels[k:] + labels[:k]:
-                elapsed = timed_run(sessions[label], inputs[label], label)
-                if i >= options.warmup:
-                    times[label].append(elapsed * 1000)
+        times = interleaved_ms(sessions, inputs, warmup=options.warmup, iters=options.iters)
     comparison = LatencyComparison(level, [_summary(lb, create_ms[lb], times[lb]) for lb in labels])
     if "original" in times and "fused" in times:
         comparison.paired = paired_ratio(times["fused"], times["original"])
     for session in comparison.sessions:
         logger.debug("%s %s: median %.3f ms", level, session.label, session.median_ms)
     return comparison
+
+
+def interleaved_ms(
+    sessions: dict[str, ort.InferenceSession],
+    inputs: dict[str, Feeds],
+    *,
+    warmup: int,
+    iters: int,
+) -> dict[str, list[float]]:
+    """Run times (ms) per session over ``iters`` iterations after ``warmup``: each
+    iteration runs every session once, rotating which goes first, so entry ``i`` of
+    every list was measured side by side (what ``paired_ratio`` pairs)."""
+    labels = list(sessions)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for i in range(warmup + iters):
+        k = i % len(labels)
+        for label in labels[k:] + labels[:k]:
+            elapsed = timed_run(sessions[label], inputs[label], label)
+            if i >= warmup:
+                times[label].append(elapsed * 1000)
+    return times
 
 
 def profile_nodes(

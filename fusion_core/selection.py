@@ -6,8 +6,9 @@ prices every candidate with ``fusion_core.cost.CostModel`` (the target profile's
 bandwidth, launch overhead and peak FLOP/s over the inferred shapes, or the pattern's
 cost hints when shapes are unknown) and hands them to the strategy, which maximises the
 total predicted gain of a non-overlapping set (``fusion_core.strategies``).
-``cost_threshold`` and ``memory_limit`` drop candidates before the choice; those drops
-become near misses with their reason. Each round's objective, chosen and rejected
+``cost_threshold`` and ``memory_limit`` drop candidates before the choice under every
+selection, priority included (``PrioritySelection``); those drops become near misses
+with their reason. Each round's objective, chosen and rejected
 candidates and the strategy's time are kept in ``Result.selections``.
 """
 
@@ -20,9 +21,14 @@ from typing import Any
 from fusion_core.config import OptimizeConfig
 from fusion_core.cost import CostModel
 from fusion_core.patterns import Match, NearMiss
-from fusion_core.strategies import Candidate, strategy_by_name
+from fusion_core.strategies import (
+    Candidate,
+    PriorityStrategy,
+    limit_rejection,
+    strategy_by_name,
+)
 
-__all__ = ["CostBasedSelection"]
+__all__ = ["CostBasedSelection", "PrioritySelection", "selection_for"]
 
 _FILTERS = ("cost_threshold", "memory_limit")
 
@@ -78,6 +84,51 @@ class CostBasedSelection:
             }
         )
         return [c.payload[0] for c in selection.chosen]
+
+
+class PrioritySelection:
+    """Pattern priority (``PriorityStrategy``) over the candidates the config's
+    ``cost_threshold`` and ``memory_limit`` leave; the same interface as
+    ``CostBasedSelection``. Without either limit the cost model only annotates."""
+
+    def __init__(self, config: OptimizeConfig) -> None:
+        self.name = "priority"
+        self.cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
+        self.cost_threshold, self.memory_limit = config.cost_threshold, config.memory_limit
+        self.positions: Mapping[int, int] | None = None
+        self.records: list[dict[str, Any]] = []  # priority keeps no per-round record
+        self.dropped: list[NearMiss] = []
+        self._priority = PriorityStrategy()
+
+    def select(self, candidates: Sequence[Match]) -> list[Match]:
+        if self.cost_threshold is None and self.memory_limit is None:
+            return self._priority.select(candidates)
+        kept = []
+        for index, match in enumerate(candidates):
+            gain = self.cost.candidate_gain(match)
+            priced = Candidate(
+                index,
+                match.node_ids(),
+                gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
+                gain.working_set_bytes,
+                gain.speedup,
+            )
+            rejection = limit_rejection(priced, self.cost_threshold, self.memory_limit)
+            if rejection is None:
+                kept.append(match)
+            else:
+                reason = f"priority selection: {rejection.reason}"
+                self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
+        return self._priority.select(kept)
+
+
+def selection_for(
+    config: OptimizeConfig, *, op_count: int
+) -> PrioritySelection | CostBasedSelection:
+    """The selection ``config.selection`` names (measured selection proposes by priority)."""
+    if config.selection in ("priority", "measured"):
+        return PrioritySelection(config)
+    return CostBasedSelection(config, op_count=op_count)
 
 
 def _describe(candidate: Candidate) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,18 @@ from google.protobuf.message import DecodeError
 from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from fusion_core import OptimizeConfig, load_pattern_file, optimize, save_model
 from fusion_core.catalog import parse_pattern_text
-from fusion_core.config import CheckOptions
+from fusion_core.config import CheckOptions, MeasureOptions
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
+from fusion_core.footprint import measure_memory
 from fusion_core.profile import ProfileOptions, profile_models
 from fusion_core.report import build_report, format_markdown, format_summary, render_html
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
+
+# Measured selection's decisions, per machine class and model structure (fusion_core
+# reads no environment, so the CLI picks the folder).
+DEFAULT_MEASURE_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autofusion" / "measured"
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -79,9 +87,33 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--selection",
-        choices=["priority", "greedy", "dp", "genetic", "auto"],
+        choices=["priority", "greedy", "dp", "genetic", "auto", "measured"],
         default="priority",
-        help="choose among overlapping fusions by pattern priority or by predicted gain",
+        help="choose among overlapping fusions by pattern priority or by predicted gain; "
+        "measured: priority proposes, then keep only what measures faster on this machine",
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measured selection on top of --selection: time each group of fusions on this "
+        "machine (onnxruntime, ORT_ENABLE_ALL) and keep it only when it is faster",
+    )
+    measure = MeasureOptions()
+    p.add_argument(
+        "--measure-budget", type=float, default=measure.budget_s, metavar="SECONDS",
+        help=f"measured selection: seconds of timed runs in all (default {measure.budget_s:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--measure-threads", type=int, default=measure.threads, metavar="N",
+        help="measured selection: onnxruntime intra-op threads, as deployed (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--measure-cache", default=str(DEFAULT_MEASURE_CACHE), metavar="DIR",
+        help="measured selection: where decisions are kept per machine class and model "
+        "structure (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-measure-cache", action="store_true", help="measure everything, keep nothing"
     )
     p.add_argument(
         "--target-profile",
@@ -137,6 +169,10 @@ _CONFIG_OPTIONS = {
     "target_profile": "target_profile",
     "cost_threshold": "cost_threshold",
     "memory_limit": "memory_limit",
+    "measure": "measure",
+    "measure_budget": "measure_options.budget_s",
+    "measure_threads": "measure_options.threads",
+    "measure_cache": "measure_options.cache_dir",
 }
 
 
@@ -148,21 +184,24 @@ def _option_value(args: argparse.Namespace, option: str) -> Any:
         return not value
     if option == "shape":
         return [_profile(text) for text in value]
+    if option == "measure_cache" and args.no_measure_cache:
+        return None
     return value
 
 
 def build_config(args: argparse.Namespace, extra_patterns: list[dict]) -> OptimizeConfig:
     """The strategy file's settings (if any), then every option given on the command line."""
-    data: dict[str, Any] = {"check": {}}
+    data: dict[str, Any] = {"check": {}, "measure_options": {}}
     if args.strategy:
         data |= _strategy_overrides(args.strategy)
-        data["check"] = dict(data.get("check") or {})
+        for section in ("check", "measure_options"):
+            data[section] = dict(data.get(section) or {})
     default_of = getattr(args, "default_of", lambda _option: None)
     for option, field in _CONFIG_OPTIONS.items():
         if args.strategy and getattr(args, option) == default_of(option):
             continue  # not given: the strategy's value (or the config's default) stands
         section, _, name = field.rpartition(".")
-        (data["check"] if section else data)[name] = _option_value(args, option)
+        (data[section] if section else data)[name] = _option_value(args, option)
     data["extra_patterns"] = extra_patterns
     try:
         return OptimizeConfig(**data)
@@ -208,16 +247,12 @@ def run(args: argparse.Namespace) -> int:
     written = not failed or config.keep_failed
     if written:
         save_model(result.model, args.output)
-    profile = None
+    profile = memory = None
     if args.profile and not failed:
-        dims = check.profiles[0].dims if check and check.profiles else config.check.dims
-        options = ProfileOptions(seed=config.check.seed, dims=dims)
-        profile = profile_models(
-            args.model, args.output, feeds=(feeds or [None])[0], options=options
-        )
+        profile, memory = _measure(args, config, check, (feeds or [None])[0])
     report = build_report(
         result, model=args.model, output=args.output if written else None, config=config,
-        profile=profile.to_dict() if profile is not None else None,
+        profile=profile, memory=memory,
     )  # fmt: skip
     _write_renderings(args, report, fused_path=args.output if written else None)
     print(format_summary(report))
@@ -230,6 +265,21 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     sys.stderr.write(f"autofusion: the fused model does not match the original{note}\n")
     return EXIT_CHECK_FAILED
+
+
+def _measure(
+    args: argparse.Namespace, config: OptimizeConfig, check: Any, feeds: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The profile (latency, per-node times) and each model's peak memory, both on the
+    inputs the check used first."""
+    dims = check.profiles[0].dims if check and check.profiles else config.check.dims
+    options = ProfileOptions(seed=config.check.seed, dims=dims)
+    profile = profile_models(args.model, args.output, feeds=feeds, options=options)
+    memory = measure_memory(
+        args.model, args.output, feeds=feeds, seed=options.seed, dims=dims,
+        threads=options.threads, providers=options.providers,
+    )  # fmt: skip
+    return profile.to_dict(), memory.to_dict()
 
 
 def _graph_only(path: str) -> onnx.ModelProto:

@@ -13,8 +13,9 @@ from typing import Any
 
 from fusion_core.config import OptimizeConfig
 from fusion_core.pipeline import Result
+from fusion_core.report._footprint import memory_section, size_section
 from fusion_core.report._provenance import fusion_entries
-from fusion_core.report._reader import speed_section
+from fusion_core.report._reader import measured_speed, speed_section
 
 __all__ = ["REPORT_VERSION", "build_report", "file_sha256"]
 
@@ -53,6 +54,7 @@ def build_report(
     registry_version: int | str | None = None,
     profile: dict[str, Any] | None = None,
     rollbacks: list[dict[str, Any]] | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything ``optimize`` did, as JSON-serialisable data.
 
@@ -62,16 +64,25 @@ def build_report(
     ``ProfileReport.to_dict()`` (``fusion_core.profile``). ``rollbacks`` are
     ``{"pattern", "nodes", "error", ...}``, by default the result's own (progressive
     validation); null when neither has any record of a progressive run.
+
+    ``size`` is always measured: the input file (``model_file``, else ``model``) with
+    its external data, against the fused file (``output_file``, else ``output``), or,
+    when no file holds the fused model, ``result.model`` serialized into a scratch
+    folder. ``memory`` is a ``fusion_core.footprint.MemoryComparison.to_dict()``; the
+    report's ``memory`` entry is null unless it or ``profile`` is given.
     """
+    model_path = model_file if model_file is not None else model
+    output_path = output_file if output_file is not None else output
     return {
         "report_version": REPORT_VERSION,
         "tool": {name: _version(name) for name in ("autofusion", "onnx", "onnx-ir", "onnxruntime")},
         "model": model,
         "output": output,
         "digests": {
-            "model_sha256": file_sha256(model_file if model_file is not None else model),
-            "output_sha256": file_sha256(output_file if output_file is not None else output),
+            "model_sha256": file_sha256(model_path),
+            "output_sha256": file_sha256(output_path),
         },
+        "size": size_section(model_path, output_path, result.model),
         "config": config.model_dump(mode="json") if config is not None else None,
         "registry_version": registry_version,
         "target": result.target,
@@ -90,7 +101,9 @@ def build_report(
         "timings_s": {k: round(v, 6) for k, v in result.timings.items()},
         "check": result.check.to_dict() if result.check is not None else None,
         "profile": profile,
-        "speed": speed_section(profile),
+        "speed": speed_section(profile) or measured_speed(result.measurement),
+        "measurement": result.measurement,
+        "memory": memory_section(memory, profile),
         "rollbacks": _rollbacks(result, rollbacks),
         "regions": result.regions.to_dict() if result.regions is not None else None,
         "structure": list(result.structure),

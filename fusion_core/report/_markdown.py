@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusion_core.report._footprint import memory_line, size_line
 from fusion_core.report._reader import read_report
 
 __all__ = ["format_markdown"]
@@ -19,10 +20,13 @@ def format_markdown(report: dict[str, Any]) -> str:
         "",
         f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}  ",
         f"**Check:** {_verdict(report.get('check'))}  ",
-        f"**Speed:** {_speed(report)}",
+        f"**Speed:** {_speed(report)}  ",
+        f"**Size:** {_size(report)}  ",
+        f"**Peak memory:** {_memory(report)}",
         "",
     ]
     lines += _fusions(report)
+    lines += _measurement(report.get("measurement"))
     lines += _ratios(report.get("profile"))
     lines += _rollbacks(report.get("rollbacks"))
     lines += _near_misses(report.get("near_misses") or [])
@@ -55,6 +59,14 @@ def _speed(report: dict[str, Any]) -> str:
     if speed.verdict == "slower":
         return f"**SLOWER**: {_md(speed.describe())}"
     return _md(speed.describe())
+
+
+def _size(report: dict[str, Any]) -> str:
+    return _md(size_line(report) or "not measured")
+
+
+def _memory(report: dict[str, Any]) -> str:
+    return _md(memory_line(report) or "not measured (not profiled)")
 
 
 def _fusions(report: dict[str, Any]) -> list[str]:
@@ -90,6 +102,28 @@ def _ratios(profile: dict[str, Any] | None) -> list[str]:
     for name, value in rows:
         shown = f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
         lines.append(f"| {_md(name)} | {shown} |")
+    return lines + [""]
+
+
+def _measurement(record: dict[str, Any] | None) -> list[str]:
+    if not isinstance(record, dict):
+        return []
+    lines = [
+        f"### Measured selection: {record.get('level')}, {record.get('threads')} thread(s), "
+        f"{record.get('seconds')} s",
+        "",
+        "| group | fusions | with / without | kept |",
+        "|---|---:|---:|---|",
+    ]
+    for g in record.get("groups") or []:
+        ratio = g.get("ratio")
+        shown = "n/a"
+        if ratio:
+            shown = f"{ratio['median']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f})"
+        kept = "yes" if g.get("kept") else "no"
+        lines.append(f"| {_md(g.get('group'))} | {g.get('fusions')} | {shown} | {kept} |")
+    if record.get("fallback"):
+        lines += ["", _md(record["fallback"])]
     return lines + [""]
 
 

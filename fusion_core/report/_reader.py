@@ -24,6 +24,7 @@ __all__ = [
     "DEPLOYMENT_LEVEL",
     "ReportSummary",
     "Speed",
+    "measured_speed",
     "read_report",
     "speed_section",
 ]
@@ -127,6 +128,18 @@ def speed_section(profile: Mapping[str, Any] | None, threads: int | None = None)
         "verdict": None,
         "threads": threads,
     }
+
+
+def measured_speed(measurement: Mapping[str, Any] | None) -> dict | None:
+    """The ``speed`` entry from measured selection's final comparison with the original
+    (the verdict of an unprofiled measured job); None without one."""
+    if not isinstance(measurement, Mapping) or not isinstance(measurement.get("final"), Mapping):
+        return None
+    profile = {
+        "options": {"threads": measurement.get("threads")},
+        "latency": [{"level": measurement.get("level"), "paired": measurement["final"]}],
+    }
+    return speed_section(profile)
 
 
 def read_report(report: Mapping[str, Any]) -> ReportSummary:

@@ -223,6 +223,84 @@ class Profile(BaseModel):
     )
 
 
+class MeasuredGroup(BaseModel):
+    model_config = _OPEN
+    group: str = Field(description="The pattern and the ops its fusions emit")
+    pattern: str
+    fusions: int = Field(description="Fusions in the group, measured together")
+    kept: bool
+    cached: bool = Field(description="Decided by an earlier job on this machine class")
+    ratio: PairedRatio | None = Field(
+        description="The model with the group / without it, paired; null when not measured"
+    )
+    reason: str
+
+
+class Measurement(BaseModel):
+    """Measured selection: each group of fusions timed with and without, on this machine."""
+
+    model_config = _OPEN
+    level: str = Field(description="onnxruntime level measured at (the deployment's)")
+    threads: int = Field(description="Intra-op threads measured with")
+    budget_s: float = Field(description="Seconds of timed runs allowed")
+    seconds: float = Field(description="Seconds measured selection took in all")
+    groups: list[MeasuredGroup]
+    final: PairedRatio | None = Field(
+        description="The kept model against the original; null when nothing could run"
+    )
+    fallback: str | None = Field(
+        description="Why no fusion was kept although groups were faster alone, if so"
+    )
+    error: str | None = Field(description="Why nothing could be measured, if so")
+    cache: dict[str, int] = Field(description="Decision cache hits and misses")
+
+
+class Size(BaseModel):
+    """The model's bytes on disk, as shipped: its file and its external-data files."""
+
+    model_config = _CLOSED
+    before_bytes: int | None = Field(
+        description="The input: its file plus every external-data file it references, "
+        "each counted once, whole; null when the input was not a file"
+    )
+    after_bytes: int = Field(description="The fused model, likewise (see after_measured_from)")
+    ratio: float | None = Field(description="after_bytes / before_bytes: below 1 is smaller")
+    before_external_data_bytes: int | None = Field(description="Of before_bytes, external data")
+    after_external_data_bytes: int = Field(description="Of after_bytes, external data")
+    before_files: int | None = Field(description="Files the input is made of")
+    after_files: int = Field(description="Files the fused model is made of")
+    after_measured_from: Literal["file", "serialized"] = Field(
+        description="file: the fused model's files as written; serialized: no file holds it "
+        "(its check failed without keep_failed, or none was given), so it was serialized "
+        "the way it would be written and measured there"
+    )
+
+
+class Memory(BaseModel):
+    """Peak memory of running each model in onnxruntime, original and fused."""
+
+    model_config = _CLOSED
+    measure: str = Field(description="What before_bytes and after_bytes are, in words")
+    before_bytes: int | None = Field(
+        description="The original's process peak resident memory (VmHWM) over creating one "
+        "onnxruntime session and a few runs, in a fresh process, less that process's "
+        "resident memory before the session; null when not measured"
+    )
+    after_bytes: int | None = Field(description="The fused model's, measured alike")
+    ratio: float | None = Field(description="after_bytes / before_bytes: below 1 is less")
+    resident_before_bytes: int | None = Field(
+        description="What stays resident after the runs (a serving process holds it), original"
+    )
+    resident_after_bytes: int | None = Field(description="Likewise, fused")
+    allocator_peak_before_bytes: int | None = Field(
+        description="onnxruntime's CPU allocator peak in the profiler's trace, original "
+        "(fusion_core.profile.MemoryStats); null without a profile or allocator statistics"
+    )
+    allocator_peak_after_bytes: int | None = Field(description="Likewise, fused")
+    allocator_measure: str = Field(description="What the allocator peaks are, in words")
+    errors: list[str] = Field(description="Why a model's memory could not be measured")
+
+
 class Rollback(BaseModel):
     model_config = _OPEN
     pattern: str
@@ -246,6 +324,11 @@ class Report(BaseModel):
     model: str | None = Field(description="The input model's name or path")
     output: str | None = Field(description="The fused model's name or path")
     digests: Digests
+    size: Size | None = Field(
+        default=None,
+        description="Bytes on disk before and after; in every report since it was added "
+        "(absent from older stored ones)",
+    )
     config: dict[str, Any] | None = Field(description="OptimizeConfig, as JSON")
     registry_version: int | str | None = Field(description="Pattern registry snapshot")
     target: str
@@ -260,7 +343,15 @@ class Report(BaseModel):
     check: Check | None = Field(description="Validation; null when the check was skipped")
     profile: Profile | None = Field(description="Profiling; null when not profiled")
     speed: Speed | None = Field(
-        description="The speed verdict at the deployment level; null when not profiled"
+        description="The speed verdict at the deployment level (from the profile, else from "
+        "measured selection's final comparison); null when nothing was timed"
+    )
+    measurement: Measurement | None = Field(
+        default=None, description="Measured selection (selection 'measured' or measure: true)"
+    )
+    memory: Memory | None = Field(
+        default=None,
+        description="Peak memory in onnxruntime before and after; null when not profiled",
     )
     rollbacks: list[Rollback] | None = Field(
         description="Fusions undone by progressive validation; null when it did not run"

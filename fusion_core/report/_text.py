@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fusion_core.report._footprint import memory_line, size_line
 from fusion_core.report._reader import read_report
 
 __all__ = ["format_summary"]
@@ -15,6 +16,7 @@ def format_summary(report: dict[str, Any]) -> str:
     lines = [f"autofusion: {report.get('model') or 'model'} -> target {report['target']}"]
     lines += [f"  {p}" for p in report.get("prepasses", []) if p.startswith("upgrade_opset:")]
     lines += _fusions(report)
+    lines += _measurement(report.get("measurement"))
     lines += _ops(report["nodes"])
     lines += _check(report.get("check"))
     lines += _validation_extras(report)
@@ -107,7 +109,14 @@ def _validation_extras(report: dict[str, Any]) -> list[str]:
             )
         lines.append(f"keep in fp32 for float16: {len(precision['fp32_nodes'])} fused node(s)")
     lines += _speed(report)
+    lines += _footprint(report)
     return lines
+
+
+def _footprint(report: dict[str, Any]) -> list[str]:
+    """Size on disk, and peak memory when profiled, before -> after."""
+    size, memory = size_line(report), memory_line(report)
+    return ([f"size: {size}"] if size else []) + ([f"peak memory: {memory}"] if memory else [])
 
 
 def _speed(report: dict[str, Any]) -> list[str]:
@@ -131,4 +140,28 @@ def _speed(report: dict[str, Any]) -> list[str]:
             f"  at {level['level']}: fused/original {paired['median']:.3f} "
             f"(interval {paired['low']:.3f}-{paired['high']:.3f}): {paired['verdict']}"
         )
+    return lines
+
+
+def _measurement(record: dict[str, Any] | None) -> list[str]:
+    """Measured selection: each group, kept or not, with its paired ratio."""
+    if not record:
+        return []
+    groups = record.get("groups") or []
+    kept = sum(1 for g in groups if g.get("kept"))
+    lines = [
+        f"measured selection: kept {kept} of {len(groups)} group(s) in {record['seconds']:.1f} s "
+        f"({record['level']}, {record['threads']} thread(s), cache: "
+        f"{record['cache']['hits']} hit(s))"
+    ]
+    for group in groups:
+        ratio = group.get("ratio")
+        shown = f"with/without {ratio['median']:.3f}" if ratio else "not measured"
+        mark = "kept" if group["kept"] else "left out"
+        cached = ", cached" if group.get("cached") else ""
+        lines.append(f"  {mark:<8}  {group['group']} x{group['fusions']}: {shown}{cached}")
+    if record.get("fallback"):
+        lines.append(f"  {record['fallback']}")
+    if record.get("error"):
+        lines.append(f"  {record['error']}")
     return lines

@@ -7,6 +7,7 @@ from fusion_core.strategies._selection import (
     Rejection,
     Selection,
     SelectionStrategy,
+    limit_rejection,
 )
 from fusion_core.strategies.auto import STRATEGIES, AutoStrategy, strategy_by_name
 from fusion_core.strategies.dp import DPStrategy
@@ -25,5 +26,6 @@ __all__ = [
     "Rejection",
     "Selection",
     "SelectionStrategy",
+    "limit_rejection",
     "strategy_by_name",
 ]

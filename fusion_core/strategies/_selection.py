@@ -224,16 +224,24 @@ class SelectionStrategy:
         raise NotImplementedError
 
     def _filter(self, candidate: Candidate) -> Rejection | None:
-        limit, threshold = self.memory_limit, self.cost_threshold
-        working_set, speedup = candidate.working_set, candidate.speedup
-        if limit is not None and working_set is not None and working_set > limit:
-            reason = f"working set {working_set} bytes over memory_limit {limit}"
-            return Rejection(candidate, "memory_limit", reason)
-        if threshold is not None and speedup is not None and speedup < threshold:
-            return Rejection(candidate, "cost_threshold", f"below cost_threshold {threshold:g}")
-        if candidate.gain <= 0:
+        rejection = limit_rejection(candidate, self.cost_threshold, self.memory_limit)
+        if rejection is None and candidate.gain <= 0:
             return Rejection(candidate, "gain", "gain <= 0")
-        return None
+        return rejection
+
+
+def limit_rejection(
+    candidate: Candidate, cost_threshold: float | None, memory_limit: int | None
+) -> Rejection | None:
+    """The config's two limits, the same under every selection (priority included)."""
+    working_set, speedup = candidate.working_set, candidate.speedup
+    if memory_limit is not None and working_set is not None and working_set > memory_limit:
+        reason = f"working set {working_set} bytes over memory_limit {memory_limit}"
+        return Rejection(candidate, "memory_limit", reason)
+    if cost_threshold is not None and speedup is not None and speedup < cost_threshold:
+        reason = f"predicted speedup {speedup:.3g} below cost_threshold {cost_threshold:g}"
+        return Rejection(candidate, "cost_threshold", reason)
+    return None
 
 
 def _check_unique_ids(candidates: Sequence[Candidate]) -> None:

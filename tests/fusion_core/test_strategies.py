@@ -265,7 +265,7 @@ def test_cost_threshold_and_memory_limit_remove_exactly_their_candidates(strateg
     result = strategy(cost_threshold=1.1, memory_limit=1000).select(candidates, op_count=10)
     assert result.chosen_ids == ["at_threshold", "no_ratio", "fits"]
     assert {r.candidate.id: r.reason for r in result.rejected} == {
-        "slow": "below cost_threshold 1.1",
+        "slow": "predicted speedup 1.05 below cost_threshold 1.1",
         "too_big": "working set 1001 bytes over memory_limit 1000",
         "both": "working set 5000 bytes over memory_limit 1000",
     }

@@ -1,0 +1,175 @@
+"""Measured selection: which groups it keeps, what it caches, when it keeps nothing.
+
+The timing is replaced by a timer whose paired ratios the test decides (a unit test
+never asserts a speed); one test runs the real timer and checks only what it recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fusion_core import OptimizeConfig, optimize
+from fusion_core._profile_stats import paired_ratio
+from fusion_core.errors import ConfigError
+from fusion_core.measured import PairedTimer, group_fusions, optimize_measured
+from fusion_core.report import build_report, format_summary, read_report
+from tests.fusion_core.test_report import conv_bn_relu, validate
+
+REPO = Path(__file__).resolve().parents[2]
+BERT = REPO / "tests" / "data" / "transformers" / "bert_eager_torchscript.onnx"
+
+# with-group / without-group run time, per pattern prefix (below 1: the group is faster)
+RATIOS = {
+    "skip_layer_norm": 1.04,  # slower
+    "gelu": 1.0,  # no measurable change
+    "attention": 0.90,
+    "qkv": 0.97,
+}
+
+
+def ratio_of(value: float):
+    """A paired ratio of 20 runs centred on ``value`` (interval about +-0.5%)."""
+    spread = [value * (1 + 0.001 * (k - 10)) for k in range(21)]
+    return paired_ratio(spread, [1.0] * len(spread))
+
+
+class FakeTimer(PairedTimer):
+    """The real inputs, ratios from RATIOS; counts what it was asked to time."""
+
+    calls: list[str] = []
+    final = 0.95
+
+    def with_and_without(self, full, variants, *, budget_s):
+        self.spent += 1.0
+        FakeTimer.calls += list(variants)
+        return {key: ratio_of(_table(key)) for key in variants}
+
+    def compare(self, fused, original, *, budget_s):
+        FakeTimer.calls.append("final")
+        return ratio_of(FakeTimer.final)
+
+
+def _table(group_key: str) -> float:
+    return next(v for prefix, v in RATIOS.items() if group_key.startswith(prefix))
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    FakeTimer.calls, FakeTimer.final = [], 0.95
+
+
+def measured(tmp_path, **options) -> OptimizeConfig:
+    return OptimizeConfig(
+        target="onnxruntime",
+        selection="measured",
+        check={"samples": 1},
+        measure_options={"cache_dir": str(tmp_path / "cache"), **options},
+    )
+
+
+def test_only_the_groups_that_measure_faster_are_kept(tmp_path) -> None:
+    proposal = optimize(BERT, OptimizeConfig(target="onnxruntime", check={"enabled": False}))
+    proposed = {g.pattern for g in group_fusions(proposal.applied)}
+    assert {"skip_layer_norm_bias", "attention_mha", "qkv_bias_merge"} <= proposed
+
+    result = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    assert set(result.counts) == {"attention_mha", "qkv_bias_merge"}
+    assert result.check.passed
+    groups = {g["pattern"]: g for g in result.measurement["groups"]}
+    assert groups["skip_layer_norm_bias"]["kept"] is False
+    assert groups["skip_layer_norm_bias"]["ratio"]["verdict"] == "slower"
+    assert groups["gelu_erf_half_last_bias"]["ratio"]["verdict"] == "no measurable change"
+    assert groups["attention_mha"]["kept"] is True
+    # BiasGelu left out lets the bias-less Gelu fuse instead: measured in a second pass
+    assert groups["gelu_erf_half_last"]["ratio"] is not None
+    assert groups["gelu_erf_half_last"]["kept"] is False
+    misses = [
+        m
+        for m in result.near_misses
+        if m.pattern == "skip_layer_norm_bias" and m.reason.startswith("measured selection")
+    ]
+    assert len(misses) == groups["skip_layer_norm_bias"]["fusions"]
+    assert all("slower on this machine" in m.reason for m in misses)
+
+
+def test_the_report_says_what_was_measured_and_its_verdict(tmp_path) -> None:
+    result = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    report = build_report(result, model=BERT.name)
+    validate(report)
+    speed = read_report(report).speed  # unprofiled: the verdict is the final comparison
+    assert speed.verdict == "faster" and speed.ratio == pytest.approx(0.95)
+    summary = format_summary(report)
+    assert "measured selection: kept 2 of" in summary
+    assert "left out  skip_layer_norm_bias" in summary
+    assert f"speed: {speed.describe()}" in summary
+
+
+def test_a_second_job_on_the_same_architecture_measures_only_the_final_model(tmp_path) -> None:
+    first = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    measured_groups = [c for c in FakeTimer.calls if c != "final"]
+    assert measured_groups and FakeTimer.calls.count("final") == 1
+    FakeTimer.calls = []
+    second = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    assert FakeTimer.calls == ["final"]
+    assert second.counts == first.counts
+    assert second.measurement["cache"]["hits"] == len(second.measurement["groups"])
+    assert all(g["cached"] for g in second.measurement["groups"])
+
+
+def test_another_machine_class_does_not_reuse_decisions(tmp_path) -> None:
+    optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    FakeTimer.calls = []
+    optimize_measured(BERT, measured(tmp_path, threads=2), timer_factory=FakeTimer)
+    assert len([c for c in FakeTimer.calls if c != "final"]) > 0
+
+
+def test_a_final_model_slower_than_the_original_keeps_no_fusion(tmp_path) -> None:
+    FakeTimer.final = 1.05
+    result = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
+    assert result.applied == []
+    assert "measured slower than the original" in result.measurement["fallback"]
+    assert not any(g["kept"] for g in result.measurement["groups"])
+    reasons = {m.pattern: m.reason for m in result.near_misses}
+    assert "as a whole measured slower" in reasons["attention_mha"]
+    assert read_report(build_report(result)).speed.verdict == "slower"
+
+
+def test_groups_the_budget_does_not_reach_are_left_out(tmp_path) -> None:
+    # the fake spends 1 s per batch of three: a 1 s budget (0.75 s before the final) ends
+    # after the first batch
+    result = optimize_measured(BERT, measured(tmp_path, budget_s=1.0), timer_factory=FakeTimer)
+    groups = result.measurement["groups"]
+    unmeasured = [g for g in groups if g["ratio"] is None]
+    assert len(groups) > 3 and unmeasured
+    assert not any(g["kept"] for g in unmeasured)
+    assert any("time budget" in g["reason"] for g in unmeasured)
+    assert {f.pattern for f in result.applied} <= {g["pattern"] for g in groups if g["kept"]}
+
+
+def test_progressive_and_measured_are_refused_together(tmp_path) -> None:
+    config = measured(tmp_path).model_copy(update={"progressive": True})
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        optimize(BERT, config)
+
+
+def test_the_real_timer_records_paired_runs_for_every_group(tmp_path) -> None:
+    path = tmp_path / "conv.onnx"
+    onnx.save(conv_bn_relu(), path)
+    config = measured(tmp_path, budget_s=0.5, min_runs=6)
+    result = optimize(path, config)  # through optimize(), as the CLI and worker call it
+    record = result.measurement
+    assert record["groups"] and record["final"]["runs"] >= 6
+    for group in record["groups"]:
+        assert group["ratio"]["runs"] >= 6
+        assert group["kept"] == (group["ratio"]["verdict"] == "faster")
+    assert result.check.passed
+    # a kept group can still vanish: conv_activation measured after conv_bn's fold
+    # cannot match once that fold is left out
+    assert {f.pattern for f in result.applied} <= {
+        g["pattern"] for g in record["groups"] if g["kept"]
+    }
+    assert record["cache"]["misses"] == len(record["groups"])
+    assert list((tmp_path / "cache").glob("*.json"))
