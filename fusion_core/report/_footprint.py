@@ -16,7 +16,7 @@ from typing import Any
 import onnx_ir as ir
 
 from fusion_core.footprint import model_size, serialized_size
-from fusion_core.report._reader import ReportSummary
+from fusion_core.report._reader import read_report
 
 __all__ = [
     "bytes_text",
@@ -96,14 +96,28 @@ def memory_section(
     }
 
 
-def size_line(summary: ReportSummary) -> str | None:
-    """``1.51 MiB -> 1.50 MiB (-0.6%)``; None without both sizes."""
-    return change_text(summary.size_before_bytes, summary.size_after_bytes)
+def size_line(report: Mapping[str, Any]) -> str | None:
+    """``1.51 MiB -> 1.50 MiB (-0.6%)``, saying when the fused model was not written;
+    None without both sizes."""
+    summary = read_report(report)
+    text = change_text(summary.size_before_bytes, summary.size_after_bytes)
+    if text and _map(report.get("size")).get("after_measured_from") == "serialized":
+        text += " (the fused model not written: its size as it would be saved)"
+    return text
 
 
-def memory_line(summary: ReportSummary) -> str | None:
-    """The peak memory before -> after, as ``size_line``; None unmeasured."""
-    return change_text(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes)
+def memory_line(report: Mapping[str, Any]) -> str | None:
+    """The peak memory before -> after and what it is; why not, when it was not
+    measured; None when the report has no memory entry (not profiled)."""
+    memory = _map(report.get("memory"))
+    if not memory:
+        return None
+    summary = read_report(report)
+    text = change_text(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes)
+    if text is None:
+        errors = "; ".join(memory.get("errors") or []) or memory.get("measure")
+        return f"not measured ({errors})"
+    return f"{text} (process peak resident memory of an onnxruntime session and its runs)"
 
 
 def change_text(before: int | None, after: int | None) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 
 from fusion_core.report._charts import grouped_bars
+from fusion_core.report._footprint import bytes_text, memory_line, size_line
 from fusion_core.report._graph import GraphIndex, region_svg
 from fusion_core.report._provenance import final_nodes
 
@@ -45,6 +46,7 @@ def render_html(
         f"<h1>{escape(title)}</h1>",
         _summary(report),
         _profile(report.get("profile")),
+        _memory(report.get("memory")),
         _fusions(report),
         _rollbacks(report.get("rollbacks")),
         _check(report.get("check")),
@@ -103,6 +105,8 @@ def _summary(report: dict[str, Any]) -> str:
             f"{sum((report.get('fusions') or {}).values())} in {report.get('rounds')} round(s)",
         ],
         ["nodes", f"{nodes.get('before')} -> {nodes.get('after')}"],
+        ["size on disk", size_line(report)],
+        ["peak memory", memory_line(report) or "not measured (not profiled)"],
         ["check", Verdict(False, "skipped") if check is None else Verdict(bool(check["passed"]))],
         ["registry version", report.get("registry_version")],
         ["report version", report.get("report_version")],
@@ -132,6 +136,34 @@ def _profile(profile: dict[str, Any] | None) -> str:
     if any(times.values()):
         parts.append("<h3>Time per op type</h3>" + _op_type_chart(times))
     return "".join(parts) if len(parts) > 1 else ""
+
+
+def _memory(memory: dict[str, Any] | None) -> str:
+    """Process peak, what stays resident, and onnxruntime's allocator peak, in bytes."""
+    if not isinstance(memory, dict):
+        return ""
+    rows = [
+        [label, *_bytes_pair(memory.get(f"{key}before_bytes"), memory.get(f"{key}after_bytes"))]
+        for label, key in (
+            ("process peak", ""),
+            ("resident after the runs", "resident_"),
+            ("onnxruntime allocator peak", "allocator_peak_"),
+        )
+    ]
+    notes = [memory.get("measure"), memory.get("allocator_measure"), *memory.get("errors", [])]
+    return (
+        '<h2 id="memory">Memory</h2>'
+        + _table(["", "original", "fused", "change"], rows)
+        + "".join(f"<p>{escape(str(n))}</p>" for n in notes if n)
+    )
+
+
+def _bytes_pair(before: Any, after: Any) -> list[str | None]:
+    shown = [bytes_text(v) if isinstance(v, int) else None for v in (before, after)]
+    change = None
+    if isinstance(before, int) and isinstance(after, int) and before:
+        change = f"{(after - before) / before:+.1%}"
+    return [*shown, change]
 
 
 def _num(section: Any, key: str) -> float | None:
