@@ -132,6 +132,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
 
     from fusion_core import OptimizeConfig, optimize, save_model
     from fusion_core.catalog import compile_all
+    from fusion_core.footprint import measure_memory
     from fusion_core.profile import ProfileOptions, profile_models
     from fusion_core.report import build_report, format_markdown, render_html
 
@@ -148,12 +149,15 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     fused_path = output / FUSED_FILE if not failed or config.keep_failed else None
     if fused_path is not None:
         save_model(result.model, fused_path)
-    profile = None
+    profile = memory = None
     if config.profile and not failed:
         _emit(progress, "profiling", 0.82)
         dims = check.profiles[0].dims if check and check.profiles else config.check.dims
         options = ProfileOptions(dims=dims)
         profile = profile_models(model_path, fused_path, options=options).to_dict()
+        memory = measure_memory(
+            model_path, fused_path, seed=options.seed, dims=dims, threads=options.threads
+        ).to_dict()
         _keep_trace(fused_path, output, options)
     report = build_report(
         result,
@@ -164,6 +168,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
         config=config,
         registry_version=job.get("registry_version"),
         profile=profile,
+        memory=memory,
     )
     _write_json(output / REPORT_FILE, report)
     _emit(progress, "report", 0.85)

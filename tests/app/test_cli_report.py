@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ import onnx.parser
 import pytest
 
 from app.cli import main
+from fusion_core.report import read_report
 
 
 @pytest.fixture
@@ -89,3 +91,59 @@ def test_optimize_without_the_new_options_writes_no_renderings(capsys, tmp_path,
 
     assert code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fused.onnx", "model.onnx"]
+
+
+def _optimize(tmp_path, model_path, *extra: str) -> tuple[int, dict, str]:
+    report_path = tmp_path / "report.json"
+    code = main(
+        ["optimize", str(model_path), "-o", str(tmp_path / "fused.onnx"), "--target",
+         "onnxruntime", "--report", str(report_path), *extra]
+    )  # fmt: skip
+    return code, json.loads(report_path.read_text(encoding="utf-8")), str(tmp_path / "fused.onnx")
+
+
+def test_optimize_records_the_size_and_no_memory_unprofiled(capsys, tmp_path, model_path):
+    code, report, fused = _optimize(tmp_path, model_path)
+    out, err = capsys.readouterr()
+
+    assert code == 0, err
+    facts = read_report(report)
+    assert facts.size_before_bytes == model_path.stat().st_size
+    assert facts.size_after_bytes == Path(fused).stat().st_size
+    assert report["size"]["after_measured_from"] == "file"
+    assert report["memory"] is None and facts.peak_memory_before_bytes is None
+    assert "size: " in out and "peak memory" not in out
+
+
+def test_optimize_profile_records_the_peak_memory(capsys, tmp_path, model_path):
+    code, report, _ = _optimize(tmp_path, model_path, "--profile", "--markdown",
+                                str(tmp_path / "summary.md"))  # fmt: skip
+    out, err = capsys.readouterr()
+
+    assert code == 0, err
+    facts = read_report(report)
+    assert facts.peak_memory_before_bytes > 0 and facts.peak_memory_after_bytes > 0
+    assert report["memory"]["errors"] == []
+    assert report["memory"]["allocator_peak_before_bytes"] > 0
+    assert "peak memory: " in out and " MiB -> " in out
+    markdown = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    assert "**Peak memory:** " in markdown and "not measured" not in markdown
+
+
+def test_a_failed_check_records_the_serialized_size(capsys, tmp_path, model_path):
+    # Folding BN into the conv changes the last bits, which a zero tolerance sees.
+    code, report, fused = _optimize(tmp_path, model_path, "--rtol", "0", "--atol", "0")
+    out, _ = capsys.readouterr()
+
+    assert code != 0 and not Path(fused).exists()
+    assert report["size"]["after_measured_from"] == "serialized"
+    assert "not written" in out
+    kept_dir = tmp_path / "kept"
+    kept_dir.mkdir()
+    code, kept, fused = _optimize(kept_dir, model_path, "--rtol", "0", "--atol", "0",
+                                  "--keep-failed")  # fmt: skip
+    capsys.readouterr()
+    assert kept["size"]["after_measured_from"] == "file"
+    # The size it was said to have unwritten is the size it has once written.
+    written = Path(fused).stat().st_size
+    assert report["size"]["after_bytes"] == kept["size"]["after_bytes"] == written

@@ -16,6 +16,7 @@ from app.models import JobStatus
 from app.services import jobs as job_service
 from app.services.jobs import cancel_job, claim_job
 from app.services.registry import registry_version
+from fusion_core.report import read_report
 from worker.execute import Outcome, execute_job
 from worker.plan import merge_strategy
 from worker.sandbox import TEST_CRASH_ENV
@@ -80,6 +81,10 @@ def test_a_job_can_profile_and_validate_progressively(env: WorkerEnv) -> None:
         "ORT_DISABLE_ALL",
     }
     assert report["precision"] is not None
+    facts = read_report(report)  # the sandbox measured each model's peak memory
+    assert facts.peak_memory_before_bytes > 0 and facts.peak_memory_after_bytes > 0
+    assert report["memory"]["errors"] == [] and "VmHWM" in report["memory"]["measure"]
+    assert facts.size_after_bytes == len(env.store.read_bytes(job.fused_digest))
 
 
 def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:
@@ -96,6 +101,15 @@ def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:
     assert job.summary["check"]["passed"] is True, job.summary
     fused = env.store.fetch(job.fused_digest, tmp_path / "fused.onnx")
     assert_same_outputs(RESNET, fused, atol=1e-4)
+    report = json.loads(env.store.read_bytes(job.report_digest))
+    weights = (folder / "net.weights").stat().st_size
+    assert report["size"]["before_bytes"] == (folder / "net.onnx").stat().st_size + weights
+    assert report["size"]["before_external_data_bytes"] == weights
+    # Saved in one file (under 2 GB): no external data after, and BN folded away.
+    assert report["size"]["after_external_data_bytes"] == 0
+    assert report["size"]["after_bytes"] == Path(fused).stat().st_size
+    assert report["size"]["after_bytes"] < report["size"]["before_bytes"]
+    assert report["memory"] is None  # not profiled
 
 
 def test_only_one_claim_wins(env: WorkerEnv) -> None:
