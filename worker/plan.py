@@ -10,7 +10,7 @@ starting a process.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,6 +20,7 @@ from app.models import Job, Strategy
 from app.services.strategies import StrategySpec
 from fusion_core import FusionError, OptimizeConfig
 from fusion_core.pipeline import select_patterns
+from fusion_core.report import Speed, read_report
 from fusion_core.rewriters import builtin_rewriters
 from worker.sandbox import describe_validation_error
 from worker.snapshots import CompiledSnapshot, SnapshotCache
@@ -103,28 +104,40 @@ def _strategy(
 
 
 def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float) -> dict:
-    check = report.get("check")
-    counts = dict(report.get("fusions") or {})
+    """The job row's summary (``app.schemas.jobs.JobSummary``): the report's facts as
+    ``fusion_core.report.read_report`` reads them, and what this attempt ran."""
+    facts = read_report(report)
+    # Per pattern: the reader has the total only.
+    counts = {k: v for k, v in (report.get("fusions") or {}).items() if isinstance(v, int)}
     summary: dict[str, Any] = {
-        "target": report.get("target"),
+        "target": facts.target,
         "registry_version": plan.snapshot.version,
         "strategy": plan.strategy,
         "counts": counts,
-        "fusions": sum(counts.values()),
+        "fusions": facts.fusions,
         "check": None,
-        "nodes": {k: report["nodes"][k] for k in ("before", "after")},
+        "nodes": {"before": facts.nodes_before, "after": facts.nodes_after},
         "timings": {**report.get("timings_s", {}), "sandbox": round(seconds, 3)},
         "attempts": attempts,
+        "speed": _speed(facts.speed),
     }
-    if check is not None:
+    if facts.check_passed is not None:
         summary["check"] = {
-            "passed": check.get("passed"),
-            "max_abs_diff": _finite(check.get("max_abs_diff")),
-            "error": check.get("error"),
+            "passed": facts.check_passed,
+            "max_abs_diff": _finite(facts.max_abs_diff),
+            "failure": facts.check_failure,
+            # The reader has the failure's kind, not the check's own words.
+            "error": (report.get("check") or {}).get("error"),
         }
     if plan.snapshot.skipped:
         summary["skipped_patterns"] = sorted(plan.snapshot.skipped)
     return summary
+
+
+def _speed(speed: Speed | None) -> dict[str, Any] | None:
+    if speed is None or _finite(speed.speedup) is None:
+        return None
+    return {**asdict(speed), "speedup": speed.speedup}
 
 
 def _finite(value: Any) -> float | None:

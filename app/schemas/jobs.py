@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from app.models import Job, JobStatus
 from fusion_core.config import OptimizeConfig
 
 __all__ = [
+    "CheckSummary",
     "DataFilePublic",
     "JobLinks",
     "JobPublic",
+    "JobSummary",
     "JobsPublic",
+    "NodesSummary",
     "OptimizeOptions",
+    "SpeedPublic",
 ]
 
 
@@ -39,6 +43,78 @@ class JobLinks(BaseModel):
     report: str | None = None
     # The report's renderings the worker stored: report.html, report.md.
     artifacts: dict[str, str] = Field(default_factory=dict)
+
+
+class SpeedPublic(BaseModel):
+    """The paired speed verdict (``fusion_core.report.Speed``): fused / original run time
+    per interleaved iteration at ``level``, its median and 95% interval."""
+
+    model_config = ConfigDict(extra="allow")
+
+    level: str = Field(description="The onnxruntime optimization level measured")
+    ratio: float = Field(description="Median of fused / original per iteration (below 1: faster)")
+    speedup: float = Field(description="1 / ratio: above 1 is faster")
+    low: float | None = Field(default=None, description="Lower end of the ratio's interval")
+    high: float | None = Field(default=None, description="Upper end of the ratio's interval")
+    confidence: float | None = Field(default=None, description="The interval's coverage")
+    runs: int | None = Field(default=None, description="Paired runs (iterations)")
+    verdict: Literal["faster", "no measurable change", "slower"] | None = Field(
+        default=None,
+        description="faster: the whole interval is below 1; slower: all of it above 1; "
+        "no measurable change otherwise",
+    )
+    threads: int | None = Field(default=None, description="onnxruntime intra-op threads")
+
+
+class CheckSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    passed: bool | None = None
+    max_abs_diff: float | None = None
+    error: str | None = None
+    failure: str | None = Field(
+        default=None,
+        description="Why it did not pass: original_cannot_run, fused_cannot_run, "
+        "cannot_load or mismatch",
+    )
+
+
+class NodesSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    before: int | None = None
+    after: int | None = None
+
+
+class JobSummary(BaseModel):
+    """What the worker recorded about the result (``worker/plan.py`` ``summarize``, from
+    ``fusion_core.report.read_report``). A key a server version did not write is absent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    target: str | None = None
+    registry_version: int | None = None
+    strategy: dict[str, Any] | None = Field(
+        default=None, description="The named strategy merged in: name, version"
+    )
+    counts: dict[str, int] | None = Field(default=None, description="Fusions per pattern")
+    fusions: int | None = Field(default=None, description="Fusions applied, in all")
+    check: CheckSummary | None = Field(
+        default=None, description="The numerical check; null when it was skipped"
+    )
+    nodes: NodesSummary | None = None
+    timings: dict[str, float] | None = Field(
+        default=None, description="Seconds per phase, and in the sandbox in all (sandbox)"
+    )
+    attempts: int | None = None
+    speed: SpeedPublic | None = Field(
+        default=None, description="The measured speed; null when the job was not profiled"
+    )
+    skipped_patterns: list[str] | None = None
+    artifacts: dict[str, str] | None = Field(
+        default=None, description="The report's renderings stored: name -> digest"
+    )
+    fused_data_files: list[DataFilePublic] | None = None
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -71,9 +147,14 @@ class JobPublic(BaseModel):
     model_name: str
     model_digest: str
     data_files: list[DataFilePublic]
-    summary: dict[str, Any] | None = None
+    summary: JobSummary | None = None
     error: str | None = None
     links: JobLinks
+
+    @field_serializer("summary")
+    def _summary_as_stored(self, summary: JobSummary | None):
+        # Only what the worker wrote: no nulls for keys a server version did not write.
+        return None if summary is None else summary.model_dump(mode="json", exclude_unset=True)
 
     @field_validator("created_at", "updated_at", "started_at", "finished_at")
     @classmethod
