@@ -1,15 +1,25 @@
 """What ``autofusion submit`` shows: progress, quality gates, the summary (text, JSON and
-Markdown for ``GITHUB_STEP_SUMMARY``). Reads reports defensively: a key a newer or older
-server does not send is shown as missing, never a crash."""
+Markdown for ``GITHUB_STEP_SUMMARY``).
+
+The result's facts come from ``fusion_core.report.read_report``, the one typed reader
+the worker and the dashboard use too, and the job's from its documented resource
+(``app.schemas.jobs``): a key an older or newer server does not send is shown as
+missing, never a crash."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import IO, Any
+
+from pydantic import ValidationError
+
+from app.schemas.jobs import JobSummary
+from fusion_core.report import ReportSummary, Speed, read_report
 
 __all__ = [
     "FINAL",
@@ -18,14 +28,21 @@ __all__ = [
     "emit",
     "evaluate_gates",
     "facts",
-    "report_speedup",
+    "speed_dict",
+    "speed_line",
+    "urls",
     "write_step_summary",
 ]
 
 FINAL = ("succeeded", "failed", "cancelled")
 _BAR = 24
-# Where a report may carry the measured speedup (profiling arrives in a later issue).
-_SPEEDUP_PATHS = (("speedup",), ("profile", "speedup"), ("profiling", "speedup"))
+# fusion_core.validate's failure kinds, in words (the check reports only what it saw).
+_CHECK_FAILURES = {
+    "original_cannot_run": "the original model cannot run on the generated inputs "
+    "(set check dims or profiles in --strategy; this says nothing about the fusion)",
+    "fused_cannot_run": "the fused model cannot run in onnxruntime",
+    "cannot_load": "onnxruntime cannot load the models",
+}
 
 
 @dataclass(frozen=True)
@@ -35,38 +52,62 @@ class Gate:
     message: str
 
 
-def report_speedup(report: dict) -> float | None:
-    for path in _SPEEDUP_PATHS:
-        value: Any = report
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return None
+def speed_dict(speed: Speed | None) -> dict[str, Any] | None:
+    """The speed as JSON: the reader's fields and the speedup (original / fused)."""
+    if speed is None:
+        return None
+    speedup = speed.speedup if math.isfinite(speed.speedup) else None
+    return {**asdict(speed), "speedup": speedup}
 
 
-def _max_abs_diff(check: dict | None) -> float | None:
-    value = (check or {}).get("max_abs_diff")
-    return float(value) if isinstance(value, int | float) else None
+def _check_failed(summary: ReportSummary) -> str:
+    words = _CHECK_FAILURES.get(summary.check_failure or "")
+    if words:
+        return f"the check failed: {words}"
+    diff = summary.max_abs_diff
+    shown = f"max abs diff {diff:.3g}" if diff is not None else "no verdict"
+    return f"the fused model does not match the original ({shown})"
+
+
+def _speed_gate(speed: Speed | None, minimum: float, profiled: bool) -> Gate:
+    if speed is None:
+        if profiled:
+            why = (
+                "the job was profiled but its report has no speed measurement (profiling "
+                "measured nothing: the report's profile section says what it ran); "
+                "there is no speedup to gate on"
+            )
+        else:
+            why = "the job was not profiled, so there is no speedup to gate on (use --profile)"
+        return Gate("min-speedup", False, why)
+    ok = speed.speedup >= minimum
+    sign = ">=" if ok else "<"
+    message = f"measured speedup {speed.speedup:.3f}x {sign} {minimum:g}x: {speed.describe()}"
+    return Gate("min-speedup", ok, message)
 
 
 def evaluate_gates(
-    report: dict, max_abs_diff: float | None, min_speedup: float | None
+    report: Mapping[str, Any],
+    max_abs_diff: float | None,
+    min_speedup: float | None,
+    *,
+    profiled: bool = False,
 ) -> list[Gate]:
-    """The server's own check (when it ran), then the gates asked for on the command line."""
+    """The server's own check (when it ran), then the gates asked for on the command
+    line. ``profiled``: the job asked to be profiled (says why a speed is missing)."""
+    summary = read_report(report)
     gates = []
-    check = report.get("check")
-    diff = _max_abs_diff(check)
-    if check is not None:
-        if check.get("passed") and not check.get("error"):
-            gates.append(Gate("check", True, "the fused model matches the original"))
-        else:
-            shown = f"max abs diff {diff:.3g}" if diff is not None else "no verdict"
-            why = check.get("error") or shown
-            gates.append(Gate("check", False, f"the fused model does not match ({why})"))
+    if summary.check_passed is True:
+        gates.append(Gate("check", True, "the fused model matches the original"))
+    elif summary.check_passed is False:
+        gates.append(Gate("check", False, _check_failed(summary)))
     if max_abs_diff is not None:
-        if diff is None:
+        diff = summary.max_abs_diff
+        if summary.check_passed is None:
             gates.append(Gate("max-abs-diff", False, "the server skipped the numerical check"))
+        elif diff is None:
+            why = "the check's max abs diff is not a finite number (NaN or infinity)"
+            gates.append(Gate("max-abs-diff", False, why))
         else:
             ok = diff <= max_abs_diff
             sign = "<=" if ok else ">"
@@ -74,14 +115,7 @@ def evaluate_gates(
                 Gate("max-abs-diff", ok, f"max abs diff {diff:.3g} {sign} {max_abs_diff:g}")
             )
     if min_speedup is not None:
-        speedup = report_speedup(report)
-        if speedup is None:
-            message = "the server did not measure speed (no speedup in the report)"
-            gates.append(Gate("min-speedup", False, message))
-        else:
-            ok = speedup >= min_speedup
-            sign = ">=" if ok else "<"
-            gates.append(Gate("min-speedup", ok, f"speedup {speedup:.2f}x {sign} {min_speedup:g}x"))
+        gates.append(_speed_gate(summary.speed, min_speedup, profiled))
     return gates
 
 
@@ -114,23 +148,83 @@ class Progress:
             self.stream.flush()
 
 
-def _fusions(report: dict) -> str:
-    fusions = report.get("fusions") or {}
-    if not fusions:
+def _job_summary(job: Mapping[str, Any]) -> JobSummary | None:
+    """The job resource's summary, typed; None when absent or not what this client reads."""
+    try:
+        return JobSummary.model_validate(job.get("summary") or {})
+    except ValidationError:
+        return None
+
+
+def urls(outcome: Any) -> dict[str, str]:
+    """Where to look: the job (API), its dashboard page, and its report once it has one."""
+    job = outcome.job
+    links = job.get("links") if isinstance(job.get("links"), dict) else {}
+
+    def absolute(path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else outcome.server + path
+
+    found = {"job": outcome.url, "page": f"{outcome.server}/ui/jobs/{job.get('id')}"}
+    if links.get("report"):
+        found["report"] = absolute(links["report"])
+    html = (links.get("artifacts") or {}).get("report.html")
+    if html:
+        found["report_html"] = absolute(html)
+    return found
+
+
+def _fusions(summary: ReportSummary, job_summary: JobSummary | None) -> str:
+    if not summary.fusions:
         return "none"
-    ranked = sorted(fusions.items(), key=lambda kv: (-kv[1], kv[0]))
-    return f"{sum(fusions.values())} (" + ", ".join(f"{n} {c}" for n, c in ranked) + ")"
+    counts = (job_summary.counts if job_summary else None) or {}
+    if sum(counts.values()) != summary.fusions:  # another job's, or none: the total only
+        return str(summary.fusions)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"{summary.fusions} (" + ", ".join(f"{n} {c}" for n, c in ranked) + ")"
 
 
-def _check(report: dict) -> str:
-    check = report.get("check")
-    if check is None:
+def _check(summary: ReportSummary) -> str:
+    if summary.check_passed is None:
         return "skipped"
-    if check.get("error"):
-        return f"FAILED: {check['error']}"
-    verdict = "passed" if check.get("passed") else "FAILED"
-    diff = _max_abs_diff(check)
-    return f"{verdict}, max abs diff {diff:.3g}" if diff is not None else verdict
+    diff = summary.max_abs_diff
+    shown = f", max abs diff {diff:.3g}" if diff is not None else ""
+    if summary.check_passed:
+        return "passed" + shown
+    words = _CHECK_FAILURES.get(summary.check_failure or "")
+    return f"FAILED: {words}" if words else "FAILED: the outputs differ" + shown
+
+
+def speed_line(speed: Speed | None, profiled: bool) -> str:
+    """The speedup and the verdict in one line, or why there is none."""
+    if speed is None:
+        if profiled:
+            return "not measured: the job was profiled but its report has no speed"
+        return "not measured: the job was not profiled (--profile measures it)"
+    if speed.verdict == "slower":
+        return f"SLOWER: {speed.describe()}"
+    return speed.describe()
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "?"
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value} B"
+
+
+def _before_after(before: int | None, after: int | None) -> str | None:
+    if before is None and after is None:
+        return None
+    return f"{_bytes(before)} -> {_bytes(after)}"
+
+
+def _time(job_summary: JobSummary | None, elapsed: float) -> str:
+    timings = (job_summary.timings if job_summary else None) or {}
+    phases = sum(v for k, v in timings.items() if k != "sandbox" and v > 0)
+    waited = f"{elapsed:.1f} s from upload to result"
+    return f"{phases:.2f} s optimizing, {waited}" if phases else waited
 
 
 def facts(outcome: Any) -> Iterator[tuple[str, str]]:
@@ -139,17 +233,27 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
     status = job.get("status", "?")
     registry = job.get("registry_version")
     yield "job", f"{job.get('id')} {status}" + (f" (registry v{registry})" if registry else "")
-    report = outcome.report
-    if report is not None:
-        nodes = report.get("nodes") or {}
-        yield "fusions", _fusions(report)
-        yield "check", _check(report)
-        yield "nodes", f"{nodes.get('before', '?')} -> {nodes.get('after', '?')}"
-        speedup = report_speedup(report)
-        yield "speedup", f"{speedup:.2f}x" if speedup is not None else "not measured by the server"
-        optimizer = sum(v for v in (report.get("timings_s") or {}).values() if v)
-        elapsed = outcome.elapsed_s
-        yield "time", f"{optimizer:.2f} s optimizing, {elapsed:.1f} s from upload to result"
+    where = urls(outcome)
+    yield "job page", where["page"]
+    if outcome.report is not None:
+        summary = read_report(outcome.report)
+        job_summary = _job_summary(job)
+        yield "fusions", _fusions(summary, job_summary)
+        yield "check", _check(summary)
+        before, after = summary.nodes_before, summary.nodes_after
+        yield "nodes", f"{'?' if before is None else before} -> {'?' if after is None else after}"
+        yield "speedup", speed_line(summary.speed, outcome.profiled)
+        size = _before_after(summary.size_before_bytes, summary.size_after_bytes)
+        if size:
+            yield "file size", size
+        memory = _before_after(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes)
+        if memory:
+            yield "peak memory", memory
+        yield "time", _time(job_summary, outcome.elapsed_s)
+    if "report" in where:
+        yield "report", where["report"]
+    if "report_html" in where:
+        yield "report page", where["report_html"]
     for gate in outcome.gates:
         yield f"gate {gate.name}", ("passed: " if gate.passed else "FAILED: ") + gate.message
 
@@ -169,12 +273,25 @@ def _text(outcome: Any, model: str, args: Any) -> str:
 def _json(outcome: Any) -> str:
     document = dict(outcome.report or {})
     document["job"] = outcome.job
+    summary = read_report(outcome.report) if outcome.report is not None else None
     document["submit"] = {
         "exit_code": outcome.code,
         "message": outcome.message,
         "gates": [asdict(g) for g in outcome.gates],
         "idempotency_key": outcome.idempotency_key,
         "url": outcome.url,
+        "urls": urls(outcome),
+        "profiled": outcome.profiled,
+        # The result's facts as read_report reads them, whatever the report's version.
+        "speed": speed_dict(summary.speed) if summary else None,
+        "size_bytes": {
+            "before": summary.size_before_bytes if summary else None,
+            "after": summary.size_after_bytes if summary else None,
+        },
+        "peak_memory_bytes": {
+            "before": summary.peak_memory_before_bytes if summary else None,
+            "after": summary.peak_memory_after_bytes if summary else None,
+        },
     }
     return json.dumps(document, indent=2)
 

@@ -63,9 +63,14 @@ exit codes:
   5  the server cannot be reached, or answered with a server error (5xx)
 
 --max-abs-diff compares the report's check.max_abs_diff (the largest difference between
-the original and the fused model's outputs). --min-speedup compares the speedup the
-server measured; this server version does not profile yet, so a --min-speedup gate
-fails (exit 4) saying the server did not measure speed.
+the original and the fused model's outputs).
+
+--profile asks the server to measure both models in onnxruntime: the report then has
+the paired speed verdict at ORT_ENABLE_ALL (fused/original run time per interleaved
+iteration, its median, a 95% interval, and faster / no measurable change / slower).
+--min-speedup X implies --profile and passes when the measured speedup (1 / that
+median) is at least X; the message names the speedup, the verdict, the interval and
+the number of runs.
 
 --strategy takes a named strategy (see GET /v1/strategies) or a JSON/YAML file holding
 config fields (target, patterns, exclude, check: {rtol, atol, samples, ...}).
@@ -111,7 +116,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--timeout", type=_positive, default=3600.0, metavar="SECONDS",
         help="with --wait: give up after this long, exit 3 (default 3600)",
     )  # fmt: skip
-    p.add_argument("--min-speedup", type=_positive, metavar="X", help="gate: speedup >= X")
+    p.add_argument(
+        "--profile", action="store_true",
+        help="measure the speedup on the server (onnxruntime, both models, paired runs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-speedup", type=_positive, metavar="X",
+        help="gate: the measured speedup >= X (implies --profile)",
+    )  # fmt: skip
     p.add_argument(
         "--max-abs-diff", type=_non_negative, metavar="Y",
         help="gate: the check's max abs diff <= Y",
@@ -192,6 +204,8 @@ def build_upload(args: argparse.Namespace) -> Upload:
             config["strategy"] = args.strategy
     if args.target:
         config["target"] = args.target
+    if args.profile or args.min_speedup is not None:
+        config["profile"] = True
     return Upload(args.model, list(args.data), config)
 
 
@@ -224,8 +238,10 @@ def _check_usage(args: argparse.Namespace) -> None:
 @dataclass
 class Outcome:
     job: dict
-    url: str
+    url: str  # the job resource
+    server: str
     idempotency_key: str
+    profiled: bool = False  # the job asked to be profiled
     replayed: bool = False  # the job an earlier identical request created
     report: dict | None = None
     gates: list[Gate] = field(default_factory=list)
@@ -267,11 +283,19 @@ def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url
         args.report.write_text(json.dumps(outcome.report, indent=2) + "\n", encoding="utf-8")
     if args.output:
         client.download(_link(job, "model", job_url), args.output)
-    outcome.gates = evaluate_gates(outcome.report, args.max_abs_diff, args.min_speedup)
+    outcome.gates = evaluate_gates(
+        outcome.report, args.max_abs_diff, args.min_speedup, profiled=outcome.profiled
+    )
     failed = [g for g in outcome.gates if not g.passed]
     if failed:
         outcome.code = EXIT_GATE
         outcome.message = "quality gate failed: " + "; ".join(g.message for g in failed)
+
+
+def _profiled(job: dict, upload: Upload) -> bool:
+    """Whether the job measures speed: as this upload asked, or as the job says it was."""
+    config = job.get("config") if isinstance(job.get("config"), dict) else {}
+    return bool(upload.config.get("profile") or config.get("profile"))
 
 
 def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome:
@@ -281,7 +305,8 @@ def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome
     job = read_json(response)
     location = response.headers.get("Location") or f"/v1/jobs/{job['id']}"
     job_url = httpx.URL(location).path if location.startswith("http") else location
-    outcome = Outcome(job, url=client.server + job_url, idempotency_key=key)
+    outcome = Outcome(job, url=client.server + job_url, server=client.server, idempotency_key=key)
+    outcome.profiled = _profiled(job, upload)
     outcome.replayed = response.headers.get("Idempotent-Replayed") == "true"
     if not args.wait:
         return outcome

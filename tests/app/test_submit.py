@@ -4,8 +4,11 @@ Three layers:
 - the client's pieces and its exit codes with no server (usage 2, unreachable 5);
 - the whole submit flow against an in-process fake that speaks the API contract
   (202 + Location + Retry-After, ETag/304, report, model, problem+json), so polling,
-  gates, timeouts and the GitHub step summary are checked exactly;
-- end to end against a real ``autofusion serve`` subprocess in embedded mode.
+  gates, timeouts and the GitHub step summary are checked exactly; the reports it
+  serves are real ``build_report`` output (tests/app/report_testing.py), and the job
+  summary the worker's own ``summarize`` of them, never keys written by hand;
+- end to end against a real ``autofusion serve`` subprocess in embedded mode, the speed
+  gate included (a real profiled job).
 
 Submit exit codes: 0 ok, 1 job failed, 2 usage, 3 timeout, 4 quality gate, 5 unreachable.
 """
@@ -29,28 +32,44 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+from report_testing import paired, real_report, write_model
 
 from app.cli import main
 from app.cli import serve as serve_cmd
-from app.cli._submit_output import Progress, evaluate_gates
+from app.cli._submit_output import Progress, evaluate_gates, speed_dict
 from app.cli.submit import Upload, idempotency_key
 from app.db import session_scope
 from app.migrate import upgrade
 from app.services.auth import authenticate
+from fusion_core.report import read_report
 from fusion_core.validate import make_session
+from worker.plan import Plan, summarize
+from worker.snapshots import CompiledSnapshot
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 
-REPORT = {
-    "target": "generic",
-    "fusions": {"conv_bn_relu": 3, "conv_bn": 1},
-    "rounds": 1,
-    "nodes": {"before": 20, "after": 9, "by_op_before": {}, "by_op_after": {}},
-    "timings_s": {"load": 0.01, "rewrite": 0.02},
-    "check": {"passed": True, "samples": 2, "error": None, "max_abs_diff": 2.5e-7},
-    "near_misses": [],
-}
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    """Real reports of the Conv+BN+Relu test model, by what they show."""
+    folder = tmp_path_factory.mktemp("reports")
+    built = {
+        "plain": real_report(folder / "plain"),
+        "profiled": real_report(folder / "profiled", profile=True),
+        "slower": real_report(folder / "slower", paired=paired("slower")),
+        "mismatch": real_report(folder / "mismatch", check={"rtol": 0, "atol": 0}),
+        "unchecked": real_report(folder / "unchecked", check={"enabled": False}),
+    }
+    assert read_report(built["plain"]).max_abs_diff > 0  # the gates below compare to it
+    assert read_report(built["mismatch"]).check_failure == "mismatch"
+    assert read_report(built["unchecked"]).check_passed is None
+    assert read_report(built["profiled"]).speed.runs > 0
+    # A report written before the `speed` entry: the reader takes the profile's ratio.
+    older = json.loads(json.dumps(built["profiled"]))
+    del older["speed"]
+    built["before-speed-entry"] = older
+    return built
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +86,11 @@ def cli(capsys, *args: str | Path) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def line(label: str, value: str) -> str:
+    """A line of the text summary."""
+    return f"  {label + ':':<20}{value}"
 
 
 def free_port() -> int:
@@ -116,6 +140,12 @@ def test_idempotency_key_depends_on_content_only(tmp_path, model_file):
         pytest.param(["--server", "http://x", "-o", "f.onnx"], "need(s) --wait", id="o-no-wait"),
         pytest.param(
             ["--server", "http://x", "--max-abs-diff", "1"], "need(s) --wait", id="gate-no-wait"
+        ),
+        pytest.param(
+            ["--server", "http://x", "--min-speedup", "1.1"], "need(s) --wait", id="speed-no-wait"
+        ),
+        pytest.param(
+            ["--server", "http://x", "--min-speedup", "0", "--wait"], "above 0", id="speed-0"
         ),
         pytest.param(
             ["--server", "http://x", "--strategy", "missing.yaml"],
@@ -178,6 +208,25 @@ def test_strategy_name_or_file(tmp_path, model_file, strategy, content, expected
     assert build_upload(args).config == {**expected, "target": "generic"}
 
 
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        pytest.param([], {}, id="default"),
+        pytest.param(["--profile"], {"profile": True}, id="profile"),
+        pytest.param(["--min-speedup", "1.1", "--wait"], {"profile": True}, id="gate-implies"),
+        pytest.param(
+            ["--profile", "--target", "onnxruntime"],
+            {"target": "onnxruntime", "profile": True},
+            id="profile-and-target",
+        ),
+    ],
+)
+def test_profile_and_the_speed_gate_ask_the_server_to_profile(model_file, options, expected):
+    from app.cli.submit import build_upload
+
+    assert build_upload(_args(model_file, *options)).config == expected
+
+
 def _args(*argv: str | Path):
     from app.cli import build_parser
 
@@ -192,49 +241,85 @@ def test_strategy_file_must_be_a_mapping(capsys, tmp_path, model_file):
     assert "mapping" in err
 
 
-def _report(**changes) -> dict:
-    report = json.loads(json.dumps(REPORT))
-    for key, value in changes.items():
-        report[key] = value
-    return report
+def _speedup(factor: float):
+    """A --min-speedup of ``factor`` times the speedup the report measured."""
+    return lambda report: read_report(report).speed.speedup * factor
+
+
+def _diff(factor: float):
+    """A --max-abs-diff of ``factor`` times the check's max abs diff."""
+    return lambda report: read_report(report).max_abs_diff * factor
 
 
 @pytest.mark.parametrize(
-    "report, max_abs_diff, min_speedup, verdicts",
+    "name, max_abs_diff, min_speedup, profiled, verdicts, words",
     [
-        pytest.param(_report(), None, None, {"check": True}, id="check-only"),
-        pytest.param(_report(), 2.5e-7, None, {"check": True, "max-abs-diff": True}, id="equal"),
-        pytest.param(_report(), 1e-7, None, {"check": True, "max-abs-diff": False}, id="above"),
-        pytest.param(_report(check=None), 1.0, None, {"max-abs-diff": False}, id="check-skipped"),
+        pytest.param("plain", None, None, False, {"check": True}, "matches", id="check-only"),
         pytest.param(
-            _report(check={"passed": False, "error": None, "max_abs_diff": 0.5}),
-            None,
-            None,
-            {"check": False},
+            "plain", _diff(1), None, False, {"check": True, "max-abs-diff": True}, "<=",
+            id="diff-equal",
+        ),
+        pytest.param(
+            "plain", _diff(0.5), None, False, {"check": True, "max-abs-diff": False}, ">",
+            id="diff-above",
+        ),
+        pytest.param(
+            "unchecked", 1.0, None, False, {"max-abs-diff": False}, "skipped the numerical check",
+            id="check-skipped",
+        ),
+        pytest.param(
+            "mismatch", None, None, False, {"check": False}, "does not match the original",
             id="check-failed",
         ),
         pytest.param(
-            _report(), None, 1.1, {"check": True, "min-speedup": False}, id="speed-unmeasured"
+            "plain", None, 1.1, False, {"check": True, "min-speedup": False},
+            "the job was not profiled", id="not-profiled",
         ),
         pytest.param(
-            _report(speedup=1.3), None, 1.2, {"check": True, "min-speedup": True}, id="speed-ok"
+            "plain", None, 1.1, True, {"check": True, "min-speedup": False},
+            "the job was profiled but its report has no speed measurement",
+            id="profiled-without-speed",
         ),
         pytest.param(
-            _report(profile={"speedup": 1.1}),
-            None,
-            1.2,
-            {"check": True, "min-speedup": False},
+            "profiled", None, _speedup(0.9), True, {"check": True, "min-speedup": True},
+            "paired runs", id="speed-ok",
+        ),
+        pytest.param(
+            "profiled", None, _speedup(1), True, {"check": True, "min-speedup": True}, ">=",
+            id="speed-equal",
+        ),
+        pytest.param(
+            "profiled", None, _speedup(1.1), True, {"check": True, "min-speedup": False}, "<",
             id="speed-low",
         ),
+        pytest.param(
+            "before-speed-entry", None, _speedup(1.1), True,
+            {"check": True, "min-speedup": False}, "ORT_ENABLE_ALL", id="older-report",
+        ),
+        pytest.param(
+            "slower", None, 0.7, True, {"check": True, "min-speedup": True}, "(slower)",
+            id="slower-above-the-bar",
+        ),
+        pytest.param(
+            "slower", None, 1.0, True, {"check": True, "min-speedup": False},
+            "measured speedup 0.800x < 1x", id="slower",
+        ),
     ],
-)
-def test_gates(report, max_abs_diff, min_speedup, verdicts):
-    gates = evaluate_gates(report, max_abs_diff, min_speedup)
+)  # fmt: skip
+def test_gates(reports, name, max_abs_diff, min_speedup, profiled, verdicts, words):
+    report = reports[name]
+    max_abs_diff = max_abs_diff(report) if callable(max_abs_diff) else max_abs_diff
+    min_speedup = min_speedup(report) if callable(min_speedup) else min_speedup
+    gates = evaluate_gates(report, max_abs_diff, min_speedup, profiled=profiled)
     assert {g.name: g.passed for g in gates} == verdicts
-    for gate in gates:
-        assert gate.message
-    if min_speedup is not None and "speedup" not in json.dumps(report):
-        assert "did not measure speed" in gates[-1].message
+    assert all(g.message for g in gates)
+    assert words in gates[-1].message
+    speed = read_report(report).speed
+    if min_speedup is not None and speed is not None:
+        # The message names the measured speedup, the verdict, the interval and the runs.
+        message = gates[-1].message
+        assert f"measured speedup {speed.speedup:.3f}x" in message
+        assert speed.describe() in message
 
 
 def test_progress_bar_on_a_terminal():
@@ -259,7 +344,7 @@ def test_progress_bar_on_a_terminal():
 class FakeApi:
     """The API contract in ~100 lines: jobs advance one state per GET of the job."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: dict) -> None:
         self.requests: list[dict] = []
         self.jobs: dict[str, dict] = {}
         self.by_key: dict[str, str] = {}
@@ -271,7 +356,7 @@ class FakeApi:
             ("succeeded", "succeeded", 1.0),
         ]
         self.error: str | None = None
-        self.report = _report()
+        self.report = report
         self.retry_after = "0"
         self.post_answer: tuple[int, dict] | None = None
         self.post_raw: bytes | None = None
@@ -290,10 +375,24 @@ class FakeApi:
             "progress": progress,
             "revision": revision,
             "registry_version": 1,
-            "summary": None,
+            "config": self.config(job_id),
+            # What the worker writes, from the same report.
+            "summary": summarize(self.report, PLAN, 1, 0.5) if status == "succeeded" else None,
             "error": self.error if status == "failed" else None,
-            "links": {"self": base, "model": f"{base}/model", "report": f"{base}/report"},
+            "links": {
+                "self": base,
+                "model": f"{base}/model",
+                "report": f"{base}/report",
+                "artifacts": {"report.html": f"{base}/artifacts/report.html"},
+            },
         }
+
+    def config(self, job_id: str) -> dict:
+        """The config the job was created with (the upload's ``config`` field)."""
+        body = self.jobs[job_id]["body"]
+        start = body.index(b'name="config"')
+        text = body[start:].split(b"\r\n\r\n", 1)[1].split(b"\r\n--", 1)[0]
+        return json.loads(text)
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         api = self
@@ -328,7 +427,7 @@ class FakeApi:
                 replayed = key in api.by_key
                 job_id = api.by_key.get(key) or f"job-{len(api.jobs) + 1}"
                 api.by_key[key] = job_id
-                api.jobs.setdefault(job_id, {"polls": 0})
+                api.jobs.setdefault(job_id, {"polls": 0, "body": body})
                 headers = {"Location": f"/v1/jobs/{job_id}", "Retry-After": api.retry_after}
                 if replayed:
                     headers["Idempotent-Replayed"] = "true"
@@ -360,9 +459,12 @@ class FakeApi:
         return Handler
 
 
+PLAN = Plan(CompiledSnapshot(1, [], []), {}, None)
+
+
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeApi, str]]:
-    api = FakeApi()
+def fake(reports) -> Iterator[tuple[FakeApi, str]]:
+    api = FakeApi(reports["plain"])
     server = ThreadingHTTPServer(("127.0.0.1", 0), api.handler())
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -402,14 +504,19 @@ def test_submit_waits_downloads_and_summarises(capsys, fake, model_file, tmp_pat
     assert "job job-1 running: optimize (30%)" in err
     assert "job job-1 running: validate (80%)" in err
     assert err.count("running: optimize") == 1
-    assert "fusions:" in out and "4 (conv_bn_relu 3, conv_bn 1)" in out
-    assert "passed, max abs diff 2.5e-07" in out
-    assert "20 -> 9" in out
-    assert "not measured by the server" in out
+    facts = read_report(api.report)
+    assert facts.fusions == 1 and line("fusions", "1 (conv_bn_relu 1)") in out
+    assert f"passed, max abs diff {facts.max_abs_diff:.3g}" in out
+    assert f"{facts.nodes_before} -> {facts.nodes_after}" in out
+    assert line("speedup", "not measured: the job was not profiled (--profile") in out
     assert "gate max-abs-diff:" in out and "passed" in out
+    assert line("job page", f"{url}/ui/jobs/job-1") in out
+    assert line("report", f"{url}/v1/jobs/job-1/report") in out
+    assert line("report page", f"{url}/v1/jobs/job-1/artifacts/report.html") in out
     markdown = summary.read_text()
     assert markdown.startswith("earlier step\n### autofusion: `m.onnx` passed")
-    assert "| fusions | 4 (conv_bn_relu 3, conv_bn 1) |" in markdown
+    assert "| fusions | 1 (conv_bn_relu 1) |" in markdown
+    assert f"| report | {url}/v1/jobs/job-1/report |" in markdown
     assert "af_secret" not in out + err + markdown
 
 
@@ -421,8 +528,72 @@ def test_submit_json_and_idempotent_retry(capsys, fake, model_file):
     one, two = json.loads(first[1]), json.loads(second[1])
     assert one["job"]["id"] == two["job"]["id"] == "job-1"
     assert len(api.jobs) == 1
-    assert one["check"]["max_abs_diff"] == 2.5e-7 and one["fusions"] == REPORT["fusions"]
+    assert one["check"] == api.report["check"] and one["fusions"] == api.report["fusions"]
     assert one["submit"]["exit_code"] == 0 and one["submit"]["url"] == f"{url}/v1/jobs/job-1"
+    assert one["submit"]["urls"]["page"] == f"{url}/ui/jobs/job-1"
+    assert one["submit"]["urls"]["report"] == f"{url}/v1/jobs/job-1/report"
+    assert one["submit"]["speed"] is None and one["submit"]["profiled"] is False
+    facts = read_report(api.report)
+    assert one["submit"]["size_bytes"] == {
+        "before": facts.size_before_bytes,
+        "after": facts.size_after_bytes,
+    }
+    assert one["submit"]["peak_memory_bytes"] == {
+        "before": facts.peak_memory_before_bytes,
+        "after": facts.peak_memory_after_bytes,
+    }
+
+
+def test_a_profiled_submit_shows_and_gates_on_the_speed(
+    capsys, fake, reports, model_file, tmp_path, monkeypatch
+):
+    api, url = fake
+    api.report = reports["profiled"]
+    speed = read_report(api.report).speed
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    bar = speed.speedup * 0.5
+    code, out, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "--min-speedup", repr(bar),
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    # --min-speedup asks the server to profile: the config says so (and so the key).
+    assert api.jobs["job-1"]["polls"] > 0
+    assert api.config("job-1") == {"profile": True}
+    result = json.loads(out)
+    assert result["submit"]["profiled"] is True
+    assert result["submit"]["speed"] == speed_dict(speed)
+    assert result["submit"]["speed"]["verdict"] == speed.verdict
+    assert result["submit"]["speed"]["runs"] == speed.runs
+    assert result["submit"]["speed"]["speedup"] == pytest.approx(1 / speed.ratio)
+    (gate,) = [g for g in result["submit"]["gates"] if g["name"] == "min-speedup"]
+    assert gate["passed"] and f"measured speedup {speed.speedup:.3f}x >=" in gate["message"]
+    markdown = summary.read_text()
+    assert f"| speedup | {speed.describe()} |" in markdown
+    assert f"{url}/ui/jobs/job-1" in markdown and f"{url}/v1/jobs/job-1/report" in markdown
+
+    # A bar above what was measured fails with 4, naming the speedup, verdict and runs.
+    code, out, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "--min-speedup",
+        repr(speed.speedup * 2),
+    )  # fmt: skip
+    assert code == 4
+    assert f"measured speedup {speed.speedup:.3f}x <" in err
+    assert f"{speed.runs} paired runs" in err and "interval" in err
+    assert line("speedup", f"{speed.describe()}") in out
+    assert len(api.jobs) == 1  # the same inputs and config: the same job
+
+
+def test_profile_alone_is_sent_and_shown(capsys, fake, reports, model_file):
+    api, url = fake
+    api.report = reports["slower"]
+    code, out, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "--profile")
+    assert code == 0, err  # no gate asked for: a slower result is shown, not gated
+    assert api.config("job-1") == {"profile": True}
+    speed = read_report(api.report).speed
+    assert speed.verdict == "slower"
+    assert line("speedup", f"SLOWER: {speed.describe()}") in out
 
 
 def test_submit_without_wait_returns_when_queued(capsys, fake, model_file):
@@ -459,19 +630,24 @@ def test_failed_job_exits_1(capsys, fake, model_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "options, report, message",
     [
-        pytest.param(["--max-abs-diff", "1e-9"], _report(), "2.5e-07 > 1e-09", id="max-abs-diff"),
-        pytest.param(["--min-speedup", "1.1"], _report(), "did not measure speed", id="speed"),
+        pytest.param(["--max-abs-diff", "1e-12"], "plain", "> 1e-12", id="max-abs-diff"),
         pytest.param(
-            [],
-            _report(check={"passed": False, "error": None, "max_abs_diff": 3.0}),
-            "does not match",
-            id="check",
+            ["--min-speedup", "1.1"],
+            "plain",
+            "the job was profiled but its report has no speed",
+            id="speed-missing",
+        ),  # fmt: skip
+        pytest.param(
+            ["--min-speedup", "1"], "slower", "measured speedup 0.800x < 1x", id="speed-slower"
         ),
+        pytest.param([], "mismatch", "does not match the original", id="check"),
     ],
 )
-def test_quality_gate_exits_4(capsys, fake, model_file, tmp_path, options, report, message):
+def test_quality_gate_exits_4(
+    capsys, fake, reports, model_file, tmp_path, options, report, message
+):
     api, url = fake
-    api.report = report
+    api.report = reports[report]
     fused = tmp_path / "fused.onnx"
     code, out, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "-o", fused, *options
@@ -784,8 +960,43 @@ def test_e2e_submit_fuses_and_gates(capsys, server, tmp_path):
     else:
         assert code == 0 and strict["submit"]["gates"][-1]["passed"] is True
 
-    code, _, err = _submit_json(capsys, server, "--min-speedup", "1.01")
-    assert code == 4 and "did not measure speed" in err
+
+@pytest.mark.slow
+def test_e2e_speed_gate_on_a_real_profiled_job(capsys, server, tmp_path, monkeypatch):
+    """The speed gate against a real server and a real profiled job: it passes below the
+    measured speedup and fails above it, naming the speedup; the summaries show it."""
+    model = write_model(tmp_path, "speedy.onnx", width=32)
+    step_summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    base = ["submit", model, "--server", server.url, "--wait", "--timeout", "180"]
+    code, out, err = cli(capsys, *base, "--profile", "--min-speedup", "0.01")
+    assert code == 0, err
+    job_id = out.split("job:", 1)[1].split()[0]
+    job = httpx.get(f"{server.url}/v1/jobs/{job_id}").json()
+    report = httpx.get(f"{server.url}/v1/jobs/{job_id}/report").json()
+    speed = read_report(report).speed
+    assert job["config"]["profile"] is True and speed is not None and speed.runs > 0
+    # The job resource's summary carries the same speed (the worker read it the same way).
+    assert job["summary"]["speed"] == pytest.approx(speed_dict(speed))
+    page, report_url = f"{server.url}/ui/jobs/{job_id}", f"{server.url}/v1/jobs/{job_id}/report"
+    assert line("speedup", f"{speed.describe()}") in out
+    assert speed.verdict in out and f"{speed.speedup:.2f}x" in out
+    assert line("job page", f"{page}") in out and line("report", f"{report_url}") in out
+    assert f"passed: measured speedup {speed.speedup:.3f}x >= 0.01x" in out
+    markdown = step_summary.read_text()
+    assert "### autofusion: `speedy.onnx` passed" in markdown
+    assert f"| speedup | {speed.describe()} |" in markdown
+    assert f"| job page | {page} |" in markdown and f"| report | {report_url} |" in markdown
+    assert "| gate min-speedup | passed: measured speedup" in markdown
+    assert httpx.get(page).status_code == 200  # the URLs shown are real
+
+    # The same inputs and config (the bar is not part of them): the same job, gated higher.
+    code, out, err = cli(capsys, *base, "--min-speedup", "1000")
+    assert code == 4
+    assert line("job", f"{job_id} succeeded") in out
+    assert f"measured speedup {speed.speedup:.3f}x < 1000x" in err
+    assert f"{speed.runs} paired runs" in err
+    assert "FAILED: measured speedup" in step_summary.read_text().split("### autofusion")[-1]
 
 
 @pytest.mark.slow
@@ -895,15 +1106,15 @@ def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
         srv.stop()
 
 
-def test_a_failed_check_job_still_writes_its_report(capsys, fake, model_file, tmp_path):
+def test_a_failed_check_job_still_writes_its_report(capsys, fake, reports, model_file, tmp_path):
     """A job whose check failed keeps the report saying what the check saw."""
     api, url = fake
     api.states = [("running", "optimize", 0.2), ("failed", "failed", 0.9)]
     api.error = "the fused model does not match the original; see the report"
-    api.report = _report(check={"passed": False, "error": None, "max_abs_diff": 0.5})
+    api.report = reports["mismatch"]
     report_path = tmp_path / "r.json"
     code, _, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "--report", report_path
     )
     assert code == 1 and "does not match the original" in err
-    assert json.loads(report_path.read_text())["check"]["max_abs_diff"] == 0.5
+    assert json.loads(report_path.read_text()) == api.report
