@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
+
 from app.cli import main
+from tests.fusion_core.test_report import conv_bn_relu
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "resnet" / "resnet50_w8_dynamo.onnx"
 
@@ -54,3 +57,29 @@ def test_a_bad_strategy_file_is_a_clear_error(tmp_path, capsys) -> None:
     assert main(args) != 0
     err = capsys.readouterr().err
     assert "is not a valid strategy" in err and "selection" in err
+
+
+def test_measured_selection_from_the_command_line(tmp_path, capsys) -> None:
+    conv = tmp_path / "conv.onnx"
+    onnx.save(conv_bn_relu(), conv)
+    report, cache = tmp_path / "report.json", tmp_path / "measured"
+    args = ["optimize", str(conv), "-o", str(tmp_path / "f.onnx"), "--report", str(report)]
+    args += ["--target", "onnxruntime", "--selection", "measured", "--measure-budget", "0.5"]
+    assert main([*args, "--measure-threads", "2", "--measure-cache", str(cache)]) == 0
+    data = json.loads(report.read_text())
+    assert data["config"]["measure_options"] == {
+        "budget_s": 0.5, "level": "ORT_ENABLE_ALL", "threads": 2, "cache_dir": str(cache),
+        "min_runs": 10,
+    }  # fmt: skip
+    record = data["measurement"]
+    assert record["threads"] == 2 and record["groups"] and record["final"]["runs"] >= 10
+    assert data["speed"]["verdict"] == record["final"]["verdict"]
+    out = capsys.readouterr().out
+    assert f"measured selection: kept {sum(g['kept'] for g in record['groups'])} of" in out
+    assert "speed: " in out and "2 threads" in out
+    assert list(cache.glob("*.json"))
+    # --no-measure-cache: nothing is read or kept
+    assert main([*args, "--no-measure-cache"]) == 0
+    again = json.loads(report.read_text())
+    assert again["config"]["measure_options"]["cache_dir"] is None
+    assert again["measurement"]["cache"] == {"hits": 0, "misses": 0}

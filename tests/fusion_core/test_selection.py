@@ -49,6 +49,25 @@ def test_cost_threshold_and_memory_limit_drop_candidates_with_a_reason() -> None
     assert any("memory_limit" in m.reason for m in tight.near_misses)
 
 
+@pytest.mark.parametrize("selection", ["priority", "auto"])
+def test_the_limits_apply_under_every_selection(selection: str) -> None:
+    path = MODELS[0]
+    plain = optimize(path, OptimizeConfig(selection=selection, check={"enabled": False}))
+    assert plain.counts
+    speedups = sorted(f.predicted_gain["speedup"] for f in plain.applied)
+    # a threshold between the predicted speedups keeps only the candidates above it
+    threshold = speedups[len(speedups) // 2]
+    config = OptimizeConfig(selection=selection, cost_threshold=threshold, check={"samples": 1})
+    limited = optimize(path, config)
+    assert limited.check.passed
+    assert 0 < sum(limited.counts.values()) < sum(plain.counts.values())
+    reasons = [m.reason for m in limited.near_misses if "cost_threshold" in m.reason]
+    assert reasons and all(r.startswith(f"{selection} selection:") for r in reasons)
+    tight = optimize(path, OptimizeConfig(selection=selection, memory_limit=1))
+    assert tight.counts == {}
+    assert any("over memory_limit 1" in m.reason for m in tight.near_misses)
+
+
 def test_unknown_target_profile_is_a_config_error() -> None:
     from fusion_core.errors import ConfigError
 
