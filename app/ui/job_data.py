@@ -1,7 +1,7 @@
 """What the job pages read besides the row: the report and the models, from the store.
 
-Blobs are content-addressed, so what is derived from one (a report's speedup) is cached
-by digest and never goes stale.
+Blobs are content-addressed, so what is derived from one (a report's speed, read by
+``fusion_core.report.read_report``) is cached by digest and never goes stale.
 """
 
 from __future__ import annotations
@@ -15,34 +15,36 @@ import onnx
 
 from app.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
-from app.ui.report_view import DASH, latency_ratio, report_view
+from app.ui.report_view import DASH, report_view, speed_class
+from fusion_core.report import Speed, read_report
 
-__all__ = ["LIVE", "job_row", "load_report_view", "speedup_of"]
+__all__ = ["LIVE", "job_row", "load_report_view", "speed_of"]
 
 logger = logging.getLogger(__name__)
 
 LIVE = frozenset({JobStatus.queued.value, JobStatus.running.value})
 # Region pictures load both models' graphs into the API process: only up to this size.
 MAX_PICTURE_MODEL_BYTES = 200 * 1024 * 1024
-_RATIOS: dict[str, float | None] = {}
+_SPEEDS: dict[str, Speed | None] = {}
 _MAX_CACHED = 4096
 
 
-def speedup_of(job: Job, store: ArtifactStore) -> float | None:
-    """fused / original latency at ORT_ENABLE_ALL, from the job's report (if profiled)."""
+def speed_of(job: Job, store: ArtifactStore) -> Speed | None:
+    """The measured speed from the job's report; None when it was not profiled."""
     digest = job.report_digest
     if not digest or job.status != JobStatus.succeeded.value:
         return None
-    if digest not in _RATIOS:
+    if digest not in _SPEEDS:
         try:
-            ratio = latency_ratio(json.loads(store.read_bytes(digest)))
+            report = json.loads(store.read_bytes(digest))
+            speed = read_report(report).speed if isinstance(report, dict) else None
         except (OSError, ValueError) as exc:
             logger.warning("job %s: cannot read its report: %s", job.id, exc)
             return None
-        if len(_RATIOS) >= _MAX_CACHED:
-            _RATIOS.clear()
-        _RATIOS[digest] = ratio
-    return _RATIOS[digest]
+        if len(_SPEEDS) >= _MAX_CACHED:
+            _SPEEDS.clear()
+        _SPEEDS[digest] = speed
+    return _SPEEDS[digest]
 
 
 def _created(value: datetime) -> datetime:
@@ -56,14 +58,17 @@ def job_row(job: Job, store: ArtifactStore) -> dict[str, Any]:
     verdict = DASH
     if isinstance(check, dict) and check.get("passed") is not None:
         verdict = "passed" if check["passed"] else "failed"
-    ratio = speedup_of(job, store)
+    speed = speed_of(job, store)
     return {
         "id": job.id,
         "status": job.status,
         "model_name": job.model_name,
         "target": summary.get("target") or (job.config or {}).get("target") or DASH,
-        "ratio": f"{ratio:.3f}" if ratio else None,
-        "speedup": f"{1 / ratio:.2f}×" if ratio else DASH,
+        "ratio": f"{speed.ratio:.3f}" if speed else None,
+        "speedup": f"{speed.speedup:.2f}×" if speed else DASH,
+        "speed_verdict": (speed.verdict or "") if speed else "",
+        "speed_class": speed_class(speed),
+        "speed_line": speed.describe() if speed else "",
         "verdict": verdict,
         "created": _created(job.created_at),
         "live": job.status in LIVE,

@@ -1,7 +1,9 @@
 """The job report (``report.json``, version 2) as what the job page shows.
 
-Everything is read defensively: sections owned by other layers may grow or be absent
-(``check``, ``profile``). The charts and region
+The facts (speed verdict, check, nodes, sizes) come from ``fusion_core.report.read_report``,
+the one typed reader the worker and the CI client use too; the detail sections (fusions,
+near misses, the per-level latency table) are read defensively: they may grow or be
+absent. The charts and region
 pictures come from ``fusion_core.report``'s helpers, which escape every label, so their
 SVG is the only markup marked safe here.
 """
@@ -9,19 +11,26 @@ SVG is the only markup marked safe here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import onnx
 import onnx_ir as ir
 from markupsafe import Markup
 
-from fusion_core.report import MAX_REGION_PICTURES
+from fusion_core.report import MAX_REGION_PICTURES, ReportSummary, Speed, read_report
 from fusion_core.report._charts import grouped_bars
 from fusion_core.report._graph import GraphIndex, region_svg
 from fusion_core.report._provenance import final_nodes
 
-__all__ = ["DASH", "MAX_MATCH_PICTURES", "fmt", "latency_ratio", "match_pictures", "report_view"]
+__all__ = [
+    "DASH",
+    "MAX_MATCH_PICTURES",
+    "fmt",
+    "fmt_bytes",
+    "match_pictures",
+    "report_view",
+    "speed_class",
+]
 
 DASH = "—"
 _MAX_ROWS = 1000
@@ -48,23 +57,74 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def latency_ratio(report: Mapping[str, Any], level: str = "ORT_ENABLE_ALL") -> float | None:
-    """fused / original median latency at ``level``; None when not profiled there."""
-    for comparison in _list(_dict(report.get("profile")).get("latency")):
-        if _dict(comparison).get("level") == level:
-            return _num(comparison.get("ratio"))
-    return None
+def speed_class(speed: Speed | None) -> str:
+    """The CSS class of a verdict: speed-faster, speed-no-change, speed-slower, ..."""
+    if speed is None or speed.verdict is None:
+        return "speed-unknown"
+    classes = {"faster": "speed-faster", "slower": "speed-slower"}
+    return classes.get(speed.verdict, "speed-no-change")
+
+
+# What the job page says under a verdict that is not "faster", in plain words.
+_SPEED_NOTES = {
+    "slower": "The fused model is slower than the original on this machine.",
+    "no measurable change": "The fused model is not measurably faster than the original "
+    "on this machine: the interval includes 1.",
+}
+
+
+def _speed(speed: Speed | None) -> dict[str, Any] | None:
+    if speed is None:
+        return None
+    interval = DASH
+    if speed.low is not None and speed.high is not None:
+        share = f"{speed.confidence:.0%} " if speed.confidence else ""
+        interval = f"{share}{speed.low:.3f}–{speed.high:.3f}"
+    return {
+        "line": speed.describe(),
+        "speedup": f"{speed.speedup:.2f}×" if math.isfinite(speed.speedup) else DASH,
+        "verdict": speed.verdict or "no verdict (an older report)",
+        "css": speed_class(speed),
+        "ratio": f"{speed.ratio:.3f}",
+        "interval": interval,
+        "runs": speed.runs if speed.runs is not None else DASH,
+        "level": speed.level,
+        "threads": speed.threads if speed.threads is not None else DASH,
+        "note": _SPEED_NOTES.get(speed.verdict or ""),
+    }
+
+
+def fmt_bytes(value: int | None) -> str:
+    if value is None:
+        return DASH
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value} B"
+
+
+def _before_after(before: int | None, after: int | None) -> dict[str, str] | None:
+    """None when neither was measured (the page leaves the row out)."""
+    if before is None and after is None:
+        return None
+    return {"before": fmt_bytes(before), "after": fmt_bytes(after)}
 
 
 def _levels(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    """The profile's per-level detail: medians, the paired ratio, cold starts."""
     rows = []
     for comparison in map(_dict, _list(profile.get("latency"))):
         sessions = {s.get("label"): s for s in map(_dict, _list(comparison.get("sessions")))}
-        ratio = _num(comparison.get("ratio"))
+        paired = _dict(comparison.get("paired"))
+        ratio = _num(paired.get("median")) or _num(comparison.get("ratio"))
+        low, high = _num(paired.get("low")), _num(paired.get("high"))
+        interval = f"{low:.3f}–{high:.3f}" if low is not None and high is not None else DASH
         rows.append(
             {
                 "level": str(comparison.get("level") or "?"),
-                "ratio": fmt(ratio, 3),
+                "ratio": f"{ratio:.3f}" if ratio is not None else DASH,
+                "interval": interval,
+                "verdict": str(paired.get("verdict") or DASH),
                 "speedup": f"{1 / ratio:.2f}×" if ratio else DASH,
                 "original_ms": fmt(_dict(sessions.get("original")).get("median_ms")),
                 "fused_ms": fmt(_dict(sessions.get("fused")).get("median_ms")),
@@ -176,21 +236,25 @@ def report_view(
     fused: onnx.ModelProto | None = None,
 ) -> dict[str, Any]:
     """What the job page renders of ``report``; region pictures need both models."""
-    profile, check, nodes = (_dict(report.get(k)) for k in ("profile", "check", "nodes"))
+    summary: ReportSummary = read_report(report)
+    profile, check = _dict(report.get("profile")), _dict(report.get("check"))
     applied = [f for f in _list(report.get("applied")) if isinstance(f, dict)]
     rollbacks = report.get("rollbacks")
     regions = None
     if original is not None and fused is not None and applied:
         regions = _regions(applied, original, fused)
     return {
-        "target": report.get("target"),
+        "target": summary.target,
+        "speed": _speed(summary.speed),
+        "size": _before_after(summary.size_before_bytes, summary.size_after_bytes),
+        "memory": _before_after(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes),
         "levels": _levels(profile),
-        "checked": report.get("check") is not None,
-        "check_passed": bool(check.get("passed")),
-        "check_error": check.get("error"),
-        "max_abs": fmt(check.get("max_abs_diff")),
-        "nodes_before": nodes.get("before"),
-        "nodes_after": nodes.get("after"),
+        "checked": summary.check_passed is not None,
+        "check_passed": bool(summary.check_passed),
+        "check_error": check.get("error"),  # the check's own words; the reader has the kind
+        "max_abs": fmt(summary.max_abs_diff),
+        "nodes_before": summary.nodes_before,
+        "nodes_after": summary.nodes_after,
         "fusion_count": len(applied),
         "fusions": _fusions(applied),
         "near_misses": [
