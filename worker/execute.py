@@ -127,7 +127,7 @@ class _Attempt:
     def run(self, cache: SnapshotCache) -> Outcome:
         try:
             with self._db() as session:
-                plan = plan_job(session, self.job, cache)
+                plan = plan_job(session, self.job, cache, settings=self.settings)
             self.registry_version = plan.snapshot.version
             if not self.report("fetching", 0.02):
                 return self._abandoned()

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.core.config import Settings
 from app.models import Job, Strategy
 from app.services.strategies import StrategySpec
 from fusion_core import FusionError, OptimizeConfig
@@ -48,14 +49,18 @@ def merge_strategy(overrides: dict[str, Any], config: dict[str, Any]) -> dict[st
     merged = {**overrides, **config}
     if isinstance(overrides.get("exclude"), list) and isinstance(config.get("exclude"), list):
         merged["exclude"] = list(dict.fromkeys(overrides["exclude"] + config["exclude"]))
-    if isinstance(overrides.get("check"), dict) and isinstance(config.get("check"), dict):
-        merged["check"] = {**overrides["check"], **config["check"]}
+    for section in ("check", "measure_options"):
+        if isinstance(overrides.get(section), dict) and isinstance(config.get(section), dict):
+            merged[section] = {**overrides[section], **config[section]}
     return merged
 
 
-def plan_job(session: Session, job: Job, cache: SnapshotCache) -> Plan:
+def plan_job(
+    session: Session, job: Job, cache: SnapshotCache, *, settings: Settings | None = None
+) -> Plan:
     """What the attempt runs: snapshot, config (strategy merged in), checked. Raises
-    ``JobConfigError`` when the job cannot succeed as asked."""
+    ``JobConfigError`` when the job cannot succeed as asked. With ``settings``, measured
+    selection gets this worker's decision cache and must fit the job's time limit."""
     # A retry keeps the snapshot of the first attempt: one job, one set of patterns.
     snapshot = cache.get(session, job.registry_version)
     config, strategy = dict(job.config or {}), None
@@ -69,7 +74,26 @@ def plan_job(session: Session, job: Job, cache: SnapshotCache) -> Plan:
         raise JobConfigError(f"invalid options: {describe_validation_error(exc)}") from None
     except FusionError as exc:
         raise JobConfigError(str(exc)) from None
+    if settings is not None and (parsed.measure or parsed.selection == "measured"):
+        parsed = _place_measurement(parsed, settings)
     return Plan(snapshot, parsed.model_dump(mode="json"), strategy)
+
+
+def _place_measurement(config: OptimizeConfig, settings: Settings) -> OptimizeConfig:
+    """Measured selection times models on this worker: its decisions are kept in this
+    worker's data folder (they describe this machine class; a job cannot name a
+    folder), and its budget must leave time to build and check the models."""
+    budget = config.measure_options.budget_s
+    if budget > settings.job_time_limit_s / 2:
+        raise JobConfigError(
+            f"measure_options.budget_s ({budget:g} s) must be at most half the job time "
+            f"limit ({settings.job_time_limit_s} s): measured selection also builds and "
+            "checks the models; give a smaller budget"
+        )
+    options = config.measure_options.model_copy(
+        update={"cache_dir": str((settings.data_dir / "measured").resolve())}
+    )
+    return config.model_copy(update={"measure_options": options})
 
 
 def _strategy(

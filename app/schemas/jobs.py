@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from app.models import Job, JobStatus
-from fusion_core.config import OptimizeConfig
+from fusion_core.config import MeasureOptions, OptimizeConfig
 
 __all__ = [
     "CheckSummary",
@@ -27,6 +27,17 @@ class OptimizeOptions(OptimizeConfig):
     """The ``config`` form field: an ``OptimizeConfig`` plus an optional named strategy."""
 
     strategy: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("measure_options")
+    @classmethod
+    def _the_worker_keeps_the_cache(cls, options: MeasureOptions) -> MeasureOptions:
+        # A folder named by a client would be a path on the worker's disk.
+        if options.cache_dir is not None:
+            raise ValueError(
+                "measure_options.cache_dir is chosen by each worker (its decisions "
+                "describe that machine); leave it out"
+            )
+        return options
 
 
 class DataFilePublic(BaseModel):

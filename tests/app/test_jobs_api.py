@@ -416,3 +416,10 @@ def test_job_rows_store_what_the_worker_needs(service, tiny_model):
         job = session.get(Job, job_id)
         assert job.status == "queued" and job.config == {"exclude": ["conv_bn"]}
         assert service.app.state.store.exists(job.model_digest)
+
+
+def test_a_client_cannot_name_the_workers_measurement_folder(service, tiny_model, problem):
+    config = {"selection": "measured", "measure_options": {"cache_dir": "/etc"}}
+    body = problem(service.submit(tiny_model, config=config), 422, "invalid-config")
+    assert "chosen by each worker" in body["detail"]
+    assert service.job_count() == 0

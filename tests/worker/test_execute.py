@@ -277,3 +277,27 @@ def test_a_failed_check_fails_the_job_and_keeps_the_report(env: WorkerEnv, tmp_p
     assert job.fused_digest is not None and "kept (keep_failed)" in job.error
     env.store.fetch(job.fused_digest, tmp_path / "kept.onnx")
     assert "BatchNormalization" not in op_types(tmp_path / "kept.onnx")
+
+
+def test_a_measured_job_keeps_its_decisions_in_the_workers_folder(env: WorkerEnv) -> None:
+    config = {"target": "onnxruntime", "selection": "measured", "measure_options": {"budget_s": 1}}
+    first, second = env.submit(config=config), env.submit(config=config)
+    for job_id in (first, second):
+        assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
+    reports = [json.loads(env.store.read_bytes(env.job(j).report_digest)) for j in (first, second)]
+    cache = env.settings.data_dir / "measured"
+    assert reports[0]["config"]["measure_options"]["cache_dir"] == str(cache.resolve())
+    groups = reports[0]["measurement"]["groups"]
+    assert groups and list(cache.glob("*.json"))
+    # the second job on the same model: every group decided from the cache
+    assert reports[1]["measurement"]["cache"]["hits"] == len(groups)
+    summary = env.job(second).summary  # unprofiled, yet with a verdict: the final comparison
+    assert summary["speed"]["verdict"] == reports[1]["measurement"]["final"]["verdict"]
+
+
+def test_a_measurement_budget_beyond_the_job_time_limit_fails_the_job(env: WorkerEnv) -> None:
+    budget = env.settings.job_time_limit_s
+    job_id = env.submit(config={"selection": "measured", "measure_options": {"budget_s": budget}})
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert job.attempts == 1 and "at most half the job time limit" in job.error
