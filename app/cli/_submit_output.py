@@ -165,10 +165,11 @@ def urls(outcome: Any) -> dict[str, str]:
         return path if path.startswith(("http://", "https://")) else outcome.server + path
 
     found = {"job": outcome.url, "page": f"{outcome.server}/ui/jobs/{job.get('id')}"}
-    if links.get("report"):
+    if isinstance(links.get("report"), str):
         found["report"] = absolute(links["report"])
-    html = (links.get("artifacts") or {}).get("report.html")
-    if html:
+    artifacts = links.get("artifacts") if isinstance(links.get("artifacts"), dict) else {}
+    html = artifacts.get("report.html")
+    if isinstance(html, str):
         found["report_html"] = absolute(html)
     return found
 
