@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -19,7 +19,7 @@ from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
 from app.services.registry import if_match_holds
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data
-from fusion_core.config import Switch
+from fusion_core.config import MeasureOptions, Switch
 
 __all__ = [
     "PRESETS",
@@ -52,7 +52,10 @@ class StrategySpec(BaseModel):
     )
     check: CheckOptions | None = None
     # Cost-based choice among overlapping fusions (docs/cost.md); unset: the job's own.
-    selection: Literal["priority", "greedy", "dp", "genetic", "auto"] | None = None
+    selection: Literal["priority", "greedy", "dp", "genetic", "auto", "measured"] | None = None
+    # Measured selection on this worker (docs/measured.md); the worker picks the cache.
+    measure: bool | None = None
+    measure_options: MeasureOptions | None = None
     target_profile: str | None = Field(default=None, max_length=200)
     cost_threshold: float | None = Field(default=None, gt=0)
     memory_limit: int | None = Field(default=None, ge=0)
@@ -64,6 +67,13 @@ class StrategySpec(BaseModel):
     # The precision the fused model will run in: fp16 adds the range analysis.
     precision: Literal["fp32", "fp16"] | None = None
 
+    @field_validator("measure_options")
+    @classmethod
+    def _no_cache_folder(cls, options: MeasureOptions | None) -> MeasureOptions | None:
+        if options is not None and options.cache_dir is not None:
+            raise ValueError("measure_options.cache_dir is chosen by each worker; leave it out")
+        return options
+
     def config_overrides(self) -> dict[str, Any]:
         """The ``OptimizeConfig`` fields this strategy sets (what it leaves unset is absent)."""
         overrides: dict[str, Any] = {"patterns": self.patterns, "exclude": list(self.exclude)}
@@ -73,6 +83,8 @@ class StrategySpec(BaseModel):
             overrides["check"] = self.check.model_dump()
         if self.switches:
             overrides["switches"] = [s.model_dump() for s in self.switches]
+        if self.measure_options is not None:
+            overrides["measure_options"] = self.measure_options.model_dump(exclude_unset=True)
         for name in _OPTIONAL_FIELDS:
             if getattr(self, name) is not None:
                 overrides[name] = getattr(self, name)
@@ -81,6 +93,7 @@ class StrategySpec(BaseModel):
 
 _OPTIONAL_FIELDS = (
     "selection",
+    "measure",
     "target_profile",
     "cost_threshold",
     "memory_limit",

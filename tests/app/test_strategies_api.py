@@ -239,3 +239,17 @@ def test_a_switch_that_does_not_parse_is_refused_with_its_field(client):
     assert response.status_code == 422
     assert "body.switches.0.when" in response.text
     assert "the functions are sqrt(x) and dim(ref, axis)" in response.text
+
+
+
+def test_a_strategy_can_ask_for_measured_selection_but_not_name_a_folder(client):
+    measured = {"name": "acme.measured", "selection": "measured", "measure_options": {"budget_s": 20}}
+    created = client.post("/v1/strategies", json=measured)
+    assert created.status_code == 201, created.text
+    assert created.json()["measure_options"]["budget_s"] == 20
+    overrides = StrategySpec.model_validate(measured).config_overrides()
+    assert overrides["selection"] == "measured" and overrides["measure_options"] == {"budget_s": 20}
+    assert OptimizeConfig(**overrides).measure_options.budget_s == 20
+    hostile = {"name": "acme.hostile", "measure": True, "measure_options": {"cache_dir": "/etc"}}
+    response = client.post("/v1/strategies", json=hostile)
+    assert response.status_code == 422 and "chosen by each worker" in response.text
