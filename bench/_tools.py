@@ -3,8 +3,10 @@
 Every tool goes from the exported file to an optimized file on disk, the way a user
 runs it (load, optimize, save), so the timed span is the same for all. ``entry`` is
 the model's corpus manifest entry (the transformer tools read the ORT model type, heads
-and hidden size from it). ``info`` is what the tool says about itself (its own fusion
-counts), recorded as is. A tool that does not apply to a model raises NotApplicable.
+and hidden size from it; bench_tools.py adds ``bench_threads``, the benchmark's
+``--threads``, and ``measure_budget_s``). ``info`` is what the tool says about itself (its
+own fusion counts; measured selection's record), recorded as is. A tool that does not
+apply to a model raises NotApplicable.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from fusion_core.config import MeasureOptions
 
 Runner = Callable[[Path, Path, dict], dict]
 
@@ -37,6 +40,9 @@ class Tool:
     family: str  # for grouping in tables and charts
     run: Runner
     description: str
+    # Run once, with no warm-up: measured selection times the model for up to its budget,
+    # so a warm-up run would double it; its one run's time is "measured selection time".
+    once: bool = False
 
 
 def _ort_offline(level: str) -> Runner:
@@ -106,7 +112,9 @@ def _onnxslim(src: Path, dst: Path, entry: dict) -> dict:
     return {}
 
 
-def _autofusion(target: str, preset_name: str, **overrides: Any) -> Runner:
+def _autofusion(
+    target: str, preset_name: str, *, measured: bool = False, **overrides: Any
+) -> Runner:
     from app.services.strategies import PRESETS
 
     preset = next(p for p in PRESETS if p.name == preset_name)
@@ -120,12 +128,23 @@ def _autofusion(target: str, preset_name: str, **overrides: Any) -> Runner:
 
     def run(src: Path, dst: Path, entry: dict) -> dict:
         # The cost model prices the shapes the model is run at (as `--shape` would):
-        # without them it falls back to the patterns' cost hints.
-        dims = symbolic_dims(src, entry.get("input_shapes") or {})
-        shaped = config.model_copy(update={"check": CheckOptions(enabled=False, dims=dims)})
-        result = optimize(str(src), shaped)
+        # without them it falls back to the patterns' cost hints. Real-world entries
+        # carry the dims their inputs were generated at.
+        dims = entry.get("dims") or symbolic_dims(src, entry.get("input_shapes") or {})
+        update: dict[str, Any] = {"check": CheckOptions(enabled=False, dims=dims)}
+        if measured:  # as `--selection measured --no-measure-cache --measure-threads N`
+            update["selection"] = "measured"
+            update["measure_options"] = MeasureOptions(
+                budget_s=float(entry.get("measure_budget_s") or 60.0),
+                threads=int(entry.get("bench_threads") or 1),
+                cache_dir=None,
+            )
+        result = optimize(str(src), config.model_copy(update=update))
         save_model(result.model, dst)
-        return {"fusions": result.counts, "rounds": result.rounds}
+        info: dict[str, Any] = {"fusions": result.counts, "rounds": result.rounds}
+        if result.measurement is not None:
+            info["measurement"] = result.measurement
+        return info
 
     return run
 
@@ -208,6 +227,19 @@ def all_tools() -> list[Tool]:
             "fusion_core.optimize, target onnxruntime, greedy selection on cpu-kernels, check off",
         )
     )
+    # Measured selection (fusion_core/measured.py): priority proposes, this machine
+    # decides, at the benchmark's thread count, with no decision cache.
+    for target, short in (("onnxruntime", "ort"), ("generic", "generic")):
+        tools.append(
+            Tool(
+                f"autofusion-{short}-measured",
+                "autofusion",
+                _autofusion(target, "default", measured=True),
+                f"fusion_core.optimize, target {target}, selection measured (ORT_ENABLE_ALL, "
+                "the benchmark's threads, 60 s budget, no cache), check off; one run",
+                once=True,
+            )
+        )
     return tools
 
 
@@ -260,6 +292,8 @@ def worker(argv: list[str]) -> None:
 
     name, src, dst, entry_json, warmup, repeat, out = argv
     tool = next(t for t in all_tools() if t.name == name)
+    if tool.once:
+        warmup, repeat = 0, 1
     entry = json.loads(Path(entry_json).read_text())
     record: dict[str, Any] = {
         "status": "ok",

@@ -73,6 +73,23 @@ def _lat(record: dict, level: str) -> dict:
     return record.get("latency", {}).get(level, {})
 
 
+def ratio_cell(lat: dict, compact: bool = False) -> str:
+    """``0.691 (0.684-0.699)``: the paired median ratio and its 95% interval; a verdict
+    ``slower`` (the whole interval above 1) in bold. ``compact``: the median only."""
+    paired = lat.get("paired")
+    if not paired:  # a result written before the intervals, or not measured
+        return _f(lat.get("paired_ratio"), ".3f")
+    text = f"{paired['median']:.3f}"
+    if not compact:
+        text += f" ({paired['low']:.3f}-{paired['high']:.3f})"
+    return f"**{text} slower**" if paired["verdict"] == "slower" else text
+
+
+def _optimize_cell(record: dict) -> str:
+    seconds = _f(record.get("median_s"), ".2f")
+    return f"{seconds} (one run)" if record.get("once") and seconds else seconds
+
+
 def model_table(name: str, model: dict, tools: list[str]) -> str:
     entry, res = model["entry"], model["tools"]
     shapes = ", ".join(f"{k} {v}" for k, v in entry.get("input_shapes", {}).items())
@@ -80,70 +97,151 @@ def model_table(name: str, model: dict, tools: list[str]) -> str:
         f"### {name} ({entry['params'] / 1e6:.1f} M params, {entry['nodes']} nodes; {shapes})",
         "",
         "| tool | optimize s | nodes | new op types (count) | fusions the tool reports "
-        "| max abs diff "
-        "| ms @DISABLE_ALL | ratio | paired | ms @ALL | ratio | paired | create ms @ALL |",
-        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| max abs diff | ms @DISABLE_ALL | paired (95%) | ms @ALL | paired (95%) "
+        "| create ms @ALL |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for tool in ["original", *tools]:
         r = res.get(tool, {})
         if r.get("status") != "ok":
             lines.append(
-                f"| {tool} | {r.get('status', '?')}: {_short(r.get('error'))} | | | | | | | | | | |"
+                f"| {tool} | {r.get('status', '?')}: {_short(r.get('error'))} | | | | | | | | | |"
             )
             continue
         d, a = _lat(r, DISABLED), _lat(r, ALL)
+        if tool == "original":  # its ratio to itself says nothing
+            d, a = ({k: v for k, v in x.items() if "paired" not in k} for x in (d, a))
         errors = "; ".join(
             f"{lv}: {x['error']}" for lv, x in r.get("latency", {}).items() if "error" in x
         )
         lines.append(
-            f"| {tool} | {_f(r.get('median_s'), '.3f')} | {r['nodes']} "
+            f"| {tool} | {_optimize_cell(r)} | {r['nodes']} "
             f"| {_ops(r.get('fused_ops'))} | {_ops(_reported(r.get('info')))} "
             f"| {_f(r.get('max_abs_diff'), '.1e')} "
-            f"| {_f(d.get('median_ms'))} | {_f(d.get('ratio'), '.3f')} "
-            f"| {_f(d.get('paired_ratio'), '.3f')} | {_f(a.get('median_ms'))} "
-            f"| {_f(a.get('ratio'), '.3f')} | {_f(a.get('paired_ratio'), '.3f')} "
+            f"| {_f(d.get('median_ms'))} | {ratio_cell(d)} "
+            f"| {_f(a.get('median_ms'))} | {ratio_cell(a)} "
             f"| {_f(a.get('create_ms'), '.0f')}{' (' + errors + ')' if errors else ''} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _grid(results: dict, cell) -> str:
-    models = list(results["models"])
+def _by_model(results: dict, cell, first: tuple[str, object] | None = None) -> str:
+    """Models as rows, tools as columns (``first``: an extra leading column)."""
     tools = list(results["tools"])
-    lines = ["| tool | " + " | ".join(models) + " |", "| --- |" + " ---: |" * len(models)]
-    for tool in tools:
-        cells = [cell(results["models"][m]["tools"].get(tool, {})) for m in models]
-        lines.append(f"| {tool} | " + " | ".join(cells) + " |")
+    head = ["model", *([first[0]] if first else []), *tools]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for name, model in results["models"].items():
+        res = model["tools"]
+        cells = [first[1](res)] if first else []
+        cells += [cell(res.get(tool, {})) for tool in tools]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _status_or(record: dict, text: str) -> str:
-    return text if record.get("status") == "ok" else record.get("status", "")
+    if record.get("status") == "ok":
+        return text
+    return record.get("status", "") or ""
+
+
+def _original_ms(level: str):
+    return lambda res: _f(_lat(res.get("original", {}), level).get("median_ms"))
+
+
+def _vs_peer(record: dict) -> str:
+    vs = _lat(record, ALL).get("vs_best_peer")
+    if record.get("status") != "ok" or not vs:
+        return _status_or(record, "")
+    text = f"{vs['median']:.3f} ({vs['low']:.3f}-{vs['high']:.3f}) vs {vs['peer']}"
+    return f"**{text} slower**" if vs["verdict"] == "slower" else text
 
 
 def summary_tables(results: dict) -> str:
-    """Tools x models: paired latency ratio at both levels, optimize seconds."""
-    out = []
-    for level in (ALL, DISABLED):
+    """Models x tools: paired ratios with intervals at both levels, autofusion against the
+    best peer, measured selection, optimize seconds, nodes."""
+    autofusion = [t for t in results["tools"] if t.startswith("autofusion")]
+    out = [
+        f"#### Latency at {ALL}: paired median ratio to the original (95% interval); "
+        "below 1 is faster, **slower**: the whole interval above 1",
+        "",
+        _by_model(
+            results,
+            lambda r: _status_or(r, ratio_cell(_lat(r, ALL))),
+            ("original ms", _original_ms(ALL)),
+        ),
+        f"#### Latency at {DISABLED}: paired median ratio to the original (median only)",
+        "",
+        _by_model(
+            results,
+            lambda r: _status_or(r, ratio_cell(_lat(r, DISABLED), compact=True)),
+            ("original ms", _original_ms(DISABLED)),
+        ),
+    ]
+    if autofusion:
         out += [
-            f"#### Latency at {level}, median of paired ratios to the original (below 1: faster)",
+            f"#### autofusion against the best peer at {ALL}: paired ratio to the peer with "
+            "the lowest median ratio to the original, same iterations (95% interval)",
             "",
-            _grid(
-                results,
-                lambda r, lv=level: _status_or(r, _f(_lat(r, lv).get("paired_ratio"), ".3f")),
-            ),
+            _by_model({**results, "tools": {t: "" for t in autofusion}}, _vs_peer),
         ]
     out += [
-        "#### Optimize time, seconds (median)",
+        "#### Optimize time, seconds (median; measured selection: its one run)",
         "",
-        _grid(results, lambda r: _status_or(r, _f(r.get("median_s"), ".3f"))),
-    ]
-    out += [
-        "#### Nodes after (original first)",
+        _by_model(results, lambda r: _status_or(r, _optimize_cell(r))),
+        "#### Nodes after",
         "",
-        _grid(results, lambda r: _status_or(r, str(r.get("nodes", "")))),
+        _by_model(
+            results,
+            lambda r: _status_or(r, str(r.get("nodes", ""))),
+            ("original", lambda res: str(res.get("original", {}).get("nodes", ""))),
+        ),
     ]
-    return "\n".join(out)
+    measured = measured_tables(results)
+    return "\n".join(out) + ("\n" + measured if measured else "")
+
+
+def _group_text(group: dict) -> str:
+    ratio = group.get("ratio")
+    how = f"{ratio['median']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f})" if ratio else "-"
+    return f"`{group['group']}` x{group['fusions']} {how}"
+
+
+def measured_tables(results: dict) -> str:
+    """Per model and measured tool: its time, the groups kept and left out (with the
+    with/without ratio), the kept model against the original, any fallback or error."""
+    lines = [
+        "#### Measured selection: time, groups kept / left out, the result against the original",
+        "",
+        "| model | tool | measured selection s | groups kept | groups left out (with/without) "
+        "| final: kept model / original | note |",
+        "| --- | --- | ---: | --- | --- | --- | --- |",
+    ]
+    rows = 0
+    for name, model in results["models"].items():
+        for tool, record in model["tools"].items():
+            m = (record.get("info") or {}).get("measurement")
+            if not m:
+                if record.get("once") and record.get("status") != "ok":
+                    rows += 1
+                    lines.append(f"| {name} | {tool} | | | | | {_short(record.get('error'))} |")
+                continue
+            rows += 1
+            groups = m.get("groups") or []
+            kept = "; ".join(_group_text(g) for g in groups if g.get("kept")) or "none"
+            left = "; ".join(_group_text(g) for g in groups if not g.get("kept")) or "none"
+            final = m.get("final")
+            final_text = (
+                f"{final['median']:.3f} ({final['low']:.3f}-{final['high']:.3f}) "
+                f"{final['verdict']}, {final['runs']} runs"
+                if final
+                else "-"
+            )
+            note = _short(m.get("fallback") or m.get("error") or "", 200)
+            lines.append(
+                f"| {name} | {tool} | {_f(m.get('seconds'), '.1f')} | {kept} | {left} "
+                f"| {final_text} | {note} |"
+            )
+    return "\n".join(lines) + "\n" if rows else ""
 
 
 def charts(results: dict, folder: Path) -> list[Path]:

