@@ -131,17 +131,15 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
     """The job row's summary (``app.schemas.jobs.JobSummary``): the report's facts as
     ``fusion_core.report.read_report`` reads them, and what this attempt ran."""
     facts = read_report(report)
-    # Per pattern: the reader has the total only.
-    counts = {k: v for k, v in (report.get("fusions") or {}).items() if isinstance(v, int)}
     summary: dict[str, Any] = {
         "target": facts.target,
         "registry_version": plan.snapshot.version,
         "strategy": plan.strategy,
-        "counts": counts,
+        "counts": facts.counts,
         "fusions": facts.fusions,
         "check": None,
         "nodes": {"before": facts.nodes_before, "after": facts.nodes_after},
-        "timings": {**report.get("timings_s", {}), "sandbox": round(seconds, 3)},
+        "timings": {**facts.timings_s, "sandbox": round(seconds, 3)},
         "attempts": attempts,
         "speed": _speed(facts.speed),
     }
@@ -150,8 +148,7 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
             "passed": facts.check_passed,
             "max_abs_diff": _finite(facts.max_abs_diff),
             "failure": facts.check_failure,
-            # The reader has the failure's kind, not the check's own words.
-            "error": (report.get("check") or {}).get("error"),
+            "error": facts.check_error,
         }
     if plan.snapshot.skipped:
         summary["skipped_patterns"] = sorted(plan.snapshot.skipped)

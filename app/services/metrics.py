@@ -7,7 +7,7 @@
   right whichever process changed the jobs.
 * ``autofusion_job_duration_seconds{status}`` and ``autofusion_job_stage_seconds{stage}``:
   histograms of jobs that finished since this process started, observed at scrape time
-  (the stage times come from ``summary["timings_s"]`` when the worker recorded them).
+  (the stage times come from ``summary["timings"]`` when the worker recorded them).
   Every API process observes every job: with several replicas, read one, don't sum.
 """
 
@@ -56,7 +56,7 @@ class Metrics:
         self.stage_seconds = Histogram(
             "autofusion_job_stage_seconds",
             "Time per pipeline stage of jobs that finished since this process started "
-            "(from the job summary's timings_s).",
+            "(from the job summary's timings).",
             ["stage"],
             buckets=_STAGE_BUCKETS,
             registry=self.registry,
@@ -89,7 +89,7 @@ class Metrics:
             if started_at is not None:
                 seconds = (_utc(finished_at) - _utc(started_at)).total_seconds()
                 self.job_seconds.labels(status).observe(max(seconds, 0.0))
-            timings = (summary or {}).get("timings_s")
+            timings = (summary or {}).get("timings")
             if isinstance(timings, dict):
                 for stage, seconds in timings.items():
                     if isinstance(seconds, int | float) and seconds >= 0:

@@ -251,7 +251,7 @@ def report_view(
         "levels": _levels(profile),
         "checked": summary.check_passed is not None,
         "check_passed": bool(summary.check_passed),
-        "check_error": check.get("error"),  # the check's own words; the reader has the kind
+        "check_error": summary.check_error,
         "max_abs": fmt(summary.max_abs_diff),
         "nodes_before": summary.nodes_before,
         "nodes_after": summary.nodes_after,

@@ -76,16 +76,19 @@ class ReportSummary:
 
     target: str | None
     fusions: int
+    counts: dict[str, int]  # fusions per pattern
     nodes_before: int | None
     nodes_after: int | None
     check_passed: bool | None  # None: the check was skipped
     check_failure: str | None  # fusion_core.validate's failure kind, when it failed
+    check_error: str | None  # the check's own words, when it failed
     max_abs_diff: float | None
     speed: Speed | None
     size_before_bytes: int | None
     size_after_bytes: int | None
     peak_memory_before_bytes: int | None
     peak_memory_after_bytes: int | None
+    timings_s: dict[str, float]  # seconds per phase of optimize
 
 
 def speed_section(profile: Mapping[str, Any] | None, threads: int | None = None) -> dict | None:
@@ -150,14 +153,18 @@ def read_report(report: Mapping[str, Any]) -> ReportSummary:
     if not isinstance(speed, Mapping):  # a report from before the speed entry
         speed = speed_section(_map(report.get("profile")) or None)
     size, memory = _map(report.get("size")), _map(report.get("memory"))
-    fusions = _map(report.get("fusions"))
+    counts = {k: v for k, v in _map(report.get("fusions")).items() if _int(v) is not None}
+    timings = {k: float(v) for k, v in _map(report.get("timings_s")).items() if _num(v) is not None}
     return ReportSummary(
         target=report.get("target") if isinstance(report.get("target"), str) else None,
-        fusions=sum(v for v in fusions.values() if isinstance(v, int)),
+        fusions=sum(counts.values()),
+        counts=counts,
+        timings_s=timings,
         nodes_before=_int(nodes.get("before")),
         nodes_after=_int(nodes.get("after")),
         check_passed=bool(check.get("passed")) if check else None,
         check_failure=check.get("failure") if isinstance(check.get("failure"), str) else None,
+        check_error=check.get("error") if isinstance(check.get("error"), str) else None,
         max_abs_diff=_num(check.get("max_abs_diff")),
         speed=_speed(speed),
         size_before_bytes=_int(size.get("before_bytes")),

@@ -383,7 +383,7 @@ def test_metrics_count_requests_jobs_and_stage_times(make_service, tiny_model):
         claim_job(session, job_id, "worker-1", lease_s=60)
         timings = {"load": 0.02, "match": 0.3, "check": 1.5}
         finish_job(
-            session, job_id, "worker-1", status=JobStatus.succeeded, summary={"timings_s": timings}
+            session, job_id, "worker-1", status=JobStatus.succeeded, summary={"timings": timings}
         )
 
     response = service.client.get("/metrics")

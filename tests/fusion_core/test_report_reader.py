@@ -59,6 +59,8 @@ def test_the_facts_of_a_real_report(profiled) -> None:
     assert facts.fusions == 1 and facts.target == "onnxruntime"
     assert facts.check_passed is True and facts.max_abs_diff == profiled["check"]["max_abs_diff"]
     assert (facts.nodes_before, facts.nodes_after) == (3, 1)
+    assert facts.counts == {"conv_bn_relu": 1} and facts.check_error is None
+    assert set(facts.timings_s) >= {"load", "prepasses", "match", "rewrite", "check"}
 
 
 def test_an_unprofiled_report_has_no_speed(profiled) -> None:
@@ -79,6 +81,7 @@ def test_a_stored_report_from_before_the_verdict_reads_its_ratio_of_medians() ->
     assert facts.speed.ratio == 0.5 and facts.speed.speedup == 2.0
     assert facts.speed.verdict is None and facts.speed.low is None
     assert facts.check_passed is False and facts.check_failure == "mismatch"
+    assert facts.counts == {"a": 2} and facts.timings_s == {}
     assert facts.fusions == 2
 
 
