@@ -121,6 +121,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="measure the speedup on the server (onnxruntime, both models, paired runs)",
     )  # fmt: skip
     p.add_argument(
+        "--measure", action="store_true",
+        help="measured selection on the server's worker: keep only the fusion groups that "
+        "measure faster there (docs/measured.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--measure-budget", type=_positive, metavar="SECONDS",
+        help="with --measure: seconds of timed runs (the server's default: 60)",
+    )  # fmt: skip
+    p.add_argument(
         "--min-speedup", type=_positive, metavar="X",
         help="gate: the measured speedup >= X (implies --profile)",
     )  # fmt: skip
@@ -206,6 +215,12 @@ def build_upload(args: argparse.Namespace) -> Upload:
         config["target"] = args.target
     if args.profile or args.min_speedup is not None:
         config["profile"] = True
+    if args.measure_budget is not None and not args.measure:
+        raise SubmitError("--measure-budget needs --measure", EXIT_USAGE)
+    if args.measure:
+        config["measure"] = True
+        if args.measure_budget is not None:
+            config["measure_options"] = {"budget_s": args.measure_budget}
     return Upload(args.model, list(args.data), config)
 
 

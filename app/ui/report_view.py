@@ -229,6 +229,36 @@ def _regions(
     return regions
 
 
+def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
+    """Measured selection: each group, kept or left out, with its paired ratio."""
+    if not record:
+        return None
+    groups = []
+    for g in map(_dict, _list(record.get("groups"))):
+        ratio = _dict(g.get("ratio"))
+        low, high = _num(ratio.get("low")), _num(ratio.get("high"))
+        groups.append(
+            {
+                "group": str(g.get("group")),
+                "fusions": g.get("fusions"),
+                "kept": bool(g.get("kept")),
+                "cached": bool(g.get("cached")),
+                "ratio": fmt(_num(ratio.get("median")), 3) if ratio else DASH,
+                "interval": f"{low:.3f}-{high:.3f}" if low is not None and high else DASH,
+                "reason": str(g.get("reason")),
+            }
+        )
+    return {
+        "seconds": fmt(_num(record.get("seconds")), 1),
+        "level": str(record.get("level")),
+        "threads": record.get("threads"),
+        "hits": _dict(record.get("cache")).get("hits"),
+        "groups": groups,
+        "fallback": record.get("fallback"),
+        "error": record.get("error"),
+    }
+
+
 def report_view(
     report: dict[str, Any],
     *,
@@ -249,6 +279,7 @@ def report_view(
         "size": _before_after(summary.size_before_bytes, summary.size_after_bytes),
         "memory": _before_after(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes),
         "levels": _levels(profile),
+        "measurement": _measurement(_dict(report.get("measurement"))),
         "checked": summary.check_passed is not None,
         "check_passed": bool(summary.check_passed),
         "check_error": summary.check_error,

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/ui/submit", include_in_schema=False)
 
 TARGETS = list(get_args(OptimizeConfig.model_fields["target"].annotation))
-FORM_FIELDS = frozenset({"target", "strategy", "model_name", "profile"})
+FORM_FIELDS = frozenset({"target", "strategy", "model_name", "profile", "measure"})
 # Where an error of the upload shows: next to the field it is about.
 _FIELD_OF = {"config.target": "target", "config.strategy": "strategy", "config": "model"}
 
@@ -65,6 +65,8 @@ def _apply_fields(upload: Upload) -> None:
         config["strategy"] = fields["strategy"]
     if "profile" in fields:
         config["profile"] = True
+    if "measure" in fields:
+        config["measure"] = True
     upload.config_text = json.dumps(config)
     name = fields.get("model_name", "").strip()
     if name and name != upload.model_name:
@@ -86,7 +88,11 @@ async def submit(
     values: dict = {"target": ""}
     try:
         upload = await receive_upload(request, settings, text_fields=FORM_FIELDS)
-        values = {**upload.fields, "profile": "profile" in upload.fields}
+        values = {
+            **upload.fields,
+            "profile": "profile" in upload.fields,
+            "measure": "measure" in upload.fields,
+        }
         try:
             _apply_fields(upload)
         except BaseException:

@@ -243,7 +243,8 @@ def test_a_switch_that_does_not_parse_is_refused_with_its_field(client):
 
 
 def test_a_strategy_can_ask_for_measured_selection_but_not_name_a_folder(client):
-    measured = {"name": "acme.measured", "selection": "measured", "measure_options": {"budget_s": 20}}
+    measured = {"name": "acme.measured", "selection": "measured"}
+    measured["measure_options"] = {"budget_s": 20}
     created = client.post("/v1/strategies", json=measured)
     assert created.status_code == 201, created.text
     assert created.json()["measure_options"]["budget_s"] == 20

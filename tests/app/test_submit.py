@@ -219,12 +219,27 @@ def test_strategy_name_or_file(tmp_path, model_file, strategy, content, expected
             {"target": "onnxruntime", "profile": True},
             id="profile-and-target",
         ),
+        pytest.param(["--measure"], {"measure": True}, id="measure"),
+        pytest.param(
+            ["--measure", "--measure-budget", "20"],
+            {"measure": True, "measure_options": {"budget_s": 20.0}},
+            id="measure-budget",
+        ),
     ],
 )
 def test_profile_and_the_speed_gate_ask_the_server_to_profile(model_file, options, expected):
     from app.cli.submit import build_upload
 
     assert build_upload(_args(model_file, *options)).config == expected
+
+
+def test_a_measure_budget_without_measure_is_a_usage_error(model_file):
+    from app.cli._submit_client import EXIT_USAGE, SubmitError
+    from app.cli.submit import build_upload
+
+    with pytest.raises(SubmitError, match="needs --measure") as caught:
+        build_upload(_args(model_file, "--measure-budget", "5"))
+    assert caught.value.code == EXIT_USAGE
 
 
 def _args(*argv: str | Path):

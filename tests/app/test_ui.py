@@ -162,6 +162,11 @@ def test_submit_creates_and_enqueues_a_job(service):
         assert job.model_name == "net.onnx" and job.strategy == "vision"
         assert job.config == {"target": "onnxruntime", "profile": True}
     assert service.uploads_left() == []
+    measured = multipart(model, target="onnxruntime", measure="on")
+    response = service.client.post("/ui/submit", **measured, follow_redirects=False)
+    job_id = response.headers["location"].removeprefix("/ui/jobs/")
+    with service.db() as session:
+        assert session.get(Job, job_id).config == {"target": "onnxruntime", "measure": True}
 
 
 def test_submit_leaves_the_target_to_the_strategy_unless_one_is_picked(service):

@@ -147,3 +147,23 @@ def test_each_verdict_is_shown_plainly(service, tmp_path, verdict, css, note):
     row = _row(service.client.get("/ui/jobs").text, job_id)
     assert f'class="speedup {css}"' in row and f"{speed.speedup:.2f}×" in row
     assert f'title="{html_lib.escape(speed.describe())}"' in row
+
+
+def test_a_measured_job_shows_each_group_and_its_decision(service):
+    config = {"target": "onnxruntime", "measure": True, "measure_options": {"budget_s": 1}}
+    response = service.submit(conv_bn_relu(width=16).SerializeToString(), config=config)
+    job = _run(service, response.json()["id"])
+    report = json.loads(service.app.state.store.read_bytes(job.report_digest))
+    groups = report["measurement"]["groups"]
+    assert groups
+    page = assert_page(service.client.get(f"/ui/jobs/{job.id}"), "measurement")
+    rows = re.findall(r'<tr data-kept="(true|false)"><td>(.*?)</td>', page)
+    assert [(kept == "true", html_lib.unescape(name)) for kept, name in rows] == [
+        (g["kept"], g["group"]) for g in groups
+    ]
+    kept = sum(g["kept"] for g in groups)
+    summary = _text(re.search(r'<p id="measurement-summary">.*?</p>', page, re.S).group(0))
+    assert summary.startswith(f"{kept} of {len(groups)} group(s) kept")
+    # unprofiled, the verdict comes from measured selection's final comparison
+    assert 'id="speed-verdict"' in page
+    assert f'data-verdict="{report["measurement"]["final"]["verdict"]}"' in page
