@@ -184,8 +184,10 @@ def _option_value(args: argparse.Namespace, option: str) -> Any:
         return not value
     if option == "shape":
         return [_profile(text) for text in value]
-    if option == "measure_cache" and args.no_measure_cache:
-        return None
+    if option == "measure_cache" and (
+        args.no_measure_cache or not (args.measure or args.selection == "measured")
+    ):
+        return None  # only a measured run names the folder (it is in the report's config)
     return value
 
 
