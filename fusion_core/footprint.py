@@ -39,6 +39,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from fusion_core.errors import FusionError
 from fusion_core.ir import save_model
 
 __all__ = [
@@ -196,30 +197,38 @@ def measure_memory(
 
     Inputs are ``feeds``, else generated as the profile generates them (``seed``,
     ``dims``). A model that cannot be measured (its process fails, is killed or runs
-    past ``timeout_s``) gets a ``ProcessMemory`` with the reason: this never raises for
-    the model's sake.
+    past ``timeout_s``, or its inputs cannot be passed to a process: object arrays) gets a
+    ``ProcessMemory`` with the reason: this never raises for the model's sake.
     """
-    from fusion_core.validate import random_inputs
-
+    paths = {"original": original} | ({"fused": fused} if fused is not None else {})
     with tempfile.TemporaryDirectory(prefix="autofusion-memory-") as scratch:
-        if feeds is None:
-            proto = onnx.load(os.fspath(original), load_external_data=False)
-            feeds = random_inputs(proto, seed=seed, dims=dict(dims or {}))
-        request = {
-            "feeds": _save_feeds(feeds, Path(scratch)),
-            "level": MEMORY_LEVEL,
-            "threads": threads,
-            "providers": list(providers),
-            "runs": runs,
-        }
-        measured = {
-            label: _measure_one(request | {"model": os.fspath(path)}, label, timeout_s)
-            for label, path in (("original", original), ("fused", fused))
-            if path is not None
-        }
+        try:
+            files = _save_feeds(feeds or _generated(original, seed, dims), Path(scratch))
+        except (OSError, ValueError, DecodeError, FusionError) as exc:
+            reason = f"no inputs to give it: {exc}"
+            measured = {label: _failed(label, reason) for label in paths}
+        else:
+            request = {
+                "feeds": files,
+                "level": MEMORY_LEVEL,
+                "threads": threads,
+                "providers": list(providers),
+                "runs": runs,
+            }
+            measured = {
+                label: _measure_one(request | {"model": os.fspath(path)}, label, timeout_s)
+                for label, path in paths.items()
+            }
     return MemoryComparison(
         MEMORY_LEVEL, tuple(providers), threads, runs, measured["original"], measured.get("fused")
     )
+
+
+def _generated(original: str | os.PathLike, seed: int, dims: Mapping[str, int] | None) -> Feeds:
+    from fusion_core.validate import random_inputs
+
+    proto = onnx.load(os.fspath(original), load_external_data=False)
+    return random_inputs(proto, seed=seed, dims=dict(dims or {}))
 
 
 def _save_feeds(feeds: Feeds, folder: Path) -> dict[str, str]:

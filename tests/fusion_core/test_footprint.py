@@ -173,6 +173,16 @@ def test_a_model_that_cannot_load_is_reported_not_raised(tmp_path: Path) -> None
     assert "could not measure the fused model's memory" in measured.fused.error
 
 
+def test_inputs_no_process_can_take_are_reported_not_raised(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(matmul(16), path)
+
+    measured = measure_memory(path, path, feeds={"x": np.array([object()], dtype=object)})
+
+    for side in (measured.original, measured.fused):
+        assert side.peak_bytes is None and "no inputs to give it" in side.error
+
+
 @pytest.fixture(scope="module")
 def profiled(fused_files) -> dict:
     model_path, fused_path, result = fused_files
