@@ -10,19 +10,7 @@ import json
 import re
 
 import pytest
-from ui_testing import ESCAPED_XSS, XSS, assert_page, conv_bn_relu, multipart
-
-from app.models import Job
-from worker.execute import Outcome, execute_job
-
-
-def _run(service, job_id: str) -> Job:
-    store = service.app.state.store
-    assert execute_job(service.settings, job_id, "worker-1", store) == Outcome.succeeded
-    with service.db() as session:
-        job = session.get(Job, job_id)
-        session.expunge(job)
-        return job
+from ui_testing import ESCAPED_XSS, XSS, assert_page, conv_bn_relu, multipart, run_job
 
 
 @pytest.fixture
@@ -31,7 +19,7 @@ def finished(service):
     form = multipart(conv_bn_relu().SerializeToString(), "net.onnx", profile="on")
     response = service.client.post("/ui/submit", **form, follow_redirects=False)
     job_id = response.headers["location"].removeprefix("/ui/jobs/")
-    return service, _run(service, job_id)
+    return service, run_job(service, job_id)
 
 
 def _section(html: str, element_id: str) -> str:
@@ -128,7 +116,7 @@ def test_user_strings_never_render_as_markup(service):
     form = multipart(model, "m.onnx", model_name=f"{XSS}.onnx", profile="on")
     response = service.client.post("/ui/submit", **form, follow_redirects=False)
     assert response.status_code == 303, response.text
-    job = _run(service, response.headers["location"].removeprefix("/ui/jobs/"))
+    job = run_job(service, response.headers["location"].removeprefix("/ui/jobs/"))
     assert job.model_name == f"{XSS}.onnx"
     pattern = (
         "name: acme.xss\n"

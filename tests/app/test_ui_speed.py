@@ -14,22 +14,11 @@ import re
 
 import pytest
 from report_testing import paired, real_report
-from ui_testing import assert_page, conv_bn_relu, multipart
+from ui_testing import assert_page, conv_bn_relu, multipart, run_job
 
 from app.cli._submit_output import speed_dict
-from app.models import Job
 from app.schemas.jobs import JobSummary
 from fusion_core.report import read_report
-from worker.execute import Outcome, execute_job
-
-
-def _run(service, job_id: str) -> Job:
-    store = service.app.state.store
-    assert execute_job(service.settings, job_id, "worker-1", store) == Outcome.succeeded
-    with service.db() as session:
-        job = session.get(Job, job_id)
-        session.expunge(job)
-        return job
 
 
 def _row(rows_html: str, job_id: str) -> str:
@@ -44,7 +33,7 @@ def _text(fragment: str) -> str:
 def profiled_job(service):
     form = multipart(conv_bn_relu(width=16).SerializeToString(), "net.onnx", profile="on")
     response = service.client.post("/ui/submit", **form, follow_redirects=False)
-    job = _run(service, response.headers["location"].removeprefix("/ui/jobs/"))
+    job = run_job(service, response.headers["location"].removeprefix("/ui/jobs/"))
     report = json.loads(service.app.state.store.read_bytes(job.report_digest))
     return service, job, read_report(report)
 
@@ -104,7 +93,7 @@ def test_the_job_summary_carries_the_speed(profiled_job):
 def test_an_unprofiled_job_says_so_and_keeps_its_summary_keys(service):
     form = multipart(conv_bn_relu().SerializeToString(), "net.onnx")
     response = service.client.post("/ui/submit", **form, follow_redirects=False)
-    job = _run(service, response.headers["location"].removeprefix("/ui/jobs/"))
+    job = run_job(service, response.headers["location"].removeprefix("/ui/jobs/"))
     page = service.client.get(f"/ui/jobs/{job.id}").text
     cell = _text(re.search(r'<td id="speed">.*?</td>', page, re.S).group(0))
     assert "not profiled" in cell and 'id="speed-verdict"' not in page
@@ -152,7 +141,7 @@ def test_each_verdict_is_shown_plainly(service, tmp_path, verdict, css, note):
 def test_a_measured_job_shows_each_group_and_its_decision(service):
     config = {"target": "onnxruntime", "measure": True, "measure_options": {"budget_s": 1}}
     response = service.submit(conv_bn_relu(width=16).SerializeToString(), config=config)
-    job = _run(service, response.json()["id"])
+    job = run_job(service, response.json()["id"])
     report = json.loads(service.app.state.store.read_bytes(job.report_digest))
     groups = report["measurement"]["groups"]
     assert groups

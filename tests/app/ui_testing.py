@@ -71,3 +71,16 @@ def multipart(
     parts = [("model", (filename, model, "application/octet-stream"))]
     parts += [(name, (None, value)) for name, value in fields.items()]
     return {"files": parts}
+
+
+def run_job(service, job_id: str):
+    """Run the job the way a worker does and return its (detached) row; it must succeed."""
+    from app.models import Job
+    from worker.execute import Outcome, execute_job
+
+    store = service.app.state.store
+    assert execute_job(service.settings, job_id, "worker-1", store) == Outcome.succeeded
+    with service.db() as session:
+        job = session.get(Job, job_id)
+        session.expunge(job)
+        return job
