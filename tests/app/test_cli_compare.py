@@ -95,7 +95,10 @@ def test_optimize_validation_options_reach_the_report(tmp_path, capsys):
         "ORT_ENABLE_ALL",
         "ORT_DISABLE_ALL",
     }
-    assert "latency fused/original" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"speed: {data['speed']['speedup']:.2f}x" in out
+    assert data["speed"]["level"] == "ORT_ENABLE_ALL" and data["speed"]["runs"] > 0
+    assert "at ORT_DISABLE_ALL: fused/original" in out
 
     assert main([*base, "--inputs", str(tmp_path / "inputs.npz")]) == 0
     assert json.loads(report.read_text())["check"]["samples"] == 1
