@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     if written:
         save_model(result.model, args.output)
     profile = memory = None
-    if args.profile and not failed:
+    if config.profile and not failed:  # --profile, or a strategy file that sets profile
         profile, memory = _measure(args, config, check, (feeds or [None])[0])
     report = build_report(
         result, model=args.model, output=args.output if written else None, config=config,
