@@ -9,9 +9,10 @@ shapes and measured selection times them).
 
 The sample is made the way the check and measured selection make theirs
 (``fusion_core.validate``): the meta's first shape profile where it gives one, else the
-typical size of each free dimension, then the next candidates, until the original runs
-at both levels the benchmark measures; seed 0. It is written next to the benchmark
-corpus (``~/.cache/autofusion-bench/real-world/<name>.inputs.npz``).
+typical size of each free dimension, then the next candidates (as many as the check
+tries), until the original runs at both levels the benchmark measures; seed 0. It is
+written next to the benchmark corpus
+(``~/.cache/autofusion-bench/real-world/<name>.inputs.npz``).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ sys.path.insert(0, str(HERE / "corpus"))
 import meta  # noqa: E402  (bench/corpus is not a package)
 
 from fusion_core.validate import candidate_dims, input_dims, random_inputs  # noqa: E402
+from fusion_core.validate._dims import CANDIDATES  # noqa: E402  (the check's own count)
 
 logger = logging.getLogger("bench_tools.real_world")
 
 INPUTS_DIR = Path.home() / ".cache" / "autofusion-bench" / "real-world"
 KINDS = ("wheel", "derived")
-CANDIDATES = 3
 
 
 def entries(cache: str | None, names: list[str] | None) -> dict[str, dict]:
@@ -66,7 +67,7 @@ def entry(src: Path, info: meta.ModelMeta) -> dict:
         "source": info.source,
         "file": str(src.resolve()),
         "inputs_file": str(inputs_file),
-        "params": sum(math.prod(t.dims) for t in model.graph.initializer),
+        "params": parameters(model),
         "nodes": info.node_count,
         "opset": info.opset,
         "input_shapes": {k: list(v.shape) for k, v in sample.items()},
@@ -74,14 +75,32 @@ def entry(src: Path, info: meta.ModelMeta) -> dict:
     }
 
 
+def parameters(model: onnx.ModelProto) -> int:
+    """Weights in initializers and Constant nodes (paddle2onnx writes the latter), If and
+    Loop bodies included (silero-vad keeps its whole network in one)."""
+    total, graphs = 0, [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        total += sum(math.prod(t.dims) for t in graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                if node.op_type == "Constant" and attr.name == "value":
+                    total += math.prod(attr.t.dims)
+                graphs += [attr.g] if attr.HasField("g") else list(attr.graphs)
+    return total
+
+
 def runnable_sample(src: Path, model: onnx.ModelProto, given: dict) -> tuple[dict, dict]:
     """The first candidate sample the original runs on at both levels, and its dims."""
     import bench_tools  # it imports us
 
     free = input_dims(model)
-    errors = []
+    errors, tried = [], []
     for k in range(CANDIDATES):
         dims = candidate_dims(free, given, k)
+        if dims in tried:
+            continue
+        tried.append(dims)
         sample = random_inputs(model, seed=0, dims=dims)
         try:
             for level in bench_tools.LEVELS:

@@ -1,7 +1,15 @@
-"""Markdown tables and PNG charts of a ``bench_tools.py`` result (the JSON it writes)."""
+"""Markdown tables and PNG charts of a ``bench_tools.py`` result (the JSON it writes).
+
+    python bench/_tools_report.py RESULTS.json [MORE.json ...] [--charts DIR]
+
+prints the report of one run, or of runs made in parts (their models together, the
+tools in the order they first appear), from the JSON alone.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import platform
@@ -339,3 +347,32 @@ def _heatmap(results, folder, plt, title, value, filename, log=False) -> list[Pa
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def merge(parts: list[dict]) -> dict:
+    """Runs made in parts as one result: the first part's machine, versions and options,
+    every part's models and tools."""
+    merged = {**parts[0], "tools": {}, "models": {}}
+    for part in parts:
+        merged["tools"].update(part["tools"])
+        merged["models"].update(part["models"])
+    return merged
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path, help="bench_tools.py --json files")
+    parser.add_argument("--charts", type=Path, help="save PNG charts in this folder")
+    args = parser.parse_args(argv)
+    results = merge([json.loads(path.read_text()) for path in args.results])
+    tools = list(results["tools"])
+    print(header(results))
+    for name, model in results["models"].items():
+        print(model_table(name, model, tools))
+    print(summary_tables(results))
+    if args.charts:
+        charts(results, args.charts)
+
+
+if __name__ == "__main__":
+    main()
