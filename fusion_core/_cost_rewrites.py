@@ -11,6 +11,10 @@ Where a rewriter is known to do otherwise, the table below says so:
   the pool and the BatchNormalization count as the fused group).
 - ``fold_scale``: the attention scale folds into the projection weights: the scale node
   and the node feeding it become one kernel; the rest of the match stays as it was.
+- ``skip_layer_norm`` with a ``next_node`` (the pre-LN forms): the next residual Add
+  (or SkipLayerNormalization) is part of the match only so that the sum may escape;
+  the rewriter re-creates it as it was, so it is not fused, and the sum is still
+  written (as ``input_skip_bias_sum``) for it to read.
 - ``merge_siblings``: one MatMul over concatenated weights (plus one Add with the
   biases) and a Split: the shared input is read once instead of once per sibling, the
   outputs are still written (so no intermediate counts as saved), FLOPs are kept. The
@@ -55,6 +59,9 @@ def rewrite_effect(match: Match) -> RewriteEffect:
     if name == "fold_scale":
         scale = params.get("scale_node", "scale")
         return RewriteEffect(_present(match, *_producers(match, scale), scale), (scale,))
+    if name == "skip_layer_norm" and params.get("next_node") in match.nodes:
+        kept = params["next_node"]
+        return RewriteEffect(tuple(n for n in everything if n != kept))
     if name == "merge_siblings":
         kernels = 3 if params.get("add_nodes") else 2
         return RewriteEffect(everything, kernels_after=kernels, intermediates_kept=True)

@@ -86,6 +86,15 @@ class Gain:
     fits_fusion_buffer: bool | None = None
     time_before_s: float | None = None
     time_after_s: float | None = None
+    rewriter: str | None = None
+    # The profile's kernel factor for ``rewriter`` that priced the fused kernel (1: none).
+    kernel_factor: float = 1.0
+
+    @property
+    def loses(self) -> bool:
+        """Predicted to make its nodes slower than they run unfused (with hints and no
+        launch saved the gain is 0, and the speedup says it)."""
+        return self.gain_s < 0 or (self.speedup is not None and self.speedup < 1)
 
     def to_dict(self) -> dict:
         return {
@@ -101,6 +110,8 @@ class Gain:
             "fits_fusion_buffer": self.fits_fusion_buffer,
             "time_before_s": self.time_before_s,
             "time_after_s": self.time_after_s,
+            "rewriter": self.rewriter,
+            "kernel_factor": self.kernel_factor,
         }
 
     def prediction(self) -> dict:
@@ -175,11 +186,12 @@ class CostModel:
         before = sum(
             seconds(bytes_moved=c.bytes, flops=c.flops, launches=1) for c in known.values()
         )
-        after = seconds(
+        factor = self.profile.kernel_factor(match.pattern.rewriter.name)
+        after = factor * seconds(
             bytes_moved=sum(c.bytes for c in known.values()) - traffic.bytes_saved,
             flops=sum(c.flops for c in known.values()) - removed,
             launches=effect.kernels_after,
-        ) * self.profile.kernel_factor(match.pattern.rewriter.name)
+        )
         return Gain(
             pattern=match.pattern.name,
             nodes=tuple(match.node_names()),
@@ -193,7 +205,30 @@ class CostModel:
             fits_fusion_buffer=traffic.working_set <= self.profile.fusion_buffer_bytes,
             time_before_s=before,
             time_after_s=after,
+            rewriter=match.pattern.rewriter.name,
+            kernel_factor=factor,
         )
+
+    def loss_reason(self, gain: Gain) -> str | None:
+        """Why ``gain``'s fusion is predicted to make its nodes slower, or None when it
+        is not: the text of the near miss when a selection leaves it out."""
+        if not gain.loses:
+            return None
+        where = f"on target profile {self.profile.name!r}"
+        if gain.estimated_from == "shapes":
+            before, after = _us(gain.time_before_s), _us(gain.time_after_s)
+            told = f"{before:g} µs for its nodes against {after:g} µs fused"
+        else:  # no shapes: the hinted speedup (1 without hints) over the kernel factor
+            source = "cost hints" if gain.estimated_from == "hints" else "no shapes or hints"
+            told = f"speedup {gain.speedup or 1.0:.3g} from the pattern's {source}"
+        why = ""
+        if gain.kernel_factor > 1:
+            why = (
+                f": the kernel that rewriter {gain.rewriter!r} emits runs "
+                f"{gain.kernel_factor:g}x its roofline there, measured against the nodes it "
+                "replaces (kernel_factors; docs/cost.md)"
+            )
+        return f"the cost model predicts a loss {where} ({told}){why}"
 
     def _hint_gain(self, match: Match, launches_saved: int) -> Gain:
         hints = match.pattern.cost_hints
@@ -215,6 +250,8 @@ class CostModel:
             gain_s=gain_s,
             speedup=speedup,
             launches_saved=launches_saved,
+            rewriter=match.pattern.rewriter.name,
+            kernel_factor=factor,
         )
 
     def _traffic(

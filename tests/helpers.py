@@ -65,13 +65,23 @@ def optimize_quiet(
     *,
     target: str = "generic",
     patterns: list[str] | None = None,
+    target_profile: str = "cpu-roofline",
     **config: Any,
 ) -> Result:
-    """``fusion_core.optimize`` with the built-in check disabled (tests compare themselves)."""
+    """``fusion_core.optimize`` with the built-in check disabled (tests compare themselves).
+
+    Priced on ``cpu-roofline`` (the roofline alone), so a rewriter test sees every fusion
+    its pattern matches: the default profile ``cpu`` prices SkipLayerNormalization and the
+    Q/K/V merge as losses, which default selection leaves out (tests/fusion_core/
+    test_cost_defaults.py)."""
     return optimize(
         model,
         OptimizeConfig(
-            target=target, patterns=patterns, check=CheckOptions(enabled=False), **config
+            target=target,
+            patterns=patterns,
+            target_profile=target_profile,
+            check=CheckOptions(enabled=False),
+            **config,
         ),
     )
 

@@ -7,6 +7,11 @@ the final one: SkipLayerNormalization), the Q/K/V projections merge (GPT-2 compu
 them in one Gemm already), and the outputs match the original within atol 1e-4
 (fp32), also on a batch with a fully masked row and a left-padded row, where the SDPA
 exports' NaN guard and GPT-2's causal mask meet.
+
+The block tests price on ``cpu-roofline`` (the roofline alone): they test that every
+rewriter applies. The default profile ``cpu`` prices SkipLayerNormalization and the Q/K/V
+merge as losses, so that the defaults leave them out (tests/fusion_core/
+test_cost_defaults.py).
 """
 
 from __future__ import annotations
@@ -45,7 +50,11 @@ def _session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
 
 @pytest.mark.parametrize("name", FILES)
 def test_onnxruntime_target(name: str) -> None:
-    config = OptimizeConfig(target="onnxruntime", check=CheckOptions(rtol=0.0, atol=ATOL))
+    config = OptimizeConfig(
+        target="onnxruntime",
+        target_profile="cpu-roofline",
+        check=CheckOptions(rtol=0.0, atol=ATOL),
+    )
     result = optimize(FOLDER / f"{name}.onnx", config)
 
     assert result.check is not None and result.check.passed, result.check
@@ -105,7 +114,9 @@ def test_generic_target_folds_the_scale_and_explains_the_attention(name: str) ->
     scale (1 / sqrt(16), or 16^-1/4 on Q and on K^T for SDPA) is folded into the
     projections, which then merge. GPT-2's Q comes out of a Gemm and a Split, a path the
     fold patterns do not cover."""
-    config = OptimizeConfig(target="generic", check=CheckOptions(rtol=0.0, atol=ATOL))
+    config = OptimizeConfig(
+        target="generic", target_profile="cpu-roofline", check=CheckOptions(rtol=0.0, atol=ATOL)
+    )
     result = optimize(FOLDER / f"{name}.onnx", config)
     assert result.check is not None and result.check.passed, result.check
     refusals = [m for m in result.near_misses if "ONNX Attention needs opset 23" in m.reason]
