@@ -136,7 +136,8 @@ def build_variants(name: str, entry: dict, corpus: Path, args, tmp: Path) -> dic
         for group, excluded in leave_outs(full, overrides["target"], args).items():
             label = f"{cname} -{group}"
             out = tmp / f"{cname}-no-{len(variants)}.onnx"
-            variant = fuse(src, {**overrides, "exclude": excluded}, dims, out)
+            exclude = [*overrides.get("exclude", []), *excluded]
+            variant = fuse(src, {**overrides, "exclude": exclude}, dims, out)
             variant["config"], variant["excluded"] = cname, group
             variants[label] = variant
             progress(f"  {label}: {variant['groups']}")
