@@ -159,6 +159,24 @@ def optimize(
             patterns=patterns,
             feeds=feeds,
         )
+    return optimize_once(
+        model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds
+    )
+
+
+def optimize_once(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig,
+    *,
+    registry: RewriterRegistry | None = None,
+    patterns: Sequence[CompiledPattern] | None = None,
+    skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Result:
+    """One pass of ``optimize`` (pre-passes, rounds of fusion, the check), neither
+    measured nor in progressive stages: what measured selection builds each variant
+    with. Selection ``measured`` here is its proposal: priority that keeps what the
+    cost model prices as a loss."""
     registry = registry or builtin_rewriters()
     timings: dict[str, float] = {}
     start = time.perf_counter()

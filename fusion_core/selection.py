@@ -7,8 +7,9 @@ bandwidth, launch overhead and peak FLOP/s over the inferred shapes, or the patt
 cost hints when shapes are unknown) and hands them to the strategy, which maximises the
 total predicted gain of a non-overlapping set (``fusion_core.strategies``).
 ``cost_threshold`` and ``memory_limit`` drop candidates before the choice under every
-selection, priority included (``PrioritySelection``); those drops become near misses
-with their reason. Each round's objective, chosen and rejected
+selection, priority included (``PrioritySelection``), and every selection but measured
+leaves out what the cost model prices as a loss (``CostModel.loss_reason``); those drops
+become near misses with their reason. Each round's objective, chosen and rejected
 candidates and the strategy's time are kept in ``Result.selections``.
 """
 
@@ -65,9 +66,12 @@ class CostBasedSelection:
             )
         selection = self.strategy.select(priced, positions=self.positions, op_count=self.op_count)
         for rejection in selection.rejected:
-            if rejection.kind in _FILTERS:
-                match = rejection.candidate.payload[0]
-                reason = f"{self.name} selection: {rejection.reason}"
+            match, gain = rejection.candidate.payload
+            reason = rejection.reason if rejection.kind in _FILTERS else None
+            if rejection.kind == "gain":  # a predicted loss says why; a zero gain is no news
+                reason = self.cost.loss_reason(gain)
+            if reason is not None:
+                reason = f"{self.name} selection: {reason}"
                 self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
         self.records.append(
             {
@@ -87,39 +91,51 @@ class CostBasedSelection:
 
 
 class PrioritySelection:
-    """Pattern priority (``PriorityStrategy``) over the candidates the config's
-    ``cost_threshold`` and ``memory_limit`` leave; the same interface as
-    ``CostBasedSelection``. Without either limit the cost model only annotates."""
+    """Pattern priority (``PriorityStrategy``) over the candidates the cost model does
+    not price as a loss and the config's ``cost_threshold`` and ``memory_limit`` leave;
+    the same interface as ``CostBasedSelection``. Each one left out becomes a near miss
+    that says why.
 
-    def __init__(self, config: OptimizeConfig) -> None:
+    ``drop_losses=False`` (measured selection's proposal) keeps the predicted losses:
+    the profile's kernel factors were fitted on one machine class, and measuring on
+    this one is what decides there."""
+
+    def __init__(self, config: OptimizeConfig, *, drop_losses: bool = True) -> None:
         self.name = "priority"
         self.cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
         self.cost_threshold, self.memory_limit = config.cost_threshold, config.memory_limit
+        self.drop_losses = drop_losses
         self.positions: Mapping[int, int] | None = None
         self.records: list[dict[str, Any]] = []  # priority keeps no per-round record
         self.dropped: list[NearMiss] = []
         self._priority = PriorityStrategy()
 
     def select(self, candidates: Sequence[Match]) -> list[Match]:
-        if self.cost_threshold is None and self.memory_limit is None:
-            return self._priority.select(candidates)
         kept = []
-        for index, match in enumerate(candidates):
-            gain = self.cost.candidate_gain(match)
-            priced = Candidate(
-                index,
-                match.node_ids(),
-                gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
-                gain.working_set_bytes,
-                gain.speedup,
-            )
-            rejection = limit_rejection(priced, self.cost_threshold, self.memory_limit)
-            if rejection is None:
+        for match in candidates:
+            reason = self._left_out_because(match)
+            if reason is None:
                 kept.append(match)
             else:
-                reason = f"priority selection: {rejection.reason}"
+                reason = f"priority selection: {reason}"
                 self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
         return self._priority.select(kept)
+
+    def _left_out_because(self, match: Match) -> str | None:
+        if not self.drop_losses and self.cost_threshold is None and self.memory_limit is None:
+            return None  # nothing to price against: skip the cost model
+        gain = self.cost.candidate_gain(match)
+        if self.drop_losses and (loss := self.cost.loss_reason(gain)) is not None:
+            return loss
+        priced = Candidate(
+            0,
+            match.node_ids(),
+            gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
+            gain.working_set_bytes,
+            gain.speedup,
+        )
+        rejection = limit_rejection(priced, self.cost_threshold, self.memory_limit)
+        return None if rejection is None else rejection.reason
 
 
 def selection_for(
@@ -127,7 +143,7 @@ def selection_for(
 ) -> PrioritySelection | CostBasedSelection:
     """The selection ``config.selection`` names (measured selection proposes by priority)."""
     if config.selection in ("priority", "measured"):
-        return PrioritySelection(config)
+        return PrioritySelection(config, drop_losses=config.selection == "priority")
     return CostBasedSelection(config, op_count=op_count)
 
 

@@ -5,7 +5,9 @@ says which: attention in every block of the encoder families; for the LLM decode
 (Llama, Qwen2, Phi-3) RMSNorm and the Q/K/V merge (their attention is a later issue)
 and otherwise only no crash and no slowdown. Beside those, what already fuses in these
 graphs and matters (residual Add + LayerNorm -> SkipLayerNormalization, GELU) is
-required too, so that it cannot silently stop.
+required too, so that it cannot silently stop. SkipLayerNormalization and the Q/K/V
+merge are what the default cpu profile prices as losses: their keys (``?...``) accept
+a place fused or left out with the cost model's reason.
 
 Counts come from the model itself, not from what autofusion finds today: one attention
 per Softmax in the graph, one GELU per Erf, one skip norm per LayerNormalization fed by
@@ -46,12 +48,18 @@ def builtin_names() -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
+# Kinds the default cpu profile prices as a loss (its kernel factors, docs/cost.md):
+# found in every block, fused or left out with that reason.
+PRICED_AS_LOSS = ("skip_layer_norm", "qkv")
+
+
 def any_of(kind: str) -> str:
-    """The ``a|b|...`` key of every builtin pattern of ``kind``."""
+    """The ``a|b|...`` key of every builtin pattern of ``kind`` (``?a|b|...`` for a
+    kind the default profile may leave out as a predicted loss, ``meta.py``)."""
     names = [n for n in builtin_names() if n.startswith(KINDS[kind])]
     if not names:
         raise RuntimeError(f"no builtin pattern of kind {kind!r} in {BUILTIN}")
-    return "|".join(names)
+    return ("?" if kind in PRICED_AS_LOSS else "") + "|".join(names)
 
 
 def graph_counts(graph: onnx.GraphProto) -> dict[str, int]:

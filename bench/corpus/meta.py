@@ -37,7 +37,12 @@ meta.json keys
                    count. A key may join alternatives with ``|``
                    (``"conv_bn|dwconv_bn|conv_bn_relu": 35``): the minimum applies to
                    their sum, for fusions whose split between overlapping patterns is
-                   the selection's business (priorities), not the model's.
+                   the selection's business (priorities), not the model's. A key
+                   that starts with ``?`` (``"?skip_layer_norm|...": 24``) also counts
+                   the places the report's near misses say were left out because the
+                   cost model predicts a loss there (``LOSS_REASON``): fusions the
+                   default profile prices as losses (docs/cost.md), which must still
+                   be found, never silently stop matching.
                    ``{}`` for a target means "exit 0, check passes, nothing
                    required"; a model where nothing should fuse says so in ``notes``.
 ``preserved_ops``  optional: op types (``QuantizeLinear``, ``ConvInteger``, ...) whose
@@ -67,6 +72,8 @@ TARGETS = ("generic", "onnxruntime")
 META_FILE = "meta.json"
 MODEL_FILE = "model.onnx"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+OR_LEFT_OUT = "?"  # key prefix: fused, or left out as a predicted loss
+LOSS_REASON = "the cost model predicts a loss"  # fusion_core.cost.CostModel.loss_reason
 
 
 class MetaError(ValueError):
@@ -123,12 +130,22 @@ class ModelMeta:
                 raise MetaError(f"{self.name}: expected[{target}] counts must be ints >= 1")
         return self
 
-    def expected_counts(self, target: str, fusions: dict[str, int]) -> dict[str, tuple]:
-        """Per expected key: (minimum, count found in ``fusions``), alternatives summed."""
-        return {
-            key: (minimum, sum(fusions.get(name, 0) for name in key.split("|")))
-            for key, minimum in self.expected.get(target, {}).items()
-        }
+    def expected_counts(
+        self, target: str, fusions: dict[str, int], near_misses: list[dict] | None = None
+    ) -> dict[str, tuple]:
+        """Per expected key: (minimum, count found in ``fusions``), alternatives summed;
+        a ``?`` key adds the report's ``near_misses`` left out as a predicted loss."""
+        counts = {}
+        for key, minimum in self.expected.get(target, {}).items():
+            names = key.removeprefix(OR_LEFT_OUT).split("|")
+            found = sum(fusions.get(name, 0) for name in names)
+            if key.startswith(OR_LEFT_OUT):
+                found += sum(
+                    m.get("pattern") in names and LOSS_REASON in (m.get("reason") or "")
+                    for m in near_misses or []
+                )
+            counts[key] = (minimum, found)
+        return counts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"

@@ -82,7 +82,9 @@ def _fusion_problems(info: meta.ModelMeta, target: str, data: dict) -> list[str]
     fusions = data.get("fusions") or {}
     problems = [
         f"expected {key} >= {minimum}, got {found}"
-        for key, (minimum, found) in info.expected_counts(target, fusions).items()
+        for key, (minimum, found) in info.expected_counts(
+            target, fusions, data.get("near_misses")
+        ).items()
         if found < minimum
     ]
     nodes = data.get("nodes") or {}

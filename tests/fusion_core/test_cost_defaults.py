@@ -179,12 +179,6 @@ def test_the_default_preset_leaves_skip_layer_norm_and_the_merge_out(name):
     assert any(p.startswith("skip_layer_norm") for p in rejected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="priority selection does not yet leave out what the cost model prices as a "
-    "loss: PrioritySelection.select must drop a candidate whose CostModel.loss_reason "
-    "is not None (issue 14, item 4)",
-)
 @pytest.mark.parametrize("name", ["gpt2_eager_dynamo"])
 def test_the_cli_default_leaves_skip_layer_norm_out_and_says_why(name):
     result = _optimize(name)  # OptimizeConfig(): priority selection, profile cpu
