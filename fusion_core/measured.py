@@ -10,16 +10,27 @@ attention blocks are one measurement, not 12. Then, on this machine:
 1. the proposal ("full") runs side by side with "full without group g" for every group,
    interleaved and paired (``fusion_core._profile_stats``), at the deployment level and
    thread count; a group is kept only when full is faster than full-without-it beyond
-   the noise: the whole 95% interval of the paired ratio below 1;
+   the noise: the whole 95% interval of the paired ratio below 1, and its median at
+   least 1% below (``fusion_core._profile_stats.MARGIN``);
 2. the model with the kept groups is built (and checked), and measured against the
    original once more; when that is slower, no fusion is kept, and the report says so;
    when it is not measurably faster, the report says that plainly.
 
-The time of the timed runs is bounded by ``MeasureOptions.budget_s``: groups are measured
-in the order of their predicted gain, a few at a time, and a group the budget does not
-reach is left out (not kept: a fusion is kept only for a measured reason). Decisions are
-cached per machine class and model structure (``fusion_core._measure_cache``): a second
-job on the same architecture measures only the final comparison.
+``MeasureOptions.budget_s`` bounds the wall time of measuring, from the first session
+to the final comparison (building the variants and their sessions included; the proposal
+and the check of the result are not): groups are measured in the order of their
+predicted gain, a few at a time, each batch's runs planned from its slowest warm-up, and
+a quarter of the budget is kept for the final comparison. A group the budget does not
+reach is left out (not kept: a fusion is kept only for a measured reason). Only the
+minimum number of paired runs a verdict needs (``min_runs``) can take the time past the
+budget. Decisions are cached per machine class and model structure
+(``fusion_core._measure_cache``): a second job on the same architecture measures only
+the final comparison.
+
+When the original model cannot run on any input sizes tried (the check's candidate
+sizes, or the user's sample), nothing is measured and no fusion is kept; when the final
+comparison says slower, the original model is handed out as it came (no fusion, no
+constant folding, no shape rewrites; Identity and inference Dropout are still removed).
 """
 
 from __future__ import annotations
@@ -47,7 +58,13 @@ from fusion_core.ir import load_model
 from fusion_core.patterns import NearMiss
 from fusion_core.profile import interleaved_ms
 from fusion_core.rewriters import RewriterRegistry
-from fusion_core.validate import FloatDistribution, candidate_dims, input_dims, random_inputs
+from fusion_core.validate import (
+    CANDIDATES,
+    FloatDistribution,
+    candidate_dims,
+    input_dims,
+    random_inputs,
+)
 
 if TYPE_CHECKING:
     from fusion_core.pipeline import AppliedFusion, Result
@@ -107,7 +124,7 @@ def optimize_measured(
     """``optimize`` with only the fusion groups that measure faster on this machine;
     ``Result.measurement`` says what was measured and decided (see the module doc).
     ``timer_factory`` replaces the timing (tests decide the ratios with it)."""
-    from fusion_core.pipeline import optimize  # it calls us
+    from fusion_core.pipeline import optimize_once  # optimize calls us
 
     if config.progressive:
         raise ConfigError(
@@ -117,12 +134,12 @@ def optimize_measured(
     started = time.perf_counter()
     opts = config.measure_options
     proposer = "priority" if config.selection == "measured" else config.selection
-    base = config.model_copy(update={"measure": False, "selection": proposer})
+    base = config.model_copy(update={"measure": False})  # "measured" proposes by priority
     unchecked = base.model_copy(update={"check": base.check.model_copy(update={"enabled": False})})
     original = _as_proto(model)
 
     def build(cfg: OptimizeConfig, skip: SkipMap, user_feeds=None) -> Result:
-        return optimize(
+        return optimize_once(
             original, cfg, registry=registry, patterns=patterns, skip=skip, feeds=user_feeds
         )
 
@@ -142,8 +159,12 @@ def optimize_measured(
         sample = timer.feeds_for(original, config, feeds)
         if sample is None:
             # The check of the result says what cannot run, and how to give sizes.
-            record["error"] = "the original model cannot run on generated inputs: nothing measured"
-            result = build(base, {}, feeds)
+            record["error"] = (
+                "the original model cannot run on generated inputs at any of the sizes tried: "
+                "nothing measured, so no fusion is kept (give input sizes with --dim NAME=SIZE "
+                "or a sample with --inputs)"
+            )
+            result = build(_unchanged(base), {}, feeds)
             return _finish(result, record, started, DecisionCache(None))
         cache = DecisionCache(opts.cache_dir)
         machine = machine_class(level=opts.level, threads=opts.threads, providers=_PROVIDERS)
@@ -167,17 +188,17 @@ def optimize_measured(
         result = _build_without(build, base, feeds, decisions)
         final = timer.compare(result.to_proto(), original, budget_s=timer.remaining())
         record["final"] = final.to_dict() if final else None
-        if final is not None and final.verdict == SLOWER and result.applied:
+        if final is not None and final.verdict == SLOWER:
             record["fallback"] = (
                 f"the model with the kept fusions measured slower than the original "
-                f"({final.describe()}): no fusion is kept"
+                f"({final.describe()}): no fusion is kept, and the original model is handed "
+                "out as it came"
             )
             overruled = "measured selection: the fused model as a whole measured slower"
             for decision in decisions.values():
                 if decision.kept:
                     decision.kept, decision.reason = False, f"{overruled} ({decision.reason})"
-            # no pattern at all: leaving every group out would let others fuse instead
-            result = build(base.model_copy(update={"patterns": []}), {}, feeds)
+            result = build(_unchanged(base), {}, feeds)
             result.near_misses += [
                 NearMiss(f.pattern, f.replaced_nodes, d.reason)
                 for d in decisions.values()
@@ -225,7 +246,7 @@ def _decide(pending, full, build, unchecked, timer, cache, machine, structure):
         batch = to_measure[start : start + _BATCH]
         left = phase_budget - timer.spent
         ratios = None
-        if left > 0:
+        if left > timer.least_cost(len(batch) + 1):
             share = left * len(batch) / (len(to_measure) - start)
             skip_each = {g.key: g.skip("measured selection") for g in batch}
             variants = {key: build(unchecked, skip).to_proto() for key, skip in skip_each.items()}
@@ -289,6 +310,18 @@ def _build_without(build, cfg, feeds, decisions: Mapping[str, _Decision]) -> Res
     return result
 
 
+def _unchanged(config: OptimizeConfig) -> OptimizeConfig:
+    """The original as it came: no pattern at all (leaving every group out would let
+    others fuse instead), no constant folding, no shape rewrites, no opset upgrade."""
+    update = {
+        "patterns": [],
+        "fold_constants": False,
+        "shape_inference": False,
+        "upgrade_opset": None,
+    }
+    return config.model_copy(update=update)
+
+
 def _finish(result: Result, record: dict, started: float, cache: DecisionCache) -> Result:
     record["cache"] = {"hits": cache.hits, "misses": cache.misses}
     record["seconds"] = round(time.perf_counter() - started, 3)
@@ -312,13 +345,28 @@ class PairedTimer:
     def __init__(self, opts: MeasureOptions, scratch: Path) -> None:
         self.opts = opts
         self.budget = opts.budget_s
-        self.spent = 0.0  # seconds of timed runs so far
         self.scratch = scratch
         self.sample: dict[str, np.ndarray] = {}
         self.dims: dict[str, int] = {}
+        self._started = time.perf_counter()
+        self._charged = 0.0  # seconds a fake timer says it spent (tests)
+        self._run_s = 0.0  # the slowest warm-up run of one session seen so far
+
+    @property
+    def spent(self) -> float:
+        """Wall seconds since the timer was made: sessions, variants built, runs."""
+        return time.perf_counter() - self._started + self._charged
+
+    def charge(self, seconds: float) -> None:
+        self._charged += seconds
 
     def remaining(self) -> float:
         return max(self.budget - self.spent, 0.0)
+
+    def least_cost(self, sessions: int) -> float:
+        """The fewest seconds a comparison of ``sessions`` models can take: ``min_runs``
+        runs of each at the slowest run seen (0 before the first comparison)."""
+        return self.opts.min_runs * sessions * self._run_s
 
     def session(self, proto: onnx.ModelProto, label: str):
         prepared = prepare_model(proto, label, self.scratch)
@@ -327,7 +375,8 @@ class PairedTimer:
         )
 
     def feeds_for(self, original, config: OptimizeConfig, feeds) -> dict | None:
-        """The user's first sample, or generated inputs at sizes the original runs on."""
+        """The user's first sample, or generated inputs at the first of the check's
+        candidate sizes the original runs on (the same sizes the check tries)."""
         session = self.session(original, "original")
         c = config.check
         distribution = FloatDistribution(
@@ -339,7 +388,7 @@ class PairedTimer:
             candidates.append((dict(feeds[0]), {}))
         else:
             free = input_dims(original)
-            for k in range(3):
+            for k in range(CANDIDATES):
                 dims = candidate_dims(free, c.shape_profiles()[0], k)
                 sample = random_inputs(original, seed=c.seed, dims=dims, distribution=distribution)
                 candidates.append((sample, dims))
@@ -370,13 +419,16 @@ class PairedTimer:
         return paired_ratio(times["fused"], times["original"])
 
     def _timed(self, protos: Mapping[str, onnx.ModelProto], budget_s: float) -> dict:
+        start = time.perf_counter()
         sessions = {label: self.session(p, label) for label, p in protos.items()}
         inputs = {label: inputs_for(s, self.sample) for label, s in sessions.items()}
-        start = time.perf_counter()
         warm = interleaved_ms(sessions, inputs, warmup=0, iters=_WARMUP)
-        iteration_s = sum(min(t) for t in warm.values()) / 1000
-        runs = int(budget_s / iteration_s) if iteration_s > 0 else _MAX_RUNS
+        # Plan from the slowest warm-up, not the fastest: on a loaded machine a plan
+        # from the fastest run overran a 60 s budget by up to 2.4x.
+        slowest = {label: max(t) / 1000 for label, t in warm.items()}
+        self._run_s = max(self._run_s, *slowest.values())
+        iteration_s = sum(slowest.values())
+        left = budget_s - (time.perf_counter() - start)
+        runs = int(left / iteration_s) if iteration_s > 0 else _MAX_RUNS
         runs = max(self.opts.min_runs, min(runs, _MAX_RUNS))
-        times = interleaved_ms(sessions, inputs, warmup=0, iters=runs)
-        self.spent += time.perf_counter() - start
-        return times
+        return interleaved_ms(sessions, inputs, warmup=0, iters=runs)

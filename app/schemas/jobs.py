@@ -71,8 +71,9 @@ class SpeedPublic(BaseModel):
     runs: int | None = Field(default=None, description="Paired runs (iterations)")
     verdict: Literal["faster", "no measurable change", "slower"] | None = Field(
         default=None,
-        description="faster: the whole interval is below 1; slower: all of it above 1; "
-        "no measurable change otherwise",
+        description="faster: the whole interval below 1 and the median at least 1% below; "
+        "slower: all of it above 1 and the median at least 1% above; no measurable change "
+        "otherwise",
     )
     threads: int | None = Field(default=None, description="onnxruntime intra-op threads")
 

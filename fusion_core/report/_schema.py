@@ -149,7 +149,9 @@ class PairedRatio(BaseModel):
     confidence: float = Field(description="The interval's coverage (at least 0.95 from 6 runs)")
     runs: int = Field(description="Paired runs (iterations)")
     verdict: Literal["faster", "no measurable change", "slower"] = Field(
-        description="faster: the whole interval is below 1; slower: above 1"
+        description="faster: the whole interval below 1 and the median at least 1% below; "
+        "slower: all of it above 1 and the median at least 1% above; no measurable change "
+        "otherwise"
     )
 
 

@@ -11,7 +11,7 @@ from fusion_core.validate._compare import (
     compare_models,
     make_session,
 )
-from fusion_core.validate._dims import candidate_dims, input_dims
+from fusion_core.validate._dims import CANDIDATES, candidate_dims, input_dims
 from fusion_core.validate._inputs import (
     FloatDistribution,
     InputSpec,
@@ -22,6 +22,7 @@ from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, 
 from fusion_core.validate._user_inputs import check_feeds, load_inputs
 
 __all__ = [
+    "CANDIDATES",
     "CANNOT_LOAD",
     "FUSED_CANNOT_RUN",
     "HISTOGRAM_EDGES",

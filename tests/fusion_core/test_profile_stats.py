@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fusion_core._profile_stats import FASTER, NO_CHANGE, SLOWER, paired_ratio
+from fusion_core._profile_stats import FASTER, MARGIN, NO_CHANGE, SLOWER, paired_ratio
 
 
 def test_the_interval_of_20_pairs_is_the_6th_and_15th_order_statistic() -> None:
@@ -43,10 +43,27 @@ def test_pairs_cancel_drift_that_medians_would_see_as_noise() -> None:
         ([0.9, 0.91, 0.92, 0.93, 0.94, 0.95] * 4, FASTER),
     ],
 )
-def test_the_verdict_reads_only_the_interval(ratios, verdict) -> None:
+def test_the_verdict_reads_the_interval(ratios, verdict) -> None:
     result = paired_ratio(ratios, [1.0] * len(ratios))
     assert result.verdict == verdict
     assert result.low <= result.median <= result.high
+
+
+@pytest.mark.parametrize("centre", [0.995, 1.005])
+def test_a_tight_interval_within_the_margin_is_no_measurable_change(centre) -> None:
+    # an A/A run's kind of result: every pair within 0.1% of centre, so the interval
+    # excludes 1, but the change is smaller than MARGIN
+    ratios = [centre * (1 + 0.0002 * (k - 10)) for k in range(21)]
+    result = paired_ratio(ratios, [1.0] * len(ratios))
+    assert result.high < 1.0 or result.low > 1.0
+    assert abs(result.median - 1.0) < MARGIN
+    assert result.verdict == NO_CHANGE
+
+
+@pytest.mark.parametrize(("centre", "verdict"), [(0.985, FASTER), (1.015, SLOWER)])
+def test_a_tight_interval_beyond_the_margin_has_a_verdict(centre, verdict) -> None:
+    ratios = [centre * (1 + 0.0002 * (k - 10)) for k in range(21)]
+    assert paired_ratio(ratios, [1.0] * len(ratios)).verdict == verdict
 
 
 def test_few_pairs_give_the_whole_range_and_say_their_lower_coverage() -> None:
