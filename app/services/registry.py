@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.core.problems import ProblemError
 from app.models import PatternRecord, PatternVersion, RegistryState, utcnow
@@ -27,6 +29,7 @@ __all__ = [
     "if_match_holds",
     "list_patterns",
     "pattern_history",
+    "precondition_required",
     "registry_version",
     "seed_builtins",
     "snapshot",
@@ -39,13 +42,20 @@ def registry_version(session: Session) -> int:
 
 
 def _bump(session: Session) -> int:
-    state = session.get(RegistryState, 1, with_for_update=True)
-    if state is None:
-        state = RegistryState(id=1, version=0)
-        session.add(state)
-    state.version += 1
-    session.flush()
-    return state.version
+    """The next registry version, incremented in the database (``version + 1`` in SQL,
+    so two concurrent changes never read the same value and both write it back)."""
+    bumped = session.execute(
+        update(RegistryState)
+        .where(RegistryState.id == 1)
+        .values(version=RegistryState.version + 1)
+        .returning(RegistryState.version)
+        .execution_options(synchronize_session=False)
+    ).scalar()
+    if bumped is None:  # the first change of an empty registry
+        session.add(RegistryState(id=1, version=1))
+        session.flush()
+        bumped = 1
+    return bumped
 
 
 def etag_of(record: PatternRecord) -> str:
@@ -101,32 +111,61 @@ def get_pattern(session: Session, name: str, *, include_deleted: bool = False) -
     return record
 
 
+def _exists(name: str) -> ProblemError:
+    return ProblemError(
+        409,
+        "pattern-exists",
+        "Pattern exists",
+        f"pattern {name!r} already exists; PUT /v1/patterns/{name} (with If-Match: the ETag "
+        "from GET) changes it",
+    )
+
+
 def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) -> PatternRecord:
+    """A new pattern (or one re-created after a delete). Of two concurrent creates of one
+    name, one succeeds and the other is a 409: the primary key (or the swap) decides."""
     name = spec.get("name")
     existing = session.get(PatternRecord, name) if isinstance(name, str) else None
     if existing is not None and not existing.deleted:
-        raise ProblemError(
-            409,
-            "pattern-exists",
-            "Pattern exists",
-            f"pattern {name!r} already exists; PUT /v1/patterns/{name} changes it",
-        )
+        raise _exists(name)
     spec = _validated(spec)
-    version = _bump(session)
-    if existing is None:
-        record = PatternRecord(name=name, version=1, spec=spec, enabled=True, deleted=False)
-        session.add(record)
-    else:  # re-created after a delete: its history continues
-        record = existing
-        record.version, record.spec, record.enabled, record.deleted = (
-            existing.version + 1,
-            spec,
-            True,
-            False,
-        )
-    _record_version(session, record, "create", version, actor)
-    session.commit()
+    session.commit()  # end the read: the write below starts its own transaction
+    try:
+        if existing is None:
+            record = PatternRecord(name=name, version=1, spec=spec, enabled=True, deleted=False)
+            session.add(record)
+            session.flush()  # the INSERT: a concurrent create of this name fails here
+        else:  # re-created after a delete: its history continues
+            record = existing
+            if not _swap(session, record, spec=spec, enabled=True, deleted=False):
+                raise _exists(name)
+        _record_version(session, record, "create", _bump(session), actor)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise _exists(name) from None
+    except ProblemError:
+        session.rollback()
+        raise
     return record
+
+
+def _swap(session: Session, record: PatternRecord, **values: Any) -> bool:
+    """Compare-and-swap: ``UPDATE ... WHERE name = :name AND version = :read``, with the
+    version moved on by one. False (nothing written) when someone changed the pattern
+    since ``record`` was read; then ``record`` holds the new values, unflushed."""
+    read = record.version
+    result = session.execute(
+        update(PatternRecord)
+        .where(PatternRecord.name == record.name, PatternRecord.version == read)
+        .values(**values, version=read + 1, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return False
+    for key, value in {**values, "version": read + 1}.items():
+        set_committed_value(record, key, value)
+    return True
 
 
 def list_patterns(session: Session) -> list[PatternRecord]:
@@ -144,15 +183,30 @@ def if_match_holds(if_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def _check_if_match(record: PatternRecord, if_match: str | None) -> None:
-    if not if_match_holds(if_match, etag_of(record)):
-        raise ProblemError(
-            412,
-            "precondition-failed",
-            "Precondition failed",
-            f"pattern {record.name!r} changed since you read it (now {etag_of(record)}, "
-            f"you sent If-Match {if_match}); GET it again and retry",
-        )
+def precondition_required(kind: str, name: str, path: str) -> ProblemError:
+    """428: a change of a versioned resource must say which version it started from."""
+    return ProblemError(
+        428,
+        "precondition-required",
+        "Precondition required",
+        f"changing {kind} {name!r} needs an If-Match header: send the ETag from "
+        f"GET {path} (or '*' to overwrite whatever is there)",
+    )
+
+
+def _stale(record: PatternRecord, if_match: str | None) -> ProblemError:
+    return ProblemError(
+        412,
+        "precondition-failed",
+        "Precondition failed",
+        f"pattern {record.name!r} changed since you read it (now {etag_of(record)}, "
+        f"you sent If-Match {if_match}); GET it again and retry",
+    )
+
+
+# Changes that must name the version they start from (enable/disable set a state and
+# are idempotent, so If-Match is honoured there but not required).
+_NEEDS_IF_MATCH = ("update", "delete")
 
 
 def change_pattern(
@@ -166,13 +220,33 @@ def change_pattern(
 ) -> PatternRecord:
     """Apply ``update`` (with ``spec``), ``enable``, ``disable`` or ``delete``.
 
-    Enabling an enabled pattern (or disabling a disabled one) changes nothing and makes
-    no new version.
+    ``update`` and ``delete`` need ``if_match`` (428 without it). The write is a
+    compare-and-swap on the version that was read and matched: of two changes sent with
+    the same ETag, one succeeds and the other is a 412. Enabling an enabled pattern (or
+    disabling a disabled one) changes nothing and makes no new version.
     """
     record = get_pattern(session, name)
-    _check_if_match(record, if_match)
+    if if_match is None and change in _NEEDS_IF_MATCH:
+        raise precondition_required("pattern", name, f"/v1/patterns/{name}")
+    if not if_match_holds(if_match, etag_of(record)):
+        raise _stale(record, if_match)
     if change in ("enable", "disable") and record.enabled == (change == "enable"):
         return record
+    values = _change_values(name, change, spec)
+    session.commit()  # end the read: the swap below starts its own transaction
+    try:
+        if not _swap(session, record, **values):
+            session.rollback()
+            raise _stale(session.get(PatternRecord, name, populate_existing=True), if_match)
+        _record_version(session, record, change, _bump(session), actor)
+        session.commit()
+    except IntegrityError:  # a version row someone else wrote first: same as a lost swap
+        session.rollback()
+        raise _stale(session.get(PatternRecord, name, populate_existing=True), if_match) from None
+    return record
+
+
+def _change_values(name: str, change: str, spec: dict[str, Any] | None) -> dict[str, Any]:
     if change == "update":
         assert spec is not None
         if spec.get("name") != name:
@@ -182,15 +256,11 @@ def change_pattern(
                 "Name mismatch",
                 f"the spec is named {spec.get('name')!r} but the URL names {name!r}",
             )
-        record.spec = _validated(spec)
-    elif change in ("enable", "disable"):
-        record.enabled = change == "enable"
-    elif change == "delete":
-        record.deleted = True
-    record.version += 1
-    _record_version(session, record, change, _bump(session), actor)
-    session.commit()
-    return record
+        return {"spec": _validated(spec)}
+    if change in ("enable", "disable"):
+        return {"enabled": change == "enable"}
+    assert change == "delete", change
+    return {"deleted": True}
 
 
 def pattern_history(session: Session, name: str) -> list[PatternVersion]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.problems import ProblemError
 from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
-from app.services.registry import if_match_holds
+from app.services.registry import if_match_holds, precondition_required
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data
 from fusion_core.config import MeasureOptions, Switch
@@ -187,33 +188,55 @@ def get_strategy(session: Session, name: str) -> Strategy:
     return strategy
 
 
+def _exists(name: str) -> ProblemError:
+    return ProblemError(
+        409,
+        "strategy-exists",
+        "Strategy exists",
+        f"strategy {name!r} already exists; PUT /v1/strategies/{name} (with If-Match: the "
+        "ETag from GET) changes it",
+    )
+
+
 def create_strategy(session: Session, spec: StrategySpec) -> Strategy:
+    """A new strategy. Of two concurrent creates of one name, one succeeds and the other
+    is a 409: the primary key decides."""
     if session.get(Strategy, spec.name) is not None:
-        raise ProblemError(
-            409,
-            "strategy-exists",
-            "Strategy exists",
-            f"strategy {spec.name!r} already exists; PUT /v1/strategies/{spec.name} changes it",
-        )
+        raise _exists(spec.name)
     _check_pattern_names(session, spec)
-    strategy = _store(session, Strategy(name=spec.name, version=1), spec)
-    session.commit()
+    try:
+        strategy = _store(session, Strategy(name=spec.name, version=1), spec)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise _exists(spec.name) from None
     return strategy
 
 
+def _stale(strategy: Strategy, if_match: str | None) -> ProblemError:
+    return ProblemError(
+        412,
+        "precondition-failed",
+        "Precondition failed",
+        f"strategy {strategy.name!r} changed since you read it (now {strategy_etag(strategy)}, "
+        f"you sent If-Match {if_match}); GET it again and retry",
+    )
+
+
 def update_strategy(
-    session: Session, name: str, spec: StrategySpec, *, if_match: str | None = None
+    session: Session, name: str, spec: StrategySpec, *, if_match: str | None
 ) -> Strategy:
-    """Replace the strategy's data with ``spec``: a new version."""
+    """Replace the strategy's data with ``spec``: a new version.
+
+    ``if_match`` is required (428 without it); the write is a compare-and-swap on the
+    version that was read and matched, so of two updates sent with the same ETag one
+    succeeds and the other is a 412.
+    """
     strategy = get_strategy(session, name)
+    if if_match is None:
+        raise precondition_required("strategy", name, f"/v1/strategies/{name}")
     if not if_match_holds(if_match, strategy_etag(strategy)):
-        raise ProblemError(
-            412,
-            "precondition-failed",
-            "Precondition failed",
-            f"strategy {name!r} changed since you read it (now {strategy_etag(strategy)}, "
-            f"you sent If-Match {if_match}); GET it again and retry",
-        )
+        raise _stale(strategy, if_match)
     if spec.name != name:
         raise ProblemError(
             422,
@@ -222,10 +245,24 @@ def update_strategy(
             f"the strategy is named {spec.name!r} but the URL names {name!r}",
         )
     _check_pattern_names(session, spec)
-    strategy.version += 1
-    _store(session, strategy, spec)
-    session.commit()
-    return strategy
+    read, data = strategy.version, spec.model_dump(mode="json")
+    session.commit()  # end the read: the swap below starts its own transaction
+    try:
+        swapped = session.execute(
+            update(Strategy)
+            .where(Strategy.name == name, Strategy.version == read)
+            .values(version=read + 1, data=data, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if swapped != 1:
+            session.rollback()
+            raise _stale(session.get(Strategy, name, populate_existing=True), if_match)
+        session.add(StrategyVersion(name=name, version=read + 1, data=data))
+        session.commit()
+    except IntegrityError:  # a version row someone else wrote first: a lost swap
+        session.rollback()
+        raise _stale(session.get(Strategy, name, populate_existing=True), if_match) from None
+    return session.get(Strategy, name, populate_existing=True)
 
 
 def strategy_history(session: Session, name: str) -> list[StrategyVersion]:

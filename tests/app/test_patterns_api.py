@@ -86,6 +86,10 @@ def create(client: TestClient, spec: dict, **headers: str):
     return response
 
 
+# If-Match for a change that overwrites whatever version is there (required on PUT, DELETE).
+ANY = {"If-Match": "*"}
+
+
 def assert_problem(response, status: int, slug: str) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith(PROBLEM)
@@ -273,9 +277,11 @@ def test_put_if_match_accepts_star_and_lists(client):
 
 def test_put_rejects_invalid_spec_and_name_mismatch(client):
     create(client, CONV_RELU)
-    invalid = client.put("/v1/patterns/acme.conv_relu", json=_with(rewriter={"name": "nope"}))
+    invalid = client.put(
+        "/v1/patterns/acme.conv_relu", json=_with(rewriter={"name": "nope"}), headers=ANY
+    )
     assert assert_problem(invalid, 422, "invalid-pattern")["errors"][0]["field"] == "rewriter.name"
-    other = client.put("/v1/patterns/acme.conv_relu", json=_with(name="acme.other"))
+    other = client.put("/v1/patterns/acme.conv_relu", json=_with(name="acme.other"), headers=ANY)
     assert_problem(other, 422, "pattern-name-mismatch")
     assert versions(client, "acme.conv_relu") == [(1, "create", True)]
 
@@ -355,12 +361,12 @@ def test_dotted_names_work_on_every_route(client):
     name = spec["name"]
     assert create(client, spec).headers["location"] == f"/v1/patterns/{name}"
     assert client.get(f"/v1/patterns/{name}").json()["name"] == name
-    assert client.put(f"/v1/patterns/{name}", json=spec).json()["version"] == 2
+    assert client.put(f"/v1/patterns/{name}", json=spec, headers=ANY).json()["version"] == 2
     assert client.post(f"/v1/patterns/{name}/disable").json()["enabled"] is False
     assert client.post(f"/v1/patterns/{name}/enable").json()["enabled"] is True
     assert len(versions(client, name)) == 4
     assert upload(client, name, RESNET.read_bytes()).json()["pattern"] == name
-    assert client.delete(f"/v1/patterns/{name}").status_code == 204
+    assert client.delete(f"/v1/patterns/{name}", headers=ANY).status_code == 204
 
 
 def test_builtin_patterns_can_be_disabled_and_changed(client):
@@ -379,9 +385,9 @@ def test_snapshot_excludes_disabled_and_deleted_and_old_versions_reproduce(clien
     url = settings_of(client).resolved_database_url
     create(client, CONV_RELU)
     created_at = registry_version(client)
-    client.put("/v1/patterns/acme.conv_relu", json=_with(priority=50))
+    client.put("/v1/patterns/acme.conv_relu", json=_with(priority=50), headers=ANY)
     client.post("/v1/patterns/conv_mul/disable")
-    client.delete("/v1/patterns/conv_add")
+    client.delete("/v1/patterns/conv_add", headers=ANY)
     with session_scope(url) as session:
         version, specs = snapshot(session)
         old_version, old_specs = snapshot(session, created_at)

@@ -29,6 +29,8 @@ VISION = [
     "conv_activation",
     "pad_conv",
 ]
+# If-Match for a change that overwrites whatever version is there (required on PUT, DELETE).
+ANY = {"If-Match": "*"}
 MOBILE = {
     "name": "acme.mobile",
     "description": "What our phones run.",
@@ -87,7 +89,9 @@ def test_presets_are_seeded(client):
 
 
 def test_seeding_again_keeps_changed_presets(client):
-    client.put("/v1/strategies/nlp", json={"name": "nlp", "patterns": ["matmul_add"]})
+    client.put(
+        "/v1/strategies/nlp", json={"name": "nlp", "patterns": ["matmul_add"]}, headers=ANY
+    )
     with session_scope(db_url(client)) as session:
         assert seed_strategies(session) == 0
     assert client.get("/v1/strategies/nlp").json()["patterns"] == ["matmul_add"]
@@ -119,7 +123,7 @@ def test_unknown_pattern_names_are_rejected(client):
 
 
 def test_deleted_patterns_cannot_be_named_but_disabled_ones_can(client):
-    client.delete("/v1/patterns/dwconv_bn")
+    client.delete("/v1/patterns/dwconv_bn", headers=ANY)
     assert_problem(client.post("/v1/strategies", json=MOBILE), 422, "invalid-strategy")
     client.post("/v1/patterns/conv_bn/disable")
     spec = {**MOBILE, "patterns": ["conv_bn"]}
@@ -153,9 +157,13 @@ def test_put_with_if_match_makes_versions(client):
 
     stale = client.put("/v1/strategies/acme.mobile", json=MOBILE, headers={"If-Match": etag})
     assert_problem(stale, 412, "precondition-failed")
-    unknown = client.put("/v1/strategies/acme.mobile", json={**MOBILE, "exclude": ["nope"]})
+    unknown = client.put(
+        "/v1/strategies/acme.mobile", json={**MOBILE, "exclude": ["nope"]}, headers=ANY
+    )
     assert_problem(unknown, 422, "invalid-strategy")
-    renamed = client.put("/v1/strategies/acme.mobile", json={**MOBILE, "name": "acme.other"})
+    renamed = client.put(
+        "/v1/strategies/acme.mobile", json={**MOBILE, "name": "acme.other"}, headers=ANY
+    )
     assert_problem(renamed, 422, "strategy-name-mismatch")
     assert_problem(client.put("/v1/strategies/nope", json=MOBILE), 404, "strategy-not-found")
 

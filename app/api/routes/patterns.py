@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
 from app.api.openapi_bodies import binary_part, multipart_body
+from app.core.problems import problem_responses
 from app.models import PatternRecord
 from app.schemas.registry import (
     PatternCreate,
@@ -30,8 +31,14 @@ _MODEL_UPLOAD = multipart_body(
 )
 IfMatch = Annotated[
     str | None,
-    Header(description='The ETag you read ("<name>@<version>"); a stale one answers 412.'),
+    Header(
+        description='The ETag you read ("<name>@<version>"), or "*"; a stale one answers 412. '
+        "Required on PUT and DELETE (428 without it)."
+    ),
 ]
+
+# A change of an existing version: unknown name, stale ETag, invalid body, no If-Match.
+_CHANGE_PROBLEMS = problem_responses(404, 412, 422, 428)
 
 
 def _with_etag(response: Response, record: PatternRecord) -> PatternPublic:
@@ -46,7 +53,9 @@ def list_patterns(session: SessionDep, _: PrincipalDep) -> PatternsPublic:
     return PatternsPublic.from_records(records, registry.registry_version(session))
 
 
-@router.post("", status_code=201, response_model=PatternPublic)
+@router.post(
+    "", status_code=201, responses=problem_responses(409, 422), response_model=PatternPublic
+)
 def create_pattern(
     body: PatternCreate, session: SessionDep, principal: PatternWriter, response: Response
 ) -> PatternPublic:
@@ -64,7 +73,7 @@ def get_pattern(
     return _with_etag(response, registry.get_pattern(session, name))
 
 
-@router.put("/{name}", response_model=PatternPublic)
+@router.put("/{name}", responses=_CHANGE_PROBLEMS, response_model=PatternPublic)
 def replace_pattern(
     name: str,
     body: PatternCreate,
@@ -80,7 +89,7 @@ def replace_pattern(
     return _with_etag(response, record)
 
 
-@router.delete("/{name}", status_code=204, response_model=None)
+@router.delete("/{name}", status_code=204, response_model=None, responses=_CHANGE_PROBLEMS)
 def delete_pattern(
     name: str, session: SessionDep, principal: PatternWriter, if_match: IfMatch = None
 ) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Response
 
 from app.api.deps import PrincipalDep, SessionDep, require_scope
+from app.core.problems import problem_responses
 from app.models import Strategy
 from app.schemas.registry import (
     StrategiesPublic,
@@ -22,8 +23,14 @@ router = APIRouter(prefix="/v1/strategies", tags=["strategies"])
 StrategyWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
 IfMatch = Annotated[
     str | None,
-    Header(description='The ETag you read ("<name>@<version>"); a stale one answers 412.'),
+    Header(
+        description='The ETag you read ("<name>@<version>"), or "*"; a stale one answers 412. '
+        "Required on PUT and DELETE (428 without it)."
+    ),
 ]
+
+# A change of an existing version: unknown name, stale ETag, invalid body, no If-Match.
+_CHANGE_PROBLEMS = problem_responses(404, 412, 422, 428)
 
 
 def _with_etag(response: Response, strategy: Strategy) -> StrategyPublic:
@@ -37,7 +44,9 @@ def list_strategies(session: SessionDep, _: PrincipalDep) -> StrategiesPublic:
     return StrategiesPublic.from_rows(strategies.list_strategies(session))
 
 
-@router.post("", status_code=201, response_model=StrategyPublic)
+@router.post(
+    "", status_code=201, responses=problem_responses(409, 422), response_model=StrategyPublic
+)
 def create_strategy(
     body: StrategyCreate, session: SessionDep, _: StrategyWriter, response: Response
 ) -> StrategyPublic:
@@ -55,7 +64,7 @@ def get_strategy(
     return _with_etag(response, strategies.get_strategy(session, name))
 
 
-@router.put("/{name}", response_model=StrategyPublic)
+@router.put("/{name}", responses=_CHANGE_PROBLEMS, response_model=StrategyPublic)
 def replace_strategy(
     name: str,
     body: StrategyCreate,

@@ -1,0 +1,192 @@
+"""Races on the registry end in 409, 412 or 428, never 500 (issue 15, item 3).
+
+Two clients send the same request at the same moment to a real server (uvicorn in a
+thread, so both requests run concurrently in its thread pool), on SQLite and on
+PostgreSQL, ten rounds each. Before the fix: two creates of one new pattern answered 500
+in 8/10 rounds on SQLite and 7/10 on PostgreSQL (the unique-constraint violation was not
+mapped), strategies 10/10, and two PUTs with the same ETag gave 500 instead of one 412.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from app.core.config import Settings
+from app.main import create_app
+
+ROUNDS = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(settings: Settings) -> Iterator[str]:
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=_free_port(), log_level="error"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def server_url(request, tmp_path) -> Iterator[str]:
+    database_url = ""
+    if request.param == "postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    settings = Settings(
+        data_dir=tmp_path / "data", embedded_worker=False, database_url=database_url
+    )
+    yield from _serve(settings)
+
+
+def _at_once(url: str, send: Callable[[httpx.Client], httpx.Response], n: int = 2) -> list:
+    """``send`` from ``n`` threads released by one barrier: the requests overlap."""
+    barrier = threading.Barrier(n)
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            barrier.wait()
+            response = send(client)
+        with lock:
+            answers.append(response)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(answers) == n, "a request did not finish"
+    return answers
+
+
+def _pattern(name: str, priority: int = 10) -> dict:
+    return {
+        "name": name,
+        "priority": priority,
+        "nodes": [
+            {"id": "conv", "op": "Conv"},
+            {"id": "act", "op": "Relu", "inputs": {"0": "conv"}},
+        ],
+        "rewriter": {"name": "fused_region", "params": {"domain": "ai.acme"}},
+    }
+
+
+def _statuses(rounds: list[list[httpx.Response]]) -> Counter:
+    return Counter(tuple(sorted(r.status_code for r in answers)) for answers in rounds)
+
+
+@pytest.mark.slow
+def test_two_creates_of_one_new_pattern_are_one_201_and_one_409(server_url, problem):
+    rounds = []
+    for k in range(ROUNDS):
+        body = _pattern(f"race.p{k}")
+        rounds.append(_at_once(server_url, lambda c, b=body: c.post("/v1/patterns", json=b)))
+    assert _statuses(rounds) == Counter({(201, 409): ROUNDS}), [
+        [(r.status_code, r.text[:200]) for r in answers] for answers in rounds
+    ]
+    for answers in rounds:
+        conflict = next(r for r in answers if r.status_code == 409)
+        problem(conflict, 409, "pattern-exists")
+    with httpx.Client(base_url=server_url) as client:
+        for k in range(ROUNDS):
+            history = client.get(f"/v1/patterns/race.p{k}/versions").json()
+            assert [v["version"] for v in history["data"]] == [1]
+
+
+@pytest.mark.slow
+def test_two_creates_of_one_new_strategy_are_one_201_and_one_409(server_url, problem):
+    rounds = []
+    for k in range(ROUNDS):
+        body = {"name": f"race.s{k}", "patterns": ["conv_bn"]}
+        rounds.append(_at_once(server_url, lambda c, b=body: c.post("/v1/strategies", json=b)))
+    assert _statuses(rounds) == Counter({(201, 409): ROUNDS}), [
+        [(r.status_code, r.text[:200]) for r in answers] for answers in rounds
+    ]
+    for answers in rounds:
+        problem(next(r for r in answers if r.status_code == 409), 409, "strategy-exists")
+
+
+@pytest.mark.slow
+def test_two_puts_with_one_etag_are_one_200_and_one_412(server_url, problem):
+    with httpx.Client(base_url=server_url) as client:
+        created = client.post("/v1/patterns", json=_pattern("race.put"))
+        assert created.status_code == 201, created.text
+        strategy = client.post("/v1/strategies", json={"name": "race.put", "exclude": []})
+        assert strategy.status_code == 201, strategy.text
+    rounds = []
+    for k in range(ROUNDS):
+        with httpx.Client(base_url=server_url) as client:
+            etag = client.get("/v1/patterns/race.put").headers["ETag"]
+        body = _pattern("race.put", priority=k)
+        rounds.append(
+            _at_once(
+                server_url,
+                lambda c, b=body, e=etag: c.put(
+                    "/v1/patterns/race.put", json=b, headers={"If-Match": e}
+                ),
+            )
+        )
+    assert _statuses(rounds) == Counter({(200, 412): ROUNDS}), [
+        [(r.status_code, r.text[:200]) for r in answers] for answers in rounds
+    ]
+    for answers in rounds:
+        problem(next(r for r in answers if r.status_code == 412), 412, "precondition-failed")
+    strategy_rounds = []
+    for k in range(ROUNDS):
+        with httpx.Client(base_url=server_url) as client:
+            etag = client.get("/v1/strategies/race.put").headers["ETag"]
+        body = {"name": "race.put", "description": f"round {k}"}
+        strategy_rounds.append(
+            _at_once(
+                server_url,
+                lambda c, b=body, e=etag: c.put(
+                    "/v1/strategies/race.put", json=b, headers={"If-Match": e}
+                ),
+            )
+        )
+    assert _statuses(strategy_rounds) == Counter({(200, 412): ROUNDS}), [
+        [(r.status_code, r.text[:200]) for r in answers] for answers in strategy_rounds
+    ]
+    with httpx.Client(base_url=server_url) as client:
+        # Every round made exactly one new version: none lost, none written twice.
+        assert client.get("/v1/patterns/race.put").json()["version"] == 1 + ROUNDS
+        history = client.get("/v1/strategies/race.put/versions").json()["data"]
+        assert [v["version"] for v in history] == list(range(1, 2 + ROUNDS))
+
+
+def test_a_put_or_delete_without_if_match_is_428_and_says_to_send_the_etag(service, problem):
+    client = service.client
+    assert client.post("/v1/patterns", json=_pattern("acme.nomatch")).status_code == 201
+    for response in (
+        client.put("/v1/patterns/acme.nomatch", json=_pattern("acme.nomatch", 5)),
+        client.delete("/v1/patterns/acme.nomatch"),
+        client.put("/v1/strategies/vision", json={"name": "vision"}),
+    ):
+        body = problem(response, 428, "precondition-required")
+        assert "If-Match" in body["detail"] and "ETag" in body["detail"], body
+    # Nothing changed: the pattern is still at version 1, the strategy too.
+    assert client.get("/v1/patterns/acme.nomatch").json()["version"] == 1
+    assert client.get("/v1/strategies/vision").json()["version"] == 1
