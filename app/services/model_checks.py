@@ -11,7 +11,20 @@ Refused, each as a 422 problem:
 * a tensor or value declaring more than ``max_tensor_elements`` elements
   (``tensor-too-large``): a worker must never be asked to allocate a 10^12-element weight;
 * a node in an op domain that is neither allowed by the settings nor a function the
-  model itself defines (``op-domain-not-allowed``).
+  model itself defines (``op-domain-not-allowed``);
+* an external-data entry other than ``location``, ``offset``, ``length`` and
+  ``checksum``, or one key given twice (``unsafe-external-data``);
+* a tensor whose stored data (``raw_data``, the typed field, or an external ``length``)
+  is not the size its dims and data type say (``tensor-size-mismatch``);
+* a model-local function that calls itself, directly or through others
+  (``recursive-function``);
+* more than ``max_model_nodes`` nodes in all graphs and functions together
+  (``too-many-nodes``), or subgraphs nested deeper than ``max_graph_depth``
+  (``nesting-too-deep``);
+* a name, domain or external-data entry that is not valid UTF-8 (``invalid-model``).
+
+Whatever the bytes, only ``ProblemError`` comes out (tests/app/test_fuzz_validators.py
+fuzzes it; bench/fuzz_validators.py runs longer).
 
 The walk covers the main graph, every subgraph (``If``/``Loop``/``Scan`` bodies, at any
 depth) and every model-local function. ``fusion_core.ir.load_model`` checks external
@@ -46,12 +59,23 @@ _PACKED_BITS = {
     TensorProto.FLOAT6E3M2: 6,
 }
 _LOCATION_HINT = "reference external data by the plain file name of a `data` part of the upload"
+# What onnx writes (onnx.external_data_helper); any other key is refused.
+_EXTERNAL_KEYS = ("location", "offset", "length", "checksum")
+# Elements per entry of the typed field, where it is not one.
+_PACKED_PER_ENTRY = {
+    TensorProto.UINT4: 2,
+    TensorProto.INT4: 2,
+    TensorProto.FLOAT4E2M1: 2,
+    TensorProto.UINT2: 4,
+    TensorProto.INT2: 4,
+}
+_ENTRIES_PER_ELEMENT = {TensorProto.COMPLEX64: 2, TensorProto.COMPLEX128: 2}
 
 
 def inspect_model(model_path: Path, data_names: Collection[str], settings: Settings) -> None:
     """Raise a 422 ProblemError unless the uploaded model is safe to hand to a worker."""
     model = _parse(model_path)
-    inventory = _Inventory.of(model)
+    inventory = _Inventory.of(model, settings.max_model_nodes, settings.max_graph_depth)
     limit = settings.max_tensor_elements
     for where, tensor in inventory.tensors:
         _check_count(_elements(tensor.dims, where), limit, where, tensor.dims)
@@ -61,10 +85,22 @@ def inspect_model(model_path: Path, data_names: Collection[str], settings: Setti
         for dims in _declared_shapes(type_proto):
             _check_count(_elements(dims, where), limit, where, dims)
     _check_domains(model, inventory.nodes, settings.allowed_op_domains)
+    _check_recursion(inventory.calls)
     folder = model_path.parent
     for where, tensor in inventory.tensors:
         if tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data):
             _check_external(tensor, where, folder, set(data_names))
+        else:
+            _check_stored_size(tensor, where)
+
+
+def _text(value: str | bytes, what: str) -> str:
+    """``value`` as text: protobuf hands out a string field that is not UTF-8 as bytes."""
+    if isinstance(value, bytes):
+        raise _invalid_model(
+            f"{what} is not valid UTF-8 text ({value[:40]!r}); export the model again"
+        )
+    return value
 
 
 def _invalid_model(detail: str) -> ProblemError:
@@ -98,46 +134,97 @@ def _parse(path: Path) -> onnx.ModelProto:
     return model
 
 
+# A function, by (domain, name), as nodes call it.
+FunctionKey = tuple[str, str]
+
+
 @dataclass
 class _Inventory:
-    """References to every node, tensor and declared type in the model, with a location."""
+    """References to every node, tensor and declared type in the model, with a location,
+    and which model-local function calls which."""
 
     nodes: list[tuple[str, NodeProto]] = field(default_factory=list)
     tensors: list[tuple[str, TensorProto]] = field(default_factory=list)
     sparse_shapes: list[tuple[str, Iterable[int]]] = field(default_factory=list)
     types: list[tuple[str, TypeProto]] = field(default_factory=list)
+    calls: dict[FunctionKey, set[FunctionKey]] = field(default_factory=dict)
+    local: set[FunctionKey] = field(default_factory=set)
+    max_nodes: int = 0
+    max_depth: int = 0
 
     @classmethod
-    def of(cls, model: onnx.ModelProto) -> _Inventory:
-        inventory = cls()
-        graphs: list[tuple[str, GraphProto]] = [("the main graph", model.graph)]
+    def of(cls, model: onnx.ModelProto, max_nodes: int, max_depth: int) -> _Inventory:
+        inventory = cls(max_nodes=max_nodes, max_depth=max_depth)
+        inventory.local = {
+            (_text(f.domain, "a function's domain"), _text(f.name, "a function's name"))
+            for f in model.functions
+        }
+        # (label, graph, nesting depth, the function whose body it is in)
+        graphs: list[_Pending] = [("the main graph", model.graph, 1, None)]
         for function in model.functions:
+            key = (function.domain, function.name)
             label = f"function {function.domain}::{function.name}"
-            inventory._add_nodes(label, function.node, graphs)
+            inventory.calls.setdefault(key, set())
+            inventory._add_nodes(label, function.node, graphs, 1, key)
             for info in function.value_info:
                 inventory.types.append((f"value {info.name!r} in {label}", info.type))
         while graphs:  # iterative: subgraphs nest as deep as protobuf allows
-            label, graph = graphs.pop()
+            label, graph, depth, owner = graphs.pop()
+            inventory._check_depth(label, depth)
             for tensor in graph.initializer:
                 inventory.tensors.append((f"initializer {tensor.name!r} in {label}", tensor))
             for sparse in graph.sparse_initializer:
                 inventory._add_sparse(f"sparse initializer in {label}", sparse)
             for info in (*graph.input, *graph.output, *graph.value_info):
                 inventory.types.append((f"value {info.name!r} in {label}", info.type))
-            inventory._add_nodes(label, graph.node, graphs)
+            inventory._add_nodes(label, graph.node, graphs, depth, owner)
         return inventory
 
+    def _check_depth(self, label: str, depth: int) -> None:
+        if depth > self.max_depth:
+            raise ProblemError(
+                422,
+                "nesting-too-deep",
+                "Subgraphs nested too deeply",
+                f"{label} is nested {depth} graphs deep; this server accepts at most "
+                f"{self.max_depth} (setting max_graph_depth)",
+                limit=self.max_depth,
+            )
+
     def _add_nodes(
-        self, label: str, nodes: Iterable[NodeProto], graphs: list[tuple[str, GraphProto]]
+        self,
+        label: str,
+        nodes: Iterable[NodeProto],
+        graphs: list[_Pending],
+        depth: int,
+        owner: FunctionKey | None,
     ) -> None:
         for node in nodes:
             self.nodes.append((label, node))
+            if len(self.nodes) > self.max_nodes:
+                raise ProblemError(
+                    422,
+                    "too-many-nodes",
+                    "Too many nodes",
+                    f"the model has more than {self.max_nodes} nodes (all graphs, subgraphs "
+                    "and functions together); this server accepts at most that many "
+                    "(setting max_model_nodes)",
+                    limit=self.max_nodes,
+                )
+            called = (_text(node.domain, f"the domain of a node in {label}"), node.op_type)
+            if owner is not None and called in self.local:
+                self.calls[owner].add(called)
             for attr in node.attribute:
                 where = f"attribute {attr.name!r} of node {node.name or node.op_type!r} in {label}"
-                self._add_attribute(where, attr, graphs)
+                self._add_attribute(where, attr, graphs, depth, owner)
 
     def _add_attribute(
-        self, where: str, attr: AttributeProto, graphs: list[tuple[str, GraphProto]]
+        self,
+        where: str,
+        attr: AttributeProto,
+        graphs: list[_Pending],
+        depth: int,
+        owner: FunctionKey | None,
     ) -> None:
         # Look at every field that is set, whatever ``attr.type`` claims.
         if attr.HasField("t"):
@@ -148,8 +235,8 @@ class _Inventory:
         for sparse in attr.sparse_tensors:
             self._add_sparse(where, sparse)
         if attr.HasField("g"):
-            graphs.append((f"the subgraph of {where}", attr.g))
-        graphs.extend((f"a subgraph of {where}", g) for g in attr.graphs)
+            graphs.append((f"the subgraph of {where}", attr.g, depth + 1, owner))
+        graphs.extend((f"a subgraph of {where}", g, depth + 1, owner) for g in attr.graphs)
         if attr.HasField("tp"):
             self.types.append((where, attr.tp))
         self.types.extend((where, tp) for tp in attr.type_protos)
@@ -159,6 +246,41 @@ class _Inventory:
         self.sparse_shapes.append((where, sparse.dims))
         self.tensors.append((f"the values of {where}", sparse.values))
         self.tensors.append((f"the indices of {where}", sparse.indices))
+
+
+_Pending = tuple[str, GraphProto, int, "FunctionKey | None"]
+
+
+def _check_recursion(calls: dict[FunctionKey, set[FunctionKey]]) -> None:
+    """Refuse a function that calls itself, directly or through others: inlining it (the
+    runtime does) never ends. Depth-first with an explicit stack."""
+    state: dict[FunctionKey, int] = {}  # 1: on the current path, 2: done
+    for root in calls:
+        if state.get(root):
+            continue
+        state[root] = 1
+        path = [root]
+        stack = [iter(sorted(calls[root]))]
+        while stack:
+            callee = next(stack[-1], None)
+            if callee is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(callee) == 1:
+                cycle = [*path[path.index(callee) :], callee]
+                chain = " -> ".join(f"{d}::{n}" for d, n in cycle)
+                raise ProblemError(
+                    422,
+                    "recursive-function",
+                    "Recursive function",
+                    f"the model's local functions call themselves ({chain}); a runtime "
+                    "inlines functions, so this never ends: define them without recursion",
+                    functions=[f"{d}::{n}" for d, n in cycle],
+                )
+            elif callee not in state:
+                state[callee] = 1
+                path.append(callee)
+                stack.append(iter(sorted(calls.get(callee, ()))))
 
 
 def _declared_shapes(type_proto: TypeProto) -> Iterable[list[int]]:
@@ -214,6 +336,7 @@ def _check_domains(
     for label, node in nodes:
         if node.domain in allowed or (node.domain, node.op_type) in local_functions:
             continue
+        _text(node.op_type, f"the op type of a node in {label}")
         raise ProblemError(
             422,
             "op-domain-not-allowed",
@@ -226,20 +349,94 @@ def _check_domains(
 
 
 def _check_external(tensor: TensorProto, where: str, folder: Path, data_names: set[str]) -> None:
-    info = {entry.key: entry.value for entry in tensor.external_data}
+    info = _external_entries(tensor, where)
     location = info.get("location", "")
-    path = _check_location(location, where, folder, data_names)
+    try:
+        path = _check_location(location, where, folder, data_names)
+        size = path.stat().st_size
+    except (OSError, ValueError):  # a NUL byte, a name too long for the file system
+        raise _unsafe(
+            f"{where} refers to external data {location[:80]!r}, which is not a usable file name",
+            where,
+        ) from None
     offset = _int_entry(info, "offset", where) or 0
     length = _int_entry(info, "length", where)
-    if length is None:
-        length = _nbytes(tensor, where)
-    size = path.stat().st_size
+    needed = _nbytes(tensor, where)
+    if length is not None and length != needed:
+        raise _size_mismatch(tensor, where, needed, f"an external-data length of {length} bytes")
+    length = needed if length is None else length
     if offset + length > size:
         raise _unsafe(
             f"external data of {where} ({location!r}, offset {offset}, length {length}) runs "
             f"past the end of the file ({size} bytes)",
             where,
         )
+
+
+def _external_entries(tensor: TensorProto, where: str) -> dict[str, str]:
+    """The external-data entries as a mapping: known keys only, each at most once (onnx's
+    own loader sets any key as an attribute, ``basepath`` and ``__class__`` included)."""
+    info: dict[str, str] = {}
+    for entry in tensor.external_data:
+        key = _text(entry.key, f"an external-data key of {where}")
+        if key not in _EXTERNAL_KEYS:
+            raise _unsafe(
+                f"{where} has an external-data entry {key[:80]!r}; only "
+                f"{', '.join(_EXTERNAL_KEYS)} are allowed",
+                where,
+            )
+        if key in info:
+            raise _unsafe(f"{where} gives the external-data entry {key!r} twice", where)
+        info[key] = _text(entry.value, f"the external-data {key} of {where}")
+    return info
+
+
+def _size_mismatch(tensor: TensorProto, where: str, needed: int, stored: str) -> ProblemError:
+    dims = list(tensor.dims)
+    shown = str(dims) if len(dims) <= 16 else f"{dims[:16]}... ({len(dims)} dims)"
+    dtype = TensorProto.DataType.Name(tensor.data_type)
+    return ProblemError(
+        422,
+        "tensor-size-mismatch",
+        "Tensor size mismatch",
+        f"{where} declares shape {shown} of {dtype}, which is {needed} bytes, but stores "
+        f"{stored}; the file is corrupt or truncated: export the model again",
+        at=where,
+    )
+
+
+def _check_stored_size(tensor: TensorProto, where: str) -> None:
+    """The data stored inside the model (``raw_data`` or the typed field) has exactly the
+    size the dims and data type say: a runtime reads past a short buffer otherwise."""
+    if tensor.HasField("raw_data"):
+        if tensor.data_type == TensorProto.STRING:
+            raise _invalid_model(f"{where} is a string tensor with raw_data, which ONNX forbids")
+        needed, stored = _nbytes(tensor, where), len(tensor.raw_data)
+        if stored != needed:
+            raise _size_mismatch(tensor, where, needed, f"{stored} bytes of raw_data")
+        return
+    count = _elements(tensor.dims, where)
+    try:
+        typed = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+    except (KeyError, ValueError):
+        if count == 0:
+            return
+        raise _invalid_model(f"{where} has an unknown data type {tensor.data_type}") from None
+    if tensor.data_type in _PACKED_BITS and tensor.data_type not in _PACKED_PER_ENTRY:
+        return  # 6-bit types: only raw_data has a defined packing
+    per_entry = _PACKED_PER_ENTRY.get(tensor.data_type, 1)
+    entries = math.ceil(count / per_entry) * _ENTRIES_PER_ELEMENT.get(tensor.data_type, 1)
+    stored = len(getattr(tensor, typed))
+    if stored != entries:
+        raise _size_mismatch(
+            tensor, where, _nbytes_or_count(tensor, where), f"{stored} values in {typed}"
+        )
+
+
+def _nbytes_or_count(tensor: TensorProto, where: str) -> int:
+    if tensor.data_type == TensorProto.STRING:
+        return _elements(tensor.dims, where)
+    return _nbytes(tensor, where)
 
 
 def _check_location(location: str, where: str, folder: Path, data_names: set[str]) -> Path:
