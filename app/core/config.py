@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
 
+    # Upload validation caps (issue 15, item 5; app/services/model_checks.py): nodes in
+    # all graphs, subgraphs and functions together, and how deep subgraphs (If/Loop/Scan
+    # bodies) may nest. Over either: 422 naming the setting.
+    max_model_nodes: int = Field(default=1_000_000, ge=1)
+    max_graph_depth: int = Field(default=64, ge=1)
+
 
 @lru_cache
 def get_settings() -> Settings:
