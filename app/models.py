@@ -113,6 +113,13 @@ class Job(Base):
     report_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Why a failed job failed, as a problem type slug (``check-failed``, ``crashed-twice``,
+    # ...: ``app.services.jobs.JOB_PROBLEMS``); None while it has not failed.
+    error_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # One entry per attempt that ended without a result: {"attempt", "outcome" (signal:N,
+    # timeout, memory, lost, error), "model_digest", "stage"}. Two identical deterministic
+    # outcomes on the same model end the job (worker/execute.py).
+    attempt_log: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class RegistryState(Base):

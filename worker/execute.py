@@ -11,9 +11,18 @@ directly. The steps:
    progress and renewing the lease while it runs;
 5. store the fused model and the report, and finish the row.
 
-A user error (bad model, config or pattern) fails the job at once. A crash (signal,
-exit without a result, time or memory limit) costs an attempt: the job goes back to
-queued for another worker, or fails once it has had ``max_attempts``.
+A user error (bad model, config or pattern, a failed check) fails the job at once,
+with a problem type (``Job.error_type``, ``app.services.jobs.JOB_PROBLEMS``). A crash
+(signal, exit without a result, time or memory limit) costs an attempt: the job goes
+back to queued for another worker, or fails once it has had ``max_attempts``. Each
+attempt's outcome is kept in ``Job.attempt_log`` with the model's digest; a
+deterministic one (the same signal, the time limit or the memory limit) seen a second
+time on the same model fails the job then (``crashed-twice``): a third try would only
+cost another ``job_time_limit_s`` of a worker.
+
+The final write (result, artifacts and status, or the release of a crashed attempt) is
+retried with backoff while the database is unreachable, for ``final_write_retry_s``:
+a short database outage does not discard a finished attempt.
 """
 
 from __future__ import annotations
@@ -24,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,8 +46,23 @@ from app.core.config import Settings
 from app.db import session_scope
 from app.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
-from app.services.jobs import claim_job, finish_job, release_job, report_progress
+from app.services.db_retry import retry_transient
+from app.services.jobs import (
+    claim_job,
+    finish_job,
+    release_job,
+    report_progress,
+)
+from fusion_core.validate import ORIGINAL_CANNOT_RUN
 from worker import sandbox
+from worker.attempts import (
+    KIND_PROBLEMS,
+    Crash,
+    UserError,
+    crashed_twice_message,
+    same_crash_before,
+    signal_name,
+)
 from worker.plan import JobConfigError, Plan, plan_job, summarize
 from worker.snapshots import SnapshotCache, default_cache
 from worker.supervise import ChildRun, run_child
@@ -61,14 +84,6 @@ class Outcome(enum.StrEnum):
     @property
     def needs_enqueue(self) -> bool:
         return self in (Outcome.requeued, Outcome.deferred)
-
-
-class _UserError(Exception):
-    """The job cannot succeed as asked: fail it now, with this message."""
-
-
-class _Crash(Exception):
-    """The attempt died; another attempt might not."""
 
 
 def execute_job(
@@ -118,6 +133,7 @@ class _Attempt:
         self.job = job  # detached: read-only facts (model, files, config, strategy)
         self.folder = (settings.jobs_dir / job.id / f"attempt-{job.attempts}").resolve()
         self.registry_version: int | None = job.registry_version
+        self.stage = "starting"  # the last stage reported: where a crash happened
 
     @contextmanager
     def _db(self) -> Iterator[Session]:
@@ -140,18 +156,21 @@ class _Attempt:
                 should_stop=self.stop.is_set,
             )
             return self._after_child(child, plan)
-        except (_UserError, JobConfigError) as exc:
-            return self._finish(JobStatus.failed, error=str(exc))
-        except _Crash as exc:
-            return self._crashed(str(exc))
+        except UserError as exc:
+            return self._finish(JobStatus.failed, error=str(exc), error_type=exc.problem)
+        except JobConfigError as exc:
+            return self._finish(JobStatus.failed, error=str(exc), error_type="invalid-config")
+        except Crash as exc:
+            return self._crashed(exc)
         except OperationalError:
             raise  # the database is gone: the lease runs out and the reaper takes over
         except Exception as exc:  # a bug here must not leave the job running for nothing
             logger.exception("job %s: the worker failed", self.job_id)
-            return self._crashed(f"internal worker error ({type(exc).__name__})")
+            return self._crashed(Crash(f"internal worker error ({type(exc).__name__})"))
 
     def report(self, stage: str, progress: float) -> bool:
         """Progress and a renewed lease; False when the job was cancelled or lost."""
+        self.stage = stage
         try:
             with self._db() as session:
                 return report_progress(
@@ -176,7 +195,7 @@ class _Attempt:
             for entry in files + list(self.job.data_files or []):
                 self.store.fetch(entry["digest"], inputs / Path(entry["name"]).name)
         except Exception as exc:  # any store (local, S3) and any reason: worth a retry
-            raise _Crash(f"could not fetch the model from the artifact store: {exc}") from exc
+            raise Crash(f"could not fetch the model from the artifact store: {exc}") from exc
         job_file = {
             "model": Path(self.job.model_name).name,
             "config": plan.config,
@@ -195,7 +214,11 @@ class _Attempt:
             return self._release(error=None, count_attempt=False)
         if child.status == "timeout":
             limit = self.settings.job_time_limit_s
-            raise _Crash(f"the optimization ran past the time limit of {limit} s")
+            raise Crash(
+                f"the optimization ran past the time limit of {limit} s",
+                outcome="timeout",
+                problem="time-limit",
+            )
         output = self.folder / sandbox.OUTPUT_DIR
         error_file = output / sandbox.ERROR_FILE
         if error_file.exists():
@@ -206,30 +229,33 @@ class _Attempt:
         if child.returncode == 0 and (output / sandbox.REPORT_FILE).exists():
             return self._succeed(output, plan, child)
         logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
-        raise _Crash(self._describe_exit(child))
+        raise self._exit_crash(child)
 
     def _raise_child_error(self, error: dict[str, Any], child: ChildRun) -> None:
         kind, message = error.get("kind"), str(error.get("message", ""))
         if kind in sandbox.USER_ERROR_KINDS:
-            raise _UserError(message)
+            # "check" without a report: the sandbox failed while writing it
+            raise UserError(message, KIND_PROBLEMS.get(str(kind), "check-failed"))
         if kind == "memory":
-            raise _Crash(self._memory_message())
+            raise self._memory_crash()
         logger.error("job %s: internal error in the sandbox:\n%s", self.job_id, child.log_tail)
-        raise _UserError(f"internal error in the optimizer: {message}")
+        raise UserError(f"internal error in the optimizer: {message}", "internal-error")
 
-    def _memory_message(self) -> str:
+    def _memory_crash(self) -> Crash:
         limit = self.settings.job_memory_limit_mb
-        return f"the optimization ran out of memory (limit {limit} MB)"
+        message = f"the optimization ran out of memory (limit {limit} MB)"
+        return Crash(message, outcome="memory", problem="memory-limit")
 
-    def _describe_exit(self, child: ChildRun) -> str:
+    def _exit_crash(self, child: ChildRun) -> Crash:
         code = child.returncode or 0
         if any(hint in child.log_tail.lower() for hint in sandbox.MEMORY_HINTS):
-            return self._memory_message()
+            return self._memory_crash()
         if code < 0:
-            return f"the optimization process crashed (signal {-code}, {_signal_name(-code)})"
+            what = f"the optimization process crashed (signal {-code}, {signal_name(-code)})"
+            return Crash(what, outcome=f"signal:{-code}")
         if code == 0:
-            return "the optimization process exited without writing a result"
-        return f"the optimization process exited with code {code} without a result"
+            return Crash("the optimization process exited without writing a result")
+        return Crash(f"the optimization process exited with code {code} without a result")
 
     def _succeed(self, output: Path, plan: Plan, child: ChildRun) -> Outcome:
         if not self.report("storing", 0.9):
@@ -245,9 +271,11 @@ class _Attempt:
         if not self.report("storing", 0.9):
             return self._abandoned()
         fused, report_digest, summary = self._store_results(output, plan, child)
+        failure = (summary.get("check") or {}).get("failure")
         return self._finish(
             JobStatus.failed,
             error=message,
+            error_type="model-cannot-run" if failure == ORIGINAL_CANNOT_RUN else "check-failed",
             summary=summary,
             fused_digest=fused,
             report_digest=report_digest,
@@ -275,7 +303,7 @@ class _Attempt:
                 if (output / name).is_file()
             }
         except Exception as exc:  # worth a retry: the store may be back
-            raise _Crash(f"could not store the results in the artifact store: {exc}") from exc
+            raise Crash(f"could not store the results in the artifact store: {exc}") from exc
         report = json.loads((output / sandbox.REPORT_FILE).read_text(encoding="utf-8"))
         summary = summarize(report, plan, self.number, child.seconds)
         if data_files:
@@ -283,37 +311,86 @@ class _Attempt:
         summary["artifacts"] = artifacts  # GET /v1/jobs/{id}/artifacts/{name}
         return fused, report_digest, summary
 
-    def _crashed(self, what: str) -> Outcome:
+    def _crashed(self, crash: Crash) -> Outcome:
+        what = str(crash)
         logger.warning("job %s: attempt %d: %s", self.job_id, self.number, what)
+        entry = {
+            "attempt": self.number,
+            "outcome": crash.outcome or "error",
+            "stage": self.stage,
+            "model_digest": self.job.model_digest,
+        }
+        earlier = same_crash_before(self.job.attempt_log, crash.outcome, self.job.model_digest)
+        if earlier is not None:
+            error = crashed_twice_message(what, earlier, self.number, self.stage, crash.outcome)
+            return self._finish(
+                JobStatus.failed, error=error, error_type="crashed-twice", attempt_entry=entry
+            )
         if self.number >= self.max_attempts:
             tries = f"{self.number} attempt{'s' if self.number > 1 else ''}"
-            return self._finish(JobStatus.failed, error=f"{what}; gave up after {tries}")
-        error = f"attempt {self.number} of {self.max_attempts}: {what}; trying again"
-        return self._release(error=error, count_attempt=True)
-
-    def _release(self, *, error: str | None, count_attempt: bool) -> Outcome:
-        with self._db() as session:
-            released = release_job(
-                session, self.job_id, self.worker_id, error=error, count_attempt=count_attempt
+            error = f"{what}; gave up after {tries}"
+            return self._finish(
+                JobStatus.failed, error=error, error_type=crash.problem, attempt_entry=entry
             )
-        if not released:  # cancelled meanwhile, or no longer ours
+        error = f"attempt {self.number} of {self.max_attempts}: {what}; trying again"
+        log = [*(self.job.attempt_log or []), entry]
+        return self._release(error=error, count_attempt=True, attempt_log=log)
+
+    def _release(
+        self,
+        *,
+        error: str | None,
+        count_attempt: bool,
+        attempt_log: list[dict[str, Any]] | None = None,
+    ) -> Outcome:
+        def release() -> bool:
+            with self._db() as session:
+                return release_job(
+                    session,
+                    self.job_id,
+                    self.worker_id,
+                    error=error,
+                    count_attempt=count_attempt,
+                    attempt_log=attempt_log,
+                )
+
+        # A try whose commit landed but whose answer was lost finds the job queued and
+        # not ours: abandoned below, and the reaper sends the job again (stale queued).
+        if not self._retrying(release, "release"):  # cancelled meanwhile, or no longer ours
             return self._abandoned()
         return Outcome.requeued if count_attempt else Outcome.deferred
 
     def _finish(self, status: JobStatus, **fields: Any) -> Outcome:
-        with self._db() as session:
-            done = finish_job(
-                session,
-                self.job_id,
-                self.worker_id,
-                status=status,
-                registry_version=self.registry_version,
-                **fields,
-            )
-            final = session.get(Job, self.job_id)
-            outcome = Outcome(final.status) if done and final is not None else Outcome.lost
+        tries = 0
+
+        def finish() -> Outcome:
+            nonlocal tries
+            tries += 1
+            with self._db() as session:
+                done = finish_job(
+                    session,
+                    self.job_id,
+                    self.worker_id,
+                    status=status,
+                    registry_version=self.registry_version,
+                    **fields,
+                )
+                final = session.get(Job, self.job_id)
+                if final is None:
+                    return Outcome.lost
+                # An earlier try's commit may have landed with its answer lost.
+                landed = tries > 1 and final.worker_id == self.worker_id and final.finished_at
+                return Outcome(final.status) if done or landed else Outcome.lost
+
+        outcome = self._retrying(finish, f"finish ({status})")
         logger.info("job %s: %s", self.job_id, outcome)
         return outcome
+
+    def _retrying(self, write, what: str):
+        """``write()``, retried while the database is unreachable (final_write_retry_s)."""
+        return retry_transient(
+            write, budget_s=self.settings.final_write_retry_s, what=f"job {self.job_id}: {what}"
+        )
 
     def _abandoned(self) -> Outcome:
         """report() said no: finish a cancelled job, or walk away from a lost one."""
@@ -324,10 +401,3 @@ class _Attempt:
             return self._finish(JobStatus.cancelled)
         logger.warning("job %s: lost the lease to another worker; stopping", self.job_id)
         return Outcome.lost
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown signal"

@@ -283,7 +283,10 @@ def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url
     job = outcome.job
     if job["status"] != "succeeded":
         error = job.get("error") or "no reason given"
-        outcome.code, outcome.message = EXIT_JOB_FAILED, f"job {job['id']} {job['status']}: {error}"
+        # the problem type's slug: check-failed, model-cannot-run, crashed-twice, ...
+        problem = (job.get("error_type") or "").rpartition("/")[2]
+        status = f"{job['status']} ({problem})" if problem else job["status"]
+        outcome.code, outcome.message = EXIT_JOB_FAILED, f"job {job['id']} {status}: {error}"
         if outcome.replayed:
             outcome.message += (
                 " (an earlier submit of the same inputs made this job; to run them again, "

@@ -100,6 +100,52 @@ class Settings(BaseSettings):
     def uploads_dir(self) -> Path:
         return self.data_dir / "uploads"
 
+    # Request resources (issue 15, item 2). Upload bodies stream to disk holding no
+    # database connection; these bound how many stream at once, per process: over a
+    # limit, 429 with Retry-After.
+    max_concurrent_uploads: int = Field(default=16, ge=1)
+    max_concurrent_uploads_per_tenant: int = Field(default=4, ge=1)
+    # Every other request body (forms, JSON): 413 from Content-Length or while it
+    # streams. The dashboard's login form needs a few hundred bytes.
+    max_form_bytes: int = Field(default=4 * 1024**2, ge=1)
+    max_login_bytes: int = Field(default=8 * 1024, ge=1)
+    # Slow clients: a body must arrive at min_body_rate_bytes_s once the first
+    # body_rate_grace_s have passed, with no gap over body_idle_timeout_s and in
+    # body_total_timeout_s at most; otherwise 408 (and an upload's folder is removed).
+    min_body_rate_bytes_s: int = Field(default=1024, ge=0)
+    body_rate_grace_s: float = Field(default=10.0, ge=0)
+    body_idle_timeout_s: float = Field(default=30.0, gt=0)
+    body_total_timeout_s: float = Field(default=3600.0, gt=0)
+    # How long a resolved API key is trusted without asking the database again
+    # (app/services/auth.py); 0 turns the cache off.
+    api_key_cache_s: float = Field(default=10.0, ge=0)
+
+    # Faults (issue 15, item 7). A worker's final write of a finished attempt (result,
+    # artifacts, status) is retried with backoff for this long while the database is
+    # unreachable, instead of discarding the work (worker/execute.py).
+    final_write_retry_s: float = Field(default=60.0, ge=0)
+    # Scratch folders (data_dir/jobs, data_dir/downloads) and upload folders
+    # (data_dir/uploads) untouched for this long whose process is gone are removed: at
+    # worker start and every scratch_sweep_interval_s by the reaper, and at API start
+    # (app/services/scratch.py).
+    scratch_max_age_s: float = Field(default=3600.0, gt=0)
+    scratch_sweep_interval_s: float = Field(default=300.0, gt=0)
+
+    # Model work the API hands to a child process (issue 15, item 1): upload checks of
+    # models over api_inline_check_bytes, and every pattern trial
+    # (app/services/model_sandbox.py). Each child gets this wall clock (then its process
+    # group is killed), CPU time and address space; at most api_sandbox_concurrency run
+    # at once per API process, a request waits api_sandbox_queue_s for a free slot and
+    # then answers 503 with Retry-After. A model over a limit answers 422.
+    api_sandbox_time_limit_s: float = Field(default=60.0, gt=0)
+    api_sandbox_cpu_limit_s: int = Field(default=60, ge=1)
+    api_sandbox_memory_limit_mb: int = Field(default=6144, ge=256)
+    api_sandbox_concurrency: int = Field(default=2, ge=1)
+    api_sandbox_queue_s: float = Field(default=10.0, ge=0)
+    # Uploaded models up to this size are checked in the API process (a few times this
+    # in memory, no child to start); bigger ones in a child. 0: always in a child.
+    api_inline_check_bytes: int = Field(default=64 * 1024**2, ge=0)
+
     # Upload validation caps (issue 15, item 5; app/services/model_checks.py): nodes in
     # all graphs, subgraphs and functions together, and how deep subgraphs (If/Loop/Scan
     # bodies) may nest. Over either: 422 naming the setting.

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
+from app.core.problems import PROBLEM_BASE
 from app.models import Job, JobStatus
 from fusion_core.config import MeasureOptions, OptimizeConfig
 
@@ -161,6 +162,13 @@ class JobPublic(BaseModel):
     data_files: list[DataFilePublic]
     summary: JobSummary | None = None
     error: str | None = None
+    error_type: str | None = Field(
+        default=None,
+        description="A failed job's problem type (https://autofusion.dev/problems/<slug>): "
+        "check-failed, model-cannot-run, invalid-model, invalid-config, invalid-pattern, "
+        "time-limit, memory-limit, crashed, crashed-twice, worker-lost, internal-error; "
+        "error says what happened and what to do",
+    )
     links: JobLinks
 
     @field_serializer("summary")
@@ -189,6 +197,8 @@ class JobPublic(BaseModel):
             },
         )
         fields = {name: getattr(job, name) for name in cls.model_fields if name != "links"}
+        if job.error_type:
+            fields["error_type"] = PROBLEM_BASE + job.error_type
         return cls.model_validate({**fields, "links": links})
 
     @property

@@ -24,6 +24,7 @@ from app.models import Job, JobStatus, utcnow
 from app.services.auth import Principal
 
 __all__ = [
+    "JOB_PROBLEMS",
     "cancel_job",
     "claim_job",
     "create_job",
@@ -35,6 +36,22 @@ __all__ = [
     "report_progress",
     "request_hash",
 ]
+
+# Why a failed job failed: the slug of its problem type (PROBLEM_BASE + slug), and a
+# title. ``Job.error`` says the rest: what happened and what to do.
+JOB_PROBLEMS = {
+    "check-failed": "The fused model failed its numerical check",
+    "model-cannot-run": "onnxruntime cannot load or run the original model",
+    "invalid-model": "The model cannot be optimized",
+    "invalid-config": "The job's options are invalid",
+    "invalid-pattern": "A pattern of the registry snapshot is invalid",
+    "time-limit": "The optimization ran past the time limit",
+    "memory-limit": "The optimization ran out of memory",
+    "crashed": "The optimization process crashed",
+    "crashed-twice": "The optimization crashed the same way twice on this model",
+    "worker-lost": "The job's worker stopped before finishing",
+    "internal-error": "Internal error in the optimizer",
+}
 
 
 def request_hash(
@@ -215,8 +232,14 @@ def finish_job(
     fused_digest: str | None = None,
     report_digest: str | None = None,
     registry_version: int | None = None,
+    error_type: str | None = None,
+    attempt_entry: dict[str, Any] | None = None,
 ) -> bool:
-    """Write the outcome, if this worker still owns the job."""
+    """Write the outcome, if this worker still owns the job.
+
+    ``error_type``: a failed job's problem slug (``JOB_PROBLEMS``); ``attempt_entry``:
+    this attempt's outcome, appended to ``Job.attempt_log`` when it ended without a result.
+    """
     job = session.get(Job, job_id, populate_existing=True)
     if job is None or job.worker_id != worker_id or job.status != JobStatus.running.value:
         return False
@@ -226,6 +249,9 @@ def finish_job(
     job.progress = 1.0 if status == JobStatus.succeeded else job.progress
     job.finished_at, job.lease_until = utcnow(), None
     job.summary, job.error = summary, error
+    job.error_type = error_type if status == JobStatus.failed else None
+    if attempt_entry is not None:
+        job.attempt_log = [*(job.attempt_log or []), attempt_entry]
     job.fused_digest, job.report_digest = fused_digest, report_digest
     if registry_version is not None:
         job.registry_version = registry_version
@@ -241,9 +267,12 @@ def release_job(
     *,
     error: str | None = None,
     count_attempt: bool = True,
+    attempt_log: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Put a job this worker owns back to queued (its attempt crashed, or the worker is
-    stopping: then ``count_attempt=False`` gives the attempt back). False if not owned."""
+    stopping: then ``count_attempt=False`` gives the attempt back). False if not owned.
+    ``attempt_log`` replaces the job's log of attempt outcomes (the owner's read of it,
+    plus this attempt: only the lease holder writes it)."""
     values: dict[str, Any] = {
         "status": JobStatus.queued.value,
         "stage": "queued",
@@ -257,6 +286,8 @@ def release_job(
         values["error"] = error
     if not count_attempt:
         values["attempts"] = Job.attempts - 1
+    if attempt_log is not None:
+        values["attempt_log"] = attempt_log
     result = session.execute(
         update(Job)
         .where(
@@ -284,6 +315,9 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
     ).all()
     requeue = []
     for job in expired:
+        lost = {"attempt": job.attempts, "outcome": "lost", "stage": job.stage}
+        if not job.cancel_requested:  # the attempt's outcome, as for a crash the worker saw
+            job.attempt_log = [*(job.attempt_log or []), lost | {"model_digest": job.model_digest}]
         if job.cancel_requested:
             job.status, job.stage, job.finished_at = JobStatus.cancelled.value, "cancelled", now
         elif job.attempts >= job.max_attempts:
@@ -292,6 +326,7 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
                 f"the job's worker stopped {job.attempts} time(s) before finishing "
                 "(crash, kill or out of memory); it will not be retried"
             )
+            job.error_type = "worker-lost"
         else:
             job.status, job.stage, job.worker_id = JobStatus.queued.value, "queued", None
             requeue.append(job.id)
@@ -313,3 +348,4 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
         )
     session.commit()
     return requeue + [j for j in stale if j not in requeue]
+

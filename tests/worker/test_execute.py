@@ -150,19 +150,26 @@ def test_a_finished_job_is_not_run_again(env: WorkerEnv) -> None:
 
 
 def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monkeypatch) -> None:
-    monkeypatch.setenv(TEST_CRASH_ENV, "segv")
+    # The same crash twice ends the job sooner: tests/worker/test_poison.py.
     job_id = env.submit(max_attempts=3)
-    for attempt in (1, 2):
+    for attempt, crash in ((1, "segv"), (2, "sleep:60")):
+        monkeypatch.setenv(TEST_CRASH_ENV, crash)
+        if attempt == 2:  # a different crash: the time limit
+            monkeypatch.setattr(env.settings, "job_time_limit_s", 1)
         assert execute_job(env.settings, job_id, f"w{attempt}", env.store) == Outcome.requeued
         job = env.job(job_id)
         assert (job.status, job.attempts, job.worker_id) == ("queued", attempt, None)
-        assert f"attempt {attempt} of 3" in job.error and "signal 11" in job.error
+        assert f"attempt {attempt} of 3" in job.error
+    assert "time limit" in job.error
+    monkeypatch.delenv(TEST_CRASH_ENV)  # a third kind: the memory limit
+    monkeypatch.setattr(env.settings, "job_memory_limit_mb", 64)
     assert execute_job(env.settings, job_id, "w3", env.store) == Outcome.failed
     job = env.job(job_id)
-    assert (job.status, job.attempts) == ("failed", 3)
+    assert (job.status, job.attempts, job.error_type) == ("failed", 3, "memory-limit")
     assert job.error == (
-        "the optimization process crashed (signal 11, SIGSEGV); gave up after 3 attempts"
+        "the optimization ran out of memory (limit 64 MB); gave up after 3 attempts"
     )
+    assert [e["outcome"] for e in job.attempt_log] == ["signal:11", "timeout", "memory"]
     assert job.fused_digest is None and job.registry_version is not None
 
 

@@ -1,0 +1,100 @@
+"""How an attempt ended, for ``worker.execute``: the errors that end it, and the rule
+that makes a crash poison.
+
+A ``Crash`` with an ``outcome`` (``signal:N``, ``timeout``, ``memory``) is one the model
+itself brings about: onnx, onnxruntime or the optimizer dies on it, or it needs more
+time or memory than the worker gives, every time. Seen a second time on the same model
+digest (``Job.attempt_log``), the job fails with ``crashed-twice`` instead of costing a
+third attempt. Crashes that say nothing about the model (the artifact store, a bug in
+the worker, a worker killed from outside: ``lost``) cost attempts as before.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+__all__ = [
+    "KIND_PROBLEMS",
+    "Crash",
+    "UserError",
+    "crashed_twice_message",
+    "same_crash_before",
+    "signal_name",
+]
+
+
+class UserError(Exception):
+    """The job cannot succeed as asked: fail it now, with this message and problem."""
+
+    def __init__(self, message: str, problem: str = "invalid-model") -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+class Crash(Exception):
+    """The attempt died; another attempt might not. ``outcome`` names a deterministic
+    end (``signal:11``, ``timeout``, ``memory``) that a second attempt on the same model
+    would likely meet again; None for one that says nothing about the model (the store
+    or the worker failed)."""
+
+    def __init__(self, message: str, outcome: str | None = None, problem: str = "crashed") -> None:
+        super().__init__(message)
+        self.outcome, self.problem = outcome, problem
+
+
+# The sandbox's error kinds that fail the job at once, as problem slugs.
+KIND_PROBLEMS = {
+    "model": "invalid-model",
+    "config": "invalid-config",
+    "pattern": "invalid-pattern",
+}
+
+
+def same_crash_before(
+    log: list[dict[str, Any]] | None, outcome: str | None, digest: str
+) -> int | None:
+    """The earlier attempt in ``log`` (``Job.attempt_log``) that ended as ``outcome`` on
+    the model ``digest``, if any; None for an outcome that is not deterministic."""
+    if outcome is None:
+        return None
+    for entry in log or []:
+        if entry.get("model_digest") == digest and entry.get("outcome") == outcome:
+            return int(entry.get("attempt") or 0)
+    return None
+
+
+def crashed_twice_message(
+    what: str, earlier: int, attempt: int, stage: str, outcome: str | None
+) -> str:
+    """Why a job stops after its second identical crash, and what to try instead."""
+    if outcome == "timeout":
+        advice = (
+            "raise the worker's time limit (AUTOFUSION_JOB_TIME_LIMIT_S), or make the job "
+            'lighter: fewer patterns (the config\'s "exclude" list), selection "priority" '
+            "rather than measured, no profile"
+        )
+    elif outcome == "memory":
+        advice = (
+            "raise the worker's memory limit (AUTOFUSION_JOB_MEMORY_LIMIT_MB), or fold fewer "
+            'constants ("fold_constants": false or a lower "fold_output_size_limit") and '
+            "leave out profiling"
+        )
+    else:
+        advice = (
+            "report it with the model (it crashes onnx, onnxruntime or the optimizer); "
+            'meanwhile try leaving patterns out (the config\'s "exclude" list, a --strategy '
+            'file for autofusion submit) or the check ("check": {"enabled": false}) to find '
+            "which step crashes"
+        )
+    return (
+        f"{what}, the same way on attempts {earlier} and {attempt} (stage {stage}): this "
+        f"model fails like this every time, so it is not tried again; {advice}"
+    )
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
