@@ -7,17 +7,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
+from markupsafe import Markup
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
 from app.core.problems import ProblemError
 from app.models import PatternRecord
 from app.schemas.registry import PatternSummary, PatternTestResult
 from app.services import registry
-from app.services.pattern_trial import receive_trial_model, try_pattern
+from app.services.pattern_trial import trial_upload
 from app.ui.common import UIPrincipal, form_errors, render, require
-from app.ui.report_view import match_pictures
+from app.ui.report_view import MAX_MATCH_PICTURES
 from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag
 from fusion_core.errors import FusionError
 
@@ -178,12 +178,12 @@ async def try_pattern_page(
     record = registry.get_pattern(session, name)
     context = _pattern_context(session, record)
     try:
-        model = await receive_trial_model(request, settings)
-        trial = await run_in_threadpool(try_pattern, record, model)
+        # The model is drawn in the trial's child process too: the API never loads it.
+        trial = await trial_upload(request, settings, record, pictures=MAX_MATCH_PICTURES)
     except (ProblemError, FusionError) as exc:
         status, errors = form_errors(exc, "model")
         context["try_errors"] = errors
         return render(request, "pattern.html", context, status_code=status)
     context["trial"] = PatternTestResult.from_trial(trial)
-    context["pictures"] = await run_in_threadpool(match_pictures, model, trial.matches)
+    context["pictures"] = [Markup(svg) for svg in trial.pictures]  # region_svg escapes labels
     return render(request, "pattern.html", context)
