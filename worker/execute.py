@@ -53,6 +53,7 @@ from app.services.jobs import (
     release_job,
     report_progress,
 )
+from app.services.scratch import write_owner
 from fusion_core.validate import ORIGINAL_CANNOT_RUN
 from worker import sandbox
 from worker.attempts import (
@@ -190,6 +191,7 @@ class _Attempt:
         shutil.rmtree(self.folder, ignore_errors=True)
         inputs = self.folder / sandbox.INPUT_DIR
         inputs.mkdir(parents=True)
+        write_owner(self.folder)  # the sweeper leaves it alone while this process lives
         files = [{"name": self.job.model_name, "digest": self.job.model_digest}]
         try:
             for entry in files + list(self.job.data_files or []):
