@@ -7,7 +7,9 @@ This module adds what a service that accepts untrusted models needs on top of it
   (no absolute paths, no ``..``, no symlinks), so a hostile model cannot make us read
   ``/etc/passwd``;
 * saving switches to an external-data file when the weights would not fit in one
-  protobuf (2 GB);
+  protobuf (2 GB), and never keeps a reference to the source's data files: every tensor
+  of the saved model is in it or in the data file it names beside it, function bodies
+  and ``Constant`` nodes at any depth included;
 * small helpers the matcher and rewriters share: "is this value a constant", the
   consumers of a value, the position of each node.
 """
@@ -24,7 +26,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from fusion_core.errors import ModelLoadError, UnsafeModelError
+from fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",
@@ -63,6 +65,10 @@ def load_model(path: str | os.PathLike) -> ir.Model:
             hint="export the model again or check that the upload is complete",
         ) from exc
     _check_is_a_model(model, str(path))
+    # ir.load resolves the graphs' external data against the model's folder, not that
+    # of function bodies: all are read from the folder check_external_data checks.
+    for tensor in _external_tensors(model):
+        tensor.base_dir = str(path.parent)
     check_external_data(model, path.parent)
     return model
 
@@ -91,16 +97,57 @@ def _check_is_a_model(model: ir.Model, origin: str) -> None:
 
 
 def _external_tensors(model: ir.Model) -> Iterable[ir.ExternalTensor]:
+    """Every tensor stored outside the file: initializers of the main graph and its
+    subgraphs, and tensor attributes anywhere (main graph, subgraphs at any depth,
+    model-local function bodies)."""
     for graph in model.graphs():
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
                 yield value.const_value
-        for node in graph:
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.TENSOR and isinstance(
-                    attr.value, ir.ExternalTensor
-                ):
-                    yield attr.value
+    for node, name in _external_attributes(model):
+        value = node.attributes[name].value
+        yield from (value if isinstance(value, list | tuple) else [value])
+
+
+def _external_attributes(model: ir.Model) -> list[tuple[ir.Node, str]]:
+    """``(node, attribute name)`` of each tensor attribute holding external data."""
+    found = []
+    for owner in [model.graph, *model.functions.values()]:
+        for node in ir.traversal.RecursiveGraphIterator(owner):
+            for name, attr in node.attributes.items():
+                if attr.is_ref() or attr.value is None:
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    tensors = [attr.value]
+                elif attr.type == ir.AttributeType.TENSORS:
+                    tensors = list(attr.value)
+                else:
+                    continue
+                if any(isinstance(t, ir.ExternalTensor) for t in tensors):
+                    found.append((node, name))
+    return found
+
+
+def _load_external_attributes(model: ir.Model) -> int:
+    """Read every external tensor attribute into memory; returns the bytes read.
+
+    onnx-ir moves initializers in and out of external data, never attributes: a
+    ``Constant`` in a function body would otherwise be saved still pointing at the
+    original's data file (``location: w.bin``), which does not sit beside the output.
+    """
+    total = 0
+    for node, name in _external_attributes(model):
+        attr = node.attributes[name]
+        single = attr.type == ir.AttributeType.TENSOR
+        tensors = [attr.value] if single else list(attr.value)
+        external = [t for t in tensors if isinstance(t, ir.ExternalTensor)]
+        loaded = iter(ir.external_data.convert_tensors_from_external(external))
+        tensors = [next(loaded) if isinstance(t, ir.ExternalTensor) else t for t in tensors]
+        total += sum(t.nbytes for t in external)
+        node.attributes[name] = ir.Attr(
+            name, attr.type, tensors[0] if single else tensors, doc_string=attr.doc_string
+        )
+    return total
 
 
 def check_external_data(model: ir.Model, model_dir: str | os.PathLike) -> None:
@@ -178,13 +225,22 @@ def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Tensor attributes (Constant nodes, function bodies included) always go inside
+    # the file: only initializers can move to the data file.
+    attribute_bytes = _load_external_attributes(model)
+    if attribute_bytes > PROTOBUF_LIMIT_BYTES:
+        raise FusionError(
+            f"the model's tensor attributes (Constant nodes) hold {attribute_bytes} bytes, "
+            "more than one ONNX file can carry",
+            hint="store large constants as initializers, which can live in external data",
+        )
     total = sum(
         v.const_value.nbytes
         for g in model.graphs()
         for v in g.initializers.values()
         if v.const_value is not None
     )
-    if total <= PROTOBUF_LIMIT_BYTES:
+    if total + attribute_bytes <= PROTOBUF_LIMIT_BYTES:
         # Tensors still lazily read from the source folder would be saved as references
         # to files that do not exist beside the new model: read them in first.
         ir.external_data.load_to_model(model)
