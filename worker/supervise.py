@@ -2,9 +2,13 @@
 heartbeat that lets the caller renew its lease even while the child is silent.
 
 The child runs in its own session (a Ctrl-C or SIGTERM meant for the worker does not
-reach it; a timeout kills its whole process group) and limits its own address space
-first thing (``worker.sandbox``): ``preexec_fn`` is unsafe in a threaded process, and the
-embedded worker is one.
+reach it; a timeout kills its whole process group, and so does its end, so nothing it
+started outlives it) and limits its own address space first thing (``worker.sandbox``):
+``preexec_fn`` is unsafe in a threaded process, and the embedded worker is one. It
+starts with an allow-listed environment (``app.services.sandbox_env``: no
+``DATABASE_URL``, ``REDIS_URL``, ``PGPASSWORD``, ``AWS_*`` or ``AUTOFUSION_*`` setting;
+``HOME`` is its job folder) and umask 077, so what it writes is readable by the
+service's user only.
 """
 
 from __future__ import annotations
@@ -23,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from app.services.sandbox_env import CHILD_UMASK, sandbox_environment
 from worker.sandbox import INPUT_DIR, LOG_FILE, TEST_CRASH_ENV
 
 __all__ = ["ChildRun", "child_environment", "run_child"]
 
 logger = logging.getLogger(__name__)
-
-_CODE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 # Called with (stage, progress) for each progress line and on each heartbeat; returning
 # False abandons the run (the job was cancelled or is no longer ours).
@@ -46,18 +49,12 @@ class ChildRun:
     log_tail: str
 
 
-def child_environment() -> dict[str, str]:
-    """The worker's environment minus its secrets (database, broker, store credentials)."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("AUTOFUSION_", "AWS_")) or key == TEST_CRASH_ENV
-    }
-    # One BLAS thread: less memory reserved per child, and onnxruntime has its own pool.
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # Find this code even when it runs from a source checkout rather than an install.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_CODE_ROOT, env.get("PYTHONPATH")]))
-    return env
+def child_environment(folder: Path) -> dict[str, str]:
+    """The sandbox's allow-listed environment (no credentials); ``HOME`` is ``folder``.
+
+    The test-only crash hook passes through: the worker sets it nowhere.
+    """
+    return sandbox_environment(folder, keep=(TEST_CRASH_ENV,))
 
 
 def run_child(
@@ -78,17 +75,17 @@ def run_child(
             # onnxruntime resolves the external-data references of a model it is handed
             # as bytes (fusion_core's check does that) against the working directory.
             cwd=folder / INPUT_DIR,
-            env=child_environment(),
+            env=child_environment(folder),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
+            umask=CHILD_UMASK,
         )
     try:
         status = _watch(proc, start + time_limit_s, heartbeat_s, report, should_stop)
     finally:
-        if proc.poll() is None:
-            _kill(proc)
+        _kill(proc)  # the group too: whatever the child started goes with it
         proc.stdout.close()
     return ChildRun(status, proc.returncode, time.monotonic() - start, _tail(folder / LOG_FILE))
 
@@ -177,7 +174,9 @@ def _progress_line(line: bytes) -> tuple[str, float] | None:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    # The child leads its own group (start_new_session): the group id is its pid, kept
+    # while any member lives even once the child itself has exited.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=10)

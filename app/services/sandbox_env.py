@@ -49,7 +49,7 @@ def sandbox_environment(
         for key, value in source.items()
         if key in allowed or key.startswith(_ALLOWED_PREFIXES)
     }
-    env["HOME"] = str(home)
+    env["HOME"] = os.path.abspath(home)
     # One BLAS thread: less memory reserved per child, and onnxruntime has its own pool.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, source.get("PYTHONPATH")]))
