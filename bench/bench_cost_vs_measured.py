@@ -5,7 +5,7 @@ torch's dynamo exporter into ``--models``, outside the repository), one run:
 
 1. ``fusion_core.optimize`` for the onnxruntime target (check off). Every applied fusion
    carries the cost model's ``predicted_gain`` on ``--target-profile`` (µs per run).
-2. ``fusion_core.profile.profile_models`` at ORT_DISABLE_ALL, ``--repeat`` times: each
+2. ``fusion_core.profiling.profile_models`` at ORT_DISABLE_ALL, ``--repeat`` times: each
    fused region's kernel time against the summed kernel times of the original nodes it
    replaced, from onnxruntime's profiler. The measured gain of a region is the median
    over the repeats of ``before_us - after_us``.
@@ -15,7 +15,7 @@ torch's dynamo exporter into ``--models``, outside the repository), one run:
    over the regions, how often the two agree on the sign, and per pattern the summed
    prediction against the summed measurement.
 5. With ``--fit``: kernel factors are learned from those reports
-   (``fusion_core._cost_fit``, as ``autofusion calibrate --from-report`` does), and both
+   (``fusion_core.cost.fit``, as ``autofusion calibrate --from-report`` does), and both
    models are measured again at a second input shape (ResNet-50 at 288x288, BERT at
    sequence 384), so the factors are judged on shapes they were not fitted on: ranking
    and sign agreement with the shipped profile and with the fitted one, and the latency
@@ -46,9 +46,9 @@ import onnx
 import onnxruntime as ort
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
-from fusion_core._cost_fit import fit_kernel_factors
 from fusion_core.cost import dump_target_profile, load_target_profile
-from fusion_core.profile import ProfileOptions, measure_latency, profile_models
+from fusion_core.cost.fit import fit_kernel_factors
+from fusion_core.profiling import ProfileOptions, measure_latency, profile_models
 from fusion_core.report import build_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -28,7 +28,7 @@ the session (1 intra-op thread: onnxruntime runs every kernel on the caller's th
 so the time other processes held the core is not counted; with more threads, the
 process's CPU time (all threads' work, not the latency); ``wall`` reads the wall
 clock. A block's ratio is min(A) / min(B); over the blocks, the median, its 95%
-sign-test interval and a verdict (``fusion_core.profile``'s PairedRatio):
+sign-test interval and a verdict (``fusion_core.profiling``'s PairedRatio):
 
 * ``default / original``: below 1, the default is faster than the original;
 * ``with group / without group`` (``--ablate``): below 1, that group of fusions makes
@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_tools
 
 from fusion_core import CheckOptions, OptimizeConfig, builtin_patterns, optimize
-from fusion_core.profile import paired_ratio  # the report's PairedRatio (public there)
+from fusion_core.profiling import paired_ratio  # the report's PairedRatio (public there)
 
 logger = logging.getLogger("bench_defaults")
 

@@ -5,11 +5,11 @@ on both targets (issue 14: "measure what is true" of the seeds' -18% package siz
 For each model and target: ``optimize`` with ``OptimizeConfig(target=...)`` (the check
 on, as by default), the fused model saved, then
 
-* size: ``fusion_core.footprint.model_size`` of both (file plus external data);
-* peak memory: ``fusion_core.footprint.measure_memory`` (each model in a fresh process:
+* size: ``fusion_core.profiling.footprint.model_size`` of both (file plus external data);
+* peak memory: ``fusion_core.profiling.footprint.measure_memory`` (each model in a fresh process:
   VmHWM over one ORT_ENABLE_ALL session and 3 runs, less the process before the
   session), ``--repeat`` times, the median;
-* onnxruntime's allocator peak from one traced run (``fusion_core.profile.profile_nodes``,
+* onnxruntime's allocator peak from one traced run (``fusion_core.profiling.profile_nodes``,
   ORT_DISABLE_ALL), as the report's ``allocator_peak_*``.
 
 Inputs: the corpus's ``<name>.inputs.npz`` beside a model when there is one, else the
@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.footprint import measure_memory, model_size
-from fusion_core.profile import ProfileOptions, profile_nodes
+from fusion_core.profiling import ProfileOptions, profile_nodes
+from fusion_core.profiling.footprint import measure_memory, model_size
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MODELS = [

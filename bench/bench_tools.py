@@ -22,7 +22,7 @@ vision and nlp strategy presets and with measured selection):
    runs, interleaved: each iteration runs every session once and the session that goes
    first rotates. Per variant: median, p90, the ratio of its median to the original's,
    and the paired ratio (its run / the original's run in the same iteration;
-   ``fusion_core._profile_stats.paired_ratio``: the median, its 95% order-statistic
+   ``fusion_core.profiling.stats.paired_ratio``: the median, its 95% order-statistic
    interval and the verdict faster / no measurable change / slower); below 1 is faster.
    Every autofusion variant is also paired with the best peer (the other tool with the
    lowest median paired ratio at that level) from the same iterations.
@@ -64,7 +64,7 @@ import _real_world
 import _tools
 import _tools_report
 
-from fusion_core._profile_stats import paired_ratio
+from fusion_core.profiling.stats import paired_ratio
 
 logger = logging.getLogger("bench_tools")
 

@@ -64,7 +64,7 @@ class CheckOptions(BaseModel):
 
 
 class Switch(BaseModel):
-    """Patterns turned off (or on) by the input shapes (fusion_core/switches.py)."""
+    """Patterns turned off (or on) by the input shapes (fusion_core/pipeline/switches.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,7 +76,7 @@ class Switch(BaseModel):
     @field_validator("when")
     @classmethod
     def _condition(cls, text: str) -> str:
-        from fusion_core.switches import compile_condition  # it imports this module
+        from fusion_core.pipeline.switches import compile_condition  # it imports this module
 
         compile_condition(text)  # FormulaError is a ValueError: a validation error
         return text
@@ -89,7 +89,7 @@ class Switch(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How measured selection times the candidates (fusion_core/measured.py)."""
+    """How measured selection times the candidates (fusion_core/pipeline/measured.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -124,29 +124,29 @@ class OptimizeConfig(BaseModel):
     shape_inference: bool = True
     # Convert the model to this opset (default domain) before the pre-passes, so that
     # fusions may emit ops of newer opsets (HardSwish: 14); never downgrades. None: keep
-    # the model's opset (fusion_core/prepasses_opset.py).
+    # the model's opset (fusion_core/prepasses/opset.py).
     upgrade_opset: int | None = Field(default=None, ge=1)
     check: CheckOptions = Field(default_factory=CheckOptions)
     # Write (and, in the service, store) the fused model even when the check fails; by
     # default a model that failed its check is never handed out.
     keep_failed: bool = False
     # Fuse in checked stages and roll back only the fusions that break the check
-    # (fusion_core.progressive; docs/validation.md).
+    # (fusion_core.pipeline.progressive; docs/validation.md).
     progressive: bool = False
     # The stages of progressive mode, each a list of pattern-name globs; None: the
-    # default stages (fusion_core.progressive.DEFAULT_STAGES).
+    # default stages (fusion_core.pipeline.progressive.DEFAULT_STAGES).
     stages: list[list[str]] | None = Field(default=None, min_length=1, max_length=32)
-    # Patterns disabled or enabled by the input shapes (fusion_core/switches.py).
+    # Patterns disabled or enabled by the input shapes (fusion_core/pipeline/switches.py).
     switches: list[Switch] = Field(default_factory=list, max_length=64)
     # The precision the fused model will run in: fp16 adds the range analysis of every
     # fused region (overflow, underflow) and the fp32 block list to the result.
     precision: Literal["fp32", "fp16"] = "fp32"
-    # Measure both models' latency and per-op times (fusion_core.profile) into the
+    # Measure both models' latency and per-op times (fusion_core.profiling) into the
     # report: done by the callers that write reports (CLI, worker), not by optimize().
     profile: bool = False
     # How overlapping candidates are chosen: by pattern priority (the default), or by the
-    # cost model's predicted gain with a strategy (fusion_core/selection.py). "measured":
-    # priority proposes, then this machine decides (``measure``, fusion_core/measured.py).
+    # cost model's predicted gain with a strategy (fusion_core/strategies/selection.py). "measured":
+    # priority proposes, then this machine decides (``measure``, fusion_core/pipeline/measured.py).
     selection: Literal["priority", "greedy", "dp", "genetic", "auto", "measured"] = "priority"
     # Measured selection: time the model with and without each group of fusions on this
     # machine and keep a group only when it is faster beyond the noise (any selection

@@ -132,8 +132,8 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
 
     from fusion_core import OptimizeConfig, optimize, save_model
     from fusion_core.catalog import compile_all
-    from fusion_core.footprint import measure_memory
-    from fusion_core.profile import ProfileOptions, profile_models
+    from fusion_core.profiling import ProfileOptions, profile_models
+    from fusion_core.profiling.footprint import measure_memory
     from fusion_core.report import build_report, format_markdown, render_html
 
     config = OptimizeConfig.model_validate(job["config"])
@@ -203,7 +203,7 @@ def _keep_trace(fused_path: Path, output: Path, options: Any) -> None:
     """onnxruntime's raw profiler trace of ``TRACE_RUNS`` runs of the fused model, as
     ``PROFILE_TRACE_FILE``: the report keeps only the profile's aggregates. A failure
     here costs the trace, not the job."""
-    from fusion_core.profile import write_trace
+    from fusion_core.profiling import write_trace
 
     try:
         write_trace(fused_path, output / PROFILE_TRACE_FILE, runs=TRACE_RUNS, options=options)

@@ -1,24 +1,23 @@
 """``autofusion calibrate --from-report``: learn the kernel factors of a target profile
-from profiled reports (``fusion_core._cost_fit`` says how) and write the base profile
+from profiled reports (``fusion_core.cost.fit`` says how) and write the base profile
 with them."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from app.cli._exit import EXIT_CONFIG, EXIT_OK
-from fusion_core._cost_fit import FittedFactor, fit_kernel_factors
-from fusion_core.cost import load_target_profile
+from fusion_core.cost import TargetProfile, dump_target_profile, load_target_profile
+from fusion_core.cost.fit import FittedFactor, fit_kernel_factors
 from fusion_core.errors import ConfigError
 
-__all__ = ["run_from_reports"]
+__all__ = ["run_from_reports", "write_profile"]
 
 
 def run_from_reports(args: argparse.Namespace) -> int:
-    from app.cli.calibrate import write_profile  # it imports this module lazily
-
     reports = []
     for path in args.from_report:
         try:
@@ -53,3 +52,14 @@ def _table(path: Path, scale: float, fitted: list[FittedFactor]) -> str:
             f"  {f.rewriter:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
         )
     return "\n".join(lines)
+
+
+def write_profile(path: Path, profile: TargetProfile, header: str) -> bool:
+    """Write ``profile`` as YAML after ``header``; False (said on stderr) if it cannot."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_target_profile(profile, header=header), encoding="utf-8")
+    except OSError as exc:
+        sys.stderr.write(f"autofusion: error: cannot write {str(path)!r}: {exc.strerror}\n")
+        return False
+    return True

@@ -39,12 +39,12 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 
+from app.cli._calibrate_kernels import run_from_reports, write_profile
 from app.cli._exit import EXIT_CONFIG, EXIT_OK
 from fusion_core.cost import (
     PROFILE_NAME_PATTERN,
     Calibration,
     TargetProfile,
-    dump_target_profile,
 )
 
 __all__ = ["Measurement", "Sizes", "add_parser", "measure", "run"]
@@ -123,8 +123,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG
     if args.from_report:
-        from app.cli._calibrate_kernels import run_from_reports
-
         return run_from_reports(args)
     sizes = Sizes.for_mode(args.quick)
     measured = measure(sizes, threads=args.threads)
@@ -138,17 +136,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     print(_summary(profile, sizes, path))
     return EXIT_OK
-
-
-def write_profile(path: Path, profile: TargetProfile, header: str) -> bool:
-    """Write ``profile`` as YAML after ``header``; False (said on stderr) if it cannot."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump_target_profile(profile, header=header), encoding="utf-8")
-    except OSError as exc:
-        sys.stderr.write(f"autofusion: error: cannot write {str(path)!r}: {exc.strerror}\n")
-        return False
-    return True
 
 
 def measure(sizes: Sizes, *, threads: int) -> Measurement:

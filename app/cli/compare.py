@@ -22,8 +22,15 @@ from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from app.cli.optimize import _graph_only, _profile
 from fusion_core.config import CheckOptions
 from fusion_core.ir import load_model
-from fusion_core.validate import ORIGINAL_CANNOT_RUN, compare_models, load_inputs, random_inputs
-from fusion_core.validate._regions import compare_regions, fused_regions, tensor_diffs
+from fusion_core.validate import (
+    ORIGINAL_CANNOT_RUN,
+    compare_models,
+    compare_regions,
+    fused_regions,
+    load_inputs,
+    random_inputs,
+    tensor_diffs,
+)
 
 __all__ = ["add_parser", "run"]
 

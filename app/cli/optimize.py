@@ -18,8 +18,8 @@ from fusion_core import OptimizeConfig, load_pattern_file, optimize, save_model
 from fusion_core.catalog import parse_pattern_text
 from fusion_core.config import CheckOptions, MeasureOptions
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
-from fusion_core.footprint import measure_memory
-from fusion_core.profile import ProfileOptions, profile_models
+from fusion_core.profiling import ProfileOptions, profile_models
+from fusion_core.profiling.footprint import measure_memory
 from fusion_core.report import build_report, format_markdown, format_summary, render_html
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.cli._exit import EXIT_CONFIG, EXIT_MODEL, EXIT_OK
 from fusion_core.errors import ConfigError, FusionError, ModelLoadError, UnsafeModelError
-from fusion_core.profile import ProfileOptions, profile_models
+from fusion_core.profiling import ProfileOptions, profile_models
 
 __all__ = ["add_parser", "format_profile", "run"]
 

@@ -17,10 +17,16 @@ import onnx
 import onnx_ir as ir
 from markupsafe import Markup
 
-from fusion_core.report import MAX_REGION_PICTURES, ReportSummary, Speed, read_report
-from fusion_core.report._charts import grouped_bars
-from fusion_core.report._graph import GraphIndex, region_svg
-from fusion_core.report._provenance import final_nodes
+from fusion_core.report import (
+    MAX_REGION_PICTURES,
+    GraphIndex,
+    ReportSummary,
+    Speed,
+    final_nodes,
+    grouped_bars,
+    read_report,
+    region_svg,
+)
 
 __all__ = [
     "DASH",

@@ -1,6 +1,7 @@
 """Patterns as data: the spec, its declarative constraints, and the matcher."""
 
 from fusion_core.patterns._constraints import Constraint, attribute_value
+from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
 from fusion_core.patterns._match import Match, NearMiss
 from fusion_core.patterns._matcher import Matcher, MatchResult, check_match, escape_reason
 from fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
@@ -16,6 +17,8 @@ __all__ = [
     "TARGET_NAMES",
     "Constraint",
     "CostHints",
+    "Formula",
+    "FormulaError",
     "Match",
     "MatchResult",
     "Matcher",
@@ -26,6 +29,7 @@ __all__ = [
     "ValueRef",
     "attribute_value",
     "check_match",
+    "compile_formula",
     "escape_reason",
     "parse_edge",
     "parse_ref",

@@ -1,7 +1,7 @@
 """The report's ``size`` and ``memory`` entries, and the one way the renderings word them.
 
 ``size`` is in every report: the input's bytes on disk (its file and external data)
-against the fused model's (``fusion_core.footprint``). ``memory`` is in profiled
+against the fused model's (``fusion_core.profiling.footprint``). ``memory`` is in profiled
 reports: each model's peak resident memory in its own process while onnxruntime
 creates a session and runs it, with onnxruntime's allocator peak from the profile's
 trace beside it.
@@ -15,7 +15,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from fusion_core.footprint import model_size, serialized_size
+from fusion_core.profiling.footprint import model_size, serialized_size
 from fusion_core.report._reader import read_report
 
 __all__ = [

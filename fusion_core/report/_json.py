@@ -61,14 +61,14 @@ def build_report(
     ``model``/``output`` name the files in the report; their sha256 is taken from
     ``model_file``/``output_file`` when given (a name may not be a path from here),
     else from ``model``/``output`` when those are existing files. ``profile`` is a
-    ``ProfileReport.to_dict()`` (``fusion_core.profile``). ``rollbacks`` are
+    ``ProfileReport.to_dict()`` (``fusion_core.profiling``). ``rollbacks`` are
     ``{"pattern", "nodes", "error", ...}``, by default the result's own (progressive
     validation); null when neither has any record of a progressive run.
 
     ``size`` is always measured: the input file (``model_file``, else ``model``) with
     its external data, against the fused file (``output_file``, else ``output``), or,
     when no file holds the fused model, ``result.model`` serialized into a scratch
-    folder. ``memory`` is a ``fusion_core.footprint.MemoryComparison.to_dict()``; the
+    folder. ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison.to_dict()``; the
     report's ``memory`` entry is null unless it or ``profile`` is given.
     """
     model_path = model_file if model_file is not None else model

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fusion_core._profile_stats import VERDICTS
+from fusion_core.profiling.stats import VERDICTS
 
 __all__ = [
     "DEPLOYMENT_LEVEL",
@@ -43,7 +43,7 @@ class Speed:
     high: float | None = None
     confidence: float | None = None
     runs: int | None = None
-    verdict: str | None = None  # one of fusion_core._profile_stats.VERDICTS
+    verdict: str | None = None  # one of fusion_core.profiling.stats.VERDICTS
     threads: int | None = None
 
     @property

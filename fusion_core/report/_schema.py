@@ -208,7 +208,7 @@ class RegionTime(BaseModel):
 
 
 class Profile(BaseModel):
-    """``ProfileReport.to_dict()`` (``fusion_core.profile``): onnxruntime timings.
+    """``ProfileReport.to_dict()`` (``fusion_core.profiling``): onnxruntime timings.
 
     Keys the renderings read are described; all are optional and others are allowed.
     """
@@ -296,7 +296,7 @@ class Memory(BaseModel):
     resident_after_bytes: int | None = Field(description="Likewise, fused")
     allocator_peak_before_bytes: int | None = Field(
         description="onnxruntime's CPU allocator peak in the profiler's trace, original "
-        "(fusion_core.profile.MemoryStats); null without a profile or allocator statistics"
+        "(fusion_core.profiling.MemoryStats); null without a profile or allocator statistics"
     )
     allocator_peak_after_bytes: int | None = Field(description="Likewise, fused")
     allocator_measure: str = Field(description="What the allocator peaks are, in words")

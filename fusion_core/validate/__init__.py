@@ -18,7 +18,15 @@ from fusion_core.validate._inputs import (
     describe_inputs,
     random_inputs,
 )
+from fusion_core.validate._ranges import PrecisionReport, check_fp16
+from fusion_core.validate._regions import RegionReport, compare_regions, fused_regions, tensor_diffs
 from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
+from fusion_core.validate._structure import (
+    OutputSignature,
+    checker_problems,
+    output_signature,
+    structure_problems,
+)
 from fusion_core.validate._user_inputs import check_feeds, load_inputs
 
 __all__ = [
@@ -33,15 +41,25 @@ __all__ = [
     "FloatDistribution",
     "InputSpec",
     "OutputCheck",
+    "OutputSignature",
+    "PrecisionReport",
     "ProfileCheck",
+    "RegionReport",
     "Tolerance",
     "candidate_dims",
     "check_feeds",
+    "check_fp16",
+    "checker_problems",
     "compare_models",
+    "compare_regions",
     "default_tolerance",
     "describe_inputs",
+    "fused_regions",
     "input_dims",
     "load_inputs",
     "make_session",
+    "output_signature",
     "random_inputs",
+    "structure_problems",
+    "tensor_diffs",
 ]

@@ -1,7 +1,7 @@
 """Real reports for the consumers' tests (CI client, dashboard, job summary).
 
 Every report here is ``fusion_core.report.build_report`` output for a real optimization
-of a small Conv+BN+Relu model, profiled by ``fusion_core.profile.profile_models`` when
+of a small Conv+BN+Relu model, profiled by ``fusion_core.profiling.profile_models`` when
 asked: no key is written by hand, so a renamed report key fails these tests.
 """
 
@@ -16,7 +16,7 @@ import onnx
 from ui_testing import conv_bn_relu
 
 from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profile import PairedRatio, ProfileOptions, profile_models
+from fusion_core.profiling import PairedRatio, ProfileOptions, profile_models
 from fusion_core.report import DEPLOYMENT_LEVEL, build_report
 
 # Quick but real: enough paired runs for a 95% interval.

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from onnx import numpy_helper
 
-from fusion_core._cost_fit import fit_kernel_factors
 from fusion_core.catalog import builtin_patterns
 from fusion_core.cost import CostModel, Gain, TargetProfile, load_target_profile, shipped_profiles
+from fusion_core.cost.fit import fit_kernel_factors
 from fusion_core.errors import ConfigError
 from fusion_core.patterns import Match, Matcher, PatternSpec
 from fusion_core.prepasses import PrepassOptions, run_prepasses

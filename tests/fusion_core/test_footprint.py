@@ -1,4 +1,4 @@
-"""Size on disk and peak memory (``fusion_core.footprint``) and the report's ``size`` and
+"""Size on disk and peak memory (``fusion_core.profiling.footprint``) and the report's ``size`` and
 ``memory`` entries: real optimize runs of small models with random weights, the
 memory measured in real child processes, read back with ``read_report``."""
 
@@ -13,8 +13,8 @@ import onnx.parser
 import pytest
 
 from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.footprint import measure_memory, model_size, serialized_size
-from fusion_core.profile import ProfileOptions, profile_models
+from fusion_core.profiling import ProfileOptions, profile_models
+from fusion_core.profiling.footprint import measure_memory, model_size, serialized_size
 from fusion_core.report import (
     build_report,
     format_markdown,

@@ -14,9 +14,9 @@ import onnx.numpy_helper
 import pytest
 
 from fusion_core import OptimizeConfig, optimize
-from fusion_core._profile_stats import paired_ratio
 from fusion_core.errors import ConfigError
-from fusion_core.measured import PairedTimer, group_fusions, optimize_measured
+from fusion_core.pipeline.measured import PairedTimer, group_fusions, optimize_measured
+from fusion_core.profiling.stats import paired_ratio
 from fusion_core.report import build_report, format_summary, read_report
 from fusion_core.validate import CANDIDATES, candidate_dims, input_dims
 from tests.fusion_core.test_report import conv_bn_relu, validate

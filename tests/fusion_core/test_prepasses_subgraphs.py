@@ -186,7 +186,7 @@ def _spatial_dims(proto: onnx.ModelProto) -> list:
 def test_onnxruntime_symbolic_inference_only_where_it_is_safe_and_fast(
     monkeypatch, model, expected
 ):
-    import fusion_core.prepasses as prepasses
+    import fusion_core.prepasses.passes as prepasses
 
     seen = []
     monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda p: seen.append(p))

@@ -17,7 +17,7 @@ import onnx_ir as ir
 import pytest
 
 from fusion_core import CheckOptions, ConfigError, OptimizeConfig, UnsafeModelError, optimize
-from fusion_core.profile import (
+from fusion_core.profiling import (
     LEVELS,
     NodeProfile,
     NodeTime,

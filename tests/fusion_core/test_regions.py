@@ -14,7 +14,7 @@ import onnx.numpy_helper as nh
 import onnx.parser
 
 from fusion_core import CheckOptions, OptimizeConfig, optimize
-from fusion_core.progressive import optimize_progressive
+from fusion_core.pipeline.progressive import optimize_progressive
 from fusion_core.rewriters import Rewrite, builtin_rewriters
 from fusion_core.rewriters.batchnorm import FoldBatchNorm
 from fusion_core.rewriters.gemm import MatMulAddToGemm

@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profile import ProfileOptions, profile_models
+from fusion_core.profiling import ProfileOptions, profile_models
 from fusion_core.report import (
     build_report,
     format_markdown,

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from fusion_core import CheckOptions, OptimizeConfig, optimize
 from fusion_core.errors import ConfigError
 from fusion_core.patterns._formula import FormulaError
+from fusion_core.pipeline.switches import compile_condition
 from fusion_core.report import build_report
-from fusion_core.switches import compile_condition
 
 RNG = np.random.default_rng(7)
 

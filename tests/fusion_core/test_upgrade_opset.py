@@ -1,4 +1,4 @@
-"""``OptimizeConfig.upgrade_opset`` (fusion_core/prepasses_opset.py): the model is
+"""``OptimizeConfig.upgrade_opset`` (fusion_core/prepasses/opset.py): the model is
 converted with onnx's version converter before the pre-passes, so the generic target
 can emit ops of the newer opset (HardSwish from 14, Swish from 24); a conversion onnx
 cannot do is a ConfigError that says what to do, and the report says what was done.

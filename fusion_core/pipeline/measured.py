@@ -8,10 +8,10 @@ the fusions of one pattern that emit the same ops form one group, so a BERT's 12
 attention blocks are one measurement, not 12. Then, on this machine:
 
 1. the proposal ("full") runs side by side with "full without group g" for every group,
-   interleaved and paired (``fusion_core._profile_stats``), at the deployment level and
+   interleaved and paired (``fusion_core.profiling.stats``), at the deployment level and
    thread count; a group is kept only when full is faster than full-without-it beyond
    the noise: the whole 95% interval of the paired ratio below 1, and its median at
-   least 1% below (``fusion_core._profile_stats.MARGIN``);
+   least 1% below (``fusion_core.profiling.stats.MARGIN``);
 2. the model with the kept groups is built (and checked), and measured against the
    original once more; when that is slower, no fusion is kept, and the report says so;
    when it is not measurably faster, the report says that plainly.
@@ -24,7 +24,7 @@ a quarter of the budget is kept for the final comparison. A group the budget doe
 reach is left out (not kept: a fusion is kept only for a measured reason). Only the
 minimum number of paired runs a verdict needs (``min_runs``) can take the time past the
 budget. Decisions are cached per machine class and model structure
-(``fusion_core._measure_cache``): a second job on the same architecture measures only
+(``fusion_core.pipeline._measure_cache``): a second job on the same architecture measures only
 the final comparison.
 
 When the original model cannot run on any input sizes tried (the check's candidate
@@ -42,21 +42,29 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from fusion_core._measure_cache import DecisionCache, machine_class, model_structure
-from fusion_core._profile_stats import FASTER, SLOWER, PairedRatio, paired_ratio
-from fusion_core._profile_trace import inputs_for, make_session, prepare_model
 from fusion_core.catalog import CompiledPattern
 from fusion_core.config import MeasureOptions, OptimizeConfig
 from fusion_core.errors import ConfigError
 from fusion_core.ir import load_model
 from fusion_core.patterns import NearMiss
-from fusion_core.profile import interleaved_ms
+from fusion_core.pipeline._measure_cache import DecisionCache, machine_class, model_structure
+from fusion_core.pipeline.once import AppliedFusion, Result, optimize_once
+from fusion_core.profiling import (
+    FASTER,
+    SLOWER,
+    PairedRatio,
+    inputs_for,
+    interleaved_ms,
+    make_session,
+    paired_ratio,
+    prepare_model,
+)
 from fusion_core.rewriters import RewriterRegistry
 from fusion_core.validate import (
     CANDIDATES,
@@ -65,9 +73,6 @@ from fusion_core.validate import (
     input_dims,
     random_inputs,
 )
-
-if TYPE_CHECKING:
-    from fusion_core.pipeline import AppliedFusion, Result
 
 __all__ = ["FusionGroup", "PairedTimer", "group_fusions", "optimize_measured"]
 
@@ -124,7 +129,6 @@ def optimize_measured(
     """``optimize`` with only the fusion groups that measure faster on this machine;
     ``Result.measurement`` says what was measured and decided (see the module doc).
     ``timer_factory`` replaces the timing (tests decide the ratios with it)."""
-    from fusion_core.pipeline import optimize_once  # optimize calls us
 
     if config.progressive:
         raise ConfigError(

@@ -11,7 +11,7 @@ Latency is measured so that a comparison is fair on a shared, noisy machine:
   first, so drift of the machine (another job, a frequency change) hits all alike;
 * the result is the median and p90 per session, the ratio of the two medians, and the
   paired ratio: fused / original within each iteration, its median, a 95% interval
-  and a verdict (faster / no measurable change / slower; fusion_core/_profile_stats.py).
+  and a verdict (faster / no measurable change / slower; fusion_core/profiling/stats.py).
 
 It is measured at onnxruntime's default level, ``ORT_ENABLE_ALL`` (what a user who
 deploys with onnxruntime gets), and with onnxruntime's optimizations off,
@@ -49,8 +49,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from fusion_core._profile_stats import PairedRatio, paired_ratio
-from fusion_core._profile_trace import (
+from fusion_core.errors import ConfigError
+from fusion_core.profiling._trace import (
     MemoryStats,
     NodeProfile,
     NodeTime,
@@ -63,7 +63,7 @@ from fusion_core._profile_trace import (
     read_trace,
     timed_run,
 )
-from fusion_core.errors import ConfigError
+from fusion_core.profiling.stats import PairedRatio, paired_ratio
 from fusion_core.validate import random_inputs
 
 __all__ = [
@@ -156,7 +156,7 @@ class LatencyComparison:
     level: str
     sessions: list[SessionLatency]
     # fused / original per interleaved iteration, with its interval and verdict
-    # (fusion_core/_profile_stats.py); None without both sessions.
+    # (fusion_core/profiling/stats.py); None without both sessions.
     paired: PairedRatio | None = None
 
     @property

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from fusion_core.errors import ConfigError
-from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
+from fusion_core.patterns import Formula, FormulaError, compile_formula
 
 if TYPE_CHECKING:
     from fusion_core.config import OptimizeConfig, Switch

@@ -28,9 +28,9 @@ import onnx_ir as ir
 
 from fusion_core.catalog import CompiledPattern
 from fusion_core.config import OptimizeConfig
-from fusion_core.pipeline import Result, check_against_original, optimize, select_patterns
+from fusion_core.pipeline.once import Result, check_against_original, optimize_once, select_patterns
+from fusion_core.pipeline.switches import resolve_switches
 from fusion_core.rewriters import RewriterRegistry, builtin_rewriters
-from fusion_core.switches import resolve_switches
 
 __all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
 
@@ -77,7 +77,7 @@ def optimize_progressive(
     registry = registry or builtin_rewriters()
     check = config.check.model_copy(update={"enabled": True})
     no_fusion = {"patterns": [], "switches": [], "check": check}
-    first = optimize(model, config.model_copy(update=no_fusion))
+    first = optimize_once(model, config.model_copy(update=no_fusion))
     config, switched = resolve_switches(config, first.model)  # every stage sees the same
     available = [p.name for p in select_patterns(config, registry, patterns)]
     original = first.to_proto()  # after loading and the pre-passes, before any fusion
@@ -94,7 +94,7 @@ def optimize_progressive(
         def run(
             skip: dict[_Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
         ) -> Result:
-            return optimize(
+            return optimize_once(
                 source, cfg, registry=registry, patterns=patterns, skip=skip, feeds=feeds
             )
 

@@ -1,6 +1,6 @@
 """The cost model: what a candidate fusion is predicted to save on a target.
 
-Per node (``fusion_core._cost_ops`` documents the counting conventions): FLOPs, bytes
+Per node (``fusion_core.cost._ops`` documents the counting conventions): FLOPs, bytes
 read and written. Per candidate (a ``Match``):
 
 - ``bytes_saved``: intermediates no longer written and read back. An internal value
@@ -9,7 +9,7 @@ read and written. Per candidate (a ``Match``):
   reads it (views excepted); an external input read by several fused nodes (a
   horizontal fusion) saves its size once per extra reader.
 - ``launches_saved``: fused nodes minus kernels after the rewrite (one, unless the
-  rewriter is known to emit more: ``fusion_core._cost_rewrites``).
+  rewriter is known to emit more: ``fusion_core.cost._rewrites``).
 - ``flops_delta``: FLOPs the rewrite adds (> 0) or removes (< 0): a folded
   BatchNormalization's go, a Q/K/V merge keeps them.
 - ``working_set_bytes``: external inputs + outputs of the fused kernel + its largest
@@ -40,8 +40,8 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from fusion_core._cost_ops import NodeCost, Shapes, node_cost
-from fusion_core._cost_profile import (
+from fusion_core.cost._ops import NodeCost, Shapes, node_cost
+from fusion_core.cost._profiles import (
     PROFILE_NAME_PATTERN,
     Calibration,
     TargetProfile,
@@ -49,7 +49,7 @@ from fusion_core._cost_profile import (
     load_target_profile,
     shipped_profiles,
 )
-from fusion_core._cost_rewrites import RewriteEffect, rewrite_effect
+from fusion_core.cost._rewrites import RewriteEffect, rewrite_effect
 from fusion_core.patterns import Match
 
 __all__ = [

@@ -29,7 +29,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
 from fusion_core.ir import constant_array
-from fusion_core.shape_reads import ShapeReadsFromInputsPass
+from fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
 
 __all__ = [
     "IdentityEliminationPass",

@@ -1,4 +1,4 @@
-"""The child process ``fusion_core.footprint.measure_memory`` starts, one per model:
+"""The child process ``fusion_core.profiling.footprint.measure_memory`` starts, one per model:
 ``python -P _memory_child.py REQUEST_JSON``; it prints one JSON line.
 
 It imports the standard library, numpy and onnxruntime only, never ``fusion_core``

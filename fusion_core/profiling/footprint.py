@@ -6,7 +6,7 @@ onnxruntime takes to load and run it.
   A fused model that was not written (its check failed) is measured by serializing it
   the way ``fusion_core.ir.save_model`` writes it, into a scratch folder.
 * **Peak memory** (``measure_memory``): each model runs in a fresh Python process
-  (``fusion_core/_memory_child.py``: numpy and onnxruntime only) that loads the inputs,
+  (``fusion_core/profiling/_memory_child.py``: numpy and onnxruntime only) that loads the inputs,
   then creates one onnxruntime session (``ORT_ENABLE_ALL``, the given providers and
   threads) and runs it a few times. The figure is the process's peak resident memory
   (VmHWM) over session creation and the runs, less its resident memory just before the
@@ -15,7 +15,7 @@ onnxruntime takes to load and run it.
   interpreter and inputs underneath both models. One process per model, so neither
   inherits the other's heap, and nothing in the calling process changes.
 
-onnxruntime's own allocator peak (``fusion_core.profile.MemoryStats``, from the
+onnxruntime's own allocator peak (``fusion_core.profiling.MemoryStats``, from the
 profiler's trace) is a different figure: only what passes through its CPU allocator
 (activations, workspaces, pre-packed weights), not the weights held elsewhere or the
 arena's slack. The report carries both.

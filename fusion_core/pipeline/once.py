@@ -1,4 +1,4 @@
-"""The one entry point: ``optimize(model, config) -> Result``.
+"""One pass of the pipeline: ``optimize_once(model, config) -> Result``.
 
 load -> pre-passes -> (match -> select -> rewrite)* -> clean up -> check
 
@@ -29,10 +29,11 @@ from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
 from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
-from fusion_core.left_alone import left_alone, quantized_unit
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
+from fusion_core.pipeline.left_alone import left_alone, quantized_unit
+from fusion_core.pipeline.switches import resolve_switches
 from fusion_core.prepasses import PrepassOptions, run_prepasses
-from fusion_core.prepasses_opset import upgrade_opset
+from fusion_core.prepasses.opset import upgrade_opset
 from fusion_core.rewriters import (
     Rewrite,
     RewriteContext,
@@ -42,27 +43,33 @@ from fusion_core.rewriters import (
     discard,
     missing_output,
 )
-from fusion_core.selection import selection_for
-from fusion_core.switches import resolve_switches
+from fusion_core.strategies.selection import selection_for
 from fusion_core.targets import get_target
 from fusion_core.validate import (
     CANNOT_LOAD,
     ORIGINAL_CANNOT_RUN,
     CheckResult,
     FloatDistribution,
-    compare_models,
-    random_inputs,
-)
-from fusion_core.validate._ranges import PrecisionReport, check_fp16
-from fusion_core.validate._regions import RegionReport, compare_regions
-from fusion_core.validate._structure import (
     OutputSignature,
+    PrecisionReport,
+    RegionReport,
+    check_fp16,
     checker_problems,
+    compare_models,
+    compare_regions,
     output_signature,
+    random_inputs,
     structure_problems,
 )
 
-__all__ = ["AppliedFusion", "Result", "optimize", "select_patterns"]
+__all__ = [
+    "AppliedFusion",
+    "Result",
+    "check_against_original",
+    "optimize_once",
+    "select_patterns",
+    "subgraphs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -123,47 +130,6 @@ class Result:
         return ir.to_proto(self.model)
 
 
-def optimize(
-    model: ir.Model | onnx.ModelProto | str | os.PathLike,
-    config: OptimizeConfig | None = None,
-    *,
-    registry: RewriterRegistry | None = None,
-    patterns: Sequence[CompiledPattern] | None = None,
-    skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
-    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
-) -> Result:
-    """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
-
-    ``patterns`` replaces the built-in patterns (the service passes its registry
-    snapshot); ``registry`` adds rewriters beyond the built-in ones. ``skip`` names
-    fusions not to apply, as (pattern, matched node names) -> reason (progressive
-    validation rolls back a fusion this way); they are reported as near misses.
-    When the check fails, ``Result.regions`` names the fused region that drifts first.
-    ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
-    generated check samples.
-    """
-    config = config or OptimizeConfig()
-    if config.measure or config.selection == "measured":
-        from fusion_core.measured import optimize_measured  # it calls us
-
-        return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
-    if config.progressive:
-        from fusion_core.progressive import DEFAULT_STAGES, optimize_progressive  # it calls us
-
-        stepwise = config.model_copy(update={"progressive": False, "stages": None})
-        return optimize_progressive(
-            model,
-            stepwise,
-            stages=config.stages or DEFAULT_STAGES,
-            registry=registry,
-            patterns=patterns,
-            feeds=feeds,
-        )
-    return optimize_once(
-        model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds
-    )
-
-
 def optimize_once(
     model: ir.Model | onnx.ModelProto | str | os.PathLike,
     config: OptimizeConfig,
@@ -190,7 +156,7 @@ def optimize_once(
     result.ops_before = _op_counts(work)
 
     start = time.perf_counter()
-    # opt-in opset upgrade, before the other pre-passes (fusion_core/prepasses_opset.py)
+    # opt-in opset upgrade, before the other pre-passes (fusion_core/prepasses/opset.py)
     work, upgrade = upgrade_opset(work, config.upgrade_opset)
     result.model = work
     result.prepasses = run_prepasses(work, _prepass_options(config))

@@ -1,0 +1,36 @@
+"""The pipeline: pre-passes, rounds of match, select and rewrite, then the check.
+
+``optimize`` (``modes.py``) runs one pass (``once.py``), progressive validation's checked
+stages (``progressive.py``) or measured selection (``measured.py``), as the config says;
+``switches.py`` turns patterns on or off by input shapes and ``left_alone.py`` names what
+the engine leaves as it is (quantized units, unknown domains).
+"""
+
+from fusion_core.pipeline.measured import FusionGroup, PairedTimer, group_fusions, optimize_measured
+from fusion_core.pipeline.modes import optimize
+from fusion_core.pipeline.once import (
+    AppliedFusion,
+    Result,
+    check_against_original,
+    optimize_once,
+    select_patterns,
+    subgraphs,
+)
+from fusion_core.pipeline.progressive import DEFAULT_STAGES, Rollback, optimize_progressive
+
+__all__ = [
+    "DEFAULT_STAGES",
+    "AppliedFusion",
+    "FusionGroup",
+    "PairedTimer",
+    "Result",
+    "Rollback",
+    "check_against_original",
+    "group_fusions",
+    "optimize",
+    "optimize_measured",
+    "optimize_once",
+    "optimize_progressive",
+    "select_patterns",
+    "subgraphs",
+]

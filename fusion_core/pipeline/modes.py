@@ -1,0 +1,61 @@
+"""``optimize``: one pass, progressive stages, or measured selection, as the config says.
+
+The three modes build on ``optimize_once`` (``once.py``); this module only chooses, so
+that progressive validation and measured selection can call the one pass without
+calling back into the choice (no import circle).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from fusion_core.catalog import CompiledPattern
+from fusion_core.config import OptimizeConfig
+from fusion_core.pipeline.measured import optimize_measured
+from fusion_core.pipeline.once import Result, optimize_once
+from fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from fusion_core.rewriters import RewriterRegistry
+
+__all__ = ["optimize"]
+
+
+def optimize(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig | None = None,
+    *,
+    registry: RewriterRegistry | None = None,
+    patterns: Sequence[CompiledPattern] | None = None,
+    skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Result:
+    """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
+
+    ``patterns`` replaces the built-in patterns (the service passes its registry
+    snapshot); ``registry`` adds rewriters beyond the built-in ones. ``skip`` names
+    fusions not to apply, as (pattern, matched node names) -> reason (progressive
+    validation rolls back a fusion this way); they are reported as near misses.
+    When the check fails, ``Result.regions`` names the fused region that drifts first.
+    ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
+    generated check samples.
+    """
+    config = config or OptimizeConfig()
+    if config.measure or config.selection == "measured":
+        return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
+    if config.progressive:
+        stepwise = config.model_copy(update={"progressive": False, "stages": None})
+        return optimize_progressive(
+            model,
+            stepwise,
+            stages=config.stages or DEFAULT_STAGES,
+            registry=registry,
+            patterns=patterns,
+            feeds=feeds,
+        )
+    return optimize_once(
+        model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds
+    )

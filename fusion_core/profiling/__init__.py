@@ -1,0 +1,98 @@
+"""Measuring on onnxruntime: latency, paired ratios, traces, per-node times, memory.
+
+``latency.py`` times and profiles the original and the fused model; ``stats.py`` the
+paired ratio and its verdict; ``_trace.py`` sessions and onnxruntime's profiler trace;
+``footprint.py`` file size and peak memory (in a child process, ``_memory_child.py``).
+"""
+
+from fusion_core.profiling._trace import (
+    inputs_for,
+    make_session,
+    prepare_model,
+)
+from fusion_core.profiling.footprint import (
+    MEMORY_LEVEL,
+    MEMORY_RUNS,
+    MemoryComparison,
+    ModelSize,
+    ProcessMemory,
+    measure_memory,
+    model_size,
+    serialized_size,
+)
+from fusion_core.profiling.latency import (
+    LEVELS,
+    LatencyComparison,
+    MemoryStats,
+    NodeProfile,
+    NodeTime,
+    OpTypeTime,
+    PatternTime,
+    ProfileOptions,
+    ProfileReport,
+    RegionTime,
+    SessionLatency,
+    interleaved_ms,
+    measure_latency,
+    parse_trace,
+    pattern_times,
+    profile_models,
+    profile_nodes,
+    read_trace,
+    region_times,
+    write_trace,
+)
+from fusion_core.profiling.stats import (
+    CONFIDENCE,
+    FASTER,
+    MARGIN,
+    NO_CHANGE,
+    SLOWER,
+    VERDICTS,
+    PairedRatio,
+    paired_ratio,
+    verdict_of,
+)
+
+__all__ = [
+    "CONFIDENCE",
+    "FASTER",
+    "LEVELS",
+    "MARGIN",
+    "MEMORY_LEVEL",
+    "MEMORY_RUNS",
+    "NO_CHANGE",
+    "SLOWER",
+    "VERDICTS",
+    "LatencyComparison",
+    "MemoryComparison",
+    "MemoryStats",
+    "ModelSize",
+    "NodeProfile",
+    "NodeTime",
+    "OpTypeTime",
+    "PairedRatio",
+    "PatternTime",
+    "ProcessMemory",
+    "ProfileOptions",
+    "ProfileReport",
+    "RegionTime",
+    "SessionLatency",
+    "inputs_for",
+    "interleaved_ms",
+    "make_session",
+    "measure_latency",
+    "measure_memory",
+    "model_size",
+    "paired_ratio",
+    "parse_trace",
+    "pattern_times",
+    "prepare_model",
+    "profile_models",
+    "profile_nodes",
+    "read_trace",
+    "region_times",
+    "serialized_size",
+    "verdict_of",
+    "write_trace",
+]

@@ -1,0 +1,138 @@
+"""The layout DESIGN.md maps, as the code has it: stage packages, public faces, no circles.
+
+Reads the source with ``ast`` (nothing is imported): an import of ``a.b.c`` is an edge
+to the most specific module of that name that exists, at any depth of the file (imports
+inside functions count: they hid two circles before).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = ("fusion_core", "app", "worker")
+TOP_LEVEL_LIMIT = 7  # fusion_core modules outside a stage package (``__init__`` aside)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for layer in LAYERS for p in (REPO / layer).rglob("*.py")}
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes under ``if TYPE_CHECKING:``: never run, never a circle."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            ids |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return ids
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph(layer_prefixes: tuple[str, ...]) -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if not name.startswith(layer_prefixes):
+            continue
+        edges = graph.setdefault(name, set())
+        for _, imported in _imports(path):
+            target = _resolve(imported, modules)
+            # a package's own face importing its submodules is not a circle
+            inside = target is not None and name.startswith(target + ".")
+            if target and target != name and target.startswith(layer_prefixes) and not inside:
+                edges.add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_reaches_a_private_module_of_another_package() -> None:
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for line, imported in _imports(path):
+            parts = imported.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])
+                    private = ".".join(parts[: i + 1])
+                    if private in modules and not (
+                        package == owner or package.startswith(owner + ".")
+                    ):
+                        wrong.append(f"{path.relative_to(REPO)}:{line} imports {private}")
+                    break
+    wrong = list(dict.fromkeys(wrong))
+    assert not wrong, "import the package's public face instead:\n" + "\n".join(wrong)
+
+
+def test_no_import_circles() -> None:
+    cycles = _cycles(_graph(LAYERS))
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_fusion_core_keeps_its_stages_in_packages() -> None:
+    top = sorted(p.name for p in (REPO / "fusion_core").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= TOP_LEVEL_LIMIT, f"{len(top)} loose modules in fusion_core: {top}"
+    for stage in ("prepasses", "patterns", "cost", "strategies", "rewriters", "pipeline",
+                  "validate", "profiling", "report"):  # fmt: skip
+        assert (REPO / "fusion_core" / stage / "__init__.py").is_file(), stage
