@@ -3,17 +3,32 @@
 Every error leaves the service as ``application/problem+json`` with a stable ``type``
 URI (``https://autofusion.dev/problems/<slug>``), a title, the HTTP status and a
 ``detail`` that says what was wrong and what to do.
+
+Nothing else ever leaves: ``CatchAllProblems`` (installed with the handlers) turns any
+exception no handler knows into a problem+json 500 with an ``error_id`` that the log
+line (``logger.exception``) carries too, and a database that cannot be reached into a
+503 with ``Retry-After``. Under ``/ui`` the same becomes an HTML error page (the
+dashboard sets ``app.state.error_page``; a plain page otherwise).
 """
 
 from __future__ import annotations
 
 import copy
+import html
+import logging
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
+from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fusion_core.errors import (
     ConfigError,
@@ -24,7 +39,9 @@ from fusion_core.errors import (
 )
 
 __all__ = [
+    "DATABASE_RETRY_AFTER_S",
     "PROBLEM_BASE",
+    "CatchAllProblems",
     "ProblemError",
     "install_problem_handlers",
     "problem_response",
@@ -33,6 +50,10 @@ __all__ = [
 
 PROBLEM_BASE = "https://autofusion.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
+# What a 503 during a database outage asks the client to wait before it retries.
+DATABASE_RETRY_AFTER_S = 5
+
+logger = logging.getLogger(__name__)
 
 _FUSION_STATUS = {
     ModelLoadError: 422,
@@ -92,6 +113,10 @@ def problem_response(
 
 
 def install_problem_handlers(app: FastAPI) -> None:
+    """The exception handlers (one table: domain errors, validation, HTTP errors) and,
+    around them, the catch-all for everything else."""
+    app.add_middleware(CatchAllProblems)
+
     @app.exception_handler(ProblemError)
     async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(exc.status, exc.slug, exc.title, exc.detail, **exc.extra)
@@ -122,3 +147,106 @@ def install_problem_handlers(app: FastAPI) -> None:
             str(exc.detail),
             headers=getattr(exc, "headers", None),
         )
+
+
+# (status, slug, title, detail) of an exception no handler knows; the detail never
+# carries the exception's text (it may hold paths, SQL or secrets): the log has it.
+_DATABASE_DOWN = (
+    503,
+    "database-unavailable",
+    "Database unavailable",
+    "the service cannot reach its database right now; retry in a few seconds "
+    "(Retry-After), and tell the operator if it lasts (quote the error_id)",
+)
+_INTERNAL = (
+    500,
+    "internal-error",
+    "Internal error",
+    "the service failed unexpectedly on this request; nothing was changed by the failed "
+    "step. Retry, and if it happens again report the error_id to the operator",
+)
+ErrorPage = Callable[[StarletteRequest, int, str, str, str], Response]
+
+
+def _is_ui(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
+
+
+def _plain_error_page(status: int, title: str, detail: str, error_id: str) -> Response:
+    body = (
+        f"<!doctype html><title>{status} {html.escape(title)}</title>"
+        f"<h1>{status}: {html.escape(title)}</h1><p>{html.escape(detail)}</p>"
+        f"<p>error id: <code>{html.escape(error_id)}</code></p>"
+    )
+    return HTMLResponse(body, status_code=status)
+
+
+class CatchAllProblems:
+    """ASGI middleware: an exception that reaches it becomes a problem+json response
+    (an HTML page under /ui) with an ``error_id`` logged along with the traceback.
+
+    It sits inside the user middleware, just around the exception handlers, so what it
+    answers still passes through metrics and the security headers. An exception after
+    the response has started cannot be answered any more: it is logged with its id and
+    re-raised for the server to close the connection.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            error_id = uuid.uuid4().hex[:16]
+            database = isinstance(exc, OperationalError | DisconnectionError | PoolTimeoutError)
+            status, slug, title, detail = _DATABASE_DOWN if database else _INTERNAL
+            logger.exception(
+                "error_id=%s: %s %s failed with %s (answered %d)",
+                error_id,
+                scope.get("method"),
+                scope.get("path"),
+                type(exc).__name__,
+                status,
+            )
+            if started:
+                raise
+            headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if database else None
+            response = self._response(scope, status, slug, title, detail, error_id, headers)
+            await response(scope, receive, send)
+
+    @staticmethod
+    def _response(
+        scope: Scope,
+        status: int,
+        slug: str,
+        title: str,
+        detail: str,
+        error_id: str,
+        headers: dict[str, str] | None,
+    ) -> Response:
+        if _is_ui(scope.get("path", "")):
+            app = scope.get("app")
+            page: ErrorPage | None = getattr(getattr(app, "state", None), "error_page", None)
+            try:
+                if page is not None:
+                    response = page(StarletteRequest(scope), status, title, detail, error_id)
+                else:
+                    response = _plain_error_page(status, title, detail, error_id)
+            except Exception:  # the page itself failed (a template): the plain one
+                logger.exception("error_id=%s: the dashboard's error page failed", error_id)
+                response = _plain_error_page(status, title, detail, error_id)
+            response.headers.update(headers or {})
+            return response
+        return problem_response(status, slug, title, detail, headers=headers, error_id=error_id)

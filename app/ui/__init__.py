@@ -107,7 +107,14 @@ def _error_page(request: Request, exc: Exception):
     return render(request, "error.html", context, status_code=status)
 
 
+def _crash_page(request: Request, status: int, title: str, detail: str, error_id: str):
+    """The page of an unexpected error (app.core.problems.CatchAllProblems), with its id."""
+    context = {"status": status, "title": title, "detail": detail, "error_id": error_id}
+    return render(request, "error.html", context, status_code=status)
+
+
 def _install_error_pages(app: FastAPI) -> None:
+    app.state.error_page = _crash_page  # what CatchAllProblems renders under /ui
     for exc_class in (ProblemError, FusionError, StarletteHTTPException, RequestValidationError):
         api_handler = app.exception_handlers.get(exc_class)
 

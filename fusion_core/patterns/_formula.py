@@ -10,6 +10,11 @@ The text is parsed with Python's ``ast`` and only this grammar is accepted: numb
 reference (``node.outK`` / ``node.inK`` written bare, or ``"$name"`` in quotes) and
 ``axis`` an integer. Nothing is ever evaluated by Python itself, so a pattern uploaded
 through the API cannot run code.
+
+A formula is at most ``MAX_FORMULA_CHARS`` characters and its expression tree at most
+``MAX_FORMULA_DEPTH`` deep (``1+1+...+1`` nests one level per term): the checks run
+before anything recurses, so a hostile formula is a FormulaError, never a
+RecursionError in the parser, the validator or the evaluator.
 """
 
 from __future__ import annotations
@@ -22,7 +27,12 @@ from dataclasses import dataclass
 
 from fusion_core.patterns._refs import parse_ref
 
-__all__ = ["Formula", "FormulaError", "compile_formula"]
+__all__ = ["MAX_FORMULA_CHARS", "MAX_FORMULA_DEPTH", "Formula", "FormulaError", "compile_formula"]
+
+# The attention scale, the longest formula the built-in patterns need, is 30 characters
+# and 4 levels deep; these leave room for anything a dimension formula says.
+MAX_FORMULA_CHARS = 500
+MAX_FORMULA_DEPTH = 32
 
 _BINARY: dict[type, Callable[[float, float], float]] = {
     ast.Add: operator.add,
@@ -49,11 +59,14 @@ class Formula:
     def evaluate(self, dim: DimLookup) -> float | str:
         """The value, or why it cannot be computed (an unknown dimension, a division by 0)."""
         try:
-            return _evaluate(self.tree, dim)
+            value = _evaluate(self.tree, dim)
         except _Unknown as exc:
             return str(exc)
         except (ZeroDivisionError, OverflowError, ValueError) as exc:
             return f"{self.text!r} cannot be computed here ({exc})"
+        if not isinstance(value, float):  # a negative number to a fractional power
+            return f"{self.text!r} is not a real number here ({value})"
+        return value
 
 
 class _Unknown(Exception):
@@ -61,13 +74,34 @@ class _Unknown(Exception):
 
 
 def compile_formula(text: str) -> Formula:
+    if len(text) > MAX_FORMULA_CHARS:
+        raise FormulaError(
+            f"the formula is {len(text)} characters long; at most {MAX_FORMULA_CHARS} are "
+            "allowed (write the dimension arithmetic more compactly)"
+        )
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as exc:
-        raise FormulaError(f"{text!r} is not a formula: {exc.msg}") from None
+        raise FormulaError(f"{text[:80]!r} is not a formula: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, deep nesting
+        raise FormulaError(f"{text[:80]!r} is not a formula ({type(exc).__name__})") from None
+    _check_depth(tree, text)
     refs: list[str] = []
     _validate(tree, refs)
     return Formula(text=text, tree=tree, refs=tuple(refs))
+
+
+def _check_depth(tree: ast.expr, text: str) -> None:
+    """Iteratively, so a deep tree cannot overflow the stack here either."""
+    pending = [(tree, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > MAX_FORMULA_DEPTH:
+            raise FormulaError(
+                f"{text[:80]!r} nests more than {MAX_FORMULA_DEPTH} levels deep (each operator "
+                "and call is a level: 1+1+1 is 3); simplify the formula"
+            )
+        pending.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _validate(node: ast.expr, refs: list[str]) -> None:

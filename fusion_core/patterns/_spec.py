@@ -214,21 +214,25 @@ class PatternSpec(BaseModel):
 
 
 def _check_acyclic(nodes: list[NodeSpec]) -> None:
-    deps = {n.id: {parse_edge(s).node for s in n.inputs.values()} - {None} for n in nodes}
-    state: dict[str, int] = {}
-
-    def visit(node_id: str) -> None:
-        if state.get(node_id) == 2:
-            return
-        if state.get(node_id) == 1:
-            raise ValueError(f"nodes: the edges form a cycle through {node_id!r}")
-        state[node_id] = 1
-        for dep in deps[node_id]:
-            visit(dep)
-        state[node_id] = 2
-
-    for node_id in deps:
-        visit(node_id)
+    """Depth-first, with an explicit stack: a long chain of nodes cannot overflow it."""
+    deps = {n.id: sorted({parse_edge(s).node for s in n.inputs.values()} - {None}) for n in nodes}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in deps:
+        if state.get(root):
+            continue
+        state[root] = 1
+        stack = [(root, iter(deps[root]))]
+        while stack:
+            node_id, pending = stack[-1]
+            dep = next(pending, None)
+            if dep is None:
+                state[node_id] = 2
+                stack.pop()
+            elif state.get(dep) == 1:
+                raise ValueError(f"nodes: the edges form a cycle through {dep!r}")
+            elif dep not in state:
+                state[dep] = 1
+                stack.append((dep, iter(deps[dep])))
 
 
 def _check_connected(nodes: list[NodeSpec]) -> None:
