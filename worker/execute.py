@@ -229,6 +229,11 @@ class _Attempt:
                 return self._check_failed(output, plan, child, str(error.get("message", "")))
             self._raise_child_error(error, child)
         if child.returncode == 0 and (output / sandbox.REPORT_FILE).exists():
+            failed = _failed_check(output / sandbox.REPORT_FILE)
+            if failed is not None:  # never `succeeded` with a failed check, whatever the exit
+                if not plan.config.get("keep_failed"):
+                    (output / sandbox.FUSED_FILE).unlink(missing_ok=True)
+                return self._check_failed(output, plan, child, failed)
             return self._succeed(output, plan, child)
         logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
         raise self._exit_crash(child)
@@ -403,3 +408,14 @@ class _Attempt:
             return self._finish(JobStatus.cancelled)
         logger.warning("job %s: lost the lease to another worker; stopping", self.job_id)
         return Outcome.lost
+
+
+def _failed_check(report_file: Path) -> str | None:
+    """What the report says about a check that did not pass; None if it passed or was
+    skipped. The sandbox exits with an error for a failed check; this holds whatever it
+    does."""
+    check = json.loads(report_file.read_text(encoding="utf-8")).get("check") or {}
+    if check.get("passed") is not False:
+        return None
+    error = check.get("error") or "the fused model does not match the original"
+    return f"the fused model failed its check: {error}; see the report"

@@ -30,6 +30,8 @@ from app.services import jobs as job_service
 from app.services.db_retry import is_transient_db_error, retry_transient
 from worker.execute import Outcome, execute_job
 from worker.sandbox import TEST_CRASH_ENV
+from worker.supervise import ChildRun
+from worker.supervise import run_child as supervise_run_child
 
 PROBLEMS = "https://autofusion.dev/problems/"
 
@@ -160,6 +162,26 @@ def test_retry_transient_backs_off_and_stops_at_once_for_other_errors(monkeypatc
 
 
 # A failed check or an unloadable model, through the service -------------------------
+
+
+def test_a_report_with_a_failed_check_never_ends_succeeded(env: WorkerEnv, monkeypatch) -> None:
+    """Whatever the child's exit says: here it claims success (exit 0, no error.json)
+    over a report whose check failed."""
+    real = supervise_run_child
+
+    def lying_child(folder, **kwargs):
+        run = real(folder, **kwargs)
+        (folder / "output" / "error.json").unlink()
+        return ChildRun("exited", 0, run.seconds, run.log_tail)
+
+    monkeypatch.setattr("worker.execute.run_child", lying_child)
+    job_id = env.submit(config={"check": {"rtol": 0, "atol": 0}, "keep_failed": True})
+    # keep_failed writes the fused model: the child's output looks complete
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert (job.status, job.error_type) == ("failed", "check-failed")
+    assert job.error.startswith("the fused model failed its check")
+    assert job.report_digest and job.summary["check"]["passed"] is False
 
 
 def _unloadable_model() -> bytes:
