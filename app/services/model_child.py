@@ -57,8 +57,14 @@ EXIT_ERROR = 3  # error.json written
 EXIT_ORPHANED = 70  # the API process is gone
 # A child yields the CPU to the API process it serves: /healthz answers while it works.
 _NICENESS = 10
-# What C++ allocators and onnx say when an allocation fails under RLIMIT_AS.
-_MEMORY_HINTS = ("bad_alloc", "cannot allocate memory", "out of memory", "memoryerror")
+# What C++ allocators, protobuf and onnx say when an allocation fails under RLIMIT_AS.
+_MEMORY_HINTS = (
+    "bad_alloc",
+    "cannot allocate memory",
+    "out of memory",
+    "memoryerror",
+    "arena alloc failed",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,12 +229,22 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     return {"problem": dict(zip(keys, problem, strict=True))}
 
 
-def _is_memory(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
-        return True
-    return isinstance(exc, ImportError | RuntimeError) and any(
-        hint in str(exc).lower() for hint in _MEMORY_HINTS
-    )
+def _is_memory(exc: BaseException | None) -> bool:
+    """Out of address space, even where a check turned it into a refusal: protobuf's
+    ``DecodeError: Arena alloc failed`` became "not a valid ONNX file"."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, MemoryError):
+            return True
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            return True
+        # Our own errors may quote the model (a node called "out of memory"): only
+        # what a library raised counts by its text.
+        ours = type(exc).__module__.startswith(("app.", "fusion_core"))
+        if not ours and any(hint in str(exc).lower() for hint in _MEMORY_HINTS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _write_json(path: Path, data: Any) -> None:
