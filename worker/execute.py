@@ -46,7 +46,7 @@ from app.core.config import Settings
 from app.db import session_scope
 from app.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
-from app.services.db_retry import retry_transient
+from app.services.db_retry import is_transient_db_error, retry_transient
 from app.services.jobs import (
     claim_job,
     finish_job,
@@ -183,7 +183,9 @@ class _Attempt:
                     self.settings.lease_s,
                     registry_version=self.registry_version,
                 )
-        except OperationalError as exc:  # the database blinked: keep working, retry later
+        except Exception as exc:  # the database blinked: keep working, retry later
+            if not is_transient_db_error(exc):
+                raise
             logger.warning("job %s: could not report progress: %s", self.job_id, exc)
             return True
 

@@ -97,6 +97,20 @@ def test_an_outage_at_the_release_of_a_crashed_attempt_still_requeues_it(
     assert job.attempt_log[0]["outcome"] == "signal:11"
 
 
+def test_a_dropped_connection_at_a_progress_report_does_not_cost_the_attempt(
+    env: WorkerEnv, monkeypatch
+) -> None:
+    """A DBAPI error that invalidated its connection (not an OperationalError) while
+    reporting progress: the attempt goes on and ends succeeded on its first try."""
+    dropped = DBAPIError("UPDATE jobs", {}, Exception("gone"), connection_invalidated=True)
+    calls: list[str] = []
+    report = _failing(job_service.report_progress, 2, calls, fault=dropped)
+    monkeypatch.setattr("worker.execute.report_progress", report)
+    job_id = env.submit()
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
+    assert env.job(job_id).attempts == 1 and len(calls) > 2
+
+
 def test_the_final_write_gives_up_after_its_budget(make_env, monkeypatch) -> None:
     """Past ``final_write_retry_s`` the error goes up: the lease runs out and the reaper
     takes the job over, as before."""
