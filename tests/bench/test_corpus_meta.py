@@ -1,0 +1,42 @@
+"""meta.json's expected counts: alternatives summed, and ``?`` keys that also count a
+place left out because the cost model predicts a loss there."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "corpus"))
+import meta
+
+LOSS = "priority selection: the cost model predicts a loss on target profile 'cpu' (...)"
+
+
+def _info(expected: dict[str, int]) -> meta.ModelMeta:
+    return meta.ModelMeta(
+        name="m", family="f", source={"pin": "p"}, exporter="e", opset=17, node_count=1,
+        size_bytes=1, expected={"onnxruntime": expected},
+    ).validate()  # fmt: skip
+
+
+def test_a_plain_key_counts_only_fusions() -> None:
+    info = _info({"skip_layer_norm|skip_layer_norm_bias": 3})
+    misses = [{"pattern": "skip_layer_norm", "reason": LOSS}] * 3
+    counts = info.expected_counts("onnxruntime", {"skip_layer_norm_bias": 1}, misses)
+    assert counts == {"skip_layer_norm|skip_layer_norm_bias": (3, 1)}
+
+
+def test_a_question_key_also_counts_predicted_losses_of_its_patterns() -> None:
+    info = _info({"?qkv_merge|qkv_bias_merge": 4})
+    misses = [
+        {"pattern": "qkv_bias_merge", "reason": LOSS},
+        {"pattern": "qkv_bias_merge", "reason": LOSS},
+        {"pattern": "qkv_merge", "reason": "constraint failed: weights not constant"},
+        {"pattern": "attention_mha", "reason": LOSS},  # another pattern: not counted
+    ]
+    counts = info.expected_counts("onnxruntime", {"qkv_merge": 1}, misses)
+    assert counts == {"?qkv_merge|qkv_bias_merge": (4, 3)}
+
+
+def test_a_question_key_without_near_misses_counts_fusions() -> None:
+    info = _info({"?kv_bias_merge": 1})
+    assert info.expected_counts("onnxruntime", {"kv_bias_merge": 1}) == {"?kv_bias_merge": (1, 1)}
+    assert info.expected_counts("onnxruntime", {}, None) == {"?kv_bias_merge": (1, 0)}
