@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api.limits import BodyLimits
 from app.api.routes import health, jobs, metrics, patterns, strategies
 from app.core.config import Settings, get_settings
 from app.core.problems import install_problem_handlers
@@ -21,7 +22,9 @@ from app.migrate import upgrade
 from app.services.artifacts import make_store
 from app.services.metrics import install_metrics
 from app.services.registry import seed_builtins
+from app.services.scratch import sweep_api_scratch
 from app.services.strategies import seed_strategies
+from app.services.uploads import UploadSlots
 from app.ui import install_ui
 from worker.celery_app import make_celery
 from worker.tasks import enqueue_job
@@ -37,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        sweep_api_scratch(settings)  # upload folders of a killed API process
         if settings.migrate_on_start:
             upgrade(settings.resolved_database_url)
         with session_scope(settings.resolved_database_url) as session:
@@ -67,9 +71,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = make_store(settings)
+    app.state.upload_slots = UploadSlots.from_settings(settings)
     install_problem_handlers(app)
     install_metrics(app)
     for module in (health, metrics, jobs, patterns, strategies):
         app.include_router(module.router)
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)
+    app.add_middleware(BodyLimits, settings=settings)  # every body: size and time limits
     return app

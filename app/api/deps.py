@@ -8,18 +8,20 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
 from app.core.problems import ProblemError
-from app.db import POOL_CONNECTIONS, session_factory
+from app.db import POOL_CONNECTIONS, retry_stale, session_factory
 from app.services.artifacts import ArtifactStore
-from app.services.auth import SCOPES, Principal, authenticate, ensure_tenant
+from app.services.auth import SCOPES, Principal, authenticate, cached_principal, ensure_tenant
 
 __all__ = [
     "PrincipalDep",
     "SessionDep",
     "SettingsDep",
     "StoreDep",
+    "WWW_AUTHENTICATE",
     "check_scope",
     "principal_for_token",
     "require_scope",
@@ -67,55 +69,82 @@ def get_store(request: Request) -> ArtifactStore:
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 
 
-def get_principal(
+async def get_principal(
     settings: SettingsDep,
-    session: SessionDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> Principal:
     token = x_api_key
     if authorization and authorization.lower().startswith("bearer "):
         token = authorization[7:].strip()
-    return principal_for_token(settings, session, token)
+    # Most requests (every poll) are answered here, in the event loop, with no I/O.
+    known = _known_principal(settings, token)
+    if known is not None:
+        return known
+    return await run_in_threadpool(principal_for_token, settings, token)
 
 
-def principal_for_token(settings: Settings, session: Session, token: str | None) -> Principal:
-    """Who ``token`` is (None: no key sent); 401 for an unknown key, or for none when keys
-    are required. The API (headers) and the dashboard (its cookie) both come here."""
+def _known_principal(settings: Settings, token: str | None) -> Principal | None:
     if token:
-        principal = authenticate(session, token)
+        return cached_principal(token) if settings.api_key_cache_s > 0 else None
+    key = (settings.resolved_database_url, settings.default_tenant)
+    if not settings.require_api_keys and key in _KNOWN_TENANTS:
+        return Principal(settings.default_tenant, frozenset(SCOPES))
+    return None
+
+
+def principal_for_token(settings: Settings, token: str | None) -> Principal:
+    """Who ``token`` is (None: no key sent); 401 for an unknown key, or for none when keys
+    are required. The API (headers) and the dashboard (its cookie) both come here.
+
+    It takes no request session: the lookup (usually answered by the key cache, see
+    app/services/auth.py) uses a session of its own, closed before this returns, so an
+    upload authenticates and then streams its body holding no connection."""
+    if token:
+        with session_factory(settings.resolved_database_url)() as session:
+            principal = retry_stale(
+                session, lambda s: authenticate(s, token, cache_s=settings.api_key_cache_s)
+            )
         if principal is None:
             raise _unauthorized("the API key is unknown or revoked")
         return principal
     if settings.require_api_keys:
         raise _unauthorized("this server requires an API key")
     # Embedded mode without keys: everything belongs to the default tenant.
-    _ensure_default_tenant(session, settings)
+    _ensure_default_tenant(settings)
     return Principal(settings.default_tenant, frozenset(SCOPES))
 
 
 _KNOWN_TENANTS: set[tuple[str, str]] = set()  # (database, tenant): tenants are never deleted
 
 
-def _ensure_default_tenant(session: Session, settings: Settings) -> None:
+def _ensure_default_tenant(settings: Settings) -> None:
     key = (settings.resolved_database_url, settings.default_tenant)
     if key in _KNOWN_TENANTS:
         return
-    try:
-        ensure_tenant(session, settings.default_tenant)
-        session.commit()
-    except IntegrityError:  # a concurrent first request created it
-        session.rollback()
+    with session_factory(settings.resolved_database_url)() as session:
+        try:
+            ensure_tenant(session, settings.default_tenant)
+            session.commit()
+        except IntegrityError:  # a concurrent first request created it
+            session.rollback()
     _KNOWN_TENANTS.add(key)
 
 
+# RFC 9110: a 401 names the scheme that would work; keys go as Bearer tokens (or in
+# X-API-Key, which no scheme describes).
+WWW_AUTHENTICATE = 'Bearer realm="autofusion"'
+
+
 def _unauthorized(detail: str) -> ProblemError:
-    return ProblemError(
+    error = ProblemError(
         401,
         "unauthorized",
         "Unauthorized",
         f"{detail}: send 'Authorization: Bearer <key>' (create one with `autofusion keys create`)",
     )
+    error.headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
+    return error
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

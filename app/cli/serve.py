@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.cli._exit import EXIT_CONFIG
+from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
 
 __all__ = ["add_parser", "is_loopback", "run", "settings_from_args"]
@@ -136,6 +137,10 @@ def _describe(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    protobuf = python_protobuf_refusal("serve")
+    if protobuf:
+        sys.stderr.write(protobuf)
+        return EXIT_CONFIG
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
@@ -172,5 +177,11 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         server_header=False,
+        # uvicorn's own bounds: idle keep-alive connections close after 5 s, a request's
+        # headers may not pass 16 KiB, and a shutdown waits 30 s at most for requests
+        # in flight. Bodies are bounded by the app (app/api/limits.py).
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,
+        timeout_graceful_shutdown=30,
     )
     return 0

@@ -119,7 +119,10 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProblemError)
     async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
-        return problem_response(exc.status, exc.slug, exc.title, exc.detail, **exc.extra)
+        headers = getattr(exc, "headers", None)  # e.g. WWW-Authenticate, Retry-After
+        return problem_response(
+            exc.status, exc.slug, exc.title, exc.detail, headers=headers, **exc.extra
+        )
 
     @app.exception_handler(FusionError)
     async def _fusion(_: Request, exc: FusionError) -> JSONResponse:

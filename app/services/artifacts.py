@@ -9,16 +9,48 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import quote
 
 from app.core.config import Settings
 
-__all__ = ["ArtifactStore", "LocalStore", "S3Store", "file_digest", "make_store"]
+__all__ = [
+    "ArtifactStore",
+    "LocalStore",
+    "S3Store",
+    "download_headers",
+    "file_digest",
+    "make_store",
+    "safe_filename",
+]
 
 _CHUNK = 1 << 20
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX_FILENAME = 150
+
+
+def safe_filename(name: str, default: str = "download") -> str:
+    """``name`` reduced to ``[A-Za-z0-9._-]`` (runs of anything else become ``_``), no
+    leading dot, at most 150 characters: safe unquoted in a header, on any disk."""
+    cleaned = _UNSAFE.sub("_", name).lstrip(".")[-_MAX_FILENAME:].strip("_") or default
+    return cleaned
+
+
+def download_headers(filename: str) -> dict[str, str]:
+    """Headers of every stored file sent to a client: a download (``attachment``, so a
+    browser never renders a job's HTML in the service's origin), never content-sniffed.
+    ``filename`` (the user's file name, any characters) is sanitized for the plain
+    parameter and percent-encoded (RFC 6266 / 8187) for ``filename*``."""
+    plain = safe_filename(filename)
+    encoded = quote("".join(c for c in filename if c.isprintable())[-_MAX_FILENAME:], safe="")
+    disposition = f'attachment; filename="{plain}"'
+    if encoded and encoded != plain:
+        disposition += f"; filename*=UTF-8''{encoded}"
+    return {"Content-Disposition": disposition, "X-Content-Type-Options": "nosniff"}
 
 
 def file_digest(path: Path) -> str:

@@ -11,6 +11,12 @@
 4. ``store_upload`` puts the model and data files in the artifact store.
 
 The upload folder is removed whatever happens; ``accept_upload`` runs steps 1-4.
+
+No step holds a database session: the route creates the job (``create_job_for_upload``)
+with a session of its own once the upload is stored, for one short write. While it
+streams, an upload holds one of ``UploadSlots``: at most ``max_concurrent_uploads`` per
+process and ``max_concurrent_uploads_per_tenant`` per tenant, 429 with Retry-After
+beyond. Size and time limits on the body itself are ``app/api/limits.py``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -46,6 +56,7 @@ __all__ = [
     "MAX_DATA_FILES",
     "StoredUpload",
     "Upload",
+    "UploadSlots",
     "accept_received",
     "accept_upload",
     "check_file_name",
@@ -88,6 +99,73 @@ class StoredUpload:
     model_digest: str
     data_files: list[dict[str, str]]
     options: OptimizeOptions
+
+
+class UploadSlots:
+    """How many uploads stream at once in this process, in all and per tenant."""
+
+    def __init__(self, total: int, per_tenant: int, retry_after_s: int) -> None:
+        self.total, self.per_tenant, self.retry_after_s = total, per_tenant, retry_after_s
+        self._lock = threading.Lock()
+        self._active = 0
+        self._by_tenant: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> UploadSlots:
+        return cls(
+            settings.max_concurrent_uploads,
+            settings.max_concurrent_uploads_per_tenant,
+            settings.retry_after_s,
+        )
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @contextmanager
+    def hold(self, tenant: str | None) -> Iterator[None]:
+        """One slot for the block; 429 at once when none is free."""
+        with self._lock:
+            if self._active >= self.total:
+                raise self._busy(
+                    f"{self._active} uploads are in progress, this server's limit "
+                    "(max_concurrent_uploads)"
+                )
+            if tenant is not None and self._by_tenant[tenant] >= self.per_tenant:
+                raise self._busy(
+                    f"this tenant has {self.per_tenant} uploads in progress, the limit per "
+                    "tenant (max_concurrent_uploads_per_tenant)"
+                )
+            self._active += 1
+            if tenant is not None:
+                self._by_tenant[tenant] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if tenant is not None:
+                    self._by_tenant[tenant] -= 1
+                    if self._by_tenant[tenant] <= 0:
+                        del self._by_tenant[tenant]
+
+    def _busy(self, detail: str) -> ProblemError:
+        error = ProblemError(
+            429,
+            "too-many-uploads",
+            "Too many uploads",
+            f"{detail}; retry in {self.retry_after_s} s",
+        )
+        error.headers = {"Retry-After": str(self.retry_after_s)}
+        return error
+
+
+def _slots(request: Request, settings: Settings) -> UploadSlots:
+    """The app's slots (app/main.py sets them up); a request outside an app (a unit
+    test) gets a set of its own."""
+    state = getattr(request.scope.get("app"), "state", None)
+    slots = getattr(state, "upload_slots", None)
+    return slots if slots is not None else UploadSlots.from_settings(settings)
 
 
 def _bad_upload(detail: str, field_name: str | None = None) -> ProblemError:
@@ -275,15 +353,28 @@ def remove_folder(folder: Path) -> None:
 
 
 async def receive_upload(
-    request: Request, settings: Settings, *, text_fields: frozenset[str] = frozenset()
+    request: Request,
+    settings: Settings,
+    *,
+    text_fields: frozenset[str] = frozenset(),
+    tenant: str | None = None,
 ) -> Upload:
-    """Stream the multipart body into a new upload folder, enforcing the size limit.
+    """Stream the multipart body into a new upload folder, enforcing the size limit,
+    holding one of the process's upload slots (and one of ``tenant``'s) meanwhile.
 
     ``text_fields``: names of small text parts accepted besides model, data and config
     (kept in ``Upload.fields``)."""
     limit = settings.max_upload_bytes
     boundary = _boundary(request.headers.get("content-type"))
     _check_declared_length(request.headers.get("content-length"), limit)
+    with _slots(request, settings).hold(tenant):
+        return await _stream_upload(request, settings, boundary, text_fields)
+
+
+async def _stream_upload(
+    request: Request, settings: Settings, boundary: bytes, text_fields: frozenset[str]
+) -> Upload:
+    limit = settings.max_upload_bytes
     upload = Upload(settings.uploads_dir / uuid.uuid4().hex)
     upload.folder.mkdir(parents=True)
     writer = _FormWriter(upload, text_fields)
@@ -363,9 +454,12 @@ def store_upload(upload: Upload, store: ArtifactStore) -> tuple[str, list[dict[s
     return model_digest, data_files
 
 
-async def accept_upload(request: Request, settings: Settings, store: ArtifactStore) -> StoredUpload:
+async def accept_upload(
+    request: Request, settings: Settings, store: ArtifactStore, *, tenant: str | None = None
+) -> StoredUpload:
     """Receive, check and store an upload; the upload folder is gone afterwards."""
-    return await accept_received(await receive_upload(request, settings), settings, store)
+    upload = await receive_upload(request, settings, tenant=tenant)
+    return await accept_received(upload, settings, store)
 
 
 async def accept_received(upload: Upload, settings: Settings, store: ArtifactStore) -> StoredUpload:

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
-from app.api.deps import SessionDep, SettingsDep, check_scope, principal_for_token
+from app.api.deps import SettingsDep, check_scope, principal_for_token
 from app.core.problems import ProblemError
 from app.services.auth import Principal
 
@@ -60,10 +60,10 @@ class LoginRequired(Exception):
         self.reason = reason
 
 
-def ui_principal(request: Request, settings: SettingsDep, session: SessionDep) -> Principal:
+def ui_principal(request: Request, settings: SettingsDep) -> Principal:
     token = request.cookies.get(COOKIE)
     try:
-        return principal_for_token(settings, session, token)
+        return principal_for_token(settings, token)
     except ProblemError as exc:
         if exc.status == 401:
             raise LoginRequired("invalid" if token else "required") from None

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep, StoreDep
 from app.core.problems import ProblemError
+from app.db import session_factory
 from app.services.strategies import list_strategies
 from app.services.uploads import (
     Upload,
@@ -79,15 +80,18 @@ def _apply_fields(upload: Upload) -> None:
 async def submit(
     request: Request,
     principal: UIPrincipal,
-    session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
 ):
     """Upload, check and store the model, create and enqueue the job, then show it."""
+    # No request session while the body streams (as POST /v1/optimize): each write
+    # below takes a session of its own for its moment.
     require(principal, "jobs:write")
     values: dict = {"target": ""}
     try:
-        upload = await receive_upload(request, settings, text_fields=FORM_FIELDS)
+        upload = await receive_upload(
+            request, settings, text_fields=FORM_FIELDS, tenant=principal.tenant_id
+        )
         values = {
             **upload.fields,
             "profile": "profile" in upload.fields,
@@ -99,22 +103,28 @@ async def submit(
             remove_folder(upload.folder)
             raise
         stored = await accept_received(upload, settings, store)
-        job, created = await run_in_threadpool(
-            create_job_for_upload,
-            session,
-            principal,
-            stored,
-            idempotency_key=None,
-            max_attempts=settings.max_attempts,
-        )
+        job_id, created = await run_in_threadpool(_create_job, settings, principal, stored)
     except (ProblemError, FusionError) as exc:
         status, errors = form_errors(exc, "model")
         for error in errors:
             error["field"] = _FIELD_OF.get(error["field"], error["field"])
-        return await run_in_threadpool(_form, request, session, values, errors, status)
+        return await run_in_threadpool(_error_form, request, settings, values, errors, status)
     if created:
         try:  # the row is committed: a lost message only delays the job (the reaper)
-            request.app.state.enqueue(job.id)
+            request.app.state.enqueue(job_id)
         except Exception:
-            logger.exception("could not enqueue job %s; the reaper will send it again", job.id)
-    return RedirectResponse(f"/ui/jobs/{job.id}", status_code=303)
+            logger.exception("could not enqueue job %s; the reaper will send it again", job_id)
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+
+def _create_job(settings, principal, stored) -> tuple[str, bool]:
+    with session_factory(settings.resolved_database_url)() as session:
+        job, created = create_job_for_upload(
+            session, principal, stored, idempotency_key=None, max_attempts=settings.max_attempts
+        )
+        return job.id, created
+
+
+def _error_form(request: Request, settings, values: dict, errors: list, status: int):
+    with session_factory(settings.resolved_database_url)() as session:
+        return _form(request, session, values, errors, status)

@@ -10,19 +10,23 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
 from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
+from app.core.config import Settings
 from app.core.problems import problem_responses
-from app.models import JobStatus
+from app.db import autocommit_read, retry_stale, session_factory
+from app.models import Job, JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
+from app.services.artifacts import download_headers
 from app.services.auth import Principal
 from app.services.events import job_events
 from app.services.jobs import cancel_job, get_job, list_jobs
-from app.services.uploads import accept_upload, create_job_for_upload
+from app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
 
 __all__ = ["router"]
 
@@ -68,36 +72,46 @@ def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None
     status_code=202,
     response_model=JobPublic,
     openapi_extra=_optimize_body(),
-    responses=problem_responses(401, 403, 413, 415, 422),
+    responses=problem_responses(401, 403, 408, 413, 415, 422, 429),
 )
 async def optimize(
     request: Request,
     response: Response,
     principal: WriterDep,
-    session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobPublic:
     """Upload a model (and its external data) and queue a job to optimize it."""
-    stored = await accept_upload(request, settings, store)
-    job, created = await run_in_threadpool(
-        create_job_for_upload,
-        session,
-        principal,
-        stored,
-        idempotency_key=idempotency_key,
-        max_attempts=settings.max_attempts,
+    # No request session: the body streams to disk holding no database connection
+    # (issue 15: ten slow uploads held all of them); the job is written afterwards.
+    stored = await accept_upload(request, settings, store, tenant=principal.tenant_id)
+    public, created = await run_in_threadpool(
+        _create_job, settings, principal, stored, idempotency_key
     )
     if created:
-        _enqueue(request, job.id)
-    public = JobPublic.from_job(job)
+        _enqueue(request, public.id)
     _job_headers(response, public, settings.retry_after_s)
     response.headers["Location"] = public.links.self
     response.headers["Retry-After"] = str(settings.retry_after_s)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
     return public
+
+
+def _create_job(
+    settings: Settings, principal: Principal, stored: StoredUpload, idempotency_key: str | None
+) -> tuple[JobPublic, bool]:
+    """The job row, in a session of its own held only for this write."""
+    with session_factory(settings.resolved_database_url)() as session:
+        job, created = create_job_for_upload(
+            session,
+            principal,
+            stored,
+            idempotency_key=idempotency_key,
+            max_attempts=settings.max_attempts,
+        )
+        return JobPublic.from_job(job), created
 
 
 def _enqueue(request: Request, job_id: str) -> None:
@@ -118,8 +132,11 @@ def read_jobs(
 ) -> JobsPublic:
     """List this tenant's jobs, newest first."""
     status_value = status.value if status is not None else None
-    jobs, total = list_jobs(
-        session, principal.tenant_id, status=status_value, limit=limit, offset=offset
+    jobs, total = retry_stale(
+        session,
+        lambda s: list_jobs(
+            s, principal.tenant_id, status=status_value, limit=limit, offset=offset
+        ),
     )
     items = [JobPublic.from_job(job) for job in jobs]
     return JobsPublic(items=items, total=total, limit=limit, offset=offset)
@@ -137,7 +154,7 @@ def _etag_matches(if_none_match: str | None, etag: str) -> bool:
     response_model=JobPublic,
     responses={304: {"description": "Not modified"}, **problem_responses(401, 404, 422)},
 )
-def read_job(
+async def read_job(
     job_id: str,
     response: Response,
     principal: PrincipalDep,
@@ -146,13 +163,23 @@ def read_job(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Any:
     """One job; send its ETag in If-None-Match to poll cheaply (304 while unchanged)."""
-    public = JobPublic.from_job(get_job(session, principal.tenant_id, job_id))
+    public = await run_in_threadpool(_read_job, session, principal.tenant_id, job_id)
     if _etag_matches(if_none_match, public.etag):
         not_modified = Response(status_code=304)
         _job_headers(not_modified, public, settings.retry_after_s)
         return not_modified
     _job_headers(response, public, settings.retry_after_s)
     return public
+
+
+def _read_job(session: Session, tenant_id: str, job_id: str) -> JobPublic:
+    """A poll is one round trip: the key came from the cache (app/services/auth.py), the
+    connection is not pinged (app/db.py) and the read needs no transaction around it."""
+
+    def read(s: Session) -> JobPublic:
+        return JobPublic.from_job(get_job(autocommit_read(s), tenant_id, job_id))
+
+    return retry_stale(session, read)
 
 
 @router.post(
@@ -225,7 +252,7 @@ def download_model(
     return FileResponse(
         path,
         media_type="application/octet-stream",
-        filename=job_files.fused_model_filename(job),
+        headers=download_headers(job_files.fused_model_filename(job)),
         background=BackgroundTask(path.unlink, missing_ok=True),
     )
 
@@ -242,7 +269,13 @@ def download_report(
 ) -> Response:
     """The job's JSON report (once it has finished with one)."""
     job = get_job(session, principal.tenant_id, job_id)
-    return Response(job_files.report_bytes(job, store), media_type="application/json")
+    headers = download_headers(f"{_stem(job)}.report.json")
+    body = job_files.report_bytes(job, store)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _stem(job: Job) -> str:
+    return job_files.fused_model_filename(job).removesuffix(".fused.onnx")
 
 
 # The files the worker stores beside the report (worker/sandbox.py).
@@ -267,6 +300,9 @@ def download_artifact(
     """One of the job's stored files besides the model and report.json."""
     job_files.check_artifact_name(name)
     job = get_job(session, principal.tenant_id, job_id)
-    headers = {"Content-Security-Policy": job_files.ARTIFACT_CSP}
+    headers = {
+        "Content-Security-Policy": job_files.ARTIFACT_CSP,
+        **download_headers(f"{_stem(job)}.{name}"),
+    }
     body = job_files.artifact_bytes(job, name, store)
     return Response(body, media_type=ARTIFACT_TYPES[name], headers=headers)
