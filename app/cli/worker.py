@@ -14,6 +14,7 @@ import sys
 from pydantic import ValidationError
 
 from app.cli._exit import EXIT_CONFIG
+from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
 
 __all__ = ["add_parser", "run"]
@@ -58,6 +59,10 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    protobuf = python_protobuf_refusal("worker")
+    if protobuf:
+        sys.stderr.write(protobuf)
+        return EXIT_CONFIG
     try:
         settings = load_settings(args)
     except ValidationError as exc:

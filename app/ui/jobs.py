@@ -15,6 +15,7 @@ from app.api.deps import SessionDep, SettingsDep, StoreDep
 from app.core.problems import ProblemError
 from app.models import Job, JobStatus
 from app.services import job_files
+from app.services.artifacts import download_headers
 from app.services.jobs import cancel_job, get_job, list_jobs
 from app.ui.common import UIPrincipal, render, require
 from app.ui.job_data import LIVE, job_row, load_report_view
@@ -151,23 +152,18 @@ async def job_download(
         return FileResponse(
             path,
             media_type="application/octet-stream",
-            filename=job_files.fused_model_filename(job),
+            headers=download_headers(job_files.fused_model_filename(job)),
             background=BackgroundTask(path.unlink, missing_ok=True),
         )
     if what == "report":
         body = await run_in_threadpool(job_files.report_bytes, job, store)
-        disposition = f'attachment; filename="{_ascii(stem)}.report.json"'
-        return Response(
-            body, media_type="application/json", headers={"Content-Disposition": disposition}
-        )
+        headers = download_headers(f"{stem}.report.json")
+        return Response(body, media_type="application/json", headers=headers)
     name = "profile_trace.json" if what == "trace" else what
     body = await run_in_threadpool(job_files.artifact_bytes, job, name, store)
-    headers = {"Content-Security-Policy": job_files.ARTIFACT_CSP}
-    if name != "report.html":
-        headers["Content-Disposition"] = f'attachment; filename="{_ascii(stem)}.{name}"'
+    # report.html too: a job's HTML is never rendered in the dashboard's origin.
+    headers = {
+        "Content-Security-Policy": job_files.ARTIFACT_CSP,
+        **download_headers(f"{stem}.{name}"),
+    }
     return Response(body, media_type=job_files.ARTIFACT_TYPES[name], headers=headers)
-
-
-def _ascii(name: str) -> str:
-    """A file name safe inside a quoted header value."""
-    return "".join(c if c.isascii() and c.isalnum() or c in "._-" else "_" for c in name)

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
 
-from app.api.deps import SessionDep, SettingsDep
+from app.api.deps import WWW_AUTHENTICATE, SessionDep, SettingsDep
 from app.services.auth import authenticate
 from app.ui import jobs, patterns, strategies, submit
 from app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
@@ -59,7 +59,8 @@ def login(
             "keys_required": settings.require_api_keys,
             "errors": [{"field": "key", "message": message}],
         }
-        return render(request, "login.html", context, status_code=401)
+        headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
+        return render(request, "login.html", context, status_code=401, headers=headers)
     response = RedirectResponse(safe_next(next), status_code=303)
     response.set_cookie(
         COOKIE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fusion_core.report._footprint import memory_line, size_line
@@ -34,9 +35,20 @@ def format_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# Markdown that a model's file name, node names or an error text could inject: links and
+# images ([..](..), ![..](..)), code spans, emphasis, strikethrough, table cells (|) and
+# raw HTML (<img onerror=...>, rendered by GitHub and most viewers). A backslash makes
+# each character literal; '<' and '&' become entities. An underscore inside a word is
+# left as it is (GFM never emphasizes there), so pattern names stay readable in raw logs.
+_MD_SPECIAL = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
 def _md(value: Any) -> str:
-    """A value safe inside a table cell: no pipes or line breaks."""
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Text that renders as itself, on one line, inside a table cell or a heading."""
+    text = _CONTROL.sub(" ", str(value))
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
 
 
 def _verdict(check: dict[str, Any] | None) -> str:

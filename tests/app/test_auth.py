@@ -117,7 +117,8 @@ def test_probes_need_no_key(secured):
     service, _ = secured
     assert service.client.get("/healthz").status_code == 200
     assert service.client.get("/readyz").status_code == 200
-    assert service.client.get("/metrics").status_code == 200
+    # /metrics is not a probe: it needs a metrics:read key (tests/app/test_headers.py).
+    assert service.client.get("/metrics").status_code == 401
 
 
 def test_without_required_keys_everything_belongs_to_the_default_tenant(service, tiny_model):
