@@ -147,7 +147,7 @@ def _trial(path: Path, settings: Any, pattern: dict[str, Any], pictures: int) ->
     }
     if pictures and matches:
         # The dashboard's match pictures (app/ui/report_view.py draws them the same way).
-        from fusion_core.report._graph import GraphIndex, region_svg
+        from fusion_core.report import GraphIndex, region_svg
 
         index = GraphIndex(ir.to_proto(model))
         drawn = (region_svg(index, names, f"match {n}") for n, names in enumerate(matches, 1))
