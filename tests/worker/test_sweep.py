@@ -1,6 +1,6 @@
 """Scratch folders of killed processes are swept (issue 15, item 7): attempt folders
-whose worker is gone and nobody has touched for ``scratch_max_age_s``; a folder in use
-stays."""
+whose worker is gone, upload folders and download copies nobody has touched for
+``scratch_max_age_s``; a folder in use stays."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from worker_testing import WorkerEnv
 
-from app.services.scratch import OWNER_FILE, write_owner
+from app.core.config import Settings
+from app.main import create_app
+from app.services.scratch import OWNER_FILE, sweep_api_scratch, write_owner
 from worker.reaper import Reaper
 
 HOUR = 3600.0
@@ -75,3 +78,22 @@ def test_the_reaper_thread_sweeps_when_the_worker_starts(make_env) -> None:
     finally:
         reaper.stop()
     assert not stale.exists()
+
+
+def test_the_api_sweeps_stale_uploads_and_downloads_at_start(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+    uploads, downloads = settings.uploads_dir, settings.data_dir / "downloads"
+    stale_upload = _folder(uploads, "a" * 32, age_s=2 * HOUR)
+    live_upload = _folder(uploads, "b" * 32, age_s=2 * HOUR)
+    os.utime(live_upload / "input" / "model.onnx")  # still being written: the body streams
+    downloads.mkdir(parents=True)
+    stale_copy, fresh_copy = downloads / "tmpold", downloads / "tmpnew"
+    stale_copy.write_bytes(b"model")
+    fresh_copy.write_bytes(b"model")
+    os.utime(stale_copy, (time.time() - 2 * HOUR,) * 2)
+
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+    assert not stale_upload.exists() and not stale_copy.exists()
+    assert live_upload.exists() and fresh_copy.exists()
+    assert sweep_api_scratch(settings) == []  # nothing more to do
