@@ -2,8 +2,8 @@
 
 ``model.py`` prices a candidate (``CostModel``); ``_ops.py`` the per-op FLOPs and bytes;
 ``_profiles.py`` loads the target profiles (``fusion_core/target_profiles/*.yaml``);
-``fit.py`` fits kernel factors from profiled reports (``autofusion calibrate``);
-``_rewrites.py`` what each rewriter's fused ops cost.
+``fit.py`` fits kernel factors from profiled reports (``autofusion calibrate``). What a
+rewrite does to the cost of its nodes each rewriter says itself (``Rewriter.cost_effect``).
 """
 
 from fusion_core.cost.fit import FittedFactor, fit_kernel_factors

@@ -9,7 +9,7 @@ read and written. Per candidate (a ``Match``):
   reads it (views excepted); an external input read by several fused nodes (a
   horizontal fusion) saves its size once per extra reader.
 - ``launches_saved``: fused nodes minus kernels after the rewrite (one, unless the
-  rewriter is known to emit more: ``fusion_core.cost._rewrites``).
+  rewriter says it emits more: ``Rewriter.cost_effect``, ``fusion_core/rewriters``).
 - ``flops_delta``: FLOPs the rewrite adds (> 0) or removes (< 0): a folded
   BatchNormalization's go, a Q/K/V merge keeps them.
 - ``working_set_bytes``: external inputs + outputs of the fused kernel + its largest
@@ -49,8 +49,8 @@ from fusion_core.cost._profiles import (
     load_target_profile,
     shipped_profiles,
 )
-from fusion_core.cost._rewrites import RewriteEffect, rewrite_effect
 from fusion_core.patterns import Match
+from fusion_core.rewriters import RewriteEffect, RewriterRegistry, builtin_rewriters, matched
 
 __all__ = [
     "PROFILE_NAME_PATTERN",
@@ -148,11 +148,13 @@ class CostModel:
         self,
         profile: TargetProfile | str | os.PathLike,
         dims: Mapping[str, int] | None = None,
+        rewriters: RewriterRegistry | None = None,
     ) -> None:
         self.profile = (
             profile if isinstance(profile, TargetProfile) else load_target_profile(profile)
         )
         self.shapes = Shapes(dims)
+        self.rewriters = rewriters or builtin_rewriters()
 
     def node_cost(self, node: ir.Node) -> NodeCost | None:
         """FLOPs and bytes of one node; None when a shape or dtype it needs is unknown."""
@@ -171,7 +173,7 @@ class CostModel:
 
     def candidate_gain(self, match: Match) -> Gain:
         """The predicted gain of rewriting ``match`` (from shapes, else from hints)."""
-        effect = rewrite_effect(match)
+        effect = rewrite_effect(match, self.rewriters)
         fused = [match.nodes[i] for i in effect.fused]
         launches_saved = len(fused) - effect.kernels_after
         costs = {id(n): self.node_cost(n) for n in fused}
@@ -292,3 +294,14 @@ class CostModel:
             inputs += size
             saved += size * max(count - 1, 0)
         return _Traffic(bytes_saved=saved, working_set=inputs + outputs + largest_internal)
+
+
+def rewrite_effect(match: Match, rewriters: RewriterRegistry | None = None) -> RewriteEffect:
+    """What ``match``'s rewriter says its rewrite does to the cost of the matched nodes
+    (``Rewriter.cost_effect``, with the rewriter's own params); one fused kernel for a
+    rewriter the registry does not know."""
+    spec = match.pattern.rewriter
+    rewriter = (rewriters or builtin_rewriters()).get(spec.name)
+    if rewriter is None:
+        return RewriteEffect(matched(match))
+    return rewriter.cost_effect(match, rewriter.Params.model_validate(spec.params))

@@ -335,7 +335,8 @@ def _rewrite_rounds(
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
     # Priority selection uses the cost model only for the config's limits; the report
     # shows its prediction for every fusion either way.
-    strategy = selection_for(config, op_count=sum(1 for _ in graph))
+    rewriters = RewriterRegistry(p.rewriter for p in patterns)  # each prices its own effect
+    strategy = selection_for(config, op_count=sum(1 for _ in graph), rewriters=rewriters)
     cost = strategy.cost
     for round_number in range(1, config.max_rounds + 1):
         start = time.perf_counter()

@@ -15,6 +15,7 @@ from fusion_core.rewriters._base import (
     missing_output,
     provenance,
 )
+from fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
 from fusion_core.rewriters.activation import FuseActivation
 from fusion_core.rewriters.affine import FoldAffine
 from fusion_core.rewriters.attention import FuseAttention
@@ -39,12 +40,16 @@ __all__ = [
     "Params",
     "Rewrite",
     "RewriteContext",
+    "RewriteEffect",
     "Rewriter",
     "RewriterRegistry",
     "apply_rewrite",
     "builtin_rewriters",
     "discard",
+    "matched",
     "missing_output",
+    "present",
+    "producers",
     "provenance",
 ]
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, PatternSpec
+from fusion_core.rewriters._effect import RewriteEffect, matched
 from fusion_core.targets import Target
 
 __all__ = [
@@ -138,6 +139,11 @@ class Rewriter(ABC):
     @abstractmethod
     def rewrite(self, match: Match, params: Params, ctx: RewriteContext) -> Rewrite | str:
         """Build the replacement, or return why this match cannot be rewritten."""
+
+    def cost_effect(self, match: Match, params: Params) -> RewriteEffect:
+        """What ``rewrite`` does to the cost of the matched nodes (``_effect.py``): by
+        default one kernel for all of them, computing the same FLOPs."""
+        return RewriteEffect(matched(match))
 
 
 def scale_factor(node: ir.Node, factor: ir.Value | None) -> float | str:

@@ -25,6 +25,7 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
 from fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
+from fusion_core.rewriters._effect import RewriteEffect, matched, present
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseActivation", "activation_params", "clip_bounds"]
@@ -78,6 +79,10 @@ def clip_bounds(clip: ir.Node) -> list[float] | str:
 class FuseActivation(Rewriter):
     name = "fuse_activation"
     Params = FuseActivationParams
+
+    def cost_effect(self, match: Match, params: FuseActivationParams) -> RewriteEffect:
+        # a BatchNormalization in the match folds into the producer's weights
+        return RewriteEffect(matched(match), present(match, params.batchnorm_node))
 
     def rewrite(
         self, match: Match, params: FuseActivationParams, ctx: RewriteContext

@@ -17,6 +17,7 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import Match
 from fusion_core.rewriters._affine import fold_into_producer
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._effect import RewriteEffect, matched, present
 
 __all__ = ["FoldAffine"]
 
@@ -29,6 +30,10 @@ class FoldAffineParams(Params):
 class FoldAffine(Rewriter):
     name = "fold_affine"
     Params = FoldAffineParams
+
+    def cost_effect(self, match: Match, params: FoldAffineParams) -> RewriteEffect:
+        # the Mul/Add folds into the producer's constant weights: its FLOPs go
+        return RewriteEffect(matched(match), present(match, params.affine_node))
 
     def rewrite(self, match: Match, params: FoldAffineParams, ctx: RewriteContext) -> Rewrite | str:
         op = match.node(params.affine_node)

@@ -22,6 +22,7 @@ import onnx_ir as ir
 from fusion_core.patterns import Match
 from fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
+from fusion_core.rewriters._effect import RewriteEffect, matched, present
 
 __all__ = ["FoldBatchNorm", "PoolBatchNorm"]
 
@@ -47,6 +48,10 @@ class FoldBatchNorm(Rewriter):
             return folded
         node = folded.build()
         return Rewrite([node], [(bn.outputs[0], node.outputs[0])])
+
+    def cost_effect(self, match: Match, params: FoldBatchNormParams) -> RewriteEffect:
+        # the BatchNormalization folds into the producer's weights: its FLOPs go
+        return RewriteEffect(matched(match), present(match, params.batchnorm_node))
 
 
 class PoolBatchNormParams(Params):
@@ -78,3 +83,9 @@ class PoolBatchNorm(Rewriter):
         conv = folded.build()
         new_pool = ir.Node("", "MaxPool", [conv.outputs[0]], copy_attributes(pool), name=pool.name)
         return Rewrite([conv, new_pool], [(bn.outputs[0], new_pool.outputs[0])])
+
+    def cost_effect(self, match: Match, params: PoolBatchNormParams) -> RewriteEffect:
+        # The Conv stays as it was: only the pool and the BatchNormalization form the
+        # group, the BatchNormalization's FLOPs go and the pool writes the final output.
+        bn = present(match, params.batchnorm_node)
+        return RewriteEffect(present(match, params.pool_node, *bn), bn)

@@ -61,6 +61,7 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
 from fusion_core.rewriters._affine import per_channel
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
+from fusion_core.rewriters._effect import RewriteEffect, matched, present
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FoldLayerNormAffine", "LayerNorm", "RMSNorm", "SkipLayerNorm"]
@@ -244,6 +245,10 @@ class FoldLayerNormAffine(Rewriter):
     name = "fold_layer_norm_affine"
     Params = FoldLayerNormAffineParams
 
+    def cost_effect(self, match: Match, params: FoldLayerNormAffineParams) -> RewriteEffect:
+        # the Mul/Add folds into LayerNormalization's scale or bias: its FLOPs go
+        return RewriteEffect(matched(match), present(match, params.affine_node))
+
     def rewrite(
         self, match: Match, params: FoldLayerNormAffineParams, ctx: RewriteContext
     ) -> Rewrite | str:
@@ -312,6 +317,12 @@ class SkipLayerNorm(Rewriter):
     name = "skip_layer_norm"
     targets = frozenset({"onnxruntime"})
     Params = SkipLayerNormParams
+
+    def cost_effect(self, match: Match, params: SkipLayerNormParams) -> RewriteEffect:
+        # The pre-LN forms match the next residual Add only so that the sum may escape:
+        # it is re-created as it was (not fused), reading input_skip_bias_sum.
+        kept = present(match, params.next_node)
+        return RewriteEffect(tuple(n for n in matched(match) if n not in kept))
 
     def rewrite(
         self, match: Match, params: SkipLayerNormParams, ctx: RewriteContext

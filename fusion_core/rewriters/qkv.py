@@ -31,6 +31,7 @@ from pydantic import Field
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, PatternSpec
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._effect import RewriteEffect, matched
 
 __all__ = ["MergeSiblings"]
 
@@ -50,6 +51,14 @@ class MergeSiblingsParams(Params):
 class MergeSiblings(Rewriter):
     name = "merge_siblings"
     Params = MergeSiblingsParams
+
+    def cost_effect(self, match: Match, params: MergeSiblingsParams) -> RewriteEffect:
+        # One MatMul over the concatenated weights (and one Add of the biases) and a
+        # Split: the shared input is read once instead of once per sibling; every output
+        # is still written and the FLOPs are kept. The Split counts as a launch, its copy
+        # does not (runtimes may alias its outputs).
+        kernels = 3 if params.add_nodes else 2
+        return RewriteEffect(matched(match), kernels_after=kernels, intermediates_kept=True)
 
     def validate_params(self, raw: dict, pattern: PatternSpec) -> MergeSiblingsParams:
         params = super().validate_params(raw, pattern)

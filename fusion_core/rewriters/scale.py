@@ -23,6 +23,7 @@ import onnx_ir as ir
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
+from fusion_core.rewriters._effect import RewriteEffect, present, producers
 
 __all__ = ["FoldScale"]
 
@@ -36,6 +37,12 @@ class FoldScaleParams(Params):
 class FoldScale(Rewriter):
     name = "fold_scale"
     Params = FoldScaleParams
+
+    def cost_effect(self, match: Match, params: FoldScaleParams) -> RewriteEffect:
+        # The scale folds into the projection's weights: the scale node and the node
+        # feeding it become one kernel; the rest of the match stays as it was.
+        scale = params.scale_node
+        return RewriteEffect(present(match, *producers(match, scale), scale), (scale,))
 
     def rewrite(self, match: Match, params: FoldScaleParams, ctx: RewriteContext) -> Rewrite | str:
         scale = match.node(params.scale_node)

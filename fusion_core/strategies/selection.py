@@ -22,6 +22,7 @@ from typing import Any
 from fusion_core.config import OptimizeConfig
 from fusion_core.cost import CostModel
 from fusion_core.patterns import Match, NearMiss
+from fusion_core.rewriters import RewriterRegistry
 from fusion_core.strategies import (
     Candidate,
     PriorityStrategy,
@@ -37,9 +38,12 @@ _FILTERS = ("cost_threshold", "memory_limit")
 class CostBasedSelection:
     """Same interface as ``PriorityStrategy.select``, plus what it decided and why."""
 
-    def __init__(self, config: OptimizeConfig, *, op_count: int) -> None:
+    def __init__(
+        self, config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
+    ) -> None:
         self.name = config.selection
-        self.cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
+        dims = config.check.shape_profiles()[0]
+        self.cost = CostModel(config.target_profile, dims=dims, rewriters=rewriters)
         self.strategy = strategy_by_name(
             config.selection,
             cost_threshold=config.cost_threshold,
@@ -100,9 +104,16 @@ class PrioritySelection:
     the profile's kernel factors were fitted on one machine class, and measuring on
     this one is what decides there."""
 
-    def __init__(self, config: OptimizeConfig, *, drop_losses: bool = True) -> None:
+    def __init__(
+        self,
+        config: OptimizeConfig,
+        *,
+        drop_losses: bool = True,
+        rewriters: RewriterRegistry | None = None,
+    ) -> None:
         self.name = "priority"
-        self.cost = CostModel(config.target_profile, dims=config.check.shape_profiles()[0])
+        dims = config.check.shape_profiles()[0]
+        self.cost = CostModel(config.target_profile, dims=dims, rewriters=rewriters)
         self.cost_threshold, self.memory_limit = config.cost_threshold, config.memory_limit
         self.drop_losses = drop_losses
         self.positions: Mapping[int, int] | None = None
@@ -139,12 +150,14 @@ class PrioritySelection:
 
 
 def selection_for(
-    config: OptimizeConfig, *, op_count: int
+    config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
 ) -> PrioritySelection | CostBasedSelection:
-    """The selection ``config.selection`` names (measured selection proposes by priority)."""
+    """The selection ``config.selection`` names (measured selection proposes by priority);
+    ``rewriters`` (default: the built-in ones) say what each rewrite costs."""
     if config.selection in ("priority", "measured"):
-        return PrioritySelection(config, drop_losses=config.selection == "priority")
-    return CostBasedSelection(config, op_count=op_count)
+        drop = config.selection == "priority"
+        return PrioritySelection(config, drop_losses=drop, rewriters=rewriters)
+    return CostBasedSelection(config, op_count=op_count, rewriters=rewriters)
 
 
 def _describe(candidate: Candidate) -> dict[str, Any]:

@@ -20,11 +20,20 @@ import yaml
 from onnx import numpy_helper
 
 from fusion_core.catalog import builtin_patterns
-from fusion_core.cost import CostModel, Gain, TargetProfile, load_target_profile, shipped_profiles
+from fusion_core.cost import (
+    CostModel,
+    Gain,
+    TargetProfile,
+    load_target_profile,
+    rewrite_effect,
+    shipped_profiles,
+)
 from fusion_core.cost.fit import fit_kernel_factors
 from fusion_core.errors import ConfigError
 from fusion_core.patterns import Match, Matcher, PatternSpec
 from fusion_core.prepasses import PrepassOptions, run_prepasses
+from fusion_core.rewriters import RewriteEffect, builtin_rewriters, matched
+from fusion_core.rewriters.batchnorm import FoldBatchNorm
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 F32 = 4
@@ -205,6 +214,21 @@ def test_conv_bn_removes_the_bn_flops_and_conv_relu_keeps_them():
     conv_bn = CPU.candidate_gain(found["conv_bn"])
     assert (conv_bn.bytes_saved, conv_bn.launches_saved) == (2 * ACTIVATION, 1)
     assert conv_bn.flops_delta == -2 * (4 * 8 * 8)
+
+
+def test_the_cost_effect_is_the_rewriters_own() -> None:
+    """A registry whose fold_batchnorm says nothing folds away prices conv_bn so."""
+
+    class NothingFolds(FoldBatchNorm):
+        def cost_effect(self, match, params):
+            return RewriteEffect(matched(match))
+
+    conv_bn = matches(conv_bn_relu())["conv_bn"]
+    assert rewrite_effect(conv_bn).removed == ("bn",)
+    registry = builtin_rewriters()
+    registry.register(NothingFolds())
+    gain = CostModel(CPU.profile, rewriters=registry).candidate_gain(conv_bn)
+    assert gain.flops_delta == 0 and gain.launches_saved == 1
 
 
 MATMUL_ADD_GELU = """
