@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python -m app.services.model_child FOLDER\n")
         return 2
+    # First thing, before it writes anything: what it writes is private (0600). Set
+    # here, not by the parent: uvloop's subprocess_exec takes no umask.
+    os.umask(0o077)
     folder = Path(argv[0])
     try:
         request = json.loads((folder / REQUEST_FILE).read_text(encoding="utf-8"))

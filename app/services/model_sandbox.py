@@ -12,8 +12,9 @@ asyncio's subprocess API (the event loop never blocks on it) and holds it to the
   ``api_sandbox_queue_s`` for a free slot, then answers 503 with ``Retry-After``.
 
 The child starts with an allow-listed environment (``sandbox_env``: no credentials) and
-umask 077. A limit it runs into is a 422 problem that names the limit and its setting,
-never a 500; a refusal it makes (``model_checks``' problems) reaches the client as is.
+sets umask 077 itself, first thing. A limit it runs into is a 422 problem that names the
+limit and its setting, never a 500; a refusal it makes (``model_checks``' problems)
+reaches the client as is.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from app.core.config import Settings
 from app.core.problems import ProblemError
 from app.services.model_checks import inspect_model
 from app.services.model_child import ERROR_FILE, REQUEST_FILE, RESULT_FILE
-from app.services.sandbox_env import CHILD_UMASK, sandbox_environment
+from app.services.sandbox_env import sandbox_environment
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
 
@@ -195,7 +196,6 @@ async def _spawn_and_wait(folder: Path, time_limit_s: float) -> int | None:
             stdout=log,
             stderr=log,
             start_new_session=True,
-            umask=CHILD_UMASK,
         )
     try:
         return await asyncio.wait_for(proc.wait(), time_limit_s)

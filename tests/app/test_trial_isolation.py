@@ -248,12 +248,12 @@ def test_the_child_is_isolated_environment_umask_session_limits(client, tmp_path
         environ = dict(
             item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item
         )
-        status = (proc / "status").read_text()
         folder = Path(os.readlink(proc / "cwd"))
-        # The limits are set first thing in the child: wait until they are in place.
+        # The child sets its umask, then its limits, first thing: wait until they are.
         while "1073741824" not in (limits := (proc / "limits").read_text()):
             assert time.monotonic() < deadline, limits
             time.sleep(0.05)
+        status = (proc / "status").read_text()
         session = os.getsid(pid)
         folder_mode = folder.stat().st_mode & 0o777
         request_text = (folder / "request.json").read_text()
