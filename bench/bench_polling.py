@@ -16,6 +16,7 @@ is any answer other than 200/304, or a transport error. Prints a Markdown table 
 p95, p99, max in ms, requests, errors); ``--json`` writes the numbers.
 
     .venv/bin/python bench/bench_polling.py --mode both --clients 20 --duration 30
+    .venv/bin/python bench/bench_polling.py --interval-ms 100   # paced: 200 polls/s offered
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ async def poll(base: str, key: str, ids: list[str], duration: float) -> tuple[li
                 outcomes[response.status_code] += 1
                 if "etag" in response.headers:
                     etags[job_id] = response.headers["etag"]
+                if ARGS.interval_ms > 0:  # paced: the next poll starts an interval later
+                    pause = ARGS.interval_ms / 1000 - (time.perf_counter() - start_t)
+                    await asyncio.sleep(max(0.0, pause) * rng.uniform(0.5, 1.5))
 
     await asyncio.gather(*(poller(k) for k in range(ARGS.clients)))
     return latencies, outcomes
@@ -156,7 +160,8 @@ def run_mode(mode: str) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        f"{ARGS.clients} pollers for {ARGS.duration:g} s, {ARGS.jobs} jobs, keyed server",
+        f"{ARGS.clients} pollers for {ARGS.duration:g} s, {ARGS.jobs} jobs, keyed server, "
+        + (f"one poll per {ARGS.interval_ms:g} ms each" if ARGS.interval_ms else "closed loop"),
         "",
         "| mode | requests | req/s | errors | p50 ms | p95 ms | p99 ms | max ms | load avg |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -177,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=20, help="pollers (default 20)")
     p.add_argument("--duration", type=float, default=30.0, help="s of polling (default 30)")
     p.add_argument("--jobs", type=int, default=5, help="jobs submitted and polled (default 5)")
+    p.add_argument(
+        "--interval-ms",
+        type=float,
+        default=0.0,
+        help="each poller's mean interval between polls (jittered +-50%%); 0 (default): a "
+        "closed loop, where latency is the server's queue at its throughput",
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ARGS = p.parse_args(argv)
     modes = ["embedded", "distributed"] if ARGS.mode == "both" else [ARGS.mode]
