@@ -3,42 +3,21 @@ progressive mode given in the config."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-import onnx.numpy_helper as nh
 import onnx.parser
 import pytest
 from pydantic import ValidationError
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
+from fusion_core import CheckOptions, OptimizeConfig, optimize, testing
 from fusion_core.errors import ConfigError
 from fusion_core.patterns._formula import FormulaError
 from fusion_core.pipeline.switches import compile_condition
 from fusion_core.report import build_report
 
-RNG = np.random.default_rng(7)
-
 
 def conv_bn_relu(width: str | int = "width") -> onnx.ModelProto:
     """x[1, 3, 4, width] -> Conv -> BatchNormalization -> Relu; width may be symbolic."""
-    model = onnx.parser.parse_model(
-        '<ir_version: 8, opset_import: ["" : 17]>\n'
-        f"g (float[1,3,4,{width}] x) => (float[1,4,4,{width}] y) {{\n"
-        " c = Conv<pads = [1, 1, 1, 1]>(x, w)\n"
-        " n = BatchNormalization(c, gamma, beta, mean, var)\n"
-        " y = Relu(n)\n}"
-    )
-    arrays = {
-        "w": RNG.normal(0, 0.3, (4, 3, 3, 3)),
-        "gamma": RNG.uniform(0.5, 1.5, 4),
-        "beta": RNG.normal(0, 0.1, 4),
-        "mean": RNG.normal(0, 0.1, 4),
-        "var": RNG.uniform(0.5, 2.0, 4),
-    }
-    model.graph.initializer.extend(
-        nh.from_array(a.astype(np.float32), n) for n, a in arrays.items()
-    )
-    return model
+    return testing.conv_bn_relu(height=4, width=width)
 
 
 WIDE = "dim('$x', -1) > 1024"
