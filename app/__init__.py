@@ -1,1 +1,3 @@
-"""autofusion's service layer (the REST API arrives with issue 3) and its CLI."""
+"""autofusion's service: the REST API and dashboard (``api``, ``ui``), the service logic
+(``services``), settings and the database (``core``, ``db``, ``models``) and the CLI
+(``cli``, the composition root that also starts the embedded worker)."""
