@@ -45,6 +45,7 @@ __all__ = [
     "ERROR_FILE",
     "EXIT_ERROR",
     "EXIT_ORPHANED",
+    "MEMORY_HINTS",
     "REQUEST_FILE",
     "RESULT_FILE",
     "main",
@@ -58,7 +59,7 @@ EXIT_ORPHANED = 70  # the API process is gone
 # A child yields the CPU to the API process it serves: /healthz answers while it works.
 _NICENESS = 10
 # What C++ allocators, protobuf and onnx say when an allocation fails under RLIMIT_AS.
-_MEMORY_HINTS = (
+MEMORY_HINTS = (
     "bad_alloc",
     "cannot allocate memory",
     "out of memory",
@@ -244,7 +245,7 @@ def _is_memory(exc: BaseException | None) -> bool:
         # Our own errors may quote the model (a node called "out of memory"): only
         # what a library raised counts by its text.
         ours = type(exc).__module__.startswith(("app.", "fusion_core"))
-        if not ours and any(hint in str(exc).lower() for hint in _MEMORY_HINTS):
+        if not ours and any(hint in str(exc).lower() for hint in MEMORY_HINTS):
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False

@@ -37,7 +37,7 @@ from typing import Any
 from app.core.config import Settings
 from app.core.problems import ProblemError
 from app.services.model_checks import inspect_model
-from app.services.model_child import ERROR_FILE, REQUEST_FILE, RESULT_FILE
+from app.services.model_child import ERROR_FILE, MEMORY_HINTS, REQUEST_FILE, RESULT_FILE
 from app.services.sandbox_env import sandbox_environment
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
@@ -173,7 +173,9 @@ async def _run_in(
         )
     log = _tail(folder / LOG_FILE)
     logger.warning("%s failed (exit %s, %.1f s): %s", what, returncode, seconds, log)
-    if error.get("memory"):
+    # A child that died before it could write error.json (an allocation failing in C++
+    # code, in the interpreter itself) says why on stderr.
+    if error.get("memory") or (not error and any(h in log.lower() for h in MEMORY_HINTS)):
         raise _limit_problem(what, f"{settings.api_sandbox_memory_limit_mb} MB", "memory")
     if returncode == -signal.SIGXCPU:
         raise _limit_problem(what, f"{settings.api_sandbox_cpu_limit_s} s of CPU", "cpu")

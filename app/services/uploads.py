@@ -7,7 +7,8 @@
    ``config``, bounded to ``MAX_CONFIG_BYTES``.
 2. ``parse_options`` validates ``config`` against ``OptimizeOptions``.
 3. ``inspect_model`` (``model_checks``) parses the ModelProto alone and refuses what a
-   hostile model could abuse, before anything in ``fusion_core`` loads it.
+   hostile model could abuse, before anything in ``fusion_core`` loads it; a model over
+   ``api_inline_check_bytes`` is parsed in a child process (``model_sandbox``).
 4. ``store_upload`` puts the model and data files in the artifact store.
 
 The upload folder is removed whatever happens; ``accept_upload`` runs steps 1-4.
@@ -49,7 +50,7 @@ from app.schemas.jobs import OptimizeOptions
 from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
 from app.services.jobs import create_job
-from app.services.model_checks import inspect_model
+from app.services.model_sandbox import inspect_upload
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -466,7 +467,8 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
     """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards."""
     try:
         options = parse_options(upload.config_text)
-        await run_in_threadpool(inspect_model, upload.model_path, upload.data_names, settings)
+        # Past api_inline_check_bytes, in a child with a memory limit (model_sandbox).
+        await inspect_upload(upload.model_path, upload.data_names, settings)
         model_digest, data_files = await run_in_threadpool(store_upload, upload, store)
     finally:
         await run_in_threadpool(remove_folder, upload.folder)

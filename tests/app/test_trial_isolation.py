@@ -375,3 +375,18 @@ def test_the_child_refuses_what_the_inline_check_refuses(tmp_path, inline):
         asyncio.run(inspect_upload(path, (), settings))
     assert (caught.value.status, caught.value.slug) == (422, "op-domain-not-allowed")
     assert "evil.ops" in caught.value.detail
+
+
+def test_optimize_checks_an_upload_over_the_inline_size_in_the_child(tmp_path):
+    """A child too small to even start refuses the upload: the check ran there."""
+    tiny = _model(
+        helper.make_node("Relu", ["x"], ["y"]), helper.make_tensor("x", TensorProto.FLOAT, [1], [1])
+    ).SerializeToString()
+    files = {"model": ("model.onnx", tiny, "application/octet-stream")}
+    starved = {"api_sandbox_memory_limit_mb": 256, "api_sandbox_time_limit_s": 60}
+    with make_client(tmp_path / "child", api_inline_check_bytes=0, **starved) as client:
+        refused = client.post("/v1/optimize", files=files)
+    body = assert_problem(refused, 422, "model-work-limit")
+    assert body["limit"] == "memory" and "the model check" in body["detail"]
+    with make_client(tmp_path / "inline", **starved) as client:  # 64 MiB: checked inline
+        assert client.post("/v1/optimize", files=files).status_code == 202
