@@ -25,12 +25,14 @@ from starlette.requests import Request
 
 from app.core.config import Settings
 from app.core.problems import ProblemError
+from app.db import session_factory
 from app.models import PatternRecord
+from app.services import registry
 from app.services.model_sandbox import run_model_child
 from app.services.uploads import receive_upload
 from fusion_core.patterns import NearMiss
 
-__all__ = ["LISTED", "PatternTrial", "trial_upload"]
+__all__ = ["LISTED", "PatternTrial", "read_pattern", "trial_upload"]
 
 LISTED = 1000  # matches and near misses returned in full up to this many each
 
@@ -48,12 +50,24 @@ class PatternTrial:
     pictures: list[str] = field(default_factory=list)
 
 
+def read_pattern(settings: Settings, name: str) -> PatternRecord:
+    """The pattern, read in a session held only for the read: a trial holds none."""
+    with session_factory(settings.resolved_database_url)() as session:
+        return registry.get_pattern(session, name)
+
+
 async def trial_upload(
-    request: Request, settings: Settings, record: PatternRecord, *, pictures: int = 0
+    request: Request,
+    settings: Settings,
+    record: PatternRecord,
+    *,
+    pictures: int = 0,
+    tenant: str | None = None,
 ) -> PatternTrial:
     """Receive the multipart upload (one ``model`` part) and try ``record`` on it in a
-    child process; ``pictures`` asks for SVGs of that many first matches."""
-    upload = await receive_upload(request, settings)
+    child process; ``pictures`` asks for SVGs of that many first matches. The upload
+    holds one of ``tenant``'s upload slots while it streams."""
+    upload = await receive_upload(request, settings, tenant=tenant)
     try:
         if upload.data_names or upload.config_text is not None:
             raise ProblemError(

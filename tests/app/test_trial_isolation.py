@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 
 from app.core.config import Settings
 from app.core.problems import ProblemError
+from app.db import get_engine
 from app.main import create_app
 from app.services import model_sandbox
 from app.services.model_checks import inspect_model
@@ -254,10 +255,13 @@ def test_the_child_is_isolated_environment_umask_session_limits(client, tmp_path
             assert time.monotonic() < deadline, limits
             time.sleep(0.05)
         status = (proc / "status").read_text()
+        # Neither the upload nor the running trial holds a database connection.
+        held = get_engine(client.app.state.settings.resolved_database_url).pool.checkedout()
         session = os.getsid(pid)
         folder_mode = folder.stat().st_mode & 0o777
         request_text = (folder / "request.json").read_text()
         assert_problem(pending.result(), 422, "model-work-limit")
+    assert held == 0
     assert "hunter2" not in "".join(environ.values())
     assert not {"DATABASE_URL", "REDIS_URL", "PGPASSWORD"} & set(environ)
     assert not [k for k in environ if k.startswith(("AUTOFUSION_", "AWS_"))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
 from app.api.openapi_bodies import binary_part, multipart_body
@@ -20,7 +21,7 @@ from app.schemas.registry import (
 )
 from app.services import registry
 from app.services.auth import Principal
-from app.services.pattern_trial import trial_upload
+from app.services.pattern_trial import read_pattern, trial_upload
 
 router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
 
@@ -141,10 +142,20 @@ def get_pattern_version(
     return PatternVersionPublic.model_validate(registry.get_pattern_version(session, name, version))
 
 
-@router.post("/{name}/test", response_model=PatternTestResult, openapi_extra=_MODEL_UPLOAD)
+@router.post(
+    "/{name}/test",
+    response_model=PatternTestResult,
+    openapi_extra=_MODEL_UPLOAD,
+    # 422 also when the model runs out of the trial's time or memory; 503 when too
+    # many trials run at once (with Retry-After).
+    responses=problem_responses(401, 404, 408, 413, 415, 422, 429, 503),
+)
 async def run_pattern_test(
-    name: str, request: Request, session: SessionDep, settings: SettingsDep, _: PrincipalDep
+    name: str, request: Request, settings: SettingsDep, principal: PrincipalDep
 ) -> PatternTestResult:
     """Run one pattern on a model after the pre-passes: its matches and near misses."""
-    record = registry.get_pattern(session, name)
-    return PatternTestResult.from_trial(await trial_upload(request, settings, record))
+    # No request session: neither the upload nor the trial (in a child process, up to
+    # api_sandbox_time_limit_s) holds a database connection.
+    record = await run_in_threadpool(read_pattern, settings, name)
+    trial = await trial_upload(request, settings, record, tenant=principal.tenant_id)
+    return PatternTestResult.from_trial(trial)
