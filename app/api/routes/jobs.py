@@ -72,7 +72,8 @@ def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None
     status_code=202,
     response_model=JobPublic,
     openapi_extra=_optimize_body(),
-    responses=problem_responses(401, 403, 408, 413, 415, 422, 429),
+    # 503: a big model's check waited api_sandbox_queue_s for a free model child.
+    responses=problem_responses(401, 403, 408, 413, 415, 422, 429, 503),
 )
 async def optimize(
     request: Request,
