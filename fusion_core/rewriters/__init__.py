@@ -1,4 +1,10 @@
-"""Rewriters: code, registered by name, that replaces a match with fused ops per target."""
+"""Rewriters: code, registered by name, that replaces a match with fused ops per target.
+
+Each built-in rewriter lives in the module named as it is registered
+(``fusion_core.rewriters.fold_batchnorm`` holds ``fold_batchnorm``; ``attention`` is a
+package); what several share is in the private modules (``_base``, ``_effect``,
+``_affine``, ``_norm``).
+"""
 
 from __future__ import annotations
 
@@ -16,24 +22,24 @@ from fusion_core.rewriters._base import (
     provenance,
 )
 from fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
-from fusion_core.rewriters.activation import FuseActivation
-from fusion_core.rewriters.affine import FoldAffine
 from fusion_core.rewriters.attention import FuseAttention
-from fusion_core.rewriters.batchnorm import FoldBatchNorm, PoolBatchNorm
+from fusion_core.rewriters.fold_affine import FoldAffine
+from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from fusion_core.rewriters.fold_layer_norm_affine import FoldLayerNormAffine
+from fusion_core.rewriters.fold_scale import FoldScale
+from fusion_core.rewriters.fuse_activation import FuseActivation
+from fusion_core.rewriters.fused_region import FusedRegion
 from fusion_core.rewriters.gelu import FuseGelu
-from fusion_core.rewriters.gemm import MatMulAddToGemm
-from fusion_core.rewriters.hardswish import FuseHardSigmoid, FuseHardSwish
-from fusion_core.rewriters.layernorm import (
-    FoldLayerNormAffine,
-    LayerNorm,
-    RMSNorm,
-    SkipLayerNorm,
-)
-from fusion_core.rewriters.pad import PadIntoConv
-from fusion_core.rewriters.qkv import MergeSiblings
-from fusion_core.rewriters.region import FusedRegion
-from fusion_core.rewriters.scale import FoldScale
+from fusion_core.rewriters.hard_sigmoid import FuseHardSigmoid
+from fusion_core.rewriters.hard_swish import FuseHardSwish
+from fusion_core.rewriters.layer_norm import LayerNorm
+from fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
+from fusion_core.rewriters.merge_siblings import MergeSiblings
+from fusion_core.rewriters.pad_into_conv import PadIntoConv
+from fusion_core.rewriters.pool_bn import PoolBatchNorm
+from fusion_core.rewriters.rms_norm import RMSNorm
 from fusion_core.rewriters.silu import FuseSiLU
+from fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
 
 __all__ = [
     "PROVENANCE_KEYS",

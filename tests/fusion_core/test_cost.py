@@ -33,7 +33,7 @@ from fusion_core.errors import ConfigError
 from fusion_core.patterns import Match, Matcher, PatternSpec
 from fusion_core.prepasses import PrepassOptions, run_prepasses
 from fusion_core.rewriters import RewriteEffect, builtin_rewriters, matched
-from fusion_core.rewriters.batchnorm import FoldBatchNorm
+from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 F32 = 4

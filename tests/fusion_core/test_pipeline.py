@@ -11,8 +11,8 @@ import pytest
 
 from fusion_core import CheckOptions, ConfigError, OptimizeConfig, optimize
 from fusion_core.rewriters import builtin_rewriters
-from fusion_core.rewriters.activation import FuseActivation
-from fusion_core.rewriters.batchnorm import FoldBatchNorm
+from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from fusion_core.rewriters.fuse_activation import FuseActivation
 
 RNG = np.random.default_rng(3)
 

@@ -16,8 +16,8 @@ import onnx.parser
 from fusion_core import CheckOptions, OptimizeConfig, optimize
 from fusion_core.pipeline.progressive import optimize_progressive
 from fusion_core.rewriters import Rewrite, builtin_rewriters
-from fusion_core.rewriters.batchnorm import FoldBatchNorm
-from fusion_core.rewriters.gemm import MatMulAddToGemm
+from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
 from fusion_core.validate import random_inputs
 from fusion_core.validate._ranges import FP16_MAX, check_fp16
 from fusion_core.validate._regions import compare_regions

@@ -6,8 +6,8 @@ import numpy as np
 import onnx_ir as ir
 
 from fusion_core.ir import constant_array
-from fusion_core.rewriters._attention_shapes import known_dims
 from fusion_core.rewriters._base import RewriteContext
+from fusion_core.rewriters.attention._shapes import known_dims
 
 
 def attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:

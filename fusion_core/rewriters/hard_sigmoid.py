@@ -1,5 +1,5 @@
-"""``hard_sigmoid`` and ``hard_swish``: MobileNetV3's piecewise-linear activations,
-written out with Add/Clip/Div/Mul, become ONNX's own ops.
+"""``hard_sigmoid``: MobileNetV3's piecewise-linear activations HardSigmoid and
+HardSwish, written out with Add/Clip/Div/Mul, become ONNX's own ops.
 
 ::
 
@@ -27,10 +27,8 @@ emits that pair at every opset (measured, docs/benchmarks.md, section 8). A Hard
 after a Conv then becomes ``com.microsoft.FusedConv`` with ``activation = HardSigmoid``
 on onnxruntime (``fuse_activation``, next round).
 
-``hard_swish`` takes ``x * HardSigmoid(x)`` (alpha 1/6, beta 0.5: the pattern checks
-them; TorchScript exports ``nn.Hardswish`` so below opset 14) to ``HardSwish`` on
-``generic`` at opset >= 14; below it the model keeps the pair and the reason names
-``--upgrade-opset 14``.
+``hard_swish`` (its own module) takes a HardSigmoid already fused, ``x * HardSigmoid(x)``,
+to ``HardSwish`` on ``generic``.
 """
 
 from __future__ import annotations
@@ -39,14 +37,14 @@ import onnx_ir as ir
 
 from fusion_core.patterns import Match
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters.activation import clip_bounds
-from fusion_core.rewriters.silu import gated_input, other_operand
+from fusion_core.rewriters.fuse_activation import clip_bounds
+from fusion_core.rewriters.hard_swish import HARDSWISH_OPSET
+from fusion_core.rewriters.silu import other_operand
 from fusion_core.targets import MS_DOMAIN
 
-__all__ = ["HARDSIGMOID_OPSET", "HARDSWISH_OPSET", "FuseHardSigmoid", "FuseHardSwish"]
+__all__ = ["HARDSIGMOID_OPSET", "FuseHardSigmoid"]
 
 HARDSIGMOID_OPSET = 6  # HardSigmoid-1 still has the legacy consumed_inputs attribute
-HARDSWISH_OPSET = 14
 ALPHA, BETA = 1.0 / 6.0, 0.5
 CLIP_BOUNDS = [0.0, 6.0]
 
@@ -91,30 +89,6 @@ class FuseHardSigmoid(Rewriter):
         else:
             nodes = _hard_sigmoid_mul(x)
         return Rewrite(nodes, [(out, nodes[-1].outputs[0])])
-
-
-class HardSwishParams(Params):
-    hard_sigmoid_node: str = "hsig"
-    output_node: str = "out"  # the Mul by x
-
-
-class FuseHardSwish(Rewriter):
-    name = "hard_swish"
-    targets = frozenset({"generic"})
-    Params = HardSwishParams
-
-    def rewrite(self, match: Match, params: HardSwishParams, ctx: RewriteContext) -> Rewrite | str:
-        x = gated_input(match, params.hard_sigmoid_node, params.output_node, "HardSwish")
-        if isinstance(x, str):
-            return x
-        if ctx.opset < HARDSWISH_OPSET:
-            return (
-                f"ONNX HardSwish needs opset {HARDSWISH_OPSET}; the model imports opset "
-                f"{ctx.opset} (--upgrade-opset {HARDSWISH_OPSET} converts it)"
-            )
-        node = ir.Node("", "HardSwish", [x])
-        out = match.node(params.output_node)
-        return Rewrite([node], [(out.outputs[0], node.outputs[0])])
 
 
 def _multiplies_x(match: Match, mul_node: str, x: ir.Value | None) -> str | None:

@@ -1,71 +1,19 @@
-"""``attention``: the scaled-dot-product core of multi-head attention as one
-com.microsoft ``MultiHeadAttention`` on onnxruntime, or ONNX ``Attention`` (opset 23,
-same q/k/v/mask/scale, ``q_num_heads = kv_num_heads = N``) on the generic target when
-the model's opset allows; below it the block is refused with that reason and the
-generic target folds the scale instead (``fold_scale``)::
-
-    Q = Transpose(Reshape(q, [B, S, N, H]), perm=[0, 2, 1, 3])        q: [B, S, N * H]
-    K = Transpose(Reshape(k, [B, L, N, H]), perm=[0, 2, 3, 1])        K^T directly
-    V = Transpose(Reshape(v, [B, L, N, H]), perm=[0, 2, 1, 3])
-    P = Softmax(MatMul(Q, K) * c + M, axis=-1)       (or MatMul(Q, K) / c, c -> 1 / c)
-    y = Reshape(Transpose(MatMul(P, V), perm=[0, 2, 1, 3]), [B, S, N * H])
-      = MultiHeadAttention(q, k, v, attention_bias=M, num_heads=N, scale=c)
-
-(https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.MultiHeadAttention).
-Its default scale is ``1 / sqrt(H)``; the rewriter always passes the graph's constant,
-so a model whose scale differs from the default fuses too.
-
-``N`` and ``H`` come from the graph, never from the user: the last two entries of the
-head-split Reshape's target (a constant, or a ``Concat`` whose last two parts are
-constants, as both exporters write it), a ``-1`` among them resolved with the hidden
-size (the last dimension of ``q``, which must be known). The pattern language cannot
-say this (it compares whole constants, not entries of a Concat, and cannot relate them
-to another value's dimension), so this module checks it, and that each Reshape keeps
-the batch and sequence dimensions (``B`` and ``S`` or ``L``): its target entry is 0
-(without ``allowzero``) or the input's known dimension, or the known output dimension
-equals the input's. Without that proof (TorchScript exports leave the shapes unknown)
-the match is refused with the reason, since a Reshape to ``[B * S, 1, N, H]`` would
-compute another attention.
-
-The additive mask ``M`` becomes ``attention_bias`` (input 5). onnxruntime 1.32's CPU
-kernel takes it only as rank 4 ``[B or 1, N or 1, S, L]`` and rejects a
-``[B, 1, 1, L]`` padding mask ("Input 'attention_bias' dimension 2 should be same as
-sequence_length"), so the mask's last two dimensions must be known equal to those of
-the scores.
-
-The SDPA form (``attention_mha_sdpa.yaml``, PyTorch's ``scaled_dot_product_attention``
-exported by dynamo) differs in three places, each named by a parameter:
-
-* the scale is split into ``Mul(Q, s_q)`` and ``Mul(K^T, s_k)`` before the MatMul
-  (``q_scale_node``, ``k_scale_node`` in place of ``scale_node``): ``scale = s_q * s_k``;
-* ``K^T`` is ``Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L])``
-  with ``K`` transposed by ``[0, 2, 1, 3]`` (``k_flat_node``, ``k_unflat_node``); the
-  rewriter proves it swaps the last two axes from the known (possibly symbolic) shapes:
-  the flat Reshape gives rank 3 ending in ``[L, H]`` of ``K`` and the other gives
-  ``[B, N, H, L]``, so the first merges and the second splits the leading axes;
-* ``Softmax`` is followed by ``Where(IsNaN(P), 0, P)`` (``nan_guard_node``, the Where),
-  which maps a fully masked row (all ``-inf``, softmax NaN) to zeros. MultiHeadAttention
-  has no such guard: with ``-inf`` in ``attention_bias`` such a row is not zeros. So the
-  guard is dropped only when the mask is ``Where(cond, a, b)`` of finite constants (dynamo
-  writes ``Where(mask, 0, -3.4e38)``): then no score is ``-inf``, a fully masked row gets
-  a uniform softmax in both graphs, and the guard never fires. A mask that may hold
-  ``-inf`` (TorchScript's ``Where(mask, 0, -inf)``, or a graph input) is refused.
-"""
+"""``attention``: the rewriter (the math, and what it proves, is in the package's docstring)."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
-from fusion_core.rewriters._attention_shapes import (
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
+from fusion_core.rewriters.attention._mask import attention_bias, guarded_mask
+from fusion_core.rewriters.attention._shapes import (
     heads_of,
     identity_reshape,
     merges_heads,
     reshapes_same_data,
     swaps_last_axes,
 )
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention"]
