@@ -177,9 +177,12 @@ async def try_pattern_page(
     """Match the pattern on an uploaded model (the API's /test): matches and near misses."""
     record = registry.get_pattern(session, name)
     context = _pattern_context(session, record)
+    session.close()  # hold no connection while the upload streams and the trial runs
     try:
         # The model is drawn in the trial's child process too: the API never loads it.
-        trial = await trial_upload(request, settings, record, pictures=MAX_MATCH_PICTURES)
+        trial = await trial_upload(
+            request, settings, record, pictures=MAX_MATCH_PICTURES, tenant=principal.tenant_id
+        )
     except (ProblemError, FusionError) as exc:
         status, errors = form_errors(exc, "model")
         context["try_errors"] = errors

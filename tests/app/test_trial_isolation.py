@@ -87,9 +87,9 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         yield c
 
 
-def trial(client: TestClient, content: bytes):
+def trial(client: TestClient, content: bytes, path: str = "/v1/patterns/conv_bn/test"):
     files = {"model": ("model.onnx", content, "application/octet-stream")}
-    return client.post("/v1/patterns/conv_bn/test", files=files)
+    return client.post(path, files=files)
 
 
 def assert_problem(response, status: int, slug: str) -> dict:
@@ -234,12 +234,15 @@ def test_ten_hanging_trials_at_once_are_bounded_and_the_api_keeps_answering(clie
     assert after.status_code != 503, after.text
 
 
-def test_the_child_is_isolated_environment_umask_session_limits(client, tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", ["/v1/patterns/conv_bn/test", "/ui/patterns/conv_bn/try"])
+def test_the_child_is_isolated_environment_umask_session_limits(
+    client, tmp_path, monkeypatch, path
+):
     for name in ("DATABASE_URL", "REDIS_URL", "PGPASSWORD", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "hunter2")
     monkeypatch.setenv("AUTOFUSION_TEST_SECRET", "hunter2")
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(trial, client, hanging_model())
+        pending = pool.submit(trial, client, hanging_model(), path)
         deadline = time.monotonic() + ANSWER_WITHIN_S
         while not (pids := children_of(tmp_path)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -260,7 +263,11 @@ def test_the_child_is_isolated_environment_umask_session_limits(client, tmp_path
         session = os.getsid(pid)
         folder_mode = folder.stat().st_mode & 0o777
         request_text = (folder / "request.json").read_text()
-        assert_problem(pending.result(), 422, "model-work-limit")
+        answer = pending.result()
+    if path.startswith("/ui/"):  # the form again, with the problem by the file input
+        assert answer.status_code == 422 and "ran out of its" in answer.text, answer.text
+    else:
+        assert_problem(answer, 422, "model-work-limit")
     assert held == 0
     assert "hunter2" not in "".join(environ.values())
     assert not {"DATABASE_URL", "REDIS_URL", "PGPASSWORD"} & set(environ)
