@@ -30,7 +30,6 @@ same trace (see ``MemoryStats``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -49,6 +48,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from fusion_core import provenance
 from fusion_core.errors import ConfigError
 from fusion_core.profiling._trace import (
     MemoryStats,
@@ -378,10 +378,10 @@ def region_times(
     and the same replaced nodes (a horizontal merge emits several) form one region."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
     for node in fused_model.graph.node:
-        props = {p.key: p.value for p in node.metadata_props}
-        if "autofusion.replaced_nodes" in props:
-            replaced = tuple(json.loads(props["autofusion.replaced_nodes"]))
-            groups[(props.get("autofusion.pattern", ""), replaced)].append(node.name)
+        props = provenance.metadata(node)
+        replaced = provenance.replaced_nodes(props)
+        if replaced is not None:
+            groups[(provenance.pattern(props) or "", tuple(replaced))].append(node.name)
     before_us_of, after_us_of = _per_run(before), _per_run(after)
     regions = []
     for (pattern, replaced), fused_nodes in groups.items():

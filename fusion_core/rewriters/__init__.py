@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fusion_core.rewriters._base import (
-    PROVENANCE_KEYS,
     Params,
     Rewrite,
     RewriteContext,
@@ -42,7 +41,6 @@ from fusion_core.rewriters.silu import FuseSiLU
 from fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
 
 __all__ = [
-    "PROVENANCE_KEYS",
     "Params",
     "Rewrite",
     "RewriteContext",

@@ -9,7 +9,6 @@ itself: ``apply_rewrite`` does, so a rejected rewrite leaves nothing behind.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,13 +18,13 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
+from fusion_core import provenance as metadata_keys
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, PatternSpec
 from fusion_core.rewriters._effect import RewriteEffect, matched
 from fusion_core.targets import Target
 
 __all__ = [
-    "PROVENANCE_KEYS",
     "Params",
     "Rewrite",
     "RewriteContext",
@@ -35,9 +34,6 @@ __all__ = [
     "missing_output",
     "provenance",
 ]
-
-# Node metadata written on every fused node, so validation and reports can map back.
-PROVENANCE_KEYS = ("autofusion.pattern", "autofusion.replaced_nodes", "autofusion.replaced_values")
 
 
 class Params(BaseModel):
@@ -163,11 +159,9 @@ def scale_factor(node: ir.Node, factor: ir.Value | None) -> float | str:
 def provenance(node: ir.Node) -> tuple[list[str], list[str]]:
     """(original node names, original value names) a node stands for."""
     props = node.metadata_props
-    if "autofusion.replaced_nodes" in props:
-        return (
-            json.loads(props["autofusion.replaced_nodes"]),
-            json.loads(props.get("autofusion.replaced_values", "[]")),
-        )
+    names = metadata_keys.replaced_nodes(props)
+    if names is not None:
+        return names, metadata_keys.replaced_values(props)
     return [node.name or f"<{node.op_type}>"], []
 
 
@@ -217,9 +211,9 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
         v.name for n in old_nodes for v in n.outputs if id(v) not in kept and v.name and v.uses()
     ]
     for node in rewrite.new_nodes:
-        node.metadata_props["autofusion.pattern"] = match.pattern.name
-        node.metadata_props["autofusion.replaced_nodes"] = json.dumps(replaced_nodes)
-        node.metadata_props["autofusion.replaced_values"] = json.dumps(replaced_values)
+        metadata_keys.write(
+            node.metadata_props, match.pattern.name, replaced_nodes, replaced_values
+        )
         if not node.name:
             node.name = ctx.fresh_name(f"{match.pattern.name}_{node.op_type}")
     old_values = [old for old, _ in rewrite.replaced]

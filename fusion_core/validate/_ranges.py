@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
+from fusion_core import provenance
 from fusion_core.validate._regions import _with_outputs, fused_regions
 
 __all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "PrecisionReport", "RangeFlag", "check_fp16"]
@@ -112,10 +113,7 @@ def check_fp16(
 
 
 def _replaced_values(node: onnx.NodeProto) -> list[str]:
-    import json
-
-    props = {p.key: p.value for p in node.metadata_props}
-    return json.loads(props.get("autofusion.replaced_values", "[]"))
+    return provenance.replaced_values(provenance.metadata(node))
 
 
 _Range = tuple[float, float | None, int, int]  # max |x|, min nonzero |x|, tiny, nonzero

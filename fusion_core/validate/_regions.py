@@ -14,12 +14,12 @@ graph order is the one reported as the culprit; later failures may be its echo.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
 
+from fusion_core import provenance
 from fusion_core.validate._stats import ErrorStats, Tolerance
 
 __all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions", "tensor_diffs"]
@@ -56,15 +56,14 @@ class RegionReport:
 
 def fused_regions(fused: onnx.ModelProto) -> list[tuple[str, list[str], list[onnx.NodeProto]]]:
     """(pattern, replaced original nodes, fused nodes) per applied fusion, in graph order."""
-    regions: dict[tuple[str, str], list[onnx.NodeProto]] = {}
+    regions: dict[tuple[str, tuple[str, ...]], list[onnx.NodeProto]] = {}
     for node in fused.graph.node:
-        props = {p.key: p.value for p in node.metadata_props}
-        if "autofusion.pattern" in props:
-            key = (props["autofusion.pattern"], props.get("autofusion.replaced_nodes", "[]"))
+        props = provenance.metadata(node)
+        pattern = provenance.pattern(props)
+        if pattern is not None:
+            key = (pattern, tuple(provenance.replaced_nodes(props) or ()))
             regions.setdefault(key, []).append(node)
-    return [
-        (pattern, json.loads(replaced), nodes) for (pattern, replaced), nodes in regions.items()
-    ]
+    return [(pattern, list(replaced), nodes) for (pattern, replaced), nodes in regions.items()]
 
 
 def compare_regions(
