@@ -75,6 +75,8 @@ def make_client(tmp_path: Path, **options) -> TestClient:
         "api_sandbox_memory_limit_mb": 1024,
         "api_sandbox_concurrency": 2,
         "api_sandbox_queue_s": 0,
+        # Ten uploads at once from one tenant: past the upload limit's default of four.
+        "max_concurrent_uploads_per_tenant": 16,
         **options,
     }
     settings = Settings(data_dir=tmp_path / "data", embedded_worker=False, **limits)
