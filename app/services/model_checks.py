@@ -172,10 +172,12 @@ class _Inventory:
             label, graph, depth, owner = graphs.pop()
             inventory._check_depth(label, depth)
             for tensor in graph.initializer:
+                _text(tensor.name, f"the name of an initializer in {label}")
                 inventory.tensors.append((f"initializer {tensor.name!r} in {label}", tensor))
             for sparse in graph.sparse_initializer:
                 inventory._add_sparse(f"sparse initializer in {label}", sparse)
             for info in (*graph.input, *graph.output, *graph.value_info):
+                _text(info.name, f"the name of a value in {label}")
                 inventory.types.append((f"value {info.name!r} in {label}", info.type))
             inventory._add_nodes(label, graph.node, graphs, depth, owner)
         return inventory
@@ -211,7 +213,7 @@ class _Inventory:
                     "(setting max_model_nodes)",
                     limit=self.max_nodes,
                 )
-            called = (_text(node.domain, f"the domain of a node in {label}"), node.op_type)
+            called = _node_texts(node, label)
             if owner is not None and called in self.local:
                 self.calls[owner].add(called)
             for attr in node.attribute:
@@ -249,6 +251,17 @@ class _Inventory:
 
 
 _Pending = tuple[str, GraphProto, int, "FunctionKey | None"]
+
+
+def _node_texts(node: NodeProto, label: str) -> FunctionKey:
+    """(domain, op type) of ``node``, after checking that every name it carries is text
+    (a worker would otherwise fail on bytes where it expects a name)."""
+    domain = _text(node.domain, f"the domain of a node in {label}")
+    op_type = _text(node.op_type, f"the op type of a node in {label}")
+    _text(node.name, f"the name of a node in {label}")
+    for name in (*node.input, *node.output):
+        _text(name, f"a value name of node {node.name or op_type!r} in {label}")
+    return domain, op_type
 
 
 def _check_recursion(calls: dict[FunctionKey, set[FunctionKey]]) -> None:
@@ -336,7 +349,6 @@ def _check_domains(
     for label, node in nodes:
         if node.domain in allowed or (node.domain, node.op_type) in local_functions:
             continue
-        _text(node.op_type, f"the op type of a node in {label}")
         raise ProblemError(
             422,
             "op-domain-not-allowed",

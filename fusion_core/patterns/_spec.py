@@ -45,6 +45,8 @@ TargetName = Literal["generic", "onnxruntime"]
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _STANDARD_DOMAINS = ("", "ai.onnx")
+MAX_PATTERN_NODES = 64
+MAX_CONSTRAINTS = 256
 
 
 class NodeSpec(BaseModel):
@@ -138,8 +140,10 @@ class PatternSpec(BaseModel):
     description: str = ""
     priority: int = 0
     targets: list[TargetName] = Field(default_factory=lambda: list(TARGET_NAMES), min_length=1)
-    nodes: list[NodeSpec] = Field(min_length=1)
-    constraints: list[Constraint] = Field(default_factory=list)
+    # Bounded: the matcher's work grows with the pattern (the largest built-in has 19
+    # nodes and 12 constraints).
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_PATTERN_NODES)
+    constraints: list[Constraint] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
     rewriter: RewriterRef
     cost_hints: CostHints | None = None
     # The fused op must stay in fp32 when the rest of the model runs in fp16
