@@ -299,6 +299,7 @@ def report_view(
                 "pattern": str(m.get("pattern")),
                 "nodes": [str(n) for n in _list(m.get("nodes"))],
                 "reason": str(m.get("reason")),
+                "kind": str(m.get("kind") or "constraint"),
             }
             for m in map(_dict, _list(report.get("near_misses"))[:_MAX_ROWS])
         ],

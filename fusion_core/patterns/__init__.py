@@ -2,7 +2,7 @@
 
 from fusion_core.patterns._constraints import Constraint, attribute_value
 from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
-from fusion_core.patterns._match import Match, NearMiss
+from fusion_core.patterns._match import NEAR_MISS_KINDS, Match, NearMiss
 from fusion_core.patterns._matcher import Matcher, MatchResult, check_match, escape_reason
 from fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
 from fusion_core.patterns._spec import (
@@ -14,6 +14,7 @@ from fusion_core.patterns._spec import (
 )
 
 __all__ = [
+    "NEAR_MISS_KINDS",
     "TARGET_NAMES",
     "Constraint",
     "CostHints",

@@ -13,7 +13,7 @@ from fusion_core.patterns._refs import ValueRef, parse_ref
 if TYPE_CHECKING:
     from fusion_core.patterns._spec import PatternSpec
 
-__all__ = ["Match", "NearMiss"]
+__all__ = ["NEAR_MISS_KINDS", "Match", "NearMiss"]
 
 
 @dataclass(eq=False)
@@ -68,13 +68,29 @@ class Match:
         return [n.name or f"<{n.op_type}>" for n in ordered]
 
 
+# Why a place did not fuse, by who said no: a constraint of the pattern, a value the
+# fusion would remove that is needed outside it (escape), the rewriter, the selection
+# (the cost model, a limit, measured selection) or progressive validation's rollback.
+NEAR_MISS_KINDS = ("constraint", "escape", "rewriter", "selection", "rollback")
+
+
 @dataclass(frozen=True)
 class NearMiss:
-    """The op types matched but a constraint failed: why this place did not fuse."""
+    """A place that matched (in part) but did not fuse, and why."""
 
     pattern: str
     nodes: tuple[str, ...]
     reason: str
+    kind: str = "constraint"  # one of NEAR_MISS_KINDS
+
+    def __post_init__(self) -> None:
+        if self.kind not in NEAR_MISS_KINDS:
+            raise ValueError(f"near miss kind {self.kind!r}: expected one of {NEAR_MISS_KINDS}")
 
     def to_dict(self) -> dict:
-        return {"pattern": self.pattern, "nodes": list(self.nodes), "reason": self.reason}
+        return {
+            "pattern": self.pattern,
+            "nodes": list(self.nodes),
+            "reason": self.reason,
+            "kind": self.kind,
+        }

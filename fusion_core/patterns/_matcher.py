@@ -181,7 +181,9 @@ class _Search:
                 # order may fail where the other holds, so a miss is kept only if no
                 # order of the same nodes succeeds.
                 match = Match(plan.pattern, dict(nodes), dict(free), dict(order))
-                reason = _first_failure(match) or escape_reason(match, plan.internal)
+                reason, kind = _first_failure(match), "constraint"
+                if reason is None:
+                    reason, kind = escape_reason(match, plan.internal), "escape"
                 if reason is None:
                     accepted.add(identity)
                     missed.pop(identity, None)
@@ -190,7 +192,7 @@ class _Search:
                         break
                 elif identity not in missed:
                     names = tuple(match.node_names())
-                    missed[identity] = NearMiss(plan.pattern.name, names, reason)
+                    missed[identity] = NearMiss(plan.pattern.name, names, reason, kind)
         result.near_misses.extend(missed.values())
 
     def _candidates(self, step: _Step, nodes: dict, free: dict, order: dict) -> list[ir.Node]:

@@ -144,7 +144,13 @@ def optimize_measured(
 
     def build(cfg: OptimizeConfig, skip: SkipMap, user_feeds=None) -> Result:
         return optimize_once(
-            original, cfg, registry=registry, patterns=patterns, skip=skip, feeds=user_feeds
+            original,
+            cfg,
+            registry=registry,
+            patterns=patterns,
+            skip=skip,
+            skip_kind="selection",
+            feeds=user_feeds,
         )
 
     proposal = build(unchecked, {})
@@ -206,7 +212,7 @@ def optimize_measured(
                     decision.kept, decision.reason = False, f"{overruled} ({decision.reason})"
             result = build(_unchanged(base), {}, feeds)
             result.near_misses += [
-                NearMiss(f.pattern, f.replaced_nodes, d.reason)
+                NearMiss(f.pattern, f.replaced_nodes, d.reason, "selection")
                 for d in decisions.values()
                 for f in d.group.fusions
             ]
@@ -308,7 +314,7 @@ def _build_without(build, cfg, feeds, decisions: Mapping[str, _Decision]) -> Res
             break
         skip.update(again)
     result.near_misses += [
-        NearMiss(f.pattern, f.replaced_nodes, d.reason)
+        NearMiss(f.pattern, f.replaced_nodes, d.reason, "selection")
         for d in dropped
         if d.group.pattern in excluded
         for f in d.group.fusions

@@ -137,6 +137,7 @@ def optimize_once(
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
     skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
+    skip_kind: str = "rollback",
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Result:
     """One pass of ``optimize`` (pre-passes, rounds of fusion, the check), neither
@@ -172,7 +173,8 @@ def optimize_once(
     result.left_alone = left_alone(work, len(bodies))  # before our own contrib ops appear
     for graph in [work.graph, *bodies]:
         ctx.current_graph = graph
-        _rewrite_rounds(result, graph, ctx, chosen, config, timings, dict(skip or {}), signature)
+        skipped = _Skipped(dict(skip or {}), skip_kind)
+        _rewrite_rounds(result, graph, ctx, chosen, config, timings, skipped, signature)
     result.near_misses = list(dict.fromkeys(result.near_misses))  # skips repeat per graph
 
     start = time.perf_counter()
@@ -321,6 +323,18 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
     return found
 
 
+@dataclass(frozen=True)
+class _Skipped:
+    """Fusions the caller said not to apply (progressive's rollbacks, measured
+    selection's left-out groups), and the near-miss kind they are reported as."""
+
+    reasons: dict[tuple[str, frozenset[str]], str]
+    kind: str
+
+    def kind_of(self, key: tuple[str, frozenset[str]]) -> str:
+        return self.kind if key in self.reasons else "rewriter"
+
+
 def _rewrite_rounds(
     result: Result,
     graph: ir.Graph,
@@ -328,9 +342,10 @@ def _rewrite_rounds(
     patterns: list[CompiledPattern],
     config: OptimizeConfig,
     timings: dict,
-    refused: dict[tuple[str, frozenset[str]], str],  # rewriter said no: do not retry
+    skipped: _Skipped,
     signature: OutputSignature,
 ) -> None:
+    refused = dict(skipped.reasons)  # and what a rewriter said no to: do not retry
     by_name = {p.name: p for p in patterns}
     matcher = Matcher([p.spec for p in patterns], max_matches=config.max_matches_per_pattern)
     # Priority selection uses the cost model only for the config's limits; the report
@@ -395,7 +410,7 @@ def _rewrite_rounds(
                 for m in found.near_misses
                 if refused_nodes.get(m.pattern, set()).isdisjoint(m.nodes)
             ] + [
-                NearMiss(pattern, tuple(sorted(nodes)), reason)
+                NearMiss(pattern, tuple(sorted(nodes)), reason, skipped.kind_of((pattern, nodes)))
                 for (pattern, nodes), reason in refused.items()
             ]
             break

@@ -281,8 +281,9 @@ def _left_alone(records: list[dict[str, Any]]) -> str:
 def _near_misses(misses: list[dict[str, Any]]) -> str:
     if not misses:
         return ""
-    rows = [[m.get("pattern"), m.get("nodes"), m.get("reason")] for m in misses]
-    return '<h2 id="near-misses">Near misses</h2>' + _table(["pattern", "nodes", "reason"], rows)
+    rows = [[m.get("pattern"), m.get("nodes"), m.get("kind"), m.get("reason")] for m in misses]
+    headers = ["pattern", "nodes", "kind", "reason"]
+    return '<h2 id="near-misses">Near misses</h2>' + _table(headers, rows)
 
 
 def _regions(

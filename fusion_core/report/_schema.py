@@ -92,7 +92,13 @@ class NearMiss(BaseModel):
     model_config = _OPEN
     pattern: str
     nodes: list[str]
-    reason: str = Field(description="The constraint that failed, naming the value")
+    reason: str = Field(description="Why it did not fuse, naming the value or the numbers")
+    kind: Literal["constraint", "escape", "rewriter", "selection", "rollback"] = Field(
+        default="constraint",
+        description="Who said no: a constraint of the pattern, a value needed outside the "
+        "fusion (escape), the rewriter, the selection (cost model, limits, measured "
+        "selection) or progressive validation's rollback",
+    )
 
 
 class Nodes(BaseModel):

@@ -79,7 +79,9 @@ def _near_misses(misses: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [f"near misses (did not fuse): {len(misses)}"]
     for miss in misses[:_MAX_NEAR_MISSES]:
-        lines.append(f"  {miss['pattern']} at {', '.join(miss['nodes'])}: {miss['reason']}")
+        kind = miss.get("kind", "constraint")
+        where = ", ".join(miss["nodes"])
+        lines.append(f"  {miss['pattern']} at {where} [{kind}]: {miss['reason']}")
     if len(misses) > _MAX_NEAR_MISSES:
         lines.append(f"  ... {len(misses) - _MAX_NEAR_MISSES} more in the JSON report")
     return lines

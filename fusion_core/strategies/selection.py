@@ -76,7 +76,9 @@ class CostBasedSelection:
                 reason = self.cost.loss_reason(gain)
             if reason is not None:
                 reason = f"{self.name} selection: {reason}"
-                self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
+                self.dropped.append(
+                    NearMiss(match.pattern.name, tuple(match.node_names()), reason, "selection")
+                )
         self.records.append(
             {
                 "strategy": selection.strategy,
@@ -129,7 +131,9 @@ class PrioritySelection:
                 kept.append(match)
             else:
                 reason = f"priority selection: {reason}"
-                self.dropped.append(NearMiss(match.pattern.name, tuple(match.node_names()), reason))
+                self.dropped.append(
+                    NearMiss(match.pattern.name, tuple(match.node_names()), reason, "selection")
+                )
         return self._priority.select(kept)
 
     def _left_out_because(self, match: Match) -> str | None:

@@ -100,6 +100,7 @@ def test_only_the_groups_that_measure_faster_are_kept(tmp_path) -> None:
     ]
     assert len(misses) == groups["skip_layer_norm_bias"]["fusions"]
     assert all("slower on this machine" in m.reason for m in misses)
+    assert {m.kind for m in misses} == {"selection"}
 
 
 def test_the_report_says_what_was_measured_and_its_verdict(tmp_path) -> None:

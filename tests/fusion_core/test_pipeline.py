@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.numpy_helper as nh
@@ -159,3 +161,18 @@ def test_pad_folds_before_the_conv_becomes_a_fused_conv() -> None:
     assert result.counts == {"pad_conv": 1, "conv_bn_relu": 1}
     assert [n.op_type for n in result.to_proto().graph.node] == ["FusedConv"]
     assert result.check is not None and result.check.passed
+
+
+def test_near_misses_say_who_said_no() -> None:
+    """The default prices the Q/K/V merge as a loss (selection); the rollback and
+    measured kinds are asserted in test_validate and test_measured."""
+    from fusion_core.patterns import NEAR_MISS_KINDS
+
+    bert = Path(__file__).resolve().parents[1] / "data" / "transformers" / "bert_eager_dynamo.onnx"
+    result = optimize(bert, OptimizeConfig(target="onnxruntime", check={"enabled": False}))
+    kinds = {m.kind for m in result.near_misses}
+    assert kinds <= set(NEAR_MISS_KINDS)
+    selection = [m for m in result.near_misses if m.kind == "selection"]
+    assert selection and all("predicts a loss" in m.reason for m in selection)
+    with pytest.raises(ValueError, match="near miss kind"):
+        type(selection[0])("p", ("n",), "why", kind="nope")

@@ -297,6 +297,7 @@ def test_match_whose_intermediate_escapes_is_a_near_miss(text, reason):
     assert miss.pattern == "conv_relu"
     assert miss.nodes == ("conv", "relu")
     assert reason in miss.reason
+    assert miss.kind == "escape"
 
 
 def test_near_miss_names_the_value_that_is_not_constant():
@@ -322,6 +323,7 @@ def test_near_miss_names_the_value_that_is_not_constant():
         "pattern": "conv_relu_const",
         "nodes": ["conv", "relu"],
         "reason": "conv.in1 ('w') is not a constant initializer",
+        "kind": "constraint",
     }
 
 
