@@ -18,7 +18,7 @@ from app.services import registry
 from app.services.pattern_trial import trial_upload
 from app.ui.common import UIPrincipal, form_errors, render, require
 from app.ui.report_view import MAX_MATCH_PICTURES
-from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag
+from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag, version_message
 from fusion_core.errors import FusionError
 
 __all__ = ["router"]
@@ -130,8 +130,8 @@ def edit_pattern(
     except (ProblemError, FusionError, ValidationError) as exc:
         session.rollback()
         status, errors = form_errors(exc, "yaml")
-        if isinstance(exc, ProblemError) and exc.status == 412:
-            errors = [{"field": "version", "message": exc.detail}]
+        if isinstance(exc, ProblemError) and exc.status in (412, 428):
+            errors = [{"field": "version", "message": version_message(exc)}]
         elif isinstance(exc, ProblemError) and exc.slug == "pattern-name-mismatch":
             errors = [{"field": "name", "message": exc.detail}]
         return _form(

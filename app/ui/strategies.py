@@ -13,7 +13,7 @@ from app.core.problems import ProblemError
 from app.schemas.registry import StrategyCreate
 from app.services import strategies
 from app.ui.common import UIPrincipal, form_errors, render, require
-from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag
+from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag, version_message
 
 __all__ = ["router"]
 
@@ -47,8 +47,8 @@ def _spec(text: str) -> StrategyCreate:
 
 def _failed(request: Request, exc: Exception, text: str, action: str, **extra):
     status, errors = form_errors(exc, "yaml")
-    if isinstance(exc, ProblemError) and exc.status == 412:
-        errors = [{"field": "version", "message": exc.detail}]
+    if isinstance(exc, ProblemError) and exc.status in (412, 428):
+        errors = [{"field": "version", "message": version_message(exc)}]
     elif isinstance(exc, ProblemError) and exc.slug in (
         "strategy-exists",
         "strategy-name-mismatch",

@@ -8,7 +8,7 @@ import yaml
 
 from app.core.problems import ProblemError
 
-__all__ = ["dump_yaml", "parse_yaml", "version_etag"]
+__all__ = ["dump_yaml", "parse_yaml", "version_etag", "version_message"]
 
 MAX_YAML_CHARS = 1 << 20
 
@@ -45,3 +45,13 @@ def parse_yaml(text: str) -> dict[str, Any]:
 def version_etag(name: str, version: str | None) -> str | None:
     """The If-Match the edit form carries: the version the user started from."""
     return f'"{name}@{version}"' if version and version.isdigit() else None
+
+
+def version_message(exc: ProblemError) -> str:
+    """What the edit form says when the version it carries is stale (412) or missing (428)."""
+    if exc.status == 428:
+        return (
+            "the form did not say which version you edited (no version field): open the "
+            "edit page again, which carries it, and resubmit your text"
+        )
+    return exc.detail

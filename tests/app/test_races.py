@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 import uvicorn
+import yaml
 
 from app.core.config import Settings
 from app.main import create_app
@@ -190,3 +191,20 @@ def test_a_put_or_delete_without_if_match_is_428_and_says_to_send_the_etag(servi
     # Nothing changed: the pattern is still at version 1, the strategy too.
     assert client.get("/v1/patterns/acme.nomatch").json()["version"] == 1
     assert client.get("/v1/strategies/vision").json()["version"] == 1
+
+
+def test_the_dashboard_edit_forms_send_the_version_they_showed(service):
+    client = service.client
+    for kind, name in (("patterns", "conv_bn"), ("strategies", "vision")):
+        page = client.get(f"/ui/{kind}/{name}/edit")
+        assert 'name="version" value="1"' in page.text  # the version the form showed
+        spec = client.get(f"/v1/{kind}/{name}").json()
+        document = yaml.safe_dump(spec["spec"] if kind == "patterns" else {"name": name})
+        url = f"/ui/{kind}/{name}/edit"
+        missing = client.post(url, data={"yaml": document})
+        assert missing.status_code == 428 and "did not say which version" in missing.text
+        stale = client.post(url, data={"yaml": document, "version": "7"})
+        assert stale.status_code == 412 and "changed since you read it" in stale.text
+        saved = client.post(url, data={"yaml": document, "version": "1"}, follow_redirects=False)
+        assert saved.status_code == 303, saved.text
+        assert client.get(f"/v1/{kind}/{name}").json()["version"] == 2
