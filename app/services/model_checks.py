@@ -23,7 +23,7 @@ Refused, each as a 422 problem:
   (``nesting-too-deep``);
 * a name, domain or external-data entry that is not valid UTF-8 (``invalid-model``).
 
-Whatever the bytes, only ``ProblemError`` comes out (tests/app/test_fuzz_validators.py
+Whatever the bytes, only ``ProblemError`` comes out (tests/fuzz/test_fuzz_validators.py
 fuzzes it; bench/fuzz_validators.py runs longer).
 
 The walk covers the main graph, every subgraph (``If``/``Loop``/``Scan`` bodies, at any
@@ -33,43 +33,25 @@ data again when the worker loads the model; this is the first line, not the only
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
-import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto
 
 from app.core.config import Settings
 from app.core.problems import ProblemError
+from app.services.model_data_checks import (
+    check_external,
+    check_stored_size,
+    element_count,
+    invalid_model,
+    text_of,
+)
 
 __all__ = ["inspect_model"]
-
-# Element types narrower than a byte, packed: bits per element.
-_PACKED_BITS = {
-    TensorProto.UINT4: 4,
-    TensorProto.INT4: 4,
-    TensorProto.FLOAT4E2M1: 4,
-    TensorProto.UINT2: 2,
-    TensorProto.INT2: 2,
-    TensorProto.FLOAT6E2M3: 6,
-    TensorProto.FLOAT6E3M2: 6,
-}
-_LOCATION_HINT = "reference external data by the plain file name of a `data` part of the upload"
-# What onnx writes (onnx.external_data_helper); any other key is refused.
-_EXTERNAL_KEYS = ("location", "offset", "length", "checksum")
-# Elements per entry of the typed field, where it is not one.
-_PACKED_PER_ENTRY = {
-    TensorProto.UINT4: 2,
-    TensorProto.INT4: 2,
-    TensorProto.FLOAT4E2M1: 2,
-    TensorProto.UINT2: 4,
-    TensorProto.INT2: 4,
-}
-_ENTRIES_PER_ELEMENT = {TensorProto.COMPLEX64: 2, TensorProto.COMPLEX128: 2}
 
 
 def inspect_model(model_path: Path, data_names: Collection[str], settings: Settings) -> None:
@@ -78,56 +60,33 @@ def inspect_model(model_path: Path, data_names: Collection[str], settings: Setti
     inventory = _Inventory.of(model, settings.max_model_nodes, settings.max_graph_depth)
     limit = settings.max_tensor_elements
     for where, tensor in inventory.tensors:
-        _check_count(_elements(tensor.dims, where), limit, where, tensor.dims)
+        _check_count(element_count(tensor.dims, where), limit, where, tensor.dims)
     for where, dims in inventory.sparse_shapes:
-        _check_count(_elements(dims, where), limit, where, dims)
+        _check_count(element_count(dims, where), limit, where, dims)
     for where, type_proto in inventory.types:
         for dims in _declared_shapes(type_proto):
-            _check_count(_elements(dims, where), limit, where, dims)
+            _check_count(element_count(dims, where), limit, where, dims)
     _check_domains(model, inventory.nodes, settings.allowed_op_domains)
     _check_recursion(inventory.calls)
     folder = model_path.parent
     for where, tensor in inventory.tensors:
         if tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data):
-            _check_external(tensor, where, folder, set(data_names))
+            check_external(tensor, where, folder, set(data_names))
         else:
-            _check_stored_size(tensor, where)
-
-
-def _text(value: str | bytes, what: str) -> str:
-    """``value`` as text: protobuf hands out a string field that is not UTF-8 as bytes."""
-    if isinstance(value, bytes):
-        raise _invalid_model(
-            f"{what} is not valid UTF-8 text ({value[:40]!r}); export the model again"
-        )
-    return value
-
-
-def _invalid_model(detail: str) -> ProblemError:
-    return ProblemError(422, "invalid-model", "Invalid model", detail)
-
-
-def _unsafe(detail: str, where: str) -> ProblemError:
-    return ProblemError(
-        422,
-        "unsafe-external-data",
-        "Unsafe external data",
-        f"{detail} ({_LOCATION_HINT})",
-        at=where,
-    )
+            check_stored_size(tensor, where)
 
 
 def _parse(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, TypeError, RuntimeError, RecursionError) as exc:
-        raise _invalid_model(
+        raise invalid_model(
             f"the uploaded model is not a valid ONNX file ({type(exc).__name__}: {exc}); "
             "export it again or check that the upload is complete"
         ) from exc
     # Protobuf decodes many byte strings that are not ONNX into a near-empty message.
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
-        raise _invalid_model(
+        raise invalid_model(
             "the uploaded file does not contain an ONNX model (no IR version, opset or graph); "
             "send a file written by onnx.save or an exporter"
         )
@@ -156,7 +115,7 @@ class _Inventory:
     def of(cls, model: onnx.ModelProto, max_nodes: int, max_depth: int) -> _Inventory:
         inventory = cls(max_nodes=max_nodes, max_depth=max_depth)
         inventory.local = {
-            (_text(f.domain, "a function's domain"), _text(f.name, "a function's name"))
+            (text_of(f.domain, "a function's domain"), text_of(f.name, "a function's name"))
             for f in model.functions
         }
         # (label, graph, nesting depth, the function whose body it is in)
@@ -172,12 +131,12 @@ class _Inventory:
             label, graph, depth, owner = graphs.pop()
             inventory._check_depth(label, depth)
             for tensor in graph.initializer:
-                _text(tensor.name, f"the name of an initializer in {label}")
+                text_of(tensor.name, f"the name of an initializer in {label}")
                 inventory.tensors.append((f"initializer {tensor.name!r} in {label}", tensor))
             for sparse in graph.sparse_initializer:
                 inventory._add_sparse(f"sparse initializer in {label}", sparse)
             for info in (*graph.input, *graph.output, *graph.value_info):
-                _text(info.name, f"the name of a value in {label}")
+                text_of(info.name, f"the name of a value in {label}")
                 inventory.types.append((f"value {info.name!r} in {label}", info.type))
             inventory._add_nodes(label, graph.node, graphs, depth, owner)
         return inventory
@@ -256,11 +215,11 @@ _Pending = tuple[str, GraphProto, int, "FunctionKey | None"]
 def _node_texts(node: NodeProto, label: str) -> FunctionKey:
     """(domain, op type) of ``node``, after checking that every name it carries is text
     (a worker would otherwise fail on bytes where it expects a name)."""
-    domain = _text(node.domain, f"the domain of a node in {label}")
-    op_type = _text(node.op_type, f"the op type of a node in {label}")
-    _text(node.name, f"the name of a node in {label}")
+    domain = text_of(node.domain, f"the domain of a node in {label}")
+    op_type = text_of(node.op_type, f"the op type of a node in {label}")
+    text_of(node.name, f"the name of a node in {label}")
     for name in (*node.input, *node.output):
-        _text(name, f"a value name of node {node.name or op_type!r} in {label}")
+        text_of(name, f"a value name of node {node.name or op_type!r} in {label}")
     return domain, op_type
 
 
@@ -311,21 +270,6 @@ def _declared_shapes(type_proto: TypeProto) -> Iterable[list[int]]:
             pending.append(current.map_type.value_type)
 
 
-def _elements(dims: Iterable[int], where: str) -> int:
-    """The product of ``dims``; stops multiplying once it is absurd (dims may be huge)."""
-    dims = list(dims)
-    if any(d < 0 for d in dims):
-        raise _invalid_model(f"{where} declares a negative dimension {dims[:16]}")
-    if 0 in dims:
-        return 0
-    count = 1
-    for d in dims:
-        count *= d
-        if count > 1 << 64:
-            break
-    return count
-
-
 def _check_count(count: int, limit: int, where: str, dims: Iterable[int]) -> None:
     if count > limit:
         shown = list(dims)
@@ -358,150 +302,3 @@ def _check_domains(
             f"{sorted(allowed)}, plus functions the model defines",
             domain=node.domain,
         )
-
-
-def _check_external(tensor: TensorProto, where: str, folder: Path, data_names: set[str]) -> None:
-    info = _external_entries(tensor, where)
-    location = info.get("location", "")
-    try:
-        path = _check_location(location, where, folder, data_names)
-        size = path.stat().st_size
-    except (OSError, ValueError):  # a NUL byte, a name too long for the file system
-        raise _unsafe(
-            f"{where} refers to external data {location[:80]!r}, which is not a usable file name",
-            where,
-        ) from None
-    offset = _int_entry(info, "offset", where) or 0
-    length = _int_entry(info, "length", where)
-    needed = _nbytes(tensor, where)
-    if length is not None and length != needed:
-        raise _size_mismatch(tensor, where, needed, f"an external-data length of {length} bytes")
-    length = needed if length is None else length
-    if offset + length > size:
-        raise _unsafe(
-            f"external data of {where} ({location!r}, offset {offset}, length {length}) runs "
-            f"past the end of the file ({size} bytes)",
-            where,
-        )
-
-
-def _external_entries(tensor: TensorProto, where: str) -> dict[str, str]:
-    """The external-data entries as a mapping: known keys only, each at most once (onnx's
-    own loader sets any key as an attribute, ``basepath`` and ``__class__`` included)."""
-    info: dict[str, str] = {}
-    for entry in tensor.external_data:
-        key = _text(entry.key, f"an external-data key of {where}")
-        if key not in _EXTERNAL_KEYS:
-            raise _unsafe(
-                f"{where} has an external-data entry {key[:80]!r}; only "
-                f"{', '.join(_EXTERNAL_KEYS)} are allowed",
-                where,
-            )
-        if key in info:
-            raise _unsafe(f"{where} gives the external-data entry {key!r} twice", where)
-        info[key] = _text(entry.value, f"the external-data {key} of {where}")
-    return info
-
-
-def _size_mismatch(tensor: TensorProto, where: str, needed: int, stored: str) -> ProblemError:
-    dims = list(tensor.dims)
-    shown = str(dims) if len(dims) <= 16 else f"{dims[:16]}... ({len(dims)} dims)"
-    dtype = TensorProto.DataType.Name(tensor.data_type)
-    return ProblemError(
-        422,
-        "tensor-size-mismatch",
-        "Tensor size mismatch",
-        f"{where} declares shape {shown} of {dtype}, which is {needed} bytes, but stores "
-        f"{stored}; the file is corrupt or truncated: export the model again",
-        at=where,
-    )
-
-
-def _check_stored_size(tensor: TensorProto, where: str) -> None:
-    """The data stored inside the model (``raw_data`` or the typed field) has exactly the
-    size the dims and data type say: a runtime reads past a short buffer otherwise."""
-    if tensor.HasField("raw_data"):
-        if tensor.data_type == TensorProto.STRING:
-            raise _invalid_model(f"{where} is a string tensor with raw_data, which ONNX forbids")
-        needed, stored = _nbytes(tensor, where), len(tensor.raw_data)
-        if stored != needed:
-            raise _size_mismatch(tensor, where, needed, f"{stored} bytes of raw_data")
-        return
-    count = _elements(tensor.dims, where)
-    try:
-        typed = onnx.helper.tensor_dtype_to_field(tensor.data_type)
-    except (KeyError, ValueError):
-        if count == 0:
-            return
-        raise _invalid_model(f"{where} has an unknown data type {tensor.data_type}") from None
-    if tensor.data_type in _PACKED_BITS and tensor.data_type not in _PACKED_PER_ENTRY:
-        return  # 6-bit types: only raw_data has a defined packing
-    per_entry = _PACKED_PER_ENTRY.get(tensor.data_type, 1)
-    entries = math.ceil(count / per_entry) * _ENTRIES_PER_ELEMENT.get(tensor.data_type, 1)
-    stored = len(getattr(tensor, typed))
-    if stored != entries:
-        raise _size_mismatch(
-            tensor, where, _nbytes_or_count(tensor, where), f"{stored} values in {typed}"
-        )
-
-
-def _nbytes_or_count(tensor: TensorProto, where: str) -> int:
-    if tensor.data_type == TensorProto.STRING:
-        return _elements(tensor.dims, where)
-    return _nbytes(tensor, where)
-
-
-def _check_location(location: str, where: str, folder: Path, data_names: set[str]) -> Path:
-    if location.strip() in ("", "."):
-        raise _unsafe(f"{where} has an empty external-data location", where)
-    windows = PureWindowsPath(location)
-    if location.startswith(("/", "\\")) or windows.is_absolute() or windows.drive:
-        raise _unsafe(f"{where} refers to external data at absolute path {location!r}", where)
-    parts = PurePosixPath(location).parts
-    if ".." in parts or "\\" in location:
-        raise _unsafe(f"{where} refers to external data outside the upload: {location!r}", where)
-    # Uploaded parts are regular files, but the location may still name a link that
-    # something else put in the folder: look at each component without following it.
-    current = folder
-    for part in parts:
-        current = current / part
-        if current.is_symlink():
-            raise _unsafe(f"{where} refers to external data through a symlink: {location!r}", where)
-    if "/".join(parts) not in data_names or not current.is_file():
-        raise _unsafe(
-            f"{where} refers to external data {location!r}, which is not one of the uploaded "
-            f"data files {sorted(data_names)}",
-            where,
-        )
-    if current.stat().st_nlink > 1:
-        raise _unsafe(f"external-data file {location!r} of {where} is a hard link", where)
-    if not current.resolve().is_relative_to(folder.resolve()):
-        raise _unsafe(f"{where} refers to external data outside the upload: {location!r}", where)
-    return current
-
-
-def _int_entry(info: dict[str, str], key: str, where: str) -> int | None:
-    if key not in info:
-        return None
-    try:
-        value = int(info[key])
-    except ValueError:
-        raise _invalid_model(
-            f"{where} has a non-integer external-data {key} {info[key]!r}"
-        ) from None
-    if value < 0:
-        raise _invalid_model(f"{where} has a negative external-data {key} {value}")
-    return value
-
-
-def _nbytes(tensor: TensorProto, where: str) -> int:
-    count = _elements(tensor.dims, where)
-    if tensor.data_type in _PACKED_BITS:
-        return math.ceil(count * _PACKED_BITS[tensor.data_type] / 8)
-    if tensor.data_type == TensorProto.STRING:
-        raise _invalid_model(f"{where} is a string tensor, which cannot use external data")
-    try:
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-    except (KeyError, ValueError, TypeError):
-        raise _invalid_model(f"{where} has an unknown data type {tensor.data_type}") from None
-    return count * itemsize
