@@ -308,6 +308,7 @@ class _Attempt:
                     sandbox.REPORT_HTML_FILE,
                     sandbox.REPORT_MARKDOWN_FILE,
                     sandbox.PROFILE_TRACE_FILE,
+                    sandbox.REGIONS_FILE,
                 )
                 if (output / name).is_file()
             }

@@ -54,6 +54,7 @@ __all__ = [
     "REPORT_FILE",
     "REPORT_HTML_FILE",
     "REPORT_MARKDOWN_FILE",
+    "REGIONS_FILE",
     "TEST_CRASH_ENV",
     "MEMORY_HINTS",
     "USER_ERROR_KINDS",
@@ -70,6 +71,8 @@ REPORT_FILE = "report.json"
 REPORT_HTML_FILE = "report.html"
 REPORT_MARKDOWN_FILE = "report.md"
 PROFILE_TRACE_FILE = "profile_trace.json"
+# The fused regions' nodes, for the dashboard to draw without loading the models.
+REGIONS_FILE = "regions.json"
 TRACE_RUNS = 3
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
@@ -134,7 +137,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     from fusion_core.catalog import compile_all
     from fusion_core.profiling import ProfileOptions, profile_models
     from fusion_core.profiling.footprint import measure_memory
-    from fusion_core.report import build_report, format_markdown, render_html
+    from fusion_core.report import build_report, format_markdown, region_pictures, render_html
 
     config = OptimizeConfig.model_validate(job["config"])
     specs = json.loads((folder / PATTERNS_FILE).read_text(encoding="utf-8"))
@@ -178,6 +181,8 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
     html = render_html(report, original=original, fused=fused)
     (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
+    if fused is not None and report.get("applied"):
+        _write_json(output / REGIONS_FILE, region_pictures(report["applied"], original, fused))
     if failed:  # the report stays: it says what the check saw
         raise CheckFailed(_check_message(check, kept=fused_path is not None))
 

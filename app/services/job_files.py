@@ -30,6 +30,7 @@ ARTIFACT_TYPES = {
     "report.html": "text/html; charset=utf-8",
     "report.md": "text/markdown; charset=utf-8",
     "profile_trace.json": "application/json",
+    "regions.json": "application/json",  # the fused regions' nodes, for the dashboard
 }
 # report.html is self-contained: no scripts, its styles inline.
 ARTIFACT_CSP = "default-src 'none'; style-src 'unsafe-inline'"

@@ -1,4 +1,8 @@
-"""What the job pages read besides the row: the report and the models, from the store.
+"""What the job pages read besides the row: the report and its region data, from the store.
+
+The API process never loads a model: the region pictures are drawn from
+``regions.json``, the nodes of each fused region that the sandbox wrote
+(``fusion_core.report.region_pictures``), read as untrusted data.
 
 Blobs are content-addressed, so what is derived from one (a report's speed, read by
 ``fusion_core.report.read_report``) is cached by digest and never goes stale.
@@ -11,20 +15,18 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-import onnx
-
 from app.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
 from app.ui.report_view import DASH, report_view, speed_class
-from fusion_core.report import Speed, read_report
+from fusion_core.report import Speed, read_report, regions_from_data
 
 __all__ = ["LIVE", "job_row", "load_report_view", "speed_of"]
 
 logger = logging.getLogger(__name__)
 
 LIVE = frozenset({JobStatus.queued.value, JobStatus.running.value})
-# Region pictures load both models' graphs into the API process: only up to this size.
-MAX_PICTURE_MODEL_BYTES = 200 * 1024 * 1024
+REGIONS_ARTIFACT = "regions.json"
+MAX_REGIONS_BYTES = 4 * 1024 * 1024  # what the sandbox writes is far smaller
 _SPEEDS: dict[str, Speed | None] = {}
 _MAX_CACHED = 4096
 
@@ -75,14 +77,14 @@ def job_row(job: Job, store: ArtifactStore) -> dict[str, Any]:
     }
 
 
-def _load_model(store: ArtifactStore, digest: str | None) -> onnx.ModelProto | None:
+def _regions(job: Job, store: ArtifactStore) -> list[dict[str, Any]] | None:
+    digest = ((job.summary or {}).get("artifacts") or {}).get(REGIONS_ARTIFACT)
     if not digest:
         return None
     data = store.read_bytes(digest)
-    if len(data) > MAX_PICTURE_MODEL_BYTES:
+    if len(data) > MAX_REGIONS_BYTES:
         return None
-    # The graph only: a model's external data stays where it is.
-    return onnx.load_model_from_string(data)
+    return regions_from_data(json.loads(data))
 
 
 def load_report_view(job: Job, store: ArtifactStore) -> dict[str, Any] | None:
@@ -90,14 +92,12 @@ def load_report_view(job: Job, store: ArtifactStore) -> dict[str, Any] | None:
     if not job.report_digest:
         return None
     report = json.loads(store.read_bytes(job.report_digest))
-    original = fused = None
+    regions = None
     if job.status == JobStatus.succeeded.value and report.get("applied"):
         try:
-            original = _load_model(store, job.model_digest)
-            fused = _load_model(store, job.fused_digest)
+            regions = _regions(job, store)
         except Exception as exc:  # a picture is not worth failing the page for
             logger.warning("job %s: no region pictures: %s", job.id, exc)
-            original = fused = None
-    view = report_view(report, original=original, fused=fused)
+    view = report_view(report, regions=regions)
     view["model"] = report.get("model")
     return view

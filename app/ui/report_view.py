@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 from markupsafe import Markup
 
@@ -22,7 +21,6 @@ from fusion_core.report import (
     GraphIndex,
     ReportSummary,
     Speed,
-    final_nodes,
     grouped_bars,
     read_report,
     region_svg,
@@ -211,28 +209,17 @@ def _op_type_chart(profile: dict[str, Any]) -> Markup | None:
     return Markup(svg)  # grouped_bars escapes every label
 
 
-def _regions(
-    applied: list[dict[str, Any]], original: onnx.ModelProto, fused: onnx.ModelProto
-) -> list[dict[str, Any]]:
-    before, after = GraphIndex(original), GraphIndex(fused)
-    regions = []
-    for position, fusion in enumerate(applied[:MAX_REGION_PICTURES]):
-        index = fusion.get("index", position)
-        names = _list(_dict(fusion.get("provenance")).get("original_nodes")) or _list(
-            fusion.get("replaced_nodes")
-        )
-        label = f"#{index} {fusion.get('pattern')}"
-        left = region_svg(before, [str(n) for n in names], f"{label}: before")
-        right = region_svg(after, final_nodes(applied, index), f"{label}: after")
-        regions.append(
-            {
-                "label": label,
-                # region_svg escapes node names, op types and titles.
-                "before": Markup(left) if left else None,
-                "after": Markup(right) if right else None,
-            }
-        )
-    return regions
+def _regions(drawn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # regions_from_data drew each SVG with region_svg, which escapes every name,
+    # op type and title it read from the (untrusted) regions.json.
+    return [
+        {
+            "label": r["label"],
+            "before": Markup(r["before"]) if r["before"] else None,
+            "after": Markup(r["after"]) if r["after"] else None,
+        }
+        for r in drawn
+    ]
 
 
 def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -268,17 +255,15 @@ def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
 def report_view(
     report: dict[str, Any],
     *,
-    original: onnx.ModelProto | None = None,
-    fused: onnx.ModelProto | None = None,
+    regions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What the job page renders of ``report``; region pictures need both models."""
+    """What the job page renders of ``report``; ``regions`` are the region pictures
+    (``fusion_core.report.regions_from_data``), None when there are none."""
     summary: ReportSummary = read_report(report)
     profile, check = _dict(report.get("profile")), _dict(report.get("check"))
     applied = [f for f in _list(report.get("applied")) if isinstance(f, dict)]
     rollbacks = report.get("rollbacks")
-    regions = None
-    if original is not None and fused is not None and applied:
-        regions = _regions(applied, original, fused)
+    regions = _regions(regions) if regions and applied else None
     return {
         "target": summary.target,
         "speed": _speed(summary.speed),

@@ -19,10 +19,13 @@ from fusion_core.report._reader import (
     read_report,
     speed_section,
 )
+from fusion_core.report._region_data import region_pictures, regions_from_data
 from fusion_core.report._schema import report_schema
 from fusion_core.report._text import format_summary
 
 __all__ = [
+    "region_pictures",
+    "regions_from_data",
     "DEPLOYMENT_LEVEL",
     "MAX_REGION_PICTURES",
     "REPORT_VERSION",

@@ -32,15 +32,27 @@ class GraphIndex:
     """The main graph's nodes by name, with producers and consumers by value name."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        self.nodes = [
-            _Node(
-                i,
+        self._index(
+            (
                 n.name,
                 f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type,
-                tuple(x for x in n.input if x),
-                tuple(x for x in n.output if x),
+                n.input,
+                n.output,
             )
-            for i, n in enumerate(model.graph.node)
+            for n in model.graph.node
+        )
+
+    @classmethod
+    def from_nodes(cls, nodes: Iterable[tuple[str, str, Iterable[str], Iterable[str]]]):
+        """An index of (name, op, inputs, outputs) nodes, no model needed."""
+        index = cls.__new__(cls)
+        index._index(nodes)
+        return index
+
+    def _index(self, nodes: Iterable[tuple[str, str, Iterable[str], Iterable[str]]]) -> None:
+        self.nodes = [
+            _Node(i, name, op, tuple(x for x in ins if x), tuple(x for x in outs if x))
+            for i, (name, op, ins, outs) in enumerate(nodes)
         ]
         self.by_name = {n.name: n for n in self.nodes if n.name}
         self.producer = {v: n for n in self.nodes for v in n.outputs}

@@ -76,6 +76,22 @@ def test_a_finished_job_shows_its_report(finished):
     assert 'data-status="succeeded"' in row and "passed" in row and "data-ratio=" in row
 
 
+def test_the_job_page_draws_regions_without_loading_a_model(finished, monkeypatch):
+    """The pictures come from the sandbox's regions.json: the API never parses a model."""
+    import onnx
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the API process loaded a model")
+
+    for name in ("load", "load_model", "load_model_from_string", "load_from_string"):
+        monkeypatch.setattr(onnx, name, refuse)
+    service, job = finished
+    links = service.client.get(f"/v1/jobs/{job.id}").json()["links"]["artifacts"]
+    assert "regions.json" in links
+    html = service.client.get(f"/ui/jobs/{job.id}").text
+    assert _section(html, "regions").count('class="region"') >= 2
+
+
 def test_downloads_go_through_the_cookie_routes(finished):
     service, job = finished
     base = f"/ui/jobs/{job.id}/download"

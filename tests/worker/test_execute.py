@@ -60,8 +60,10 @@ def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> N
         "storing",
     ]
     assert not (env.settings.jobs_dir / job_id).exists()
-    # The report's renderings are stored beside it.
-    assert set(summary["artifacts"]) == {"report.html", "report.md"}
+    # The report's renderings are stored beside it, and the regions for the dashboard.
+    assert set(summary["artifacts"]) == {"report.html", "report.md", "regions.json"}
+    regions = json.loads(env.store.read_bytes(summary["artifacts"]["regions.json"]))
+    assert regions["total"] >= 1 and regions["regions"][0]["before"]["nodes"]
     html = env.store.read_bytes(summary["artifacts"]["report.html"]).decode()
     assert "<svg" in html and "conv_bn_relu" in html
     markdown = env.store.read_bytes(summary["artifacts"]["report.md"]).decode()

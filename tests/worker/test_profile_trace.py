@@ -13,7 +13,7 @@ def test_a_profiled_job_stores_the_fused_models_trace(env: WorkerEnv) -> None:
     job_id = env.submit(config={"profile": True})
     assert execute_job(env.settings, job_id, "worker-1", env.store) == Outcome.succeeded
     artifacts = env.job(job_id).summary["artifacts"]
-    assert set(artifacts) == {"report.html", "report.md", "profile_trace.json"}
+    assert set(artifacts) == {"report.html", "report.md", "profile_trace.json", "regions.json"}
     events = json.loads(env.store.read_bytes(artifacts["profile_trace.json"]))
     kernels = [e for e in events if e.get("cat") == "Node"]
     assert kernels, "the trace has no kernel events"
