@@ -208,3 +208,23 @@ def test_the_dashboard_edit_forms_send_the_version_they_showed(service):
         saved = client.post(url, data={"yaml": document, "version": "1"}, follow_redirects=False)
         assert saved.status_code == 303, saved.text
         assert client.get(f"/v1/{kind}/{name}").json()["version"] == 2
+
+
+@pytest.mark.slow
+def test_two_creates_of_a_deleted_pattern_are_one_201_and_one_409(server_url, problem):
+    """Re-creating after a delete is a swap on the deleted row's version, not an INSERT."""
+    rounds = []
+    for k in range(ROUNDS):
+        with httpx.Client(base_url=server_url) as client:
+            if k:
+                deleted = client.delete("/v1/patterns/race.again", headers={"If-Match": "*"})
+                assert deleted.status_code == 204, deleted.text
+        body = _pattern("race.again", priority=k)
+        rounds.append(_at_once(server_url, lambda c, b=body: c.post("/v1/patterns", json=b)))
+    assert _statuses(rounds) == Counter({(201, 409): ROUNDS}), [
+        [(r.status_code, r.text[:200]) for r in answers] for answers in rounds
+    ]
+    with httpx.Client(base_url=server_url) as client:
+        history = client.get("/v1/patterns/race.again/versions").json()["data"]
+    changes = [v["change"] for v in history]
+    assert changes == ["create"] + ["delete", "create"] * (ROUNDS - 1)
