@@ -14,13 +14,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.limits import BodyLimits
+from app.api.problems import install_problem_handlers
+from app.api.request_metrics import install_metrics
 from app.api.routes import health, jobs, metrics, patterns, strategies
 from app.core.config import Settings, get_settings
-from app.core.problems import install_problem_handlers
-from app.db import session_scope
+from app.core.db import session_scope
 from app.migrate import upgrade
 from app.services.artifacts import make_store
-from app.services.metrics import install_metrics
 from app.services.registry import seed_builtins
 from app.services.scratch import sweep_api_scratch
 from app.services.strategies import seed_strategies

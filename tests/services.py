@@ -15,7 +15,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from app.db import get_engine
+from app.core.db import get_engine
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379

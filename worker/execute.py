@@ -43,8 +43,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.db import session_scope
-from app.models import Job, JobStatus
+from app.core.db import session_scope
+from app.core.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
 from app.services.db_retry import is_transient_db_error, retry_transient
 from app.services.jobs import (

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.models import Job, Strategy
+from app.core.models import Job, Strategy
 from app.services.strategies import StrategySpec
 from fusion_core import FusionError, OptimizeConfig
 from fusion_core.pipeline import select_patterns

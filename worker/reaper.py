@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.core.config import Settings
-from app.db import session_scope
+from app.core.db import session_scope
 from app.services.jobs import reap_jobs
 from app.services.scratch import sweep_worker_scratch
 

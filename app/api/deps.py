@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
-from app.core.problems import ProblemError
-from app.db import POOL_CONNECTIONS, retry_stale, session_factory
+from app.core.db import POOL_CONNECTIONS, retry_stale, session_factory
+from app.core.errors import ProblemError
 from app.services.artifacts import ArtifactStore
 from app.services.auth import SCOPES, Principal, authenticate, cached_principal, ensure_tenant
 

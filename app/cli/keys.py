@@ -19,8 +19,8 @@ from sqlalchemy.exc import OperationalError
 
 from app.cli._exit import EXIT_CONFIG, EXIT_OK
 from app.cli.migrate import add_database_options, prepare_database, settings_from_args
-from app.db import session_scope
-from app.models import ApiKey, utcnow
+from app.core.db import session_scope
+from app.core.models import ApiKey, utcnow
 from app.services.auth import SCOPES, create_key
 
 __all__ = ["add_parser", "run"]

@@ -83,7 +83,7 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here: the other commands need neither Celery nor the worker.
     from celery.signals import worker_process_init, worker_ready
 
-    from app.db import get_engine
+    from app.core.db import get_engine
     from app.services.artifacts import make_store
     from worker.celery_app import QUEUE, make_celery
     from worker.reaper import Reaper

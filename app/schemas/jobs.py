@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from app.core.problems import PROBLEM_BASE
-from app.models import Job, JobStatus
+from app.core.errors import PROBLEM_BASE
+from app.core.models import Job, JobStatus
 from fusion_core.config import MeasureOptions, OptimizeConfig
 
 __all__ = [

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, RootModel
 
-from app.models import PatternRecord, PatternVersion, Strategy, StrategyVersion
+from app.core.models import PatternRecord, PatternVersion, Strategy, StrategyVersion
 from app.services.pattern_trial import LISTED, PatternTrial
 from app.services.strategies import StrategySpec
 from fusion_core.patterns import TARGET_NAMES

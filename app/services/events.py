@@ -13,10 +13,8 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 
-from starlette.concurrency import run_in_threadpool
-
-from app.db import session_scope
-from app.models import Job, JobStatus
+from app.core.db import session_scope
+from app.core.models import Job, JobStatus
 from app.schemas.jobs import JobPublic
 
 __all__ = ["HEARTBEAT_S", "job_events", "sse_message"]
@@ -54,7 +52,7 @@ async def job_events(
     while True:
         if is_disconnected is not None and await is_disconnected():
             return
-        job = await run_in_threadpool(_read_job, database_url, tenant_id, job_id)
+        job = await asyncio.to_thread(_read_job, database_url, tenant_id, job_id)
         if job is None:
             return
         body = job.model_dump(mode="json")

@@ -13,7 +13,7 @@ import tempfile
 from sqlalchemy import text
 
 from app.core.config import Settings
-from app.db import get_engine
+from app.core.db import get_engine
 
 __all__ = ["check_broker", "check_database", "readiness"]
 

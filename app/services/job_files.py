@@ -9,8 +9,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from app.core.problems import ProblemError
-from app.models import Job, JobStatus
+from app.core.errors import ProblemError
+from app.core.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
 
 __all__ = [

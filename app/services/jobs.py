@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.core.problems import ProblemError
-from app.models import Job, JobStatus, utcnow
+from app.core.errors import ProblemError
+from app.core.models import Job, JobStatus, utcnow
 from app.services.auth import Principal
 
 __all__ = [

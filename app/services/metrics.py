@@ -1,8 +1,8 @@
 """Prometheus metrics, one registry per app (tests create many apps; no global state).
 
 * ``autofusion_http_requests_total{method, route, status}``: counted by an ASGI
-  middleware; ``route`` is the route's path template (``/v1/jobs/{job_id}``), or
-  ``unmatched``, so ids never become label values.
+  middleware (``app.api.request_metrics``); ``route`` is the route's path template
+  (``/v1/jobs/{job_id}``), or ``unmatched``, so ids never become label values.
 * ``autofusion_jobs{status}``: a gauge read from the database at scrape time, so it is
   right whichever process changed the jobs.
 * ``autofusion_job_duration_seconds{status}`` and ``autofusion_job_stage_seconds{stage}``:
@@ -16,17 +16,15 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime
 
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.models import Job, JobStatus, utcnow
+from app.core.models import Job, JobStatus, utcnow
 
-__all__ = ["Metrics", "MetricsMiddleware", "install_metrics"]
+__all__ = ["METHODS", "Metrics"]
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900)
 
@@ -102,38 +100,3 @@ class Metrics:
 def _utc(value: datetime) -> datetime:
     """SQLite hands back naive datetimes; every timestamp we store is UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class MetricsMiddleware:
-    """Counts every HTTP request by route template and status (pure ASGI: streams pass)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500  # an exception that escapes becomes a 500 outside this middleware
-
-        async def send_and_record(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_record)
-        finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.metrics.requests.labels(method, route, str(status)).inc()
-
-
-def install_metrics(app: FastAPI) -> Metrics:
-    """Give ``app`` its own registry (``app.state.metrics``) and the counting middleware."""
-    metrics = Metrics()
-    app.state.metrics = metrics
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return metrics

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto
 
 from app.core.config import Settings
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.services.model_data_checks import (
     check_external,
     check_stored_size,

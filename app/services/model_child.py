@@ -164,7 +164,7 @@ def _load_self_contained(path: Path) -> Any:
     import onnx
     from google.protobuf.message import DecodeError
 
-    from app.core.problems import ProblemError
+    from app.core.errors import ProblemError
     from fusion_core import ModelLoadError
 
     try:
@@ -216,13 +216,13 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     if _is_memory(exc):
         return {"memory": True}
     try:
-        from app.core.problems import ProblemError
+        from app.core.errors import ProblemError
         from fusion_core.errors import FusionError, PatternError
     except BaseException:  # the failure was in these imports: nothing more to learn
         return {"internal": f"{type(exc).__name__}: {exc}"}
     if isinstance(exc, ProblemError):
         problem = [exc.status, exc.slug, exc.title, exc.detail, exc.extra]
-    elif isinstance(exc, FusionError):  # as app.core.problems maps it for a request
+    elif isinstance(exc, FusionError):  # as app.api.problems maps it for a request
         extra = {}
         if isinstance(exc, PatternError) and exc.errors:
             extra["errors"] = [{"field": f, "message": m} for f, m in exc.errors]

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.config import Settings
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.services.model_checks import inspect_model
 from app.services.model_child import ERROR_FILE, MEMORY_HINTS, REQUEST_FILE, RESULT_FILE
 from app.services.sandbox_env import sandbox_environment

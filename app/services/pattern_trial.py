@@ -17,19 +17,17 @@ reason) come back; a model that hangs or explodes there fails its own request wi
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from dataclasses import dataclass, field
 
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-
 from app.core.config import Settings
-from app.core.problems import ProblemError
-from app.db import session_factory
-from app.models import PatternRecord
+from app.core.db import session_factory
+from app.core.errors import ProblemError
+from app.core.models import PatternRecord
 from app.services import registry
 from app.services.model_sandbox import run_model_child
-from app.services.uploads import receive_upload
+from app.services.uploads import IncomingBody, receive_upload
 from fusion_core.patterns import NearMiss
 
 __all__ = ["LISTED", "PatternTrial", "read_pattern", "trial_upload"]
@@ -57,7 +55,7 @@ def read_pattern(settings: Settings, name: str) -> PatternRecord:
 
 
 async def trial_upload(
-    request: Request,
+    body: IncomingBody,
     settings: Settings,
     record: PatternRecord,
     *,
@@ -67,7 +65,7 @@ async def trial_upload(
     """Receive the multipart upload (one ``model`` part) and try ``record`` on it in a
     child process; ``pictures`` asks for SVGs of that many first matches. The upload
     holds one of ``tenant``'s upload slots while it streams."""
-    upload = await receive_upload(request, settings, tenant=tenant)
+    upload = await receive_upload(body, settings, tenant=tenant)
     try:
         if upload.data_names or upload.config_text is not None:
             raise ProblemError(
@@ -89,7 +87,7 @@ async def trial_upload(
         }
         found = await run_model_child("trial", request_body, settings, what="the pattern trial")
     finally:
-        await run_in_threadpool(shutil.rmtree, upload.folder, True)
+        await asyncio.to_thread(shutil.rmtree, upload.folder, True)
     return PatternTrial(
         pattern=record.name,
         version=record.version,

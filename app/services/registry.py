@@ -15,8 +15,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.core.problems import ProblemError
-from app.models import PatternRecord, PatternVersion, RegistryState, utcnow
+from app.core.errors import ProblemError
+from app.core.models import PatternRecord, PatternVersion, RegistryState, utcnow
 from fusion_core import compile_pattern
 from fusion_core.catalog import builtin_pattern_data
 

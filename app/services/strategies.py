@@ -15,8 +15,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.core.problems import ProblemError
-from app.models import PatternRecord, Strategy, StrategyVersion, utcnow
+from app.core.errors import ProblemError
+from app.core.models import PatternRecord, Strategy, StrategyVersion, utcnow
 from app.services.registry import if_match_holds, precondition_required
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data

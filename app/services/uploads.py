@@ -22,13 +22,14 @@ beyond. Size and time limits on the body itself are ``app/api/limits.py``'s.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,10 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import parse_options_header
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect, Request
 
 from app.core.config import Settings
-from app.core.problems import ProblemError
-from app.models import Job, Strategy
+from app.core.errors import ProblemError
+from app.core.models import Job, Strategy
 from app.schemas.jobs import OptimizeOptions
 from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
@@ -55,6 +54,8 @@ from app.services.model_sandbox import inspect_upload
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_DATA_FILES",
+    "ClientGone",
+    "IncomingBody",
     "StoredUpload",
     "Upload",
     "UploadSlots",
@@ -100,6 +101,22 @@ class StoredUpload:
     model_digest: str
     data_files: list[dict[str, str]]
     options: OptimizeOptions
+
+
+class ClientGone(Exception):
+    """The client went away before its body had arrived (the API layer raises it)."""
+
+
+@dataclass
+class IncomingBody:
+    """A request body as the upload code needs it, from whatever serves HTTP
+    (``app.api.uploads.incoming`` builds it from a request): the two headers, the chunks
+    as they arrive (raising ``ClientGone`` if the client leaves) and the slots."""
+
+    content_type: str | None
+    content_length: str | None
+    chunks: AsyncIterator[bytes]
+    slots: UploadSlots
 
 
 class UploadSlots:
@@ -159,14 +176,6 @@ class UploadSlots:
         )
         error.headers = {"Retry-After": str(self.retry_after_s)}
         return error
-
-
-def _slots(request: Request, settings: Settings) -> UploadSlots:
-    """The app's slots (app/main.py sets them up); a request outside an app (a unit
-    test) gets a set of its own."""
-    state = getattr(request.scope.get("app"), "state", None)
-    slots = getattr(state, "upload_slots", None)
-    return slots if slots is not None else UploadSlots.from_settings(settings)
 
 
 def _bad_upload(detail: str, field_name: str | None = None) -> ProblemError:
@@ -354,7 +363,7 @@ def remove_folder(folder: Path) -> None:
 
 
 async def receive_upload(
-    request: Request,
+    body: IncomingBody,
     settings: Settings,
     *,
     text_fields: frozenset[str] = frozenset(),
@@ -366,14 +375,14 @@ async def receive_upload(
     ``text_fields``: names of small text parts accepted besides model, data and config
     (kept in ``Upload.fields``)."""
     limit = settings.max_upload_bytes
-    boundary = _boundary(request.headers.get("content-type"))
-    _check_declared_length(request.headers.get("content-length"), limit)
-    with _slots(request, settings).hold(tenant):
-        return await _stream_upload(request, settings, boundary, text_fields)
+    boundary = _boundary(body.content_type)
+    _check_declared_length(body.content_length, limit)
+    with body.slots.hold(tenant):
+        return await _stream_upload(body.chunks, settings, boundary, text_fields)
 
 
 async def _stream_upload(
-    request: Request, settings: Settings, boundary: bytes, text_fields: frozenset[str]
+    chunks: AsyncIterator[bytes], settings: Settings, boundary: bytes, text_fields: frozenset[str]
 ) -> Upload:
     limit = settings.max_upload_bytes
     upload = Upload(settings.uploads_dir / uuid.uuid4().hex)
@@ -382,7 +391,7 @@ async def _stream_upload(
     try:
         parser = MultipartParser(boundary, writer.callbacks())
         received = 0
-        async for chunk in request.stream():
+        async for chunk in chunks:
             received += len(chunk)
             if received > limit:
                 raise _too_large(
@@ -391,7 +400,7 @@ async def _stream_upload(
                     limit,
                 )
             if chunk:
-                await run_in_threadpool(parser.write, chunk)
+                await asyncio.to_thread(parser.write, chunk)
         parser.finalize()
         if not writer.finished:
             raise _bad_upload("the multipart body ended before its closing boundary")
@@ -401,7 +410,7 @@ async def _stream_upload(
         writer.close()
         remove_folder(upload.folder)
         raise _bad_upload(f"the body is not valid multipart/form-data: {exc}") from exc
-    except ClientDisconnect:
+    except ClientGone:
         writer.close()
         remove_folder(upload.folder)
         raise ProblemError(
@@ -456,10 +465,10 @@ def store_upload(upload: Upload, store: ArtifactStore) -> tuple[str, list[dict[s
 
 
 async def accept_upload(
-    request: Request, settings: Settings, store: ArtifactStore, *, tenant: str | None = None
+    body: IncomingBody, settings: Settings, store: ArtifactStore, *, tenant: str | None = None
 ) -> StoredUpload:
     """Receive, check and store an upload; the upload folder is gone afterwards."""
-    upload = await receive_upload(request, settings, tenant=tenant)
+    upload = await receive_upload(body, settings, tenant=tenant)
     return await accept_received(upload, settings, store)
 
 
@@ -469,9 +478,9 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
         options = parse_options(upload.config_text)
         # Past api_inline_check_bytes, in a child with a memory limit (model_sandbox).
         await inspect_upload(upload.model_path, upload.data_names, settings)
-        model_digest, data_files = await run_in_threadpool(store_upload, upload, store)
+        model_digest, data_files = await asyncio.to_thread(store_upload, upload, store)
     finally:
-        await run_in_threadpool(remove_folder, upload.folder)
+        await asyncio.to_thread(remove_folder, upload.folder)
     return StoredUpload(upload.model_path.name, model_digest, data_files, options)
 
 

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.ui.common import LoginRequired, login_redirect, render
 from app.ui.routes import router
 from fusion_core.errors import FusionError
@@ -108,7 +108,7 @@ def _error_page(request: Request, exc: Exception):
 
 
 def _crash_page(request: Request, status: int, title: str, detail: str, error_id: str):
-    """The page of an unexpected error (app.core.problems.CatchAllProblems), with its id."""
+    """The page of an unexpected error (app.api.problems.CatchAllProblems), with its id."""
     context = {"status": status, "title": title, "detail": detail, "error_id": error_id}
     return render(request, "error.html", context, status_code=status)
 

@@ -22,7 +22,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
 from app.api.deps import SettingsDep, check_scope, principal_for_token
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.services.auth import Principal
 
 __all__ = [

@@ -15,7 +15,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from app.models import Job, JobStatus
+from app.core.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
 from app.ui.report_view import DASH, report_view, speed_class
 from fusion_core.report import Speed, read_report, regions_from_data

@@ -12,8 +12,8 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep, StoreDep
-from app.core.problems import ProblemError
-from app.models import Job, JobStatus
+from app.core.errors import ProblemError
+from app.core.models import Job, JobStatus
 from app.services import job_files
 from app.services.artifacts import download_headers
 from app.services.jobs import cancel_job, get_job, list_jobs

@@ -11,8 +11,9 @@ from markupsafe import Markup
 from pydantic import ValidationError
 
 from app.api.deps import SessionDep, SettingsDep
-from app.core.problems import ProblemError
-from app.models import PatternRecord
+from app.api.uploads import incoming
+from app.core.errors import ProblemError
+from app.core.models import PatternRecord
 from app.schemas.registry import PatternSummary, PatternTestResult
 from app.services import registry
 from app.services.pattern_trial import trial_upload
@@ -181,7 +182,11 @@ async def try_pattern_page(
     try:
         # The model is drawn in the trial's child process too: the API never loads it.
         trial = await trial_upload(
-            request, settings, record, pictures=MAX_MATCH_PICTURES, tenant=principal.tenant_id
+            incoming(request, settings),
+            settings,
+            record,
+            pictures=MAX_MATCH_PICTURES,
+            tenant=principal.tenant_id,
         )
     except (ProblemError, FusionError) as exc:
         status, errors = form_errors(exc, "model")

@@ -9,7 +9,7 @@ from fastapi.responses import RedirectResponse
 from pydantic import ValidationError
 
 from app.api.deps import SessionDep
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.schemas.registry import StrategyCreate
 from app.services import strategies
 from app.ui.common import UIPrincipal, form_errors, render, require

@@ -13,8 +13,9 @@ from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep, StoreDep
-from app.core.problems import ProblemError
-from app.db import session_factory
+from app.api.uploads import incoming
+from app.core.db import session_factory
+from app.core.errors import ProblemError
 from app.services.strategies import list_strategies
 from app.services.uploads import (
     Upload,
@@ -89,8 +90,9 @@ async def submit(
     require(principal, "jobs:write")
     values: dict = {"target": ""}
     try:
+        body = incoming(request, settings)
         upload = await receive_upload(
-            request, settings, text_fields=FORM_FIELDS, tenant=principal.tenant_id
+            body, settings, text_fields=FORM_FIELDS, tenant=principal.tenant_id
         )
         values = {
             **upload.fields,

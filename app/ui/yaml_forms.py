@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 
 __all__ = ["dump_yaml", "parse_yaml", "version_etag", "version_message"]
 

@@ -27,9 +27,9 @@ from onnx import TensorProto, helper
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.db import session_scope
+from app.core.db import session_scope
+from app.core.models import Job
 from app.main import create_app
-from app.models import Job
 
 
 def _load_services():

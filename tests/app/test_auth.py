@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.models import ApiKey, utcnow
+from app.core.models import ApiKey, utcnow
 from app.services.auth import create_key
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import JobStatus
+from app.core.models import JobStatus
 from app.services.artifacts import download_headers, safe_filename
 from app.services.auth import create_key
 from fusion_core.report import format_markdown

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import Job, JobStatus, Strategy
+from app.core.models import Job, JobStatus, Strategy
 from app.services.jobs import claim_job, finish_job, report_progress
 
 REPO = Path(__file__).resolve().parents[2]

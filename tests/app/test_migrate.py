@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import inspect
 
-from app.db import get_engine
+from app.core.db import get_engine
+from app.core.models import Base
 from app.migrate import check, downgrade, upgrade
-from app.models import Base
 
 # Loaded by tests/app/conftest.py (tests/ is never on sys.path).
 services = sys.modules["_autofusion_test_services"]

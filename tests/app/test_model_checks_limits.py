@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from app.core.config import Settings
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.services.model_checks import inspect_model
 
 WEIGHTS = np.arange(4, dtype=np.float32)

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event, text
 
-from app.db import get_engine
-from app.models import ApiKey
+from app.core.db import get_engine
+from app.core.models import ApiKey
 from app.services.auth import KEY_CACHE, create_key
 from app.services.jobs import utcnow
 

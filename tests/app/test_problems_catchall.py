@@ -1,4 +1,4 @@
-"""One catch-all problem handler (issue 15, item 4; app/core/problems.py).
+"""One catch-all problem handler (issue 15, item 4; app/api/problems.py).
 
 No text/plain 500 anywhere: an exception no handler knows is a problem+json 500 whose
 ``error_id`` is also in the log line (with the traceback), the dashboard gets an HTML
@@ -16,10 +16,10 @@ from contextlib import contextmanager
 
 from sqlalchemy import create_engine, text
 
-from app.core.problems import DATABASE_RETRY_AFTER_S
+from app.api.problems import DATABASE_RETRY_AFTER_S
 from app.services import registry
 
-LOGGER = "app.core.problems"
+LOGGER = "app.api.problems"
 
 
 def _fail(*_args, **_kwargs):

@@ -23,7 +23,7 @@ import uvicorn
 
 from app.api.deps import REQUEST_SESSIONS
 from app.core.config import Settings
-from app.db import session_scope
+from app.core.db import session_scope
 from app.main import create_app
 from app.services.auth import create_key
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.config import Settings
-from app.db import session_scope
+from app.core.db import session_scope
 from app.main import create_app
 from app.services.auth import create_key
 from app.services.strategies import PRESETS, StrategySpec, seed_strategies

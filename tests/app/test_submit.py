@@ -38,7 +38,7 @@ from app.cli import main
 from app.cli import serve as serve_cmd
 from app.cli._submit_output import Progress, evaluate_gates, speed_dict
 from app.cli.submit import Upload, idempotency_key
-from app.db import session_scope
+from app.core.db import session_scope
 from app.migrate import upgrade
 from app.services.auth import authenticate
 from fusion_core.report import read_report

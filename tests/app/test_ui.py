@@ -8,8 +8,8 @@ import re
 import pytest
 from ui_testing import CSP, assert_page, conv_bn_relu, multipart
 
-from app.db import session_scope
-from app.models import Job, JobStatus
+from app.core.db import session_scope
+from app.core.models import Job, JobStatus
 from app.services.auth import create_key
 
 

@@ -17,8 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from starlette.requests import Request
 
+from app.api.uploads import incoming
 from app.core.config import Settings
-from app.core.problems import ProblemError
+from app.core.errors import ProblemError
 from app.services.model_checks import inspect_model
 from app.services.uploads import check_file_name, receive_upload
 
@@ -385,7 +386,7 @@ def test_the_streaming_limit_stops_reading_at_the_chunk_that_passes_it(tmp_path)
         "headers": [(b"content-type", b"multipart/form-data; boundary=b")],
     }
     with pytest.raises(ProblemError) as caught:
-        asyncio.run(receive_upload(Request(scope, receive), settings))
+        asyncio.run(receive_upload(incoming(Request(scope, receive), settings), settings))
 
     assert caught.value.status == 413 and caught.value.slug == "payload-too-large"
     assert sent == 4  # 74 + 3 * 4096 bytes > 10_000: the remaining chunks stay unread

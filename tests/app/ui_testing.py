@@ -75,7 +75,7 @@ def multipart(
 
 def run_job(service, job_id: str):
     """Run the job the way a worker does and return its (detached) row; it must succeed."""
-    from app.models import Job
+    from app.core.models import Job
     from worker.execute import Outcome, execute_job
 
     store = service.app.state.store

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from worker_testing import RESNET, WorkerEnv, assert_same_outputs, op_types
 
-from app.models import JobStatus
+from app.core.models import JobStatus
 from app.services import jobs as job_service
 from app.services.jobs import cancel_job, claim_job
 from app.services.registry import registry_version

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from worker_testing import WorkerEnv
 
-from app.models import utcnow
+from app.core.models import utcnow
 from app.services.jobs import claim_job, reap_jobs
 from worker.celery_app import make_celery
 from worker.embedded import EmbeddedWorker

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from worker_testing import WorkerEnv
 
-from app.models import Job, utcnow
+from app.core.models import Job, utcnow
 from app.services.jobs import claim_job
 from worker.execute import Outcome, execute_job
 from worker.reaper import Reaper

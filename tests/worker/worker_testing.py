@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.db import session_scope
+from app.core.db import session_scope
+from app.core.models import Job
 from app.migrate import upgrade
-from app.models import Job
 from app.services.artifacts import LocalStore
 from app.services.auth import SCOPES, Principal, ensure_tenant
 from app.services.jobs import create_job

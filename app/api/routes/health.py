@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import SettingsDep
-from app.core.problems import ProblemError, problem_responses
+from app.api.problems import ProblemError, problem_responses
 from app.schemas.health import HealthPublic, ReadinessPublic
 from app.services.health import readiness
 

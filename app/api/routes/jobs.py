@@ -16,10 +16,11 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
 from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
+from app.api.problems import problem_responses
+from app.api.uploads import incoming
 from app.core.config import Settings
-from app.core.problems import problem_responses
-from app.db import autocommit_read, retry_stale, session_factory
-from app.models import Job, JobStatus
+from app.core.db import autocommit_read, retry_stale, session_factory
+from app.core.models import Job, JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
 from app.services.artifacts import download_headers
@@ -86,7 +87,9 @@ async def optimize(
     """Upload a model (and its external data) and queue a job to optimize it."""
     # No request session: the body streams to disk holding no database connection
     # (issue 15: ten slow uploads held all of them); the job is written afterwards.
-    stored = await accept_upload(request, settings, store, tenant=principal.tenant_id)
+    stored = await accept_upload(
+        incoming(request, settings), settings, store, tenant=principal.tenant_id
+    )
     public, created = await run_in_threadpool(
         _create_job, settings, principal, stored, idempotency_key
     )
@@ -175,7 +178,7 @@ async def read_job(
 
 def _read_job(session: Session, tenant_id: str, job_id: str) -> JobPublic:
     """A poll is one round trip: the key came from the cache (app/services/auth.py), the
-    connection is not pinged (app/db.py) and the read needs no transaction around it."""
+    connection is not pinged (app/core/db.py) and the read needs no transaction around it."""
 
     def read(s: Session) -> JobPublic:
         return JobPublic.from_job(get_job(autocommit_read(s), tenant_id, job_id))

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import SessionDep, require_scope
-from app.core.problems import problem_responses
+from app.api.problems import problem_responses
 from app.services.auth import Principal
 
 __all__ = ["router"]

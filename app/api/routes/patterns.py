@@ -9,8 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
 from app.api.openapi_bodies import binary_part, multipart_body
-from app.core.problems import problem_responses
-from app.models import PatternRecord
+from app.api.problems import problem_responses
+from app.api.uploads import incoming
+from app.core.models import PatternRecord
 from app.schemas.registry import (
     PatternCreate,
     PatternPublic,
@@ -157,5 +158,7 @@ async def run_pattern_test(
     # No request session: neither the upload nor the trial (in a child process, up to
     # api_sandbox_time_limit_s) holds a database connection.
     record = await run_in_threadpool(read_pattern, settings, name)
-    trial = await trial_upload(request, settings, record, tenant=principal.tenant_id)
+    trial = await trial_upload(
+        incoming(request, settings), settings, record, tenant=principal.tenant_id
+    )
     return PatternTestResult.from_trial(trial)

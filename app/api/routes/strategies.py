@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Response
 
 from app.api.deps import PrincipalDep, SessionDep, require_scope
-from app.core.problems import problem_responses
-from app.models import Strategy
+from app.api.problems import problem_responses
+from app.core.models import Strategy
 from app.schemas.registry import (
     StrategiesPublic,
     StrategyCreate,

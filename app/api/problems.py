@@ -1,4 +1,8 @@
-"""RFC 9457 problem details: one error vocabulary for the whole API.
+"""RFC 9457 problem details: one error vocabulary for the whole API, mapped here.
+
+Services raise ``app.core.errors.ProblemError`` (and ``fusion_core`` its own errors,
+mapped in ``_FUSION_STATUS``); this module, the only one that knows FastAPI's handlers,
+answers them.
 
 Every error leaves the service as ``application/problem+json`` with a stable ``type``
 URI (``https://autofusion.dev/problems/<slug>``), a title, the HTTP status and a
@@ -30,6 +34,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.errors import PROBLEM_BASE, ProblemError
 from fusion_core.errors import (
     ConfigError,
     FusionError,
@@ -48,7 +53,6 @@ __all__ = [
     "problem_responses",
 ]
 
-PROBLEM_BASE = "https://autofusion.dev/problems/"
 MEDIA_TYPE = "application/problem+json"
 # What a 503 during a database outage asks the client to wait before it retries.
 DATABASE_RETRY_AFTER_S = 5
@@ -83,20 +87,6 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"content": {MEDIA_TYPE: {"schema": copy.deepcopy(PROBLEM_SCHEMA)}}}
         for status in statuses
     }
-
-
-class ProblemError(Exception):
-    """Raise anywhere in the service to answer with a problem document."""
-
-    def __init__(self, status: int, slug: str, title: str, detail: str, **extra: Any) -> None:
-        super().__init__(detail)
-        self.status, self.slug, self.title, self.detail, self.extra = (
-            status,
-            slug,
-            title,
-            detail,
-            extra,
-        )
 
 
 def problem_response(
