@@ -129,7 +129,6 @@ def optimize_measured(
     """``optimize`` with only the fusion groups that measure faster on this machine;
     ``Result.measurement`` says what was measured and decided (see the module doc).
     ``timer_factory`` replaces the timing (tests decide the ratios with it)."""
-
     if config.progressive:
         raise ConfigError(
             "measured selection and progressive validation cannot be combined",
@@ -137,25 +136,12 @@ def optimize_measured(
         )
     started = time.perf_counter()
     opts = config.measure_options
-    proposer = "priority" if config.selection == "measured" else config.selection
     base = config.model_copy(update={"measure": False})  # "measured" proposes by priority
-    unchecked = base.model_copy(update={"check": base.check.model_copy(update={"enabled": False})})
     original = _as_proto(model)
-
-    def build(cfg: OptimizeConfig, skip: SkipMap, user_feeds=None) -> Result:
-        return optimize_once(
-            original,
-            cfg,
-            registry=registry,
-            patterns=patterns,
-            skip=skip,
-            skip_kind="selection",
-            feeds=user_feeds,
-        )
-
-    proposal = build(unchecked, {})
+    run = _Run(original, base, feeds, registry, patterns)
+    proposal = run.build(run.unchecked, {})
     record: dict[str, Any] = {
-        "proposer": proposer,
+        "proposer": "priority" if config.selection == "measured" else config.selection,
         "level": opts.level,
         "threads": opts.threads,
         "budget_s": opts.budget_s,
@@ -165,59 +151,104 @@ def optimize_measured(
         "error": None,
     }
     with tempfile.TemporaryDirectory(prefix="autofusion-measure-") as scratch:
-        timer = (timer_factory or PairedTimer)(opts, Path(scratch))
-        sample = timer.feeds_for(original, config, feeds)
-        if sample is None:
+        run.timer = (timer_factory or PairedTimer)(opts, Path(scratch))
+        if run.timer.feeds_for(original, config, feeds) is None:
             # The check of the result says what cannot run, and how to give sizes.
             record["error"] = (
                 "the original model cannot run on generated inputs at any of the sizes tried: "
                 "nothing measured, so no fusion is kept (give input sizes with --dim NAME=SIZE "
                 "or a sample with --inputs)"
             )
-            result = build(_unchanged(base), {}, feeds)
+            result = run.build(_unchanged(base), {}, feeds)
             return _finish(result, record, started, DecisionCache(None))
-        cache = DecisionCache(opts.cache_dir)
-        machine = machine_class(level=opts.level, threads=opts.threads, providers=_PROVIDERS)
-        structure = model_structure(original, timer.dims)
-        decisions: dict[str, _Decision] = {}
-        current = proposal
-        # Leaving a group out can let a smaller form of it fuse in its place (BiasGelu
-        # left out, Gelu fuses): such new groups are measured in turn, on the model
-        # they appear in, for a few passes at most.
-        for _ in range(_PASSES):
-            pending = [g for g in group_fusions(current.applied) if g.key not in decisions]
-            if not pending:
-                break
-            context = (current.to_proto(), build, unchecked, timer, cache, machine, structure)
-            decisions.update(_decide(pending, *context))
-            current = _build_without(build, unchecked, None, decisions)
-        for group in group_fusions(current.applied):  # what the last pass exposed
-            if group.key not in decisions:
-                reason = "measured selection: appeared when other groups were left out, unmeasured"
-                decisions[group.key] = _Decision(group, False, reason)
-        started_build = time.perf_counter()
-        result = _build_without(build, base, feeds, decisions)  # and its check: not timed
-        timer.charge(-(time.perf_counter() - started_build))
-        final = timer.compare(result.to_proto(), original, budget_s=timer.remaining())
-        record["final"] = final.to_dict() if final else None
-        if final is not None and final.verdict == SLOWER:
-            record["fallback"] = (
-                f"the model with the kept fusions measured slower than the original "
-                f"({final.describe()}): no fusion is kept, and the original model is handed "
-                "out as it came"
-            )
-            overruled = "measured selection: the fused model as a whole measured slower"
-            for decision in decisions.values():
-                if decision.kept:
-                    decision.kept, decision.reason = False, f"{overruled} ({decision.reason})"
-            result = build(_unchanged(base), {}, feeds)
-            result.near_misses += [
-                NearMiss(f.pattern, f.replaced_nodes, d.reason, "selection")
-                for d in decisions.values()
-                for f in d.group.fusions
-            ]
+        run.cache = DecisionCache(opts.cache_dir)
+        decisions = _measure_groups(run, proposal)
+        result = _keep_what_measured_faster(run, decisions, record)
         record["groups"] = [d.to_dict() for d in decisions.values()]
-    return _finish(result, record, started, cache)
+    return _finish(result, record, started, run.cache)
+
+
+@dataclass
+class _Run:
+    """One measured selection: the original, how to build a variant, and the timer."""
+
+    original: onnx.ModelProto
+    base: OptimizeConfig
+    feeds: Sequence[Mapping[str, np.ndarray]] | None
+    registry: RewriterRegistry | None
+    patterns: Sequence[CompiledPattern] | None
+    timer: PairedTimer | None = None
+    cache: DecisionCache | None = None
+
+    @property
+    def unchecked(self) -> OptimizeConfig:
+        return self.base.model_copy(
+            update={"check": self.base.check.model_copy(update={"enabled": False})}
+        )
+
+    def build(self, cfg: OptimizeConfig, skip: SkipMap, user_feeds=None) -> Result:
+        return optimize_once(
+            self.original,
+            cfg,
+            registry=self.registry,
+            patterns=self.patterns,
+            skip=skip,
+            skip_kind="selection",
+            feeds=user_feeds,
+        )
+
+
+def _measure_groups(run: _Run, proposal: Result) -> dict[str, _Decision]:
+    """A decision per group of the proposal, and of what leaving groups out exposes."""
+    opts = run.timer.opts
+    machine = machine_class(level=opts.level, threads=opts.threads, providers=_PROVIDERS)
+    structure = model_structure(run.original, run.timer.dims)
+    decisions: dict[str, _Decision] = {}
+    current = proposal
+    # Leaving a group out can let a smaller form of it fuse in its place (BiasGelu
+    # left out, Gelu fuses): such new groups are measured in turn, on the model
+    # they appear in, for a few passes at most.
+    for _ in range(_PASSES):
+        pending = [g for g in group_fusions(current.applied) if g.key not in decisions]
+        if not pending:
+            break
+        context = (current.to_proto(), run.build, run.unchecked, run.timer, run.cache)
+        decisions.update(_decide(pending, *context, machine, structure))
+        current = _build_without(run.build, run.unchecked, None, decisions)
+    for group in group_fusions(current.applied):  # what the last pass exposed
+        if group.key not in decisions:
+            reason = "measured selection: appeared when other groups were left out, unmeasured"
+            decisions[group.key] = _Decision(group, False, reason)
+    return decisions
+
+
+def _keep_what_measured_faster(run: _Run, decisions: dict[str, _Decision], record: dict) -> Result:
+    """The model with the kept groups, measured against the original once more: when
+    it is slower, the original as it came (and every decision says it was overruled)."""
+    timer = run.timer
+    started_build = time.perf_counter()
+    result = _build_without(run.build, run.base, run.feeds, decisions)  # and its check
+    timer.charge(-(time.perf_counter() - started_build))  # not timed against the budget
+    final = timer.compare(result.to_proto(), run.original, budget_s=timer.remaining())
+    record["final"] = final.to_dict() if final else None
+    if final is None or final.verdict != SLOWER:
+        return result
+    record["fallback"] = (
+        f"the model with the kept fusions measured slower than the original "
+        f"({final.describe()}): no fusion is kept, and the original model is handed "
+        "out as it came"
+    )
+    overruled = "measured selection: the fused model as a whole measured slower"
+    for decision in decisions.values():
+        if decision.kept:
+            decision.kept, decision.reason = False, f"{overruled} ({decision.reason})"
+    result = run.build(_unchanged(run.base), {}, run.feeds)
+    result.near_misses += [
+        NearMiss(f.pattern, f.replaced_nodes, d.reason, "selection")
+        for d in decisions.values()
+        for f in d.group.fusions
+    ]
+    return result
 
 
 @dataclass
