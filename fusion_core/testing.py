@@ -1,29 +1,48 @@
 """Helpers for testing fusions: model builders and the four-part fusion assertion.
 
 As onnxscript ships ``rewriter/testing.py``, this module is importable by anyone who
-writes a pattern or a rewriter (and by this repository's tests), so that a Conv+BN+Relu
-model is not written again in every test file. The builders draw non-degenerate random
-weights (BatchNormalization statistics and scales away from 0 and 1): an identity-like
-BN hides a wrong fold.
+writes a pattern or a rewriter, and by this repository's tests, so that test models and
+checks are written once. Models are written in ONNX text (``build_model``) or built
+(``conv_bn_relu``). Their weights are seeded and not degenerate: BatchNormalization
+statistics and scales stay away from 0 and 1, because an identity-like BN hides a wrong
+fold. Every model a builder makes passes the full ONNX checker, so a failing test points
+at the optimizer, not at the test model.
 
-``assert_fused`` checks the four things a fusion must hold: the fused model passes the
-ONNX checker, the fused ops are there (counts), the ops it replaces are gone, and its
-outputs match the original's on onnxruntime within the stated ``rtol``/``atol``.
+``assert_fusion`` makes the four checks of a positive case (STYLE.md, Tests):
+1. the match counts;
+2. the op sequence of the fused graph;
+3. the full ONNX check;
+4. the same outputs as the original on onnxruntime, within the stated ``rtol`` and
+   ``atol``.
+
+``assert_no_fusion`` makes the negative case's checks.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
+import onnx.parser
 
+from fusion_core.config import CheckOptions, OptimizeConfig
+from fusion_core.pipeline import Result, optimize
 from fusion_core.validate import make_session, random_inputs
 
-__all__ = ["assert_fused", "conv_bn_relu", "op_counts"]
+__all__ = [
+    "assert_fusion",
+    "assert_no_fusion",
+    "bn_params",
+    "build_model",
+    "conv_bn_relu",
+    "misses",
+    "op_sequence",
+    "optimize_quiet",
+    "run_both",
+]
 
 _F32 = onnx.TensorProto.FLOAT
 
@@ -71,44 +90,133 @@ def conv_bn_relu(
     return model
 
 
-def op_counts(model: onnx.ModelProto) -> Counter[str]:
-    """Op types of the main graph, ``domain::op`` outside the default domain."""
-    return Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+def build_model(text: str, initializers: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """Parse ONNX text and append ``initializers`` (float arrays become float32)."""
+    model = onnx.parser.parse_model(text)
+    for name, array in (initializers or {}).items():
+        array = np.asarray(array)
+        if np.issubdtype(array.dtype, np.floating):
+            array = array.astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    onnx.checker.check_model(model, full_check=True)
+    return model
 
 
-def assert_fused(
+def bn_params(
+    rng: np.random.Generator, channels: int, prefix: str = "bn", *, positive: bool = False
+) -> dict[str, np.ndarray]:
+    """Non-trivial BatchNormalization parameters: ``<prefix>_scale/_bias/_mean/_var``.
+
+    The scale is far from 1 and (unless ``positive``) of mixed sign; the variance is
+    strictly positive.
+    """
+    scale = rng.uniform(0.5, 2.0, channels)
+    if not positive:
+        scale *= np.where(np.arange(channels) % 2 == 0, 1.0, -1.0)
+    return {
+        f"{prefix}_scale": scale,
+        f"{prefix}_bias": rng.standard_normal(channels),
+        f"{prefix}_mean": rng.standard_normal(channels),
+        f"{prefix}_var": rng.uniform(0.5, 2.0, channels),
+    }
+
+
+def optimize_quiet(
+    model: onnx.ModelProto,
+    *,
+    target: str = "generic",
+    patterns: list[str] | None = None,
+    target_profile: str = "cpu-roofline",
+    **config: Any,
+) -> Result:
+    """``fusion_core.optimize`` with the built-in check disabled (tests compare themselves).
+
+    Priced on ``cpu-roofline`` (the roofline alone), so a rewriter test sees every fusion
+    its pattern matches: the default profile ``cpu`` prices SkipLayerNormalization and the
+    Q/K/V merge as losses, which default selection leaves out (tests/fusion_core/
+    test_cost_defaults.py)."""
+    return optimize(
+        model,
+        OptimizeConfig(
+            target=target,
+            patterns=patterns,
+            target_profile=target_profile,
+            check=CheckOptions(enabled=False),
+            **config,
+        ),
+    )
+
+
+def op_sequence(model: onnx.ModelProto) -> list[str]:
+    """Op types of the graph's nodes in order, ``domain::op`` outside the ONNX domain."""
+    return [
+        f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        for n in model.graph.node
+    ]
+
+
+def misses(result: Result, pattern: str) -> list[str]:
+    """The near-miss reasons the optimizer reported for ``pattern``."""
+    return [m.reason for m in result.near_misses if m.pattern == pattern]
+
+
+def run_both(
     original: onnx.ModelProto,
     fused: onnx.ModelProto,
     *,
-    fused_ops: Mapping[str, int],
-    replaced_ops: Iterable[str] = (),
     rtol: float,
     atol: float,
-    feeds: Mapping[str, np.ndarray] | None = None,
-    dims: Mapping[str, int] | None = None,
+    feeds: dict[str, np.ndarray] | None = None,
     seed: int = 0,
 ) -> None:
-    """Raise AssertionError unless ``fused`` is a correct fusion of ``original``."""
-    try:
-        onnx.checker.check_model(fused, full_check=True)
-    except onnx.checker.ValidationError as exc:
-        raise AssertionError(f"the fused model fails the ONNX checker: {exc}") from None
-    counts = op_counts(fused)
-    wrong = {op: (n, counts.get(op, 0)) for op, n in fused_ops.items() if counts.get(op, 0) != n}
-    assert not wrong, f"fused op counts (expected, found): {wrong}; all ops: {dict(counts)}"
-    left = {op: counts[op] for op in replaced_ops if counts.get(op)}
-    assert not left, f"ops the fusion should have replaced are still there: {left}"
-    inputs = dict(feeds) if feeds is not None else random_inputs(original, seed=seed, dims=dims)
-    expected = _run(original, inputs)
-    got = _run(fused, inputs)
-    assert expected.keys() == got.keys(), f"outputs {sorted(got)} != {sorted(expected)}"
-    for name, want in expected.items():
-        np.testing.assert_allclose(got[name], want, rtol=rtol, atol=atol, err_msg=f"output {name}")
+    """Run both models in onnxruntime (graph optimizations disabled); outputs must agree."""
+    feeds = feeds if feeds is not None else random_inputs(original, seed=seed)
+    reference, candidate = make_session(original), make_session(fused)
+    names = [o.name for o in reference.get_outputs()]
+    assert names == [o.name for o in candidate.get_outputs()], "the outputs differ"
+    for name, want, got in zip(
+        names, reference.run(names, feeds), candidate.run(names, feeds), strict=True
+    ):
+        assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
 
 
-def _run(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = make_session(model)
-    names = [o.name for o in session.get_outputs()]
-    wanted = {i.name for i in session.get_inputs()}
-    outputs = session.run(None, {k: v for k, v in inputs.items() if k in wanted})
-    return dict(zip(names, outputs, strict=True))
+def assert_fusion(
+    model: onnx.ModelProto,
+    result: Result,
+    *,
+    counts: dict[str, int],
+    ops: list[str],
+    rtol: float,
+    atol: float,
+) -> onnx.ModelProto:
+    """The four checks of a positive case (STYLE.md, Tests): match counts, op sequence,
+    full ONNX check, and the same outputs as ``model``. Returns the fused proto."""
+    assert result.counts == counts, f"counts {result.counts}, expected {counts}"
+    fused = result.to_proto()
+    assert op_sequence(fused) == ops, f"ops {op_sequence(fused)}, expected {ops}"
+    onnx.checker.check_model(fused, full_check=True)
+    run_both(model, fused, rtol=rtol, atol=atol)
+    return fused
+
+
+def assert_no_fusion(
+    model: onnx.ModelProto,
+    result: Result,
+    *,
+    pattern: str,
+    reason: str,
+    ops: list[str],
+    rtol: float,
+    atol: float,
+) -> onnx.ModelProto:
+    """A negative case: ``pattern`` did not fire, a near miss of it gives ``reason``
+    (a substring), and the untouched model is valid and computes the same."""
+    assert pattern not in result.counts, f"{pattern} fused: {result.counts}"
+    reasons = misses(result, pattern)
+    assert any(reason in r for r in reasons), f"{reason!r} not in {reasons}"
+    fused = result.to_proto()
+    assert op_sequence(fused) == ops, f"ops {op_sequence(fused)}, expected {ops}"
+    onnx.checker.check_model(fused, full_check=True)
+    run_both(model, fused, rtol=rtol, atol=atol)
+    return fused

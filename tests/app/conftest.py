@@ -8,10 +8,8 @@ by a recorder once the lifespan has started; no worker runs).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
@@ -30,19 +28,7 @@ from app.core.config import Settings
 from app.core.db import session_scope
 from app.core.models import Job
 from app.main import create_app
-
-
-def _load_services():
-    """tests/services.py, loaded by path (see tests/fusion_core/rewriters/conftest.py)."""
-    path = Path(__file__).resolve().parents[1] / "services.py"
-    spec = importlib.util.spec_from_file_location("_autofusion_test_services", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-services = sys.modules.get("_autofusion_test_services") or _load_services()
+from tests import services  # the real PostgreSQL and Redis, isolated per test
 
 
 @pytest.fixture

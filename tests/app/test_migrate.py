@@ -3,7 +3,6 @@ on SQLite and on the real PostgreSQL (.ci/run starts it)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ from app.core.models import Base
 from app.migrate import check, downgrade, upgrade
 
 # Loaded by tests/app/conftest.py (tests/ is never on sys.path).
-services = sys.modules["_autofusion_test_services"]
+from tests import services
 
 
 @pytest.fixture

@@ -8,26 +8,12 @@ Without chromium (or playwright) the tests skip with how to install them; with
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-
-def _load_support():
-    path = Path(__file__).resolve().parent / "browser_support.py"
-    spec = importlib.util.spec_from_file_location("browser_support", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["browser_support"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-support = sys.modules.get("browser_support") or _load_support()
+from tests.browser import browser_support as support
 
 # Each job sleeps this long in the sandbox before optimizing, so it is seen while live.
 JOB_DELAY_S = 2.0

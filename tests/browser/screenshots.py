@@ -11,7 +11,6 @@ browser may talk to 127.0.0.1 only; the script fails if a page tried anything el
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import sys
 import tempfile
@@ -20,17 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _support():
-    if "browser_support" in sys.modules:
-        return sys.modules["browser_support"]
-    spec = importlib.util.spec_from_file_location("browser_support", HERE / "browser_support.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["browser_support"] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(HERE.parents[1]))  # run as a script: the repository root
+from tests.browser import browser_support as support  # noqa: E402
 
-
-support = _support()
 ROOT = support.ROOT
 RESNET = ROOT / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 BERT = ROOT / "tests" / "data" / "transformers" / "bert_sdpa_dynamo.onnx"

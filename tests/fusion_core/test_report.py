@@ -291,14 +291,7 @@ def test_the_terminal_summary_still_reads_a_version_2_report(conv_report):
 
 def test_a_failed_check_reports_the_drifting_region_and_validates():
     """The broken-rewriter case of test_regions.py, through the report."""
-    import importlib.util
-    import sys
-
-    path = Path(__file__).with_name("test_regions.py")
-    spec = importlib.util.spec_from_file_location("_regions_cases", path)
-    cases = importlib.util.module_from_spec(spec)
-    sys.modules["_regions_cases"] = cases
-    spec.loader.exec_module(cases)
+    from tests.fusion_core import test_regions as cases
     registry = cases.builtin_rewriters()
     registry.register(cases.WrongEpsilonFoldBatchNorm())
     result = cases._optimize(cases.conv_model(), registry)

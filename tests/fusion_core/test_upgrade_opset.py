@@ -8,30 +8,15 @@ Tolerance: rtol = atol = 1e-5 (the fused activations, see test_hardswish.py).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from pydantic import ValidationError
 
 from fusion_core import OptimizeConfig
+from fusion_core import testing as h
 from fusion_core.errors import ConfigError
 
-
-def _helpers():
-    if "helpers" not in sys.modules:  # tests/helpers.py, as the rewriters' conftest loads it
-        path = Path(__file__).resolve().parents[1] / "helpers.py"
-        spec = importlib.util.spec_from_file_location("helpers", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["helpers"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["helpers"]
-
-
-h = _helpers()
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 HARDSWISH_BODY = """

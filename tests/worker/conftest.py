@@ -1,12 +1,10 @@
-"""Fixtures for the worker tests. The shared code is in ``worker_testing.py``, loaded by
-its path so that tests/ never goes on sys.path (see tests/fusion_core/rewriters/conftest.py).
-"""
+"""Fixtures for the worker tests. The shared code is in ``worker_testing.py`` and
+``tests/services.py``, imported as modules (``pythonpath`` in pyproject.toml puts the
+repository root on sys.path: ``tests`` is a namespace package)."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,33 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-
-def _load_support() -> None:
-    path = Path(__file__).resolve().parent / "worker_testing.py"
-    spec = importlib.util.spec_from_file_location("worker_testing", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["worker_testing"] = module
-    spec.loader.exec_module(module)
-
-
-if "worker_testing" not in sys.modules:
-    _load_support()
-
-
-def _load_services():
-    """tests/services.py: the real PostgreSQL and Redis, isolated per test."""
-    path = Path(__file__).resolve().parents[1] / "services.py"
-    spec = importlib.util.spec_from_file_location("_autofusion_test_services", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-services = sys.modules.get("_autofusion_test_services") or _load_services()
-
-from worker_testing import WorkerEnv, new_env  # noqa: E402
+from tests import services
+from tests.worker.worker_testing import WorkerEnv, new_env
 
 
 @pytest.fixture

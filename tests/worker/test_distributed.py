@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from worker_testing import REPO, WorkerEnv, new_env
 
+from tests.worker.worker_testing import REPO, WorkerEnv, new_env
 from worker.celery_app import QUEUE, make_celery
 from worker.sandbox import TEST_CRASH_ENV
 from worker.tasks import enqueue_job

@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_testing import GAP_FLATTEN, WorkerEnv, op_types
 
 from app.services.registry import change_pattern, create_pattern
+from tests.worker.worker_testing import GAP_FLATTEN, WorkerEnv, op_types
 from worker.celery_app import make_celery
 from worker.embedded import EmbeddedWorker
 from worker.sandbox import TEST_CRASH_ENV

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import onnx
 import pytest
-from worker_testing import RESNET, WorkerEnv, assert_same_outputs, op_types
 
 from app.core.models import JobStatus
 from app.services import jobs as job_service
 from app.services.jobs import cancel_job, claim_job
 from app.services.registry import registry_version
 from fusion_core.report import read_report
+from tests.worker.worker_testing import RESNET, WorkerEnv, assert_same_outputs, op_types
 from worker.execute import Outcome, execute_job
 from worker.plan import merge_strategy
 from worker.sandbox import TEST_CRASH_ENV

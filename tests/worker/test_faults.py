@@ -20,7 +20,6 @@ from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from worker_testing import WorkerEnv
 
 from app.cli import main as cli_main
 from app.core.config import Settings
@@ -28,6 +27,7 @@ from app.main import create_app
 from app.services import db_retry
 from app.services import jobs as job_service
 from app.services.db_retry import is_transient_db_error, retry_transient
+from tests.worker.worker_testing import WorkerEnv
 from worker.execute import Outcome, execute_job
 from worker.sandbox import TEST_CRASH_ENV
 from worker.supervise import ChildRun
@@ -260,7 +260,7 @@ def _submit(client: TestClient, model: bytes, config: dict | None = None) -> dic
 def test_a_failed_check_or_unloadable_model_is_a_failed_job_with_a_problem_type(
     api: TestClient, model: str, config, problem: str, failure: str, words: str
 ) -> None:
-    from worker_testing import RESNET
+    from tests.worker.worker_testing import RESNET
 
     data = _unloadable_model() if model == "unloadable" else RESNET.read_bytes()
     job = _submit(api, data, config)

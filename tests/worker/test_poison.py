@@ -8,10 +8,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from worker_testing import WorkerEnv
 
 from app.core.models import utcnow
 from app.services.jobs import claim_job, reap_jobs
+from tests.worker.worker_testing import WorkerEnv
 from worker.celery_app import make_celery
 from worker.embedded import EmbeddedWorker
 from worker.execute import Outcome, execute_job

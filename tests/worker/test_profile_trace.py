@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from worker_testing import WorkerEnv
-
+from tests.worker.worker_testing import WorkerEnv
 from worker.execute import Outcome, execute_job
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from worker_testing import WorkerEnv
-
 from app.core.models import Job, utcnow
 from app.services.jobs import claim_job
+from tests.worker.worker_testing import WorkerEnv
 from worker.execute import Outcome, execute_job
 from worker.reaper import Reaper
 from worker.sandbox import TEST_CRASH_ENV

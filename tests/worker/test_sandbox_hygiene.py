@@ -15,8 +15,8 @@ import onnx.parser
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
-from worker_testing import WorkerEnv
 
+from tests.worker.worker_testing import WorkerEnv
 from worker.execute import Outcome, execute_job
 from worker.sandbox import INPUT_DIR, JOB_FILE, OUTPUT_DIR, PATTERNS_FILE, TEST_CRASH_ENV
 from worker.supervise import run_child

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from worker_testing import WorkerEnv
 
 from app.core.config import Settings
 from app.main import create_app
 from app.services.scratch import OWNER_FILE, sweep_api_scratch, write_owner
+from tests.worker.worker_testing import WorkerEnv
 from worker.reaper import Reaper
 
 HOUR = 3600.0

@@ -1,7 +1,8 @@
 """What the worker tests share: ``WorkerEnv`` (settings, a local store, ``submit``,
 ``job``, ``wait_for``), ``new_env`` (a migrated SQLite database in its own folder), the
-test model and a user pattern, and model comparisons. ``conftest.py`` loads this module
-by its path (see ``tests/fusion_core/rewriters/conftest.py`` for why not by sys.path).
+test model and a user pattern, and model comparisons; imported as
+``tests.worker.worker_testing`` (pyproject.toml's ``pythonpath`` puts the repository
+root on sys.path).
 """
 
 from __future__ import annotations

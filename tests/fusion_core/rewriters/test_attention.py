@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from helpers import (
+
+from fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     build_model,

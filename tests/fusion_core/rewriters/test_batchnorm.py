@@ -7,7 +7,14 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_fusion, assert_no_fusion, bn_params, build_model, optimize_quiet
+
+from fusion_core.testing import (
+    assert_fusion,
+    assert_no_fusion,
+    bn_params,
+    build_model,
+    optimize_quiet,
+)
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 BN = "BatchNormalization <epsilon={eps!r}> ({src}, bn_scale, bn_bias, bn_mean, bn_var)"

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_fusion, assert_no_fusion, build_model, optimize_quiet
+
+from fusion_core.testing import assert_fusion, assert_no_fusion, build_model, optimize_quiet
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 PATTERN = {"Add": "conv_add", "Sub": "conv_add", "Mul": "conv_mul", "Div": "conv_mul"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import (
+
+from fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     bn_params,

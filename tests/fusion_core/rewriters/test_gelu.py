@@ -20,7 +20,9 @@ import math
 import numpy as np
 import onnx
 import pytest
-from helpers import (
+
+from fusion_core import PatternError, compile_pattern
+from fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     build_model,
@@ -29,8 +31,6 @@ from helpers import (
     optimize_quiet,
     run_both,
 )
-
-from fusion_core import PatternError, compile_pattern
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 CONSTANTS = {

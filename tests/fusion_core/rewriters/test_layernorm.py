@@ -20,7 +20,8 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import (
+
+from fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     build_model,

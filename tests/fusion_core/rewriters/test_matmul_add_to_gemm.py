@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_fusion, assert_no_fusion, build_model, optimize_quiet
+
+from fusion_core.testing import assert_fusion, assert_no_fusion, build_model, optimize_quiet
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import (
+
+from fusion_core import PatternError, compile_pattern
+from fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     build_model,
@@ -20,8 +22,6 @@ from helpers import (
     optimize_quiet,
     run_both,
 )
-
-from fusion_core import PatternError, compile_pattern
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 TARGETS = ["generic", "onnxruntime"]
