@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from fusion_core.errors import PatternError
+from fusion_core.errors import PatternError, field_errors
 from fusion_core.patterns import PatternSpec
 from fusion_core.rewriters import Params, Rewriter, RewriterRegistry, builtin_rewriters
 
@@ -82,9 +82,7 @@ def compile_pattern(
 
 def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     errors = []
-    for error in exc.errors():
-        path = ".".join(str(p) for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
+    for path, message in field_errors(exc):
         if not path:
             # Whole-pattern checks say "nodes.1.inputs.0: message": split the path off.
             prefix, sep, rest = message.partition(": ")

@@ -7,8 +7,13 @@ wrong and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "ConfigError",
+    "describe_fields",
+    "field_errors",
     "FusionError",
     "ModelLoadError",
     "PatternError",
@@ -64,3 +69,22 @@ class ConfigError(FusionError):
     """The optimization config asks for something that does not exist."""
 
     code = "invalid-config"
+
+
+def field_errors(
+    exc: Any, *, prefix: Sequence[str] = (), default: str = ""
+) -> list[tuple[str, str]]:
+    """``(field, message)`` per error of a pydantic ``ValidationError`` (or FastAPI's
+    ``RequestValidationError``): the location joined with dots under ``prefix``
+    (``default`` when it is empty), pydantic's ``Value error, `` taken off the message.
+    The one place the service and the core turn validation errors into words."""
+    found = []
+    for error in exc.errors():
+        path = ".".join([*prefix, *(str(p) for p in error.get("loc", ()))]) or default
+        found.append((path, str(error.get("msg", "")).removeprefix("Value error, ")))
+    return found
+
+
+def describe_fields(errors: Sequence[tuple[str, str]]) -> str:
+    """``field: message; ...`` in one line."""
+    return "; ".join(f"{field}: {message}" if field else message for field, message in errors)

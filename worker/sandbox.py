@@ -268,11 +268,9 @@ def _kind_of(exc: BaseException) -> str:
 
 def describe_validation_error(exc: Any) -> str:
     """A pydantic ValidationError in one line: ``field: message; ...``."""
-    parts = []
-    for error in exc.errors():
-        path = ".".join(str(p) for p in error["loc"]) or "<config>"
-        parts.append(f"{path}: {error['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
+    from fusion_core.errors import describe_fields, field_errors
+
+    return describe_fields(field_errors(exc, default="<config>"))
 
 
 def _message(kind: str, exc: BaseException) -> str:

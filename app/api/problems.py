@@ -41,6 +41,8 @@ from fusion_core.errors import (
     ModelLoadError,
     PatternError,
     UnsafeModelError,
+    describe_fields,
+    field_errors,
 )
 
 __all__ = [
@@ -124,10 +126,9 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
-        ]
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        pairs = field_errors(exc)
+        errors = [{"field": f, "message": m} for f, m in pairs]
+        detail = describe_fields(pairs)
         return problem_response(422, "invalid-request", "Invalid request", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from app.cli._exit import EXIT_CONFIG
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
+from fusion_core.errors import describe_fields, field_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -66,11 +67,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args)
     except ValidationError as exc:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: "
-            f"{e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
+        details = describe_fields(field_errors(exc, default="settings"))
         sys.stderr.write(f"autofusion worker: error: invalid settings: {details}\n")
         return EXIT_CONFIG
     logging.basicConfig(

@@ -50,6 +50,7 @@ from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
 from app.services.jobs import create_job
 from app.services.model_sandbox import inspect_upload
+from fusion_core.errors import describe_fields, field_errors
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -446,11 +447,9 @@ def parse_options(text: str | None) -> OptimizeOptions:
     try:
         return OptimizeOptions.model_validate(raw)
     except ValidationError as exc:
-        errors = [
-            {"field": ".".join(["config", *map(str, e["loc"])]), "message": e["msg"]}
-            for e in exc.errors()
-        ]
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        pairs = field_errors(exc, prefix=("config",))
+        errors = [{"field": f, "message": m} for f, m in pairs]
+        detail = describe_fields(pairs)
         raise ProblemError(422, "invalid-config", "Invalid config", detail, errors=errors) from None
 
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.core.errors import ProblemError
 from app.ui.common import LoginRequired, login_redirect, render
 from app.ui.routes import router
-from fusion_core.errors import FusionError
+from fusion_core.errors import FusionError, describe_fields, field_errors
 
 __all__ = ["CSP", "install_ui"]
 
@@ -101,8 +101,7 @@ def _error_page(request: Request, exc: Exception):
     elif isinstance(exc, StarletteHTTPException):
         status, title, detail = exc.status_code, "Error", str(exc.detail)
     else:  # RequestValidationError
-        errors = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        status, title, detail = 422, "Invalid request", "; ".join(errors)
+        status, title, detail = 422, "Invalid request", describe_fields(field_errors(exc))
     context = {"status": status, "title": title, "detail": detail}
     return render(request, "error.html", context, status_code=status)
 

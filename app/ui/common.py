@@ -116,14 +116,11 @@ def form_errors(exc: Exception, default_field: str) -> tuple[int, list[dict[str,
     (a ProblemError, a FusionError such as PatternError, or a pydantic ValidationError)."""
     from pydantic import ValidationError
 
-    from fusion_core.errors import FusionError, PatternError
+    from fusion_core.errors import FusionError, PatternError, field_errors
 
     if isinstance(exc, ValidationError):
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"]) or default_field, "message": e["msg"]}
-            for e in exc.errors()
-        ]
-        return 422, errors
+        pairs = field_errors(exc, default=default_field)
+        return 422, [{"field": f, "message": m} for f, m in pairs]
     if isinstance(exc, PatternError) and exc.errors:
         return 422, [{"field": f or default_field, "message": m} for f, m in exc.errors]
     if isinstance(exc, FusionError):

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fusion_core.errors import ConfigError
+from fusion_core.errors import ConfigError, describe_fields, field_errors
 
 __all__ = [
     "PROFILE_NAME_PATTERN",
@@ -113,9 +113,7 @@ def load_target_profile(name_or_path: str | os.PathLike) -> TargetProfile:
     try:
         return TargetProfile.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<profile>'}: {e['msg']}" for e in exc.errors()
-        )
+        problems = describe_fields(field_errors(exc, default="<profile>"))
         raise ConfigError(f"target profile {origin} is invalid: {problems}") from None
 
 

@@ -176,3 +176,16 @@ def test_near_misses_say_who_said_no() -> None:
     assert selection and all("predicts a loss" in m.reason for m in selection)
     with pytest.raises(ValueError, match="near miss kind"):
         type(selection[0])("p", ("n",), "why", kind="nope")
+
+
+def test_field_errors_name_the_field_and_drop_pydantics_prefix() -> None:
+    from pydantic import ValidationError
+
+    from fusion_core.errors import describe_fields, field_errors
+
+    with pytest.raises(ValidationError) as caught:
+        OptimizeConfig(max_rounds=0, check={"rtol": "x"})
+    pairs = field_errors(caught.value, prefix=("config",))
+    assert {f for f, _ in pairs} == {"config.max_rounds", "config.check.rtol"}
+    assert not any(m.startswith("Value error, ") for _, m in pairs)
+    assert describe_fields(pairs).count("; ") == 1
