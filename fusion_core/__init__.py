@@ -21,6 +21,7 @@ from fusion_core.errors import (
 )
 from fusion_core.ir import load_model, save_model
 from fusion_core.pipeline import AppliedFusion, Result, optimize
+from fusion_core.pipeline.files import RunFiles, RunOutcome, run
 from fusion_core.targets import TARGETS
 
 __all__ = [
@@ -34,11 +35,14 @@ __all__ = [
     "OptimizeConfig",
     "PatternError",
     "Result",
+    "RunFiles",
+    "RunOutcome",
     "UnsafeModelError",
     "builtin_patterns",
     "compile_pattern",
     "load_model",
     "load_pattern_file",
     "optimize",
+    "run",
     "save_model",
 ]

@@ -73,7 +73,6 @@ REPORT_MARKDOWN_FILE = "report.md"
 PROFILE_TRACE_FILE = "profile_trace.json"
 # The fused regions' nodes, for the dashboard to draw without loading the models.
 REGIONS_FILE = "regions.json"
-TRACE_RUNS = 3
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
@@ -131,60 +130,33 @@ def _emit(stream: TextIO, stage: str, progress: float) -> None:
 
 def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     _emit(progress, "prepasses", 0.1)
-    import onnx
-
-    from fusion_core import OptimizeConfig, optimize, save_model
+    from fusion_core import OptimizeConfig, RunFiles, run
     from fusion_core.catalog import compile_all
-    from fusion_core.profiling import ProfileOptions, profile_models
-    from fusion_core.profiling.footprint import measure_memory
-    from fusion_core.report import build_report, format_markdown, region_pictures, render_html
 
     config = OptimizeConfig.model_validate(job["config"])
     specs = json.loads((folder / PATTERNS_FILE).read_text(encoding="utf-8"))
     patterns = compile_all(specs)
     _test_crash()
-    model_path = folder / INPUT_DIR / job["model"]
-    result = optimize(model_path, config, patterns=patterns)
-    _emit(progress, "saving", 0.8)
     output = folder / OUTPUT_DIR
-    check = result.check
-    failed = check is not None and not check.passed
-    fused_path = output / FUSED_FILE if not failed or config.keep_failed else None
-    if fused_path is not None:
-        save_model(result.model, fused_path)
-    profile = memory = None
-    if config.profile and not failed:
-        _emit(progress, "profiling", 0.82)
-        dims = check.profiles[0].dims if check and check.profiles else config.check.dims
-        options = ProfileOptions(dims=dims)
-        profile = profile_models(model_path, fused_path, options=options).to_dict()
-        memory = measure_memory(
-            model_path, fused_path, seed=options.seed, dims=dims, threads=options.threads
-        ).to_dict()
-        _keep_trace(fused_path, output, options)
-    report = build_report(
-        result,
-        model=job["model"],
-        output=FUSED_FILE if fused_path else None,
-        model_file=model_path,
-        output_file=fused_path,
-        config=config,
-        registry_version=job.get("registry_version"),
-        profile=profile,
-        memory=memory,
+    files = RunFiles(
+        report=output / REPORT_FILE,
+        markdown=output / REPORT_MARKDOWN_FILE,
+        html=output / REPORT_HTML_FILE,
+        regions=output / REGIONS_FILE,
+        trace=output / PROFILE_TRACE_FILE,
     )
-    _write_json(output / REPORT_FILE, report)
-    _emit(progress, "report", 0.85)
-    (output / REPORT_MARKDOWN_FILE).write_text(format_markdown(report), encoding="utf-8")
-    # The pictures need the graphs only: the weights stay on disk.
-    original = onnx.load(model_path, load_external_data=False)
-    fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
-    html = render_html(report, original=original, fused=fused)
-    (output / REPORT_HTML_FILE).write_text(html, encoding="utf-8")
-    if fused is not None and report.get("applied"):
-        _write_json(output / REGIONS_FILE, region_pictures(report["applied"], original, fused))
-    if failed:  # the report stays: it says what the check saw
-        raise CheckFailed(_check_message(check, kept=fused_path is not None))
+    outcome = run(
+        folder / INPUT_DIR / job["model"],
+        output / FUSED_FILE,
+        config,
+        files=files,
+        patterns=patterns,
+        names=(job["model"], FUSED_FILE),
+        registry_version=job.get("registry_version"),
+        on_stage=lambda stage, fraction: _emit(progress, stage, fraction),
+    )
+    if outcome.failed:  # the report stays: it says what the check saw
+        raise CheckFailed(_check_message(outcome.result.check, kept=outcome.written))
 
 
 class CheckFailed(Exception):
@@ -202,19 +174,6 @@ def _check_message(check: Any, *, kept: bool) -> str:
         text = f"the fused model failed its check: {check.error}"
     tail = "; the fused model is kept (keep_failed)" if kept else ""
     return f"{text}; see the report{tail}"
-
-
-def _keep_trace(fused_path: Path, output: Path, options: Any) -> None:
-    """onnxruntime's raw profiler trace of ``TRACE_RUNS`` runs of the fused model, as
-    ``PROFILE_TRACE_FILE``: the report keeps only the profile's aggregates. A failure
-    here costs the trace, not the job."""
-    from fusion_core.profiling import write_trace
-
-    try:
-        write_trace(fused_path, output / PROFILE_TRACE_FILE, runs=TRACE_RUNS, options=options)
-    except Exception:  # logged: the report has the profile already
-        sys.stderr.write("could not keep the profiler trace:\n")
-        traceback.print_exc()
 
 
 def _test_crash() -> None:

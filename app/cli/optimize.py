@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,13 +13,12 @@ import yaml
 from google.protobuf.message import DecodeError
 
 from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
-from fusion_core import OptimizeConfig, load_pattern_file, optimize, save_model
+from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
+from fusion_core import run as run_files
 from fusion_core.catalog import parse_pattern_text
 from fusion_core.config import CheckOptions, MeasureOptions
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
-from fusion_core.profiling import ProfileOptions, profile_models
-from fusion_core.profiling.footprint import measure_memory
-from fusion_core.report import build_report, format_markdown, format_summary, render_html
+from fusion_core.report import format_summary
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 
 # Measured selection's decisions, per machine class and model structure (fusion_core
@@ -243,25 +241,19 @@ def run(args: argparse.Namespace) -> int:
     feeds = None
     if args.inputs:
         feeds = load_inputs(args.inputs, _graph_only(args.model))
-    result = optimize(args.model, config, feeds=feeds)
-    check = result.check
-    failed = check is not None and not check.passed
-    written = not failed or config.keep_failed
-    if written:
-        save_model(result.model, args.output)
-    profile = memory = None
-    if config.profile and not failed:  # --profile, or a strategy file that sets profile
-        profile, memory = _measure(args, config, check, (feeds or [None])[0])
-    report = build_report(
-        result, model=args.model, output=args.output if written else None, config=config,
-        profile=profile, memory=memory,
-    )  # fmt: skip
-    _write_renderings(args, report, fused_path=args.output if written else None)
-    print(format_summary(report))
-    if not failed:
+    files = RunFiles(
+        report=_path(args.report), markdown=_path(args.markdown), html=_path(args.html)
+    )
+    # --profile, or a strategy file that sets profile: fusion_core.run measures it
+    outcome = run_files(args.model, args.output, config, files=files, feeds=feeds)
+    print(format_summary(outcome.report))
+    if not outcome.failed:
         return EXIT_OK
+    check = outcome.result.check
     kept = f"; the fused model was written anyway to {args.output} (--keep-failed)"
-    note = kept if written else "; nothing was written to the output path (--keep-failed writes it)"
+    note = kept if outcome.written else (
+        "; nothing was written to the output path (--keep-failed writes it)"
+    )
     if check.failure == ORIGINAL_CANNOT_RUN:
         sys.stderr.write(f"autofusion: {check.error}{note}\n")
         return EXIT_CONFIG
@@ -269,19 +261,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CHECK_FAILED
 
 
-def _measure(
-    args: argparse.Namespace, config: OptimizeConfig, check: Any, feeds: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The profile (latency, per-node times) and each model's peak memory, both on the
-    inputs the check used first."""
-    dims = check.profiles[0].dims if check and check.profiles else config.check.dims
-    options = ProfileOptions(seed=config.check.seed, dims=dims)
-    profile = profile_models(args.model, args.output, feeds=feeds, options=options)
-    memory = measure_memory(
-        args.model, args.output, feeds=feeds, seed=options.seed, dims=dims,
-        threads=options.threads, providers=options.providers,
-    )  # fmt: skip
-    return profile.to_dict(), memory.to_dict()
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 def _graph_only(path: str) -> onnx.ModelProto:
@@ -290,25 +271,6 @@ def _graph_only(path: str) -> onnx.ModelProto:
         return onnx.load(path, load_external_data=False)
     except (OSError, ValueError, DecodeError) as exc:
         raise ModelLoadError(f"cannot read the model {path!r}: {exc}") from None
-
-
-def _write_renderings(
-    args: argparse.Namespace, report: dict[str, Any], *, fused_path: str | None
-) -> None:
-    if args.report:
-        _write(args.report, json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        _write(args.markdown, format_markdown(report))
-    if args.html:
-        # Only the graphs are drawn: leave the weights on disk.
-        original = onnx.load(args.model, load_external_data=False)
-        fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
-        _write(args.html, render_html(report, original=original, fused=fused))
-
-
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
 
 
 __all__ = ["add_parser", "run", "PatternError"]

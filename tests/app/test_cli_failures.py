@@ -104,7 +104,7 @@ def test_an_internal_error_is_one_line_with_exit_5(capsys, tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("something inside broke\nsecond line")
 
-    monkeypatch.setattr(optimize_cmd, "optimize", broken)
+    monkeypatch.setattr(optimize_cmd, "run_files", broken)
     monkeypatch.delenv("AUTOFUSION_DEBUG", raising=False)
     code, out, err = run_cli(capsys, "optimize", RESNET, "-o", tmp_path / "f.onnx")
     assert code == 5

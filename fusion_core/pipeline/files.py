@@ -1,0 +1,141 @@
+"""``run``: the one path from a model file to the files a user gets.
+
+optimize -> save the fused model -> profile it and measure memory (when the config asks)
+-> build the report -> write the report, its renderings, the region data and the trace.
+The CLI's ``optimize`` and the service's sandbox both call this, so the two cannot drift
+apart any more: they used to write the same steps twice, with different profiling seeds.
+A fused model that failed its check is written only with ``keep_failed``, and the
+report is written either way, since it says what the check saw.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from fusion_core.catalog import CompiledPattern
+from fusion_core.config import OptimizeConfig
+from fusion_core.ir import save_model
+from fusion_core.pipeline.modes import optimize
+from fusion_core.pipeline.once import Result
+from fusion_core.profiling import ProfileOptions, measure_memory, profile_models, write_trace
+from fusion_core.report import build_report, format_markdown, region_pictures, render_html
+
+__all__ = ["RunFiles", "RunOutcome", "run"]
+
+logger = logging.getLogger(__name__)
+
+TRACE_RUNS = 3  # runs of the fused model in onnxruntime's raw profiler trace
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Where to write what, besides the fused model; None: not written."""
+
+    report: Path | None = None  # report.json
+    markdown: Path | None = None  # report.md
+    html: Path | None = None  # report.html (pictures of the fused regions)
+    regions: Path | None = None  # the regions' nodes, for a viewer without the models
+    trace: Path | None = None  # onnxruntime's profiler trace, when profiling
+
+
+@dataclass
+class RunOutcome:
+    result: Result
+    report: dict[str, Any]
+    written: bool  # the fused model is at the output path
+    failed: bool  # the check failed (the report says why)
+
+
+def run(
+    model_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    config: OptimizeConfig,
+    *,
+    files: RunFiles = RunFiles(),
+    patterns: Sequence[CompiledPattern] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    names: tuple[str, str] | None = None,
+    registry_version: int | str | None = None,
+    on_stage: Callable[[str, float], None] | None = None,
+) -> RunOutcome:
+    """Optimize ``model_path`` into ``output_path`` and write ``files``. ``names`` are the
+    (model, output) names the report shows (default: the paths); ``on_stage`` hears
+    ``saving``, ``profiling`` and ``report`` with a progress fraction."""
+    stage = on_stage or (lambda _name, _progress: None)
+    result = optimize(model_path, config, patterns=patterns, feeds=feeds)
+    stage("saving", 0.8)
+    check = result.check
+    failed = check is not None and not check.passed
+    written = not failed or config.keep_failed
+    if written:
+        save_model(result.model, output_path)
+    profile = memory = None
+    if config.profile and not failed:
+        stage("profiling", 0.82)
+        profile, memory = _measure(model_path, output_path, config, result, feeds, files.trace)
+    model_name, output_name = names or (str(model_path), str(output_path))
+    report = build_report(
+        result,
+        model=model_name,
+        output=output_name if written else None,
+        model_file=model_path,
+        output_file=output_path if written else None,
+        config=config,
+        registry_version=registry_version,
+        profile=profile,
+        memory=memory,
+    )
+    stage("report", 0.85)
+    _write_files(report, files, model_path, output_path if written else None)
+    return RunOutcome(result, report, written, failed)
+
+
+def _measure(model_path, output_path, config, result, feeds, trace_path):
+    """The profile (latency, per-node times), each model's peak memory and the trace,
+    all on the inputs the check used first."""
+    check = result.check
+    dims = check.profiles[0].dims if check and check.profiles else config.check.dims
+    sample = (feeds or [None])[0]
+    options = ProfileOptions(seed=config.check.seed, dims=dims)
+    profile = profile_models(model_path, output_path, feeds=sample, options=options)
+    memory = measure_memory(
+        model_path, output_path, feeds=sample, seed=options.seed, dims=dims,
+        threads=options.threads, providers=options.providers,
+    )  # fmt: skip
+    if trace_path is not None:
+        try:  # a failure here costs the trace, not the run: the report has the profile
+            write_trace(output_path, trace_path, runs=TRACE_RUNS, options=options)
+        except Exception:
+            logger.exception("could not keep the profiler trace")
+    return profile.to_dict(), memory.to_dict()
+
+
+def _write_files(report: dict, files: RunFiles, model_path, fused_path) -> None:
+    if files.report is not None:
+        _write(files.report, json.dumps(report, indent=2) + "\n")
+    if files.markdown is not None:
+        _write(files.markdown, format_markdown(report))
+    if files.html is None and files.regions is None:
+        return
+    # The pictures need the graphs only: the weights stay on disk.
+    original = onnx.load(model_path, load_external_data=False)
+    fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
+    if files.html is not None:
+        _write(files.html, render_html(report, original=original, fused=fused))
+    if files.regions is not None and fused is not None and report.get("applied"):
+        pictures = region_pictures(report["applied"], original, fused)
+        _write(files.regions, json.dumps(pictures) + "\n")
+
+
+def _write(path: Path, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
