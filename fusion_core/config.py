@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -14,7 +18,21 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["CheckOptions", "MeasureOptions", "OptimizeConfig", "Switch"]
+from fusion_core.errors import ConfigError
+
+__all__ = [
+    "STRATEGY_ONLY_FIELDS",
+    "CheckOptions",
+    "MeasureOptions",
+    "OptimizeConfig",
+    "Switch",
+    "merge_options",
+    "read_strategy_file",
+]
+
+# A named strategy's document carries these beside the config fields it sets.
+STRATEGY_ONLY_FIELDS = ("name", "description")
+_SECTIONS = ("check", "measure_options")  # merged key by key
 
 
 class CheckOptions(BaseModel):
@@ -110,6 +128,11 @@ class OptimizeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    @classmethod
+    def merged(cls, *layers: Mapping[str, Any]) -> OptimizeConfig:
+        """The config of ``merge_options(*layers)``: later layers win, excludes add up."""
+        return cls.model_validate(merge_options(*layers))
+
     target: Literal["generic", "onnxruntime"] = "generic"
     # Only these patterns (by name); None means all that support the target.
     patterns: list[str] | None = None
@@ -160,3 +183,42 @@ class OptimizeConfig(BaseModel):
     # (time before / time after), or whose fused working set exceeds this many bytes.
     cost_threshold: float | None = Field(default=None, gt=0)
     memory_limit: int | None = Field(default=None, ge=0)
+
+
+def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Config options in layers, each later one winning: a strategy's options under a
+    job's, or a strategy file's under the command line's. ``exclude`` lists add up (a
+    strategy that leaves a pattern out keeps it out); ``check`` and ``measure_options``
+    merge key by key. The one merge the CLI, the CI client and the worker all use."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "exclude" and isinstance(value, list):
+                merged[key] = list(dict.fromkeys([*(merged.get(key) or []), *value]))
+            elif key in _SECTIONS and isinstance(value, dict):
+                merged[key] = {**(merged.get(key) or {}), **value}
+            else:
+                merged[key] = value
+    return merged
+
+
+def read_strategy_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The config fields of a strategy file (YAML or JSON; a named strategy's document
+    too, its name and description dropped), validated so that an error names the file."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # JSON is YAML
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the strategy file {str(path)!r}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(
+            f"{path} must hold a mapping of config fields (patterns, selection...)",
+            hint="see docs/cost.md, 'Strategy configs'",
+        )
+    fields = {k: v for k, v in document.items() if k not in STRATEGY_ONLY_FIELDS}
+    try:
+        OptimizeConfig(**fields)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path} is not a valid strategy: {exc}", hint="see docs/cost.md, 'Strategy configs'"
+        ) from None
+    return fields

@@ -20,6 +20,7 @@ from app.core.config import Settings
 from app.core.models import Job, Strategy
 from app.services.strategies import StrategySpec
 from fusion_core import FusionError, OptimizeConfig
+from fusion_core.config import merge_options
 from fusion_core.pipeline import select_patterns
 from fusion_core.report import Speed, read_report
 from fusion_core.rewriters import builtin_rewriters
@@ -41,18 +42,10 @@ class Plan:
 
 
 def merge_strategy(overrides: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """A strategy's options under the job's own: the job wins, excludes add up.
-
-    ``overrides`` is ``StrategySpec.config_overrides()``; ``config`` holds only the
-    options the job set (the API stores them with ``exclude_unset``).
-    """
-    merged = {**overrides, **config}
-    if isinstance(overrides.get("exclude"), list) and isinstance(config.get("exclude"), list):
-        merged["exclude"] = list(dict.fromkeys(overrides["exclude"] + config["exclude"]))
-    for section in ("check", "measure_options"):
-        if isinstance(overrides.get(section), dict) and isinstance(config.get(section), dict):
-            merged[section] = {**overrides[section], **config[section]}
-    return merged
+    """A strategy's options under the job's own (``fusion_core.config.merge_options``:
+    the job wins, excludes add up). ``overrides`` is ``StrategySpec.config_overrides()``;
+    ``config`` holds only the options the job set (stored with ``exclude_unset``)."""
+    return merge_options(overrides, config)
 
 
 def plan_job(

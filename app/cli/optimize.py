@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-import yaml
 from google.protobuf.message import DecodeError
 
 from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
 from fusion_core import run as run_files
 from fusion_core.catalog import parse_pattern_text
-from fusion_core.config import CheckOptions, MeasureOptions
+from fusion_core.config import CheckOptions, MeasureOptions, read_strategy_file
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
 from fusion_core.report import format_summary
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
@@ -190,46 +189,22 @@ def _option_value(args: argparse.Namespace, option: str) -> Any:
 
 
 def build_config(args: argparse.Namespace, extra_patterns: list[dict]) -> OptimizeConfig:
-    """The strategy file's settings (if any), then every option given on the command line."""
-    data: dict[str, Any] = {"check": {}, "measure_options": {}}
-    if args.strategy:
-        data |= _strategy_overrides(args.strategy)
-        for section in ("check", "measure_options"):
-            data[section] = dict(data.get(section) or {})
+    """The strategy file's settings (if any) under every option given on the command
+    line, merged as the worker merges a named strategy under a job's options
+    (``OptimizeConfig.merged``: excludes add up)."""
+    strategy = read_strategy_file(args.strategy) if args.strategy else {}
+    given: dict[str, Any] = {"check": {}, "measure_options": {}}
     default_of = getattr(args, "default_of", lambda _option: None)
     for option, field in _CONFIG_OPTIONS.items():
         if args.strategy and getattr(args, option) == default_of(option):
             continue  # not given: the strategy's value (or the config's default) stands
         section, _, name = field.rpartition(".")
-        (data[section] if section else data)[name] = _option_value(args, option)
-    data["extra_patterns"] = extra_patterns
+        (given[section] if section else given)[name] = _option_value(args, option)
+    given["extra_patterns"] = extra_patterns
     try:
-        return OptimizeConfig(**data)
+        return OptimizeConfig.merged(strategy, given)
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from None
-
-
-def _strategy_overrides(path: str) -> dict[str, Any]:
-    """Config fields from a file, as ``autofusion submit --strategy FILE`` takes them; a
-    named strategy's document (``POST /v1/strategies``) works too: its name and
-    description are dropped."""
-    try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # JSON is YAML
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the strategy file {path!r}: {exc}") from None
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path} must hold a mapping of config fields (patterns, selection...)")
-    fields = {k: v for k, v in document.items() if k not in _STRATEGY_ONLY}
-    try:  # validated here so that the error names the file
-        OptimizeConfig(**fields)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{path} is not a valid strategy: {exc}", hint="see docs/cost.md, 'Strategy configs'"
-        ) from None
-    return fields
-
-
-_STRATEGY_ONLY = ("name", "description")
 
 
 def run(args: argparse.Namespace) -> int:

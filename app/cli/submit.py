@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from app.cli import _submit_output as output
 from app.cli._submit_client import (
@@ -36,6 +35,8 @@ from app.cli._submit_client import (
     retry_after,
 )
 from app.cli._submit_output import Gate, evaluate_gates
+from fusion_core.config import merge_options, read_strategy_file
+from fusion_core.errors import ConfigError
 
 __all__ = [
     "EXIT_GATE",
@@ -189,39 +190,37 @@ def idempotency_key(upload: Upload) -> str:
 
 def _load_strategy_file(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise SubmitError(f"cannot read the strategy file {path}: {exc}", EXIT_USAGE) from None
-    if not isinstance(data, dict):
-        raise SubmitError(f"{path} must hold a mapping of config fields", EXIT_USAGE)
-    return data
+        return read_strategy_file(path)  # the same reader as `autofusion optimize --strategy`
+    except ConfigError as exc:
+        raise SubmitError(str(exc), EXIT_USAGE) from None
 
 
 def build_upload(args: argparse.Namespace) -> Upload:
     for path in [args.model, *args.data]:
         if not path.is_file():
             raise SubmitError(f"no such file: {path}", EXIT_USAGE)
-    config: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     if args.strategy:
         candidate = Path(args.strategy)
         if candidate.is_file():
-            config = _load_strategy_file(candidate)
+            from_file = _load_strategy_file(candidate)
         elif candidate.suffix in (".json", ".yaml", ".yml") or os.sep in args.strategy:
             raise SubmitError(f"no such strategy file: {args.strategy}", EXIT_USAGE)
         else:
-            config["strategy"] = args.strategy
+            given["strategy"] = args.strategy
     if args.target:
-        config["target"] = args.target
+        given["target"] = args.target
     if args.profile or args.min_speedup is not None:
-        config["profile"] = True
+        given["profile"] = True
     if args.measure_budget is not None and not args.measure:
         raise SubmitError("--measure-budget needs --measure", EXIT_USAGE)
     if args.measure:
-        config["measure"] = True
+        given["measure"] = True
         if args.measure_budget is not None:
-            config["measure_options"] = {"budget_s": args.measure_budget}
-    return Upload(args.model, list(args.data), config)
+            given["measure_options"] = {"budget_s": args.measure_budget}
+    # the file's fields under the flags, merged as the worker and `optimize` merge them
+    return Upload(args.model, list(args.data), merge_options(from_file, given))
 
 
 def _check_usage(args: argparse.Namespace) -> None:

@@ -83,3 +83,19 @@ def test_measured_selection_from_the_command_line(tmp_path, capsys) -> None:
     again = json.loads(report.read_text())
     assert again["config"]["measure_options"]["cache_dir"] is None
     assert again["measurement"]["cache"] == {"hits": 0, "misses": 0}
+
+
+def test_the_cli_adds_its_excludes_to_the_strategy_files(tmp_path) -> None:
+    """As the worker merges a named strategy under a job (OptimizeConfig.merged)."""
+    import argparse
+
+    from app.cli import optimize as optimize_cmd
+
+    path = tmp_path / "s.yaml"
+    path.write_text("exclude: [conv_bn]\n")
+    parser = argparse.ArgumentParser()
+    optimize_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["optimize", "m.onnx", "-o", "f.onnx", "--strategy", str(path), "--exclude", "gelu_erf"]
+    )
+    assert optimize_cmd.build_config(args, []).exclude == ["conv_bn", "gelu_erf"]
