@@ -136,3 +136,17 @@ def test_fusion_core_keeps_its_stages_in_packages() -> None:
     for stage in ("prepasses", "patterns", "cost", "strategies", "rewriters", "pipeline",
                   "validate", "profiling", "report"):  # fmt: skip
         assert (REPO / "fusion_core" / stage / "__init__.py").is_file(), stage
+
+
+MAX_FUNCTION_LINES = 60  # issue 16: a function longer than this is split
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    long = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines}")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)

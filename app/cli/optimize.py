@@ -29,6 +29,12 @@ DEFAULT_MEASURE_CACHE = (
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("optimize", help="fuse a model and check the result")
+    for add in (_files_and_patterns, _check_options, _selection_options, _measure_options):
+        add(p)
+    p.set_defaults(run=run, default_of=p.get_default)
+
+
+def _files_and_patterns(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="input .onnx file (external data next to it)")
     p.add_argument("-o", "--output", required=True, help="where to write the fused model")
     p.add_argument("--target", choices=["generic", "onnxruntime"], default="generic")
@@ -45,6 +51,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="write the fused model even when the check fails (by default nothing is written)",
     )
+
+
+def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=float, default=CheckOptions().rtol)
     p.add_argument("--atol", type=float, default=CheckOptions().atol)
     p.add_argument("--samples", type=int, default=CheckOptions().samples)
@@ -77,6 +86,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="fp32",
         help="fp16: flag fused regions whose values leave float16's range",
     )
+
+
+def _selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
         action="store_true",
@@ -88,29 +100,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="priority",
         help="choose among overlapping fusions by pattern priority or by predicted gain; "
         "measured: priority proposes, then keep only what measures faster on this machine",
-    )
-    p.add_argument(
-        "--measure",
-        action="store_true",
-        help="measured selection on top of --selection: time each group of fusions on this "
-        "machine (onnxruntime, ORT_ENABLE_ALL) and keep it only when it is faster",
-    )
-    measure = MeasureOptions()
-    p.add_argument(
-        "--measure-budget", type=float, default=measure.budget_s, metavar="SECONDS",
-        help=f"measured selection: seconds of timed runs in all (default {measure.budget_s:g})",
-    )  # fmt: skip
-    p.add_argument(
-        "--measure-threads", type=int, default=measure.threads, metavar="N",
-        help="measured selection: onnxruntime intra-op threads, as deployed (default 1)",
-    )  # fmt: skip
-    p.add_argument(
-        "--measure-cache", default=str(DEFAULT_MEASURE_CACHE), metavar="DIR",
-        help="measured selection: where decisions are kept per machine class and model "
-        "structure (default %(default)s)",
-    )  # fmt: skip
-    p.add_argument(
-        "--no-measure-cache", action="store_true", help="measure everything, keep nothing"
     )
     p.add_argument(
         "--target-profile",
@@ -125,7 +114,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="a strategy (YAML/JSON, the document POST /v1/strategies takes): patterns, "
         "selection, switches, stages...; options given here override it",
     )
-    p.set_defaults(run=run, default_of=p.get_default)
+
+
+def _measure_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measured selection on top of --selection: time each group of fusions on this "
+        "machine (onnxruntime, ORT_ENABLE_ALL) and keep it only when it is faster",
+    )
+    measure = MeasureOptions()
+    p.add_argument(
+        "--measure-budget", type=float, default=measure.budget_s, metavar="SECONDS",
+        help=f"measured selection: wall seconds of measuring (default {measure.budget_s:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--measure-threads", type=int, default=measure.threads, metavar="N",
+        help="measured selection: onnxruntime intra-op threads, as deployed (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--measure-cache", default=str(DEFAULT_MEASURE_CACHE), metavar="DIR",
+        help="measured selection: where decisions are kept per machine class and model "
+        "structure (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-measure-cache", action="store_true", help="measure everything, keep nothing"
+    )
 
 
 def _profile(text: str) -> dict[str, int]:

@@ -27,6 +27,7 @@ import onnx_ir.passes.common as common
 
 from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from fusion_core.config import OptimizeConfig
+from fusion_core.cost import CostModel
 from fusion_core.errors import ConfigError, PatternError
 from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
 from fusion_core.patterns import Match, Matcher, NearMiss, check_match
@@ -367,20 +368,11 @@ def _rewrite_rounds(
         for match in strategy.select(candidates):
             if not waiting.isdisjoint(match.node_ids()):
                 continue  # next round: what the refused candidate blocked goes first
-            reason = check_match(match) or quantized_unit(match)
             compiled = by_name[match.pattern.name]
+            reason = _try_rewrite(match, compiled, ctx, cost, result, round_number)
             if reason is None:
-                rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)
-                if isinstance(rewrite, str):
-                    reason = f"rewriter {compiled.rewriter.name!r}: {rewrite}"
-                elif (reason := missing_output(match, rewrite)) is not None:
-                    discard(rewrite)
-                else:
-                    predicted = cost.candidate_gain(match).prediction()  # before the rewrite
-                    apply_rewrite(ctx, match, rewrite)
-                    _record(result, match, rewrite, round_number, compiled.rewriter.name, predicted)
-                    applied += 1
-                    continue
+                applied += 1
+                continue
             refused[_key(match)] = reason
             refusals += 1
             if not by_node:
@@ -399,23 +391,51 @@ def _rewrite_rounds(
         # A refused candidate may have hidden an overlapping one that would succeed:
         # another round retries without it.
         if not applied and not refusals:
-            # A place a rewriter refused is explained by that refusal; the matcher's own
-            # account of the same pattern there (of what the refusal's earlier rewrite
-            # left behind) would say it twice.
-            refused_nodes: dict[str, set[str]] = {}
-            for pattern, nodes in refused:
-                refused_nodes.setdefault(pattern, set()).update(nodes)
-            result.near_misses += [
-                m
-                for m in found.near_misses
-                if refused_nodes.get(m.pattern, set()).isdisjoint(m.nodes)
-            ] + [
-                NearMiss(pattern, tuple(sorted(nodes)), reason, skipped.kind_of((pattern, nodes)))
-                for (pattern, nodes), reason in refused.items()
-            ]
+            result.near_misses += _last_near_misses(found.near_misses, refused, skipped)
             break
     result.near_misses += strategy.dropped  # also when max_rounds ran out
     result.selections += strategy.records
+
+
+def _try_rewrite(
+    match: Match,
+    compiled: CompiledPattern,
+    ctx: RewriteContext,
+    cost: CostModel,
+    result: Result,
+    round_number: int,
+) -> str | None:
+    """Rewrite ``match`` and record it; or why it cannot be (nothing changed then)."""
+    reason = check_match(match) or quantized_unit(match)
+    if reason is not None:
+        return reason
+    rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)
+    if isinstance(rewrite, str):
+        return f"rewriter {compiled.rewriter.name!r}: {rewrite}"
+    if (reason := missing_output(match, rewrite)) is not None:
+        discard(rewrite)
+        return reason
+    predicted = cost.candidate_gain(match).prediction()  # before the rewrite
+    apply_rewrite(ctx, match, rewrite)
+    _record(result, match, rewrite, round_number, compiled.rewriter.name, predicted)
+    return None
+
+
+def _last_near_misses(
+    found: list[NearMiss], refused: dict[tuple[str, frozenset[str]], str], skipped: _Skipped
+) -> list[NearMiss]:
+    """The matcher's near misses of the last round, and every refusal (or skip) of any
+    round. A place a rewriter refused is explained by that refusal: the matcher's own
+    account of the same pattern there (of what the refusal's earlier rewrite left
+    behind) would say it twice."""
+    refused_nodes: dict[str, set[str]] = {}
+    for pattern, nodes in refused:
+        refused_nodes.setdefault(pattern, set()).update(nodes)
+    kept = [m for m in found if refused_nodes.get(m.pattern, set()).isdisjoint(m.nodes)]
+    return kept + [
+        NearMiss(pattern, tuple(sorted(nodes)), reason, skipped.kind_of((pattern, nodes)))
+        for (pattern, nodes), reason in refused.items()
+    ]
 
 
 def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:

@@ -68,8 +68,9 @@ def build_report(
     ``size`` is always measured: the input file (``model_file``, else ``model``) with
     its external data, against the fused file (``output_file``, else ``output``), or,
     when no file holds the fused model, ``result.model`` serialized into a scratch
-    folder. ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison.to_dict()``; the
-    report's ``memory`` entry is null unless it or ``profile`` is given.
+    folder. ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison``'s
+    ``to_dict()``; the report's ``memory`` entry is null unless it or ``profile`` is
+    given.
     """
     model_path = model_file if model_file is not None else model
     output_path = output_file if output_file is not None else output
@@ -85,6 +86,13 @@ def build_report(
         "size": size_section(model_path, output_path, result.model),
         "config": config.model_dump(mode="json") if config is not None else None,
         "registry_version": registry_version,
+        **_what_was_fused(result, profile),
+        **_what_was_seen(result, profile, memory, rollbacks),
+    }
+
+
+def _what_was_fused(result: Result, profile: dict[str, Any] | None) -> dict[str, Any]:
+    return {
         "target": result.target,
         "patterns_used": result.patterns_used,
         "prepasses": result.prepasses,
@@ -99,6 +107,17 @@ def build_report(
             "by_op_after": dict(sorted(result.ops_after.items())),
         },
         "timings_s": {k: round(v, 6) for k, v in result.timings.items()},
+    }
+
+
+def _what_was_seen(
+    result: Result,
+    profile: dict[str, Any] | None,
+    memory: dict[str, Any] | None,
+    rollbacks: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """The check, the measurements and the validation extras."""
+    return {
         "check": result.check.to_dict() if result.check is not None else None,
         "profile": profile,
         "speed": speed_section(profile) or measured_speed(result.measurement),

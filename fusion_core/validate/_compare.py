@@ -189,20 +189,8 @@ def compare_models(
     plans = _plans(original, samples, seed, dims, profiles, feeds)
     result = CheckResult(passed=False, samples=plans[0].samples, seed=seed)
     result.dynamic_dims = input_dims(original).names
-    try:
-        reference = make_session(original)
-    except Exception as exc:  # onnxruntime raises many types; report them all
-        result.error = (
-            f"onnxruntime cannot load the original model: {_first_line(str(exc))}; the check "
-            "needs it (--no-check fuses without checking)"
-        )
-        result.failure = ORIGINAL_CANNOT_RUN  # says nothing about the fusion
-        return result
-    try:
-        sessions = reference, make_session(fused)
-    except Exception as exc:
-        result.error = f"onnxruntime cannot load the fused model: {_first_line(str(exc))}"
-        result.failure = CANNOT_LOAD
+    sessions = _sessions(original, fused, result)
+    if sessions is None:
         return result
     generate = functools.partial(
         random_inputs, original, int_high=int_high, distribution=distribution
@@ -227,6 +215,13 @@ def compare_models(
             where = f" (profile {index}: {check.dims})" if len(plans) > 1 else ""
             result.error, result.failure = f"{error}{where}", failure
         result.profiles.append(check)
+    return _conclude(result, dtypes, overall)
+
+
+def _conclude(
+    result: CheckResult, dtypes: dict[str, str], overall: dict[str, ErrorStats]
+) -> CheckResult:
+    """Every output over all profiles, and the verdict."""
     result.outputs = [
         OutputCheck.from_stats(n, dtypes[n], overall[n], _overall_detail(n, overall[n], result))
         for n in dtypes
@@ -235,6 +230,25 @@ def compare_models(
     if not result.passed and result.failure is None:
         result.failure = MISMATCH
     return result
+
+
+def _sessions(original, fused, result: CheckResult):
+    """Both models' sessions, or None with the reason in ``result``."""
+    try:
+        reference = make_session(original)
+    except Exception as exc:  # onnxruntime raises many types; report them all
+        result.error = (
+            f"onnxruntime cannot load the original model: {_first_line(str(exc))}; the check "
+            "needs it (--no-check fuses without checking)"
+        )
+        result.failure = ORIGINAL_CANNOT_RUN  # says nothing about the fusion
+        return None
+    try:
+        return reference, make_session(fused)
+    except Exception as exc:
+        result.error = f"onnxruntime cannot load the fused model: {_first_line(str(exc))}"
+        result.failure = CANNOT_LOAD
+        return None
 
 
 def _runnable_dims(

@@ -75,12 +75,20 @@ def guarded_mask(
             f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L]: "
             "rows fully masked for some heads only cannot be kept apart after the merge"
         )
+    return _finite_mask_and_keep_rows(mask, cond, arrays, minus_inf[0], ctx)
+
+
+def _finite_mask_and_keep_rows(
+    mask: ir.Value, cond: ir.Value, arrays: list, true_is_minus_inf: bool, ctx: RewriteContext
+) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
+    """``-inf`` as float32's lowest finite value, and ``[B, S, 1]``: 1 where the row
+    attends to something, 0 where the whole row was masked."""
     lowest = np.finfo(np.float32).min
     finite = [np.where(np.isneginf(a), lowest, a).astype(a.dtype) for a in arrays]
     values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
     nodes = [ir.Node("", "Where", [cond, *values])]
     attend = cond
-    if minus_inf[0]:  # True selects -inf: the positions attended to are the False ones
+    if true_is_minus_inf:  # True selects -inf: the positions attended to are the False ones
         nodes.append(ir.Node("", "Not", [cond]))
         attend = nodes[-1].outputs[0]
     nodes.append(ir.Node("", "Cast", [attend], [ir.AttrInt64("to", ir.DataType.FLOAT)]))

@@ -62,44 +62,18 @@ class FuseAttention(Rewriter):
         # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
         # from past the second (a 0 entry without allowzero)
         reshape_after = merges_heads(output, splits[0].inputs[0], heads) is not None
-        if reshape_after:
-            failure = reshapes_same_data(output)
-            if failure is not None:
-                return failure
-        if params.context_reshape_node is not None:
-            failure = identity_reshape(match.node(params.context_reshape_node))
-            if failure is not None:
-                return failure
-        scale = 1.0
-        scale_nodes = [params.scale_node, params.q_scale_node, params.k_scale_node]
-        for name in scale_nodes:
-            if name is None:
-                continue
-            # input 1 after the commutative swap: Mul(c, scores) is written either way
-            factor = scale_factor(match.node(name), match.input(name, 1))
-            if isinstance(factor, str):
-                return factor
-            scale *= factor
-        if params.k_flat_node is not None and params.k_unflat_node is not None:
-            failure = swaps_last_axes(
-                match.node(params.k_flat_node), match.node(params.k_unflat_node)
-            )
-            if failure is not None:
-                return failure
+        failure = _layout_failure(match, params, output if reshape_after else None)
+        if failure is not None:
+            return failure
+        scale = _scale(match, params)
+        if isinstance(scale, str):
+            return scale
+        masked = _mask(match, params, ctx)
+        if isinstance(masked, str):
+            return masked
+        mask, keep_rows, nodes = masked
         inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
-        nodes: list[ir.Node] = []
-        keep_rows = None
-        if params.mask_node is not None:
-            scores = match.node(params.scale_node or params.qk_node)
-            mask = attention_bias(match.node(params.mask_node), scores)
-            if isinstance(mask, str):
-                return mask
-            if params.nan_guard_node is not None:
-                guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
-                if isinstance(guarded, str):
-                    return guarded
-                mask, keep_rows, mask_nodes = guarded
-                nodes += mask_nodes
+        if mask is not None:
             inputs += [None, None, mask]
         nodes.append(_attention_node(contrib, inputs, heads[0], scale, ctx))
         q = splits[0].inputs[0]
@@ -108,18 +82,63 @@ class FuseAttention(Rewriter):
             nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
             nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
         if reshape_after:
-            nodes.append(
-                ir.Node(
-                    "",
-                    "Reshape",
-                    [nodes[-1].outputs[0], output.inputs[1]],
-                    output.attributes.values(),
-                )
-            )
+            reshape = [nodes[-1].outputs[0], output.inputs[1]]
+            nodes.append(ir.Node("", "Reshape", reshape, output.attributes.values()))
         old = output.outputs[0]
         new = nodes[-1].outputs[0]
         new.type, new.shape = old.type, old.shape
         return Rewrite(nodes, [(old, new)])
+
+
+def _layout_failure(match: Match, params: AttentionParams, reshape: ir.Node | None) -> str | None:
+    """Why the matched reshapes and transposes are not the layout the fused op
+    assumes, or None: the Reshape after (when there is one) must move the same data,
+    the context reshape must be an identity, K's flatten/unflatten must swap the last
+    two axes."""
+    if reshape is not None and (failure := reshapes_same_data(reshape)) is not None:
+        return failure
+    if params.context_reshape_node is not None:
+        failure = identity_reshape(match.node(params.context_reshape_node))
+        if failure is not None:
+            return failure
+    if params.k_flat_node is not None and params.k_unflat_node is not None:
+        flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
+        return swaps_last_axes(flat, unflat)
+    return None
+
+
+def _scale(match: Match, params: AttentionParams) -> float | str:
+    """The product of every scale the pattern matched (scores, Q, K), or why not."""
+    scale = 1.0
+    for name in (params.scale_node, params.q_scale_node, params.k_scale_node):
+        if name is None:
+            continue
+        # input 1 after the commutative swap: Mul(c, scores) is written either way
+        factor = scale_factor(match.node(name), match.input(name, 1))
+        if isinstance(factor, str):
+            return factor
+        scale *= factor
+    return scale
+
+
+def _mask(
+    match: Match, params: AttentionParams, ctx: RewriteContext
+) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]] | str:
+    """(the additive mask, the rows to zero after, the nodes that compute them), or why
+    the mask cannot be given to the fused op."""
+    if params.mask_node is None:
+        return None, None, []
+    scores = match.node(params.scale_node or params.qk_node)
+    mask = attention_bias(match.node(params.mask_node), scores)
+    if isinstance(mask, str):
+        return mask
+    if params.nan_guard_node is None:
+        return mask, None, []
+    guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
+    if isinstance(guarded, str):
+        return guarded
+    mask, keep_rows, mask_nodes = guarded
+    return mask, keep_rows, list(mask_nodes)
 
 
 def _attention_node(
