@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -19,9 +19,12 @@ from pydantic import (
 )
 
 from fusion_core.errors import ConfigError
+from fusion_core.patterns import TargetName
 
 __all__ = [
+    "SELECTIONS",
     "STRATEGY_ONLY_FIELDS",
+    "Selection",
     "CheckOptions",
     "MeasureOptions",
     "OptimizeConfig",
@@ -30,6 +33,10 @@ __all__ = [
     "read_strategy_file",
 ]
 
+# How overlapping candidates are chosen (fusion_core/strategies; docs/cost.md): the
+# one spelling of the names, which the CLI's choices and the service's schemas take.
+Selection = Literal["priority", "greedy", "dp", "genetic", "auto", "measured"]
+SELECTIONS: tuple[str, ...] = get_args(Selection)
 # A named strategy's document carries these beside the config fields it sets.
 STRATEGY_ONLY_FIELDS = ("name", "description")
 _SECTIONS = ("check", "measure_options")  # merged key by key
@@ -133,7 +140,7 @@ class OptimizeConfig(BaseModel):
         """The config of ``merge_options(*layers)``: later layers win, excludes add up."""
         return cls.model_validate(merge_options(*layers))
 
-    target: Literal["generic", "onnxruntime"] = "generic"
+    target: TargetName = "generic"
     # Only these patterns (by name); None means all that support the target.
     patterns: list[str] | None = None
     exclude: list[str] = Field(default_factory=list)
@@ -170,7 +177,7 @@ class OptimizeConfig(BaseModel):
     # How overlapping candidates are chosen: by pattern priority (the default), or by the
     # cost model's predicted gain with a strategy (fusion_core/strategies/selection.py). "measured":
     # priority proposes, then this machine decides (``measure``, fusion_core/pipeline/measured.py).
-    selection: Literal["priority", "greedy", "dp", "genetic", "auto", "measured"] = "priority"
+    selection: Selection = "priority"
     # Measured selection: time the model with and without each group of fusions on this
     # machine and keep a group only when it is faster beyond the noise (any selection
     # proposes; selection "measured" turns this on with priority proposing).

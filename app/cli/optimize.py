@@ -15,8 +15,9 @@ from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
 from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
 from fusion_core import run as run_files
 from fusion_core.catalog import parse_pattern_text
-from fusion_core.config import CheckOptions, MeasureOptions, read_strategy_file
+from fusion_core.config import SELECTIONS, CheckOptions, MeasureOptions, read_strategy_file
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
+from fusion_core.patterns import TARGET_NAMES
 from fusion_core.report import format_summary
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 
@@ -37,7 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def _files_and_patterns(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="input .onnx file (external data next to it)")
     p.add_argument("-o", "--output", required=True, help="where to write the fused model")
-    p.add_argument("--target", choices=["generic", "onnxruntime"], default="generic")
+    p.add_argument("--target", choices=TARGET_NAMES, default="generic")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--patterns", help="only these patterns, comma-separated")
     which.add_argument("--exclude", help="all patterns but these, comma-separated")
@@ -96,7 +97,7 @@ def _selection_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--selection",
-        choices=["priority", "greedy", "dp", "genetic", "auto", "measured"],
+        choices=SELECTIONS,
         default="priority",
         help="choose among overlapping fusions by pattern priority or by predicted gain; "
         "measured: priority proposes, then keep only what measures faster on this machine",

@@ -37,6 +37,7 @@ from app.cli._submit_client import (
 from app.cli._submit_output import Gate, evaluate_gates
 from fusion_core.config import merge_options, read_strategy_file
 from fusion_core.errors import ConfigError
+from fusion_core.patterns import TARGET_NAMES
 
 __all__ = [
     "EXIT_GATE",
@@ -111,7 +112,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="an external-data file of the model (repeatable)",
     )  # fmt: skip
     p.add_argument("--strategy", metavar="NAME|FILE", help="named strategy or a config file")
-    p.add_argument("--target", choices=["generic", "onnxruntime"], help="what to emit")
+    p.add_argument("--target", choices=TARGET_NAMES, help="what to emit")
     p.add_argument("--wait", action="store_true", help="wait for the job to finish")
     p.add_argument(
         "--timeout", type=_positive, default=3600.0, metavar="SECONDS",

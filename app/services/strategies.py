@@ -20,7 +20,8 @@ from app.core.models import PatternRecord, Strategy, StrategyVersion, utcnow
 from app.services.registry import if_match_holds, precondition_required
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data
-from fusion_core.config import MeasureOptions, Switch
+from fusion_core.config import MeasureOptions, Selection, Switch
+from fusion_core.patterns import TargetName
 
 __all__ = [
     "PRESETS",
@@ -48,12 +49,12 @@ class StrategySpec(BaseModel):
         default=None, description="Only these patterns, by name; null means all of them."
     )
     exclude: list[str] = Field(default_factory=list)
-    target: Literal["generic", "onnxruntime"] | None = Field(
+    target: TargetName | None = Field(
         default=None, description="The target a job uses unless it names its own."
     )
     check: CheckOptions | None = None
     # Cost-based choice among overlapping fusions (docs/cost.md); unset: the job's own.
-    selection: Literal["priority", "greedy", "dp", "genetic", "auto", "measured"] | None = None
+    selection: Selection | None = None
     # Measured selection on this worker (docs/measured.md); the worker picks the cache.
     measure: bool | None = None
     measure_options: MeasureOptions | None = None

@@ -11,11 +11,13 @@ from fusion_core.patterns._spec import (
     NodeSpec,
     PatternSpec,
     RewriterRef,
+    TargetName,
 )
 
 __all__ = [
     "NEAR_MISS_KINDS",
     "TARGET_NAMES",
+    "TargetName",
     "Constraint",
     "CostHints",
     "Formula",

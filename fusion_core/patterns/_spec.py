@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -32,6 +32,7 @@ from fusion_core.patterns._refs import parse_edge, parse_ref
 __all__ = [
     "COMMUTATIVE_OPS",
     "TARGET_NAMES",
+    "TargetName",
     "CostHints",
     "ExplainSpec",
     "NodeSpec",
@@ -39,8 +40,8 @@ __all__ = [
     "RewriterRef",
 ]
 
-TARGET_NAMES = ("generic", "onnxruntime")
-TargetName = Literal["generic", "onnxruntime"]
+TargetName = Literal["generic", "onnxruntime"]  # the one spelling (fusion_core.targets)
+TARGET_NAMES: tuple[str, ...] = get_args(TargetName)
 # Binary ops whose two inputs may be swapped without changing the result.
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
