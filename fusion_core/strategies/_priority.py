@@ -6,13 +6,20 @@ waits too: it is a smaller form of a fusion that may apply in the next round, on
 the rewrite that blocked it has changed the graph. (The Q/K/V merge, blocked by the
 attention-scale fold on Q's projection, must not leave K and V to the two-way merge
 meanwhile.) Every round still applies the top candidate, so rounds reach a fixpoint.
-(Cost-based strategies that maximise predicted gain build on the same interface.)"""
+
+It takes and returns what every strategy does (``Candidate`` in, ``Selection`` out),
+ranking by ``Candidate.priority``. Unlike the cost-based strategies it applies no
+filter of its own: ``fusion_core.strategies.selection.PrioritySelection`` leaves out
+the predicted losses and what the config's limits refuse, with the reasons, first.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Mapping, Sequence
 
-from fusion_core.patterns import Match
+from fusion_core.strategies._selection import Candidate, Rejection, Selection
 
 __all__ = ["PriorityStrategy"]
 
@@ -20,20 +27,40 @@ __all__ = ["PriorityStrategy"]
 class PriorityStrategy:
     name = "priority"
 
-    def select(self, candidates: Sequence[Match]) -> list[Match]:
+    def select(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        positions: Mapping[int, int] | None = None,
+        op_count: int | None = None,
+    ) -> Selection:
         """A non-overlapping subset; ``candidates`` arrive in graph order."""
-        ranked = sorted(
-            enumerate(candidates), key=lambda item: (-item[1].pattern.priority, item[0])
-        )
-        taken: set[int] = set()
-        chosen: list[Match] = []
+        start = time.perf_counter()
+        ranked = sorted(enumerate(candidates), key=lambda item: (-item[1].priority, item[0]))
+        owner: dict[int, Candidate] = {}  # node id -> the chosen candidate holding it
+        chosen: list[Candidate] = []
+        rejected: list[Rejection] = []
         skipped: dict[int, list[frozenset[int]]] = {}  # node id -> skipped candidates
-        for _, match in ranked:
-            ids = frozenset(match.node_ids())
-            if not taken.isdisjoint(ids):
+        for _, candidate in ranked:
+            ids = candidate.node_ids
+            if not owner.keys().isdisjoint(ids):
+                blocker = next(owner[i] for i in sorted(ids) if i in owner)
+                rejected.append(
+                    Rejection(candidate, "conflict", f"conflict with {blocker.id}", blocker.id)
+                )
                 for node_id in ids:
                     skipped.setdefault(node_id, []).append(ids)
-            elif not any(ids <= bigger for bigger in skipped.get(next(iter(ids)), ())):
-                taken |= ids
-                chosen.append(match)
-        return chosen
+            elif any(ids <= bigger for bigger in skipped.get(next(iter(ids)), ())):
+                reason = "waits: a larger fusion over its nodes was blocked this round"
+                rejected.append(Rejection(candidate, "waits", reason))
+            else:
+                owner.update(dict.fromkeys(ids, candidate))
+                chosen.append(candidate)
+        return Selection(
+            strategy=self.name,
+            chosen=tuple(chosen),
+            rejected=tuple(rejected),
+            objective=math.fsum(c.gain for c in chosen),
+            seconds=time.perf_counter() - start,
+            proven_optimal=False,
+        )

@@ -51,6 +51,7 @@ class Candidate:
     working_set: int | None = None
     speedup: float | None = None
     payload: Any = field(default=None, compare=False, repr=False)
+    priority: int = 0  # the pattern's: what the priority strategy ranks by
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_ids", frozenset(self.node_ids))
@@ -76,7 +77,8 @@ class Candidate:
 @dataclass(frozen=True)
 class Rejection:
     """Why a candidate was not chosen. ``kind`` is one of ``conflict``, ``memory_limit``,
-    ``cost_threshold``, ``gain``; ``conflict_with`` names the chosen candidate in the way."""
+    ``cost_threshold``, ``gain`` (or, under priority, ``waits``: a smaller form of a
+    blocked fusion); ``conflict_with`` names the chosen candidate in the way."""
 
     candidate: Candidate
     kind: str

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fusion_core.config import OptimizeConfig
-from fusion_core.cost import CostModel
+from fusion_core.cost import CostModel, Gain
 from fusion_core.patterns import Match, NearMiss
 from fusion_core.rewriters import RewriterRegistry
 from fusion_core.strategies import (
@@ -36,7 +36,8 @@ _FILTERS = ("cost_threshold", "memory_limit")
 
 
 class CostBasedSelection:
-    """Same interface as ``PriorityStrategy.select``, plus what it decided and why."""
+    """Prices every candidate and lets the strategy choose; the same interface as
+    ``PrioritySelection``, plus each round's record of what it decided and why."""
 
     def __init__(
         self, config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
@@ -125,32 +126,42 @@ class PrioritySelection:
 
     def select(self, candidates: Sequence[Match]) -> list[Match]:
         kept = []
-        for match in candidates:
-            reason = self._left_out_because(match)
+        for index, match in enumerate(candidates):
+            gain, reason = self._left_out_because(match)
             if reason is None:
-                kept.append(match)
+                kept.append(_candidate(index, match, gain, priority=match.pattern.priority))
             else:
                 reason = f"priority selection: {reason}"
                 self.dropped.append(
                     NearMiss(match.pattern.name, tuple(match.node_names()), reason, "selection")
                 )
-        return self._priority.select(kept)
+        # in priority order: the order the pipeline applies them in
+        return [c.payload for c in self._priority.select(kept).chosen]
 
-    def _left_out_because(self, match: Match) -> str | None:
+    def _left_out_because(self, match: Match) -> tuple[Gain | None, str | None]:
+        """The candidate's predicted gain (None when not priced) and why it is left out."""
         if not self.drop_losses and self.cost_threshold is None and self.memory_limit is None:
-            return None  # nothing to price against: skip the cost model
+            return None, None  # nothing to price against: skip the cost model
         gain = self.cost.candidate_gain(match)
         if self.drop_losses and (loss := self.cost.loss_reason(gain)) is not None:
-            return loss
-        priced = Candidate(
-            0,
-            match.node_ids(),
-            gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
-            gain.working_set_bytes,
-            gain.speedup,
-        )
-        rejection = limit_rejection(priced, self.cost_threshold, self.memory_limit)
-        return None if rejection is None else rejection.reason
+            return gain, loss
+        rejection = limit_rejection(_candidate(0, match, gain), self.cost_threshold,
+                                    self.memory_limit)  # fmt: skip
+        return gain, None if rejection is None else rejection.reason
+
+
+def _candidate(index: int, match: Match, gain: Gain | None, *, priority: int = 0) -> Candidate:
+    if gain is None:
+        return Candidate(index, match.node_ids(), 0.0, payload=match, priority=priority)
+    return Candidate(
+        index,
+        match.node_ids(),
+        gain.gain_s if math.isfinite(gain.gain_s) else 0.0,
+        gain.working_set_bytes,
+        gain.speedup,
+        payload=match,
+        priority=priority,
+    )
 
 
 def selection_for(

@@ -378,3 +378,20 @@ def test_auto_counts_nodes_when_op_count_is_missing():
         "(op_count not given: counted the nodes the candidates cover)"
     )
     assert result.to_dict()["auto"]["strategy"] == "dp"
+
+
+def test_priority_takes_the_same_candidates_and_says_why_not() -> None:
+    """The priority strategy on the strategies' interface: Candidate in, Selection out,
+    ranked by priority, then graph order; a smaller form of a blocked fusion waits."""
+    from fusion_core.strategies import Candidate, PriorityStrategy
+
+    big = Candidate("qkv", {1, 2, 3}, gain=0.1, priority=5)
+    scale = Candidate("scale", {1, 9}, gain=0.1, priority=9)  # takes node 1 first
+    kv = Candidate("kv", {2, 3}, gain=0.3, priority=4)  # inside the blocked qkv: waits
+    other = Candidate("other", {7}, gain=-1.0, priority=0)  # no filter of its own
+    selection = PriorityStrategy().select([big, kv, other, scale])
+    assert selection.strategy == "priority"
+    assert selection.chosen_ids == ["scale", "other"]  # in priority order
+    why = {r.candidate.id: (r.kind, r.conflict_with) for r in selection.rejected}
+    assert why == {"qkv": ("conflict", "scale"), "kv": ("waits", None)}
+    assert selection.objective == pytest.approx(0.1 - 1.0)
