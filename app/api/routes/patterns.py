@@ -99,34 +99,28 @@ def delete_pattern(
     registry.change_pattern(session, name, "delete", if_match=if_match, actor=principal.label)
 
 
-@router.post("/{name}/enable", response_model=PatternPublic)
-def enable_pattern(
-    name: str,
-    session: SessionDep,
-    principal: PatternWriter,
-    response: Response,
-    if_match: IfMatch = None,
-) -> PatternPublic:
-    """Enable a pattern: the next jobs use it."""
-    record = registry.change_pattern(
-        session, name, "enable", if_match=if_match, actor=principal.label
-    )
-    return _with_etag(response, record)
+def _state_route(action: str, summary: str):
+    """The enable and disable routes: the same change with another action."""
+
+    def route(
+        name: str,
+        session: SessionDep,
+        principal: PatternWriter,
+        response: Response,
+        if_match: IfMatch = None,
+    ) -> PatternPublic:
+        record = registry.change_pattern(
+            session, name, action, if_match=if_match, actor=principal.label
+        )
+        return _with_etag(response, record)
+
+    route.__name__ = route.__qualname__ = f"{action}_pattern"  # its OpenAPI operation id
+    route.__doc__ = summary
+    return router.post(f"/{{name}}/{action}", response_model=PatternPublic)(route)
 
 
-@router.post("/{name}/disable", response_model=PatternPublic)
-def disable_pattern(
-    name: str,
-    session: SessionDep,
-    principal: PatternWriter,
-    response: Response,
-    if_match: IfMatch = None,
-) -> PatternPublic:
-    """Disable a pattern: the next jobs leave it out."""
-    record = registry.change_pattern(
-        session, name, "disable", if_match=if_match, actor=principal.label
-    )
-    return _with_etag(response, record)
+enable_pattern = _state_route("enable", "Enable a pattern: the next jobs use it.")
+disable_pattern = _state_route("disable", "Disable a pattern: the next jobs leave it out.")
 
 
 @router.get("/{name}/versions", response_model=PatternVersionsPublic)
