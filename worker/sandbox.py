@@ -37,11 +37,12 @@ import os
 import resource
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, TextIO
+
+from app.services.sandbox_env import exit_with_parent  # standard library only
 
 __all__ = [
     "ERROR_FILE",
@@ -78,7 +79,6 @@ LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
 USER_ERROR_KINDS = frozenset({"model", "config", "pattern", "check"})
 EXIT_ERROR = 3  # error.json written
-EXIT_ORPHANED = 70  # the worker died
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
         _limit_memory(int(job["memory_limit_mb"]))
-        _exit_with_parent(int(job["parent_pid"]))
+        exit_with_parent(int(job["parent_pid"]))
         _optimize(folder, job, _progress_stream())
     except BaseException as exc:  # every failure becomes error.json, then an exit code
         kind = _kind_of(exc)
@@ -105,16 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 def _limit_memory(megabytes: int) -> None:
     limit = megabytes * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(EXIT_ORPHANED)
-
-    threading.stack_size(256 * 1024)  # address space is what the limit counts
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _progress_stream() -> TextIO:

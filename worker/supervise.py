@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from app.services.sandbox_env import CHILD_UMASK, sandbox_environment
+from app.services.sandbox_env import CHILD_UMASK, log_tail, sandbox_environment
 from worker.sandbox import INPUT_DIR, LOG_FILE, TEST_CRASH_ENV
 
 __all__ = ["ChildRun", "child_environment", "run_child"]
@@ -87,7 +87,8 @@ def run_child(
     finally:
         _kill(proc)  # the group too: whatever the child started goes with it
         proc.stdout.close()
-    return ChildRun(status, proc.returncode, time.monotonic() - start, _tail(folder / LOG_FILE))
+    seconds = time.monotonic() - start
+    return ChildRun(status, proc.returncode, seconds, log_tail(folder / LOG_FILE, 4000))
 
 
 def _watch(
@@ -182,12 +183,3 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:  # unkillable (stuck in the kernel): leave it
         logger.error("sandbox process %d did not die after SIGKILL", proc.pid)
-
-
-def _tail(path: Path, size: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - size))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""

@@ -34,12 +34,12 @@ import json
 import os
 import resource
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from app.services.sandbox_env import EXIT_ORPHANED, exit_with_parent
 
 __all__ = [
     "ERROR_FILE",
@@ -55,7 +55,6 @@ REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.json"
 EXIT_ERROR = 3  # error.json written
-EXIT_ORPHANED = 70  # the API process is gone
 # A child yields the CPU to the API process it serves: /healthz answers while it works.
 _NICENESS = 10
 # What C++ allocators, protobuf and onnx say when an allocation fails under RLIMIT_AS.
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         request = json.loads((folder / REQUEST_FILE).read_text(encoding="utf-8"))
         _limit(int(request["memory_limit_mb"]), int(request["cpu_limit_s"]))
-        _exit_with_parent(int(request["parent_pid"]))
+        exit_with_parent(int(request["parent_pid"]))
         result = _run(request)
     except BaseException as exc:  # every failure becomes error.json, then an exit code
         traceback.print_exc()
@@ -97,16 +96,6 @@ def _limit(memory_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.nice(_NICENESS)
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(EXIT_ORPHANED)
-
-    threading.stack_size(256 * 1024)  # address space is what the limit counts
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:

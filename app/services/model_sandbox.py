@@ -38,7 +38,7 @@ from app.core.config import Settings
 from app.core.errors import ProblemError
 from app.services.model_checks import inspect_model
 from app.services.model_child import ERROR_FILE, MEMORY_HINTS, REQUEST_FILE, RESULT_FILE
-from app.services.sandbox_env import sandbox_environment
+from app.services.sandbox_env import log_tail, sandbox_environment
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
 
@@ -171,7 +171,7 @@ async def _run_in(
             problem["detail"],
             **problem["extra"],
         )
-    log = _tail(folder / LOG_FILE)
+    log = log_tail(folder / LOG_FILE, 2000)
     logger.warning("%s failed (exit %s, %.1f s): %s", what, returncode, seconds, log)
     # A child that died before it could write error.json (an allocation failing in C++
     # code, in the interpreter itself) says why on stderr.
@@ -250,12 +250,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _tail(path: Path, size: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - size))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""

@@ -1,4 +1,5 @@
-"""The environment and file mode every sandboxed child process starts with.
+"""What every sandboxed child process shares: the environment and file mode it starts
+with, how it leaves when its parent dies, and how its parent reads the end of its log.
 
 Both kinds of child use it: the worker's job sandbox (``worker/supervise.py`` starts
 ``python -m worker.sandbox``) and the API's model child (``app/services/model_sandbox.py``
@@ -7,16 +8,26 @@ gets an allow-list, not the parent's environment minus a few names: whatever sec
 deployment adds later (``DATABASE_URL``, ``REDIS_URL``, ``PGPASSWORD``, ``AWS_*``, any
 ``AUTOFUSION_*`` setting) stays out without anyone having to remember it.
 
-Standard library only: the worker imports this before it starts a child.
+Standard library only: the worker imports this before it starts a child, and each
+child imports it before its memory limit is in place.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["CHILD_UMASK", "CODE_ROOT", "sandbox_environment"]
+__all__ = [
+    "CHILD_UMASK",
+    "CODE_ROOT",
+    "EXIT_ORPHANED",
+    "exit_with_parent",
+    "log_tail",
+    "sandbox_environment",
+]
 
 # Files a child writes (outputs, scratch, logs) are readable by the service's user only.
 CHILD_UMASK = 0o077
@@ -54,3 +65,29 @@ def sandbox_environment(
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, source.get("PYTHONPATH")]))
     return env
+
+
+EXIT_ORPHANED = 70  # a child's exit status when its parent (worker or API) is gone
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Exit the child (``EXIT_ORPHANED``) as soon as ``parent_pid`` is no longer its
+    parent, so that a ``kill -9`` of the worker or the API leaves no orphan behind."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(EXIT_ORPHANED)
+
+    threading.stack_size(256 * 1024)  # address space is what the child's limit counts
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def log_tail(path: Path, size: int) -> str:
+    """The last ``size`` bytes of a child's log, as text ("" when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
