@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import httpx
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+from fusion_core import testing
 
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
@@ -35,33 +35,9 @@ def assert_page(response: httpx.Response, *ids: str, status: int = 200) -> str:
 
 def conv_bn_relu(prefix: str = "", doc: str = "", width: int = 4) -> onnx.ModelProto:
     """x -> Conv -> BatchNormalization -> Relu -> y: the built-in conv_bn_relu fuses it."""
-    rng = np.random.default_rng(0)
-    channels = 3
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((channels, 2, 3, 3)).astype("f4"), "W"),
-        numpy_helper.from_array(rng.standard_normal(channels).astype("f4") + 2, "scale"),
-        numpy_helper.from_array(rng.standard_normal(channels).astype("f4"), "bias"),
-        numpy_helper.from_array(rng.standard_normal(channels).astype("f4"), "mean"),
-        numpy_helper.from_array(rng.random(channels).astype("f4") + 0.5, "var"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W"], ["c"], name=f"{prefix}conv", pads=[1, 1, 1, 1]),
-        helper.make_node(
-            "BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name=f"{prefix}bn"
-        ),
-        helper.make_node("Relu", ["b"], ["y"], name=f"{prefix}relu", doc_string=doc),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, width, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, width, width])],
-        inits,
-        doc_string=doc,
+    return testing.conv_bn_relu(
+        in_channels=2, out_channels=3, height=width, width=width, prefix=prefix, doc=doc
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], doc_string=doc)
-    onnx.checker.check_model(model)
-    return model
 
 
 def multipart(

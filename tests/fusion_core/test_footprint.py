@@ -22,6 +22,7 @@ from fusion_core.report import (
     read_report,
     render_html,
 )
+from fusion_core.testing import conv_bn_relu
 from tests.fusion_core.test_report import validate
 
 MIB = 1 << 20
@@ -30,25 +31,7 @@ QUICK = ProfileOptions(warmup=1, iters=6, node_runs=1)
 
 def conv_bn(channels: int = 32, seed: int = 3) -> onnx.ModelProto:
     """Conv -> BatchNormalization -> Relu with random weights and BN statistics."""
-    model = onnx.parser.parse_model(
-        '<ir_version: 8, opset_import: ["" : 17]>\n'
-        f"g (float[1,{channels},8,8] x) => (float[1,{channels},8,8] y) {{\n"
-        " c = Conv<pads = [1, 1, 1, 1]>(x, w)\n"
-        " n = BatchNormalization(c, gamma, beta, mean, var)\n"
-        " y = Relu(n)\n}"
-    )
-    rng = np.random.default_rng(seed)
-    arrays = {
-        "w": rng.normal(0, 0.1, (channels, channels, 3, 3)),
-        "gamma": rng.uniform(0.5, 1.5, channels),
-        "beta": rng.normal(0, 0.1, channels),
-        "mean": rng.normal(0, 0.1, channels),
-        "var": rng.uniform(0.5, 2.0, channels),
-    }
-    model.graph.initializer.extend(
-        nh.from_array(a.astype(np.float32), n) for n, a in arrays.items()
-    )
-    return model
+    return conv_bn_relu(in_channels=channels, out_channels=channels, seed=seed)
 
 
 def matmul(width: int, seed: int = 1) -> onnx.ModelProto:
