@@ -64,6 +64,7 @@ import _real_world
 import _tools
 import _tools_report
 
+from fusion_core.profiling import session_options
 from fusion_core.profiling.stats import paired_ratio
 
 logger = logging.getLogger("bench_tools")
@@ -103,15 +104,9 @@ def graph_summary(path: Path, original_ops: collections.Counter | None = None) -
 
 
 def session(path: Path, level: str, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    # idle sessions' spinning pool threads would steal the CPUs of the one being timed
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    """A session with the options the reports' own measurements use."""
+    options = session_options(level, threads)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def feeds_for(sess: ort.InferenceSession, feeds: dict) -> dict:

@@ -9,6 +9,7 @@ from fusion_core.profiling._trace import (
     inputs_for,
     make_session,
     prepare_model,
+    session_options,
 )
 from fusion_core.profiling.footprint import (
     MEMORY_LEVEL,
@@ -92,6 +93,7 @@ __all__ = [
     "profile_nodes",
     "read_trace",
     "region_times",
+    "session_options",
     "serialized_size",
     "verdict_of",
     "write_trace",

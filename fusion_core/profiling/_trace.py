@@ -55,6 +55,7 @@ __all__ = [
     "parse_trace",
     "prepare_model",
     "read_trace",
+    "session_options",
     "timed_run",
 ]
 
@@ -300,6 +301,20 @@ def prepare_model(model: Any, label: str, scratch: Path) -> PreparedModel:
     return PreparedModel(label, model, str(path))
 
 
+def session_options(level: str, threads: int) -> ort.SessionOptions:
+    """The options every timed session shares (the benchmarks' too): the graph
+    optimization ``level`` by name, ``threads`` intra-op threads, no spinning."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # Spinning threads would steal the CPUs the other interleaved sessions need.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    return so
+
+
 def make_session(
     model: PreparedModel,
     level: str,
@@ -310,14 +325,7 @@ def make_session(
 ) -> ort.InferenceSession:
     """A session with the settings every measurement shares; with ``profile_prefix``
     onnxruntime's profiler traces every run into a file starting with it."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    # Spinning threads would steal the CPUs the other interleaved sessions need.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    so.log_severity_level = 3
+    so = session_options(level, threads)
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
