@@ -351,7 +351,9 @@ def test_a_big_upload_is_checked_in_a_child_not_in_the_api(tmp_path):
         inspect_model(model, (), check_settings(tmp_path))
     with PeakRss() as child:
         asyncio.run(inspect_upload(model, (), check_settings(tmp_path)))
-    assert inline.grew_mb > 256, inline.grew_mb  # the sampler sees a parse
+    # The control: the sampler sees an in-process parse. It samples, so it may catch the
+    # peak a little after a freed buffer; half the model is plenty to tell the two apart.
+    assert inline.grew_mb > 128, inline.grew_mb
     assert child.grew_mb < 64, child.grew_mb
     assert list((tmp_path / "data" / "uploads").iterdir()) == []
 
