@@ -20,7 +20,7 @@ from celery import Celery
 from celery.worker import WorkController
 from celery.worker import state as worker_state
 
-from app.core.config import Settings
+from app.core.config import Settings, redact_url
 from app.services.artifacts import make_store
 from worker.celery_app import QUEUE
 from worker.reaper import Reaper
@@ -75,7 +75,7 @@ class EmbeddedWorker:
             self.stop()
             raise RuntimeError(f"the embedded worker did not start within {timeout:g} s")
         self.reaper.start()
-        logger.info("embedded worker started (%s)", self.settings.resolved_broker_url)
+        logger.info("embedded worker started (%s)", redact_url(self.settings.resolved_broker_url))
 
     def _run(self) -> None:
         # The solo pool runs tasks in this thread and looks them up on the thread's

@@ -59,9 +59,7 @@ def ensure_bucket(settings: Settings) -> bool:
     import boto3
     from botocore.exceptions import ClientError
 
-    client = boto3.client(
-        "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region
-    )
+    client = boto3.client("s3", **settings.s3_client_options())
     try:
         client.head_bucket(Bucket=settings.s3_bucket)
         return False

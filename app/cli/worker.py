@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from app.cli._exit import EXIT_CONFIG
 from app.cli._protobuf import python_protobuf_refusal
-from app.core.config import Settings
+from app.core.config import Settings, redact_url
 from fusion_core.errors import describe_fields, field_errors
 
 __all__ = ["add_parser", "run"]
@@ -107,7 +107,7 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     )
     logger.info(
         "worker: broker %s, %s pool x%d, time limit %d s, memory limit %d MB",
-        _redact(settings.resolved_broker_url),
+        redact_url(settings.resolved_broker_url),
         args.pool,
         args.concurrency,
         settings.job_time_limit_s,
@@ -118,10 +118,3 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         reaper.stop()
     return worker.exitcode or 0
-
-
-def _redact(url: str) -> str:
-    """The URL without a password."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    return f"{scheme}{sep}{userinfo.split(':')[0]}:***@{host}" if at else url

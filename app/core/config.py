@@ -3,27 +3,76 @@
 Embedded mode (the default) needs nothing set: SQLite, Celery over kombu's
 ``filesystem://`` transport and artifacts all live under ``data_dir``. Distributed mode
 sets ``database_url`` (PostgreSQL), ``broker_url`` (Redis) and an S3 store.
+
+Where a value comes from, first match wins: keyword arguments (the CLI's flags), the
+environment, a ``.env`` file (``AUTOFUSION_ENV_FILE``, default ``./.env``), a secrets
+directory (``AUTOFUSION_SECRETS_DIR``, default ``/run/secrets`` when it exists: one file
+per setting, named as its variable, e.g. ``autofusion_database_url``, as Docker and
+Kubernetes mount secrets), then the defaults.
+
+Credentials (the database and broker URLs, which may carry a password, and the S3 keys)
+are ``SecretStr``: ``repr``, ``str`` and ``model_dump`` show ``**********``; code that
+needs the value asks for it (``resolved_database_url``, ``s3_client_options()``), and
+``redact_url`` is the form to log.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "get_settings"]
+__all__ = ["DEFAULT_SECRETS_DIR", "Settings", "get_settings", "redact_url"]
+
+ENV_FILE_VARIABLE = "AUTOFUSION_ENV_FILE"
+SECRETS_DIR_VARIABLE = "AUTOFUSION_SECRETS_DIR"
+DEFAULT_ENV_FILE = ".env"
+DEFAULT_SECRETS_DIR = "/run/secrets"
+
+
+def _sources() -> dict[str, Any]:
+    """The ``.env`` file and the secrets directory of this process, read at each
+    ``Settings()`` (the environment may change between two, as in tests)."""
+    env_file = os.environ.get(ENV_FILE_VARIABLE, DEFAULT_ENV_FILE) or None
+    secrets_dir = os.environ.get(SECRETS_DIR_VARIABLE)
+    if secrets_dir is None:  # the conventional mount, where there is one
+        secrets_dir = DEFAULT_SECRETS_DIR if os.path.isdir(DEFAULT_SECRETS_DIR) else None
+    return {"_env_file": env_file, "_secrets_dir": secrets_dir or None}
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: the form to log."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}{sep}{user}{':***' if colon else ''}@{host}"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AUTOFUSION_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="AUTOFUSION_",
+        extra="ignore",
+        env_file_encoding="utf-8",
+        # A validation error prints no input: the inputs hold the credentials.
+        hide_input_in_errors=True,
+    )
+
+    def __init__(self, **values: Any) -> None:
+        # ``_env_file=None, _secrets_dir=None`` reads neither (a sandboxed child does).
+        for key, value in _sources().items():
+            values.setdefault(key, value)
+        super().__init__(**values)
 
     data_dir: Path = Path("data")
-    # Empty means the embedded defaults under data_dir.
-    database_url: str = ""
-    broker_url: str = ""
+    # Empty means the embedded defaults under data_dir. Secret: a URL may carry a password.
+    database_url: SecretStr = SecretStr("")
+    broker_url: SecretStr = SecretStr("")
     # Run a Celery worker thread inside the API process (embedded mode).
     embedded_worker: bool = True
     # Apply database migrations when the API starts (compose runs a one-shot instead).
@@ -33,6 +82,10 @@ class Settings(BaseSettings):
     s3_bucket: str = "autofusion"
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
+    # Unset: boto3's own sources (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an
+    # instance role). Set (e.g. as files in the secrets directory): these.
+    s3_access_key_id: SecretStr | None = None
+    s3_secret_access_key: SecretStr | None = None
 
     # Auth: embedded on 127.0.0.1 may run without keys; anything else should not.
     require_api_keys: bool = False
@@ -74,11 +127,25 @@ class Settings(BaseSettings):
 
     @property
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{(self.data_dir / 'autofusion.db').resolve()}"
+        url = self.database_url.get_secret_value()
+        return url or f"sqlite:///{(self.data_dir / 'autofusion.db').resolve()}"
 
     @property
     def resolved_broker_url(self) -> str:
-        return self.broker_url or "filesystem://"
+        return self.broker_url.get_secret_value() or "filesystem://"
+
+    def s3_client_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``boto3.client("s3", ...)``: endpoint, region and, when
+        set, the credentials."""
+        options: dict[str, Any] = {
+            "endpoint_url": self.s3_endpoint_url,
+            "region_name": self.s3_region,
+        }
+        if self.s3_access_key_id is not None:
+            options["aws_access_key_id"] = self.s3_access_key_id.get_secret_value()
+        if self.s3_secret_access_key is not None:
+            options["aws_secret_access_key"] = self.s3_secret_access_key.get_secret_value()
+        return options
 
     @property
     def is_embedded_broker(self) -> bool:

@@ -123,11 +123,15 @@ class LocalStore:
 
 
 class S3Store:
-    def __init__(self, bucket: str, endpoint_url: str | None, region: str | None) -> None:
+    def __init__(
+        self, bucket: str, endpoint_url: str | None, region: str | None, **credentials: str
+    ) -> None:
         import boto3  # only a cluster needs it at run time
 
         self.bucket = bucket
-        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        self.client = boto3.client(
+            "s3", endpoint_url=endpoint_url, region_name=region, **credentials
+        )
 
     @staticmethod
     def _key(digest: str) -> str:
@@ -163,5 +167,8 @@ class S3Store:
 
 def make_store(settings: Settings) -> ArtifactStore:
     if settings.artifact_store == "s3":
-        return S3Store(settings.s3_bucket, settings.s3_endpoint_url, settings.s3_region)
+        options = settings.s3_client_options()
+        return S3Store(
+            settings.s3_bucket, options.pop("endpoint_url"), options.pop("region_name"), **options
+        )
     return LocalStore(settings.artifacts_dir)

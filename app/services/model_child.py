@@ -101,7 +101,8 @@ def _limit(memory_mb: int, cpu_s: int) -> None:
 def _run(request: dict[str, Any]) -> dict[str, Any]:
     from app.core.config import Settings
 
-    settings = Settings(**request["settings"])
+    # Only what the API passed: no .env file, no secrets directory in a child.
+    settings = Settings(_env_file=None, _secrets_dir=None, **request["settings"])
     model = Path(request["model"])
     if request["task"] == "inspect":
         from app.services.model_checks import inspect_model

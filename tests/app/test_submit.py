@@ -761,7 +761,7 @@ def test_serve_flags_override_environment(monkeypatch, tmp_path):
         _serve_args("--data-dir", str(tmp_path / "flag"), "--broker", "redis://r:6379/0")
     )
     assert settings.data_dir == tmp_path / "flag"
-    assert settings.broker_url == "redis://r:6379/0" and not settings.embedded_worker
+    assert settings.resolved_broker_url == "redis://r:6379/0" and not settings.embedded_worker
     settings = serve_cmd.settings_from_args(
         _serve_args("--broker", "redis://r:6379/0", "--embedded-worker")
     )
