@@ -73,9 +73,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = make_store(settings)
     app.state.upload_slots = UploadSlots.from_settings(settings)
     install_problem_handlers(app)
-    install_metrics(app)
     for module in (health, metrics, jobs, patterns, strategies):
         app.include_router(module.router)
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)
     app.add_middleware(BodyLimits, settings=settings)  # every body: size and time limits
+    install_metrics(app)  # outside BodyLimits: its 413s and 408s are counted and timed too
     return app

@@ -1,18 +1,22 @@
-"""The API's side of the metrics: the ASGI middleware that counts every request, and
-the app's own registry (``app.services.metrics.Metrics``: no global state)."""
+"""The API's side of the metrics: the ASGI middleware that counts and times every
+request, and the app's own registry (``app.services.metrics.Metrics``: no global
+state)."""
 
 from __future__ import annotations
+
+import time
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.services.metrics import METHODS, Metrics
+from app.services.metrics import Metrics
 
 __all__ = ["MetricsMiddleware", "install_metrics"]
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request by route template and status (pure ASGI: streams pass)."""
+    """Counts and times every HTTP request by route template and status (pure ASGI:
+    streams pass through; the time ends when the app has sent the last byte)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -23,6 +27,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         status = 500  # an exception that escapes becomes a 500 outside this middleware
+        started = time.perf_counter()
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
@@ -34,8 +39,8 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_and_record)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"] if scope["method"] in METHODS else "other"
-            self.metrics.requests.labels(method, route, str(status)).inc()
+            seconds = time.perf_counter() - started
+            self.metrics.observe_request(scope["method"], route, status, seconds)
 
 
 def install_metrics(app: FastAPI) -> Metrics:

@@ -3,6 +3,10 @@
 * ``autofusion_http_requests_total{method, route, status}``: counted by an ASGI
   middleware (``app.api.request_metrics``); ``route`` is the route's path template
   (``/v1/jobs/{job_id}``), or ``unmatched``, so ids never become label values.
+* ``autofusion_http_request_duration_seconds{method, route, status_class}``: the same
+  middleware's latency histogram, from the request's arrival to its response's last
+  byte (a stream's whole life: an event stream lands in the top buckets), by status
+  class (``2xx``, ``4xx``, ...) so that the series stay few.
 * ``autofusion_jobs{status}``: a gauge read from the database at scrape time, so it is
   right whichever process changed the jobs.
 * ``autofusion_job_duration_seconds{status}`` and ``autofusion_job_stage_seconds{stage}``:
@@ -27,6 +31,8 @@ __all__ = ["METHODS", "Metrics"]
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _JOB_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900)
+# Polls answer in milliseconds, uploads of big models in seconds to minutes.
+_REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 class Metrics:
@@ -36,6 +42,14 @@ class Metrics:
             "autofusion_http_requests",
             "HTTP requests answered, by method, route template and status code.",
             ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "autofusion_http_request_duration_seconds",
+            "Time from a request's arrival to its response's last byte, by method, route "
+            "template and status class.",
+            ["method", "route", "status_class"],
+            buckets=_REQUEST_BUCKETS,
             registry=self.registry,
         )
         self.jobs = Gauge(
@@ -62,6 +76,12 @@ class Metrics:
         self._lock = threading.Lock()
         self._watermark: datetime = utcnow()
         self._seen_at_watermark: set[str] = set()
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered request: counted, and its latency observed."""
+        method = method if method in METHODS else "other"
+        self.requests.labels(method, route, str(status)).inc()
+        self.request_seconds.labels(method, route, f"{status // 100}xx").observe(seconds)
 
     def scrape(self, session: Session) -> bytes:
         """Refresh what comes from the database, then render the text format."""

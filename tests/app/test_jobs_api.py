@@ -379,6 +379,7 @@ def test_metrics_count_requests_jobs_and_stage_times(make_service, tiny_model):
     service.submit(tiny_model)
     service.client.get(f"/v1/jobs/{job_id}")
     service.client.get("/v1/jobs/does-not-exist")
+    service.client.get(f"/no/such/route/{job_id}")
     with service.db() as session:
         claim_job(session, job_id, "worker-1", lease_s=60)
         timings = {"load": 0.02, "match": 0.3, "check": 1.5}
@@ -400,6 +401,21 @@ def test_metrics_count_requests_jobs_and_stage_times(make_service, tiny_model):
     assert _sample(text, "autofusion_job_stage_seconds_count", stage="match") == 1
     assert _sample(text, "autofusion_job_stage_seconds_sum", stage="check") == 1.5
     assert _sample(text, "autofusion_job_duration_seconds_count", status="succeeded") == 1
+
+    # The latency histogram: buckets per route template and status class, never an id.
+    seconds = "autofusion_http_request_duration_seconds"
+    job_route = {"method": "GET", "route": "/v1/jobs/{job_id}"}
+    assert _sample(text, f"{seconds}_count", **job_route, status_class="2xx") == 1
+    assert _sample(text, f"{seconds}_count", **job_route, status_class="4xx") == 1
+    # (The text format puts ``le`` first.)
+    assert _sample(text, f"{seconds}_bucket", le="+Inf", **job_route, status_class="2xx") == 1
+    assert _sample(text, f"{seconds}_bucket", le="0.005", **job_route, status_class="2xx") in (0, 1)
+    assert _sample(text, f"{seconds}_sum", **job_route, status_class="2xx") > 0
+    upload = {"method": "POST", "route": "/v1/optimize", "status_class": "2xx"}
+    assert _sample(text, f"{seconds}_count", **upload) == 2
+    unmatched = {"method": "GET", "route": "unmatched", "status_class": "4xx"}
+    assert _sample(text, f"{seconds}_count", **unmatched) == 1
+    assert job_id not in text and "does-not-exist" not in text
 
     # A job is observed once, however often Prometheus scrapes.
     again = service.client.get("/metrics").text
