@@ -1,4 +1,5 @@
-"""Readiness: can this process reach what a request needs (database, broker)?
+"""Readiness: can this process reach what a request needs (database, broker, artifact
+store)?
 
 Each check returns ``None`` when healthy or a short reason; ``/readyz`` answers 503 with
 the reasons when any fails. Checks are quick and bounded by short timeouts.
@@ -15,7 +16,7 @@ from sqlalchemy import text
 from app.core.config import Settings
 from app.core.db import get_engine
 
-__all__ = ["check_broker", "check_database", "readiness"]
+__all__ = ["check_artifacts", "check_broker", "check_database", "readiness"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +59,44 @@ def check_broker(settings: Settings) -> str | None:
     return None
 
 
-def _check_folder_writable(folder: os.PathLike) -> str | None:
+def check_artifacts(settings: Settings) -> str | None:
+    """The local artifact folder takes a file, or the S3 bucket answers (HEAD bucket,
+    with the store's own credentials and short timeouts)."""
+    if settings.artifact_store == "local":
+        return _check_folder_writable(settings.artifacts_dir, "artifact")
+    try:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            connect_timeout=_TIMEOUT_S, read_timeout=_TIMEOUT_S, retries={"max_attempts": 1}
+        )
+        client = boto3.client("s3", config=config, **settings.s3_client_options())
+        client.head_bucket(Bucket=settings.s3_bucket)
+    except Exception as exc:  # unreachable, no such bucket, refused credentials
+        logger.warning("readiness: S3 bucket %r unreachable: %s", settings.s3_bucket, exc)
+        return f"S3 bucket {settings.s3_bucket!r} unreachable ({_s3_reason(exc)})"
+    return None
+
+
+def _s3_reason(exc: Exception) -> str:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+    return f"{type(exc).__name__} {code}" if code else type(exc).__name__
+
+
+def _check_folder_writable(folder: os.PathLike, what: str = "broker") -> str | None:
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        return f"broker folder {os.fspath(folder)!r} is missing or not writable ({exc.strerror})"
+        return f"{what} folder {os.fspath(folder)!r} is missing or not writable ({exc.strerror})"
     return None
 
 
 def readiness(settings: Settings) -> dict[str, str | None]:
     """``{check name: None or reason}`` for every dependency."""
-    return {"database": check_database(settings), "broker": check_broker(settings)}
+    return {
+        "database": check_database(settings),
+        "broker": check_broker(settings),
+        "artifacts": check_artifacts(settings),
+    }

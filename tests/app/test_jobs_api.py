@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from datetime import UTC, datetime
@@ -347,7 +348,18 @@ def test_healthz_and_readyz(service, problem, monkeypatch):
     assert service.client.get("/healthz").json() == {"status": "ok"}
     ready = service.client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "checks": {"database": "ok", "broker": "ok"}}
+    checks = {"database": "ok", "broker": "ok", "artifacts": "ok"}
+    assert ready.json() == {"status": "ready", "checks": checks}
+
+    # The local artifact store must take a file: a file where its folder should be does not.
+    artifacts = service.settings.artifacts_dir
+    shutil.rmtree(artifacts)
+    artifacts.write_text("not a folder")
+    body = problem(service.client.get("/readyz"), 503, "not-ready")
+    assert body["checks"]["artifacts"].startswith("artifact folder")
+    assert "artifact folder" in body["detail"] and body["checks"]["broker"] == "ok"
+    artifacts.unlink()
+    artifacts.mkdir()
 
     # The embedded broker is a folder: gone means not ready.
     for path in sorted(service.settings.broker_dir.rglob("*"), reverse=True):

@@ -93,3 +93,33 @@ def test_readiness_failures_carry_no_credentials(caplog, tmp_path):
         results = readiness(settings)
     assert results["database"] and results["broker"]
     assert SECRET not in repr(results) and SECRET not in caplog.text
+
+
+def test_readiness_asks_the_s3_bucket(monkeypatch, tmp_path):
+    """Against a local S3 emulator (moto's server): ready with the bucket, 503 reasons
+    naming the bucket without it or without the server."""
+    server_module = pytest.importorskip("moto.server")
+    import boto3
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        settings = Settings(
+            data_dir=tmp_path / "data",
+            artifact_store="s3",
+            s3_bucket="ready-bucket",
+            s3_endpoint_url=f"http://{host}:{port}",
+            s3_region="us-east-1",
+            s3_access_key_id="testing",
+            s3_secret_access_key=SECRET,
+        )
+        assert "ready-bucket" in readiness(settings)["artifacts"]  # not created yet
+        boto3.client("s3", **settings.s3_client_options()).create_bucket(Bucket="ready-bucket")
+        assert readiness(settings)["artifacts"] is None
+    finally:
+        server.stop()
+    reason = readiness(settings)["artifacts"]
+    assert reason.startswith("S3 bucket 'ready-bucket' unreachable") and SECRET not in reason

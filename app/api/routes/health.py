@@ -26,7 +26,7 @@ def healthz() -> HealthPublic:
     responses=problem_responses(503),
 )
 def readyz(settings: SettingsDep) -> ReadinessPublic:
-    """The database and the broker are reachable (503 problem if not)."""
+    """The database, the broker and the artifact store are reachable (503 problem if not)."""
     results = readiness(settings)
     failures = {name: reason for name, reason in results.items() if reason is not None}
     if failures:
