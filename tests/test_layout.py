@@ -150,3 +150,32 @@ def test_no_function_is_longer_than_the_limit() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines}")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+# Services flush; the caller (a route, the worker's session_scope, the CLI) commits, so a
+# unit of work is one transaction the caller can see. The exceptions end a read before a
+# compare-and-swap write on purpose: on SQLite a read transaction that later writes fails
+# with "database is locked" when another writer committed in between, so the swap must
+# start a fresh transaction. The idempotent create inserts, and on a duplicate key
+# rolls back and reads the winner's job.
+COMMITTING_SERVICES = {
+    "app/services/registry.py": "compare-and-swap on the pattern version",
+    "app/services/strategies.py": "compare-and-swap on the strategy version",
+    "app/services/uploads.py": "insert-or-read on the idempotency key",
+}
+
+
+def test_services_flush_and_leave_the_commit_to_their_caller() -> None:
+    committing = {}
+    for path in sorted((REPO / "app" / "services").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "commit"
+            ):
+                committing.setdefault(str(path.relative_to(REPO)), []).append(node.lineno)
+    unexpected = {p: lines for p, lines in committing.items() if p not in COMMITTING_SERVICES}
+    assert not unexpected, f"services that commit (flush; let the caller commit): {unexpected}"
+    stale = set(COMMITTING_SERVICES) - set(committing)
+    assert not stale, f"no longer commit: drop them from COMMITTING_SERVICES: {stale}"

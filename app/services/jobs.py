@@ -6,6 +6,10 @@ queued --claim--> running --finish--> succeeded | failed
 
 A worker owns a job while its lease is unexpired; claiming is a compare-and-set on the
 row, so a task delivered twice (at-least-once) runs once.
+
+Each function writes and flushes; the caller owns the transaction and commits it (the
+worker's ``session_scope``, the API's request session), so a step that reads the job back
+or writes more in the same unit of work sees one consistent state.
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ def claim_job(session: Session, job_id: str, worker_id: str, lease_s: int) -> Jo
         )
         .execution_options(synchronize_session=False)
     )
-    session.commit()
+    session.flush()
     if result.rowcount != 1:
         return None
     return session.get(Job, job_id, populate_existing=True)
@@ -217,7 +221,7 @@ def report_progress(
         )
         .execution_options(synchronize_session=False)
     )
-    session.commit()
+    session.flush()
     return result.rowcount == 1
 
 
@@ -256,7 +260,7 @@ def finish_job(
     if registry_version is not None:
         job.registry_version = registry_version
     _touch(job)
-    session.commit()
+    session.flush()
     return True
 
 
@@ -299,7 +303,7 @@ def release_job(
         .values(**values)
         .execution_options(synchronize_session=False)
     )
-    session.commit()
+    session.flush()
     return result.rowcount == 1
 
 
@@ -346,6 +350,6 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
             .values(updated_at=now)
             .execution_options(synchronize_session=False)
         )
-    session.commit()
+    session.flush()
     return requeue + [j for j in stale if j not in requeue]
 

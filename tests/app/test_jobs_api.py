@@ -245,14 +245,19 @@ def _read_events(lines) -> list[tuple[str, dict, str | None]]:
 
 
 def _run_like_a_worker(service, job_id: str) -> None:
-    """Claim, report progress and succeed, with pauses the event stream can see."""
-    with service.db() as session:
+    """Claim, report progress and succeed, with pauses the event stream can see; each
+    step its own transaction, as the worker commits them (the services only flush)."""
+    steps = [
+        lambda session: claim_job(session, job_id, "worker-1", lease_s=60),
+        lambda session: report_progress(session, job_id, "worker-1", "match", 0.5, lease_s=60),
+        lambda session: finish_job(
+            session, job_id, "worker-1", status=JobStatus.succeeded, summary={"n": 1}
+        ),
+    ]
+    for step in steps:
         time.sleep(0.2)
-        claim_job(session, job_id, "worker-1", lease_s=60)
-        time.sleep(0.2)
-        report_progress(session, job_id, "worker-1", "match", 0.5, lease_s=60)
-        time.sleep(0.2)
-        finish_job(session, job_id, "worker-1", status=JobStatus.succeeded, summary={"n": 1})
+        with service.db() as session:
+            step(session)
 
 
 def test_events_stream_each_change_then_the_end_and_close(service, tiny_model):
