@@ -163,5 +163,7 @@ def _content_length(scope: Scope) -> int | None:
     for name, value in scope["headers"]:
         if name.lower() == b"content-length":
             text = value.decode("latin-1").strip()
-            return int(text) if text.isdigit() else None
+            # isdigit() alone takes "²", which int() does not: ASCII digits only (a
+            # server in front refuses the rest; the streamed count still holds).
+            return int(text) if text.isascii() and text.isdigit() else None
     return None

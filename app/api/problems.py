@@ -22,16 +22,19 @@ import html
 import logging
 import uuid
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import iter_route_contexts
 from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import PROBLEM_BASE, ProblemError
@@ -132,15 +135,73 @@ def install_problem_handlers(app: FastAPI) -> None:
         return problem_response(422, "invalid-request", "Invalid request", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        slug = {401: "unauthorized", 403: "forbidden", 404: "not-found", 405: "method-not-allowed"}
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        title = _status_phrase(status)
+        detail = str(exc.detail) if exc.detail and str(exc.detail) != title else ""
+        if status == 404 and not detail:
+            detail = f"there is no {request.url.path!r} here; the routes are in /openapi.json"
+        headers = dict(getattr(exc, "headers", None) or {})
+        if status == 405:
+            # Starlette names the methods of the first route of the path only; a path
+            # served by several routes (GET and POST /v1/patterns) allows them all.
+            allowed = _allowed_methods(request) or headers.get("Allow", "")
+            headers["Allow"] = allowed
+            detail = f"{request.method} is not allowed on {request.url.path!r}" + (
+                f"; allowed: {allowed}" if allowed else ""
+            )
         return problem_response(
-            exc.status_code,
-            slug.get(exc.status_code, "http-error"),
-            str(exc.detail) if exc.status_code >= 500 else slug.get(exc.status_code, "error"),
-            str(exc.detail),
-            headers=getattr(exc, "headers", None),
+            status, _HTTP_SLUGS.get(status, "http-error"), title, detail or title, headers=headers
         )
+
+    # The last resort: ServerErrorMiddleware, outside every user middleware, answers
+    # with this what escaped them all (CatchAllProblems sits inside them).
+    app.add_exception_handler(Exception, _last_resort)
+
+
+# The problem types of the HTTP errors Starlette raises itself (routing, methods).
+_HTTP_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    406: "not-acceptable",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+}
+
+
+def _allowed_methods(request: Request) -> str:
+    """The methods the routes of this path take, as an Allow value."""
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.app.routes):
+        if route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
+
+
+def _status_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+async def _last_resort(request: StarletteRequest, exc: Exception) -> Response:
+    error_id = uuid.uuid4().hex[:16]
+    logger.error(
+        "error_id=%s: %s %s failed outside the handlers with %s (answered 500)",
+        error_id,
+        request.method,
+        request.url.path,
+        type(exc).__name__,
+        exc_info=exc,
+    )
+    status, slug, title, detail = _INTERNAL
+    return CatchAllProblems._response(
+        request.scope, status, slug, title, detail, error_id, headers=None
+    )
 
 
 # (status, slug, title, detail) of an exception no handler knows; the detail never

@@ -79,13 +79,18 @@ def _cross_site(scope: Scope) -> bool:
 
 
 async def _refuse_cross_site(scope: Scope, receive: Receive, send: Send) -> None:
-    body = b"cross-site request refused: submit the form from the dashboard itself"
+    # A page like every other dashboard error (no text/plain error anywhere, issue 18).
+    body = (
+        b'<!doctype html><title>403 Forbidden</title><h1>403: Forbidden</h1><div id="error" '
+        b'class="problem" data-status="403"><p>cross-site request refused: submit the form '
+        b"from the dashboard itself</p></div>"
+    )
     await send(
         {
             "type": "http.response.start",
             "status": 403,
             "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-type", b"text/html; charset=utf-8"),
                 (b"content-security-policy", CSP.encode()),
             ],
         }

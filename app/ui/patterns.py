@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 from pydantic import ValidationError
@@ -163,7 +163,11 @@ def toggle_pattern(
 
 @router.get("/{name}/versions/{version}")
 def pattern_version_page(
-    name: str, version: int, request: Request, principal: UIPrincipal, session: SessionDep
+    name: str,
+    version: Annotated[int, Path(ge=1, le=2**31 - 1)],  # no overflow in the database
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
 ):
     """One immutable version of a pattern, as YAML."""
     row = registry.get_pattern_version(session, name, version)

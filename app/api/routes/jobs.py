@@ -132,7 +132,7 @@ def read_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> JobsPublic:
     """List this tenant's jobs, newest first."""
     status_value = status.value if status is not None else None
@@ -219,7 +219,9 @@ def events(
 ) -> StreamingResponse:
     """Follow a job: `progress` on each change, then `done` when it ends; then the stream closes."""
     get_job(session, principal.tenant_id, job_id)
-    last = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+    # An id this server sent is a revision: ASCII digits ("²" passes isdigit(), not int()).
+    digits = last_event_id is not None and last_event_id.isascii() and last_event_id.isdigit()
+    last = int(last_event_id) if digits and len(last_event_id) <= 18 else None
     stream = job_events(
         settings.resolved_database_url,
         principal.tenant_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
@@ -131,7 +131,11 @@ def list_pattern_versions(name: str, session: SessionDep, _: PrincipalDep) -> Pa
 
 @router.get("/{name}/versions/{version}", response_model=PatternVersionPublic)
 def get_pattern_version(
-    name: str, version: int, session: SessionDep, _: PrincipalDep
+    name: str,
+    # Bounded: a number no column holds is a 422, not the database's overflow (a 500).
+    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    session: SessionDep,
+    _: PrincipalDep,
 ) -> PatternVersionPublic:
     """One immutable version of a pattern."""
     return PatternVersionPublic.model_validate(registry.get_pattern_version(session, name, version))
