@@ -72,6 +72,9 @@ class ArtifactStore(Protocol):
 
     def read_bytes(self, digest: str) -> bytes: ...
 
+    def size(self, digest: str) -> int:
+        """The blob's length in bytes (a ``HEAD`` answers it without reading the blob)."""
+
     def exists(self, digest: str) -> bool: ...
 
 
@@ -118,6 +121,9 @@ class LocalStore:
     def read_bytes(self, digest: str) -> bytes:
         return self._path(digest).read_bytes()
 
+    def size(self, digest: str) -> int:
+        return self._path(digest).stat().st_size
+
     def exists(self, digest: str) -> bool:
         return self._path(digest).exists()
 
@@ -156,6 +162,10 @@ class S3Store:
 
     def read_bytes(self, digest: str) -> bytes:
         return self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"].read()
+
+    def size(self, digest: str) -> int:
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
+        return int(head["ContentLength"])
 
     def exists(self, digest: str) -> bool:
         try:

@@ -2,27 +2,37 @@
 
 The API (``/v1/jobs/{id}/...``, keys in headers) and the dashboard (``/ui/jobs/{id}/
 download/...``, the key in a cookie) serve the same files through these functions.
+
+The store is content-addressed, so a file's sha256 is known without reading it: it is
+the file's strong ``ETag`` (the same on every download, and from every server of a
+cluster) and its RFC 9530 ``Repr-Digest``.
 """
 
 from __future__ import annotations
 
+import base64
 import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import format_datetime
 from pathlib import Path
 
 from app.core.errors import ProblemError
 from app.core.models import Job, JobStatus
-from app.services.artifacts import ArtifactStore
+from app.services.artifacts import ArtifactStore, download_headers
 
 __all__ = [
     "ARTIFACT_CSP",
     "ARTIFACT_TYPES",
-    "artifact_bytes",
+    "JobFile",
     "artifact_digest",
+    "artifact_file",
     "check_artifact_name",
-    "fused_model_copy",
+    "fused_model_file",
     "fused_model_filename",
     "not_available",
-    "report_bytes",
+    "report_file",
+    "temporary_copy",
 ]
 
 # The files the worker stores beside report.json (worker/sandbox.py), by name.
@@ -51,27 +61,97 @@ def fused_model_filename(job: Job) -> str:
     return f"{Path(job.model_name).stem}.fused.onnx"
 
 
-def fused_model_copy(job: Job, store: ArtifactStore, folder: Path) -> Path:
-    """A temporary copy of the fused model under ``folder`` (the caller removes it), so
-    a response streams it without holding it in memory, whichever store holds it."""
+def _stem(job: Job) -> str:
+    return fused_model_filename(job).removesuffix(".fused.onnx")
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """One stored file of a job as a download: where it is and what to say about it."""
+
+    digest: str  # sha256, hex: the blob's address in the store
+    media_type: str
+    filename: str  # the name the download suggests (the user's model name in it)
+    modified: datetime  # when the job finished (its files were written then)
+    csp: str | None = None  # a Content-Security-Policy of its own (the renderings)
+    stream: bool = False  # sent from a temporary copy, never held in memory (the model)
+
+    @property
+    def etag(self) -> str:
+        """Strong: the bytes are the digest's, whoever serves them and however often."""
+        return f'"{self.digest}"'
+
+    @property
+    def repr_digest(self) -> str:
+        """RFC 9530 ``Repr-Digest``: the sha256, base64 as a structured-field byte sequence."""
+        return f"sha-256=:{base64.b64encode(bytes.fromhex(self.digest)).decode()}:"
+
+    def headers(self) -> dict[str, str]:
+        """The headers of a download of this file (a GET, a HEAD, a 304 takes some)."""
+        headers = {
+            **download_headers(self.filename),
+            "ETag": self.etag,
+            "Repr-Digest": self.repr_digest,
+            "Last-Modified": format_datetime(self.modified.astimezone(UTC), usegmt=True),
+            # Revalidate each time: a 304 is cheap, and the key is checked again.
+            "Cache-Control": "private, no-cache",
+        }
+        if self.csp:
+            headers["Content-Security-Policy"] = self.csp
+        return headers
+
+
+def _finished(job: Job) -> datetime:
+    finished = job.finished_at or job.created_at  # a finished job always has finished_at
+    # SQLite hands back naive datetimes; every timestamp we store is UTC.
+    return finished if finished.tzinfo is not None else finished.replace(tzinfo=UTC)
+
+
+def fused_model_file(job: Job) -> JobFile:
+    """The fused model, once the job has succeeded (409 before)."""
     if job.status != JobStatus.succeeded or not job.fused_digest:
         raise not_available(job.id, job.status, "the fused model exists once it has succeeded")
+    return JobFile(
+        job.fused_digest,
+        "application/octet-stream",
+        fused_model_filename(job),
+        _finished(job),
+        stream=True,
+    )
+
+
+def report_file(job: Job) -> JobFile:
+    """report.json, once the job has finished with one (409 before)."""
+    if not JobStatus(job.status).is_final or not job.report_digest:
+        raise not_available(job.id, job.status, "the report exists once it has finished")
+    return JobFile(
+        job.report_digest, "application/json", f"{_stem(job)}.report.json", _finished(job)
+    )
+
+
+def artifact_file(job: Job, name: str) -> JobFile:
+    """One of ``ARTIFACT_TYPES`` (404 for another name), once the job has it (409 before)."""
+    check_artifact_name(name)
+    digest = artifact_digest(job, name)
+    if not JobStatus(job.status).is_final or not digest:
+        raise not_available(job.id, job.status, f"{name} exists once it has succeeded")
+    return JobFile(
+        digest, ARTIFACT_TYPES[name], f"{_stem(job)}.{name}", _finished(job), csp=ARTIFACT_CSP
+    )
+
+
+def temporary_copy(file: JobFile, store: ArtifactStore, folder: Path) -> Path:
+    """A temporary copy of ``file`` under ``folder`` (the caller removes it), so a
+    response streams it without holding it in memory, whichever store holds it."""
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
         path = Path(tmp.name)
     try:
-        store.fetch(job.fused_digest, path)
+        store.fetch(file.digest, path)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
     return path
-
-
-def report_bytes(job: Job, store: ArtifactStore) -> bytes:
-    """report.json, once the job has finished with one."""
-    if not JobStatus(job.status).is_final or not job.report_digest:
-        raise not_available(job.id, job.status, "the report exists once it has finished")
-    return store.read_bytes(job.report_digest)
 
 
 def artifact_digest(job: Job, name: str) -> str | None:
@@ -88,12 +168,3 @@ def check_artifact_name(name: str) -> str:
             f"jobs have no artifact {name!r}; the artifacts are {sorted(ARTIFACT_TYPES)}",
         )
     return name
-
-
-def artifact_bytes(job: Job, name: str, store: ArtifactStore) -> bytes:
-    """One of ``ARTIFACT_TYPES``, once the job has finished with it."""
-    check_artifact_name(name)
-    digest = artifact_digest(job, name)
-    if not JobStatus(job.status).is_final or not digest:
-        raise not_available(job.id, job.status, f"{name} exists once it has succeeded")
-    return store.read_bytes(digest)

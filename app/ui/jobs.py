@@ -7,15 +7,13 @@ import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import FileResponse, RedirectResponse
-from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse
 
 from app.api.deps import SessionDep, SettingsDep, StoreDep
+from app.api.downloads import download_response
 from app.core.errors import ProblemError
 from app.core.models import Job, JobStatus
 from app.services import job_files
-from app.services.artifacts import download_headers
 from app.services.jobs import cancel_job, get_job, list_jobs
 from app.ui.common import UIPrincipal, render, require
 from app.ui.job_data import LIVE, job_row, load_report_view
@@ -133,9 +131,10 @@ def job_cancel(job_id: str, principal: UIPrincipal, session: SessionDep):
 
 
 @router.get("/{job_id}/download/{what}")
-async def job_download(
+def job_download(
     job_id: str,
     what: str,
+    request: Request,
     principal: UIPrincipal,
     session: SessionDep,
     settings: SettingsDep,
@@ -145,25 +144,10 @@ async def job_download(
     if what not in DOWNLOADS:
         raise ProblemError(404, "not-found", "Not found", f"there is no download {what!r}")
     job = get_job(session, principal.tenant_id, job_id)
-    stem = job_files.fused_model_filename(job).removesuffix(".fused.onnx")
     if what == "model":
-        folder = settings.data_dir / "downloads"
-        path = await run_in_threadpool(job_files.fused_model_copy, job, store, folder)
-        return FileResponse(
-            path,
-            media_type="application/octet-stream",
-            headers=download_headers(job_files.fused_model_filename(job)),
-            background=BackgroundTask(path.unlink, missing_ok=True),
-        )
-    if what == "report":
-        body = await run_in_threadpool(job_files.report_bytes, job, store)
-        headers = download_headers(f"{stem}.report.json")
-        return Response(body, media_type="application/json", headers=headers)
-    name = "profile_trace.json" if what == "trace" else what
-    body = await run_in_threadpool(job_files.artifact_bytes, job, name, store)
-    # report.html too: a job's HTML is never rendered in the dashboard's origin.
-    headers = {
-        "Content-Security-Policy": job_files.ARTIFACT_CSP,
-        **download_headers(f"{stem}.{name}"),
-    }
-    return Response(body, media_type=job_files.ARTIFACT_TYPES[name], headers=headers)
+        file = job_files.fused_model_file(job)
+    elif what == "report":
+        file = job_files.report_file(job)
+    else:  # report.html too: a job's HTML is never rendered in the dashboard's origin
+        file = job_files.artifact_file(job, "profile_trace.json" if what == "trace" else what)
+    return download_response(request, file, store, settings.data_dir / "downloads")

@@ -9,21 +9,20 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
+from app.api.downloads import download_response, etag_matches
 from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
 from app.api.problems import problem_responses
 from app.api.uploads import incoming
 from app.core.config import Settings
 from app.core.db import autocommit_read, retry_stale, session_factory
-from app.core.models import Job, JobStatus
+from app.core.models import JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
-from app.services.artifacts import download_headers
 from app.services.auth import Principal
 from app.services.events import job_events
 from app.services.jobs import cancel_job, get_job, list_jobs
@@ -146,11 +145,7 @@ def read_jobs(
     return JobsPublic(items=items, total=total, limit=limit, offset=offset)
 
 
-def _etag_matches(if_none_match: str | None, etag: str) -> bool:
-    if not if_none_match:
-        return False
-    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-    return "*" in tags or etag in tags
+_etag_matches = etag_matches  # If-None-Match: the same rule as the downloads'
 
 
 @router.get(
@@ -237,78 +232,84 @@ def events(
     )
 
 
-@router.get(
-    "/v1/jobs/{job_id}/model",
-    response_class=FileResponse,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "The fused model"},
-        **problem_responses(401, 404, 409, 422),
-    },
-)
+# The downloads: GET and HEAD each (HEAD: the same headers, no body, nothing fetched).
+# Every answer carries the file's strong ETag and Repr-Digest (app/api/downloads.py).
+_DOWNLOAD_PROBLEMS = problem_responses(401, 404, 409, 422)
+_NOT_MODIFIED = {304: {"description": "Not modified: If-None-Match holds the ETag"}}
+
+
+def _download_route(path: str, content: dict[str, Any], description: str):
+    """Register a download endpoint for GET (the file) and HEAD (its headers)."""
+
+    def register(endpoint):
+        responses = {**_NOT_MODIFIED, **_DOWNLOAD_PROBLEMS}
+        router.get(
+            path,
+            response_class=Response,
+            responses={200: {"content": content, "description": description}, **responses},
+        )(endpoint)
+        router.head(
+            path,
+            response_class=Response,
+            responses={200: {"description": f"{description}: its headers, no body"}, **responses},
+        )(endpoint)
+        return endpoint
+
+    return register
+
+
+@_download_route("/v1/jobs/{job_id}/model", {"application/octet-stream": {}}, "The fused model")
 def download_model(
     job_id: str,
+    request: Request,
     principal: PrincipalDep,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-) -> FileResponse:
+) -> Response:
     """The fused model (only once the job has succeeded)."""
     job = get_job(session, principal.tenant_id, job_id)
-    path = job_files.fused_model_copy(job, store, settings.data_dir / "downloads")
-    return FileResponse(
-        path,
-        media_type="application/octet-stream",
-        headers=download_headers(job_files.fused_model_filename(job)),
-        background=BackgroundTask(path.unlink, missing_ok=True),
-    )
+    file = job_files.fused_model_file(job)
+    return download_response(request, file, store, settings.data_dir / "downloads")
 
 
-@router.get(
+@_download_route(
     "/v1/jobs/{job_id}/report",
-    responses={
-        200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-        **problem_responses(401, 404, 409, 422),
-    },
+    {"application/json": {"schema": {"type": "object"}}},
+    "The report (docs/report.schema.json)",
 )
 def download_report(
-    job_id: str, principal: PrincipalDep, session: SessionDep, store: StoreDep
+    job_id: str,
+    request: Request,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
 ) -> Response:
     """The job's JSON report (once it has finished with one)."""
     job = get_job(session, principal.tenant_id, job_id)
-    headers = download_headers(f"{_stem(job)}.report.json")
-    body = job_files.report_bytes(job, store)
-    return Response(body, media_type="application/json", headers=headers)
+    file = job_files.report_file(job)
+    return download_response(request, file, store, settings.data_dir / "downloads")
 
 
-def _stem(job: Job) -> str:
-    return job_files.fused_model_filename(job).removesuffix(".fused.onnx")
-
-
-# The files the worker stores beside the report (worker/sandbox.py).
-ARTIFACT_TYPES = job_files.ARTIFACT_TYPES
-
-
-@router.get(
+@_download_route(
     "/v1/jobs/{job_id}/artifacts/{name}",
-    responses={
-        200: {
-            "content": {media: {} for media in ARTIFACT_TYPES.values()},
-            "description": "report.html (self-contained, charts and region pictures), "
-            "report.md, or profile_trace.json (onnxruntime's profiler trace of the fused "
-            "model, when the job profiled)",
-        },
-        **problem_responses(401, 404, 409, 422),
-    },
+    {media: {} for media in job_files.ARTIFACT_TYPES.values()},
+    "report.html (self-contained, charts and region pictures), report.md, or "
+    "profile_trace.json (onnxruntime's profiler trace of the fused model, when the job "
+    "profiled)",
 )
 def download_artifact(
-    job_id: str, name: str, principal: PrincipalDep, session: SessionDep, store: StoreDep
+    job_id: str,
+    name: str,
+    request: Request,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
 ) -> Response:
     """One of the job's stored files besides the model and report.json."""
     job_files.check_artifact_name(name)
     job = get_job(session, principal.tenant_id, job_id)
-    headers = {
-        "Content-Security-Policy": job_files.ARTIFACT_CSP,
-        **download_headers(f"{_stem(job)}.{name}"),
-    }
-    body = job_files.artifact_bytes(job, name, store)
-    return Response(body, media_type=ARTIFACT_TYPES[name], headers=headers)
+    file = job_files.artifact_file(job, name)
+    return download_response(request, file, store, settings.data_dir / "downloads")
