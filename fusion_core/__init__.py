@@ -3,46 +3,29 @@
 from fusion_core import optimize, OptimizeConfig
 result = optimize("model.onnx", OptimizeConfig(target="onnxruntime"))
 save_model(result.model, "fused.onnx")
+
+The names below load on first use (``lazy_loader``, SPEC 1): ``import fusion_core.errors``
+or ``fusion_core.targets`` costs no onnx or onnxruntime import, so the CLI's ``--help``
+and its client commands start at once; ``fusion_core.optimize`` loads the engine.
 """
 
-from fusion_core.catalog import (
-    CompiledPattern,
-    builtin_patterns,
-    compile_pattern,
-    load_pattern_file,
-)
-from fusion_core.config import CheckOptions, OptimizeConfig
-from fusion_core.errors import (
-    ConfigError,
-    FusionError,
-    ModelLoadError,
-    PatternError,
-    UnsafeModelError,
-)
-from fusion_core.ir import load_model, save_model
-from fusion_core.pipeline import AppliedFusion, Result, optimize
-from fusion_core.pipeline.files import RunFiles, RunOutcome, run
-from fusion_core.targets import TARGETS
+import lazy_loader
 
-__all__ = [
-    "TARGETS",
-    "AppliedFusion",
-    "CheckOptions",
-    "CompiledPattern",
-    "ConfigError",
-    "FusionError",
-    "ModelLoadError",
-    "OptimizeConfig",
-    "PatternError",
-    "Result",
-    "RunFiles",
-    "RunOutcome",
-    "UnsafeModelError",
-    "builtin_patterns",
-    "compile_pattern",
-    "load_model",
-    "load_pattern_file",
-    "optimize",
-    "run",
-    "save_model",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "catalog": ["CompiledPattern", "builtin_patterns", "compile_pattern", "load_pattern_file"],
+        "config": ["CheckOptions", "OptimizeConfig"],
+        "errors": [
+            "ConfigError",
+            "FusionError",
+            "ModelLoadError",
+            "PatternError",
+            "UnsafeModelError",
+        ],
+        "ir": ["load_model", "save_model"],
+        "pipeline": ["AppliedFusion", "Result", "optimize"],
+        "pipeline.files": ["RunFiles", "RunOutcome", "run"],
+        "targets": ["TARGETS"],
+    },
+)

@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from fusion_core.errors import ConfigError
-from fusion_core.patterns import TargetName
+from fusion_core.targets import TargetName
 
 __all__ = [
     "SELECTIONS",

@@ -8,12 +8,17 @@ implements (https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOpera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from fusion_core.errors import ConfigError
 
-__all__ = ["MS_DOMAIN", "TARGETS", "Target", "get_target"]
+__all__ = ["MS_DOMAIN", "TARGETS", "TARGET_NAMES", "Target", "TargetName", "get_target"]
 
 MS_DOMAIN = "com.microsoft"
+# The one spelling of the target names (patterns, configs and the CLI read it here; a
+# light module, so that the CLI's client commands need no onnx to offer the choices).
+TargetName = Literal["generic", "onnxruntime"]
+TARGET_NAMES: tuple[str, ...] = get_args(TargetName)
 
 
 @dataclass(frozen=True)

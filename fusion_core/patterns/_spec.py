@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Literal, get_args
+from typing import Any
 
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
 from fusion_core.patterns._refs import parse_edge, parse_ref
+from fusion_core.targets import TARGET_NAMES, TargetName
 
 __all__ = [
     "COMMUTATIVE_OPS",
@@ -40,8 +41,6 @@ __all__ = [
     "RewriterRef",
 ]
 
-TargetName = Literal["generic", "onnxruntime"]  # the one spelling (fusion_core.targets)
-TARGET_NAMES: tuple[str, ...] = get_args(TargetName)
 # Binary ops whose two inputs may be swapped without changing the result.
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
