@@ -1,88 +1,128 @@
 """The ``autofusion`` command line.
 
-Exit codes of `optimize` and `patterns` (stable, for scripts; `submit` has its own,
-see `autofusion submit --help`):
-  0 success
-  1 the fused model failed the numerical check
-  2 usage or config error (bad option, unknown pattern or target)
-  3 the input model is missing, not ONNX, malformed or unsafe
-  4 a pattern file is invalid
-  5 an internal error (a bug in autofusion; AUTOFUSION_DEBUG=1 shows the traceback)
-  130 interrupted (Ctrl-C)
+Only the command being run is imported: ``autofusion --help``, ``--version`` and the
+client commands (``submit``, ``jobs``, ``registry``) load no onnx, onnxruntime or fusion
+engine (tests/app/test_cli_imports.py holds them to it). A command's module is named in
+``COMMANDS`` and imported by ``main`` once the command line names it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.cli import calibrate as calibrate_cmd
-from app.cli import compare as compare_cmd
-from app.cli import keys as keys_cmd
-from app.cli import migrate as migrate_cmd
-from app.cli import optimize as optimize_cmd
-from app.cli import patterns as patterns_cmd
-from app.cli import profile as profile_cmd
-from app.cli import serve as serve_cmd
-from app.cli import submit as submit_cmd
-from app.cli import worker as worker_cmd
-from app.cli._exit import EXIT_CONFIG, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_MODEL, EXIT_PATTERN
-from fusion_core.errors import (
-    ConfigError,
-    FusionError,
-    ModelLoadError,
-    PatternError,
-    UnsafeModelError,
+from app.cli._exit import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    table_text,
 )
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main", "version"]
+
+# name -> (module, one line for `autofusion --help`), in the order --help lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "optimize": ("app.cli.optimize", "fuse a model and check the result (local, no server)"),
+    "compare": ("app.cli.compare", "compare two models' outputs and shared tensors"),
+    "profile": (
+        "app.cli.profile",
+        "time a model, or an original against its fused model, in onnxruntime",
+    ),
+    "calibrate": (
+        "app.cli.calibrate",
+        "measure this machine (onnxruntime, CPU): write a target profile for the cost model",
+    ),
+    "patterns": ("app.cli.patterns", "list or check pattern files locally (no server)"),
+    "serve": ("app.cli.serve", "run the REST API and dashboard (embedded mode by default)"),
+    "worker": ("app.cli.worker", "run a job worker (Celery) and the lease reaper"),
+    "submit": (
+        "app.cli.submit",
+        "send a model to an autofusion server, wait, download, gate (for CI)",
+    ),
+    "jobs": ("app.cli.jobs", "follow jobs on a server: list, status, wait, cancel, download"),
+    "registry": (
+        "app.cli.registry",
+        "the server's pattern registry and strategies: list, get, create, put, delete",
+    ),
+    "keys": ("app.cli.keys", "create, list and revoke API keys (directly in the database)"),
+    "migrate": (
+        "app.cli.migrate",
+        "apply database migrations (and create the S3 bucket), then exit",
+    ),
+}
+
+_EPILOG = f"""\
+exit codes (the same in every command; docs/service.md, "Exit codes"):
+{table_text()}
+
+autofusion COMMAND --help shows a command's options."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """The installed package's version (its metadata), or a word saying there is none."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as metadata_version
+
+    try:
+        return metadata_version("autofusion")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The command the arguments name: the first one that is not an option."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. Given ``argv``, only the command it names has its options (the others
+    are listed with their help line, their modules not imported); without, every one."""
     parser = argparse.ArgumentParser(
         prog="autofusion",
         description="Automatic operator fusion for ONNX models.",
-        epilog=__doc__.split("\n\n", 1)[1],
+        epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"autofusion {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands_in_order = (
-        optimize_cmd,
-        compare_cmd,
-        profile_cmd,
-        calibrate_cmd,
-        patterns_cmd,
-        serve_cmd,
-        worker_cmd,
-        submit_cmd,
-        keys_cmd,
-        migrate_cmd,
-    )
-    for command in commands_in_order:
-        command.add_parser(commands)
+    chosen = _chosen(argv) if argv is not None else None
+    for name, (module, help_line) in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(module).add_parser(_Listed(commands, help_line))
+        else:
+            commands.add_parser(name, help=help_line, add_help=False)
     return parser
 
 
+class _Listed:
+    """The subparsers, handing each command its help line from ``COMMANDS``."""
+
+    def __init__(self, commands: argparse._SubParsersAction, help_line: str) -> None:
+        self.commands, self.help_line = commands, help_line
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        return self.commands.add_parser(name, help=self.help_line, **kwargs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.run(args)
-    except (ModelLoadError, UnsafeModelError) as exc:
-        return _fail(exc, EXIT_MODEL)
-    except PatternError as exc:
-        return _fail(exc, EXIT_PATTERN)
-    except ConfigError as exc:
-        return _fail(exc, EXIT_CONFIG)
-    except FusionError as exc:
-        return _fail(exc, EXIT_CONFIG)
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - must outlive this function
-        return 0
+        return EXIT_OK
     except KeyboardInterrupt:
         sys.stderr.write("autofusion: interrupted\n")
         return EXIT_INTERRUPTED
@@ -92,8 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "or --no-check to skip running the models\n"
         )
         return EXIT_INTERNAL
-    except Exception as exc:  # a bug of ours: one line for the user, the traceback on request
-        return _internal_error(exc)
+    except Exception as exc:
+        return _known_error(exc)
+
+
+def _known_error(exc: Exception) -> int:
+    """A user's error of the core's vocabulary: one line and its code; else a bug."""
+    from fusion_core.errors import FusionError, ModelLoadError, PatternError, UnsafeModelError
+
+    if isinstance(exc, ModelLoadError | UnsafeModelError | PatternError):
+        return _fail(exc, EXIT_BAD_INPUT)
+    if isinstance(exc, FusionError):  # ConfigError and the rest: the options asked for it
+        return _fail(exc, EXIT_USAGE)
+    return _internal_error(exc)
 
 
 def _internal_error(exc: BaseException) -> int:
@@ -111,7 +162,7 @@ def _internal_error(exc: BaseException) -> int:
     return EXIT_INTERNAL
 
 
-def _fail(exc: FusionError, code: int) -> int:
+def _fail(exc: Exception, code: int) -> int:
     sys.stderr.write(f"autofusion: error: {exc}\n")
     return code
 

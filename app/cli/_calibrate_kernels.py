@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli._exit import EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_OK, EXIT_USAGE
 from fusion_core.cost import TargetProfile, dump_target_profile, load_target_profile
 from fusion_core.cost.fit import FittedFactor, fit_kernel_factors
 from fusion_core.errors import ConfigError
@@ -36,7 +36,7 @@ def run_from_reports(args: argparse.Namespace) -> int:
     )
     path = Path(args.output)
     if not write_profile(path, profile, header):
-        return EXIT_CONFIG
+        return EXIT_USAGE
     print(_table(path, scale, fitted))
     return EXIT_OK
 

@@ -1,8 +1,10 @@
-"""The HTTP side of ``autofusion submit``: requests with errors mapped to exit codes,
-transient failures retried, and a job followed to its end."""
+"""The HTTP client of the CLI's client commands (``submit``, ``jobs``, ``registry``):
+requests with errors mapped to the exit codes of ``app.cli._exit``, transient failures
+retried, downloads written whole or not at all, and a job followed to its end."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -12,49 +14,67 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.cli._submit_output import FINAL
+from app.cli._exit import EXIT_SERVER, EXIT_TIMEOUT, EXIT_USAGE, for_http_status
 
 if TYPE_CHECKING:
     from app.cli.submit import Upload
 
 __all__ = [
-    "EXIT_GATE",
-    "EXIT_JOB_FAILED",
-    "EXIT_OK",
-    "EXIT_TIMEOUT",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
+    "FINAL",
     "Client",
-    "SubmitError",
+    "ClientError",
+    "add_server_options",
+    "check_server",
+    "client_from_args",
     "follow",
     "read_json",
     "retry_after",
 ]
 
-EXIT_OK = 0
-EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-EXIT_TIMEOUT = 3
-EXIT_GATE = 4
-EXIT_UNREACHABLE = 5
-
+FINAL = ("succeeded", "failed", "cancelled")
 _TRANSIENT_STATUS = (502, 503, 504)
 _CHUNK = 1 << 20
 
 
-class SubmitError(Exception):
-    """Stop with a message and an exit code."""
+class ClientError(Exception):
+    """Stop with a message and an exit code; ``status`` is the HTTP status that said no."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, *, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+
+
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """--server and --api-key, from the environment by default (submit, jobs, registry)."""
+    p.add_argument(
+        "--server",
+        default=os.environ.get("AUTOFUSION_SERVER"),
+        help="server URL, e.g. http://127.0.0.1:8000 (default: AUTOFUSION_SERVER)",
+    )
+    p.add_argument(
+        "--api-key", default=os.environ.get("AUTOFUSION_API_KEY"),
+        help="API key (default: AUTOFUSION_API_KEY; prefer the variable, it stays out of logs)",
+    )  # fmt: skip
+
+
+def check_server(server: str | None) -> str:
+    if not server:
+        raise ClientError("--server is required (or set AUTOFUSION_SERVER)", EXIT_USAGE)
+    if not server.startswith(("http://", "https://")):
+        raise ClientError(f"--server must be an http(s) URL, not {server!r}", EXIT_USAGE)
+    return server
+
+
+def client_from_args(args: argparse.Namespace) -> Client:
+    return Client(check_server(args.server), args.api_key)
 
 
 class Client:
     """httpx with the errors mapped to exit codes and transient failures retried."""
 
     def __init__(self, server: str, api_key: str | None) -> None:
-        headers = {"User-Agent": "autofusion-submit/1", "Accept": "application/json"}
+        headers = {"User-Agent": "autofusion-cli/1", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.server = server.rstrip("/")
@@ -78,9 +98,9 @@ class Client:
                 response = self.http.request(method, url, **kwargs, **(body() if body else {}))
             except httpx.TransportError as exc:
                 if attempt == attempts:
-                    raise SubmitError(
+                    raise ClientError(
                         f"cannot reach the server at {self.server}: {exc or type(exc).__name__}",
-                        EXIT_UNREACHABLE,
+                        EXIT_SERVER,
                     ) from None
             else:
                 if response.status_code not in _TRANSIENT_STATUS or attempt == attempts:
@@ -131,7 +151,7 @@ class Client:
             os.replace(partial, destination)
         except httpx.TransportError as exc:
             partial.unlink(missing_ok=True)
-            raise SubmitError(f"download of {url} failed: {exc}", EXIT_UNREACHABLE) from None
+            raise ClientError(f"download of {url} failed: {exc}", EXIT_SERVER) from None
 
 
 def _raise_for_problem(response: httpx.Response, *, streamed: bool = False) -> httpx.Response:
@@ -147,8 +167,12 @@ def _raise_for_problem(response: httpx.Response, *, streamed: bool = False) -> h
     except ValueError:
         message = response.text.strip()[:500] or response.reason_phrase
     where = f"{response.request.method} {response.request.url.path}"
-    code = EXIT_USAGE if response.status_code < 500 else EXIT_UNREACHABLE
-    raise SubmitError(f"the server refused {where} ({response.status_code}): {message}", code)
+    status = response.status_code
+    raise ClientError(
+        f"the server refused {where} ({status}): {message}",
+        for_http_status(status),
+        status=status,
+    )
 
 
 def read_json(response: httpx.Response) -> dict:
@@ -158,10 +182,10 @@ def read_json(response: httpx.Response) -> dict:
         data = None
     if not isinstance(data, dict):
         where = f"{response.request.method} {response.request.url.path}"
-        raise SubmitError(
+        raise ClientError(
             f"the server answered {where} with something other than a JSON object "
             f"({response.headers.get('content-type', 'no content type')}): is --server right?",
-            EXIT_UNREACHABLE,
+            EXIT_SERVER,
         )
     return data
 
@@ -190,7 +214,7 @@ def follow(
     while job["status"] not in FINAL:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise SubmitError(
+            raise ClientError(
                 f"job {job['id']} is still {job['status']} after {timeout:g} s; "
                 f"follow it at {client.server}{job_url}",
                 EXIT_TIMEOUT,

@@ -18,6 +18,8 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from app.cli._client import FINAL
+from app.cli._exit import EXIT_JOB_FAILED, EXIT_OK, for_job_problem
 from app.schemas.jobs import JobSummary
 from fusion_core.report import ReportSummary, Speed, read_report
 
@@ -28,13 +30,16 @@ __all__ = [
     "emit",
     "evaluate_gates",
     "facts",
+    "github_outputs",
+    "job_exit_code",
+    "job_failure",
     "speed_dict",
     "speed_line",
     "urls",
+    "write_github_output",
     "write_step_summary",
 ]
 
-FINAL = ("succeeded", "failed", "cancelled")
 _BAR = 24
 # fusion_core.validate's failure kinds, in words (the check reports only what it saw).
 _CHECK_FAILURES = {
@@ -43,6 +48,27 @@ _CHECK_FAILURES = {
     "fused_cannot_run": "the fused model cannot run in onnxruntime",
     "cannot_load": "onnxruntime cannot load the models",
 }
+
+
+def job_failure(job: Mapping[str, Any]) -> tuple[str, str]:
+    """(the problem type's slug, the reason in words) of a failed job: its ``error`` as a
+    problem object, or as the string and ``error_type`` that servers before it sent."""
+    error = job.get("error")
+    if isinstance(error, Mapping):
+        kind = error.get("type")
+        reason = error.get("detail") or error.get("title")
+    else:
+        kind, reason = job.get("error_type"), error
+    return str(kind or "").rpartition("/")[2], str(reason or "no reason given")
+
+
+def job_exit_code(job: Mapping[str, Any]) -> int:
+    """A final job's exit code: 0 when it succeeded, else what its failure means."""
+    if job.get("status") == "succeeded":
+        return EXIT_OK
+    if job.get("status") == "failed":
+        return for_job_problem(job_failure(job)[0])
+    return EXIT_JOB_FAILED
 
 
 @dataclass(frozen=True)
@@ -302,6 +328,43 @@ def emit(outcome: Any, model: str, args: Any) -> None:
     if outcome.message:
         sys.stderr.write(f"autofusion submit: {outcome.message}\n")
     write_step_summary(model, outcome, outcome.message)
+    if args.github_output is not None:
+        write_github_output(args.github_output, github_outputs(outcome, outcome.code))
+
+
+_CHECK_WORDS = {True: "passed", False: "failed", None: ""}
+
+
+def github_outputs(outcome: Any | None, code: int) -> dict[str, str]:
+    """The step outputs of action.yml: what a later step reads as ``steps.ID.outputs.X``.
+    A value the job does not have (no speed measured, no check run) is empty."""
+    job = outcome.job if outcome is not None else {}
+    summary = read_report(outcome.report) if outcome and outcome.report is not None else None
+    speed = summary.speed if summary else None
+    diff = summary.max_abs_diff if summary else None
+    return {
+        "job-id": str(job.get("id") or ""),
+        "status": str(job.get("status") or ""),
+        "exit-code": str(code),
+        "speedup": f"{speed.speedup:.4g}" if speed and math.isfinite(speed.speedup) else "",
+        "max-abs-diff": f"{diff:.6g}" if diff is not None else "",
+        "check": _CHECK_WORDS[summary.check_passed if summary else None],
+        "job-url": outcome.url if outcome is not None else "",
+        "page-url": urls(outcome)["page"] if outcome is not None else "",
+    }
+
+
+def write_github_output(path: Any, values: Mapping[str, str]) -> None:
+    """Append ``name=value`` lines (GitHub's step output file format; the values here
+    are single-line, and a newline in one would be refused rather than break the file)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            for name, value in values.items():
+                if "\n" in value or "\r" in value:
+                    raise ValueError(f"output {name} spans lines")
+                f.write(f"{name}={value}\n")
+    except OSError as exc:
+        sys.stderr.write(f"autofusion submit: cannot write the step outputs to {path}: {exc}\n")
 
 
 def _markdown(model: str, outcome: Any | None, message: str | None) -> str:

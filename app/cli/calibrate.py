@@ -40,7 +40,7 @@ import onnx.helper as oh
 import onnxruntime as ort
 
 from app.cli._calibrate_kernels import run_from_reports, write_profile
-from app.cli._exit import EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_OK, EXIT_USAGE
 from fusion_core.cost import (
     PROFILE_NAME_PATTERN,
     Calibration,
@@ -81,10 +81,7 @@ class Measurement:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
-        "calibrate",
-        help="measure this machine (onnxruntime, CPU): write a target profile for the cost model",
-    )
+    p = commands.add_parser("calibrate")
     p.add_argument(
         "--output", "-o", default=DEFAULT_OUTPUT, help=f"YAML file to write ({DEFAULT_OUTPUT})"
     )
@@ -115,13 +112,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.threads < 1:
         sys.stderr.write("autofusion: error: --threads must be at least 1\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if not re.fullmatch(PROFILE_NAME_PATTERN, args.name):
         sys.stderr.write(
             f"autofusion: error: --name {args.name!r} is not a profile name "
             "(letters, digits, '_', '.', '-')\n"
         )
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if args.from_report:
         return run_from_reports(args)
     sizes = Sizes.for_mode(args.quick)
@@ -133,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     )
     path = Path(args.output)
     if not write_profile(path, profile, header):
-        return EXIT_CONFIG
+        return EXIT_USAGE
     print(_summary(profile, sizes, path))
     return EXIT_OK
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
 from app.cli.optimize import _graph_only, _profile
 from fusion_core.config import CheckOptions
 from fusion_core.ir import load_model
@@ -38,7 +38,7 @@ _SHOWN = 10  # failing intermediate tensors listed
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("compare", help="compare two models' outputs and shared tensors")
+    p = commands.add_parser("compare")
     p.add_argument("a", help="the reference model (.onnx)")
     p.add_argument("b", help="the model to compare with it (.onnx), e.g. a fused one")
     p.add_argument("--rtol", type=float, default=CheckOptions().rtol)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if check.failure == ORIGINAL_CANNOT_RUN:
         sys.stderr.write(f"autofusion: {check.error}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if feeds is None:
         dims = check.profiles[0].dims if check.profiles else {}  # sizes the check settled on
         feeds = [random_inputs(a, seed=args.seed + k, dims=dims) for k in range(args.samples)]
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return EXIT_OK if check.passed else EXIT_CHECK_FAILED
+    return EXIT_OK if check.passed else EXIT_GATE_FAILED
 
 
 def _proto(path: str) -> onnx.ModelProto:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from app.cli._exit import EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_OK, EXIT_USAGE
 from app.cli.migrate import add_database_options, prepare_database, settings_from_args
 from app.core.db import session_scope
 from app.core.models import ApiKey, utcnow
@@ -31,7 +31,6 @@ _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "keys",
-        help="create, list and revoke API keys (directly in the database)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -62,7 +61,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def _fail(message: str) -> int:
     sys.stderr.write(f"autofusion keys: {message}\n")
-    return EXIT_CONFIG
+    return EXIT_USAGE
 
 
 def run(args: argparse.Namespace) -> int:

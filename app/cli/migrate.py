@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
-from app.cli._exit import EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_OK, EXIT_USAGE
 from app.core.config import Settings
 from app.migrate import upgrade
 
@@ -73,7 +73,6 @@ def ensure_bucket(settings: Settings) -> bool:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "migrate",
-        help="apply database migrations (and create the S3 bucket), then exit",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -86,12 +85,12 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         sys.stderr.write(f"autofusion migrate: invalid settings:\n{exc}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     try:
         prepare_database(settings)
     except OperationalError as exc:
         sys.stderr.write(f"autofusion migrate: cannot open the database: {exc.orig}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     sys.stderr.write("autofusion: database schema is up to date\n")
     if settings.artifact_store == "s3":
         created = ensure_bucket(settings)

@@ -11,14 +11,14 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError
 
-from app.cli._exit import EXIT_CHECK_FAILED, EXIT_CONFIG, EXIT_OK
+from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
 from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
 from fusion_core import run as run_files
 from fusion_core.catalog import parse_pattern_text
 from fusion_core.config import SELECTIONS, CheckOptions, MeasureOptions, read_strategy_file
 from fusion_core.errors import ConfigError, ModelLoadError, PatternError
-from fusion_core.patterns import TARGET_NAMES
 from fusion_core.report import format_summary
+from fusion_core.targets import TARGET_NAMES
 from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 
 # Measured selection's decisions, per machine class and model structure (fusion_core
@@ -29,7 +29,7 @@ DEFAULT_MEASURE_CACHE = (
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("optimize", help="fuse a model and check the result")
+    p = commands.add_parser("optimize")
     for add in (_files_and_patterns, _check_options, _selection_options, _measure_options):
         add(p)
     p.set_defaults(run=run, default_of=p.get_default)
@@ -246,9 +246,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if check.failure == ORIGINAL_CANNOT_RUN:
         sys.stderr.write(f"autofusion: {check.error}{note}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     sys.stderr.write(f"autofusion: the fused model does not match the original{note}\n")
-    return EXIT_CHECK_FAILED
+    return EXIT_GATE_FAILED
 
 
 def _path(value: str | None) -> Path | None:

@@ -8,7 +8,7 @@ from fusion_core import builtin_patterns, load_pattern_file
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("patterns", help="list or check fusion patterns")
+    p = commands.add_parser("patterns")
     sub = p.add_subparsers(dest="patterns_command", required=True, metavar="ACTION")
     listing = sub.add_parser("list", help="show the built-in patterns")
     listing.add_argument("--pattern-file", action="append", default=[], help="also list these")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli._exit import EXIT_CONFIG, EXIT_MODEL, EXIT_OK
+from app.cli._exit import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE
 from fusion_core.errors import ConfigError, FusionError, ModelLoadError, UnsafeModelError
 from fusion_core.profiling import ProfileOptions, profile_models
 
@@ -24,9 +24,7 @@ TOP_OP_TYPES = 8
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     defaults = ProfileOptions()
-    p = commands.add_parser(
-        "profile", help="time a model, or an original against its fused model, in onnxruntime"
-    )
+    p = commands.add_parser("profile")
     p.add_argument("model", help="the (original) .onnx file (external data next to it)")
     p.add_argument("--fused", help="a fused .onnx file to compare against MODEL")
     p.add_argument("--threads", type=int, default=defaults.threads, help="intra-op threads")
@@ -64,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
         )
         report = profile_models(args.model, args.fused, options=options).to_dict()
     except (ModelLoadError, UnsafeModelError) as exc:
-        return _fail(exc, EXIT_MODEL)
+        return _fail(exc, EXIT_BAD_INPUT)
     except FusionError as exc:
-        return _fail(exc, EXIT_CONFIG)
+        return _fail(exc, EXIT_USAGE)
     if args.json_path:
         path = Path(args.json_path)
         path.parent.mkdir(parents=True, exist_ok=True)

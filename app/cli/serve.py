@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app.cli._exit import EXIT_CONFIG
+from app.cli._exit import EXIT_USAGE
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
 
@@ -41,7 +41,6 @@ anybody's models. --insecure-no-auth overrides this, for a network you trust ent
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "serve",
-        help="run the REST API and dashboard (embedded mode by default)",
         description=__doc__,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -140,16 +139,16 @@ def run(args: argparse.Namespace) -> int:
     protobuf = python_protobuf_refusal("serve")
     if protobuf:
         sys.stderr.write(protobuf)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
         sys.stderr.write(f"autofusion serve: invalid settings:\n{exc}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     refusal = _refusal(args, settings)
     if refusal:
         sys.stderr.write(f"autofusion serve: {refusal}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if not settings.embedded_worker and settings.is_embedded_broker:
         sys.stderr.write(
             "autofusion serve: no in-process worker: jobs wait until an `autofusion worker` "

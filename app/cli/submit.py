@@ -21,31 +21,29 @@ from typing import Any
 import httpx
 
 from app.cli import _submit_output as output
-from app.cli._submit_client import (
-    EXIT_GATE,
-    EXIT_JOB_FAILED,
-    EXIT_OK,
-    EXIT_TIMEOUT,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
+from app.cli._client import (
     Client,
-    SubmitError,
+    ClientError,
+    add_server_options,
+    check_server,
     follow,
     read_json,
     retry_after,
 )
-from app.cli._submit_output import Gate, evaluate_gates
+from app.cli._exit import (
+    EXIT_BAD_INPUT,
+    EXIT_GATE_FAILED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    table_text,
+)
+from app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
 from fusion_core.config import merge_options, read_strategy_file
 from fusion_core.errors import ConfigError
-from fusion_core.patterns import TARGET_NAMES
+from fusion_core.targets import TARGET_NAMES
 
 __all__ = [
-    "EXIT_GATE",
-    "EXIT_JOB_FAILED",
-    "EXIT_OK",
-    "EXIT_TIMEOUT",
-    "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
     "Upload",
     "add_parser",
     "idempotency_key",
@@ -55,14 +53,9 @@ __all__ = [
 
 _CHUNK = 1 << 20
 
-_EPILOG = """\
-exit codes:
-  0  the job succeeded and every quality gate passed
-  1  the job failed or was cancelled
-  2  usage error: bad option, unreadable file, or a request the server refused (4xx)
-  3  --timeout ran out before the job finished (the job goes on; its URL is printed)
-  4  a quality gate failed: the server's numerical check, --max-abs-diff, --min-speedup
-  5  the server cannot be reached, or answered with a server error (5xx)
+_EPILOG = f"""\
+exit codes (the table of every autofusion command):
+{table_text()}
 
 --max-abs-diff compares the report's check.max_abs_diff (the largest difference between
 the original and the fused model's outputs).
@@ -75,8 +68,10 @@ median) is at least X; the message names the speedup, the verdict, the interval 
 the number of runs.
 
 --strategy takes a named strategy (see GET /v1/strategies) or a JSON/YAML file holding
-config fields (target, patterns, exclude, check: {rtol, atol, samples, ...}).
-With GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file.
+config fields (target, patterns, exclude, check: {{rtol, atol, samples, ...}}).
+With GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file; with
+--github-output FILE (default: GITHUB_OUTPUT, as GitHub Actions sets it) the step's
+outputs are appended there: job-id, status, exit-code, speedup, max-abs-diff, job-url.
 """
 
 
@@ -96,17 +91,12 @@ class Upload:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "submit",
-        help="send a model to an autofusion server, wait, download, gate (for CI)",
         description=__doc__,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", type=Path, help="the .onnx file to optimize")
-    p.add_argument(
-        "--server",
-        default=os.environ.get("AUTOFUSION_SERVER"),
-        help="server URL, e.g. http://127.0.0.1:8000 (default: AUTOFUSION_SERVER)",
-    )
+    add_server_options(p)
     p.add_argument(
         "--data", action="append", type=Path, default=[], metavar="FILE",
         help="an external-data file of the model (repeatable)",
@@ -116,7 +106,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", action="store_true", help="wait for the job to finish")
     p.add_argument(
         "--timeout", type=_positive, default=3600.0, metavar="SECONDS",
-        help="with --wait: give up after this long, exit 3 (default 3600)",
+        help=f"with --wait: give up after this long, exit {EXIT_TIMEOUT} (default 3600)",
     )  # fmt: skip
     p.add_argument(
         "--profile", action="store_true",
@@ -143,8 +133,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--report", type=Path, help="with --wait: write the JSON report here")
     p.add_argument("--json", action="store_true", help="print JSON (report + job) on stdout")
     p.add_argument(
-        "--api-key", default=os.environ.get("AUTOFUSION_API_KEY"),
-        help="API key (default: AUTOFUSION_API_KEY; prefer the variable, it stays out of logs)",
+        "--github-output", type=Path, default=os.environ.get("GITHUB_OUTPUT") or None,
+        metavar="FILE",
+        help="append the step outputs (job-id, status, speedup, max-abs-diff...) to FILE "
+        "(default: GITHUB_OUTPUT, set by GitHub Actions)",
     )  # fmt: skip
     p.add_argument(
         "--idempotency-key", metavar="KEY",
@@ -193,13 +185,13 @@ def _load_strategy_file(path: Path) -> dict[str, Any]:
     try:
         return read_strategy_file(path)  # the same reader as `autofusion optimize --strategy`
     except ConfigError as exc:
-        raise SubmitError(str(exc), EXIT_USAGE) from None
+        raise ClientError(str(exc), EXIT_USAGE) from None
 
 
 def build_upload(args: argparse.Namespace) -> Upload:
     for path in [args.model, *args.data]:
         if not path.is_file():
-            raise SubmitError(f"no such file: {path}", EXIT_USAGE)
+            raise ClientError(f"no such file: {path}", EXIT_BAD_INPUT)
     from_file: dict[str, Any] = {}
     given: dict[str, Any] = {}
     if args.strategy:
@@ -207,7 +199,7 @@ def build_upload(args: argparse.Namespace) -> Upload:
         if candidate.is_file():
             from_file = _load_strategy_file(candidate)
         elif candidate.suffix in (".json", ".yaml", ".yml") or os.sep in args.strategy:
-            raise SubmitError(f"no such strategy file: {args.strategy}", EXIT_USAGE)
+            raise ClientError(f"no such strategy file: {args.strategy}", EXIT_USAGE)
         else:
             given["strategy"] = args.strategy
     if args.target:
@@ -215,7 +207,7 @@ def build_upload(args: argparse.Namespace) -> Upload:
     if args.profile or args.min_speedup is not None:
         given["profile"] = True
     if args.measure_budget is not None and not args.measure:
-        raise SubmitError("--measure-budget needs --measure", EXIT_USAGE)
+        raise ClientError("--measure-budget needs --measure", EXIT_USAGE)
     if args.measure:
         given["measure"] = True
         if args.measure_budget is not None:
@@ -225,10 +217,7 @@ def build_upload(args: argparse.Namespace) -> Upload:
 
 
 def _check_usage(args: argparse.Namespace) -> None:
-    if not args.server:
-        raise SubmitError("--server is required (or set AUTOFUSION_SERVER)", EXIT_USAGE)
-    if not args.server.startswith(("http://", "https://")):
-        raise SubmitError(f"--server must be an http(s) URL, not {args.server!r}", EXIT_USAGE)
+    check_server(args.server)
     needs_wait = [
         name
         for name, value in (
@@ -240,7 +229,7 @@ def _check_usage(args: argparse.Namespace) -> None:
         if value is not None
     ]
     if needs_wait and not args.wait:
-        raise SubmitError(
+        raise ClientError(
             f"{', '.join(needs_wait)} need(s) --wait: without it submit returns as soon as "
             "the job is queued",
             EXIT_USAGE,
@@ -273,7 +262,7 @@ def _write_failed_report(client: Client, path: Path, url: str) -> None:
     """A job whose check failed keeps its report (what the check saw): write it too."""
     try:
         report = read_json(client.send("GET", url))
-    except SubmitError:  # the job failed before it had one
+    except ClientError:  # the job failed before it had one
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -282,11 +271,10 @@ def _write_failed_report(client: Client, path: Path, url: str) -> None:
 def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url: str) -> None:
     job = outcome.job
     if job["status"] != "succeeded":
-        error = job.get("error") or "no reason given"
         # the problem type's slug: check-failed, model-cannot-run, crashed-twice, ...
-        problem = (job.get("error_type") or "").rpartition("/")[2]
+        problem, error = job_failure(job)
         status = f"{job['status']} ({problem})" if problem else job["status"]
-        outcome.code, outcome.message = EXIT_JOB_FAILED, f"job {job['id']} {status}: {error}"
+        outcome.code, outcome.message = job_exit_code(job), f"job {job['id']} {status}: {error}"
         if outcome.replayed:
             outcome.message += (
                 " (an earlier submit of the same inputs made this job; to run them again, "
@@ -306,7 +294,7 @@ def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url
     )
     failed = [g for g in outcome.gates if not g.passed]
     if failed:
-        outcome.code = EXIT_GATE
+        outcome.code = EXIT_GATE_FAILED
         outcome.message = "quality gate failed: " + "; ".join(g.message for g in failed)
 
 
@@ -332,7 +320,7 @@ def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome
     try:
         delay = retry_after(response, 1.0)
         outcome.job = follow(client, job_url, job, delay, args.timeout, progress)
-    except SubmitError as exc:
+    except ClientError as exc:
         if exc.code != EXIT_TIMEOUT:
             raise
         outcome.code, outcome.message = EXIT_TIMEOUT, str(exc)
@@ -348,17 +336,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_usage(args)
         upload = build_upload(args)
-    except SubmitError as exc:
-        sys.stderr.write(f"autofusion submit: {exc}\n")
-        return exc.code
+    except ClientError as exc:
+        return _stop(args, exc, None)
     client = Client(args.server, args.api_key)
     try:
         outcome = _submit(client, args, upload)
-    except SubmitError as exc:
-        sys.stderr.write(f"autofusion submit: {exc}\n")
-        output.write_step_summary(upload.model.name, None, str(exc))
-        return exc.code
+    except ClientError as exc:
+        return _stop(args, exc, upload.model.name)
     finally:
         client.close()
     output.emit(outcome, upload.model.name, args)
     return outcome.code
+
+
+def _stop(args: argparse.Namespace, exc: ClientError, model: str | None) -> int:
+    """Before a job to show: the message, the step summary and outputs, the code."""
+    sys.stderr.write(f"autofusion submit: {exc}\n")
+    if model is not None:
+        output.write_step_summary(model, None, str(exc))
+    if args.github_output is not None:
+        output.write_github_output(args.github_output, output.github_outputs(None, exc.code))
+    return exc.code

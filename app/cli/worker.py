@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from app.cli._exit import EXIT_CONFIG
+from app.cli._exit import EXIT_USAGE
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings, redact_url
 from fusion_core.errors import describe_fields, field_errors
@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "worker",
-        help="run a job worker (Celery) and the lease reaper",
         description="Run a Celery worker for the job queue, plus the lease reaper. Settings "
         "come from AUTOFUSION_* environment variables; these flags override them.",
     )
@@ -63,13 +62,13 @@ def run(args: argparse.Namespace) -> int:
     protobuf = python_protobuf_refusal("worker")
     if protobuf:
         sys.stderr.write(protobuf)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     try:
         settings = load_settings(args)
     except ValidationError as exc:
         details = describe_fields(field_errors(exc, default="settings"))
         sys.stderr.write(f"autofusion worker: error: invalid settings: {details}\n")
-        return EXIT_CONFIG
+        return EXIT_USAGE
     logging.basicConfig(
         level=args.loglevel, format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
     )

@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 from app.cli import main
+from app.cli._exit import EXIT_BAD_INPUT, EXIT_USAGE
 from fusion_core import builtin_patterns, load_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,12 +144,12 @@ def test_optimize_applies_an_extra_pattern_file(capsys, tmp_path, extra_pattern_
     assert "head.gap_flatten" in out
 
 
-def test_optimize_with_an_invalid_pattern_file_exits_4(capsys, tmp_path, invalid_pattern_file):
+def test_optimize_with_an_invalid_pattern_file_exits_3(capsys, tmp_path, invalid_pattern_file):
     code, out, err, report = optimize_resnet(
         capsys, tmp_path, "--pattern-file", invalid_pattern_file
     )
 
-    assert code == 4
+    assert code == EXIT_BAD_INPUT
     assert "nodes.0.op" in err
     assert "Convv" in err
     assert not (tmp_path / "fused.onnx").exists()
@@ -163,15 +164,15 @@ def test_optimize_refuses_a_pattern_file_that_reuses_a_builtin_name(capsys, tmp_
 
     # Both patterns are called conv_bn: silently mixing them would rewrite the built-in
     # conv_bn matches with the file's rewriter.
-    assert code in (2, 4)
+    assert code in (EXIT_USAGE, EXIT_BAD_INPUT)
     assert "conv_bn" in err
     assert not (tmp_path / "fused.onnx").exists()
 
 
-def test_optimize_with_a_missing_pattern_file_exits_4(capsys, tmp_path):
+def test_optimize_with_a_missing_pattern_file_exits_3(capsys, tmp_path):
     code, _, err, _ = optimize_resnet(capsys, tmp_path, "--pattern-file", tmp_path / "no.yaml")
 
-    assert code == 4
+    assert code == EXIT_BAD_INPUT
     assert "no.yaml" in err
 
 
@@ -260,10 +261,10 @@ def test_patterns_check_valid_file_exits_0(capsys, extra_pattern_file):
     assert "ok: head.gap_flatten" in out
 
 
-def test_patterns_check_invalid_file_exits_4(capsys, invalid_pattern_file):
+def test_patterns_check_invalid_file_exits_3(capsys, invalid_pattern_file):
     code, out, err = run_cli(capsys, "patterns", "check", invalid_pattern_file)
 
-    assert code == 4
+    assert code == EXIT_BAD_INPUT
     assert "broken" in err
     assert "nodes.0.op" in err
     assert out == ""

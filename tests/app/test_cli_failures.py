@@ -17,6 +17,7 @@ import pytest
 
 import app.cli.optimize as optimize_cmd
 from app.cli import main
+from app.cli._exit import EXIT_INTERNAL
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -100,14 +101,14 @@ def test_a_mismatch_exits_1_and_writes_nothing(capsys, tmp_path):
     assert code == 1 and out_path.exists()
 
 
-def test_an_internal_error_is_one_line_with_exit_5(capsys, tmp_path, monkeypatch):
+def test_an_internal_error_is_one_line_with_exit_internal(capsys, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("something inside broke\nsecond line")
 
     monkeypatch.setattr(optimize_cmd, "run_files", broken)
     monkeypatch.delenv("AUTOFUSION_DEBUG", raising=False)
     code, out, err = run_cli(capsys, "optimize", RESNET, "-o", tmp_path / "f.onnx")
-    assert code == 5
+    assert code == EXIT_INTERNAL
     assert "Traceback" not in err + out
     assert "internal error: RuntimeError" in err and "something inside broke" in err
     assert "second line" not in err

@@ -10,7 +10,8 @@ Three layers:
 - end to end against a real ``autofusion serve`` subprocess in embedded mode, the speed
   gate included (a real profiled job).
 
-Submit exit codes: 0 ok, 1 job failed, 2 usage, 3 timeout, 4 quality gate, 5 unreachable.
+Submit exits with the CLI's one table (app/cli/_exit.py): 0 ok, 1 quality gate (the
+server's check included), 2 usage, 3 bad model, 4 job failed, 5 unreachable, 6 timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from report_testing import paired, real_report, write_model
 
 from app.cli import main
 from app.cli import serve as serve_cmd
+from app.cli._exit import (
+    EXIT_BAD_INPUT,
+    EXIT_GATE_FAILED,
+    EXIT_JOB_FAILED,
+    EXIT_SERVER,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
 from app.cli._submit_output import Progress, evaluate_gates, speed_dict
 from app.cli.submit import Upload, idempotency_key
 from app.core.db import session_scope
@@ -46,6 +55,7 @@ from fusion_core.validate import make_session
 from worker.plan import Plan, summarize
 from worker.snapshots import CompiledSnapshot
 
+PROBLEM = "https://autofusion.dev/problems/"
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 
@@ -166,9 +176,9 @@ def test_usage_errors_exit_2(capsys, model_file, args, message):
     assert out == ""
 
 
-def test_missing_model_exits_2(capsys, tmp_path):
+def test_missing_model_exits_3(capsys, tmp_path):
     code, _, err = cli(capsys, "submit", tmp_path / "nope.onnx", "--server", "http://x")
-    assert code == 2
+    assert code == EXIT_BAD_INPUT
     assert "no such file" in err
 
 
@@ -177,7 +187,7 @@ def test_unreachable_server_exits_5(capsys, model_file, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     port = free_port()  # nothing listens there
     code, out, err = cli(capsys, "submit", model_file, "--server", f"http://127.0.0.1:{port}")
-    assert code == 5
+    assert code == EXIT_SERVER
     assert "cannot reach the server" in err
     assert out == ""
     assert "cannot reach the server" in summary.read_text()
@@ -234,10 +244,10 @@ def test_profile_and_the_speed_gate_ask_the_server_to_profile(model_file, option
 
 
 def test_a_measure_budget_without_measure_is_a_usage_error(model_file):
-    from app.cli._submit_client import EXIT_USAGE, SubmitError
+    from app.cli._client import ClientError
     from app.cli.submit import build_upload
 
-    with pytest.raises(SubmitError, match="needs --measure") as caught:
+    with pytest.raises(ClientError, match="needs --measure") as caught:
         build_upload(_args(model_file, "--measure-budget", "5"))
     assert caught.value.code == EXIT_USAGE
 
@@ -370,7 +380,8 @@ class FakeApi:
             ("running", "validate", 0.8),
             ("succeeded", "succeeded", 1.0),
         ]
-        self.error: str | None = None
+        self.error: str | dict | None = None  # a string before problem objects
+        self.error_type: str | None = None  # the problem slug the string came with
         self.report = report
         self.retry_after = "0"
         self.post_answer: tuple[int, dict] | None = None
@@ -394,6 +405,7 @@ class FakeApi:
             # What the worker writes, from the same report.
             "summary": summarize(self.report, PLAN, 1, 0.5) if status == "succeeded" else None,
             "error": self.error if status == "failed" else None,
+            "error_type": PROBLEM + self.error_type if self.error_type else None,
             "links": {
                 "self": base,
                 "model": f"{base}/model",
@@ -588,12 +600,12 @@ def test_a_profiled_submit_shows_and_gates_on_the_speed(
     assert f"| speedup | {speed.describe()} |" in markdown
     assert f"{url}/ui/jobs/job-1" in markdown and f"{url}/v1/jobs/job-1/report" in markdown
 
-    # A bar above what was measured fails with 4, naming the speedup, verdict and runs.
+    # A bar above what was measured fails with 1, naming the speedup, verdict and runs.
     code, out, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "--min-speedup",
         repr(speed.speedup * 2),
     )  # fmt: skip
-    assert code == 4
+    assert code == EXIT_GATE_FAILED
     assert f"measured speedup {speed.speedup:.3f}x <" in err
     assert f"{speed.runs} paired runs" in err and "interval" in err
     assert line("speedup", f"{speed.describe()}") in out
@@ -619,7 +631,7 @@ def test_submit_without_wait_returns_when_queued(capsys, fake, model_file):
     assert [r["method"] for r in api.requests] == ["POST"]
 
 
-def test_failed_job_exits_1(capsys, fake, model_file, tmp_path, monkeypatch):
+def test_failed_job_exits_4(capsys, fake, model_file, tmp_path, monkeypatch):
     api, url = fake
     api.states = [("running", "optimize", 0.2), ("failed", "failed", 0.2)]
     api.error = "the model is not valid ONNX"
@@ -627,19 +639,49 @@ def test_failed_job_exits_1(capsys, fake, model_file, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     fused = tmp_path / "x.onnx"
     code, out, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "-o", fused)
-    assert code == 1
+    assert code == EXIT_JOB_FAILED
     assert "job job-1 failed: the model is not valid ONNX" in err
     assert not fused.exists()
     assert "FAILED" in summary.read_text()
     assert "--idempotency-key" not in err
     # A retried step gets the same failed job back, and is told how to run it again.
     code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait")
-    assert code == 1 and len(api.jobs) == 1
+    assert code == EXIT_JOB_FAILED and len(api.jobs) == 1
     assert "pass a new --idempotency-key" in err
     code, _, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "--idempotency-key", "again"
     )
-    assert code == 1 and len(api.jobs) == 2
+    assert code == EXIT_JOB_FAILED and len(api.jobs) == 2
+
+
+@pytest.mark.parametrize(
+    "error, error_type, expected",
+    [
+        pytest.param("the model is not valid ONNX", "invalid-model", EXIT_BAD_INPUT, id="model"),
+        pytest.param("no such pattern", "invalid-pattern", EXIT_BAD_INPUT, id="pattern"),
+        pytest.param("outputs differ", "check-failed", EXIT_GATE_FAILED, id="check"),
+        pytest.param("the worker died twice", "crashed-twice", EXIT_JOB_FAILED, id="crashed"),
+        pytest.param(
+            {"type": PROBLEM + "invalid-model", "title": "Invalid model", "detail": "not ONNX"},
+            None,
+            EXIT_BAD_INPUT,
+            id="problem-object",
+        ),
+    ],
+)
+def test_a_failed_job_exits_as_its_cause_does_locally(
+    capsys, fake, model_file, error, error_type, expected
+):
+    """The same mistake has the same code in every command: a server that found the
+    model invalid exits 3, as optimize does; its check failing exits 1."""
+    api, url = fake
+    api.states = [("failed", "failed", 0.1)]
+    api.error, api.error_type = error, error_type
+    code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait")
+    assert code == expected
+    detail = error["detail"] if isinstance(error, dict) else error
+    slug = (error["type"] if isinstance(error, dict) else PROBLEM + error_type).rpartition("/")[2]
+    assert f"job job-1 failed ({slug}): {detail}" in err
 
 
 @pytest.mark.parametrize(
@@ -658,7 +700,7 @@ def test_failed_job_exits_1(capsys, fake, model_file, tmp_path, monkeypatch):
         pytest.param([], "mismatch", "does not match the original", id="check"),
     ],
 )
-def test_quality_gate_exits_4(
+def test_quality_gate_exits_1(
     capsys, fake, reports, model_file, tmp_path, options, report, message
 ):
     api, url = fake
@@ -667,18 +709,18 @@ def test_quality_gate_exits_4(
     code, out, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "-o", fused, *options
     )
-    assert code == 4
+    assert code == EXIT_GATE_FAILED
     assert "quality gate failed" in err and message in err
     assert "FAILED" in out
     assert fused.exists()  # the model is still written, for inspection
 
 
-def test_timeout_exits_3(capsys, fake, model_file):
+def test_timeout_exits_6(capsys, fake, model_file):
     api, url = fake
     api.states = [("running", "optimize", 0.1)]
     started = time.monotonic()
     code, _, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "--timeout", "0.5")
-    assert code == 3
+    assert code == EXIT_TIMEOUT
     assert time.monotonic() - started < 10
     assert f"still running after 0.5 s; follow it at {url}/v1/jobs/job-1" in err
 
@@ -695,7 +737,11 @@ def test_retry_after_is_honoured(capsys, fake, model_file):
 
 @pytest.mark.parametrize(
     "status, expected",
-    [pytest.param(401, 2, id="unauthorized"), pytest.param(503, 5, id="unavailable")],
+    [
+        pytest.param(401, EXIT_USAGE, id="unauthorized"),
+        pytest.param(422, EXIT_BAD_INPUT, id="invalid-model"),
+        pytest.param(503, EXIT_SERVER, id="unavailable"),
+    ],
 )
 def test_refused_upload(capsys, fake, model_file, status, expected):
     api, url = fake
@@ -712,7 +758,7 @@ def test_not_an_autofusion_server_exits_5(capsys, fake, model_file):
     api, url = fake
     api.post_raw = b"<html>a login page</html>"
     code, out, err = cli(capsys, "submit", model_file, "--server", url)
-    assert code == 5
+    assert code == EXIT_SERVER
     assert "something other than a JSON object (text/html): is --server right?" in err
 
 
@@ -965,12 +1011,12 @@ def test_e2e_submit_fuses_and_gates(capsys, server, tmp_path):
     assert code == 0, err  # the gate is inclusive: diff <= diff
     assert again["job"]["id"] == first["job"]["id"]
 
-    # A gate tighter than what the check measured fails with 4. When the fused model
+    # A gate tighter than what the check measured fails with 1. When the fused model
     # matches exactly (diff 0), nothing is tighter than 0 and the strictest gate passes.
     code, strict, err = _submit_json(capsys, server, "--max-abs-diff", repr(diff / 2))
     assert strict["job"]["id"] == first["job"]["id"]
     if diff > 0:
-        assert code == 4 and "max abs diff" in err
+        assert code == EXIT_GATE_FAILED and "max abs diff" in err
         assert strict["submit"]["gates"][-1]["passed"] is False
     else:
         assert code == 0 and strict["submit"]["gates"][-1]["passed"] is True
@@ -1007,7 +1053,7 @@ def test_e2e_speed_gate_on_a_real_profiled_job(capsys, server, tmp_path, monkeyp
 
     # The same inputs and config (the bar is not part of them): the same job, gated higher.
     code, out, err = cli(capsys, *base, "--min-speedup", "1000")
-    assert code == 4
+    assert code == EXIT_GATE_FAILED
     assert line("job", f"{job_id} succeeded") in out
     assert f"measured speedup {speed.speedup:.3f}x < 1000x" in err
     assert f"{speed.runs} paired runs" in err
@@ -1126,10 +1172,11 @@ def test_a_failed_check_job_still_writes_its_report(capsys, fake, reports, model
     api, url = fake
     api.states = [("running", "optimize", 0.2), ("failed", "failed", 0.9)]
     api.error = "the fused model does not match the original; see the report"
+    api.error_type = "check-failed"
     api.report = reports["mismatch"]
     report_path = tmp_path / "r.json"
     code, _, err = cli(
         capsys, "submit", model_file, "--server", url, "--wait", "--report", report_path
     )
-    assert code == 1 and "does not match the original" in err
+    assert code == EXIT_GATE_FAILED and "does not match the original" in err
     assert json.loads(report_path.read_text()) == api.report
