@@ -25,8 +25,11 @@ import quantize
 import wheel_models
 from corpus_tier import CACHE, RESULTS, node_cases
 
+from app.cli._exit import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+
 TARGETS = meta.TARGETS
-DOCUMENTED_EXITS = {0, 1, 2, 3, 4}
+# What optimize may answer a model with (app/cli/_exit.py); an internal error is not one.
+DOCUMENTED_EXITS = {EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE, EXIT_BAD_INPUT}
 
 
 def _models() -> list[tuple[Path, meta.ModelMeta | Exception]]:

@@ -22,6 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from app.cli import main as cli_main
+from app.cli._exit import EXIT_USAGE
 from app.core.config import Settings
 from app.main import create_app
 from app.services import db_retry
@@ -284,12 +285,13 @@ def test_a_failed_check_or_unloadable_model_is_a_failed_job_with_a_problem_type(
 def test_submit_shows_the_problem_and_writes_the_report(
     api: TestClient, tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """``autofusion submit --wait``: exit 1, the problem named, the report written."""
+    """``autofusion submit --wait``: exit 2 (as optimize exits when the original cannot
+    run on the generated inputs), the problem named, the report written."""
 
     def client_factory(*args, base_url: str = "", **kwargs) -> httpx.Client:
         return api  # the app in this process, whatever the server URL says
 
-    monkeypatch.setattr("app.cli._submit_client.httpx.Client", client_factory)
+    monkeypatch.setattr("app.cli._client.httpx.Client", client_factory)
     model = tmp_path / "unloadable.onnx"
     onnx.save_model(onnx.load_from_string(_unloadable_model()), model)
     report = tmp_path / "report.json"
@@ -297,6 +299,6 @@ def test_submit_shows_the_problem_and_writes_the_report(
         ["submit", str(model), "--server", "http://testserver", "--wait", "--report", str(report)]
     )
     err = capsys.readouterr().err
-    assert code == 1, err
+    assert code == EXIT_USAGE, err
     assert "failed (model-cannot-run)" in err and "cannot load the original model" in err
     assert json.loads(report.read_text())["check"]["failure"] == "original_cannot_run"
