@@ -159,8 +159,7 @@ def test_no_function_is_longer_than_the_limit() -> None:
 # start a fresh transaction. The idempotent create inserts, and on a duplicate key
 # rolls back and reads the winner's job.
 COMMITTING_SERVICES = {
-    "app/services/registry.py": "compare-and-swap on the pattern version",
-    "app/services/strategies.py": "compare-and-swap on the strategy version",
+    "app/services/versioned.py": "compare-and-swap on a pattern's or strategy's version",
     "app/services/uploads.py": "insert-or-read on the idempotency key",
 }
 

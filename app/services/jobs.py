@@ -352,4 +352,3 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
         )
     session.flush()
     return requeue + [j for j in stale if j not in requeue]
-

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.core.errors import ProblemError
 from app.core.models import PatternRecord, PatternVersion, RegistryState, utcnow
+from app.services.versioned import VersionedKind
 from fusion_core import compile_pattern
 from fusion_core.catalog import builtin_pattern_data
 
@@ -26,10 +26,8 @@ __all__ = [
     "etag_of",
     "get_pattern",
     "get_pattern_version",
-    "if_match_holds",
     "list_patterns",
     "pattern_history",
-    "precondition_required",
     "registry_version",
     "seed_builtins",
     "snapshot",
@@ -58,8 +56,11 @@ def _bump(session: Session) -> int:
     return bumped
 
 
+PATTERNS = VersionedKind(PatternRecord, "pattern", "/v1/patterns")
+
+
 def etag_of(record: PatternRecord) -> str:
-    return f'"{record.name}@{record.version}"'
+    return PATTERNS.etag(record)
 
 
 def _record_version(
@@ -93,7 +94,7 @@ def seed_builtins(session: Session) -> int:
         )
         session.add(record)
         _record_version(session, record, "create", version, "builtin")
-    session.commit()
+    session.flush()
     return len(raws)
 
 
@@ -105,20 +106,8 @@ def _validated(spec: dict[str, Any]) -> dict[str, Any]:
 def get_pattern(session: Session, name: str, *, include_deleted: bool = False) -> PatternRecord:
     record = session.get(PatternRecord, name)
     if record is None or (record.deleted and not include_deleted):
-        raise ProblemError(
-            404, "pattern-not-found", "Pattern not found", f"there is no pattern {name!r}"
-        )
+        raise PATTERNS.not_found(name)
     return record
-
-
-def _exists(name: str) -> ProblemError:
-    return ProblemError(
-        409,
-        "pattern-exists",
-        "Pattern exists",
-        f"pattern {name!r} already exists; PUT /v1/patterns/{name} (with If-Match: the ETag "
-        "from GET) changes it",
-    )
 
 
 def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) -> PatternRecord:
@@ -127,10 +116,10 @@ def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) ->
     name = spec.get("name")
     existing = session.get(PatternRecord, name) if isinstance(name, str) else None
     if existing is not None and not existing.deleted:
-        raise _exists(name)
+        raise PATTERNS.exists(name)
     spec = _validated(spec)
-    session.commit()  # end the read: the write below starts its own transaction
-    try:
+
+    def write(session: Session) -> PatternRecord:
         if existing is None:
             record = PatternRecord(name=name, version=1, spec=spec, enabled=True, deleted=False)
             session.add(record)
@@ -138,30 +127,18 @@ def create_pattern(session: Session, spec: dict[str, Any], actor: str | None) ->
         else:  # re-created after a delete: its history continues
             record = existing
             if not _swap(session, record, spec=spec, enabled=True, deleted=False):
-                raise _exists(name)
+                raise PATTERNS.exists(name)
         _record_version(session, record, "create", _bump(session), actor)
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        raise _exists(name) from None
-    except ProblemError:
-        session.rollback()
-        raise
-    return record
+        return record
+
+    return PATTERNS.write_after_read(session, name, write, conflict=PATTERNS.exists(name))
 
 
 def _swap(session: Session, record: PatternRecord, **values: Any) -> bool:
-    """Compare-and-swap: ``UPDATE ... WHERE name = :name AND version = :read``, with the
-    version moved on by one. False (nothing written) when someone changed the pattern
-    since ``record`` was read; then ``record`` holds the new values, unflushed."""
+    """The compare-and-swap on the version ``record`` was read at; on success ``record``
+    holds the new values."""
     read = record.version
-    result = session.execute(
-        update(PatternRecord)
-        .where(PatternRecord.name == record.name, PatternRecord.version == read)
-        .values(**values, version=read + 1, updated_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:
+    if not PATTERNS.swap(session, record.name, read, **values):
         return False
     for key, value in {**values, "version": read + 1}.items():
         set_committed_value(record, key, value)
@@ -172,36 +149,6 @@ def list_patterns(session: Session) -> list[PatternRecord]:
     """Every pattern that is not deleted, enabled or not, by name."""
     query = select(PatternRecord).where(PatternRecord.deleted.is_(False))
     return list(session.scalars(query.order_by(PatternRecord.name)))
-
-
-def if_match_holds(if_match: str | None, etag: str) -> bool:
-    """RFC 9110 If-Match: absent, ``*``, or a list holding ``etag`` (strong comparison,
-    so a weak ``W/`` tag never matches)."""
-    if if_match is None:
-        return True
-    tags = [tag.strip() for tag in if_match.split(",")]
-    return "*" in tags or etag in tags
-
-
-def precondition_required(kind: str, name: str, path: str) -> ProblemError:
-    """428: a change of a versioned resource must say which version it started from."""
-    return ProblemError(
-        428,
-        "precondition-required",
-        "Precondition required",
-        f"changing {kind} {name!r} needs an If-Match header: send the ETag from "
-        f"GET {path} (or '*' to overwrite whatever is there)",
-    )
-
-
-def _stale(record: PatternRecord, if_match: str | None) -> ProblemError:
-    return ProblemError(
-        412,
-        "precondition-failed",
-        "Precondition failed",
-        f"pattern {record.name!r} changed since you read it (now {etag_of(record)}, "
-        f"you sent If-Match {if_match}); GET it again and retry",
-    )
 
 
 # Changes that must name the version they start from (enable/disable set a state and
@@ -226,24 +173,18 @@ def change_pattern(
     disabling a disabled one) changes nothing and makes no new version.
     """
     record = get_pattern(session, name)
-    if if_match is None and change in _NEEDS_IF_MATCH:
-        raise precondition_required("pattern", name, f"/v1/patterns/{name}")
-    if not if_match_holds(if_match, etag_of(record)):
-        raise _stale(record, if_match)
+    PATTERNS.check_if_match(record, if_match, required=change in _NEEDS_IF_MATCH)
     if change in ("enable", "disable") and record.enabled == (change == "enable"):
         return record
     values = _change_values(name, change, spec)
-    session.commit()  # end the read: the swap below starts its own transaction
-    try:
+
+    def write(session: Session) -> PatternRecord | None:
         if not _swap(session, record, **values):
-            session.rollback()
-            raise _stale(session.get(PatternRecord, name, populate_existing=True), if_match)
+            return None
         _record_version(session, record, change, _bump(session), actor)
-        session.commit()
-    except IntegrityError:  # a version row someone else wrote first: same as a lost swap
-        session.rollback()
-        raise _stale(session.get(PatternRecord, name, populate_existing=True), if_match) from None
-    return record
+        return record
+
+    return PATTERNS.write_after_read(session, name, write, if_match=if_match)
 
 
 def _change_values(name: str, change: str, spec: dict[str, Any] | None) -> dict[str, Any]:

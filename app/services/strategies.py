@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.errors import ProblemError
 from app.core.models import PatternRecord, Strategy, StrategyVersion, utcnow
-from app.services.registry import if_match_holds, precondition_required
+from app.services.versioned import VersionedKind
 from fusion_core import CheckOptions
 from fusion_core.catalog import builtin_pattern_data
 from fusion_core.config import MeasureOptions, Selection, Switch
@@ -161,8 +160,11 @@ PRESETS = (
 )
 
 
+STRATEGIES = VersionedKind(Strategy, "strategy", "/v1/strategies")
+
+
 def strategy_etag(strategy: Strategy) -> str:
-    return f'"{strategy.name}@{strategy.version}"'
+    return STRATEGIES.etag(strategy)
 
 
 def seed_strategies(session: Session) -> int:
@@ -172,7 +174,7 @@ def seed_strategies(session: Session) -> int:
         if session.get(Strategy, preset.name) is None:
             _store(session, Strategy(name=preset.name, version=1), preset)
             seeded += 1
-    session.commit()
+    session.flush()
     return seeded
 
 
@@ -183,45 +185,22 @@ def list_strategies(session: Session) -> list[Strategy]:
 def get_strategy(session: Session, name: str) -> Strategy:
     strategy = session.get(Strategy, name)
     if strategy is None:
-        raise ProblemError(
-            404, "strategy-not-found", "Strategy not found", f"there is no strategy {name!r}"
-        )
+        raise STRATEGIES.not_found(name)
     return strategy
-
-
-def _exists(name: str) -> ProblemError:
-    return ProblemError(
-        409,
-        "strategy-exists",
-        "Strategy exists",
-        f"strategy {name!r} already exists; PUT /v1/strategies/{name} (with If-Match: the "
-        "ETag from GET) changes it",
-    )
 
 
 def create_strategy(session: Session, spec: StrategySpec) -> Strategy:
     """A new strategy. Of two concurrent creates of one name, one succeeds and the other
     is a 409: the primary key decides."""
     if session.get(Strategy, spec.name) is not None:
-        raise _exists(spec.name)
+        raise STRATEGIES.exists(spec.name)
     _check_pattern_names(session, spec)
-    try:
-        strategy = _store(session, Strategy(name=spec.name, version=1), spec)
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        raise _exists(spec.name) from None
-    return strategy
 
+    def write(session: Session) -> Strategy:
+        return _store(session, Strategy(name=spec.name, version=1), spec)
 
-def _stale(strategy: Strategy, if_match: str | None) -> ProblemError:
-    return ProblemError(
-        412,
-        "precondition-failed",
-        "Precondition failed",
-        f"strategy {strategy.name!r} changed since you read it (now {strategy_etag(strategy)}, "
-        f"you sent If-Match {if_match}); GET it again and retry",
-    )
+    exists = STRATEGIES.exists(spec.name)
+    return STRATEGIES.write_after_read(session, spec.name, write, conflict=exists)
 
 
 def update_strategy(
@@ -234,10 +213,7 @@ def update_strategy(
     succeeds and the other is a 412.
     """
     strategy = get_strategy(session, name)
-    if if_match is None:
-        raise precondition_required("strategy", name, f"/v1/strategies/{name}")
-    if not if_match_holds(if_match, strategy_etag(strategy)):
-        raise _stale(strategy, if_match)
+    STRATEGIES.check_if_match(strategy, if_match, required=True)
     if spec.name != name:
         raise ProblemError(
             422,
@@ -247,23 +223,15 @@ def update_strategy(
         )
     _check_pattern_names(session, spec)
     read, data = strategy.version, spec.model_dump(mode="json")
-    session.commit()  # end the read: the swap below starts its own transaction
-    try:
-        swapped = session.execute(
-            update(Strategy)
-            .where(Strategy.name == name, Strategy.version == read)
-            .values(version=read + 1, data=data, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if swapped != 1:
-            session.rollback()
-            raise _stale(session.get(Strategy, name, populate_existing=True), if_match)
+
+    def write(session: Session) -> bool | None:
+        if not STRATEGIES.swap(session, name, read, data=data):
+            return None
         session.add(StrategyVersion(name=name, version=read + 1, data=data))
-        session.commit()
-    except IntegrityError:  # a version row someone else wrote first: a lost swap
-        session.rollback()
-        raise _stale(session.get(Strategy, name, populate_existing=True), if_match) from None
-    return session.get(Strategy, name, populate_existing=True)
+        return True
+
+    STRATEGIES.write_after_read(session, name, write, if_match=if_match)
+    return STRATEGIES.reread(session, name)
 
 
 def strategy_history(session: Session, name: str) -> list[StrategyVersion]:
