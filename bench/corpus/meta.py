@@ -45,6 +45,15 @@ meta.json keys
                    be found, never silently stop matching.
                    ``{}`` for a target means "exit 0, check passes, nothing
                    required"; a model where nothing should fuse says so in ``notes``.
+``expected_ops``   optional: per target, op types the optimized graph must contain
+                   (the report's ``nodes.by_op_after``, domain ignored) -> count:
+                   ``{"onnxruntime": {"SkipSimplifiedLayerNormalization": 4}}``. A
+                   plain key must match exactly; alternatives joined with ``|`` sum; a
+                   key that starts with ``?`` is not required yet: at most that many
+                   (a fusion being built, tightened by removing the ``?``).
+``decode``         optional: the file beside model.onnx holding a greedy decode's
+                   inputs and torch's logits (``llm_decode.py``); the tier then decodes
+                   the optimized model and compares every step.
 ``preserved_ops``  optional: op types (``QuantizeLinear``, ``ConvInteger``, ...) whose
                    count must be the same before and after optimize, on every target:
                    what the engine must leave intact (quantized parts, unknown domains).
@@ -107,6 +116,8 @@ class ModelMeta:
     size_bytes: int
     targets: list[str] = field(default_factory=lambda: list(TARGETS))
     expected: dict[str, dict[str, int]] = field(default_factory=dict)
+    expected_ops: dict[str, dict[str, int]] = field(default_factory=dict)
+    decode: str | None = None
     preserved_ops: list[str] = field(default_factory=list)
     shapes: list[dict[str, int]] = field(default_factory=list)
     atol: float | None = None
@@ -122,13 +133,30 @@ class ModelMeta:
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown:
             raise MetaError(f"{self.name}: unknown targets {unknown}; known: {TARGETS}")
-        for target, counts in self.expected.items():
-            if target not in TARGETS:
-                raise MetaError(f"{self.name}: expected has unknown target {target!r}")
-            bad = {k: v for k, v in counts.items() if not isinstance(v, int) or v < 1}
-            if bad:
-                raise MetaError(f"{self.name}: expected[{target}] counts must be ints >= 1")
+        for key, table in (("expected", self.expected), ("expected_ops", self.expected_ops)):
+            for target, counts in table.items():
+                if target not in TARGETS:
+                    raise MetaError(f"{self.name}: {key} has unknown target {target!r}")
+                bad = {k: v for k, v in counts.items() if not isinstance(v, int) or v < 1}
+                if bad:
+                    raise MetaError(f"{self.name}: {key}[{target}] counts must be ints >= 1")
         return self
+
+    def op_problems(self, target: str, by_op_after: dict[str, int]) -> list[str]:
+        """What ``expected_ops`` says that the optimized graph's op counts break."""
+        by_type: dict[str, int] = {}
+        for op, count in by_op_after.items():
+            op_type = op.rsplit("::", 1)[-1]
+            by_type[op_type] = by_type.get(op_type, 0) + count
+        problems = []
+        for key, want in self.expected_ops.get(target, {}).items():
+            optional = key.startswith(OR_LEFT_OUT)
+            found = sum(by_type.get(n, 0) for n in key.removeprefix(OR_LEFT_OUT).split("|"))
+            if optional and found > want:
+                problems.append(f"op {key}: at most {want}, got {found}")
+            elif not optional and found != want:
+                problems.append(f"op {key}: expected {want}, got {found}")
+        return problems
 
     def expected_counts(
         self, target: str, fusions: dict[str, int], near_misses: list[dict] | None = None

@@ -40,3 +40,30 @@ def test_a_question_key_without_near_misses_counts_fusions() -> None:
     info = _info({"?kv_bias_merge": 1})
     assert info.expected_counts("onnxruntime", {"kv_bias_merge": 1}) == {"?kv_bias_merge": (1, 1)}
     assert info.expected_counts("onnxruntime", {}, None) == {"?kv_bias_merge": (1, 0)}
+
+
+def _ops(expected_ops: dict[str, int]) -> meta.ModelMeta:
+    return meta.ModelMeta(
+        name="m", family="f", source={"pin": "p"}, exporter="e", opset=17, node_count=1,
+        size_bytes=1, expected_ops={"onnxruntime": expected_ops},
+    ).validate()  # fmt: skip
+
+
+def test_expected_ops_plain_keys_are_exact_and_ignore_the_domain() -> None:
+    info = _ops({"SkipSimplifiedLayerNormalization": 4, "A|B": 3})
+    after = {"com.microsoft::SkipSimplifiedLayerNormalization": 4, "A": 1, "B": 2}
+    assert info.op_problems("onnxruntime", after) == []
+    assert info.op_problems("onnxruntime", {"A": 4}) == [
+        "op SkipSimplifiedLayerNormalization: expected 4, got 0",
+        "op A|B: expected 3, got 4",
+    ]
+
+
+def test_expected_ops_question_keys_allow_up_to_the_count() -> None:
+    info = _ops({"?RotaryEmbedding": 4})
+    assert info.op_problems("onnxruntime", {}) == []
+    assert info.op_problems("onnxruntime", {"com.microsoft::RotaryEmbedding": 2}) == []
+    assert info.op_problems("onnxruntime", {"com.microsoft::RotaryEmbedding": 5}) == [
+        "op ?RotaryEmbedding: at most 4, got 5"
+    ]
+    assert info.op_problems("generic", {"X": 1}) == []

@@ -21,7 +21,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from corpus_tier import CACHE, CALL_TIMEOUT, HERE, REPO, RESULTS, WORKERS, optimize
+from corpus_tier import (
+    CACHE,
+    CALL_TIMEOUT,
+    HERE,
+    REPO,
+    RESULTS,
+    WORKERS,
+    optimize,
+    optimized_path,
+)
 
 
 def _selected_node_jobs(session, tmp: Path) -> list[dict]:
@@ -74,23 +83,25 @@ def node_results(request) -> dict[tuple[str, str], dict]:
 @pytest.fixture(scope="session")
 def model_runs(request, tmp_path_factory) -> dict[tuple[str, str], tuple]:
     """Every selected corpus case optimized once, WORKERS CLI processes at a time (the
-    CLI is mostly one busy core); (model name, target) -> (process, report, seconds)."""
-    cases = []
+    CLI is mostly one busy core); (model name, target) -> (process, report, seconds,
+    optimized model path)."""
+    cases = {}  # test_model and test_decode share a run
     for item in request.session.items:
         spec = getattr(item, "callspec", None)
         if spec is None or "info" not in spec.params or isinstance(spec.params["info"], Exception):
             continue
-        cases.append((spec.params["path"], spec.params["info"], spec.params["target"]))
+        info, target = spec.params["info"], spec.params["target"]
+        cases[(info.name, target)] = (spec.params["path"], info, target)
     root = tmp_path_factory.mktemp("corpus")
 
     def run(case):
         path, info, target = case
         tmp = root / f"{info.name}-{target}"
         tmp.mkdir()
-        return (info.name, target), optimize(path, info, target, tmp)
+        return (info.name, target), (*optimize(path, info, target, tmp), optimized_path(tmp))
 
     with ThreadPoolExecutor(max_workers=max(1, WORKERS)) as pool:
-        return dict(pool.map(run, cases))
+        return dict(pool.map(run, cases.values()))
 
 
 def pytest_collection_modifyitems(config, items):

