@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from app.api.limits import BodyLimits
 from app.api.problems import install_problem_handlers
+from app.api.request_ids import RequestIdMiddleware
 from app.api.request_metrics import install_metrics
 from app.api.routes import health, jobs, metrics, patterns, strategies
 from app.core.config import Settings, get_settings
@@ -78,4 +79,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)
     app.add_middleware(BodyLimits, settings=settings)  # every body: size and time limits
     install_metrics(app)  # outside BodyLimits: its 413s and 408s are counted and timed too
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response carries X-Request-ID
     return app

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.db import session_scope
+from app.core.logs import bind, resolve_format, set_context
 from app.core.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
 from app.services.db_retry import is_transient_db_error, retry_transient
@@ -104,12 +106,25 @@ def execute_job(
     """
     if stop is not None and stop.is_set():
         return Outcome.deferred
+    with bind(job_id=job_id):  # every line logged for the job carries its ids
+        return _execute(settings, job_id, worker_id, store, stop, cache)
+
+
+def _execute(
+    settings: Settings,
+    job_id: str,
+    worker_id: str,
+    store: ArtifactStore,
+    stop: threading.Event | None,
+    cache: SnapshotCache | None,
+) -> Outcome:
     with session_scope(settings.resolved_database_url) as session:
         job = claim_job(session, job_id, worker_id, settings.lease_s)
         if job is None:
             logger.info("job %s: not claimed (running elsewhere, or over)", job_id)
             return Outcome.skipped
         attempt = _Attempt(settings, job, worker_id, store, stop or threading.Event())
+    set_context(request_id=job.request_id, job_id=job_id)  # the request that created it
     logger.info("job %s: attempt %d of %d", job_id, attempt.number, attempt.max_attempts)
     try:
         return attempt.run(cache or default_cache)
@@ -206,6 +221,10 @@ class _Attempt:
             "memory_limit_mb": self.settings.job_memory_limit_mb,
             "parent_pid": os.getpid(),
             "registry_version": plan.snapshot.version,
+            # The child's log lines: the worker's format, the job's ids.
+            "log_format": resolve_format(self.settings.log_format, sys.stderr),
+            "job_id": self.job_id,
+            "request_id": self.job.request_id,
         }
         (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
         patterns = json.dumps(plan.snapshot.specs)

@@ -3,7 +3,8 @@
 Pure: no database, no broker, no settings. The worker prepares FOLDER::
 
     job.json        {"model": NAME, "config": {...OptimizeConfig...},
-                     "memory_limit_mb": N, "parent_pid": PID}
+                     "memory_limit_mb": N, "parent_pid": PID,
+                     "job_id": ID, "request_id": ID or null, "log_format": "json"|"text"}
     patterns.json   [pattern spec, ...]   (the registry snapshot)
     input/NAME      the model, and its external-data files beside it
 
@@ -16,7 +17,8 @@ trace of a few runs of the fused model), or
 written, the fused model only with ``keep_failed``; these four fail the job at once),
 ``memory`` (counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
 ``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
-stderr, which the worker keeps in ``sandbox.log``.
+stderr, which the worker keeps in ``sandbox.log``: the child's own log lines there are
+in the worker's format and carry the job's request id and job id.
 
 The address-space limit is set before anything big is imported, so a model (or an
 onnxruntime) that exhausts memory fails here, not in the worker. A thread exits the
@@ -33,6 +35,7 @@ from __future__ import annotations
 # Only the standard library before the memory limit is in place.
 import errno
 import json
+import logging
 import os
 import resource
 import signal
@@ -93,13 +96,31 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
         _limit_memory(int(job["memory_limit_mb"]))
         exit_with_parent(int(job["parent_pid"]))
+        _start_logging(job)
         _optimize(folder, job, _progress_stream())
     except BaseException as exc:  # every failure becomes error.json, then an exit code
         kind = _kind_of(exc)
-        traceback.print_exc()
+        _log_failure(kind, exc)
         _write_json(output / ERROR_FILE, {"kind": kind, "message": _message(kind, exc)})
         return EXIT_ERROR
     return 0
+
+
+def _start_logging(job: dict[str, Any]) -> None:
+    """Log lines to stderr (``sandbox.log``) in the worker's format, each with the job's
+    request id and job id (``job.json``: ``log_format``, ``request_id``, ``job_id``)."""
+    from app.core.logs import configure_logging, set_context
+
+    configure_logging("INFO", job.get("log_format", "text"))
+    set_context(request_id=job.get("request_id"), job_id=job.get("job_id"))
+    logging.getLogger(__name__).info("sandbox: optimizing %s", job.get("model"))
+
+
+def _log_failure(kind: str, exc: BaseException) -> None:
+    try:
+        logging.getLogger(__name__).error("sandbox: failed (%s)", kind, exc_info=exc)
+    except BaseException:  # out of memory even for that: the bare traceback
+        traceback.print_exc()
 
 
 def _limit_memory(megabytes: int) -> None:

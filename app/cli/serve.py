@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import logging
 import os
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 from app.cli._exit import EXIT_USAGE
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
+from app.core.logs import configure_logging
 
 __all__ = ["add_parser", "is_loopback", "run", "settings_from_args"]
 
@@ -163,10 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `autofusion --help` stays fast
 
-    # uvicorn configures its own loggers only; the app's and the worker's go to the root.
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s"
-    )
+    # One handler on the root for everything (the app's, the worker's, uvicorn's own and
+    # access lines: log_config=None below), JSON or text, each line with its request id.
+    configure_logging(args.log_level, settings.log_format)
 
     from app.main import create_app
 
@@ -175,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,
         server_header=False,
         # uvicorn's own bounds: idle keep-alive connections close after 5 s, a request's
         # headers may not pass 16 KiB, and a shutdown waits 30 s at most for requests

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from app.cli._exit import EXIT_USAGE
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings, redact_url
+from app.core.logs import configure_logging
 from fusion_core.errors import describe_fields, field_errors
 
 __all__ = ["add_parser", "run"]
@@ -69,9 +70,8 @@ def run(args: argparse.Namespace) -> int:
         details = describe_fields(field_errors(exc, default="settings"))
         sys.stderr.write(f"autofusion worker: error: invalid settings: {details}\n")
         return EXIT_USAGE
-    logging.basicConfig(
-        level=args.loglevel, format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
-    )
+    # JSON or text (AUTOFUSION_LOG_FORMAT), each line of a job with its request id and job id.
+    configure_logging(args.loglevel, settings.log_format)
     return _start(settings, args)
 
 

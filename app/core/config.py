@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     require_api_keys: bool = False
     default_tenant: str = "default"
 
+    # Log lines (app/core/logs.py): "json" (one object a line, for a log collector),
+    # "text", or "auto": text on a terminal, JSON otherwise.
+    log_format: Literal["auto", "json", "text"] = "auto"
+
     # Upload limits, enforced while the body streams (before any parsing).
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
     max_tensor_elements: int = Field(default=2 * 1024**3, ge=1)

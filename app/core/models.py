@@ -120,6 +120,9 @@ class Job(Base):
     # timeout, memory, lost, error), "model_digest", "stage"}. Two identical deterministic
     # outcomes on the same model end the job (worker/execute.py).
     attempt_log: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # The X-Request-ID of the request that created the job (app/api/request_ids.py): the
+    # worker's and the sandbox's log lines for the job carry it. None for older jobs.
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class RegistryState(Base):

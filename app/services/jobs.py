@@ -24,6 +24,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.errors import ProblemError
+from app.core.logs import current_request_id
 from app.core.models import Job, JobStatus, utcnow
 from app.services.auth import Principal
 
@@ -109,6 +110,9 @@ def create_job(
         idempotency_key=idempotency_key,
         request_hash=digest,
         max_attempts=max_attempts,
+        # The logging context's id: the request's (app/api/request_ids.py), so the worker
+        # can log the job under it; None outside a request.
+        request_id=current_request_id(),
     )
     session.add(job)
     session.flush()
