@@ -5,7 +5,6 @@ log line of the request carries it as JSON, and the job a request creates record
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -17,11 +16,12 @@ from app.core.logs import (
     bind,
     clean_request_id,
     configure_logging,
-    make_handler,
     resolve_format,
 )
 from app.core.models import Job
 from app.services import registry
+from tests.log_capture import json_log_lines
+from tests.log_capture import records as parsed
 
 HEADER = "X-Request-ID"
 GENERATED = re.compile(r"[0-9a-f]{32}")
@@ -30,21 +30,8 @@ GENERATED = re.compile(r"[0-9a-f]{32}")
 @pytest.fixture
 def json_lines() -> Iterator[io.StringIO]:
     """Everything logged meanwhile, as the service writes it in JSON."""
-    stream = io.StringIO()
-    handler = make_handler("json", stream)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    level = root.level
-    root.setLevel(logging.INFO)
-    try:
+    with json_log_lines() as stream:
         yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-
-
-def _records(stream: io.StringIO) -> list[dict]:
-    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
 
 
 def test_an_acceptable_request_id_is_echoed_and_one_is_made_otherwise(service):
@@ -108,7 +95,7 @@ def test_every_log_line_of_a_request_carries_its_id_as_json(service, monkeypatch
     monkeypatch.setattr(registry, "list_patterns", noisy)
     service.client.get("/v1/patterns", headers={HEADER: "req-logs-1"})
     service.client.get("/healthz", headers={HEADER: "req-logs-2"})
-    records = _records(json_lines)  # each line is one JSON object
+    records = parsed(json_lines)  # each line is one JSON object
     mine = [r for r in records if r.get("request_id") == "req-logs-1"]
     assert {r["logger"] for r in mine} >= {"app.services.registry", "app.api.problems"}
     error = next(r for r in mine if r["logger"] == "app.api.problems")

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from collections.abc import Iterator
 
 import pytest
 
-from app.core.logs import bind, current_request_id, make_handler
+from app.core.logs import bind, current_request_id
+from tests.log_capture import json_log_lines
+from tests.log_capture import records as parsed
 from tests.worker.worker_testing import WorkerEnv
 from worker.execute import Outcome, execute_job
 from worker.sandbox import TEST_CRASH_ENV
@@ -19,17 +20,8 @@ from worker.sandbox import TEST_CRASH_ENV
 
 @pytest.fixture
 def worker_lines() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = make_handler("json", stream)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    level = root.level
-    root.setLevel(logging.INFO)
-    try:
+    with json_log_lines() as stream:
         yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 def test_the_worker_and_the_sandbox_log_under_the_jobs_request_id(
@@ -46,7 +38,7 @@ def test_the_worker_and_the_sandbox_log_under_the_jobs_request_id(
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.requeued
     assert current_request_id() is None  # nor does the job's outlive the attempt
 
-    records = [json.loads(line) for line in worker_lines.getvalue().splitlines()]
+    records = parsed(worker_lines)
     worker = [r for r in records if r["logger"] == "worker.execute"]
     assert len(worker) >= 3  # the attempt, the child's output, the crash
     assert all(r["request_id"] == "req-from-ci-7" and r["job_id"] == job_id for r in worker)
