@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.limits import BodyLimits
+from app.api.openapi_contract import install_openapi
 from app.api.problems import install_problem_handlers
 from app.api.request_ids import RequestIdMiddleware
 from app.api.request_metrics import install_metrics
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     for module in (health, metrics, jobs, patterns, strategies):
         app.include_router(module.router)
+    install_openapi(app)  # the published contract: problems, headers, links
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)
     app.add_middleware(BodyLimits, settings=settings)  # every body: size and time limits
     install_metrics(app)  # outside BodyLimits: its 413s and 408s are counted and timed too

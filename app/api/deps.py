@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -71,14 +72,25 @@ async def get_store(request: Request) -> ArtifactStore:
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 
 
+# The two ways a key is sent, as OpenAPI security schemes (the published document and
+# /docs' Authorize button take them from here). Neither answers by itself: without a
+# key, get_principal decides (the default tenant, or 401 where keys are required).
+KEY_HELP = (
+    "An API key (`autofusion keys create`). A server started without "
+    "--require-api-keys also answers requests without one, as its default tenant."
+)
+BEARER = HTTPBearer(scheme_name="bearerAuth", description=KEY_HELP, auto_error=False)
+API_KEY_HEADER = APIKeyHeader(
+    name="X-API-Key", scheme_name="apiKeyAuth", description=KEY_HELP, auto_error=False
+)
+
+
 async def get_principal(
     settings: SettingsDep,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    x_api_key: Annotated[str | None, Depends(API_KEY_HEADER)],
 ) -> Principal:
-    token = x_api_key
-    if authorization and authorization.lower().startswith("bearer "):
-        token = authorization[7:].strip()
+    token = bearer.credentials.strip() if bearer is not None else x_api_key
     # Most requests (every poll) are answered here, in the event loop, with no I/O.
     known = _known_principal(settings, token)
     if known is not None:
@@ -165,7 +177,11 @@ def check_scope(principal: Principal, scope: str) -> Principal:
 
 
 def require_scope(scope: str):
-    async def check(principal: PrincipalDep) -> Principal:
+    """A dependency: the principal, 403 without ``scope``. The scope is also named in the
+    operation's security requirement (OpenAPI 3.1 allows role names there)."""
+
+    # A default, not Annotated: the annotation (a string here) cannot name ``scope``.
+    async def check(principal: Principal = Security(get_principal, scopes=[scope])) -> Principal:  # noqa: B008
         return check_scope(principal, scope)
 
     return check

@@ -72,15 +72,32 @@ _FUSION_STATUS = {
 }
 
 
-# For OpenAPI: what every error response looks like (extension members vary by type).
+# For OpenAPI (#/components/schemas/Problem, app/api/openapi_contract.py): what every
+# error response looks like; further extension members vary by type.
 PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "description": "RFC 9457 problem details. `type` is stable: "
+    f"{PROBLEM_BASE}<slug>; `detail` says what was wrong and what to do.",
     "type": "object",
     "required": ["type", "title", "status", "detail"],
     "properties": {
         "type": {"type": "string", "format": "uri"},
         "title": {"type": "string"},
-        "status": {"type": "integer"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
         "detail": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "description": "Invalid requests: each field that was wrong, and why.",
+            "items": {
+                "type": "object",
+                "required": ["field", "message"],
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+        "error_id": {
+            "type": "string",
+            "description": "Internal errors: the id the server's log line carries too.",
+        },
     },
     "additionalProperties": True,
 }

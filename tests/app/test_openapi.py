@@ -24,3 +24,110 @@ def test_the_job_routes_are_in_the_contract():
     assert "202" in paths["/v1/optimize"]["post"]["responses"]
     assert "JobPublic" in document["components"]["schemas"]
     json.dumps(document)  # serializable as is
+
+
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+WRITES = {
+    ("post", "/v1/optimize"): "jobs:write",
+    ("post", "/v1/jobs/{job_id}/cancel"): "jobs:write",
+    ("post", "/v1/patterns"): "patterns:write",
+    ("put", "/v1/patterns/{name}"): "patterns:write",
+    ("delete", "/v1/patterns/{name}"): "patterns:write",
+    ("post", "/v1/patterns/{name}/enable"): "patterns:write",
+    ("post", "/v1/patterns/{name}/disable"): "patterns:write",
+    ("post", "/v1/strategies"): "patterns:write",
+    ("put", "/v1/strategies/{name}"): "patterns:write",
+    ("get", "/metrics"): "metrics:read",
+}
+
+
+def _operations(document):
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            yield method, path, operation
+
+
+def test_every_error_is_a_problem_and_fastapis_validation_error_is_gone():
+    document = openapi_document()
+    assert "HTTPValidationError" not in json.dumps(document)
+    assert document["components"]["schemas"]["Problem"]["required"] == [
+        "type",
+        "title",
+        "status",
+        "detail",
+    ]
+    for method, path, operation in _operations(document):
+        responses = operation["responses"]
+        assert "500" in responses, (method, path)  # the catch-all answers anywhere
+        for status, response in responses.items():
+            if int(status) >= 400:
+                assert response["content"] == {"application/problem+json": {"schema": PROBLEM_REF}}
+                assert response["description"], (method, path, status)
+
+
+def test_security_is_the_two_ways_a_key_is_sent_and_names_the_scope():
+    document = openapi_document()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["bearerAuth"] == {**schemes["bearerAuth"], "type": "http", "scheme": "bearer"}
+    assert schemes["apiKeyAuth"]["in"] == "header" and schemes["apiKeyAuth"]["name"] == "X-API-Key"
+    for method, path, operation in _operations(document):
+        names = {p["name"].lower() for p in operation.get("parameters", [])}
+        assert not names & {"authorization", "x-api-key"}, (method, path)  # schemes, not params
+        if path in ("/healthz", "/readyz"):
+            assert "security" not in operation and "401" not in operation["responses"]
+            continue
+        scope = WRITES.get((method, path))
+        expected = [
+            {"bearerAuth": [scope] if scope else []},
+            {"apiKeyAuth": [scope] if scope else []},
+        ]
+        assert operation["security"] == expected, (method, path)
+        assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+        assert ("403" in operation["responses"]) == bool(scope), (method, path)
+        if "requestBody" in operation:
+            assert {"408", "413", "422"} <= set(operation["responses"]), (method, path)
+
+
+def test_the_headers_a_client_relies_on_are_declared():
+    paths = openapi_document()["paths"]
+    accepted = paths["/v1/optimize"]["post"]["responses"]["202"]["headers"]
+    assert {name for name, h in accepted.items() if h["required"]} == {
+        "Location",
+        "Retry-After",
+        "ETag",
+        "Cache-Control",
+    }
+    assert accepted["Retry-After"]["schema"]["type"] == "integer"
+    polled = paths["/v1/jobs/{job_id}"]["get"]["responses"]
+    assert polled["200"]["headers"]["Retry-After"]["required"] is False  # not once final
+    assert "ETag" in polled["304"]["headers"]
+    for suffix in ("model", "report", "artifacts/{name}"):
+        for method in ("get", "head"):
+            sent = paths[f"/v1/jobs/{{job_id}}/{suffix}"][method]["responses"]
+            assert {"ETag", "Repr-Digest", "Content-Disposition"} <= set(sent["200"]["headers"])
+            assert "ETag" in sent["304"]["headers"]
+    assert "content" not in paths["/v1/jobs/{job_id}/model"]["head"]["responses"]["200"]
+    created = paths["/v1/patterns"]["post"]["responses"]["201"]["headers"]
+    assert created["Location"]["required"] and created["ETag"]["required"]
+
+
+def test_every_link_names_an_operation_and_its_parameters():
+    document = openapi_document()
+    by_id = {op["operationId"]: op for _, _, op in _operations(document)}
+    links = 0
+    for method, path, operation in _operations(document):
+        for status, response in operation["responses"].items():
+            for name, link in response.get("links", {}).items():
+                links += 1
+                target = by_id[link["operationId"]]
+                declared = {f"{p['in']}.{p['name'].lower()}" for p in target.get("parameters", [])}
+                for parameter in link["parameters"]:
+                    qualified = parameter.lower() if "." in parameter else f"path.{parameter}"
+                    assert qualified in declared, (method, path, status, name, parameter)
+    paths = document["paths"]
+    get_job = paths["/v1/optimize"]["post"]["responses"]["202"]["links"]["GetJob"]
+    assert get_job == {
+        "operationId": paths["/v1/jobs/{job_id}"]["get"]["operationId"],
+        "parameters": {"job_id": "$response.body#/id"},
+    }
+    assert links >= 20

@@ -67,7 +67,7 @@ def create_pattern(
     return _with_etag(response, record)
 
 
-@router.get("/{name}", response_model=PatternPublic)
+@router.get("/{name}", response_model=PatternPublic, responses=problem_responses(404))
 def get_pattern(
     name: str, session: SessionDep, _: PrincipalDep, response: Response
 ) -> PatternPublic:
@@ -116,20 +116,30 @@ def _state_route(action: str, summary: str):
 
     route.__name__ = route.__qualname__ = f"{action}_pattern"  # its OpenAPI operation id
     route.__doc__ = summary
-    return router.post(f"/{{name}}/{action}", response_model=PatternPublic)(route)
+    # If-Match is honoured (412 when stale), not required: enabling is idempotent.
+    responses = problem_responses(404, 412)
+    return router.post(f"/{{name}}/{action}", response_model=PatternPublic, responses=responses)(
+        route
+    )
 
 
 enable_pattern = _state_route("enable", "Enable a pattern: the next jobs use it.")
 disable_pattern = _state_route("disable", "Disable a pattern: the next jobs leave it out.")
 
 
-@router.get("/{name}/versions", response_model=PatternVersionsPublic)
+@router.get(
+    "/{name}/versions", response_model=PatternVersionsPublic, responses=problem_responses(404)
+)
 def list_pattern_versions(name: str, session: SessionDep, _: PrincipalDep) -> PatternVersionsPublic:
     """Every version of a pattern, oldest first, deleted patterns included."""
     return PatternVersionsPublic.from_rows(name, registry.pattern_history(session, name))
 
 
-@router.get("/{name}/versions/{version}", response_model=PatternVersionPublic)
+@router.get(
+    "/{name}/versions/{version}",
+    response_model=PatternVersionPublic,
+    responses=problem_responses(404),
+)
 def get_pattern_version(
     name: str,
     # Bounded: a number no column holds is a 422, not the database's overflow (a 500).

@@ -56,7 +56,7 @@ def create_strategy(
     return _with_etag(response, strategy)
 
 
-@router.get("/{name}", response_model=StrategyPublic)
+@router.get("/{name}", response_model=StrategyPublic, responses=problem_responses(404))
 def get_strategy(
     name: str, session: SessionDep, _: PrincipalDep, response: Response
 ) -> StrategyPublic:
@@ -78,7 +78,9 @@ def replace_strategy(
     return _with_etag(response, strategy)
 
 
-@router.get("/{name}/versions", response_model=StrategyVersionsPublic)
+@router.get(
+    "/{name}/versions", response_model=StrategyVersionsPublic, responses=problem_responses(404)
+)
 def list_strategy_versions(
     name: str, session: SessionDep, _: PrincipalDep
 ) -> StrategyVersionsPublic:
