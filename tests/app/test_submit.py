@@ -20,9 +20,6 @@ import io
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +30,7 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+from cli_server import FAST_POLL, Server, free_port, start_cli, stop_process
 from report_testing import paired, real_report, write_model
 
 from app.cli import main
@@ -101,12 +99,6 @@ def cli(capsys, *args: str | Path) -> tuple[int, str, str]:
 def line(label: str, value: str) -> str:
     """A line of the text summary."""
     return f"  {label + ':':<20}{value}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----- the client's pieces, no server ------------------------------------------------------
@@ -915,64 +907,6 @@ def test_migrate_creates_a_missing_bucket(monkeypatch, exists):
 
 
 # ----- end to end: a real `autofusion serve` (embedded mode) ------------------------------
-
-
-def start_cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``autofusion ARGS`` in a subprocess, with only the AUTOFUSION_* variables given."""
-    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("AUTOFUSION_")}
-    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            command + args,
-            cwd=REPO,
-            env={**clean, **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-FAST_POLL = {"AUTOFUSION_RETRY_AFTER_S": "1"}  # the Retry-After clients get: poll each second
-
-
-class Server:
-    def __init__(self, data_dir: Path, *options: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir.parent / f"serve-{self.port}.log"
-        args = ["serve", "--port", str(self.port), "--data-dir", str(data_dir), *options]
-        self.process = start_cli(args, self.log, env)
-
-    def wait_healthy(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.fail(f"exited with {self.process.returncode}")
-            try:
-                status = httpx.get(f"{self.url}/healthz", timeout=2).status_code
-            except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            if status == 200:
-                return
-            self.fail(f"GET /healthz answered {status}")
-        self.fail(f"/healthz not up after {timeout} s")
-
-    def fail(self, why: str) -> None:
-        self.stop()
-        pytest.fail(f"autofusion serve {why}; its log:\n{self.log.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        stop_process(self.process)
 
 
 @pytest.fixture(scope="module")
