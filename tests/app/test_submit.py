@@ -1049,9 +1049,9 @@ def test_e2e_external_data(capsys, server, external_data_model, tmp_path):
 @pytest.mark.slow
 def test_e2e_external_data_file_missing(capsys, server, external_data_model):
     path, _ = external_data_model
-    # Without its data file the server refuses the model: a usage error, with the reason.
+    # Without its data file the server refuses the model: bad input, with the reason.
     code, out, err = cli(capsys, "submit", path, "--server", server.url)
-    assert code == 2 and "(422)" in err and "resnet.weights" in err
+    assert code == EXIT_BAD_INPUT and "(422)" in err and "resnet.weights" in err
     assert out == ""
 
 
