@@ -241,8 +241,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     check = outcome.result.check
     kept = f"; the fused model was written anyway to {args.output} (--keep-failed)"
-    note = kept if outcome.written else (
-        "; nothing was written to the output path (--keep-failed writes it)"
+    note = (
+        kept
+        if outcome.written
+        else ("; nothing was written to the output path (--keep-failed writes it)")
     )
     if check.failure == ORIGINAL_CANNOT_RUN:
         sys.stderr.write(f"autofusion: {check.error}{note}\n")

@@ -207,9 +207,13 @@ class JobPublic(BaseModel):
 
 
 class JobsPublic(BaseModel):
-    """A page of jobs, newest first."""
+    """A page of jobs, newest first (AIP-158)."""
 
     items: list[JobPublic]
-    total: int
-    limit: int
-    offset: int
+    total: int = Field(description="The jobs that match the filter, on all pages")
+    page_size: int = Field(description="The page size used (after defaulting and clamping)")
+    next_page_token: str | None = Field(
+        default=None,
+        description="Send as page_token for the next page, with the same status filter; "
+        "null on the last page. Opaque: its content may change between server versions",
+    )

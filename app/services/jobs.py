@@ -35,7 +35,6 @@ __all__ = [
     "create_job",
     "finish_job",
     "get_job",
-    "list_jobs",
     "reap_jobs",
     "release_job",
     "report_progress",
@@ -125,17 +124,6 @@ def get_job(session: Session, tenant_id: str, job_id: str) -> Job:
     if job is None or job.tenant_id != tenant_id:
         raise ProblemError(404, "job-not-found", "Job not found", f"there is no job {job_id!r}")
     return job
-
-
-def list_jobs(
-    session: Session, tenant_id: str, *, status: str | None, limit: int, offset: int
-) -> tuple[list[Job], int]:
-    query = select(Job).where(Job.tenant_id == tenant_id)
-    if status:
-        query = query.where(Job.status == status)
-    total = len(session.scalars(query.with_only_columns(Job.id)).all())
-    rows = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
-    return list(rows), total
 
 
 def _touch(job: Job) -> None:

@@ -3,7 +3,6 @@ cancel, and downloads authenticated by the dashboard's cookie."""
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -14,7 +13,8 @@ from app.api.downloads import download_response
 from app.core.errors import ProblemError
 from app.core.models import Job, JobStatus
 from app.services import job_files
-from app.services.jobs import cancel_job, get_job, list_jobs
+from app.services.job_pages import decode_page_token, encode_page_token, list_jobs
+from app.services.jobs import cancel_job, get_job
 from app.ui.common import UIPrincipal, render, require
 from app.ui.job_data import LIVE, job_row, load_report_view
 
@@ -39,25 +39,27 @@ def _status_filter(status: str | None) -> str | None:
 
 
 def _page_context(
-    session: SessionDep, store: StoreDep, tenant_id: str, status: str | None, page: int
+    session: SessionDep, store: StoreDep, tenant_id: str, status: str | None, token: str | None
 ) -> dict:
-    jobs, total = list_jobs(
-        session, tenant_id, status=status, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE
-    )
-    rows = [job_row(job, store) for job in jobs]
+    """A page of the list, by the API's page tokens (app/services/job_pages.py): a job
+    submitted meanwhile does not shift the older pages, and "newer" goes back."""
+    key = decode_page_token(token, status) if token else None
+    page = list_jobs(session, tenant_id, status=status, page_size=PAGE_SIZE, key=key)
+    rows = [job_row(job, store) for job in page.jobs]
     return {
         "rows": rows,
         "status": status or "",
         "statuses": STATUSES,
-        "page": page,
-        "pages": max(math.ceil(total / PAGE_SIZE), 1),
-        "total": total,
-        "has_next": page * PAGE_SIZE < total,
+        "page": token or "",
+        "older": encode_page_token(page.older, status) if page.older else None,
+        "newer": encode_page_token(page.newer, status) if page.newer else None,
+        "total": page.total,
         "live": any(row["live"] for row in rows),
     }
 
 
-Page = Annotated[int, Query(ge=1, le=1_000_000)]
+# A page token (the API's): absent for the newest jobs.
+Page = Annotated[str | None, Query(max_length=1000)]
 
 
 @router.get("")
@@ -67,7 +69,7 @@ def jobs_page(
     session: SessionDep,
     store: StoreDep,
     status: str | None = None,
-    page: Page = 1,
+    page: Page = None,
 ):
     """The tenant's jobs, newest first, filtered by status, a page at a time."""
     context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)
@@ -81,7 +83,7 @@ def jobs_rows(
     session: SessionDep,
     store: StoreDep,
     status: str | None = None,
-    page: Page = 1,
+    page: Page = None,
 ):
     """The table body alone, polled while a job in view is live (then no more)."""
     context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)

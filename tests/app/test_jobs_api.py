@@ -121,17 +121,35 @@ def test_list_filters_by_status_and_paginates_newest_first(service, tiny_model):
     cancelled = service.client.get("/v1/jobs", params={"status": "cancelled"}).json()
     assert [j["id"] for j in cancelled["items"]] == [ids[0]]
 
+    first = service.client.get("/v1/jobs", params={"page_size": 2}).json()
+    assert first["total"] == 3 and first["page_size"] == 2
+    assert [j["id"] for j in first["items"]] == ids[:0:-1] and first["next_page_token"]
+    last = service.client.get("/v1/jobs", params={"page_token": first["next_page_token"]}).json()
+    assert [j["id"] for j in last["items"]] == [ids[0]] and last["next_page_token"] is None
+    # Deprecated, still answered: limit is page_size, offset skips rows.
     page = service.client.get("/v1/jobs", params={"limit": 1, "offset": 1}).json()
-    assert page == {**page, "total": 3, "limit": 1, "offset": 1}
+    assert page["total"] == 3 and page["page_size"] == 1
     assert [j["id"] for j in page["items"]] == [ids[1]]
     assert service.client.get("/v1/jobs", params={"offset": 5}).json()["items"] == []
 
 
 @pytest.mark.parametrize(
-    "params", [{"status": "done"}, {"limit": 0}, {"limit": 10_000}, {"offset": -1}]
+    "params",
+    [{"status": "done"}, {"offset": -1}, {"page_size": -1}, {"offset": "1" * 30}],
 )
 def test_list_rejects_bad_parameters(service, problem, params):
     problem(service.client.get("/v1/jobs", params=params), 422, "invalid-request")
+
+
+@pytest.mark.parametrize(
+    ("params", "size"), [({}, 50), ({"page_size": 0}, 50), ({"page_size": 10_000}, 200)]
+)
+def test_the_page_size_defaults_and_is_clamped(service, params, size):
+    # AIP-158: 0 or absent is the default; more than the maximum is the maximum, not 422.
+    assert service.client.get("/v1/jobs", params=params).json()["page_size"] == size
+    assert service.client.get("/v1/jobs", params={"limit": params.get("page_size", 0)}).json()[
+        "page_size"
+    ] == size
 
 
 def test_cancel_a_queued_job_then_again_is_a_conflict(service, tiny_model, problem):

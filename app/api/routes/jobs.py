@@ -20,12 +20,21 @@ from app.api.problems import problem_responses
 from app.api.uploads import incoming
 from app.core.config import Settings
 from app.core.db import autocommit_read, retry_stale, session_factory
+from app.core.errors import ProblemError
 from app.core.models import JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
 from app.services.auth import Principal
 from app.services.events import job_events
-from app.services.jobs import cancel_job, get_job, list_jobs
+from app.services.job_pages import (
+    PAGE_SIZE_DEFAULT,
+    PAGE_SIZE_MAX,
+    decode_page_token,
+    encode_page_token,
+    list_jobs,
+    page_size_of,
+)
+from app.services.jobs import cancel_job, get_job
 from app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
 
 __all__ = ["router"]
@@ -125,24 +134,59 @@ def _enqueue(request: Request, job_id: str) -> None:
         logger.exception("could not enqueue job %s; the reaper will send it again", job_id)
 
 
-@router.get("/v1/jobs", response_model=JobsPublic, responses=problem_responses(401, 422))
+# Integers a client sends stay below what every database column here holds.
+_INT_MAX = 2**31 - 1
+PageSize = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=_INT_MAX,
+        description=f"Jobs per page: 0 or absent {PAGE_SIZE_DEFAULT}, "
+        f"at most {PAGE_SIZE_MAX} (larger values are clamped)",
+    ),
+]
+PageToken = Annotated[
+    str | None, Query(max_length=1000, description="The next_page_token of the previous page")
+]
+# Deprecated (before page tokens): limit is page_size; offset skips rows, and its pages
+# shift when jobs are submitted between two reads.
+Limit = Annotated[int | None, Query(ge=0, le=_INT_MAX, deprecated=True, description="page_size")]
+Offset = Annotated[
+    int | None,
+    Query(ge=0, le=_INT_MAX, deprecated=True, description="Rows to skip: use page_token"),
+]
+
+
+@router.get("/v1/jobs", response_model=JobsPublic, responses=problem_responses(400, 401, 422))
 def read_jobs(
     principal: PrincipalDep,
     session: SessionDep,
     status: JobStatus | None = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    page_size: PageSize = None,
+    page_token: PageToken = None,
+    limit: Limit = None,
+    offset: Offset = None,
 ) -> JobsPublic:
-    """List this tenant's jobs, newest first."""
+    """List this tenant's jobs, newest first, a page at a time."""
     status_value = status.value if status is not None else None
-    jobs, total = retry_stale(
+    if page_token is not None and offset:
+        raise ProblemError(
+            422,
+            "invalid-request",
+            "Invalid request",
+            "page_token and offset cannot be combined: page with page_token alone",
+        )
+    key = decode_page_token(page_token, status_value) if page_token else None
+    size = page_size_of(page_size if page_size is not None else limit)
+    page = retry_stale(
         session,
         lambda s: list_jobs(
-            s, principal.tenant_id, status=status_value, limit=limit, offset=offset
+            s, principal.tenant_id, status=status_value, page_size=size, key=key, offset=offset
         ),
     )
-    items = [JobPublic.from_job(job) for job in jobs]
-    return JobsPublic(items=items, total=total, limit=limit, offset=offset)
+    token = encode_page_token(page.older, status_value) if page.older else None
+    items = [JobPublic.from_job(job) for job in page.jobs]
+    return JobsPublic(items=items, total=page.total, page_size=size, next_page_token=token)
 
 
 _etag_matches = etag_matches  # If-None-Match: the same rule as the downloads'
