@@ -2,7 +2,7 @@
 exit code, and no fused model at the output path unless ``--keep-failed`` asks for it.
 
 Exit codes (app.cli): 1 the check failed, 2 the original cannot run on generated inputs
-(a usage problem: give --shape or --inputs), 5 an internal error.
+(a usage problem: give --shape or --inputs), 8 an internal error (app/cli/_exit.py).
 """
 
 from __future__ import annotations
