@@ -24,7 +24,7 @@ from app.core.db import session_scope
 from app.migrate import upgrade
 from app.services.artifacts import make_store
 from app.services.registry import seed_builtins
-from app.services.scratch import sweep_api_scratch
+from app.services.scratch import ScratchSweeper
 from app.services.strategies import seed_strategies
 from app.services.uploads import UploadSlots
 from app.ui import install_ui
@@ -42,7 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        sweep_api_scratch(settings)  # upload folders of a killed API process
+        # Upload folders, download copies and half-written blobs of a killed process: now
+        # and every scratch_sweep_interval_s (embedded and distributed alike).
+        sweeper = ScratchSweeper.for_api(settings)
+        sweeper.run_due()
+        app.state.sweeper = sweeper
         if settings.migrate_on_start:
             upgrade(settings.resolved_database_url)
         with session_scope(settings.resolved_database_url) as session:
@@ -59,9 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             embedded = EmbeddedWorker(settings, celery)
             embedded.start()
+        sweeper.start()
         try:
             yield
         finally:
+            sweeper.stop()
             if embedded is not None:
                 embedded.stop()
 

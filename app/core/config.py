@@ -195,9 +195,10 @@ class Settings(BaseSettings):
     # artifacts, status) is retried with backoff for this long while the database is
     # unreachable, instead of discarding the work (worker/execute.py).
     final_write_retry_s: float = Field(default=60.0, ge=0)
-    # Scratch folders (data_dir/jobs, data_dir/downloads) and upload folders
-    # (data_dir/uploads) untouched for this long whose process is gone are removed: at
-    # worker start and every scratch_sweep_interval_s by the reaper, and at API start
+    # Scratch folders (data_dir/jobs, data_dir/downloads), upload folders
+    # (data_dir/uploads) and the local store's temporary files untouched for this long,
+    # that no live process or request holds, are removed: at worker start and every
+    # scratch_sweep_interval_s by the reaper, and likewise by the API process
     # (app/services/scratch.py).
     scratch_max_age_s: float = Field(default=3600.0, gt=0)
     scratch_sweep_interval_s: float = Field(default=300.0, gt=0)

@@ -18,7 +18,6 @@ reason) come back; a model that hangs or explodes there fails its own request wi
 from __future__ import annotations
 
 import asyncio
-import shutil
 from dataclasses import dataclass, field
 
 from app.core.config import Settings
@@ -27,7 +26,7 @@ from app.core.errors import ProblemError
 from app.core.models import PatternRecord
 from app.services import registry
 from app.services.model_sandbox import run_model_child
-from app.services.uploads import IncomingBody, receive_upload
+from app.services.uploads import IncomingBody, receive_upload, remove_folder
 from fusion_core.patterns import NearMiss
 
 __all__ = ["LISTED", "PatternTrial", "read_pattern", "trial_upload"]
@@ -87,7 +86,7 @@ async def trial_upload(
         }
         found = await run_model_child("trial", request_body, settings, what="the pattern trial")
     finally:
-        await asyncio.to_thread(shutil.rmtree, upload.folder, True)
+        await asyncio.to_thread(remove_folder, upload.folder)
     return PatternTrial(
         pattern=record.name,
         version=record.version,

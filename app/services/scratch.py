@@ -17,10 +17,21 @@ How a folder is judged:
   on another host (a shared data_dir) cannot be asked: then age alone decides, which is
   safe while the age limit exceeds the job time limit (a live attempt writes at least
   that often, or is killed).
-- Upload folders and download copies rely on age alone: they belong to an API process,
-  which has no lease or owner row to consult, and an upload that has not moved for
-  ``scratch_max_age_s`` is dead whoever owns it. A download copy is read, not written,
-  while it streams; removing it then is harmless (the open file stays readable).
+- Upload folders are *held* by the request that streams, checks and stores them
+  (``hold``/``claim``, released by ``uploads.remove_folder``): a held folder is never
+  swept by this process, however old, so a big upload whose check or store outlasts
+  the age is safe. Otherwise (another process, or one killed) age alone decides: an API
+  process has no lease or owner row to consult, and an upload that has not moved for
+  ``scratch_max_age_s`` is dead whoever owns it. The model child's folders there live
+  at most ``api_sandbox_time_limit_s``. A download copy is read, not written, while it
+  streams; removing it then is harmless (the open file stays readable).
+- The local artifact store's temporary files (``tempfile``'s ``tmp*`` names beside the
+  blobs, whose names are sha256 digests) are half-copied blobs of a process killed
+  mid-``put``; age alone decides (a copy in progress keeps writing).
+
+``ScratchSweeper`` runs the API process's sweep (``sweep_api_scratch``) when the app
+starts and every ``scratch_sweep_interval_s``, in embedded and distributed mode alike;
+a worker's reaper sweeps its attempt folders (``sweep_worker_scratch``).
 """
 
 from __future__ import annotations
@@ -28,18 +39,28 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
+import threading
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "OWNER_FILE",
+    "ScratchSweeper",
+    "claim",
     "folder_age_s",
+    "held",
+    "hold",
     "owner_alive",
+    "release",
     "sweep_api_scratch",
+    "sweep_artifact_temporaries",
     "sweep_folders",
     "sweep_worker_scratch",
     "write_owner",
@@ -111,8 +132,46 @@ def folder_age_s(path: Path, now: float | None = None) -> float:
     return max(0.0, now - newest)
 
 
+# The scratch paths this process's requests are using now (resolved): never swept here.
+_held: Counter[Path] = Counter()
+_held_lock = threading.Lock()
+
+
+def claim(path: Path) -> None:
+    """``path`` is in use by this process until ``release(path)``."""
+    with _held_lock:
+        _held[path.resolve()] += 1
+
+
+def release(path: Path) -> None:
+    key = path.resolve()
+    with _held_lock:
+        _held[key] -= 1
+        if _held[key] <= 0:
+            del _held[key]
+
+
+@contextmanager
+def hold(path: Path) -> Iterator[None]:
+    claim(path)
+    try:
+        yield
+    finally:
+        release(path)
+
+
+def held(path: Path) -> bool:
+    """Whether a request of this process holds ``path``, a folder inside it or around it."""
+    key = path.resolve()
+    with _held_lock:
+        # A claim whose folder is gone (its holder removed it some other way) lapses.
+        for gone in [p for p in _held if not p.exists()]:
+            del _held[gone]
+        return any(p == key or key in p.parents or p in key.parents for p in _held)
+
+
 def _stale(path: Path, max_age_s: float, now: float, *, owned: bool) -> bool:
-    if folder_age_s(path, now) <= max_age_s:
+    if held(path) or folder_age_s(path, now) <= max_age_s:
         return False
     if not owned:
         return True
@@ -174,7 +233,96 @@ def sweep_worker_scratch(settings: Any, now: float | None = None) -> list[Path]:
 
 
 def sweep_api_scratch(settings: Any, now: float | None = None) -> list[Path]:
-    """Upload folders and download copies untouched for ``scratch_max_age_s`` (age
-    alone: see the module docstring)."""
+    """Upload folders and download copies untouched for ``scratch_max_age_s`` that no
+    request of this process holds, and the local artifact store's stale temporary files
+    (see the module docstring)."""
     entries = _children(settings.uploads_dir) + _children(settings.data_dir / "downloads")
-    return sweep_folders(entries, settings.scratch_max_age_s, owned=False, now=now)
+    removed = sweep_folders(entries, settings.scratch_max_age_s, owned=False, now=now)
+    if settings.artifact_store == "local":
+        removed += sweep_artifact_temporaries(
+            settings.artifacts_dir, settings.scratch_max_age_s, now
+        )
+    return removed
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _artifact_temporaries(root: Path) -> list[Path]:
+    """``tempfile``'s files in the store's folder and its ``xx/`` folders: a file whose
+    name is not a digest and starts with ``tmp`` (a blob's name is its sha256)."""
+    found: list[Path] = []
+    for folder in [root, *(p for p in _children(root) if p.is_dir() and len(p.name) == 2)]:
+        found += [
+            entry
+            for entry in _children(folder)
+            if entry.name.startswith("tmp")
+            and not _DIGEST.fullmatch(entry.name)
+            and entry.is_file()
+            and not entry.is_symlink()
+        ]
+    return found
+
+
+def sweep_artifact_temporaries(
+    root: Path, max_age_s: float, now: float | None = None
+) -> list[Path]:
+    """The half-written blobs a process killed mid-``put`` left in a local store."""
+    return sweep_folders(_artifact_temporaries(root), max_age_s, owned=False, now=now)
+
+
+class ScratchSweeper:
+    """Runs ``sweep`` now and every ``interval_s`` after, in a daemon thread.
+
+    ``run_due()`` is one turn of the loop (tests drive it with their own ``clock``)."""
+
+    def __init__(
+        self,
+        sweep: Callable[[], list[Path]],
+        interval_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sweep, self.interval_s, self.clock = sweep, interval_s, clock
+        self.last_run: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_api(cls, settings: Any) -> ScratchSweeper:
+        return cls(lambda: sweep_api_scratch(settings), settings.scratch_sweep_interval_s)
+
+    def run_due(self) -> list[Path] | None:
+        """Sweep if the interval has passed since the last sweep (or none ran yet):
+        what was removed, or None when it was not due."""
+        now = self.clock()
+        if self.last_run is not None and now - self.last_run < self.interval_s:
+            return None
+        self.last_run = now
+        try:
+            return self.sweep()
+        except Exception:  # a disk problem must not stop the sweeps to come
+            logger.exception("scratch sweep failed")
+            return []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="autofusion-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.run_due()
+            self._stop.wait(self.interval_s)

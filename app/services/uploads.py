@@ -46,6 +46,7 @@ from app.core.config import Settings
 from app.core.errors import ProblemError
 from app.core.models import Job, Strategy
 from app.schemas.jobs import OptimizeOptions
+from app.services import scratch
 from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
 from app.services.jobs import create_job
@@ -360,7 +361,9 @@ def _check_declared_length(content_length: str | None, limit: int) -> None:
 
 
 def remove_folder(folder: Path) -> None:
+    """Remove an upload folder and let go of it (``scratch.claim`` in ``_stream_upload``)."""
     shutil.rmtree(folder, ignore_errors=True)
+    scratch.release(folder)
 
 
 async def receive_upload(
@@ -388,6 +391,9 @@ async def _stream_upload(
     limit = settings.max_upload_bytes
     upload = Upload(settings.uploads_dir / uuid.uuid4().hex)
     upload.folder.mkdir(parents=True)
+    # Held until remove_folder: however long the check and the store take, the sweeper
+    # of this process leaves it alone.
+    scratch.claim(upload.folder)
     writer = _FormWriter(upload, text_fields)
     try:
         parser = MultipartParser(boundary, writer.callbacks())

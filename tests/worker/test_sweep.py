@@ -4,6 +4,7 @@ whose worker is gone, upload folders and download copies nobody has touched for
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,7 +16,16 @@ from fastapi.testclient import TestClient
 
 from app.core.config import Settings
 from app.main import create_app
-from app.services.scratch import OWNER_FILE, sweep_api_scratch, write_owner
+from app.services.artifacts import LocalStore
+from app.services.scratch import (
+    OWNER_FILE,
+    ScratchSweeper,
+    held,
+    hold,
+    sweep_api_scratch,
+    write_owner,
+)
+from app.services.uploads import IncomingBody, UploadSlots, receive_upload, remove_folder
 from tests.worker.worker_testing import WorkerEnv
 from worker.reaper import Reaper
 
@@ -97,3 +107,95 @@ def test_the_api_sweeps_stale_uploads_and_downloads_at_start(tmp_path: Path) -> 
     assert not stale_upload.exists() and not stale_copy.exists()
     assert live_upload.exists() and fresh_copy.exists()
     assert sweep_api_scratch(settings) == []  # nothing more to do
+
+
+def _backdate(folder: Path, age_s: float) -> None:
+    then = time.time() - age_s
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (then, then))
+
+
+def test_an_upload_held_by_a_request_is_never_swept_however_old(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+    held_upload = _folder(settings.uploads_dir, "c" * 32, age_s=2 * HOUR)
+    with hold(held_upload):  # a big upload whose check and store outlast the age
+        assert sweep_api_scratch(settings) == []
+        assert held(held_upload / "input" / "model.onnx")  # what is inside it too
+    assert sweep_api_scratch(settings) == [held_upload]
+
+
+def test_a_streaming_upload_survives_a_sweep_in_the_middle(tmp_path: Path) -> None:
+    """The real upload path: receive_upload holds its folder from the first byte until
+    remove_folder, so a sweep mid-stream (the folder made to look hours old) keeps it."""
+    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+    boundary = "sweep-boundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"; '
+        'filename="m.onnx"\r\nContent-Type: application/octet-stream\r\n\r\n'
+    ).encode()
+    seen: list[list[Path]] = []
+
+    async def chunks():
+        yield head + b"x" * 1000
+        (folder,) = settings.uploads_dir.iterdir()
+        _backdate(folder, 2 * HOUR)
+        seen.append(sweep_api_scratch(settings))
+        yield b"y" * 1000 + f"\r\n--{boundary}--\r\n".encode()
+
+    body = IncomingBody(
+        f"multipart/form-data; boundary={boundary}", None, chunks(), UploadSlots(4, 4, 1)
+    )
+    upload = asyncio.run(receive_upload(body, settings))
+    assert seen == [[]] and upload.model_path.stat().st_size == 2000
+    _backdate(upload.folder, 2 * HOUR)
+    assert sweep_api_scratch(settings) == []  # received, not yet checked and stored
+    remove_folder(upload.folder)
+    assert not upload.folder.exists() and not held(upload.folder)
+
+
+def test_half_written_blobs_of_the_local_store_are_swept(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+    store = LocalStore(settings.artifacts_dir)
+    digest = store.put_bytes(b"a blob")
+    blob = settings.artifacts_dir / digest[:2] / digest
+    stale = [settings.artifacts_dir / "tmpk2j4_x1q", blob.parent / "tmpa8f0zz3c"]
+    fresh = blob.parent / "tmpfresh123"
+    for path in [*stale, fresh]:
+        path.write_bytes(b"half a blob")
+    for path in [*stale, blob]:  # the blob is as old: blobs are never swept
+        os.utime(path, (time.time() - 2 * HOUR,) * 2)
+
+    assert sorted(sweep_api_scratch(settings)) == sorted(stale)
+    assert blob.exists() and fresh.exists() and store.read_bytes(digest) == b"a blob"
+    s3 = settings.model_copy(update={"artifact_store": "s3"})  # no local store to sweep
+    os.utime(fresh, (time.time() - 2 * HOUR,) * 2)
+    assert sweep_api_scratch(s3) == [] and fresh.exists()
+
+
+def test_the_sweep_runs_again_every_interval(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+    now = [1000.0]
+    sweeper = ScratchSweeper(
+        lambda: sweep_api_scratch(settings), interval_s=300, clock=lambda: now[0]
+    )
+    assert sweeper.run_due() == []  # the first turn sweeps at once
+    late = _folder(settings.uploads_dir, "d" * 32, age_s=2 * HOUR)  # killed after it
+    now[0] += 299
+    assert sweeper.run_due() is None and late.exists()  # not due yet
+    now[0] += 1
+    assert sweeper.run_due() == [late] and not late.exists()
+
+
+def test_the_api_sweeps_periodically_while_it_runs(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data", embedded_worker=False, scratch_sweep_interval_s=0.05
+    )
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+        stale = _folder(settings.uploads_dir, "e" * 32, age_s=2 * HOUR)  # after the start
+        deadline = time.monotonic() + 30
+        while stale.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not stale.exists()
+        assert client.app.state.sweeper.running
+    assert not client.app.state.sweeper.running  # stopped with the app
