@@ -9,15 +9,13 @@ first pass, when the worker starts, and every ``scratch_sweep_interval_s`` after
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from app.core.config import Settings
 from app.core.db import session_scope
 from app.services.jobs import reap_jobs
-from app.services.scratch import sweep_worker_scratch
+from app.services.scratch import PeriodicThread, ScratchSweeper, sweep_worker_scratch
 
 __all__ = ["Reaper"]
 
@@ -28,18 +26,15 @@ class Reaper:
     def __init__(self, settings: Settings, enqueue: Callable[[str], None]) -> None:
         self.settings = settings
         self.enqueue = enqueue
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_sweep: float | None = None
+        self._sweeper = ScratchSweeper(
+            lambda: sweep_worker_scratch(settings), settings.scratch_sweep_interval_s
+        )
+        self._thread = PeriodicThread(self._turn, settings.reaper_interval_s, "autofusion-reaper")
 
     def sweep_once(self) -> list[Path]:
         """Remove the attempt folders of workers that are gone; returns what went."""
-        self._last_sweep = time.monotonic()
+        self._sweeper.last_run = self._sweeper.clock()
         return sweep_worker_scratch(self.settings)
-
-    def _sweep_due(self) -> bool:
-        last = self._last_sweep
-        return last is None or time.monotonic() - last >= self.settings.scratch_sweep_interval_s
 
     def run_once(self) -> list[str]:
         """One pass: returns the ids sent to the queue again."""
@@ -52,27 +47,13 @@ class Reaper:
 
     def start(self) -> None:
         """Start the thread; a second call (a consumer that reconnected) does nothing."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="autofusion-reaper", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._thread.stop(timeout)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:  # the database or broker blinked: try again next time
-                logger.exception("reaper pass failed")
-            if self._sweep_due():
-                try:
-                    self.sweep_once()
-                except Exception:  # a disk problem must not stop the reaper
-                    logger.exception("scratch sweep failed")
-            self._stop.wait(self.settings.reaper_interval_s)
+    def _turn(self) -> None:
+        try:
+            self.run_once()
+        finally:  # the database or broker blinked: the sweep still comes when it is due
+            self._sweeper.run_due()

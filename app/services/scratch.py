@@ -52,6 +52,7 @@ from typing import Any
 
 __all__ = [
     "OWNER_FILE",
+    "PeriodicThread",
     "ScratchSweeper",
     "claim",
     "folder_age_s",
@@ -271,10 +272,45 @@ def sweep_artifact_temporaries(
     return sweep_folders(_artifact_temporaries(root), max_age_s, owned=False, now=now)
 
 
-class ScratchSweeper:
-    """Runs ``sweep`` now and every ``interval_s`` after, in a daemon thread.
+class PeriodicThread:
+    """``turn()`` in a daemon thread, then every ``interval_s`` until ``stop()``; a turn
+    that raises is logged and the next one comes as usual."""
 
-    ``run_due()`` is one turn of the loop (tests drive it with their own ``clock``)."""
+    def __init__(self, turn: Callable[[], object], interval_s: float, name: str) -> None:
+        self.turn, self.interval_s, self.name = turn, interval_s, name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the thread; a second call (a consumer that reconnected) does nothing."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.turn()
+            except Exception:  # the database or a disk blinked: try again next time
+                logger.exception("%s: a periodic pass failed", self.name)
+            self._stop.wait(self.interval_s)
+
+
+class ScratchSweeper:
+    """Runs ``sweep`` now and every ``interval_s`` after: ``run_due()`` is one turn (tests
+    drive it with their own ``clock``), ``start()`` runs the turns in a thread."""
 
     def __init__(
         self,
@@ -285,8 +321,7 @@ class ScratchSweeper:
     ) -> None:
         self.sweep, self.interval_s, self.clock = sweep, interval_s, clock
         self.last_run: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread(self.run_due, interval_s, "autofusion-sweeper")
 
     @classmethod
     def for_api(cls, settings: Any) -> ScratchSweeper:
@@ -307,22 +342,10 @@ class ScratchSweeper:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.running
 
     def start(self) -> None:
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="autofusion-sweeper", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.run_due()
-            self._stop.wait(self.interval_s)
+        self._thread.stop(timeout)
