@@ -22,6 +22,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # The corpus tier (tests/corpus, marker `corpus`) needs the model cache: make test-corpus.
+# Needs only Python: the tests that use PostgreSQL (127.0.0.1:5432) or Redis (:6379), or
+# Debian's chromium, skip without them and say which (.ci/run starts them all and sets
+# AUTOFUSION_REQUIRE_SERVICES=1 and AUTOFUSION_REQUIRE_BROWSER=1: there they must run).
 test: lint
 	$(BIN)/python -m pytest -q -m "not corpus"
 

@@ -1,26 +1,14 @@
 """Migrations: upgrade from empty, downgrade, upgrade again, and no drift from the models,
-on SQLite and on the real PostgreSQL (.ci/run starts it)."""
+on SQLite and on the real PostgreSQL (the ``postgres_url`` fixture of tests/app/conftest.py:
+skipped without PostgreSQL, a failure in .ci/run, which starts it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from sqlalchemy import inspect
 
 from app.core.db import get_engine
 from app.core.models import Base
 from app.migrate import check, downgrade, upgrade
-
-# Loaded by tests/app/conftest.py (tests/ is never on sys.path).
-from tests import services
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    # Unlike the end-to-end tests, a missing PostgreSQL fails here rather than skips.
-    with services.fresh_postgres_database(pytest.fail) as url:
-        yield url
 
 
 def _tables(url: str) -> set[str]:
@@ -44,3 +32,4 @@ def test_sqlite_upgrade_downgrade_upgrade_and_no_drift(tmp_path) -> None:
 
 def test_postgresql_upgrade_downgrade_upgrade_and_no_drift(postgres_url: str) -> None:
     _round_trip(postgres_url)
+

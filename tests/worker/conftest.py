@@ -34,11 +34,11 @@ def env(make_env: Callable[..., WorkerEnv]) -> WorkerEnv:
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    with services.fresh_postgres_database(pytest.skip) as url:
+    with services.fresh_postgres_database() as url:
         yield url
 
 
 @pytest.fixture
 def redis_db() -> Iterator[redis.Redis]:
-    with services.empty_redis_db(pytest.skip) as client:
+    with services.empty_redis_db() as client:
         yield client
