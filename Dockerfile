@@ -3,6 +3,27 @@
 #   docker build -t autofusion .
 #   docker run -p 8000:8000 -v autofusion-data:/var/lib/autofusion autofusion
 #   docker exec <container> autofusion keys create --tenant ci --scopes jobs:write
+#
+# Two stages: the first builds the wheel from the source, the second installs that wheel
+# as a user would (`pip install`, no editable install, no source tree), so the image runs
+# exactly what the wheel ships: the migrations and the dashboard's files included
+# (tests/test_wheel.py runs the same wheel from a fresh venv).
+
+FROM python:3.11-slim AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# What the wheel is built from: the .dockerignore allow-list, nothing else.
+COPY pyproject.toml README.md ./
+COPY fusion_core ./fusion_core
+COPY app ./app
+COPY worker ./worker
+COPY migrations ./migrations
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -11,26 +32,26 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     AUTOFUSION_DATA_DIR=/var/lib/autofusion
 
-WORKDIR /opt/autofusion
-
 # The dependencies first, from pyproject.toml alone, so this layer survives source edits.
 # Only [project.dependencies]: no test tools and no torch (torch is an optional extra
 # for regenerating test models, never a runtime dependency).
-COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+    && rm /tmp/requirements.txt /tmp/pyproject.toml
 
-COPY fusion_core ./fusion_core
-COPY app ./app
-COPY worker ./worker
-COPY migrations ./migrations
-# Editable, so app.migrate finds migrations/ beside the source (it is not a package).
-RUN pip install --no-deps -e . \
+# The wheel itself, then a check that what is installed fits together.
+COPY --from=build /wheels /tmp/wheels
+RUN pip install --no-deps /tmp/wheels/autofusion-*.whl \
+    && rm -rf /tmp/wheels \
+    && pip check \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/autofusion --create-home autofusion
 
-# Source and packages stay root-owned and read-only to the service; only the data dir
-# (SQLite, queue and artifacts in embedded mode; scratch space in a cluster) is writable.
+# Packages stay root-owned and read-only to the service; only the data dir (SQLite, queue
+# and artifacts in embedded mode; scratch space in a cluster) is writable. The working
+# directory is root-owned and empty too: Settings reads ./.env from it, so nothing the
+# service (or a job) can write may land there.
+WORKDIR /opt/autofusion
 USER autofusion
 EXPOSE 8000
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-corpus lint clean screenshots bench
+.PHONY: run test test-corpus lint clean screenshots bench wheel
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,5 +61,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP)
 	PYTHON=$(BIN)/python bench/run_all.sh $(BENCH_OUT)
 
+# The wheel the Docker image installs, in dist/: `pip install` it anywhere (docs/service.md,
+# "The image and the wheel"). Built offline with the build backend of .venv.
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation --wheel-dir dist .
+
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build dist .pytest_cache .ruff_cache

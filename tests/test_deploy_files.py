@@ -2,17 +2,24 @@
 
 Structural checks always run (PyYAML): the services distributed mode needs, a worker that
 scales, a Redis that never evicts queued jobs, one-shot migrations before the API and
-the workers, settings that exist, commands the CLI accepts, a non-root image without
-torch. When a Compose validator is on PATH (``docker-compose`` v1 from Debian, or
-``docker compose``), the file is also validated by it.
+the workers, a maintained S3 server whose credentials and port the services agree on,
+pinned images, settings that exist, commands the CLI accepts; an image built in two
+stages that installs the wheel (never an editable install of a source tree), non-root,
+without torch; a build context that holds what the wheel is built from. When a Compose
+validator is on PATH (``docker-compose`` v1 from Debian, or ``docker compose``), the file
+is also validated by it. No Docker daemon is needed (tests/test_wheel.py builds and runs
+the same wheel).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -24,6 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 COMPLETED = "service_completed_successfully"
+HEALTHY = "service_healthy"
+BASE_IMAGE = "python:3.11-slim"
+SOURCE_FOLDERS = ("fusion_core", "app", "worker", "migrations")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +52,7 @@ def _command(service: dict) -> list[str]:
 
 
 def test_distributed_services_exist(services):
-    assert {"api", "worker", "redis", "postgres", "minio", "migrate"} <= set(services)
+    assert {"api", "worker", "redis", "postgres", "s3", "migrate"} <= set(services)
 
 
 def test_worker_scales(services):
@@ -74,7 +84,7 @@ def test_migrations_run_once_before(services, name):
     assert env["AUTOFUSION_BROKER_URL"].startswith("redis://")
     assert env["AUTOFUSION_DATABASE_URL"].startswith("postgresql")
     assert env["AUTOFUSION_ARTIFACT_STORE"] == "s3"
-    assert env["AUTOFUSION_S3_ENDPOINT_URL"].startswith("http://minio:")
+    assert urlsplit(env["AUTOFUSION_S3_ENDPOINT_URL"]).hostname == "s3"
     assert services["migrate"].get("restart") == "no"
 
 
@@ -142,9 +152,23 @@ def _instructions() -> list[tuple[str, str]]:
     ]
 
 
+def _stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages, each its instructions from its FROM on."""
+    stages: list[list[tuple[str, str]]] = []
+    for kind, arg in _instructions():
+        if kind == "FROM":
+            stages.append([])
+        stages[-1].append((kind, arg))
+    return stages
+
+
+def _runs(stage: list[tuple[str, str]]) -> str:
+    return " ".join(arg for kind, arg in stage if kind == "RUN")
+
+
 def test_dockerfile():
     steps = _instructions()
-    assert steps[0] == ("FROM", "python:3.11-slim")
+    assert steps[0][0] == "FROM" and steps[0][1].split()[0] == BASE_IMAGE
     users = [arg.strip() for kind, arg in steps if kind == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert not [arg for _, arg in steps if "torch" in arg], "torch is no runtime dependency"
@@ -152,6 +176,52 @@ def test_dockerfile():
     assert "/healthz" in health
     cmd = [arg for kind, arg in steps if kind == "CMD"][-1]
     assert '"autofusion", "serve"' in cmd
+
+
+def test_the_image_installs_the_wheel_built_in_its_first_stage():
+    """Build the wheel in one stage, install it in the next as a user would: what runs is
+    what the wheel ships, never a source tree beside an editable install."""
+    build, final = _stages()
+    assert build[0][1].split() == [BASE_IMAGE, "AS", "build"]
+    assert final[0][1].split() == [BASE_IMAGE], "the same Python builds and runs the wheel"
+    assert "pip wheel --no-deps --wheel-dir /wheels ." in _runs(build)
+
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert not re.search(r"pip install[^\n]*\s(-e|--editable)\s", text), "no editable install"
+    copies = [arg.split() for kind, arg in final if kind == "COPY"]
+    assert ["--from=build", "/wheels", "/tmp/wheels"] in copies
+    copied = {part.rstrip("/") for args in copies for part in args[:-1]}
+    assert not copied & set(SOURCE_FOLDERS), "the final stage gets the wheel, not the source"
+    runs = _runs(final)
+    assert "pip install --no-deps /tmp/wheels/autofusion-*.whl" in runs
+    assert "pip check" in runs
+    # The dependencies are a layer of their own, read from pyproject.toml alone.
+    assert runs.index("pip install -r /tmp/requirements.txt") < runs.index("/tmp/wheels")
+
+
+def _allowed() -> set[str]:
+    lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return {line.strip()[1:] for line in lines if line.strip().startswith("!")}
+
+
+def test_the_build_context_holds_what_the_wheel_is_built_from():
+    """Every package pyproject.toml ships, its readme and itself are let into the build
+    context and copied into the build stage; nothing else is."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*").rstrip(".") for pattern in patterns}
+    assert packages == set(SOURCE_FOLDERS)
+    needed = packages | {"pyproject.toml", project["project"]["readme"]}
+    assert _allowed() == needed
+    build = _stages()[0]
+    copied = {
+        part.rstrip("/")
+        for kind, arg in build
+        if kind == "COPY"
+        for part in arg.split()[:-1]
+        if not part.startswith("--")
+    }
+    assert copied == needed
 
 
 def test_dockerignore_keeps_local_state_out():
@@ -173,3 +243,40 @@ def test_service_docs_list_every_setting():
         if f"| `AUTOFUSION_{name.upper()}` |" not in text
     ]
     assert not missing, f"add to the settings table of docs/service.md: {missing}"
+
+
+# ----- the S3 store ------------------------------------------------------------------------
+
+
+def test_the_s3_store_is_a_maintained_server_the_services_agree_with(services):
+    """SeaweedFS, not MinIO (whose community images are no longer published): its port,
+    credentials and health check match what the autofusion services use, and `migrate`
+    (which creates the bucket) waits for it to be healthy."""
+    s3 = services["s3"]
+    image = s3["image"]
+    assert not image.startswith("minio/") and image.startswith("chrislusf/seaweedfs:")
+    command = _command(s3)
+    assert command[:2] == ["server", "-s3"]
+    ports = [arg.split("=", 1)[1] for arg in command if arg.startswith("-s3.port=")]
+    port = int(ports[-1]) if ports else 8333
+    for name in ("migrate", "api", "worker"):
+        env = services[name]["environment"]
+        endpoint = urlsplit(env["AUTOFUSION_S3_ENDPOINT_URL"])
+        assert (endpoint.hostname, endpoint.port) == ("s3", port), name
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key] == s3["environment"][key], f"{name}: {key} differs from s3's"
+    assert services["migrate"]["depends_on"]["s3"]["condition"] == HEALTHY
+    assert f"127.0.0.1:{port}/healthz" in " ".join(s3["healthcheck"]["test"])
+    assert any(volume.endswith(":/data") for volume in s3["volumes"])
+    assert "MINIO" not in COMPOSE.read_text(encoding="utf-8")  # no variable left behind
+
+
+def test_images_are_pinned(services):
+    """A release tag on every image pulled (never `latest` or none): an upgrade of the
+    store or the database is a reviewed change of this file."""
+    for name, service in services.items():
+        if "build" in service:
+            continue
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and tag and tag != "latest" and "/" not in tag, f"{name}: {image}"

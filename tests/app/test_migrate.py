@@ -4,11 +4,16 @@ skipped without PostgreSQL, a failure in .ci/run, which starts it)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
 from sqlalchemy import inspect
 
 from app.core.db import get_engine
 from app.core.models import Base
-from app.migrate import check, downgrade, upgrade
+from app.migrate import check, downgrade, migrations_dir, upgrade
 
 
 def _tables(url: str) -> set[str]:
@@ -33,3 +38,34 @@ def test_sqlite_upgrade_downgrade_upgrade_and_no_drift(tmp_path) -> None:
 def test_postgresql_upgrade_downgrade_upgrade_and_no_drift(postgres_url: str) -> None:
     _round_trip(postgres_url)
 
+
+# ----- where the migrations come from: the `migrations` package, not a path -----------------
+
+
+def test_the_migrations_are_the_package_wherever_the_process_runs(tmp_path, monkeypatch) -> None:
+    import migrations
+
+    monkeypatch.chdir(tmp_path)  # nothing depends on the current directory
+    assert migrations_dir() == Path(migrations.__file__).parent
+    assert (migrations_dir() / "env.py").is_file()
+    upgrade(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    assert _tables(f"sqlite:///{tmp_path / 'elsewhere.db'}") == set(Base.metadata.tables)
+
+
+def test_a_missing_or_foreign_migrations_package_says_to_reinstall(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "migrations", None)  # as if the wheel lacked it
+    with pytest.raises(RuntimeError, match="reinstall autofusion"):
+        migrations_dir()
+
+    # Some other project's `migrations` package (no Alembic environment of ours).
+    folder = tmp_path / "migrations"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    spec = importlib.util.spec_from_file_location(
+        "migrations", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    foreign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(foreign)
+    monkeypatch.setitem(sys.modules, "migrations", foreign)
+    with pytest.raises(RuntimeError, match="not autofusion's Alembic environment"):
+        migrations_dir()

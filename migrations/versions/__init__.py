@@ -1,0 +1,1 @@
+"""The revisions, oldest first (Alembic skips this file when it lists them)."""
