@@ -117,6 +117,7 @@ def test_each_blob_is_stored_once_by_its_digest(s3: S3, tmp_path: Path) -> None:
     assert s3.keys() == {f"sha256/{digest}"}
 
     assert store.exists(digest) and store.read_bytes(digest) == data
+    assert store.size(digest) == len(data)
     fetched = store.fetch(digest, tmp_path / "deep" / "down" / "copy.onnx")
     assert fetched.read_bytes() == data
     other = tmp_path / "other.bin"
