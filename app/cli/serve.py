@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from app.core.config import Settings
 from app.core.logs import configure_logging
 
 __all__ = ["add_parser", "is_loopback", "run", "settings_from_args"]
+
+logger = logging.getLogger(__name__)
 
 
 _EPILOG = """\
@@ -149,23 +152,25 @@ def run(args: argparse.Namespace) -> int:
     if refusal:
         sys.stderr.write(f"autofusion serve: {refusal}\n")
         return EXIT_USAGE
+    # One handler on the root for everything from here on (these lines, the app's, the
+    # worker's, uvicorn's own and its access lines: log_config=None below), JSON or
+    # text, each line with its request id.
+    configure_logging(args.log_level, settings.log_format)
     if not settings.embedded_worker and settings.is_embedded_broker:
-        sys.stderr.write(
+        logger.warning(
             "autofusion serve: no in-process worker: jobs wait until an `autofusion worker` "
-            f"with the same data dir ({settings.data_dir}) takes them\n"
+            "with the same data dir (%s) takes them",
+            settings.data_dir,
         )
     if args.insecure_no_auth and not is_loopback(args.host) and not settings.require_api_keys:
-        sys.stderr.write(
-            f"autofusion serve: WARNING: listening on {args.host} without API keys "
-            "(--insecure-no-auth): anyone who can reach this port can run jobs\n"
+        logger.warning(
+            "autofusion serve: listening on %s without API keys "
+            "(--insecure-no-auth): anyone who can reach this port can run jobs",
+            args.host,
         )
-    sys.stderr.write(_describe(args, settings) + "\n")
+    logger.info("%s", _describe(args, settings))
 
     import uvicorn  # imported late: `autofusion --help` stays fast
-
-    # One handler on the root for everything (the app's, the worker's, uvicorn's own and
-    # access lines: log_config=None below), JSON or text, each line with its request id.
-    configure_logging(args.log_level, settings.log_format)
 
     from app.main import create_app
 

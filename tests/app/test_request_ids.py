@@ -5,8 +5,10 @@ log line of the request carries it as JSON, and the job a request creates record
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -142,3 +144,34 @@ def test_text_on_a_terminal_json_otherwise():
     outside, inside = stream.getvalue().splitlines()
     assert " INFO [-] t: outside" in outside
     assert " WARNING [req-text] t: inside" in inside
+
+
+@pytest.mark.slow
+def test_autofusion_serve_logs_json_lines_with_the_request_id_into_the_worker(tmp_path, tiny_model):
+    """The real server: uvicorn's lines are the service's JSON lines too, the access line
+    and the embedded worker's lines of a submitted job carry the request's id."""
+    import httpx
+
+    from tests.browser.browser_support import running_server
+
+    with (
+        running_server(tmp_path / "data", log_level="info") as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        files = {"model": ("m.onnx", tiny_model, "application/octet-stream")}
+        answer = client.post("/v1/optimize", files=files, headers={HEADER: "serve-req-1"})
+        assert answer.status_code == 202 and answer.headers[HEADER] == "serve-req-1"
+        job = answer.headers["Location"]
+        for _ in range(300):
+            if client.get(job).json()["status"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.1)
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.strip()]
+    access = [r for r in lines if r["logger"] == "uvicorn.access"]
+    assert any("POST /v1/optimize" in r["message"] for r in access)
+    posted = next(r for r in access if "POST /v1/optimize" in r["message"])
+    assert posted["request_id"] == "serve-req-1"
+    job_id = job.rsplit("/", 1)[-1]
+    worker = [r for r in lines if r["logger"] == "worker.execute" and r.get("job_id") == job_id]
+    assert worker and all(r["request_id"] == "serve-req-1" for r in worker)
+    assert not any("color_message" in r for r in lines)

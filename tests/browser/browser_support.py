@@ -126,9 +126,14 @@ def _server_env(job_delay_s: float) -> dict[str, str]:
 
 @contextmanager
 def running_server(
-    data_dir: Path, *, job_delay_s: float = 0.0, start_timeout_s: float = 60.0
+    data_dir: Path,
+    *,
+    job_delay_s: float = 0.0,
+    start_timeout_s: float = 60.0,
+    log_level: str = "warning",
 ) -> Iterator[Server]:
-    """``autofusion serve`` on a free port of 127.0.0.1, embedded mode, stopped after."""
+    """``autofusion serve`` on a free port of 127.0.0.1, embedded mode, stopped after;
+    its log (JSON lines: not a terminal) in ``data_dir/server.log``."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = data_dir / "server.log"
@@ -144,7 +149,7 @@ def running_server(
         "--data-dir",
         str(data_dir),
         "--log-level",
-        "warning",
+        log_level,
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(
