@@ -5,6 +5,7 @@ logs, readiness answers)."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,15 @@ def test_readiness_asks_the_s3_bucket(monkeypatch, tmp_path):
         server.stop()
     reason = readiness(settings)["artifacts"]
     assert reason.startswith("S3 bucket 'ready-bucket' unreachable") and SECRET not in reason
+
+
+def test_every_setting_is_in_the_settings_table():
+    """docs/service.md's settings table names every field of Settings (and the two
+    variables that choose the sources)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    table = text[text.index("\n## Settings") :]
+    table = table[: table.index("\n## ", 1)]
+    first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    rows = {name for cell in first_cells for name in re.findall(r"`(AUTOFUSION_\w+)`", cell)}
+    wanted = {f"AUTOFUSION_{name.upper()}" for name in Settings.model_fields}
+    assert wanted | {"AUTOFUSION_ENV_FILE", "AUTOFUSION_SECRETS_DIR"} <= rows, sorted(wanted - rows)
