@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+from app.cli._progress import PhaseProgress, wanted
 from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
 from fusion_core import run as run_files
 from fusion_core.catalog import parse_pattern_text
@@ -47,6 +49,12 @@ def _files_and_patterns(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", help="also write the report as one self-contained HTML page")
     p.add_argument("--markdown", help="also write a Markdown summary (for CI logs)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the phases on stderr as they run (default: when stderr is a terminal)",
+    )
     p.add_argument(
         "--keep-failed",
         action="store_true",
@@ -235,7 +243,11 @@ def run(args: argparse.Namespace) -> int:
         report=_path(args.report), markdown=_path(args.markdown), html=_path(args.html)
     )
     # --profile, or a strategy file that sets profile: fusion_core.run measures it
-    outcome = run_files(args.model, args.output, config, files=files, feeds=feeds)
+    progress = PhaseProgress() if wanted(args.progress, sys.stderr) else None
+    with progress or contextlib.nullcontext():
+        outcome = run_files(
+            args.model, args.output, config, files=files, feeds=feeds, on_phase=progress
+        )
     print(format_summary(outcome.report))
     if not outcome.failed:
         return EXIT_OK

@@ -66,12 +66,20 @@ def run(
     names: tuple[str, str] | None = None,
     registry_version: int | str | None = None,
     on_stage: Callable[[str, float], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> RunOutcome:
     """Optimize ``model_path`` into ``output_path`` and write ``files``. ``names`` are the
     (model, output) names the report shows (default: the paths); ``on_stage`` hears
-    ``saving``, ``profiling`` and ``report`` with a progress fraction."""
-    stage = on_stage or (lambda _name, _progress: None)
-    result = optimize(model_path, config, patterns=patterns, feeds=feeds)
+    ``saving``, ``profiling`` and ``report`` with a progress fraction; ``on_phase`` every
+    phase by name as it starts: ``optimize``'s, then those three."""
+    phase = on_phase or (lambda _name: None)
+
+    def stage(name: str, progress: float) -> None:
+        phase(name)
+        if on_stage:
+            on_stage(name, progress)
+
+    result = optimize(model_path, config, patterns=patterns, feeds=feeds, on_phase=on_phase)
     stage("saving", 0.8)
     check = result.check
     failed = check is not None and not check.passed

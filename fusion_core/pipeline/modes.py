@@ -8,7 +8,7 @@ calling back into the choice (no import circle).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -32,6 +32,7 @@ def optimize(
     patterns: Sequence[CompiledPattern] | None = None,
     skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Result:
     """Fuse ``model`` for ``config.target`` and (unless disabled) check the result.
 
@@ -41,12 +42,18 @@ def optimize(
     validation rolls back a fusion this way); they are reported as near misses.
     When the check fails, ``Result.regions`` names the fused region that drifts first.
     ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
-    generated check samples.
+    generated check samples. ``on_phase`` hears each phase by name as it starts (``load``,
+    ``prepasses``, ``fuse``, ``check``; ``measure`` or ``progressive`` for those modes,
+    which run many passes), for a caller that shows progress.
     """
     config = config or OptimizeConfig()
     if config.measure or config.selection == "measured":
+        if on_phase:
+            on_phase("measure")
         return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
     if config.progressive:
+        if on_phase:
+            on_phase("progressive")
         stepwise = config.model_copy(update={"progressive": False, "stages": None})
         return optimize_progressive(
             model,
@@ -57,5 +64,6 @@ def optimize(
             feeds=feeds,
         )
     return optimize_once(
-        model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds
-    )
+        model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds,
+        on_phase=on_phase,
+    )  # fmt: skip

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,14 +140,17 @@ def optimize_once(
     skip: Mapping[tuple[str, frozenset[str]], str] | None = None,
     skip_kind: str = "rollback",
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> Result:
     """One pass of ``optimize`` (pre-passes, rounds of fusion, the check), neither
     measured nor in progressive stages: what measured selection builds each variant
     with. Selection ``measured`` here is its proposal: priority that keeps what the
-    cost model prices as a loss."""
-    registry = registry or builtin_rewriters()
+    cost model prices as a loss. ``on_phase`` hears each phase as it starts: ``load``,
+    ``prepasses``, ``fuse``, ``check``."""
+    registry, phase = registry or builtin_rewriters(), on_phase or _no_phase
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    phase("load")
     original, work = _load(model, keep_original=config.check.enabled)
     timings["load"] = time.perf_counter() - start
 
@@ -158,15 +161,13 @@ def optimize_once(
     result.ops_before = _op_counts(work)
 
     start = time.perf_counter()
-    # opt-in opset upgrade, before the other pre-passes (fusion_core/prepasses/opset.py)
-    work, upgrade = upgrade_opset(work, config.upgrade_opset)
+    phase("prepasses")
+    work, result.prepasses = _prepasses(work, config)
     result.model = work
-    result.prepasses = run_prepasses(work, _prepass_options(config))
-    if upgrade is not None:  # the report says what the upgrade did
-        result.prepasses.insert(0, upgrade.describe())
     timings["prepasses"] = time.perf_counter() - start
 
     signature = output_signature(work)
+    phase("fuse")
     ctx = RewriteContext(work, get_target(config.target))
     timings["match"] = timings["rewrite"] = 0.0
     # The main graph first, then every If/Loop/Scan body: each is matched on its own.
@@ -178,19 +179,39 @@ def optimize_once(
         _rewrite_rounds(result, graph, ctx, chosen, config, timings, skipped, signature)
     result.near_misses = list(dict.fromkeys(result.near_misses))  # skips repeat per graph
 
-    start = time.perf_counter()
-    common.RemoveUnusedNodesPass()(work)
-    common.TopologicalSortPass()(work)
-    timings["cleanup"] = time.perf_counter() - start
+    _cleanup(work, timings)
     result.ops_after = _op_counts(work)
 
     if config.check.enabled and original is not None:
         start = time.perf_counter()
+        phase("check")
         keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
         check_against_original(result, original, config, keep_fp32, feeds)
         timings["check"] = time.perf_counter() - start
     result.timings = timings
     return result
+
+
+def _cleanup(work: ir.Model, timings: dict[str, float]) -> None:
+    """What the rewrites left unused goes; the nodes are sorted again."""
+    start = time.perf_counter()
+    common.RemoveUnusedNodesPass()(work)
+    common.TopologicalSortPass()(work)
+    timings["cleanup"] = time.perf_counter() - start
+
+
+def _no_phase(_name: str) -> None:
+    pass
+
+
+def _prepasses(work: ir.Model, config: OptimizeConfig) -> tuple[ir.Model, list[str]]:
+    """The opt-in opset upgrade (fusion_core/prepasses/opset.py), then the other
+    pre-passes; what they did, in the report's words."""
+    work, upgrade = upgrade_opset(work, config.upgrade_opset)
+    prepasses = run_prepasses(work, _prepass_options(config))
+    if upgrade is not None:  # the report says what the upgrade did
+        prepasses.insert(0, upgrade.describe())
+    return work, prepasses
 
 
 def check_against_original(
