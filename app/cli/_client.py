@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ __all__ = [
     "client_from_args",
     "follow",
     "read_json",
+    "with_client",
     "retry_after",
 ]
 
@@ -68,6 +71,20 @@ def check_server(server: str | None) -> str:
 
 def client_from_args(args: argparse.Namespace) -> Client:
     return Client(check_server(args.server), args.api_key)
+
+
+def with_client(args: argparse.Namespace, command: str, work: Callable[[Client], int]) -> int:
+    """``work(client)`` with a client for --server/--api-key, closed after; a refusal is
+    one line on stderr and its exit code."""
+    try:
+        client = client_from_args(args)
+        try:
+            return work(client)
+        finally:
+            client.close()
+    except ClientError as exc:
+        sys.stderr.write(f"autofusion {command}: {exc}\n")
+        return exc.code
 
 
 class Client:

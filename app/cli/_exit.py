@@ -21,6 +21,7 @@ __all__ = [
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
     "TABLE",
+    "epilog",
     "for_http_status",
     "for_job_problem",
     "table_text",
@@ -131,3 +132,8 @@ def table_text(indent: str = "  ") -> str:
         )
         for code, _, meaning in TABLE
     )
+
+
+def epilog() -> str:
+    """The table under a command's --help."""
+    return f"exit codes (the table of every autofusion command):\n{table_text()}"

@@ -27,11 +27,11 @@ from app.cli._client import (
     Client,
     ClientError,
     add_server_options,
-    client_from_args,
     follow,
     read_json,
+    with_client,
 )
-from app.cli._exit import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, table_text
+from app.cli._exit import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, epilog
 
 __all__ = ["add_parser", "job_lines", "pages"]
 
@@ -44,7 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "jobs",
         description=__doc__,
-        epilog=f"exit codes (the table of every autofusion command):\n{table_text()}",
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = p.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
@@ -76,26 +76,8 @@ def _action(actions: argparse._SubParsersAction, name: str, help_line: str, run:
     add_server_options(action)
     if name in ("list", "status", "wait"):
         action.add_argument("--json", action="store_true", help="print the job(s) as JSON")
-    action.set_defaults(run=lambda args: _with_client(args, run))
+    action.set_defaults(run=lambda args: with_client(args, "jobs", lambda c: run(c, args)))
     return action
-
-
-def _with_client(args: argparse.Namespace, run: Any) -> int:
-    try:
-        client = client_from_args(args)
-    except ClientError as exc:
-        return _stop(exc)
-    try:
-        return run(client, args)
-    except ClientError as exc:
-        return _stop(exc)
-    finally:
-        client.close()
-
-
-def _stop(exc: ClientError) -> int:
-    sys.stderr.write(f"autofusion jobs: {exc}\n")
-    return exc.code
 
 
 def _job_url(job_id: str) -> str:

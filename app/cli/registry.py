@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from app.cli._client import Client, ClientError, add_server_options, client_from_args, read_json
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, table_text
+from app.cli._client import Client, ClientError, add_server_options, read_json, with_client
+from app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, epilog
 
 __all__ = ["KINDS", "EtagStore", "add_parser"]
 
@@ -102,7 +102,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "registry",
         description=__doc__,
-        epilog=f"exit codes (the table of every autofusion command):\n{table_text()}",
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = p.add_subparsers(dest="registry_kind", required=True, metavar="KIND")
@@ -141,21 +141,9 @@ def _add_action(actions: argparse._SubParsersAction, kind: Kind, action: str) ->
 
 
 def _run(args: argparse.Namespace, kind: Kind, action: str) -> int:
-    try:
-        client = client_from_args(args)
-    except ClientError as exc:
-        return _stop(exc)
-    try:
-        return _ACTIONS[action](client, args, kind, EtagStore())
-    except ClientError as exc:
-        return _stop(exc)
-    finally:
-        client.close()
-
-
-def _stop(exc: ClientError) -> int:
-    sys.stderr.write(f"autofusion registry: {exc}\n")
-    return exc.code
+    return with_client(
+        args, "registry", lambda client: _ACTIONS[action](client, args, kind, EtagStore())
+    )
 
 
 def _key(client: Client, kind: Kind, name: str) -> str:

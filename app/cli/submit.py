@@ -36,7 +36,7 @@ from app.cli._exit import (
     EXIT_OK,
     EXIT_TIMEOUT,
     EXIT_USAGE,
-    table_text,
+    epilog,
 )
 from app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
 from fusion_core.config import merge_options, read_strategy_file
@@ -54,8 +54,7 @@ __all__ = [
 _CHUNK = 1 << 20
 
 _EPILOG = f"""\
-exit codes (the table of every autofusion command):
-{table_text()}
+{epilog()}
 
 --max-abs-diff compares the report's check.max_abs_diff (the largest difference between
 the original and the fused model's outputs).

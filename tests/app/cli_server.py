@@ -78,3 +78,15 @@ class Server:
 
     def stop(self) -> None:
         stop_process(self.process)
+
+
+def run_cli(capsys, *args: str | Path) -> tuple[int, str, str]:
+    """``autofusion ARGS`` in this process: (exit code, stdout, stderr)."""
+    from app.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

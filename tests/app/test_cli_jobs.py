@@ -12,8 +12,8 @@ import httpx
 import onnx
 import pytest
 from cli_server import Server
+from cli_server import run_cli as cli
 
-from app.cli import main
 from app.cli._exit import (
     EXIT_GATE_FAILED,
     EXIT_JOB_FAILED,
@@ -53,15 +53,6 @@ def server(tmp_path_factory) -> Iterator[Server]:
 def idle(tmp_path_factory) -> Iterator[Server]:
     """A server whose jobs stay queued: nothing works them."""
     yield from _started(tmp_path_factory, "idle", "--no-embedded-worker")
-
-
-def cli(capsys, *args: str | Path) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _submitted(capsys, srv: Server, key: str) -> str:

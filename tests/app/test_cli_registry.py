@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 from cli_server import Server
+from cli_server import run_cli as cli
 
-from app.cli import main
 from app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE
 from app.cli.registry import EtagStore
 
@@ -47,15 +47,6 @@ def server(tmp_path_factory) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
-
-
-def cli(capsys, *args: str | Path) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def registry(capsys, server: Server, *args: str | Path) -> tuple[int, str, str]:
