@@ -8,9 +8,10 @@
   come from shared mechanisms rather than from a route are added where they apply: 401
   wherever a key is checked (with ``WWW-Authenticate``), 403 where the key needs a scope
   (the scope is named in the operation's security requirement), 408 and 413 wherever a
-  body is read (``app/api/limits.py``), 503 (``Retry-After``) wherever the database is
-  read, 500 everywhere (``CatchAllProblems``). Route-specific statuses stay in the
-  routes' ``responses=``.
+  body is read (``app/api/limits.py``; 400 too for a JSON body that does not decode),
+  503 (``Retry-After``) wherever the database is read, 500 everywhere
+  (``CatchAllProblems``). Route-specific statuses stay in the routes' ``responses=``;
+  where one is 428, its ``If-Match`` header is declared required.
 - Security: the schemes come from ``app/api/deps.py`` (``Authorization: Bearer`` and
   ``X-API-Key``), per operation, as FastAPI derives them.
 - Response headers (``Location``, ``ETag``, ``Retry-After``, ``Repr-Digest``, ...) and
@@ -150,6 +151,7 @@ LINKS: dict[tuple[str, str], dict[str, dict[str, tuple[tuple[str, str], dict[str
 
 # The statuses shared mechanisms answer, described once.
 _SHARED = {
+    "400": "The request body cannot be read as JSON.",
     "401": "No valid API key: none sent to a server that requires one, or an unknown or "
     "revoked one (WWW-Authenticate names the scheme).",
     "403": "The key lacks the scope this operation needs (named in its security).",
@@ -191,6 +193,8 @@ def publish(document: dict[str, Any]) -> dict[str, Any]:
         for response in responses.values():  # the routes' own problems, by reference
             if MEDIA_TYPE in response.get("content", {}):
                 response["content"][MEDIA_TYPE] = {"schema": dict(_PROBLEM_REF)}
+        if "428" in responses:  # the route answers 428 without If-Match: it is required
+            _require_header(operation, "if-match")
         for status, names in _STATUS_HEADERS.items():
             if status in responses:
                 _add_headers(responses[status], names)
@@ -222,6 +226,8 @@ def _shared_statuses(operation: dict[str, Any]) -> list[str]:
             statuses.append("403")
     if "requestBody" in operation:
         statuses += ["408", "413", "422"]
+        if "application/json" in operation["requestBody"].get("content", {}):
+            statuses.append("400")  # FastAPI: a body that does not decode
     if "422" in operation["responses"]:  # FastAPI's: the route validates parameters
         statuses.append("422")
     return statuses
@@ -234,6 +240,13 @@ def _declare_problem(responses: dict[str, Any], status: str) -> None:
     if response.get("description") in (None, "", phrase, "Validation Error"):
         response["description"] = _SHARED.get(status, phrase)
     response["content"] = {MEDIA_TYPE: {"schema": dict(_PROBLEM_REF)}}
+
+
+def _require_header(operation: dict[str, Any], name: str) -> None:
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "header" and parameter["name"].lower() == name:
+            parameter["required"] = True
+            parameter["schema"] = {"type": "string"}  # not "string or null" any more
 
 
 def _add_headers(response: dict[str, Any], names: tuple[str, ...]) -> None:

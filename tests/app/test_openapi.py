@@ -131,3 +131,14 @@ def test_every_link_names_an_operation_and_its_parameters():
         "parameters": {"job_id": "$response.body#/id"},
     }
     assert links >= 20
+
+
+def test_found_by_schemathesis_undecodable_json_and_a_required_if_match():
+    for method, path, operation in _operations(openapi_document()):
+        body = operation.get("requestBody", {}).get("content", {})
+        assert ("400" in operation["responses"]) == ("application/json" in body), (method, path)
+        if_match = [p for p in operation.get("parameters", []) if p["name"] == "if-match"]
+        if "428" in operation["responses"]:  # PUT and DELETE: 428 without If-Match
+            assert if_match and if_match[0]["required"] is True, (method, path)
+        elif if_match:  # enable/disable: honoured, not required
+            assert if_match[0]["required"] is False, (method, path)
