@@ -1,0 +1,224 @@
+"""Schemathesis over the published OpenAPI document, against a live server.
+
+The server is the real thing in embedded mode (uvicorn in a thread, SQLite, the worker
+thread, local artifacts in a temporary folder) with API keys required and two tenants,
+``alice`` and ``bob``. Alice has one succeeded job before the run, so the job routes
+(downloads, HEAD, events, cancel) answer with real bodies and headers, not only 404s.
+
+Every check schemathesis has runs, bob included: the
+object-level-authorization check replays alice's reads of her job as bob, who must not
+get it. The run is bounded (a few examples per operation, one worker, a fixed seed) and
+must end with zero failures; where the check's expectation cannot hold for this API,
+the config below says so per operation, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from app.core.config import Settings
+from app.core.db import session_scope
+from app.main import create_app
+from app.migrate import upgrade
+from app.services.auth import create_key
+from tests.app.conftest import relu_model
+from tests.browser.browser_support import free_port
+
+pytestmark = pytest.mark.slow
+
+SCOPES = ["jobs:write", "patterns:write", "metrics:read"]
+TENANTS = ("alice", "bob")
+MAX_EXAMPLES = 5
+SEED = 18
+RUN_TIMEOUT_S = 300
+
+# Every check, and what the checks may not expect of this API, per operation. (Checks
+# named on the command line would override an operation's "enabled = false".)
+CHECKS = """
+[checks]
+enabled = true
+
+# The pattern registry and the strategies are shared by every tenant by design
+# (docs/service.md, "API keys and tenants"): bob reads what alice made.
+[[operations]]
+include-path-regex = "^/v1/(patterns|strategies)"
+checks.object_level_authorization.enabled = false
+
+# A schema-valid body can still be refused on what JSON Schema cannot say: bytes that
+# are no ONNX model, a spec that does not compile, a strategy naming a pattern that does
+# not exist (422); an If-Match that is not the current ETag (412).
+[[operations]]
+include-name = ["POST /v1/optimize", "POST /v1/patterns/{name}/test"]
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "401", "403", "404", "409", "422", "429",
+]
+
+[[operations]]
+include-name = ["POST /v1/patterns", "POST /v1/strategies"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-name = ["PUT /v1/patterns/{name}", "PUT /v1/strategies/{name}"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "412", "422"]
+
+[[operations]]
+include-name = [
+    "DELETE /v1/patterns/{name}",
+    "POST /v1/patterns/{name}/enable",
+    "POST /v1/patterns/{name}/disable",
+]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "412"]
+
+# The changes that take If-Match: 428 without one; a stale one is refused with 412,
+# whatever else the request holds.
+[[operations]]
+include-name = [
+    "PUT /v1/patterns/{name}",
+    "PUT /v1/strategies/{name}",
+    "DELETE /v1/patterns/{name}",
+    "POST /v1/patterns/{name}/enable",
+    "POST /v1/patterns/{name}/disable",
+]
+checks.negative_data_rejection.expected-statuses = [
+    "400", "401", "403", "404", "409", "412", "415", "422", "428", "429",
+]
+checks.missing_required_header.expected-statuses = ["428"]
+"""
+
+
+@dataclass
+class LiveServer:
+    url: str
+    keys: dict[str, str]
+    job_id: str
+    settings: Settings
+
+
+def _wait_until_up(url: str, thread: threading.Thread, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and thread.is_alive():
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the server at {url} did not start")
+
+
+def _succeeded_job(url: str, key: str, timeout_s: float = 180.0) -> str:
+    headers = {"Authorization": f"Bearer {key}"}
+    files = {"model": ("relu.onnx", relu_model().SerializeToString(), "application/octet-stream")}
+    job = httpx.post(f"{url}/v1/optimize", files=files, headers=headers, timeout=60).json()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
+        if job["status"] == "succeeded":
+            return job["id"]
+        assert job["status"] in ("queued", "running"), job
+        time.sleep(0.5)
+    raise AssertionError(f"the seeded job did not finish: {job}")
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """An embedded server requiring keys, with tenants alice and bob, on 127.0.0.1."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("schemathesis"), require_api_keys=True)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    with session_scope(settings.resolved_database_url) as session:
+        keys = {tenant: create_key(session, tenant, SCOPES, "schemathesis") for tenant in TENANTS}
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="error", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="schemathesis-server", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, thread)
+        yield LiveServer(url, keys, _succeeded_job(url, keys["alice"]), settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _config_files(server: LiveServer, folder: Path) -> Path:
+    auth = {
+        "auth": [
+            {"name": tenant, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
+            for tenant, key in server.keys.items()
+        ]
+    }
+    (folder / "auth.json").write_text(json.dumps(auth), encoding="utf-8")
+    config = folder / "schemathesis.toml"
+    config.write_text(
+        f"""
+request-timeout = 60
+
+[auth.wfc]
+path = "{folder / "auth.json"}"
+user = "alice"
+peers = ["alice", "bob"]
+
+# Half the job ids drawn are alice's succeeded job, and half the artifact names are
+# files it has; the rest anything.
+[dictionaries.jobs]
+values = ["{server.job_id}"]
+
+[dictionaries.artifacts]
+values = ["report.html", "report.md"]
+
+[parameters]
+"path.job_id" = {{ dictionary = "jobs", probability = 0.5 }}
+
+[[operations]]
+include-path = "/v1/jobs/{{job_id}}/artifacts/{{name}}"
+parameters = {{ "path.name" = {{ dictionary = "artifacts", probability = 0.5 }} }}
+{CHECKS}""",
+        encoding="utf-8",
+    )
+    return config
+
+
+def test_schemathesis_finds_nothing_with_two_tenants(live_server: LiveServer, tmp_path: Path):
+    config = _config_files(live_server, tmp_path)
+    command = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(config),
+        "run",
+        f"{live_server.url}/openapi.json",
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--no-color",
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path
+    )
+    output = run.stdout + run.stderr
+    print(output[-4000:])  # the summary, with -s or -rP
+    assert run.returncode == 0, output[-12000:]
+    assert "29/29" in output or "Tested:" in output, output[-2000:]
