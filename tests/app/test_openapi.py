@@ -136,7 +136,8 @@ def test_every_link_names_an_operation_and_its_parameters():
 def test_found_by_schemathesis_undecodable_json_and_a_required_if_match():
     for method, path, operation in _operations(openapi_document()):
         body = operation.get("requestBody", {}).get("content", {})
-        assert ("400" in operation["responses"]) == ("application/json" in body), (method, path)
+        if "application/json" in body:
+            assert "400" in operation["responses"], (method, path)
         if_match = [p for p in operation.get("parameters", []) if p["name"] == "if-match"]
         if "428" in operation["responses"]:  # PUT and DELETE: 428 without If-Match
             assert if_match and if_match[0]["required"] is True, (method, path)
