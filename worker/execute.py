@@ -46,9 +46,10 @@ from sqlalchemy.orm import Session
 from app.core.config import Settings
 from app.core.db import session_scope
 from app.core.logs import bind, resolve_format, set_context
-from app.core.models import Job, JobStatus
+from app.core.models import Job, JobStatus, utcnow
 from app.services.artifacts import ArtifactStore
 from app.services.db_retry import is_transient_db_error, retry_transient
+from app.services.job_phases import next_phases
 from app.services.jobs import (
     claim_job,
     finish_job,
@@ -150,6 +151,7 @@ class _Attempt:
         self.folder = (settings.jobs_dir / job.id / f"attempt-{job.attempts}").resolve()
         self.registry_version: int | None = job.registry_version
         self.stage = "starting"  # the last stage reported: where a crash happened
+        self.phases: list[dict[str, str]] = list(job.phases or [])  # claim_job began them
 
     @contextmanager
     def _db(self) -> Iterator[Session]:
@@ -187,9 +189,10 @@ class _Attempt:
     def report(self, stage: str, progress: float) -> bool:
         """Progress and a renewed lease; False when the job was cancelled or lost."""
         self.stage = stage
+        phases = next_phases(self.phases, stage, utcnow())  # None: the same phase goes on
         try:
             with self._db() as session:
-                return report_progress(
+                kept = report_progress(
                     session,
                     self.job_id,
                     self.worker_id,
@@ -197,7 +200,10 @@ class _Attempt:
                     progress,
                     self.settings.lease_s,
                     registry_version=self.registry_version,
+                    phases=phases,
                 )
+            self.phases = phases or self.phases
+            return kept
         except Exception as exc:  # the database blinked: keep working, retry later
             if not is_transient_db_error(exc):
                 raise

@@ -123,6 +123,9 @@ class Job(Base):
     # The X-Request-ID of the request that created the job (app/api/request_ids.py): the
     # worker's and the sandbox's log lines for the job carry it. None for older jobs.
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # When each phase of the current attempt began: [{"stage", "at"}] (app/services/
+    # job_phases.py); the dashboard shows the time per phase and estimates what is left.
+    phases: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class RegistryState(Base):

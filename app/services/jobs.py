@@ -27,6 +27,7 @@ from app.core.errors import ProblemError
 from app.core.logs import current_request_id
 from app.core.models import Job, JobStatus, utcnow
 from app.services.auth import Principal
+from app.services.job_phases import first_phase
 
 __all__ = [
     "JOB_PROBLEMS",
@@ -166,6 +167,7 @@ def claim_job(session: Session, job_id: str, worker_id: str, lease_s: int) -> Jo
             worker_id=worker_id,
             lease_until=now + timedelta(seconds=lease_s),
             started_at=now,
+            phases=first_phase(now),
             updated_at=now,
             revision=Job.revision + 1,
         )
@@ -186,15 +188,19 @@ def report_progress(
     lease_s: int,
     *,
     registry_version: int | None = None,
+    phases: list[dict[str, str]] | None = None,
 ) -> bool:
     """Record progress and renew the lease. False: the job was cancelled or lost.
 
-    ``registry_version``: the registry snapshot the job uses, recorded when it starts.
+    ``registry_version``: the registry snapshot the job uses, recorded when it starts;
+    ``phases``: the attempt's phases when a new one began (app/services/job_phases.py).
     """
     now = utcnow()
     values: dict[str, Any] = {}
     if registry_version is not None:
         values["registry_version"] = registry_version
+    if phases is not None:
+        values["phases"] = phases
     result = session.execute(
         update(Job)
         .where(
