@@ -38,6 +38,7 @@ __all__ = [
     "bn_params",
     "build_model",
     "conv_bn_relu",
+    "deep_conv_net",
     "misses",
     "op_sequence",
     "optimize_quiet",
@@ -85,6 +86,49 @@ def conv_bn_relu(
         doc_string=doc,
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], doc_string=doc)
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def deep_conv_net(
+    blocks: int, *, channels: int = 4, size: int = 8, seed: int = 0
+) -> onnx.ModelProto:
+    """A deep chain of ``blocks`` 3x3 Conv -> BatchNormalization blocks, nodes named
+    ``block{i}/conv``, ``block{i}/bn``, ...: most end in a Relu (``conv_bn_relu``),
+    every 7th from the 4th on in nothing (``conv_bn``), every 7th from the 6th on adds
+    the block's input before its Relu (``conv_bn_add_relu``, and a ``conv_add`` near
+    miss: the added input is no constant). Many fusions of a few patterns, as in a
+    ResNet or a DenseNet, for the reports and pages of a large model."""
+    rng = np.random.default_rng(seed)
+    nodes, arrays, x = [], {}, "x"
+    for i in range(blocks):
+        p = f"block{i}"
+        arrays[f"{p}_w"] = rng.normal(0, 0.5 / (3 * channels**0.5), (channels, channels, 3, 3))
+        bn = bn_params(rng, channels, f"{p}_bn", positive=True)
+        arrays |= bn
+        nodes += [
+            oh.make_node("Conv", [x, f"{p}_w"], [f"{p}_c"], name=f"{p}/conv", pads=[1, 1, 1, 1]),
+            oh.make_node("BatchNormalization", [f"{p}_c", *bn], [f"{p}_n"], name=f"{p}/bn"),
+        ]
+        out = f"{p}_n"
+        if i % 7 == 5:
+            nodes.append(oh.make_node("Add", [out, x], [f"{p}_a"], name=f"{p}/add"))
+            out = f"{p}_a"
+        if i % 7 != 3:
+            nodes.append(oh.make_node("Relu", [out], [f"{p}_y"], name=f"{p}/relu"))
+            out = f"{p}_y"
+        x = out
+    nodes.append(oh.make_node("Identity", [x], ["y"], name="output"))
+    shape = [1, channels, size, size]
+    graph = oh.make_graph(
+        nodes,
+        "deep_conv_net",
+        [oh.make_tensor_value_info("x", _F32, shape)],
+        [oh.make_tensor_value_info("y", _F32, shape)],
+        [nh.from_array(np.asarray(a, np.float32), name) for name, a in arrays.items()],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model

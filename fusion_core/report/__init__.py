@@ -14,14 +14,20 @@ import lazy_loader
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_charts": ["grouped_bars"],
+        "_charts": ["grouped_bars", "histogram", "timeline"],
         "_graph": ["GraphIndex", "region_svg"],
-        "_html": ["MAX_REGION_PICTURES", "render_html"],
+        "_html": ["render_html"],
         "_json": ["REPORT_VERSION", "build_report", "file_sha256"],
         "_markdown": ["format_markdown"],
         "_provenance": ["final_nodes"],
         "_reader": ["DEPLOYMENT_LEVEL", "ReportSummary", "Speed", "read_report", "speed_section"],
-        "_region_data": ["region_pictures", "regions_from_data"],
+        "_region_data": [
+            "EXAMPLES_PER_PATTERN",
+            "MAX_REGION_PICTURES",
+            "example_fusions",
+            "region_pictures",
+            "regions_from_data",
+        ],
         "_schema": ["report_schema"],
         "_text": ["format_summary"],
     },

@@ -16,10 +16,10 @@ from fusion_core.report._charts import grouped_bars
 from fusion_core.report._footprint import bytes_text, memory_line, size_line
 from fusion_core.report._graph import GraphIndex, region_svg
 from fusion_core.report._provenance import final_nodes
+from fusion_core.report._region_data import example_fusions, with_shapes
 
-__all__ = ["MAX_REGION_PICTURES", "render_html"]
+__all__ = ["render_html"]
 
-MAX_REGION_PICTURES = 50
 _MAX_ROWS = 1000
 _MAX_OP_TYPES = 25
 
@@ -31,6 +31,7 @@ text-align:left;vertical-align:top}th{background:#f3f3f3}.pass{color:#1a7f37}
 align-items:flex-start;overflow-x:auto}svg text{font-size:11px;font-family:sans-serif}
 svg .edge{fill:none;stroke:#888}svg .fused rect{fill:#ffe0b2;stroke:#e65100}
 svg .near rect{fill:#eceff1;stroke:#90a4ae}svg .name{fill:#555}
+svg .attrs,svg .shape{fill:#6a737d;font-size:10px}
 """
 
 
@@ -289,15 +290,31 @@ def _near_misses(misses: list[dict[str, Any]]) -> str:
 def _regions(
     report: dict[str, Any], original: onnx.ModelProto | None, fused: onnx.ModelProto | None
 ) -> str:
+    """A few examples of each pattern (``example_fusions``), with the count of the rest."""
     applied = report.get("applied") or []
     if original is None or fused is None or not applied:
         return ""
-    before, after = GraphIndex(original), GraphIndex(fused)
+    before, after = GraphIndex(with_shapes(original)), GraphIndex(with_shapes(fused))
+    examples = example_fusions(applied)
     parts = [f'<h2 id="regions">Fused regions ({len(applied)})</h2>']
-    for fusion in applied[:MAX_REGION_PICTURES]:
+    counts: dict[str, int] = {}
+    for fusion in applied:
+        counts[str(fusion.get("pattern"))] = counts.get(str(fusion.get("pattern")), 0) + 1
+    shown: dict[str, int] = {}
+    for fusion in examples:
+        pattern = str(fusion.get("pattern"))
+        if pattern not in shown:
+            parts.append(f"<h3>{escape(pattern)}: {counts[pattern]} fusion(s)</h3>")
+        shown[pattern] = shown.get(pattern, 0) + 1
         parts.append(_region(fusion, applied, before, after))
-    if len(applied) > MAX_REGION_PICTURES:
-        parts.append(f"<p>{len(applied) - MAX_REGION_PICTURES} more regions not drawn.</p>")
+    left = len(applied) - len(examples)
+    if left:
+        rest = ", ".join(
+            f"{escape(p)} {n - shown.get(p, 0)}" for p, n in counts.items() if n > shown.get(p, 0)
+        )
+        parts.append(
+            f"<p>{left} more regions not drawn ({rest}): the Applied table lists them.</p>"
+        )
     return "".join(parts)
 
 
@@ -313,7 +330,7 @@ def _region(
     right = region_svg(after, final_nodes(applied, index), f"{label}: after")
     missing = "<p>not found in this model</p>"
     return (
-        f"<h3>{escape(label)}</h3><div class=pair><div><h4>before</h4>{left or missing}</div>"
+        f"<h4>{escape(label)}</h4><div class=pair><div><h4>before</h4>{left or missing}</div>"
         f"<div><h4>after</h4>{right or missing}</div></div>"
     )
 

@@ -15,7 +15,12 @@ import onnx.parser
 import pytest
 
 from fusion_core import OptimizeConfig, optimize
-from fusion_core.report import MAX_REGION_PICTURES, build_report, render_html
+from fusion_core.report import (
+    EXAMPLES_PER_PATTERN,
+    MAX_REGION_PICTURES,
+    build_report,
+    render_html,
+)
 
 HOSTILE = "<script>alert(1)</script>"
 SVG = re.compile(r"<svg\b.*?</svg>", re.S)
@@ -157,12 +162,24 @@ def test_region_pictures_show_the_nodes_and_their_neighbours(hostile):
     }
 
 
-def test_region_pictures_are_capped():
+def test_region_pictures_are_a_few_examples_of_each_pattern():
+    """A deep chain fuses one pattern many times: a few pictures of it, the rest counted."""
     model = conv_chain(MAX_REGION_PICTURES + 3)
     result = optimize(model, OptimizeConfig(target="generic", check={"enabled": False}))
     report = build_report(result)
     assert len(report["applied"]) == MAX_REGION_PICTURES + 3
     html = render_html(report, original=model, fused=result.to_proto())
     regions = [svg for svg in svgs(html) if svg.get("class") == "region"]
-    assert len(regions) == 2 * MAX_REGION_PICTURES
-    assert "3 more regions not drawn" in html
+    assert len(regions) == 2 * EXAMPLES_PER_PATTERN
+    assert f"conv_bn_relu: {MAX_REGION_PICTURES + 3} fusion(s)" in html
+    left = MAX_REGION_PICTURES + 3 - EXAMPLES_PER_PATTERN
+    assert f"{left} more regions not drawn (conv_bn_relu {left})" in html
+
+
+def test_region_pictures_show_shapes_and_key_attributes(hostile):
+    report, original, fused = hostile
+    html = render_html(report, original=original, fused=fused)
+    before = svgs(html)[0]
+    texts = [t.text for t in before.iter("{http://www.w3.org/2000/svg}text")]
+    assert "1×2×4×4" in texts  # an intermediate value's shape, from shape inference
+    assert "→ 1×2×4×4" in texts  # a node without attributes shows its output's shape
