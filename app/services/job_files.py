@@ -31,6 +31,7 @@ __all__ = [
     "fused_model_file",
     "fused_model_filename",
     "not_available",
+    "original_model_file",
     "report_file",
     "temporary_copy",
 ]
@@ -118,6 +119,14 @@ def fused_model_file(job: Job) -> JobFile:
         _finished(job),
         stream=True,
     )
+
+
+def original_model_file(job: Job) -> JobFile:
+    """The model as uploaded (its external data files not included): the dashboard
+    offers it beside the fused model, for a graph viewer."""
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=UTC)
+    name = Path(job.model_name).name or "model.onnx"
+    return JobFile(job.model_digest, "application/octet-stream", name, created, stream=True)
 
 
 def report_file(job: Job) -> JobFile:

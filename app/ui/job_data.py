@@ -15,12 +15,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from app.core.errors import PROBLEM_BASE
 from app.core.models import Job, JobStatus
 from app.services.artifacts import ArtifactStore
+from app.services.jobs import JOB_PROBLEMS
 from app.ui.report_view import DASH, report_view, speed_class
 from fusion_core.report import Speed, read_report, regions_from_data
 
-__all__ = ["LIVE", "job_row", "load_report_view", "speed_of"]
+__all__ = ["LIVE", "job_problem", "job_row", "load_report_view", "speed_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +103,28 @@ def load_report_view(job: Job, store: ArtifactStore) -> dict[str, Any] | None:
     view = report_view(report, regions=regions)
     view["model"] = report.get("model")
     return view
+
+
+def job_problem(job: Job) -> dict[str, str | None] | None:
+    """Why a failed job failed (or a live one's last error) as a problem: ``type`` (a
+    URL), ``slug``, ``title`` and ``detail``. The row keeps the slug (``error_type``)
+    and the detail (``error``); an ``error`` stored as a problem object is read as one."""
+    error = job.error
+    if not (job.status == JobStatus.failed.value or (error and job.status != "succeeded")):
+        return None
+    if isinstance(error, dict):
+        type_ = str(error.get("type") or "") or None
+        slug = (
+            type_.removeprefix(PROBLEM_BASE) if type_ and type_.startswith(PROBLEM_BASE) else None
+        )
+        title, detail = error.get("title"), error.get("detail")
+    else:
+        slug = job.error_type if job.status == JobStatus.failed.value else None
+        type_ = f"{PROBLEM_BASE}{slug}" if slug else None
+        title, detail = JOB_PROBLEMS.get(slug or ""), error
+    return {
+        "type": type_,
+        "slug": slug,
+        "title": str(title) if title else None,
+        "detail": str(detail) if detail else "the job failed without a message",
+    }

@@ -11,12 +11,14 @@ from fastapi.responses import RedirectResponse
 from app.api.deps import SessionDep, SettingsDep, StoreDep
 from app.api.downloads import download_response
 from app.core.errors import ProblemError
-from app.core.models import Job, JobStatus
+from app.core.models import Job, JobStatus, utcnow
 from app.services import job_files
 from app.services.job_pages import decode_page_token, encode_page_token, list_jobs
+from app.services.job_phases import recent_phases
 from app.services.jobs import cancel_job, get_job
 from app.ui.common import UIPrincipal, render, require
-from app.ui.job_data import LIVE, job_row, load_report_view
+from app.ui.job_data import LIVE, job_problem, job_row, load_report_view
+from app.ui.progress import history_for, progress_view
 
 __all__ = ["router"]
 
@@ -25,7 +27,7 @@ router = APIRouter(prefix="/ui/jobs", include_in_schema=False)
 PAGE_SIZE = 20
 STATUSES = [status.value for status in JobStatus]
 # What /ui/jobs/{id}/download/{what} serves: the API's files, by a short name.
-DOWNLOADS = {"report.html", "report.md", "trace", "model", "report"}
+DOWNLOADS = {"report.html", "report.md", "trace", "model", "original", "report"}
 
 
 def _status_filter(status: str | None) -> str | None:
@@ -90,13 +92,16 @@ def jobs_rows(
     return render(request, "_job_rows.html", context)
 
 
-def _job_context(job: Job) -> dict:
+def _job_context(job: Job, session: SessionDep) -> dict:
     live = job.status in LIVE
+    running = job.status == JobStatus.running.value
+    past = history_for(job, lambda tenant: recent_phases(session, tenant)) if running else None
     return {
         "job": job,
         "live": live,
         "cancel_requested": bool(job.cancel_requested),
         "progress": max(0.0, min(1.0, job.progress or 0.0)),
+        "timing": progress_view(job, utcnow(), past),
     }
 
 
@@ -106,9 +111,10 @@ def job_page(
 ):
     """One job: its state (live while queued or running), then its report."""
     job = get_job(session, principal.tenant_id, job_id)
-    context = _job_context(job)
+    context = _job_context(job, session)
     context["report"] = None if context["live"] else load_report_view(job, store)
     context["artifacts"] = sorted((job.summary or {}).get("artifacts") or {})
+    context["problem"] = job_problem(job)
     return render(request, "job.html", context)
 
 
@@ -116,7 +122,7 @@ def job_page(
 def job_live(job_id: str, request: Request, principal: UIPrincipal, session: SessionDep):
     """The live section; once the job has finished, HX-Refresh loads the whole page."""
     job = get_job(session, principal.tenant_id, job_id)
-    context = _job_context(job)
+    context = _job_context(job, session)
     headers = {} if context["live"] else {"HX-Refresh": "true"}
     return render(request, "_job_live.html", context, headers=headers)
 
@@ -148,6 +154,8 @@ def job_download(
     job = get_job(session, principal.tenant_id, job_id)
     if what == "model":
         file = job_files.fused_model_file(job)
+    elif what == "original":  # the upload itself, for a graph viewer beside the fused model
+        file = job_files.original_model_file(job)
     elif what == "report":
         file = job_files.report_file(job)
     else:  # report.html too: a job's HTML is never rendered in the dashboard's origin

@@ -3,9 +3,10 @@
 The facts (speed verdict, check, nodes, sizes) come from ``fusion_core.report.read_report``,
 the one typed reader the worker and the CI client use too; the detail sections (fusions,
 near misses, the per-level latency table) are read defensively: they may grow or be
-absent. The charts and region
-pictures come from ``fusion_core.report``'s helpers, which escape every label, so their
-SVG is the only markup marked safe here.
+absent. Fusions and near misses are grouped (app/ui/report_groups.py); the error
+histograms and the slowest nodes are charts (app/ui/report_charts.py). The charts and
+region pictures come from ``fusion_core.report``'s helpers, which escape every label, so
+their SVG is the only markup marked safe here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 import onnx_ir as ir
 from markupsafe import Markup
 
+from app.ui.report_charts import error_histograms, slowest_nodes
+from app.ui.report_groups import fusion_groups, near_miss_groups
 from fusion_core.report import (
-    MAX_REGION_PICTURES,
     GraphIndex,
     ReportSummary,
     Speed,
@@ -37,7 +39,6 @@ __all__ = [
 ]
 
 DASH = "—"
-_MAX_ROWS = 1000
 _MAX_OP_TYPES = 25
 MAX_MATCH_PICTURES = 10
 
@@ -139,32 +140,9 @@ def _levels(profile: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fusions(applied: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per pattern: count, replaced nodes, and the predicted and measured gains
-    summed over its fusions (after / before of the sums: the pattern's overall ratio)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for fusion in applied:
-        groups.setdefault(str(fusion.get("pattern")), []).append(fusion)
-    rows = []
-    for pattern, fusions in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        predicted = _totals([_dict(f.get("predicted_gain")) for f in fusions])
-        measured = _totals([_dict(f.get("measured_gain")) for f in fusions])
-        rows.append(
-            {
-                "pattern": pattern,
-                "count": len(fusions),
-                "replaced": [str(n) for f in fusions for n in _list(f.get("replaced_nodes"))],
-                "predicted_saved_us": predicted["saved"],
-                "predicted_ratio": predicted["ratio"],
-                "saved_us": measured["saved"],
-                "ratio": measured["ratio"],
-            }
-        )
-    return rows
-
-
-def _totals(gains: list[dict[str, Any]]) -> dict[str, str]:
+def _totals(gains: list[Any]) -> dict[str, str]:
     """Summed ``saved_us`` and the ratio of summed after to summed before, as text."""
+    gains = [_dict(g) for g in gains]
     saved = [v for v in (_num(g.get("saved_us")) for g in gains) if v is not None]
     pairs = [(_num(g.get("before_us")), _num(g.get("after_us"))) for g in gains]
     pairs = [(b, a) for b, a in pairs if b is not None and a is not None]
@@ -184,9 +162,20 @@ def _validation(check: dict[str, Any]) -> list[dict[str, Any]]:
             "max_rel": fmt(o.get("max_rel_diff", o.get("max_rel"))),
             "rtol": fmt(o.get("rtol")),
             "atol": fmt(o.get("atol")),
+            "mean_abs": fmt(o.get("mean_abs_diff")),
+            "cosine": fmt(o.get("cosine_similarity"), 6),
+            "mismatches": _mismatches(o),
         }
         for o in map(_dict, _list(check.get("outputs")))
     ]
+
+
+def _mismatches(output: dict[str, Any]) -> str:
+    """``3 of 512`` elements outside the tolerance; a dash in an older report."""
+    bad, total = _num(output.get("mismatches")), _num(output.get("elements"))
+    if bad is None or total is None:
+        return DASH
+    return f"{int(bad):,} of {int(total):,}"
 
 
 def _op_times(node_profile: Any) -> dict[str, float]:
@@ -207,19 +196,6 @@ def _op_type_chart(profile: dict[str, Any]) -> Markup | None:
     rows = [(op, [before.get(op), after.get(op)]) for op in ops[:_MAX_OP_TYPES]]
     svg = grouped_bars("chart-op-types", "time per op type", rows, ["original", "fused"], "µs/run")
     return Markup(svg)  # grouped_bars escapes every label
-
-
-def _regions(drawn: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # regions_from_data drew each SVG with region_svg, which escapes every name,
-    # op type and title it read from the (untrusted) regions.json.
-    return [
-        {
-            "label": r["label"],
-            "before": Markup(r["before"]) if r["before"] else None,
-            "after": Markup(r["after"]) if r["after"] else None,
-        }
-        for r in drawn
-    ]
 
 
 def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -263,7 +239,8 @@ def report_view(
     profile, check = _dict(report.get("profile")), _dict(report.get("check"))
     applied = [f for f in _list(report.get("applied")) if isinstance(f, dict)]
     rollbacks = report.get("rollbacks")
-    regions = _regions(regions) if regions and applied else None
+    misses = _list(report.get("near_misses"))
+    groups = fusion_groups(applied, regions if applied else None, _totals)
     return {
         "target": summary.target,
         "speed": _speed(summary.speed),
@@ -278,17 +255,11 @@ def report_view(
         "nodes_before": summary.nodes_before,
         "nodes_after": summary.nodes_after,
         "fusion_count": len(applied),
-        "fusions": _fusions(applied),
-        "near_misses": [
-            {
-                "pattern": str(m.get("pattern")),
-                "nodes": [str(n) for n in _list(m.get("nodes"))],
-                "reason": str(m.get("reason")),
-                "kind": str(m.get("kind") or "constraint"),
-            }
-            for m in map(_dict, _list(report.get("near_misses"))[:_MAX_ROWS])
-        ],
-        "near_miss_count": len(_list(report.get("near_misses"))),
+        "fusions": groups,
+        "pictured": sum(len(g["examples"]) + len(g["more_examples"]) for g in groups),
+        "has_pictures": regions is not None,
+        "near_misses": near_miss_groups(misses),
+        "near_miss_count": len(misses),
         "left_alone": [
             {"what": str(r.get("what")), "nodes": r.get("nodes"), "reason": str(r.get("reason"))}
             for r in map(_dict, _list(report.get("left_alone")))
@@ -302,9 +273,9 @@ def report_view(
             for r in map(_dict, _list(rollbacks))
         ],
         "validation": _validation(check),
+        "histograms": error_histograms(check),
         "op_chart": _op_type_chart(profile),
-        "regions": regions,
-        "regions_left_out": max(len(applied) - MAX_REGION_PICTURES, 0),
+        "slowest": slowest_nodes(profile),
     }
 
 

@@ -44,8 +44,14 @@ def test_a_finished_job_shows_its_report(finished):
         "op-type-chart",
         "regions",
         "download-model",
+        "download-original",
         "download-report",
         "download-trace",
+        "graph-viewer",
+        "error-histograms",
+        "slowest-nodes",
+        "job-phases",
+        "job-took",
     )
     assert 'data-status="succeeded"' in html and "hx-trigger" not in html
     assert "every part is standard ONNX the rules read" in _section(html, "left-alone")
@@ -56,11 +62,12 @@ def test_a_finished_job_shows_its_report(finished):
     after = int(re.search(r'id="nodes-after">(\d+)<', summary).group(1))
     assert before > after >= 1
     fusions = re.search(r'<table id="fusions">.*?</table>', html, re.S).group(0)
-    assert '<tr data-pattern="conv_bn_relu"><td>conv_bn_relu</td><td>1</td>' in fusions
+    assert '<tr data-pattern="conv_bn_relu" data-count="1">' in fusions
+    assert '<td class="count">1</td>' in fusions
     # predicted (cost model) and measured (profile) µs saved, then after / before
     report = service.client.get(f"/v1/jobs/{job.id}/report").json()
     (fusion,) = report["applied"]
-    cells = re.findall(r"<td>([^<]*)</td>", fusions.split("</code>")[-1])
+    cells = re.findall(r"<td>([^<]*)</td>", fusions)
     predicted, measured = fusion["predicted_gain"], fusion["measured_gain"]
     assert float(cells[0]) == pytest.approx(predicted["saved_us"], rel=1e-3)
     assert float(cells[1]) == pytest.approx(predicted["ratio"], rel=1e-2)
@@ -68,9 +75,35 @@ def test_a_finished_job_shows_its_report(finished):
     assert float(cells[3]) == pytest.approx(measured["ratio"], rel=1e-2)
     validation = re.search(r'<table id="validation">.*?</table>', html, re.S).group(0)
     assert 'data-output="y" data-passed="true"' in validation
+    (output,) = report["check"]["outputs"]
+    cosine = re.search(r'<td class="cosine">([^<]*)</td>', validation).group(1)
+    assert float(cosine) == pytest.approx(output["cosine_similarity"], rel=1e-5)
+    assert f"0 of {output['elements']:,}" in validation  # elements outside the tolerance
+    # The error histogram: one column per decade, the counts of the report's.
+    counts = re.findall(r'<g class="bin" data-count="(\d+)"', _section(html, "error-histograms"))
+    assert [int(c) for c in counts] == output["histogram"]
+    slowest = _section(html, "slowest-nodes")
+    assert 'id="chart-slowest-original"' in slowest and 'id="chart-slowest-fused"' in slowest
+    slowest_original = max(
+        report["profile"]["nodes"]["original"]["nodes"], key=lambda n: n["total_us"]
+    )
+    assert f"{slowest_original['name']} ({slowest_original['op_type']})" in slowest
     assert "<svg" in _section(html, "op-type-chart")[:3000]
     assert _section(html, "regions").count('class="region"') >= 2  # before and after
     assert f'href="/ui/jobs/{job.id}/download/report.html"' in html
+    # The worker recorded when each phase began; the page shows what each took.
+    stages = [p["stage"] for p in job.phases]
+    assert stages == [
+        "starting",
+        "fetching",
+        "prepasses",
+        "saving",
+        "profiling",
+        "report",
+        "storing",
+    ]
+    phases = _section(html, "job-phases")
+    assert re.findall(r'<span class="phase" data-stage="([^"]+)"', phases) == stages
     rows = service.client.get("/ui/jobs").text
     row = re.search(rf'<tr data-job-id="{job.id}".*?</tr>', rows, re.S).group(0)
     assert 'data-status="succeeded"' in row and "passed" in row and "data-ratio=" in row
@@ -100,6 +133,9 @@ def test_downloads_go_through_the_cookie_routes(finished):
         job.fused_digest
     )
     assert "net.fused.onnx" in model.headers["content-disposition"]
+    original = service.client.get(f"{base}/original")  # for a graph viewer, beside it
+    assert original.status_code == 200 and original.content == conv_bn_relu().SerializeToString()
+    assert 'filename="net.onnx"' in original.headers["content-disposition"]
     report = service.client.get(f"{base}/report")
     assert report.json()["report_version"] == 2
     trace = service.client.get(f"{base}/trace")
