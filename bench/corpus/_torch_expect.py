@@ -34,6 +34,7 @@ KINDS = {  # kind -> name prefixes of its builtin patterns
     "attention": ("attention_mha",),
     "rms_norm": ("rms_norm",),
     "skip_layer_norm": ("skip_layer_norm",),
+    "skip_rms_norm": ("skip_rms_norm",),
     "gelu": ("gelu_",),
     "qkv": ("qkv_merge", "qkv_bias_merge"),
 }
@@ -50,7 +51,7 @@ def builtin_names() -> tuple[str, ...]:
 
 # Kinds the default cpu profile prices as a loss (its kernel factors, docs/cost.md):
 # found in every block, fused or left out with that reason.
-PRICED_AS_LOSS = ("skip_layer_norm", "qkv")
+PRICED_AS_LOSS = ("skip_layer_norm", "skip_rms_norm", "qkv")
 
 
 def any_of(kind: str) -> str:

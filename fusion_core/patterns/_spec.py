@@ -45,6 +45,9 @@ __all__ = [
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _STANDARD_DOMAINS = ("", "ai.onnx")
+# onnxruntime's own ops registered in the ONNX domain (no ONNX schema): rms_norm emits
+# SimplifiedLayerNormalization on the onnxruntime target and skip_rms_norm matches it.
+RUNTIME_ONNX_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 MAX_PATTERN_NODES = 64
 MAX_CONSTRAINTS = 256
 
@@ -72,7 +75,9 @@ class NodeSpec(BaseModel):
             raise ValueError("list at least one op type")
         domain = info.data.get("domain", "")
         if domain in _STANDARD_DOMAINS:
-            unknown = [op for op in ops if not onnx.defs.has(op)]
+            unknown = [
+                op for op in ops if not onnx.defs.has(op) and op not in RUNTIME_ONNX_DOMAIN_OPS
+            ]
             if unknown:
                 raise ValueError(f"unknown ONNX op type(s) {unknown} in the default domain")
         return ops

@@ -39,6 +39,7 @@ from fusion_core.rewriters.pool_bn import PoolBatchNorm
 from fusion_core.rewriters.rms_norm import RMSNorm
 from fusion_core.rewriters.silu import FuseSiLU
 from fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
+from fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
 
 __all__ = [
     "Params",
@@ -68,6 +69,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     FoldLayerNormAffine,
     RMSNorm,
     SkipLayerNorm,
+    SkipRMSNorm,
     FuseGelu,
     FuseSiLU,
     FuseHardSigmoid,

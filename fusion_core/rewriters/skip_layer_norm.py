@@ -29,7 +29,7 @@ from fusion_core.rewriters._effect import RewriteEffect, matched, present
 from fusion_core.rewriters._norm import hidden_size, normalizes_last_axis
 from fusion_core.targets import MS_DOMAIN
 
-__all__ = ["SkipLayerNorm"]
+__all__ = ["SkipLayerNorm", "input_and_skip", "pre_ln_effect", "skip_rewrite", "unname_unused"]
 
 
 class SkipLayerNormParams(Params):
@@ -47,10 +47,7 @@ class SkipLayerNorm(Rewriter):
     Params = SkipLayerNormParams
 
     def cost_effect(self, match: Match, params: SkipLayerNormParams) -> RewriteEffect:
-        # The pre-LN forms match the next residual Add only so that the sum may escape:
-        # it is re-created as it was (not fused), reading input_skip_bias_sum.
-        kept = present(match, params.next_node)
-        return RewriteEffect(tuple(n for n in matched(match) if n not in kept))
+        return pre_ln_effect(match, params.next_node)
 
     def rewrite(
         self, match: Match, params: SkipLayerNormParams, ctx: RewriteContext
@@ -63,20 +60,34 @@ class SkipLayerNorm(Rewriter):
         if isinstance(operands, str):
             return operands
         first, second, bias = operands
-        pair = _input_and_skip(first, second, add)
+        pair = input_and_skip(first, second, add)
         if isinstance(pair, str):
             return pair
         ctx.use_domain(MS_DOMAIN)
         node = _skip_layer_norm(ln, [*pair, bias], with_sum=params.next_node is not None)
-        replaced = [(ln.outputs[0], node.outputs[0])]
-        if params.next_node is None:
-            return Rewrite([node], replaced)
-        following = match.node(params.next_node)
-        clone = _clone(following)
-        # The sum lives on as input_skip_bias_sum; the clone reads it from there.
-        replaced.append((add.outputs[0], node.outputs[3]))
-        replaced += list(zip(following.outputs, clone.outputs, strict=True))
-        return Rewrite([node, clone], replaced)
+        return skip_rewrite(match, node, ln, add, params.next_node)
+
+
+def pre_ln_effect(match: Match, next_node: str | None) -> RewriteEffect:
+    """What a skip norm's match fuses: the pre-LN forms match the next residual Add only
+    so that the sum may escape; it is re-created as it was (not fused)."""
+    kept = present(match, next_node)
+    return RewriteEffect(tuple(n for n in matched(match) if n not in kept))
+
+
+def skip_rewrite(
+    match: Match, node: ir.Node, norm: ir.Node, add: ir.Node, next_node: str | None
+) -> Rewrite:
+    """``node`` (a skip norm) replaces ``norm``; with ``next_node``, the other reader of
+    the sum is re-created reading input_skip_bias_sum (output 3), where the sum lives on."""
+    replaced = [(norm.outputs[0], node.outputs[0])]
+    if next_node is None:
+        return Rewrite([node], replaced)
+    following = match.node(next_node)
+    clone = clone_node(following)
+    replaced.append((add.outputs[0], node.outputs[3]))
+    replaced += list(zip(following.outputs, clone.outputs, strict=True))
+    return Rewrite([node, clone], replaced)
 
 
 def _skip_layer_norm(ln: ir.Node, summed: list[ir.Value | None], *, with_sum: bool) -> ir.Node:
@@ -94,12 +105,17 @@ def _skip_layer_norm(ln: ir.Node, summed: list[ir.Value | None], *, with_sum: bo
         [ir.AttrFloat32("epsilon", eps)],
         num_outputs=4 if with_sum else 1,
     )
-    for unused in node.outputs[1:3]:  # mean and inv_std_var are not produced
-        unused.name = ""
+    unname_unused(node)
     return node
 
 
-def _clone(node: ir.Node) -> ir.Node:
+def unname_unused(node: ir.Node) -> None:
+    """Outputs 1 and 2 of the skip norms (mean, inv_std_var) are not produced."""
+    for unused in node.outputs[1:3]:
+        unused.name = ""
+
+
+def clone_node(node: ir.Node) -> ir.Node:
     """A copy of ``node`` reading the same values (its unnamed outputs stay unnamed)."""
     clone = ir.Node(
         node.domain,
@@ -154,7 +170,7 @@ def _dims(value: ir.Value) -> list[int | str] | None:
     return dims
 
 
-def _input_and_skip(a: ir.Value, b: ir.Value, add: ir.Node) -> tuple[ir.Value, ir.Value] | str:
+def input_and_skip(a: ir.Value, b: ir.Value, add: ir.Node) -> tuple[ir.Value, ir.Value] | str:
     """(input, skip): the full-shape operand is the input; skip is equal or [1, S, H], [S, H]."""
     dims_a, dims_b = _dims(a), _dims(b)
     if dims_a is None or dims_b is None:

@@ -1,0 +1,199 @@
+"""Prefill and decode latency of LLM decoder variants with a KV cache, paired and interleaved.
+
+Why: issue 17 measures decoders the way they are served: a prefill of a prompt (batch 1,
+``--prefill`` tokens, empty past) and a decode step (1 new token after ``--past``
+cached ones), at ``ORT_ENABLE_ALL`` with 2 intra-op threads, each variant against the
+first (the original export), interleaved so that the machine's drift falls on all
+alike (``bench/_interleaved.py``). A decode step reads every weight once, so memory
+bandwidth bounds it: the table gives the achieved GB/s, the bytes of the original's
+float initializers that a step reads (all but the token embedding table, which a Gather
+reads one row of) over the median time.
+
+Variants are ``label=path`` pairs of graphs with the same inputs (optimum's or
+``export_llm``'s names: ``input_ids``, ``attention_mask``, optional ``position_ids``,
+``past_key_values.<i>.key|value``); the first is the base of the ratios.
+
+    python bench/corpus/bench_llm.py original=model.onnx fused=out.onnx \\
+        [--past 128] [--prefill 128] [--threads 2] [--iters 200] [--warmup 20] [--json F]
+
+``--skip-norm-kernel`` instead times onnxruntime's SkipSimplifiedLayerNormalization
+against the Add + SimplifiedLayerNormalization it replaces on ``[1, S, 512]`` fp32 for
+S = 1, 16, 128, 512 (the measurement behind ``skip_rms_norm``'s kernel factor in
+``fusion_core/target_profiles/cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _interleaved import interleaved_ms, paired_summary
+
+from fusion_core.profiling import session_options
+
+
+def streamed_bytes(path: Path) -> int:
+    """Bytes of float initializers a decode step reads: all but Gather-only tables."""
+    model = onnx.load(str(path), load_external_data=True)
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for init in model.graph.initializer:
+        if init.data_type != onnx.TensorProto.FLOAT or readers.get(init.name) == {"Gather"}:
+            continue
+        total += 4 * int(np.prod(init.dims))
+    return total
+
+
+def feeds(sess: ort.InferenceSession, *, past: int, new: int, seed: int = 0) -> dict:
+    """Random feeds for one step: ``new`` tokens after ``past`` cached ones, batch 1."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for arg in sess.get_inputs():
+        name = arg.name
+        if name == "input_ids":
+            out[name] = rng.integers(3, 200, (1, new), dtype=np.int64)
+        elif name == "attention_mask":
+            out[name] = np.ones((1, past + new), np.int64)
+        elif name == "position_ids":
+            out[name] = np.arange(past, past + new, dtype=np.int64)[None]
+        elif name.startswith("past_key_values."):
+            heads, dim = arg.shape[1], arg.shape[3]
+            out[name] = rng.standard_normal((1, heads, past, dim)).astype(np.float32)
+        else:
+            raise SystemExit(f"bench_llm: input {name!r} is not a decoder input it knows")
+    return out
+
+
+def measure(paths: dict[str, Path], args) -> dict:
+    sessions = {
+        label: ort.InferenceSession(
+            str(path), session_options("ORT_ENABLE_ALL", args.threads), ["CPUExecutionProvider"]
+        )
+        for label, path in paths.items()
+    }
+    base = next(iter(paths))
+    results = {"streamed_bytes": streamed_bytes(paths[base])}
+    for phase, past, new in (("prefill", 0, args.prefill), ("decode", args.past, 1)):
+        step = {label: feeds(s, past=past, new=new) for label, s in sessions.items()}
+        runs = {label: (lambda s=s, f=step[label]: s.run(None, f)) for label, s in sessions.items()}
+        times = interleaved_ms(runs, warmup=args.warmup, iters=args.iters)
+        results[phase] = paired_summary(times, base)
+    return results
+
+
+def markdown(results: dict, args) -> str:
+    gb = results["streamed_bytes"] / 1e9
+    lines = [
+        f"prefill {args.prefill} tokens, decode 1 token after {args.past}; ORT_ENABLE_ALL, "
+        f"{args.threads} threads, {args.iters} interleaved rounds; a decode step reads "
+        f"{results['streamed_bytes'] / 2**20:.1f} MiB of weights",
+        "",
+        "| variant | prefill ms | paired ratio [p10-p90] | decode ms | paired ratio [p10-p90] "
+        "| decode GB/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, pre in results["prefill"].items():
+        dec = results["decode"][label]
+        lines.append(
+            f"| {label} | {pre['median_ms']:.2f} | {pre['paired_ratio']:.3f} "
+            f"[{pre['p10']:.3f}-{pre['p90']:.3f}] | {dec['median_ms']:.2f} | "
+            f"{dec['paired_ratio']:.3f} [{dec['p10']:.3f}-{dec['p90']:.3f}] | "
+            f"{gb / (dec['median_ms'] / 1000):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _skip_norm_model(fused: bool, rows: int, hidden: int) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    gamma = np.random.default_rng(0).uniform(0.5, 1.5, hidden).astype(np.float32)
+    if fused:
+        nodes = [
+            helper.make_node(
+                "SkipSimplifiedLayerNormalization", ["x", "r", "g"], ["y", "", "", "s"],
+                domain="com.microsoft", epsilon=1e-5,
+            )
+        ]  # fmt: skip
+    else:
+        nodes = [
+            helper.make_node("Add", ["x", "r"], ["s"]),
+            helper.make_node("SimplifiedLayerNormalization", ["s", "g"], ["y"], epsilon=1e-5),
+        ]
+    shape = [1, rows, hidden]
+    graph = helper.make_graph(
+        nodes,
+        "skip_norm",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "xr"],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "ys"],
+        [onnx.numpy_helper.from_array(gamma, "g")],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def skip_norm_kernel(args, hidden: int = 512) -> str:
+    """Median microseconds of the fused kernel and of the pair, interleaved."""
+    lines = ["| rows | Add + SimplifiedLayerNormalization us | SkipSimplified us | ratio |"]
+    lines.append("|---|---|---|---|")
+    for rows in (1, 16, 128, 512):
+        rng = np.random.default_rng(rows)
+        feed = {n: rng.standard_normal((1, rows, hidden)).astype(np.float32) for n in "xr"}
+        runs = {}
+        for label, fused in (("pair", False), ("fused", True)):
+            model = _skip_norm_model(fused, rows, hidden).SerializeToString()
+            opts = session_options("ORT_ENABLE_ALL", args.threads)
+            sess = ort.InferenceSession(model, opts, ["CPUExecutionProvider"])
+            runs[label] = lambda s=sess, f=feed: s.run(None, f)
+        summary = paired_summary(
+            interleaved_ms(runs, warmup=args.warmup, iters=args.iters * 10), "pair"
+        )
+        pair, fused = summary["pair"], summary["fused"]
+        lines.append(
+            f"| {rows} | {pair['median_ms'] * 1000:.1f} | {fused['median_ms'] * 1000:.1f} | "
+            f"{fused['paired_ratio']:.2f} [{fused['p10']:.2f}-{fused['p90']:.2f}] |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="*", metavar="LABEL=PATH")
+    parser.add_argument("--past", type=int, default=128)
+    parser.add_argument("--prefill", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--skip-norm-kernel", action="store_true")
+    args = parser.parse_args(argv)
+    if args.skip_norm_kernel:
+        print(skip_norm_kernel(args))
+        return 0
+    if not args.variants:
+        parser.error("give at least one LABEL=PATH (the first is the base)")
+    paths = {}
+    for item in args.variants:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            parser.error(f"{item!r}: expected LABEL=PATH of an existing model")
+        paths[label] = Path(path)
+    results = measure(paths, args)
+    print(markdown(results, args))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
