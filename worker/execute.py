@@ -12,7 +12,7 @@ directly. The steps:
 5. store the fused model and the report, and finish the row.
 
 A user error (bad model, config or pattern, a failed check) fails the job at once,
-with a problem type (``Job.error_type``, ``app.services.jobs.JOB_PROBLEMS``). A crash
+with a problem type (``Job.error_type``, ``app.core.errors.JOB_PROBLEMS``). A crash
 (signal, exit without a result, time or memory limit) costs an attempt: the job goes
 back to queued for another worker, or fails once it has had ``max_attempts``. Each
 attempt's outcome is kept in ``Job.attempt_log`` with the model's digest; a
@@ -369,7 +369,9 @@ class _Attempt:
             )
         error = f"attempt {self.number} of {self.max_attempts}: {what}; trying again"
         log = [*(self.job.attempt_log or []), entry]
-        return self._release(error=error, count_attempt=True, attempt_log=log)
+        return self._release(
+            error=error, error_type=crash.problem, count_attempt=True, attempt_log=log
+        )
 
     def _release(
         self,
@@ -377,6 +379,7 @@ class _Attempt:
         error: str | None,
         count_attempt: bool,
         attempt_log: list[dict[str, Any]] | None = None,
+        error_type: str | None = None,
     ) -> Outcome:
         def release() -> bool:
             with self._db() as session:
@@ -385,6 +388,7 @@ class _Attempt:
                     self.job_id,
                     self.worker_id,
                     error=error,
+                    error_type=error_type,
                     count_attempt=count_attempt,
                     attempt_log=attempt_log,
                 )

@@ -114,7 +114,7 @@ class Job(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Why a failed job failed, as a problem type slug (``check-failed``, ``crashed-twice``,
-    # ...: ``app.services.jobs.JOB_PROBLEMS``); None while it has not failed.
+    # ...: ``app.core.errors.JOB_PROBLEMS``); None while nothing has failed.
     error_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # One entry per attempt that ended without a result: {"attempt", "outcome" (signal:N,
     # timeout, memory, lost, error), "model_digest", "stage"}. Two identical deterministic

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from app.core.errors import PROBLEM_BASE
+from app.core.errors import PROBLEM_BASE, job_problem
 from app.core.models import Job, JobStatus
 from fusion_core.config import MeasureOptions, OptimizeConfig
 
@@ -15,6 +15,7 @@ __all__ = [
     "CheckSummary",
     "DataFilePublic",
     "JobLinks",
+    "JobProblem",
     "JobPublic",
     "JobSummary",
     "JobsPublic",
@@ -39,6 +40,14 @@ class OptimizeOptions(OptimizeConfig):
                 "describe that machine); leave it out"
             )
         return options
+
+
+class JobProblem(BaseModel):
+    """A job's failure as an RFC 9457 problem object (no status: no HTTP request failed)."""
+
+    type: str = Field(description=f"{PROBLEM_BASE}<slug>: the job problem types")
+    title: str = Field(description="The type's title, the same for every job of this type")
+    detail: str = Field(description="What happened to this job, and what to do")
 
 
 class DataFilePublic(BaseModel):
@@ -161,13 +170,16 @@ class JobPublic(BaseModel):
     model_digest: str
     data_files: list[DataFilePublic]
     summary: JobSummary | None = None
-    error: str | None = None
+    error: JobProblem | None = Field(
+        default=None,
+        description="Why the job failed, or why its last attempt did while it is tried "
+        "again: a problem object (RFC 9457) whose type is one of the job problem types "
+        "(docs/service.md); null when nothing failed",
+    )
     error_type: str | None = Field(
         default=None,
-        description="A failed job's problem type (https://autofusion.dev/problems/<slug>): "
-        "check-failed, model-cannot-run, invalid-model, invalid-config, invalid-pattern, "
-        "time-limit, memory-limit, crashed, crashed-twice, worker-lost, internal-error; "
-        "error says what happened and what to do",
+        deprecated=True,
+        description="error.type, for clients written before error was a problem object",
     )
     links: JobLinks
 
@@ -196,9 +208,11 @@ class JobPublic(BaseModel):
                 for name in ((job.summary or {}).get("artifacts") or {})
             },
         )
-        fields = {name: getattr(job, name) for name in cls.model_fields if name != "links"}
-        if job.error_type:
-            fields["error_type"] = PROBLEM_BASE + job.error_type
+        skip = ("links", "error", "error_type")
+        fields = {name: getattr(job, name) for name in cls.model_fields if name not in skip}
+        if job.error:
+            fields["error"] = job_problem(job.error_type, job.error)
+            fields["error_type"] = fields["error"]["type"]
         return cls.model_validate({**fields, "links": links})
 
     @property

@@ -23,15 +23,16 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
+from app.core.errors import JOB_PROBLEMS, ProblemError
 from app.core.logs import current_request_id
-from app.core.models import Job, JobStatus, utcnow
+from app.core.models import Job, JobStatus, PatternRecord, utcnow
 from app.services.auth import Principal
 from app.services.job_phases import first_phase
 
 __all__ = [
     "JOB_PROBLEMS",
     "cancel_job",
+    "check_pattern_names",
     "claim_job",
     "create_job",
     "finish_job",
@@ -42,21 +43,7 @@ __all__ = [
     "request_hash",
 ]
 
-# Why a failed job failed: the slug of its problem type (PROBLEM_BASE + slug), and a
-# title. ``Job.error`` says the rest: what happened and what to do.
-JOB_PROBLEMS = {
-    "check-failed": "The fused model failed its numerical check",
-    "model-cannot-run": "onnxruntime cannot load or run the original model",
-    "invalid-model": "The model cannot be optimized",
-    "invalid-config": "The job's options are invalid",
-    "invalid-pattern": "A pattern of the registry snapshot is invalid",
-    "time-limit": "The optimization ran past the time limit",
-    "memory-limit": "The optimization ran out of memory",
-    "crashed": "The optimization process crashed",
-    "crashed-twice": "The optimization crashed the same way twice on this model",
-    "worker-lost": "The job's worker stopped before finishing",
-    "internal-error": "Internal error in the optimizer",
-}
+# Why a failed job failed: ``app.core.errors.JOB_PROBLEMS`` (the schemas read it too).
 
 
 def request_hash(
@@ -117,6 +104,40 @@ def create_job(
     session.add(job)
     session.flush()
     return job, True
+
+
+def check_pattern_names(session: Session, config: dict[str, Any]) -> None:
+    """422 now for the pattern names the worker would fail the job for later: each name in
+    ``patterns`` and ``exclude`` must be an enabled pattern of the registry (the worker's
+    snapshot holds only those) or one of the job's ``extra_patterns``."""
+    asked = [
+        (f"config.{field}.{i}", name)
+        for field in ("patterns", "exclude")
+        for i, name in enumerate(config.get(field) or [])
+    ]
+    if not asked:
+        return
+    extra = {
+        spec.get("name") for spec in config.get("extra_patterns") or [] if isinstance(spec, dict)
+    }
+    rows = select(PatternRecord.name, PatternRecord.enabled).where(
+        PatternRecord.deleted.is_(False), PatternRecord.name.in_({name for _, name in asked})
+    )
+    enabled = {name: on for name, on in session.execute(rows)}
+    errors = [
+        {"field": field, "message": _pattern_problem(name, name in enabled)}
+        for field, name in asked
+        if name not in extra and not enabled.get(name)
+    ]
+    if errors:
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        raise ProblemError(422, "invalid-config", "Invalid config", detail, errors=errors)
+
+
+def _pattern_problem(name: str, disabled: bool) -> str:
+    if disabled:
+        return f"pattern {name!r} is disabled: enable it or leave it out of the config"
+    return f"there is no pattern {name!r}: GET /v1/patterns lists them"
 
 
 def get_job(session: Session, tenant_id: str, job_id: str) -> Job:
@@ -268,11 +289,13 @@ def release_job(
     worker_id: str,
     *,
     error: str | None = None,
+    error_type: str | None = None,
     count_attempt: bool = True,
     attempt_log: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Put a job this worker owns back to queued (its attempt crashed, or the worker is
     stopping: then ``count_attempt=False`` gives the attempt back). False if not owned.
+    ``error_type``: the failed attempt's problem slug (``JOB_PROBLEMS``).
     ``attempt_log`` replaces the job's log of attempt outcomes (the owner's read of it,
     plus this attempt: only the lease holder writes it)."""
     values: dict[str, Any] = {
@@ -284,8 +307,8 @@ def release_job(
         "updated_at": utcnow(),
         "revision": Job.revision + 1,
     }
-    if error is not None:
-        values["error"] = error
+    if error is not None:  # why the attempt failed: the job's error while it waits
+        values["error"], values["error_type"] = error, error_type
     if not count_attempt:
         values["attempts"] = Job.attempts - 1
     if attempt_log is not None:

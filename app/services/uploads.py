@@ -49,7 +49,7 @@ from app.schemas.jobs import OptimizeOptions
 from app.services import scratch
 from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
-from app.services.jobs import create_job
+from app.services.jobs import check_pattern_names, create_job
 from app.services.model_sandbox import inspect_upload
 from fusion_core.errors import describe_fields, field_errors
 
@@ -501,11 +501,13 @@ def create_job_for_upload(
     strategy = stored.options.strategy
     if strategy is not None and session.get(Strategy, strategy) is None:
         raise _invalid_config("config.strategy", f"there is no strategy named {strategy!r}")
+    config = stored.options.model_dump(mode="json", exclude_unset=True, exclude={"strategy"})
+    check_pattern_names(session, config)  # a 422 now, not a job that fails in the worker
     arguments = {
         "model_name": stored.model_name,
         "model_digest": stored.model_digest,
         "data_files": stored.data_files,
-        "config": stored.options.model_dump(mode="json", exclude_unset=True, exclude={"strategy"}),
+        "config": config,
         "strategy": strategy,
         "idempotency_key": idempotency_key,
         "max_attempts": max_attempts,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.models import Job, JobStatus, Strategy
+from app.core.errors import JOB_PROBLEMS
+from app.core.models import Job, JobStatus, PatternRecord, Strategy
 from app.services.jobs import claim_job, finish_job, report_progress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,6 +246,58 @@ def test_a_named_strategy_is_recorded_apart_from_the_config(service, tiny_model)
 
     assert job["strategy"] == "acme.edge"
     assert job["config"] == {"check": {"samples": 3}}
+
+
+def test_names_the_worker_would_fail_on_are_a_422_at_submit(service, tiny_model, problem):
+    """Known at submit time, refused then (before: 202, then a job failed with a string)."""
+    with service.db() as session:
+        session.get(PatternRecord, "conv_bn_relu").enabled = False
+    config = {"patterns": ["conv_bn", "acme.nope"], "exclude": ["conv_bn_relu"]}
+    body = problem(service.submit(tiny_model, config=config), 422, "invalid-config")
+    assert body["errors"] == [
+        {"field": "config.patterns.1", "message": Containing("no pattern 'acme.nope'")},
+        {"field": "config.exclude.0", "message": Containing("'conv_bn_relu' is disabled")},
+    ]
+    strategy = service.submit(tiny_model, config={"strategy": "acme.gone"})
+    assert "no strategy named 'acme.gone'" in problem(strategy, 422, "invalid-config")["detail"]
+    assert service.job_count() == 0 and service.enqueued == []
+    # A pattern the job brings itself may be named.
+    extra = {"name": "acme.mine", "nodes": [{"id": "r", "op": "Relu"}]}
+    extra["rewriter"] = {"name": "fused_region", "params": {"domain": "ai.acme"}}
+    mine = {"extra_patterns": [extra], "patterns": ["acme.mine"]}
+    assert service.submit(tiny_model, config=mine).status_code == 202
+
+
+class Containing(str):
+    """Equal to any string that contains this one."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and str(self) in other
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize(
+    ("slug", "status"),
+    [("check-failed", "failed"), (None, "failed"), ("crashed", "queued")],
+)
+def test_a_jobs_error_is_a_problem_object_of_a_documented_type(service, tiny_model, slug, status):
+    job_id = service.submit(tiny_model).json()["id"]
+    assert service.client.get(f"/v1/jobs/{job_id}").json()["error"] is None
+    detail = "what happened, and what to do"
+    service.update_job(job_id, status=status, error=detail, error_type=slug)
+    job = service.client.get(f"/v1/jobs/{job_id}").json()
+    kind = slug or "job-failed"  # rows from before the worker typed its errors
+    assert job["error"] == {
+        "type": f"https://autofusion.dev/problems/{kind}",
+        "title": JOB_PROBLEMS[kind],
+        "detail": detail,
+    }
+    assert job["error_type"] == job["error"]["type"]  # deprecated mirror
+    page = service.client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="job-error"' in page and detail in page
+    if slug and status == "failed":  # the dashboard names the type of a failed job
+        assert JOB_PROBLEMS[slug] in page and f'data-type="{slug}"' in page
 
 
 def _read_events(lines) -> list[tuple[str, dict, str | None]]:

@@ -154,14 +154,15 @@ def test_a_finished_job_is_not_run_again(env: WorkerEnv) -> None:
 def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monkeypatch) -> None:
     # The same crash twice ends the job sooner: tests/worker/test_poison.py.
     job_id = env.submit(max_attempts=3)
-    for attempt, crash in ((1, "segv"), (2, "sleep:60")):
+    for attempt, crash, problem in ((1, "segv", "crashed"), (2, "sleep:60", "time-limit")):
         monkeypatch.setenv(TEST_CRASH_ENV, crash)
         if attempt == 2:  # a different crash: the time limit
             monkeypatch.setattr(env.settings, "job_time_limit_s", 1)
         assert execute_job(env.settings, job_id, f"w{attempt}", env.store) == Outcome.requeued
         job = env.job(job_id)
         assert (job.status, job.attempts, job.worker_id) == ("queued", attempt, None)
-        assert f"attempt {attempt} of 3" in job.error
+        # Queued again, it says why the attempt failed, typed (the API's error object).
+        assert f"attempt {attempt} of 3" in job.error and job.error_type == problem
     assert "time limit" in job.error
     monkeypatch.delenv(TEST_CRASH_ENV)  # a third kind: the memory limit
     monkeypatch.setattr(env.settings, "job_memory_limit_mb", 64)

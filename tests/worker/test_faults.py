@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from app.cli import main as cli_main
 from app.cli._exit import EXIT_USAGE
 from app.core.config import Settings
+from app.core.errors import JOB_PROBLEMS
 from app.main import create_app
 from app.services import db_retry
 from app.services import jobs as job_service
@@ -266,8 +267,11 @@ def test_a_failed_check_or_unloadable_model_is_a_failed_job_with_a_problem_type(
     data = _unloadable_model() if model == "unloadable" else RESNET.read_bytes()
     job = _submit(api, data, config)
     assert api.outcomes == [Outcome.failed]
-    assert job["status"] == "failed" and job["error_type"] == PROBLEMS + problem
-    assert words in job["error"] and job["links"]["model"] is None
+    # error: a problem object of a documented type (error_type: its deprecated mirror)
+    assert job["status"] == "failed" and job["error"]["type"] == PROBLEMS + problem
+    assert job["error"]["title"] == JOB_PROBLEMS[problem]
+    assert job["error_type"] == PROBLEMS + problem
+    assert words in job["error"]["detail"] and job["links"]["model"] is None
     report = api.get(job["links"]["report"])
     assert report.status_code == 200
     assert report.json()["check"]["passed"] is False
