@@ -33,7 +33,12 @@ _DEFAULTS = {
     "training_mode": "0",
     "transA": "0",
     "transB": "0",
+    "ceil_mode": "0",
+    "count_include_pad": "0",
+    "storage_order": "0",
 }
+# Attributes that say nothing about inference: never drawn.
+_IGNORED = {"momentum"}
 # Short names for the box; the tooltip keeps the spec's names.
 _SHORT = {
     "kernel_shape": "k",
@@ -42,7 +47,6 @@ _SHORT = {
     "dilations": "d",
     "group": "g",
     "epsilon": "eps",
-    "momentum": "mom",
     "activation": "act",
 }
 
@@ -141,7 +145,7 @@ def key_attributes(node: onnx.NodeProto) -> tuple[str, ...]:
     texts = []
     for attr in node.attribute:
         value = _attribute_value(attr)
-        if value is None or _DEFAULTS.get(attr.name) == value:
+        if value is None or _DEFAULTS.get(attr.name) == value or attr.name in _IGNORED:
             continue
         texts.append(f"{attr.name}={_short(value, _MAX_VALUE)}")
     return tuple(texts[:_MAX_ATTRS])
@@ -254,7 +258,7 @@ def _box(
     if line:
         third = (
             f'<text x="{cx:.0f}" y="{top + 44:.0f}" text-anchor="middle" class="attrs">'
-            f"{escape(_short(line, 26))}<title>{escape(_details(node, shapes))}</title></text>"
+            f"{escape(_short(line, 24))}<title>{escape(_details(node, shapes))}</title></text>"
         )
     return (
         f'<g class="{"fused" if in_region else "near"}"><title>{escape(name)}</title>'
