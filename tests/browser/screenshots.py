@@ -105,7 +105,9 @@ def take(out: Path, work: Path) -> list[Path]:
         shot(page, "job-finished")
         _scroll_to(page, "table#validation")
         shot(page, "job-report-chart")
-        _scroll_to(page, "#regions")
+        _scroll_to(page, "#slowest-nodes")
+        shot(page, "job-report-slowest")
+        _scroll_to(page, "#fusions-heading")
         shot(page, "job-report-regions")
 
         page.goto("/ui/jobs")
