@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import re
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -272,8 +273,8 @@ def _static_dims_of_image_model(proto: onnx.ModelProto) -> onnx.ModelProto | Non
             info.type.tensor_type.ClearField("shape")
             continue
         for dim, twin_dim in zip(dims, twin_dims, strict=True):
-            if dim.HasField("dim_value") and dim.dim_value != twin_dim.dim_value:
-                dim.Clear()  # follows the image size: unknown
+            if dim != twin_dim:
+                dim.Clear()  # follows the image size (a number or "h + 224"): unknown
     del merged.graph.output[:]  # outputs are inferred from value_info alone
     return merged
 
@@ -306,14 +307,30 @@ _FLOAT_PROTO_TYPES = frozenset(
 
 
 def _has_dynamic_image_input(graph: ir.Graph) -> bool:
-    """A 4-D/5-D float input whose spatial dims (axes 2+) are not all known."""
+    """A 4-D/5-D float input whose spatial dims (axes 2+) are not all known.
+
+    A decoder's KV cache (``past_key_values.0.key``: [batch, heads, past_sequence, size])
+    is 4-D too, but its dynamic axis is a sequence: set to 224 it would name the key
+    length ``sequence_length + 224`` everywhere downstream."""
     for value in graph.inputs:
         shape = value.shape
         if value.dtype not in _FLOAT_TYPES or shape is None or len(shape) not in (4, 5):
             continue
-        if any(not isinstance(d, int) for d in list(shape)[2:]):
+        dynamic = [d for d in list(shape)[2:] if not isinstance(d, int)]
+        if dynamic and not _is_sequence_cache(value.name or "", dynamic):
             return True
     return False
+
+
+_SEQUENCE_CACHE = re.compile(r"past|cache|history|present|seq", re.IGNORECASE)
+
+
+def _is_sequence_cache(name: str, dynamic: list) -> bool:
+    """A KV-cache input: named like one, or every dynamic axis named like a sequence."""
+    if _SEQUENCE_CACHE.search(name):
+        return True
+    names = [d.value for d in dynamic if getattr(d, "value", None)]
+    return len(names) == len(dynamic) and all(_SEQUENCE_CACHE.search(n) for n in names)
 
 
 _FLOAT_TYPES = frozenset(
