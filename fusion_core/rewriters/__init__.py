@@ -3,7 +3,7 @@
 Each built-in rewriter lives in the module named as it is registered
 (``fusion_core.rewriters.fold_batchnorm`` holds ``fold_batchnorm``; ``attention`` is a
 package); what several share is in the private modules (``_base``, ``_effect``,
-``_affine``, ``_norm``).
+``_affine``, ``_norm``, ``_shape_values``, ``_attention_shapes``, ``_attention_mask``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from fusion_core.rewriters.fold_scale import FoldScale
 from fusion_core.rewriters.fuse_activation import FuseActivation
 from fusion_core.rewriters.fused_region import FusedRegion
 from fusion_core.rewriters.gelu import FuseGelu
+from fusion_core.rewriters.group_query_attention import GroupQueryAttention
 from fusion_core.rewriters.hard_sigmoid import FuseHardSigmoid
 from fusion_core.rewriters.hard_swish import FuseHardSwish
 from fusion_core.rewriters.layer_norm import LayerNorm
@@ -37,6 +38,7 @@ from fusion_core.rewriters.merge_siblings import MergeSiblings
 from fusion_core.rewriters.pad_into_conv import PadIntoConv
 from fusion_core.rewriters.pool_bn import PoolBatchNorm
 from fusion_core.rewriters.rms_norm import RMSNorm
+from fusion_core.rewriters.rotary import RotaryEmbedding
 from fusion_core.rewriters.silu import FuseSiLU
 from fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
 from fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
@@ -76,6 +78,8 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     FuseHardSwish,
     MergeSiblings,
     FoldScale,
+    RotaryEmbedding,
+    GroupQueryAttention,
     FuseAttention,
     FusedRegion,
 )

@@ -52,7 +52,8 @@ exported by dynamo) differs in three places, each named by a parameter:
   ``-inf`` (TorchScript's ``Where(mask, 0, -inf)``, or a graph input) is refused.
 
 The rewriter is in ``_rewriter``; the proofs it needs from the shapes (head split and
-merge, K^T) in ``_shapes``, and the mask and the SDPA NaN guard in ``_mask``.
+merge, K^T) in ``fusion_core/rewriters/_attention_shapes.py``, and the mask and the SDPA
+NaN guard in ``_attention_mask.py`` (``group_query_attention`` shares both).
 """
 
 from __future__ import annotations

@@ -5,15 +5,14 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
-from fusion_core.rewriters.attention._mask import attention_bias, guarded_mask
-from fusion_core.rewriters.attention._shapes import (
+from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from fusion_core.rewriters._attention_shapes import (
     heads_of,
-    identity_reshape,
+    layout_failure,
+    matched_scale,
     merges_heads,
-    reshapes_same_data,
-    swaps_last_axes,
 )
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention"]
@@ -62,10 +61,10 @@ class FuseAttention(Rewriter):
         # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
         # from past the second (a 0 entry without allowzero)
         reshape_after = merges_heads(output, splits[0].inputs[0], heads) is not None
-        failure = _layout_failure(match, params, output if reshape_after else None)
+        failure = layout_failure(match, params, output if reshape_after else None)
         if failure is not None:
             return failure
-        scale = _scale(match, params)
+        scale = matched_scale(match, params)
         if isinstance(scale, str):
             return scale
         masked = _mask(match, params, ctx)
@@ -88,37 +87,6 @@ class FuseAttention(Rewriter):
         new = nodes[-1].outputs[0]
         new.type, new.shape = old.type, old.shape
         return Rewrite(nodes, [(old, new)])
-
-
-def _layout_failure(match: Match, params: AttentionParams, reshape: ir.Node | None) -> str | None:
-    """Why the matched reshapes and transposes are not the layout the fused op
-    assumes, or None: the Reshape after (when there is one) must move the same data,
-    the context reshape must be an identity, K's flatten/unflatten must swap the last
-    two axes."""
-    if reshape is not None and (failure := reshapes_same_data(reshape)) is not None:
-        return failure
-    if params.context_reshape_node is not None:
-        failure = identity_reshape(match.node(params.context_reshape_node))
-        if failure is not None:
-            return failure
-    if params.k_flat_node is not None and params.k_unflat_node is not None:
-        flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
-        return swaps_last_axes(flat, unflat)
-    return None
-
-
-def _scale(match: Match, params: AttentionParams) -> float | str:
-    """The product of every scale the pattern matched (scores, Q, K), or why not."""
-    scale = 1.0
-    for name in (params.scale_node, params.q_scale_node, params.k_scale_node):
-        if name is None:
-            continue
-        # input 1 after the commutative swap: Mul(c, scores) is written either way
-        factor = scale_factor(match.node(name), match.input(name, 1))
-        if isinstance(factor, str):
-            return factor
-        scale *= factor
-    return scale
 
 
 def _mask(

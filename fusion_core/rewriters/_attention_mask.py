@@ -1,4 +1,6 @@
-"""The attention mask: what MultiHeadAttention takes, and the NaN guard of SDPA exports."""
+"""The attention mask: what the attention ops take (MultiHeadAttention,
+GroupQueryAttention), and the NaN guard of SDPA exports. Shared by ``attention`` and
+``group_query_attention``."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ import onnx_ir as ir
 
 from fusion_core.ir import constant_array
 from fusion_core.rewriters._base import RewriteContext
-from fusion_core.rewriters.attention._shapes import known_dims
+from fusion_core.rewriters._shape_values import known_dims
 
 
-def attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
-    """The mask added to the scores, if onnxruntime's kernel takes it as it is."""
+def attention_bias(add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention") -> ir.Value | str:
+    """The mask added to the scores, if onnxruntime's kernel ``op`` takes it as it is."""
     mask = next(v for v in add.inputs if v is not scale.outputs[0])
     scores, dims = known_dims(scale.outputs[0]), known_dims(mask)
     if scores is None or dims is None or len(dims) != 4 or len(scores) != 4:
@@ -22,7 +24,7 @@ def attention_bias(add: ir.Node, scale: ir.Node) -> ir.Value | str:
     matches = all(d is not None and d == s for d, s in zip(dims[2:], scores[2:], strict=True))
     if not (fits and matches):
         return (
-            f"the mask {mask.name!r} has shape {dims}; MultiHeadAttention takes "
+            f"the mask {mask.name!r} has shape {dims}; {op} takes "
             f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
         )
     return mask

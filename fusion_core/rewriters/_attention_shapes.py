@@ -1,23 +1,20 @@
-"""Shape proofs for the attention rewriter: the head split and merge Reshapes, K^T.
+"""Shape proofs for the attention rewriters (``attention``, ``group_query_attention``,
+``rotary``): the head split and merge Reshapes, K^T.
 
 Each function returns what it proved, or a sentence saying why not (a near miss).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx_ir as ir
 
 from fusion_core.ir import constant_array
-from fusion_core.patterns import attribute_value
-
-Dim = int | str | None  # a known size, a symbolic one, or unknown
-
-
-def known_dims(value: ir.Value) -> list[Dim] | None:
-    if value.shape is None:
-        return None
-    return [d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape]
+from fusion_core.patterns import Match, attribute_value
+from fusion_core.rewriters._base import scale_factor
+from fusion_core.rewriters._shape_values import Dim, known_dims
 
 
 def target_entries(reshape: ir.Node) -> list[int | None] | str:
@@ -156,3 +153,35 @@ def reshapes_same_data(reshape: ir.Node) -> str | None:
             f"(target {entries}), which merging the heads changes"
         )
     return None
+
+
+def layout_failure(match: Match, params: Any, reshape: ir.Node | None) -> str | None:
+    """Why the matched reshapes and transposes are not the layout the fused op
+    assumes, or None: the Reshape after (when there is one) must move the same data,
+    the context reshape (``params.context_reshape_node``) must be an identity, K's
+    flatten/unflatten (``k_flat_node``, ``k_unflat_node``) must swap the last two axes."""
+    if reshape is not None and (failure := reshapes_same_data(reshape)) is not None:
+        return failure
+    if params.context_reshape_node is not None:
+        failure = identity_reshape(match.node(params.context_reshape_node))
+        if failure is not None:
+            return failure
+    if params.k_flat_node is not None and params.k_unflat_node is not None:
+        flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
+        return swaps_last_axes(flat, unflat)
+    return None
+
+
+def matched_scale(match: Match, params: Any) -> float | str:
+    """The product of every scale the pattern matched (``scale_node`` on the scores,
+    ``q_scale_node`` and ``k_scale_node`` on Q and K), or why not."""
+    scale = 1.0
+    for name in (params.scale_node, params.q_scale_node, params.k_scale_node):
+        if name is None:
+            continue
+        # input 1 after the commutative swap: Mul(c, scores) is written either way
+        factor = scale_factor(match.node(name), match.input(name, 1))
+        if isinstance(factor, str):
+            return factor
+        scale *= factor
+    return scale

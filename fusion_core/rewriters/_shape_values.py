@@ -1,0 +1,124 @@
+"""Small integer tensors the graph computes from shapes, read entry by entry.
+
+Exporters compute slice bounds and reshape targets from ``Shape`` reads: the TorchScript
+exporter writes the rotary half as ``Div(Gather(Shape(q), 3), 2)``, which constant
+folding leaves alone once ``Shape(q)`` has become a ``Concat`` of the batch, a constant
+and the sequence. ``entries`` follows such a computation through views, ``Concat``,
+``Gather``, ``Shape`` and integer arithmetic and gives each entry as a number where the
+graph fixes it, ``None`` where it depends on an input. Symbolic dimensions stay ``None``:
+callers that need to compare them read the values' shapes instead (``known_dims``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import attribute_value
+
+__all__ = ["Dim", "entries", "known_dims", "scalar"]
+
+Dim = int | str | None  # a known size, a symbolic one, or unknown
+
+_MAX_DEPTH = 12
+_VIEWS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
+_ARITHMETIC = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": lambda a, b: np.trunc(a / b).astype(np.int64),  # integer Div truncates
+}
+
+
+def known_dims(value: ir.Value | None) -> list[Dim] | None:
+    """The value's dimensions: numbers, symbol names, or None where unknown."""
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape]
+
+
+def entries(value: ir.Value | None, depth: int = 0) -> list[int | None] | None:
+    """The flattened entries of an integer tensor (None where not fixed by the graph),
+    or None when even its length is unknown."""
+    if value is None or depth > _MAX_DEPTH:
+        return None
+    array = constant_array(value)
+    if array is not None:
+        if array.dtype.kind not in "iu":
+            return None
+        return [int(a) for a in array.reshape(-1)]
+    producer = value.producer()
+    if producer is None:
+        return _unknown(value)
+    op = producer.op_type
+    if op in _VIEWS or (op == "Cast" and _is_int_cast(producer)):
+        return entries(producer.inputs[0], depth + 1)
+    if op == "Shape":
+        return _shape_entries(producer)
+    if op == "Concat":
+        parts = [entries(v, depth + 1) for v in producer.inputs]
+        if any(p is None for p in parts):
+            return _unknown(value)
+        return [e for p in parts for e in p]  # type: ignore[union-attr]
+    if op == "Gather" and attribute_value(producer, "axis", 0) == 0:
+        return _gathered(producer, depth) or _unknown(value)
+    if op in _ARITHMETIC:
+        return _arithmetic(producer, depth) or _unknown(value)
+    return _unknown(value)
+
+
+def scalar(value: ir.Value | None) -> int | None:
+    """The value as one integer, when the graph fixes it."""
+    found = entries(value)
+    if found is None or len(found) != 1:
+        return None
+    return found[0]
+
+
+def _unknown(value: ir.Value) -> list[int | None] | None:
+    """Unknown entries, as many as the value's static shape says (or None)."""
+    if value.shape is None or not value.shape.is_static():
+        return None
+    return [None] * int(np.prod(value.shape.numpy(), dtype=np.int64))
+
+
+def _is_int_cast(node: ir.Node) -> bool:
+    to = attribute_value(node, "to", 0)
+    return to in (ir.DataType.INT64, ir.DataType.INT32)
+
+
+def _shape_entries(node: ir.Node) -> list[int | None] | None:
+    dims = known_dims(node.inputs[0])
+    if dims is None:
+        return None
+    start = attribute_value(node, "start", 0) or 0
+    end = attribute_value(node, "end", None)
+    picked = dims[start:end] if end is not None else dims[start:]
+    return [d if isinstance(d, int) else None for d in picked]
+
+
+def _gathered(node: ir.Node, depth: int) -> list[int | None] | None:
+    data = entries(node.inputs[0], depth + 1)
+    index = constant_array(node.inputs[1])
+    if data is None or index is None:
+        return None
+    picked = []
+    for i in index.reshape(-1):
+        i = int(i) + (len(data) if i < 0 else 0)
+        if not 0 <= i < len(data):
+            return None
+        picked.append(data[i])
+    return picked
+
+
+def _arithmetic(node: ir.Node, depth: int) -> list[int | None] | None:
+    a, b = (entries(v, depth + 1) for v in node.inputs[:2])
+    if a is None or b is None or None in a or None in b:
+        return None
+    x, y = np.array(a, np.int64), np.array(b, np.int64)
+    if x.size != y.size and 1 not in (x.size, y.size):
+        return None
+    if node.op_type == "Div" and np.any(y == 0):
+        return None
+    return [int(v) for v in np.atleast_1d(_ARITHMETIC[node.op_type](x, y))]

@@ -1,0 +1,55 @@
+"""``group_query_attention``: causal attention whose query heads share key/value heads,
+with its KV cache, as one com.microsoft ``GroupQueryAttention`` (onnxruntime target)::
+
+    Q = Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])              q: [B, S, N * H]
+    K = Concat(past_k, Transpose(Reshape(k, [B, S, KV, H]), [0, 2, 1, 3]), axis=2)
+    K' = Reshape(Expand(Unsqueeze(K, 2), [B, KV, N / KV, L, H]), [B, N, L, H])  repeat_kv
+    P = Softmax(Q @ K'^T * c + M)         (or Q * s_q @ K'^T * s_k, c = s_q * s_k)
+    y = Reshape(Transpose(P @ V', [0, 2, 1, 3]), [B, S, N * H])
+      = GroupQueryAttention(q, k, v, past_k, past_v, seqlens_k, total_sequence_length,
+                            attention_bias=M, num_heads=N, kv_num_heads=KV, scale=c)
+    present_k = K,  present_v = V          (GroupQueryAttention's outputs 1 and 2)
+
+(https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.GroupQueryAttention).
+``L = P + S`` is the key length, ``P`` the past length (0 without a cache: the prefill
+exports without one fuse too, with no past inputs). ``q``, ``k`` and ``v`` are read
+back through the head splits (``q`` usually a ``RotaryEmbedding``'s output, see
+``rotary``), the heads proven from the Reshape targets and the repeat proven to map
+query head ``n`` to KV head ``n // (N / KV)`` from the known shapes.
+
+The mask: GroupQueryAttention takes ``seqlens_k`` (per batch, the index of the last
+valid key) and assumes the valid keys are ``[0, seqlens_k]`` at the start of each row:
+right padding only. Hugging Face generation pads on the left, and the graph's mask
+(built from ``attention_mask``) may hold any pattern, so a ``seqlens_k`` read from the
+mask (``ReduceSum(attention_mask) - 1``, what onnxruntime-genai's model builder writes)
+would be wrong for every padded batch: it shifts the positions and the cache slots. So
+``seqlens_k = L - 1`` for every batch (every cache row is a real row, as it is in the
+graph), ``total_sequence_length = L``, and the padding reaches the kernel through
+``attention_bias = M``, the graph's own mask (``[B or 1, 1, S, L]``), which also carries
+any sliding window (Mistral): nothing about the mask is assumed. Left, right and inner
+padding are all exact (tests/fusion_core/rewriters/test_group_query_attention.py).
+
+What is left is where GroupQueryAttention differs from a plain softmax:
+
+* it is causal when ``causal = 1``, and with a cache its CPU kernel needs that (a batch
+  of several new tokens each is refused otherwise, and ``query_seqlens`` = S, which it
+  then needs, requires it). So the mask must be proven causal: some term of its
+  conjunction is ``Range(0, L) <= Range(P, P + S)`` on the key and query axes
+  (``_causal``); without a cache ``causal = 0`` is used when that proof fails;
+* a query row that may attend to nothing: the graph's softmax over ``-inf`` gives NaN,
+  which the SDPA export's ``Where(IsNaN(P), 0, P)`` turns into 0, while the kernel
+  with a finite bias averages something. As for ``attention``, ``-inf`` becomes
+  float32's lowest and the output rows whose mask row is empty are multiplied by 0
+  (``guarded_mask``). A finite mask (``Where(cond, 0, lowest)``) gives such a row the
+  average of every key, and causal attention the average of the earlier ones only: so a
+  finite mask fuses with ``causal = 0``, without a cache only.
+
+Every refusal names the step that failed (a near miss of kind ``rewriter``).
+The inputs are traced in ``_inputs``, the causal proof is in ``_causal``.
+"""
+
+from __future__ import annotations
+
+from fusion_core.rewriters.group_query_attention._rewriter import GroupQueryAttention
+
+__all__ = ["GroupQueryAttention"]

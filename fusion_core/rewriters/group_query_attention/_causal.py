@@ -1,0 +1,203 @@
+"""Proof that an attention mask is causal: it lets query ``s`` see key ``j`` only if
+``j <= P + s``, ``P`` being the past length (0 without a cache).
+
+The mask builders of transformers (``sdpa_mask``, ``eager_mask``) combine boolean
+terms with ``And``: the causal one ``kv_idx <= q_idx`` with ``q_idx = Range(P, P + S)``
+(``cache_position``) on the query axis and ``kv_idx = Range(0, L)`` on the key axis,
+then padding and sliding-window terms. A conjunction implies each of its terms, so one
+causal term anywhere under ``And``, ``Expand`` and leading ``Slice`` steps proves the
+whole mask causal, whatever the other terms say. Each function returns None when it
+proved its claim, else the step that failed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import attribute_value
+from fusion_core.rewriters._shape_values import Dim, known_dims, scalar
+
+__all__ = ["allowed_of", "causal_failure", "dim_of"]
+
+_MAX_DEPTH = 16
+_PASS_THROUGH = frozenset({"Expand", "Identity"})
+_NOT_COMPARED = "is neither And nor a comparison of key and query indices"
+
+
+def allowed_of(bias: ir.Value) -> ir.Value | str:
+    """The boolean "may attend" of an additive mask ``Where(allowed, 0, negative)``."""
+    producer = bias.producer()
+    if producer is None or producer.op_type != "Where":
+        return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest)"
+    zero, negative = (constant_array(v) for v in producer.inputs[1:3])
+    if zero is None or negative is None or not np.all(zero == 0) or not np.all(negative < -1e30):
+        return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest) of constants"
+    return producer.inputs[0]
+
+
+def causal_failure(allowed: ir.Value, past_length: Dim) -> str | None:
+    """Why ``allowed`` is not shown to imply ``key <= past_length + query``, or None."""
+    return _implies(allowed, past_length, 0)
+
+
+def _implies(value: ir.Value | None, past: Dim, depth: int) -> str | None:
+    producer = value.producer() if value is not None else None
+    if producer is None or depth > _MAX_DEPTH:
+        name = value.name if value is not None else None
+        return f"no causal term (key <= query position) found above {name!r}"
+    op = producer.op_type
+    if op == "And":
+        reasons = [_implies(v, past, depth + 1) for v in producer.inputs]
+        if None in reasons:
+            return None
+        # name a comparison that is not the causal one before a term that compares nothing
+        compared = [r for r in reasons if r is not None and _NOT_COMPARED not in r]
+        return (compared or reasons)[0]
+    if op in _PASS_THROUGH or (
+        op == "Cast" and attribute_value(producer, "to", 0) == ir.DataType.BOOL
+    ):
+        return _implies(producer.inputs[0], past, depth + 1)
+    if op == "Slice":
+        reason = _leading_slice(producer)
+        return reason or _implies(producer.inputs[0], past, depth + 1)
+    return _comparison(producer, past)
+
+
+def _leading_slice(node: ir.Node) -> str | None:
+    """A Slice that keeps query and key indices: start 0 and step 1 on the last two axes."""
+    starts, axes = constant_array(node.inputs[1]), None
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        axes = constant_array(node.inputs[3])
+    steps = (
+        constant_array(node.inputs[4])
+        if len(node.inputs) > 4 and node.inputs[4] is not None
+        else None
+    )
+    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+    if starts is None or rank is None or (len(node.inputs) > 3 and axes is None):
+        return f"Slice {node.name!r} of the mask has bounds that are not constant"
+    axes_list = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
+    step_list = [1] * len(axes_list) if steps is None else [int(s) for s in steps]
+    for axis, start, step in zip(axes_list, starts.reshape(-1), step_list, strict=True):
+        if axis >= rank - 2 and (int(start) != 0 or step != 1):
+            return f"Slice {node.name!r} of the mask shifts the query or key axis"
+    return None
+
+
+def _comparison(node: ir.Node, past: Dim) -> str | None:
+    """``key <= query`` (LessOrEqual(key, query), GreaterOrEqual(query, key), or the
+    strict Less/Greater, which imply it)."""
+    op = node.op_type
+    if op in ("LessOrEqual", "Less"):
+        key, query = node.inputs[0], node.inputs[1]
+    elif op in ("GreaterOrEqual", "Greater"):
+        query, key = node.inputs[0], node.inputs[1]
+    else:
+        return f"{op} {node.name!r} {_NOT_COMPARED}"
+    key_index = _index(key)
+    if isinstance(key_index, str):
+        return key_index
+    query_index = _index(query)
+    if isinstance(query_index, str):
+        return query_index
+    if key_index != (1, 0):
+        return f"{key.name!r} is not Range(0, L) along the key axis"
+    if query_index[0] != 2 or not _same_dim(query_index[1], past):
+        return (
+            f"{query.name!r} is not Range(P, P + S) along the query axis with P the past "
+            f"length ({past})"
+        )
+    return None
+
+
+def _index(value: ir.Value) -> tuple[int, Dim] | str:
+    """(axis counted from the end, first value) of a ``Range(start, _, 1)`` unsqueezed
+    into a mask's rank (Expand and Cast keep the axis counted from the end)."""
+    unsqueezes = []
+    for _ in range(_MAX_DEPTH):
+        producer = value.producer()
+        if producer is None:
+            break
+        if producer.op_type == "Range":
+            if scalar(producer.inputs[2]) != 1:
+                return f"Range {producer.name!r} does not step by 1"
+            return _axis_after(unsqueezes), dim_of(producer.inputs[0])
+        if producer.op_type == "Unsqueeze":
+            axes = _axes(producer)
+            if axes is None:
+                return f"Unsqueeze {producer.name!r} has axes that are not constant"
+            unsqueezes.append(axes)
+        elif producer.op_type not in ("Cast", "Expand", "Identity"):
+            break
+        value = producer.inputs[0]
+    return f"{value.name!r} is not an index (Range) unsqueezed along one axis"
+
+
+def _axis_after(unsqueezes: list[list[int]]) -> int:
+    """Where the one axis of a 1-D value ends up, counted from the end (1: the last),
+    after the Unsqueezes (listed from the last applied to the first)."""
+    axes_list: list[bool] = [True]  # True marks the index axis
+    for axes in reversed(unsqueezes):
+        rank = len(axes_list) + len(axes)
+        inserted = {a % rank for a in axes}
+        source = iter(axes_list)
+        axes_list = [False if i in inserted else next(source) for i in range(rank)]
+    return len(axes_list) - axes_list.index(True)
+
+
+def _axes(node: ir.Node) -> list[int] | None:
+    attr = attribute_value(node, "axes", None)
+    if attr is not None:
+        return [int(a) for a in attr]
+    array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    return None if array is None else [int(a) for a in array.reshape(-1)]
+
+
+def dim_of(value: ir.Value | None) -> Dim:
+    """The dimension a scalar (or one-element) shape computation equals: a number, or
+    the symbol of the dimension it reads (``Gather(Shape(past), 2)``), else None."""
+    for _ in range(_MAX_DEPTH):
+        if value is None:
+            return None
+        number = scalar(value)
+        if number is not None:
+            return number
+        producer = value.producer()
+        if producer is None:
+            return None
+        op = producer.op_type
+        if op in ("Squeeze", "Unsqueeze", "Reshape", "Identity", "Cast"):
+            value = producer.inputs[0]
+        elif op == "Shape":
+            dims = known_dims(producer.inputs[0])
+            start = attribute_value(producer, "start", 0) or 0
+            end = attribute_value(producer, "end", None)
+            picked = dims[start:end] if dims is not None else None
+            return picked[0] if picked is not None and len(picked) == 1 else None
+        elif op == "Gather" and attribute_value(producer, "axis", 0) == 0:
+            return _gathered_dim(producer)
+        else:
+            return None
+    return None
+
+
+def _gathered_dim(node: ir.Node) -> Dim:
+    index = constant_array(node.inputs[1])
+    source = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if index is None or index.size != 1 or source is None:
+        return None
+    k = int(index.reshape(-1)[0])
+    if source.op_type == "Shape" and not source.attributes:
+        dims = known_dims(source.inputs[0])
+        return dims[k] if dims is not None and -len(dims) <= k < len(dims) else None
+    if source.op_type == "Concat":  # parts of one element each (shape_reads' form)
+        parts = source.inputs
+        if all(p is not None and p.shape is not None and list(p.shape) == [1] for p in parts):
+            return dim_of(parts[k]) if -len(parts) <= k < len(parts) else None
+    return None
+
+
+def _same_dim(a: Dim, b: Dim) -> bool:
+    return a is not None and a == b

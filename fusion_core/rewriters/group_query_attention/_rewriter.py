@@ -1,0 +1,241 @@
+"""``group_query_attention``: the rewriter (the math, and what it proves, is in the
+package's docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import Match
+from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from fusion_core.rewriters._attention_shapes import layout_failure, matched_scale, merges_heads
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._shape_values import known_dims
+from fusion_core.rewriters.group_query_attention._causal import allowed_of, causal_failure
+from fusion_core.rewriters.group_query_attention._inputs import (
+    KVSide,
+    kv_side,
+    repeats_heads,
+    split_source,
+)
+from fusion_core.targets import MS_DOMAIN
+
+__all__ = ["GroupQueryAttention"]
+
+_BIAS_INPUT = 10  # attention_bias
+_QUERY_SEQLENS_INPUT = 16  # query_seqlens
+
+
+class GQAParams(Params):
+    q_reshape_node: str = "q_reshape"
+    q_transpose_node: str = "q_t"
+    k_unsqueeze_node: str | None = None  # repeat_kv of the key: Unsqueeze, Expand, Reshape
+    k_expand_node: str | None = None
+    k_repeat_node: str | None = None
+    v_unsqueeze_node: str | None = None  # and of the value
+    v_expand_node: str | None = None
+    v_repeat_node: str | None = None
+    k_flat_node: str | None = None  # dynamo: K^T as Reshape, Transpose, Reshape
+    k_unflat_node: str | None = None
+    qk_node: str = "qk"  # MatMul(Q, K^T)
+    scale_node: str | None = None  # Mul or Div of the scores
+    q_scale_node: str | None = None  # SDPA: Mul(Q, s_q) with Mul(K^T, s_k)
+    k_scale_node: str | None = None
+    mask_node: str = "mask"  # Add of the additive mask
+    nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P)
+    context_reshape_node: str | None = None  # SDPA: Reshape of P @ V to its own shape
+    output_node: str = "out_reshape"
+
+
+class GroupQueryAttention(Rewriter):
+    name = "group_query_attention"
+    targets = frozenset({"onnxruntime"})
+    Params = GQAParams
+
+    def rewrite(self, match: Match, params: GQAParams, ctx: RewriteContext) -> Rewrite | str:
+        query = split_source(match.node(params.q_transpose_node).outputs[0], "query")
+        if isinstance(query, str):
+            return query
+        q, (heads, size) = query
+        sides = _kv_sides(match, params, heads)
+        if isinstance(sides, str):
+            return sides
+        key, value = sides
+        output = match.node(params.output_node)
+        reshape_after = merges_heads(output, q, (heads, size)) is not None
+        failure = layout_failure(match, params, output if reshape_after else None)
+        if failure is not None:
+            return failure
+        scale = matched_scale(match, params)
+        if isinstance(scale, str):
+            return scale
+        masked = _mask(match, params, key, heads, ctx)
+        if isinstance(masked, str):
+            return masked
+        bias, keep_rows, causal, nodes = masked
+        lengths = _lengths(q, key, ctx, nodes)
+        inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
+        inputs += [None] * (_BIAS_INPUT - len(inputs)) + [bias]
+        if key.past is not None:  # batches of several new tokens with a cache need it
+            inputs += [None] * (_QUERY_SEQLENS_INPUT - len(inputs)) + [lengths[2]]
+        attrs = [
+            ir.AttrInt64("num_heads", heads),
+            ir.AttrInt64("kv_num_heads", key.heads),
+            ir.AttrFloat32("scale", scale),
+            ir.AttrInt64("causal", int(causal)),
+        ]
+        ctx.use_domain(MS_DOMAIN)
+        gqa = ir.Node(MS_DOMAIN, "GroupQueryAttention", inputs, attrs, num_outputs=3)
+        nodes.append(gqa)
+        _like(gqa.outputs[0], q)
+        replaced = []
+        for side, new in ((key, gqa.outputs[1]), (value, gqa.outputs[2])):
+            if side.present is not None:
+                _like(new, side.present)
+                replaced.append((side.present, new))
+        if keep_rows is not None:
+            nodes.append(ir.Node("", "Mul", [gqa.outputs[0], keep_rows]))
+            _like(nodes[-1].outputs[0], q)
+        if reshape_after:
+            nodes.append(
+                ir.Node(
+                    "",
+                    "Reshape",
+                    [nodes[-1].outputs[0], output.inputs[1]],
+                    output.attributes.values(),
+                )
+            )
+        old = output.outputs[0]
+        _like(nodes[-1].outputs[0], old)
+        return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced])
+
+
+def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSide] | str:
+    """Key and value, their caches, and the proof that repeat_kv (if any) maps query
+    head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does."""
+    sides = []
+    for what, free in (("key", "$k"), ("value", "$v")):
+        side = kv_side(match.value(free), what)
+        if isinstance(side, str):
+            return side
+        sides.append(side)
+    key, value = sides
+    if (key.past is None) != (value.past is None):
+        return "only one of key and value has a past: not a KV cache GroupQueryAttention takes"
+    if key.heads != value.heads or key.size != value.size:
+        return (
+            f"key ({key.heads} x {key.size}) and value ({value.heads} x {value.size}) heads differ"
+        )
+    if heads % key.heads:
+        return f"{heads} query heads do not share {key.heads} KV heads evenly"
+    groups = heads // key.heads
+    repeats = (
+        (params.k_unsqueeze_node, params.k_expand_node, params.k_repeat_node),
+        (params.v_unsqueeze_node, params.v_expand_node, params.v_repeat_node),
+    )
+    for names in repeats:
+        if None in names:
+            if groups != 1:
+                return f"{heads} query heads read {key.heads} KV heads without a repeat_kv"
+            continue
+        failure = repeats_heads(*(match.node(n) for n in names), groups)  # type: ignore[arg-type]
+        if failure is not None:
+            return failure
+    return key, value
+
+
+def _mask(
+    match: Match, params: GQAParams, key: KVSide, heads: int, ctx: RewriteContext
+) -> tuple[ir.Value, ir.Value | None, bool, list[ir.Node]] | str:
+    """(attention_bias, the rows to zero after, causal, the nodes computing them), or
+    why the mask cannot be given to GroupQueryAttention.
+
+    GroupQueryAttention with a cache needs ``causal = 1`` (the CPU kernel refuses a batch
+    of several new tokens each otherwise), which is exact only if the mask is causal and
+    a row with nothing to attend to gives 0 in both graphs: the SDPA NaN guard over a
+    ``-inf`` mask, turned into the keep-rows multiply. A finite mask (a fully masked row
+    averages every key) is exact only with ``causal = 0``, so only without a cache."""
+    add = match.node(params.mask_node)
+    mask = attention_bias(
+        add, match.node(params.scale_node or params.qk_node), "GroupQueryAttention"
+    )
+    if isinstance(mask, str):
+        return mask
+    if params.nan_guard_node is not None:
+        guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
+        if isinstance(guarded, str):
+            return guarded
+        bias, keep_rows, nodes = guarded[0], guarded[1], list(guarded[2])
+    else:
+        finite = _finite_where(mask)
+        if finite is not None:
+            return finite
+        bias, keep_rows, nodes = mask, None, []
+    allowed = allowed_of(mask)
+    past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
+    why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
+    if why is None and keep_rows is not None:
+        return bias, keep_rows, True, nodes
+    if key.past is None and why is not None and key.heads == heads:
+        return (
+            f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
+            "attention, which attention_mha* fuses as MultiHeadAttention"
+        )
+    if key.past is None:
+        return bias, keep_rows, False, nodes
+    if why is None:
+        why = (
+            f"the mask {mask.name!r} is finite: a fully masked row averages every key, "
+            "which causal attention does not"
+        )
+    return f"with a KV cache GroupQueryAttention must be causal, and {why}"
+
+
+def _finite_where(mask: ir.Value) -> str | None:
+    """Why ``mask`` is not ``Where(cond, a, b)`` of finite constants, or None."""
+    producer = mask.producer()
+    arrays = (
+        [constant_array(v) for v in producer.inputs[1:]]
+        if producer is not None and producer.op_type == "Where"
+        else [None]
+    )
+    if any(a is None for a in arrays) or not all(np.all(np.isfinite(a)) for a in arrays):
+        return (
+            f"the mask {mask.name!r} is not Where of finite constants: a fully masked row "
+            "(-inf) gives NaN, which GroupQueryAttention does not"
+        )
+    return None
+
+
+def _lengths(q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]) -> list[ir.Value]:
+    """``seqlens_k`` ([B] int32: every key row is valid, L - 1), ``total_sequence_length``
+    (scalar int32 L) and ``query_seqlens`` ([B] int32 S), L = past length + S."""
+
+    def shape(value: ir.Value, start: int) -> ir.Value:
+        attrs = [ir.AttrInt64("start", start), ir.AttrInt64("end", start + 1)]
+        nodes.append(ir.Node("", "Shape", [value], attrs))
+        return nodes[-1].outputs[0]
+
+    def add(op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
+        nodes.append(ir.Node("", op, inputs, list(attrs)))
+        return nodes[-1].outputs[0]
+
+    def to_int32(value: ir.Value) -> ir.Value:
+        return add("Cast", [value], [ir.AttrInt64("to", ir.DataType.INT32)])
+
+    sequence = shape(key.new, 1)
+    total = sequence if key.past is None else add("Add", [shape(key.past, 2), sequence])
+    batch = shape(q, 0)
+    one = ctx.initializer("gqa_one", np.array([1], np.int64))
+    scalar_shape = ctx.initializer("gqa_scalar_shape", np.array([], np.int64))
+    seqlens = add("Expand", [to_int32(add("Sub", [total, one])), batch])
+    total_length = to_int32(add("Reshape", [total, scalar_shape]))
+    query_seqlens = add("Expand", [to_int32(sequence), batch])
+    for value in (seqlens, total_length, query_seqlens):
+        value.dtype = ir.DataType.INT32
+    return [seqlens, total_length, query_seqlens]
+
+
+def _like(value: ir.Value, source: ir.Value) -> None:
+    value.type, value.shape = source.type, source.shape

@@ -1,0 +1,362 @@
+"""``rotary`` and ``group_query_attention`` on a decoder's attention block, written as
+the TorchScript exporter writes a Hugging Face Llama (optimum's decoder export): hidden
+32, 4 query heads sharing 2 KV heads of size 8, rotary angles from ``position_ids``,
+``repeat_kv``, the mask built from ``attention_mask`` and two Ranges, and (with a
+cache) ``present = Concat(past, new)``. Dimensions are symbolic (``batch``, ``seq``,
+``past``), so the same model runs a prefill and decode steps.
+
+Tolerance: rtol = atol = 1e-5. GroupQueryAttention and RotaryEmbedding sum and round in
+another order than the ops they replace; at these sizes outputs differed by about 1e-6.
+Every numerical case runs several shapes (a batch of two, several new tokens with a
+cache, an empty cache) and several masks: none padded, left-padded (Hugging Face's
+batched generation), right-padded, and random holes (what autofusion's check feeds),
+which also leave rows with nothing to attend to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from fusion_core.testing import build_model, misses, op_sequence, optimize_quiet, run_both
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
+GQA = "com.microsoft::GroupQueryAttention"
+ROTARY = "com.microsoft::RotaryEmbedding"
+TOTAL = "past + seq"  # the key length, named as optimum names it
+# The Q/K/V merge is left out: it would split the projections of every case differently.
+ORT = dict(target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
+
+
+def decoder_attention(
+    *,
+    cache: bool = True,
+    eager: bool = False,
+    causal: bool = True,
+    lowest: float = -np.inf,
+    kv_heads: int = KV_HEADS,
+    halves_equal: bool = True,
+) -> onnx.ModelProto:
+    """One attention block of a decoder. ``eager``: the scale on the scores and no NaN
+    guard (the eager attention of both exporters) instead of TorchScript's SDPA;
+    ``causal=False`` makes the mask's order term anti-causal (a query sees the keys at
+    and after its position), not causal; ``lowest``
+    is the masked value (-inf: TorchScript; float32's lowest: dynamo and eager);
+    ``halves_equal=False`` builds the angles from ``Concat(f, 2 f)``, not a rotation."""
+    rng = np.random.default_rng(0)
+    groups = HEADS // kv_heads
+    inits = {
+        "wq": rng.standard_normal((HIDDEN, HEADS * SIZE)) * 0.3,
+        "wk": rng.standard_normal((HIDDEN, kv_heads * SIZE)) * 0.3,
+        "wv": rng.standard_normal((HIDDEN, kv_heads * SIZE)) * 0.3,
+        "inv_freq": 1.0 / (10000 ** (np.arange(0, SIZE, 2) / SIZE)),
+        "twice": np.array(2.0, np.float32),
+        "q_split": np.array([0, 0, HEADS, SIZE], np.int64),
+        "kv_split": np.array([0, 0, kv_heads, SIZE], np.int64),
+        "repeat": np.array([1, 1, groups, 1, 1], np.int64),
+        "kv_merge": np.array([0, HEADS, -1, SIZE], np.int64),
+        "merge": np.array([0, 0, HIDDEN], np.int64),
+        "zero": np.array([0], np.int64),
+        "half": np.array([SIZE // 2], np.int64),
+        "end": np.array([np.iinfo(np.int64).max], np.int64),
+        "last": np.array([-1], np.int64),
+        "axis_1": np.array([1], np.int64),
+        "axis_2": np.array([2], np.int64),
+        "axis_last": np.array([-1], np.int64),
+        "axes_kv": np.array([0, 1, 2], np.int64),
+        "axes_q": np.array([0, 1, 3], np.int64),
+        "axes_pad": np.array([1, 2], np.int64),
+        "index_1": np.array(1, np.int64),
+        "index_2": np.array(2, np.int64),
+        "start": np.array(0, np.int64),
+        "step": np.array(1, np.int64),
+        "zero_f": np.array(0.0, np.float32),
+        "masked": np.array(lowest, np.float32),
+        "root_scale": np.array(SIZE**-0.25, np.float32),
+        "scale": np.array(SIZE**-0.5, np.float32),
+    }
+    inputs = ["float[batch, seq, 32] x", "int64[batch, seq] position_ids"]
+    inputs.append("int64[batch, total] attention_mask")
+    outputs = ["float[batch, seq, 32] y"]
+    body = [
+        "pos = Cast <to = 1> (position_ids)",
+        "pos_u = Unsqueeze (pos, axis_last)",
+        "freqs = Mul (pos_u, inv_freq)",
+        "other = Mul (freqs, twice)" if not halves_equal else "other = Identity (freqs)",
+        "emb = Concat <axis = -1> (freqs, other)"
+        if not halves_equal
+        else "emb = Concat <axis = -1> (freqs, freqs)",
+        "cos = Cos (emb)",
+        "sin = Sin (emb)",
+        "cos_u = Unsqueeze (cos, axis_1)",
+        "sin_u = Unsqueeze (sin, axis_1)",
+    ]
+    for p, split in (("q", "q_split"), ("k", "kv_split"), ("v", "kv_split")):
+        body += [
+            f"{p}m = MatMul (x, w{p})",
+            f"{p}r = Reshape ({p}m, {split})",
+            f"{p}t = Transpose <perm = [0, 2, 1, 3]> ({p}r)",
+        ]
+    for p in "qk":
+        body += [
+            f"{p}_lo = Slice ({p}t, zero, half, last)",
+            f"{p}_hi = Slice ({p}t, half, end, last)",
+            f"{p}_neg = Neg ({p}_hi)",
+            f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
+            f"{p}_c = Mul ({p}t, cos_u)",
+            f"{p}_s = Mul ({p}_rot, sin_u)",
+            f"{p}_emb = Add ({p}_c, {p}_s)",
+        ]
+    if cache:
+        inputs += [f"float[batch, {kv_heads}, past, 8] past_{p}" for p in ("key", "value")]
+        outputs += [f"float[batch, {kv_heads}, total, 8] present_{p}" for p in ("key", "value")]
+        body += [
+            "present_key = Concat <axis = 2> (past_key, k_emb)",
+            "present_value = Concat <axis = 2> (past_value, vt)",
+            "past_shape = Shape (past_key)",
+            "past_len = Gather <axis = 0> (past_shape, index_2)",
+        ]
+        key, value = "present_key", "present_value"
+    else:
+        body.append("past_len = Identity (start)")
+        key, value = "k_emb", "vt"
+    for p, source in (("k", key), ("v", value)):
+        if groups == 1:
+            body.append(f"{p}_rep = Identity ({source})")
+            continue
+        body += [
+            f"{p}_u = Unsqueeze ({source}, axis_2)",
+            f"{p}_e = Expand ({p}_u, repeat)",
+            f"{p}_rep = Reshape ({p}_e, kv_merge)",
+        ]
+    body += [
+        "x_shape = Shape (x)",
+        "seq_len = Gather <axis = 0> (x_shape, index_1)",
+        "total_len = Add (past_len, seq_len)",
+        "q_pos = Range (past_len, total_len, step)",
+        "kv_pos = Range (start, total_len, step)",
+        "kv_u = Unsqueeze (kv_pos, axes_kv)",
+        "q_u = Unsqueeze (q_pos, axes_q)",
+        "causal = LessOrEqual (kv_u, q_u)" if causal else "causal = LessOrEqual (q_u, kv_u)",
+        "mask_u = Unsqueeze (attention_mask, axes_pad)",
+        "padding = Cast <to = 9> (mask_u)",
+        "allowed = And (causal, padding)",
+        "bias = Where (allowed, zero_f, masked)",
+        "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
+    ]
+    if eager:
+        body += [
+            "qk = MatMul (q_emb, kT)",
+            "scores = Mul (qk, scale)",
+            "biased = Add (scores, bias)",
+            "probs = Softmax <axis = -1> (biased)",
+        ]
+    else:
+        body += [
+            "qs = Mul (q_emb, root_scale)",
+            "ks = Mul (kT, root_scale)",
+            "scores = MatMul (qs, ks)",
+            "biased = Add (scores, bias)",
+            "p = Softmax <axis = -1> (biased)",
+            "nan = IsNaN (p)",
+            "probs = Where (nan, zero_f, p)",
+        ]
+    body += [
+        "context = MatMul (probs, v_rep)",
+        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
+        "y = Reshape (ct, merge)",
+    ]
+    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
+        {chr(10).join(body)}
+    }}"""
+    model = build_model(text, inits)
+    return _rename_dim(model, "total", TOTAL if cache else "seq")
+
+
+def _rename_dim(model: onnx.ModelProto, old: str, new: str) -> onnx.ModelProto:
+    """Name the key length as the exporters do ("past + seq" with a cache, "seq"
+    without), which the ONNX text format cannot write."""
+    for value in [*model.graph.input, *model.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = new
+    return model
+
+
+def feeds(batch: int, seq: int, past: int, mask: str, *, cache: bool = True, kv: int = KV_HEADS):
+    rng = np.random.default_rng(batch * 100 + seq * 10 + past)
+    total = past + seq if cache else seq
+    attention_mask = np.ones((batch, total), np.int64)
+    if mask == "left":  # the last batch padded on the left
+        attention_mask[-1, : min(2, total - 1)] = 0
+    elif mask == "right":
+        attention_mask[-1, -1:] = 0
+    elif mask == "random":  # holes anywhere, rows that attend to nothing
+        attention_mask = rng.integers(0, 2, (batch, total)).astype(np.int64)
+    found = {
+        "x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
+        "position_ids": rng.integers(0, 64, (batch, seq)).astype(np.int64),
+        "attention_mask": attention_mask,
+    }
+    if cache:
+        for name in ("past_key", "past_value"):
+            found[name] = rng.standard_normal((batch, kv, past, SIZE)).astype(np.float32)
+    return found
+
+
+SHAPES = [(1, 1, 5), (2, 1, 7), (2, 3, 4), (1, 4, 0), (3, 1, 1)]  # (batch, seq, past)
+MASKS = ["none", "left", "right", "random"]
+
+
+def decode_ops() -> list[str]:
+    """The fused block with a cache: the rotary cache and positions built once, the
+    graph's mask as the bias with the keep-rows factor of the NaN guard, the lengths
+    GroupQueryAttention needs; no head split or repeat of Q, K or V is left."""
+    rotary = ["Slice", "Reshape", "Slice", "Reshape", "Shape", "ReduceProd", "Range", "Reshape"]
+    mask = [
+        "Shape",
+        "Gather",
+        "Shape",
+        "Gather",
+        "Add",
+        "Range",
+        "Range",
+        "Unsqueeze",
+        "Unsqueeze",
+        "LessOrEqual",
+        "Unsqueeze",
+        "Cast",
+        "And",
+        "Where",
+    ]
+    keep_rows = ["Cast", "ReduceMax", "Transpose"]
+    lengths = [
+        "Shape",
+        "Shape",
+        "Add",
+        "Shape",
+        "Sub",
+        "Cast",
+        "Expand",
+        "Reshape",
+        "Cast",
+        "Cast",
+        "Expand",
+    ]
+    return [
+        "Cast", "Unsqueeze", "Mul", "Concat", "Cos", "Sin", "MatMul", "MatMul", "MatMul",
+        *rotary, ROTARY, ROTARY, *mask, *keep_rows, *lengths, GQA, "Mul",
+    ]  # fmt: skip
+
+
+def test_decode_step_with_cache_becomes_group_query_attention():
+    model = decoder_attention()
+    result = optimize_quiet(model, **ORT)
+    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
+    fused = result.to_proto()
+    assert op_sequence(fused) == decode_ops()
+    onnx.checker.check_model(fused, full_check=True)
+    (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+    assert attrs["num_heads"] == HEADS and attrs["kv_num_heads"] == KV_HEADS
+    assert attrs["causal"] == 1
+    assert attrs["scale"] == pytest.approx(SIZE**-0.5, rel=1e-6)
+    assert list(gqa.input[3:5]) == ["past_key", "past_value"]
+    assert list(gqa.output[1:]) == ["present_key", "present_value"]
+    for batch, seq, past in SHAPES:
+        for mask in MASKS:
+            run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
+
+
+def test_four_greedy_steps_with_the_cache_match():
+    """A prefill with an empty cache, then three decode steps that feed the presents
+    back, left-padded batch: every step's output and cache match the original's."""
+    model = decoder_attention()
+    fused = optimize_quiet(model, **ORT).to_proto()
+    import onnxruntime
+
+    sessions = [
+        onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        for m in (model, fused)
+    ]
+    step = feeds(2, 5, 0, "left")
+    states = [dict(step), dict(step)]
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        outs = [s.run(None, f) for s, f in zip(sessions, states, strict=True)]
+        for want, got in zip(*outs, strict=True):
+            np.testing.assert_allclose(got, want, **TOL)
+        x = rng.standard_normal((2, 1, HIDDEN)).astype(np.float32)
+        for state, (_, key, value) in zip(states, outs, strict=True):
+            total = key.shape[2] + 1
+            state.update(
+                x=x,
+                position_ids=np.full((2, 1), total - 1, np.int64),
+                attention_mask=np.concatenate(
+                    [state["attention_mask"], np.ones((2, 1), np.int64)], 1
+                ),
+                past_key=key,
+                past_value=value,
+            )
+            assert state["attention_mask"].shape[1] == total
+
+
+def test_prefill_without_cache_finite_mask_is_not_causal():
+    """Eager attention without a cache: a finite mask gives a row with nothing to attend
+    to the average of every key, so GroupQueryAttention runs with causal = 0 and the
+    graph's mask as its bias."""
+    model = decoder_attention(cache=False, eager=True, lowest=float(np.finfo(np.float32).min))
+    result = optimize_quiet(model, **ORT)
+    assert result.counts == {"rotary_embedding": 2, "attention_gqa_eager_repeat_kv": 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    assert {a.name: a.i for a in gqa.attribute}["causal"] == 0
+    assert list(gqa.input[3:5]) == ["", ""]  # no past
+    for batch, seq in ((1, 6), (2, 4)):
+        for mask in MASKS:
+            run_both(model, fused, feeds=feeds(batch, seq, 0, mask, cache=False), **TOL)
+
+
+def test_mask_without_causal_term_with_cache_is_refused():
+    """With a cache the kernel must be causal; a mask that lets a query see later keys
+    is not."""
+    model = decoder_attention(causal=False)
+    result = optimize_quiet(model, **ORT)
+    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
+    reasons = misses(result, "attention_gqa_sdpa_kt_repeat_kv")
+    assert any("must be causal, and" in r and "along the key axis" in r for r in reasons), reasons
+    assert result.near_misses[-1].kind in ("rewriter", "constraint", "escape", "selection")
+    run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
+
+
+def test_finite_mask_with_cache_is_refused():
+    """A finite mask averages every key in a row with nothing to attend to; the causal
+    kernel a cache needs would average only the earlier ones."""
+    model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min))
+    result = optimize_quiet(model, **ORT)
+    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
+    reasons = misses(result, "attention_gqa_eager_repeat_kv")
+    assert any("is finite" in r for r in reasons), reasons
+    run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
+
+
+def test_rotary_with_unequal_halves_is_refused():
+    """Concat(f, 2 f) is not a rotation of the pairs (x_i, x_{i+h}): nothing fuses."""
+    model = decoder_attention(halves_equal=False)
+    result = optimize_quiet(model, **ORT)
+    assert "rotary_embedding" not in result.counts
+    reasons = misses(result, "rotary_embedding")
+    assert any("cannot show that the halves" in r for r in reasons), reasons
+    assert ROTARY not in op_sequence(result.to_proto())
+    run_both(model, result.to_proto(), feeds=feeds(2, 1, 3, "left"), **TOL)
+
+
+def test_generic_target_below_opset_23_leaves_rotary():
+    model = decoder_attention()
+    result = optimize_quiet(model, target="generic")
+    assert "rotary_embedding" not in result.counts
+    assert any("opset 23" in r for r in misses(result, "rotary_embedding"))
