@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import threading
@@ -78,6 +79,18 @@ def reports(tmp_path_factory) -> dict[str, dict]:
     del older["speed"]
     built["before-speed-entry"] = older
     return built
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """``serve`` run in-process replaces the root logger's handlers (configure_logging)
+    with one on the stderr of that moment, a capture that closes with the test: put the
+    handlers back, so that no later test logs "--- Logging error ---" into its output."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
