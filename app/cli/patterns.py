@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from app.cli._exit import EXIT_OK
 from fusion_core import builtin_patterns, load_pattern_file
 
 
@@ -27,11 +28,11 @@ def run_list(args: argparse.Namespace) -> int:
     for p in sorted(patterns, key=lambda p: (-p.spec.priority, p.name)):
         targets = ",".join(p.spec.targets)
         print(f"{p.name:<{width}}  {p.spec.priority:>8}  {targets:<20}  {p.rewriter.name}")
-    return 0
+    return EXIT_OK
 
 
 def run_check(args: argparse.Namespace) -> int:
     patterns = load_pattern_file(args.file)
     for p in patterns:
         print(f"ok: {p.name} ({p.rewriter.name}; targets {','.join(p.spec.targets)})")
-    return 0
+    return EXIT_OK

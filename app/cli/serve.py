@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app.cli._exit import EXIT_USAGE
+from app.cli._exit import EXIT_OK, EXIT_USAGE
 from app.cli._protobuf import python_protobuf_refusal
 from app.core.config import Settings
 from app.core.logs import configure_logging
@@ -188,4 +188,4 @@ def run(args: argparse.Namespace) -> int:
         h11_max_incomplete_event_size=16 * 1024,
         timeout_graceful_shutdown=30,
     )
-    return 0
+    return EXIT_OK
