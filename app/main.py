@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from app.api.limits import BodyLimits
 from app.api.openapi_contract import install_openapi
@@ -34,6 +35,8 @@ from worker.tasks import enqueue_job
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
+
+DOCS_ASSETS = "/docs/assets"  # Swagger UI's files
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -71,11 +74,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if embedded is not None:
                 embedded.stop()
 
-    app = FastAPI(
+    # /docs (Swagger UI) loads its files from this server (fastapi-offline ships them),
+    # never from a CDN: it works offline. No /redoc: ReDoc fetches its logo from its CDN.
+    app = FastAPIOffline(
         title="autofusion",
         version="0.1.0",
         summary="Automatic operator fusion for ONNX models, as a service.",
         lifespan=lifespan,
+        redoc_url=None,
+        static_url=DOCS_ASSETS,
     )
     app.state.settings = settings
     app.state.store = make_store(settings)

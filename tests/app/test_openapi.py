@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from app.openapi_dump import DEFAULT_PATH, openapi_document
 
@@ -143,3 +144,19 @@ def test_found_by_schemathesis_undecodable_json_and_a_required_if_match():
             assert if_match and if_match[0]["required"] is True, (method, path)
         elif if_match:  # enable/disable: honoured, not required
             assert if_match[0]["required"] is False, (method, path)
+
+
+def test_docs_load_everything_from_this_server(service, problem):
+    """/docs names no other host: it works offline (tests/browser/test_docs_page.py renders it)."""
+    html = service.client.get("/docs")
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    urls = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html.text)
+    assert "/openapi.json" in urls, html.text
+    assert all(url.startswith("/") for url in urls), urls  # this server only
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        url = f"/docs/assets/{asset}"
+        assert url in urls, urls
+        got = service.client.get(url)
+        assert got.status_code == 200 and len(got.content) > 10_000, url
+    # ReDoc is not offered: its page fetches its logo from its CDN.
+    problem(service.client.get("/redoc"), 404, "not-found")
