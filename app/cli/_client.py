@@ -120,8 +120,14 @@ class Client:
                         EXIT_SERVER,
                     ) from None
             else:
-                if response.status_code not in _TRANSIENT_STATUS or attempt == attempts:
+                in_use = _key_in_use(response)
+                if (response.status_code not in _TRANSIENT_STATUS and not in_use) or (
+                    attempt == attempts
+                ):
                     return _raise_for_problem(response)
+                if in_use:  # an earlier try of ours is still being received: wait for it
+                    time.sleep(retry_after(response, delay))
+                    continue
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
@@ -205,6 +211,18 @@ def read_json(response: httpx.Response) -> dict:
             EXIT_SERVER,
         )
     return data
+
+
+def _key_in_use(response: httpx.Response) -> bool:
+    """A 409 for an Idempotency-Key whose first request the server is still receiving
+    (a try of ours that timed out here but not there): retried after its Retry-After."""
+    if response.status_code != 409:
+        return False
+    try:
+        kind = response.json().get("type", "")
+    except (ValueError, AttributeError):
+        return False
+    return str(kind).endswith("/idempotency-key-in-use")
 
 
 def retry_after(response: httpx.Response, default: float) -> float:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "ApiKey",
     "Base",
+    "IdempotencyReservation",
     "Job",
     "JobStatus",
     "PatternRecord",
@@ -126,6 +127,21 @@ class Job(Base):
     # When each phase of the current attempt began: [{"stage", "at"}] (app/services/
     # job_phases.py); the dashboard shows the time per phase and estimates what is left.
     phases: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class IdempotencyReservation(Base):
+    """An Idempotency-Key whose first request is still being received (uploaded, then
+    checked): another request with the key meanwhile is answered 409 with Retry-After
+    (app/services/idempotency.py). Removed once that request has ended, made its job or
+    not; one older than the longest a request can take is taken over."""
+
+    __tablename__ = "idempotency_reservations"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # Whose reservation it is: only that request removes it.
+    token: Mapped[str] = mapped_column(String(36))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class RegistryState(Base):

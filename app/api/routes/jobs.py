@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -26,6 +27,7 @@ from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
 from app.services.auth import Principal
 from app.services.events import job_events
+from app.services.idempotency import key_in_use, release_key, reserve_key
 from app.services.job_pages import (
     PAGE_SIZE_DEFAULT,
     PAGE_SIZE_MAX,
@@ -82,7 +84,8 @@ def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None
     response_model=JobPublic,
     openapi_extra=_optimize_body(),
     # 503: a big model's check waited api_sandbox_queue_s for a free model child.
-    responses=problem_responses(401, 403, 408, 413, 415, 422, 429, 503),
+    # 409: a request with the same Idempotency-Key is still being received.
+    responses=problem_responses(401, 403, 408, 409, 413, 415, 422, 429, 503),
 )
 async def optimize(
     request: Request,
@@ -95,12 +98,21 @@ async def optimize(
     """Upload a model (and its external data) and queue a job to optimize it."""
     # No request session: the body streams to disk holding no database connection
     # (issue 15: ten slow uploads held all of them); the job is written afterwards.
-    stored = await accept_upload(
-        incoming(request, settings), settings, store, tenant=principal.tenant_id
-    )
-    public, created = await run_in_threadpool(
-        _create_job, settings, principal, stored, idempotency_key
-    )
+    # The key is reserved before the body is read: a second request with it meanwhile
+    # is a 409 (app/services/idempotency.py), not a second upload racing the first.
+    token = None
+    if idempotency_key:
+        token = await run_in_threadpool(_reserve, settings, principal, idempotency_key)
+    try:
+        stored = await accept_upload(
+            incoming(request, settings), settings, store, tenant=principal.tenant_id
+        )
+        public, created = await run_in_threadpool(
+            _create_job, settings, principal, stored, idempotency_key
+        )
+    finally:
+        if token is not None:
+            await run_in_threadpool(_release, settings, principal, idempotency_key, token)
     if created:
         _enqueue(request, public.id)
     _job_headers(response, public, settings.retry_after_s)
@@ -124,6 +136,43 @@ def _create_job(
             max_attempts=settings.max_attempts,
         )
         return JobPublic.from_job(job), created
+
+
+def _reservation_stale_s(settings: Settings) -> float:
+    """The longest a request can take (the upload, then its checks), and a minute more:
+    a reservation older than that belongs to an API process that was killed."""
+    return (
+        settings.body_total_timeout_s
+        + settings.api_sandbox_queue_s
+        + settings.api_sandbox_time_limit_s
+        + 60
+    )
+
+
+def _reserve(settings: Settings, principal: Principal, key: str) -> str | None:
+    with session_factory(settings.resolved_database_url)() as session:
+        try:
+            token = reserve_key(
+                session,
+                principal.tenant_id,
+                key,
+                stale_s=_reservation_stale_s(settings),
+                retry_after_s=settings.retry_after_s,
+            )
+            session.commit()
+        except IntegrityError:  # reserved by a request of the same moment
+            session.rollback()
+            raise key_in_use(key, settings.retry_after_s) from None
+        return token
+
+
+def _release(settings: Settings, principal: Principal, key: str, token: str) -> None:
+    try:
+        with session_factory(settings.resolved_database_url)() as session:
+            release_key(session, principal.tenant_id, key, token)
+            session.commit()
+    except Exception:  # the answer stands; a left reservation goes stale and is taken over
+        logger.exception("could not remove the reservation of Idempotency-Key %r", key)
 
 
 def _enqueue(request: Request, job_id: str) -> None:
