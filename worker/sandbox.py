@@ -139,6 +139,25 @@ def _emit(stream: TextIO, stage: str, progress: float) -> None:
     stream.write(json.dumps({"stage": stage, "progress": progress}) + "\n")
 
 
+# optimize's phases (fusion_core.pipeline, on_phase) reported as stages of their own, so
+# the job's phases say where the time went; load and the pre-passes stay "prepasses".
+# Each is heard once a job: measured selection and progressive mode replace fuse/check.
+OPTIMIZE_STAGES = {
+    "fuse": ("fusing", 0.3),
+    "check": ("checking", 0.6),
+    "measure": ("measuring", 0.3),
+    "progressive": ("progressive", 0.3),
+}
+
+
+def _on_phase(stream: TextIO):
+    def heard(name: str) -> None:
+        if name in OPTIMIZE_STAGES:
+            _emit(stream, *OPTIMIZE_STAGES[name])
+
+    return heard
+
+
 def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     _emit(progress, "prepasses", 0.1)
     from fusion_core import OptimizeConfig, RunFiles, run
@@ -165,6 +184,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
         names=(job["model"], FUSED_FILE),
         registry_version=job.get("registry_version"),
         on_stage=lambda stage, fraction: _emit(progress, stage, fraction),
+        on_phase=_on_phase(progress),
     )
     if outcome.failed:  # the report stays: it says what the check saw
         raise CheckFailed(_check_message(outcome.result.check, kept=outcome.written))

@@ -97,6 +97,8 @@ def test_a_finished_job_shows_its_report(finished):
         "starting",
         "fetching",
         "prepasses",
+        "fusing",
+        "checking",
         "saving",
         "profiling",
         "report",

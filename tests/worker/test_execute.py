@@ -55,6 +55,8 @@ def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> N
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == [
         "fetching",
         "prepasses",
+        "fusing",
+        "checking",
         "saving",
         "report",
         "storing",
