@@ -197,3 +197,18 @@ def test_the_live_section_shows_phase_elapsed_time_and_the_estimate(
     service.update_job(other, status="running", stage="prepasses", started_at=now, phases=[])
     page = service.client.get(f"/ui/jobs/{other}/live").text
     assert 'id="job-remaining"' not in page and "no estimate yet" in page
+
+
+def test_a_failed_job_shows_its_problem_type_title_and_detail(service, tiny_model):
+    job_id = service.submit(tiny_model).json()["id"]
+    detail = "the fused model does not match the original; see the report"
+    service.update_job(
+        job_id, status="failed", stage="failed", error=detail, error_type="check-failed"
+    )
+    html = assert_page(service.client.get(f"/ui/jobs/{job_id}"), "job-error", "job-problem")
+    section = html[html.index('id="job-error"') :].split("</section>")[0]
+    assert 'data-type="check-failed"' in section
+    assert "The fused model failed its numerical check" in section  # the problem's title
+    assert f'<p class="detail">{detail}</p>' in section
+    # The type as text: a page of the dashboard links nothing on another host.
+    assert '<code id="job-problem">https://autofusion.dev/problems/check-failed</code>' in section
