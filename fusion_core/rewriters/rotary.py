@@ -46,18 +46,18 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array, consumers
+from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
 from fusion_core.rewriters._attention_shapes import heads_of
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.rewriters._shape_values import known_dims, scalar
+from fusion_core.rewriters._shared import mark_shared, shared_value
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ROTARY_OPSET", "RotaryEmbedding"]
 
 ROTARY_OPSET = 23  # ONNX RotaryEmbedding
 _BIG = 2**31 - 1  # a Slice end at least this large means "to the end"
-_MARK = "autofusion.rotary_cache"  # metadata on the shared cache nodes: what they hold
 
 
 class RotaryParams(Params):
@@ -290,32 +290,12 @@ def _axes(node: ir.Node) -> list[int] | None:
     return None if array is None else [int(a) for a in array.reshape(-1)]
 
 
-def _shared(value: ir.Value, key: str) -> ir.Value | None:
-    """A value built earlier for ``key`` from ``value`` (by any layer's rewrite)."""
-    todo, seen = [(value, 0)], set()
-    mark = f"{key}:{value.name}"
-    while todo:
-        current, depth = todo.pop()
-        for node in consumers(current):
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if node.metadata_props.get(_MARK) == mark:
-                return node.outputs[0]
-            if depth < 4:
-                todo.append((node.outputs[0], depth + 1))
-    return None
-
-
-def _mark(node: ir.Node, value: ir.Value, key: str) -> None:
-    node.metadata_props[_MARK] = f"{key}:{value.name}"
-
-
 def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
     """``[rows, r / 2]``: the first half of the table, one row per position."""
     if table.table is not None:
         return ctx.initializer(f"{table.value.name}_cache", table.table)
-    found = _shared(table.value, "cache")
+    key = f"rotary_cache:{table.value.name}"
+    found = shared_value(ctx.graph, key)
     if found is not None:
         return found
     half = rotary_dim // 2
@@ -326,7 +306,7 @@ def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.N
     first = ir.Node("", "Slice", [table.value, starts, ends, axes])
     flat = ir.Node("", "Reshape", [first.outputs[0], shape])
     flat.outputs[0].dtype = table.value.dtype
-    _mark(flat, table.value, "cache")
+    mark_shared(flat, key)
     nodes += [first, flat]
     return flat.outputs[0]
 
@@ -343,8 +323,8 @@ def _positions(
         return nodes[-1].outputs[0]
     if not table.batched and contrib:
         return ctx.initializer("rotary_offset", np.array([0], np.int64))
-    key = "positions" if table.batched else f"positions_for:{x.name}"
-    found = _shared(table.value, key)
+    key = f"rotary_positions:{table.value.name}" + ("" if table.batched else f":{x.name}")
+    found = shared_value(ctx.graph, key)
     if found is not None:
         return found
     batch_and_sequence = ir.Node(
@@ -372,7 +352,7 @@ def _positions(
             ir.Node("", "Expand", [shaped.outputs[0], target.outputs[0]]),
         ]
     nodes[-1].outputs[0].dtype = ir.DataType.INT64
-    _mark(nodes[-1], table.value, key)
+    mark_shared(nodes[-1], key)
     return nodes[-1].outputs[0]
 
 

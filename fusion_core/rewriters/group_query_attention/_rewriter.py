@@ -12,6 +12,7 @@ from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
 from fusion_core.rewriters._attention_shapes import layout_failure, matched_scale, merges_heads
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.rewriters._shape_values import known_dims
+from fusion_core.rewriters.group_query_attention._bias import lengths_of, shared_bias
 from fusion_core.rewriters.group_query_attention._causal import allowed_of, causal_failure
 from fusion_core.rewriters.group_query_attention._inputs import (
     KVSide,
@@ -74,7 +75,7 @@ class GroupQueryAttention(Rewriter):
         if isinstance(masked, str):
             return masked
         bias, keep_rows, causal, nodes = masked
-        lengths = _lengths(q, key, ctx, nodes)
+        lengths = lengths_of(q, key, ctx, nodes)
         inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
         inputs += [None] * (_BIAS_INPUT - len(inputs)) + [bias]
         if key.past is not None:  # batches of several new tokens with a cache need it
@@ -162,7 +163,17 @@ def _mask(
     )
     if isinstance(mask, str):
         return mask
-    if params.nan_guard_node is not None:
+    allowed = allowed_of(mask)
+    shared = None if isinstance(allowed, str) else shared_bias(mask, allowed, ctx)
+    if shared is not None:
+        bias, keep_rows, nodes = shared
+        if keep_rows is not None and params.nan_guard_node is None:
+            return (
+                f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
+                "a fully masked row is NaN"
+            )
+        keep_rows = keep_rows if params.nan_guard_node is not None else None
+    elif params.nan_guard_node is not None:
         guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
         if isinstance(guarded, str):
             return guarded
@@ -172,7 +183,6 @@ def _mask(
         if finite is not None:
             return finite
         bias, keep_rows, nodes = mask, None, []
-    allowed = allowed_of(mask)
     past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
     if why is None and keep_rows is not None:
@@ -206,35 +216,6 @@ def _finite_where(mask: ir.Value) -> str | None:
             "(-inf) gives NaN, which GroupQueryAttention does not"
         )
     return None
-
-
-def _lengths(q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]) -> list[ir.Value]:
-    """``seqlens_k`` ([B] int32: every key row is valid, L - 1), ``total_sequence_length``
-    (scalar int32 L) and ``query_seqlens`` ([B] int32 S), L = past length + S."""
-
-    def shape(value: ir.Value, start: int) -> ir.Value:
-        attrs = [ir.AttrInt64("start", start), ir.AttrInt64("end", start + 1)]
-        nodes.append(ir.Node("", "Shape", [value], attrs))
-        return nodes[-1].outputs[0]
-
-    def add(op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
-        nodes.append(ir.Node("", op, inputs, list(attrs)))
-        return nodes[-1].outputs[0]
-
-    def to_int32(value: ir.Value) -> ir.Value:
-        return add("Cast", [value], [ir.AttrInt64("to", ir.DataType.INT32)])
-
-    sequence = shape(key.new, 1)
-    total = sequence if key.past is None else add("Add", [shape(key.past, 2), sequence])
-    batch = shape(q, 0)
-    one = ctx.initializer("gqa_one", np.array([1], np.int64))
-    scalar_shape = ctx.initializer("gqa_scalar_shape", np.array([], np.int64))
-    seqlens = add("Expand", [to_int32(add("Sub", [total, one])), batch])
-    total_length = to_int32(add("Reshape", [total, scalar_shape]))
-    query_seqlens = add("Expand", [to_int32(sequence), batch])
-    for value in (seqlens, total_length, query_seqlens):
-        value.dtype = ir.DataType.INT32
-    return [seqlens, total_length, query_seqlens]
 
 
 def _like(value: ir.Value, source: ir.Value) -> None:
