@@ -138,7 +138,7 @@ def job_cancel(job_id: str, principal: UIPrincipal, session: SessionDep):
     return RedirectResponse(f"/ui/jobs/{job.id}", status_code=303)
 
 
-@router.get("/{job_id}/download/{what}")
+@router.api_route("/{job_id}/download/{what}", methods=["GET", "HEAD"])
 def job_download(
     job_id: str,
     what: str,

@@ -144,3 +144,7 @@ def test_the_dashboards_downloads_send_the_same_headers(service, finished):
         f"/ui/jobs/{finished}/download/report.html", headers={"If-None-Match": "*"}
     )
     assert cached.status_code == 304
+    head = service.client.head(f"/ui/jobs/{finished}/download/model")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == str(len(FUSED))
+    assert head.headers["etag"] == api.headers["etag"]
