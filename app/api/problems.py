@@ -186,6 +186,7 @@ _HTTP_SLUGS = {
     406: "not-acceptable",
     413: "payload-too-large",
     415: "unsupported-media-type",
+    416: "range-not-satisfiable",
 }
 
 
@@ -253,6 +254,56 @@ def _plain_error_page(status: int, title: str, detail: str, error_id: str) -> Re
     return HTMLResponse(body, status_code=status)
 
 
+class _ErrorBodyAsProblem:
+    """Passes a response through, unless it is an error that some component answered in
+    its own words (Starlette's FileResponse: a text/plain 416 or 400 for a bad Range):
+    that one leaves as a problem of its status, the headers kept (Content-Range), the
+    short plain text as the detail. The dashboard's pages and HEAD are left alone."""
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope, self._send = scope, send
+        self.held: Message | None = None
+        self.body = b""
+
+    def _rewrites(self, message: Message) -> bool:
+        if message["status"] < 400 or _is_ui(self.scope.get("path", "")):
+            return False
+        if self.scope.get("method") == "HEAD":
+            return False
+        headers = dict(message.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        return not content_type.startswith((MEDIA_TYPE, "text/html"))
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and self._rewrites(message):
+            self.held = message
+            return
+        if self.held is None or message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        self.body += message.get("body", b"")
+        if not message.get("more_body", False):
+            await self._answer()
+
+    async def _answer(self) -> None:
+        status = self.held["status"]
+        kept = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in self.held.get("headers") or []
+            if name.lower() not in (b"content-type", b"content-length")
+        }
+        text = self.body.decode("utf-8", "replace").strip()
+        title = _status_phrase(status)
+        detail = text if text and len(text) <= 200 and text != title else title
+        response = problem_response(
+            status, _HTTP_SLUGS.get(status, "http-error"), title, detail, headers=kept
+        )
+        await self._send(
+            {"type": "http.response.start", "status": status, "headers": response.raw_headers}
+        )
+        await self._send({"type": "http.response.body", "body": response.body})
+
+
 class CatchAllProblems:
     """ASGI middleware: an exception that reaches it becomes a problem+json response
     (an HTML page under /ui) with an ``error_id`` logged along with the traceback.
@@ -271,12 +322,13 @@ class CatchAllProblems:
             await self.app(scope, receive, send)
             return
         started = False
+        rewrite = _ErrorBodyAsProblem(scope, send)
 
         async def watch(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            await rewrite.send(message)
 
         try:
             await self.app(scope, receive, watch)

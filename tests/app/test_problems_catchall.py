@@ -27,6 +27,7 @@ from app.api.deps import get_settings_dep
 from app.api.problems import DATABASE_RETRY_AFTER_S
 from app.core.config import Settings
 from app.core.db import session_scope
+from app.core.models import Job
 from app.main import create_app
 from app.services import registry
 from app.services.auth import create_key
@@ -438,3 +439,24 @@ def test_the_dashboard_answers_its_errors_as_html_pages(walk):
     response = walk.client.post("/ui/patterns/new", headers=cross_site, follow_redirects=False)
     assert response.status_code == 403
     assert response.headers["content-type"].startswith("text/html"), response.headers
+
+
+def test_an_error_a_component_answers_in_its_own_words_is_still_a_problem(walk):
+    """A bad Range on a download: Starlette's FileResponse answers a text/plain 416 or
+    400 itself; it leaves as a problem of that status, its Content-Range kept."""
+    client, store = walk.client, walk.client.app.state.store
+    files = {"model": ("m.onnx", relu_model().SerializeToString())}
+    job_id = client.post("/v1/optimize", files=files).json()["id"]
+    with session_scope(client.app.state.settings.resolved_database_url) as session:
+        job = session.get(Job, job_id)
+        job.status, job.stage, job.revision = "succeeded", "succeeded", job.revision + 1
+        job.fused_digest = store.put_bytes(b"0123456789" * 10)
+        job.report_digest = store.put_bytes(b"{}")
+    for value in ("bytes=abc", "bytes=500-600", "bytes=5-2", "pages=1-2", "bytes=" + "1-2," * 500):
+        response = client.get(f"/v1/jobs/{job_id}/model", headers={"Range": value})
+        assert_problem_answer(response, must_fail=False)
+        if response.status_code == 416:
+            assert response.headers["content-range"] == "bytes */100"
+            assert response.json()["type"] == PROBLEM_BASE + "range-not-satisfiable"
+    ok = client.get(f"/v1/jobs/{job_id}/model", headers={"Range": "bytes=0-9"})
+    assert ok.status_code == 206 and ok.content == b"0123456789"  # a good range still works
