@@ -156,6 +156,7 @@ def test_a_finished_job_is_not_run_again(env: WorkerEnv) -> None:
 def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monkeypatch) -> None:
     # The same crash twice ends the job sooner: tests/worker/test_poison.py.
     job_id = env.submit(max_attempts=3)
+    time_limit = env.settings.job_time_limit_s
     for attempt, crash, problem in ((1, "segv", "crashed"), (2, "sleep:60", "time-limit")):
         monkeypatch.setenv(TEST_CRASH_ENV, crash)
         if attempt == 2:  # a different crash: the time limit
@@ -168,6 +169,9 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
     assert "time limit" in job.error
     monkeypatch.delenv(TEST_CRASH_ENV)  # a third kind: the memory limit
     monkeypatch.setattr(env.settings, "job_memory_limit_mb", 64)
+    # ... alone: with attempt 2's 1 s still set, the two limits race (a child that takes
+    # more than 1 s to reach its first big allocation ends on the time limit instead)
+    monkeypatch.setattr(env.settings, "job_time_limit_s", time_limit)
     assert execute_job(env.settings, job_id, "w3", env.store) == Outcome.failed
     job = env.job(job_id)
     assert (job.status, job.attempts, job.error_type) == ("failed", 3, "memory-limit")
