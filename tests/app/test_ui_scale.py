@@ -212,3 +212,19 @@ def test_a_failed_job_shows_its_problem_type_title_and_detail(service, tiny_mode
     assert f'<p class="detail">{detail}</p>' in section
     # The type as text: a page of the dashboard links nothing on another host.
     assert '<code id="job-problem">https://autofusion.dev/problems/check-failed</code>' in section
+
+
+def test_many_kinds_of_near_miss_fold_beyond_the_first_groups():
+    from app.ui.common import templates
+    from app.ui.report_view import report_view
+
+    misses = [
+        {"pattern": f"p{k}", "nodes": [f"n{k}_{j}"], "reason": f"reason {k}", "kind": "constraint"}
+        for k in range(40)
+        for j in range(40 - k)  # p0 most often, p39 once
+    ]
+    report = {"applied": [], "near_misses": misses, "check": None, "profile": None}
+    html = templates.get_template("_report.html").render(report=report_view(report))
+    table, _, folded = html.partition('<details id="near-misses-more">')
+    assert table.count("<tr data-pattern=") == 15 and 'data-pattern="p0" data-count="40"' in table
+    assert folded.count("<tr data-pattern=") == 25 and 'data-pattern="p39" data-count="1"' in folded
