@@ -35,6 +35,7 @@ from fusion_core.rewriters.hard_swish import FuseHardSwish
 from fusion_core.rewriters.layer_norm import LayerNorm
 from fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
 from fusion_core.rewriters.merge_siblings import MergeSiblings
+from fusion_core.rewriters.packed_attention import PackedAttention
 from fusion_core.rewriters.pad_into_conv import PadIntoConv
 from fusion_core.rewriters.pool_bn import PoolBatchNorm
 from fusion_core.rewriters.rms_norm import RMSNorm
@@ -81,6 +82,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     RotaryEmbedding,
     GroupQueryAttention,
     FuseAttention,
+    PackedAttention,
     FusedRegion,
 )
 

@@ -1,0 +1,90 @@
+"""Packed attention (``fusion_core/patterns/optional/attention_packed.yaml``) against
+autofusion's default on BERT-base and DistilBERT, paired and interleaved.
+
+Why: issue 17 part 3 says onnxscript's ``ort_fusions`` is 1-2% faster on BERT-base and
+DistilBERT because it packs the Q/K/V projections into com.microsoft.Attention; the
+pattern becomes a default only if it measures faster. Each model is built by
+``bench/bench_transformers.py`` (config defaults, seeded random weights, dynamo export,
+batch 1, sequence 128), optimized for onnxruntime with the defaults and with the
+optional pattern added, checked against the original (atol 1e-4), and the three are
+timed at ORT_ENABLE_ALL, ``--threads`` threads, interleaved (``bench/_interleaved.py``).
+
+    python bench/corpus/bench_packed_attention.py [--models bert distilbert] [--iters 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+HERE = Path(__file__).resolve()
+sys.path[:0] = [str(HERE.parents[2]), str(HERE.parents[1])]
+import bench_transformers as bt  # noqa: E402
+from _interleaved import interleaved_ms, paired_summary  # noqa: E402
+
+from fusion_core import CheckOptions, OptimizeConfig, load_model, optimize  # noqa: E402
+from fusion_core.catalog import parse_pattern_text  # noqa: E402
+from fusion_core.profiling import session_options  # noqa: E402
+
+PATTERN = HERE.parents[2] / "fusion_core" / "patterns" / "optional" / "attention_packed.yaml"
+bt.MODELS["distilbert"] = (
+    bt.transformers.DistilBertConfig, bt.transformers.DistilBertModel, {}, "bert",
+)  # fmt: skip
+
+
+def variants(src: Path, tmp: Path) -> dict[str, Path]:
+    extra = parse_pattern_text(PATTERN.read_text(), str(PATTERN))
+    paths = {"original": src}
+    for label, patterns in (("default", []), ("packed", extra)):
+        config = OptimizeConfig(
+            target="onnxruntime", extra_patterns=patterns, check=CheckOptions(enabled=False)
+        )
+        result = optimize(load_model(src), config)
+        print(f"  {label}: {dict(sorted(result.counts.items()))}", flush=True)
+        paths[label] = tmp / f"{label}.onnx"
+        onnx.save(result.to_proto(), str(paths[label]))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["bert", "distilbert"])
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "model.onnx"
+            feeds, info, _ = bt.export(name, "eager", src)
+            paths = variants(src, Path(tmp))
+            opts = session_options("ORT_ENABLE_ALL", args.threads)
+            sessions = {
+                k: ort.InferenceSession(str(p), opts, ["CPUExecutionProvider"])
+                for k, p in paths.items()
+            }
+            for label, sess in sessions.items():
+                got = sess.run(None, feeds)[0]
+                err = float(np.abs(got - info["expected"]).max())
+                print(f"  {label}: max abs diff vs torch {err:.2g}", flush=True)
+            runs = {k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sessions.items()}
+            summary = paired_summary(
+                interleaved_ms(runs, warmup=args.warmup, iters=args.iters), "default"
+            )
+            print(f"{name} (eager, sequence {bt.SEQUENCE}, {args.threads} threads):")
+            for label, row in summary.items():
+                print(
+                    f"| {label} | {row['median_ms']:.2f} ms | {row['paired_ratio']:.3f} "
+                    f"[{row['p10']:.3f}-{row['p90']:.3f}] |"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``packed_attention`` (onnxruntime only): an encoder's Q/K/V projections and its
+MultiHeadAttention as one com.microsoft.Attention with the packed weight inside
+(https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.Attention)::
+
+    q = x @ Wq + bq;  k = x @ Wk + bk;  v = x @ Wv + bv
+    MultiHeadAttention(q, k, v, attention_bias=m, num_heads=N, scale=s)
+      = Attention(x, [Wq | Wk | Wv], [bq | bk | bv], attention_bias=m, num_heads=N, scale=s)
+
+The weights are concatenated along their output axis (``[hidden, 3 * hidden]``), the
+biases likewise; MultiHeadAttention's additive mask (its input 5) is Attention's input 5.
+A MultiHeadAttention with a packed bias (input 3), a key padding mask (input 4) or a
+past is left as it is, with that reason. The pattern is optional
+(``fusion_core/patterns/optional/attention_packed.yaml``): it is not a default until it
+measures faster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from fusion_core.ir import constant_array
+from fusion_core.patterns import Match, attribute_value
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.targets import MS_DOMAIN
+
+__all__ = ["PackedAttention"]
+
+_UNSUPPORTED = {3: "a packed bias", 4: "a key padding mask", 6: "a past key", 7: "a past value"}
+
+
+class PackedAttentionParams(Params):
+    # (MatMul, bias Add) of Q, K and V, in that order
+    projections: tuple[tuple[str, str], ...] = (
+        ("q_mm", "q_add"),
+        ("k_mm", "k_add"),
+        ("v_mm", "v_add"),
+    )
+    attention_node: str = "mha"
+
+
+class PackedAttention(Rewriter):
+    name = "packed_attention"
+    targets = frozenset({"onnxruntime"})
+    Params = PackedAttentionParams
+
+    def rewrite(
+        self, match: Match, params: PackedAttentionParams, ctx: RewriteContext
+    ) -> Rewrite | str:
+        mha = match.node(params.attention_node)
+        for index, what in _UNSUPPORTED.items():
+            if index < len(mha.inputs) and mha.inputs[index] is not None:
+                return f"MultiHeadAttention {mha.name!r} has {what} (input {index})"
+        if any(out.uses() for out in mha.outputs[1:]):
+            return f"MultiHeadAttention {mha.name!r} returns its present key and value"
+        packed = _packed(match, params)
+        if isinstance(packed, str):
+            return packed
+        weight, bias = packed
+        x = match.node(params.projections[0][0]).inputs[0]
+        mask = mha.inputs[5] if len(mha.inputs) > 5 else None
+        attrs = [ir.AttrInt64("num_heads", int(attribute_value(mha, "num_heads")))]
+        scale = attribute_value(mha, "scale", None)
+        if scale is not None:
+            attrs.append(ir.AttrFloat32("scale", float(scale)))
+        ctx.use_domain(MS_DOMAIN)
+        inputs = [
+            x,
+            ctx.initializer(f"{mha.name or 'attention'}_qkv_weight", weight),
+            ctx.initializer(f"{mha.name or 'attention'}_qkv_bias", bias),
+            None,  # mask_index
+            None,  # past
+            mask,
+        ]
+        while inputs[-1] is None:
+            inputs.pop()
+        node = ir.Node(MS_DOMAIN, "Attention", inputs, attrs)
+        return Rewrite([node], [(mha.outputs[0], node.outputs[0])])
+
+
+def _packed(match: Match, params: PackedAttentionParams) -> tuple[np.ndarray, np.ndarray] | str:
+    """The weights and biases concatenated along the output axis, or why not."""
+    weights, biases = [], []
+    for mm, add in params.projections:
+        weight = constant_array(match.input(mm, 1))
+        bias = constant_array(match.input(add, 1))
+        if weight is None or bias is None or weight.ndim != 2 or bias.shape != weight.shape[1:]:
+            return (
+                f"the projection {match.node(mm).name!r} is not a constant [in, out] weight "
+                "with a constant [out] bias"
+            )
+        weights.append(weight)
+        biases.append(bias)
+    if len({w.shape for w in weights}) != 1:
+        return f"the Q, K and V weights differ in shape ({[w.shape for w in weights]})"
+    return np.concatenate(weights, axis=1), np.concatenate(biases)
