@@ -95,7 +95,10 @@ def jobs_rows(
 def _job_context(job: Job, session: SessionDep) -> dict:
     live = job.status in LIVE
     running = job.status == JobStatus.running.value
-    past = history_for(job, lambda tenant: recent_phases(session, tenant)) if running else None
+    past = None
+    if running:
+        database = str(session.get_bind().url)
+        past = history_for(job, lambda tenant: recent_phases(session, tenant), database)
     return {
         "job": job,
         "live": live,

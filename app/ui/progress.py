@@ -52,7 +52,7 @@ STAGE_LABELS = {
 SCALE_BASIS_S = 1.0  # finished phases worth less than this elsewhere: medians as they are
 _SCALE_LIMITS = (0.05, 100.0)
 HISTORY_TTL_S = 15.0  # the live section polls every second: earlier jobs change rarely
-_HISTORY: dict[tuple[str, tuple[bool, bool]], tuple[float, list[PastJob]]] = {}
+_HISTORY: dict[tuple[str, str, tuple[bool, bool]], tuple[float, list[PastJob]]] = {}
 _MAX_CACHED = 256
 
 
@@ -74,11 +74,11 @@ def job_kind(config: Any) -> tuple[bool, bool]:
     return bool(config.get("profile")), measured
 
 
-def history_for(job: Job, load) -> list[PastJob]:
-    """Earlier jobs of ``job``'s tenant and kind, from ``load(tenant_id)`` (a query),
-    cached for ``HISTORY_TTL_S`` once there are any."""
+def history_for(job: Job, load, database: str) -> list[PastJob]:
+    """Earlier jobs of ``job``'s tenant and kind, from ``load(tenant_id)`` (a query on
+    ``database``), cached for ``HISTORY_TTL_S`` once there are any."""
     kind = job_kind(job.config)
-    key = (job.tenant_id, kind)
+    key = (database, job.tenant_id, kind)
     cached = _HISTORY.get(key)
     if cached is None or cached[0] < time.monotonic():
         if len(_HISTORY) >= _MAX_CACHED:
