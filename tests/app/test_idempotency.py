@@ -39,9 +39,14 @@ def _body(model: bytes) -> tuple[bytes, bytes]:
 HEADERS = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
 
 
-@pytest.fixture
-def server(tmp_path) -> Iterator[tuple[str, Settings]]:
-    settings = Settings(data_dir=tmp_path / "data", embedded_worker=False)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def server(request, tmp_path) -> Iterator[tuple[str, Settings]]:
+    database_url = ""
+    if request.param == "postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    settings = Settings(
+        data_dir=tmp_path / "data", embedded_worker=False, database_url=database_url
+    )
     for url in _serve(settings):
         yield url, settings
 
