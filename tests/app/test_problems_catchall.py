@@ -305,13 +305,19 @@ def test_every_path_answers_a_wrong_method_with_a_405_problem(walk):
     allowed: dict[str, set[str]] = {}
     for op in walk.operations:
         allowed.setdefault(op.path, set()).add(op.method)
+    routes = iter_route_contexts(walk.client.app.routes)
+    heads = {route.path for route in routes if "HEAD" in (route.methods or ())}
     for path, methods in allowed.items():
         url = Operation(path, "GET", [], False).url()
-        for method in sorted(set(METHODS) - methods):
+        for method in sorted({*METHODS, "OPTIONS", "TRACE"} - methods):
             response = _send(walk.client, method, url)
             assert_problem_answer(response)
             assert response.status_code == 405, (method, path, response.status_code)
             assert set(response.headers["allow"].replace(" ", "").split(",")) >= methods
+        if path not in heads:  # no body to read: the status and the media type
+            head = _send(walk.client, "HEAD", url)
+            assert head.status_code in (405, 404), (path, head.status_code)
+            assert head.headers["content-type"].startswith(PROBLEM_JSON), (path, head.headers)
 
 
 def test_every_route_answers_a_missing_or_wrong_key_with_a_401_problem(walk):
