@@ -33,12 +33,16 @@ DIVISIONS = {  # the RMS division as each exporter spells it -> rms_norm's patte
 }
 
 
-def rms(x: str, out: str, i: int, *, divide: str = "div", opset: int = 18) -> list[str]:
+def rms(
+    x: str, out: str, i: int, *, divide: str = "div", opset: int = 18, square: str = "pow"
+) -> list[str]:
     """The written-out RMS norm of ``x`` into ``out`` (gamma ``g<i>``), node names ``*<i>``."""
     mean = "ReduceMean <keepdims = 1>" if opset >= 18 else "ReduceMean <axes = [-1], keepdims = 1>"
     axes = ", axes" if opset >= 18 else ""
     return [
-        f"[pow{i}] sq{i} = Pow ({x}, exponent)",
+        f"[pow{i}] sq{i} = Pow ({x}, exponent)"
+        if square == "pow"
+        else f"[pow{i}] sq{i} = Mul ({x}, {x})",
         f"[var{i}] v{i} = {mean} (sq{i}{axes})",
         f"[eps{i}] ve{i} = Add (v{i}, eps)",
         f"[sqrt{i}] s{i} = Sqrt (ve{i})",
@@ -66,13 +70,13 @@ def decoder_model(
     return build_model(text, inits)
 
 
-def chain(divide: str = "div", layers: int = 2) -> list[str]:
+def chain(divide: str = "div", layers: int = 2, square: str = "pow") -> list[str]:
     """Embedding norm, then per block: branch MatMul, residual Add, the next norm."""
-    lines = rms("x", "n0", 0, divide=divide)
+    lines = rms("x", "n0", 0, divide=divide, square=square)
     stream = "x"
     for i in range(layers):
         lines += [f"b{i} = MatMul (n{i}, w{i})", f"[res{i}] h{i} = Add ({stream}, b{i})"]
-        lines += rms(f"h{i}", f"n{i + 1}", i + 1, divide=divide)
+        lines += rms(f"h{i}", f"n{i + 1}", i + 1, divide=divide, square=square)
         stream = f"h{i}"
     lines.append(f"y = MatMul (n{layers}, w{layers})")
     return lines
@@ -113,6 +117,16 @@ def test_a_decoder_chain_becomes_one_simplified_and_skip_simplified_norms(divide
     assert first.output[1:3] == ["", ""] and first.output[3] in last.input
     assert len(last.output) == 1
     assert attributes(first)["epsilon"] == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize("divide", DIVISIONS.keys())
+def test_the_square_as_mul_x_x_fuses_too(divide):
+    model = decoder_model(chain(divide, square="mul"))
+    result = optimize_quiet(model, target="onnxruntime")
+    rms_pattern = "rms_norm_self_mul" + DIVISIONS[divide][1]
+    assert result.counts == {rms_pattern: 3, "skip_rms_norm_pre_ln": 1, "skip_rms_norm": 1}
+    assert fused_ops(result) == [SIMPLIFIED, "MatMul", SKIP, "MatMul", SKIP, "MatMul"]
+    run_both(model, result.to_proto(), **TOL)
 
 
 def test_a_longer_chain_fuses_every_residual_add_over_two_rounds():
