@@ -16,6 +16,7 @@ from pathlib import Path
 from fastapi import Request, Response
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
+from starlette.types import Message, Receive, Scope, Send
 
 from app.services import job_files
 from app.services.artifacts import ArtifactStore
@@ -54,7 +55,7 @@ def download_response(
         return Response(status_code=200, media_type=file.media_type, headers=headers)
     if file.stream:
         path = job_files.temporary_copy(file, store, scratch)
-        return FileResponse(
+        return _CopyResponse(
             path,
             media_type=file.media_type,
             headers=headers,
@@ -63,3 +64,23 @@ def download_response(
         )
     body = store.read_bytes(file.digest)
     return Response(body, media_type=file.media_type, headers=headers)
+
+
+class _CopyResponse(FileResponse):
+    """A temporary copy as a FileResponse. Where Starlette refuses the Range (400, 416)
+    it answers and returns before the background task: the copy is removed here then."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = False
+
+        async def watch(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] in (400, 416):
+                refused = True
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, watch)
+        finally:
+            if refused and self.background is not None:
+                await self.background()

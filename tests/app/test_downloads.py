@@ -148,3 +148,12 @@ def test_the_dashboards_downloads_send_the_same_headers(service, finished):
     assert head.status_code == 200 and head.content == b""
     assert head.headers["content-length"] == str(len(FUSED))
     assert head.headers["etag"] == api.headers["etag"]
+
+
+def test_a_refused_range_leaves_no_copy_behind(service, finished, problem):
+    url = f"/v1/jobs/{finished}/model"
+    problem(service.client.get(url, headers={"Range": "bytes=abc"}), 400, "bad-request")
+    past = service.client.get(url, headers={"Range": f"bytes={len(FUSED) + 10}-"})
+    problem(past, 416, "range-not-satisfiable")
+    scratch = service.settings.data_dir / "downloads"
+    assert not scratch.exists() or list(scratch.iterdir()) == []  # Starlette skipped the cleanup

@@ -331,11 +331,13 @@ _DOWNLOAD_PROBLEMS = problem_responses(401, 404, 409, 422)
 _NOT_MODIFIED = {304: {"description": "Not modified: If-None-Match holds the ETag"}}
 
 
-def _download_route(path: str, content: dict[str, Any], description: str):
+def _download_route(
+    path: str, content: dict[str, Any], description: str, problems: tuple[int, ...] = ()
+):
     """Register a download endpoint for GET (the file) and HEAD (its headers)."""
 
     def register(endpoint):
-        responses = {**_NOT_MODIFIED, **_DOWNLOAD_PROBLEMS}
+        responses = {**_NOT_MODIFIED, **_DOWNLOAD_PROBLEMS, **problem_responses(*problems)}
         router.get(
             path,
             response_class=Response,
@@ -351,7 +353,12 @@ def _download_route(path: str, content: dict[str, Any], description: str):
     return register
 
 
-@_download_route("/v1/jobs/{job_id}/model", {"application/octet-stream": {}}, "The fused model")
+@_download_route(
+    "/v1/jobs/{job_id}/model",
+    {"application/octet-stream": {}},
+    "The fused model",
+    problems=(400, 416),  # a Range refused (the model answers Range requests)
+)
 def download_model(
     job_id: str,
     request: Request,
