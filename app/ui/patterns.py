@@ -8,7 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import RedirectResponse
 from markupsafe import Markup
-from pydantic import ValidationError
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.uploads import incoming
@@ -19,7 +18,7 @@ from app.services import registry
 from app.services.pattern_trial import trial_upload
 from app.ui.common import UIPrincipal, form_errors, render, require
 from app.ui.report_view import MAX_MATCH_PICTURES
-from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag, version_message
+from app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
 from fusion_core.errors import FusionError
 
 __all__ = ["router"]
@@ -50,32 +49,26 @@ def patterns_page(request: Request, principal: UIPrincipal, session: SessionDep)
     return render(request, "patterns.html", context)
 
 
-def _form(request: Request, *, action: str, text: str, errors=(), status=200, **extra):
-    context = {"action": action, "yaml": text, "errors": list(errors), **extra}
-    return render(request, "pattern_form.html", context, status_code=status)
+EDITOR = YamlEditor(
+    "/ui/patterns", "pattern_form.html", ("pattern-exists", "pattern-name-mismatch")
+)
 
 
 @router.get("/new")
 def new_pattern_page(request: Request, principal: UIPrincipal):
     """An empty form (an example to start from)."""
-    return _form(request, action="/ui/patterns/new", text=_NEW_PATTERN, name=None)
+    return EDITOR.new_form(request, _NEW_PATTERN)
 
 
 @router.post("/new")
 def create_pattern(request: Request, principal: UIPrincipal, session: SessionDep, yaml: YamlField):
     """Register the pattern; errors show next to the text, which is kept."""
     require(principal, "patterns:write")
-    try:
-        record = registry.create_pattern(session, parse_yaml(yaml), principal.label)
-    except (ProblemError, FusionError, ValidationError) as exc:
-        session.rollback()
-        status, errors = form_errors(exc, "yaml")
-        if isinstance(exc, ProblemError) and exc.slug == "pattern-exists":
-            errors = [{"field": "name", "message": exc.detail}]
-        return _form(
-            request, action="/ui/patterns/new", text=yaml, errors=errors, status=status, name=None
-        )
-    return RedirectResponse(f"/ui/patterns/{record.name}", status_code=303)
+
+    def write():
+        return registry.create_pattern(session, parse_yaml(yaml), principal.label)
+
+    return EDITOR.save(request, session, yaml, write, name=None)
 
 
 def _pattern_context(session: SessionDep, record: PatternRecord) -> dict:
@@ -98,13 +91,7 @@ def pattern_page(name: str, request: Request, principal: UIPrincipal, session: S
 def edit_pattern_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
     """The current spec as YAML, with the version it was read at."""
     record = registry.get_pattern(session, name)
-    return _form(
-        request,
-        action=f"/ui/patterns/{record.name}/edit",
-        text=dump_yaml(record.spec),
-        name=record.name,
-        version=record.version,
-    )
+    return EDITOR.edit_form(request, record.name, record.spec, record.version)
 
 
 @router.post("/{name}/edit")
@@ -119,32 +106,15 @@ def edit_pattern(
     """A new version of the pattern, unless someone changed it since (then say so)."""
     require(principal, "patterns:write")
     record = registry.get_pattern(session, name)
-    try:
-        record = registry.change_pattern(
-            session,
-            name,
-            "update",
-            spec=parse_yaml(yaml),
-            if_match=version_etag(name, version),
-            actor=principal.label,
+    if_match = version_etag(name, version)
+
+    def write():
+        spec = parse_yaml(yaml)
+        return registry.change_pattern(
+            session, name, "update", spec=spec, if_match=if_match, actor=principal.label
         )
-    except (ProblemError, FusionError, ValidationError) as exc:
-        session.rollback()
-        status, errors = form_errors(exc, "yaml")
-        if isinstance(exc, ProblemError) and exc.status in (412, 428):
-            errors = [{"field": "version", "message": version_message(exc)}]
-        elif isinstance(exc, ProblemError) and exc.slug == "pattern-name-mismatch":
-            errors = [{"field": "name", "message": exc.detail}]
-        return _form(
-            request,
-            action=f"/ui/patterns/{name}/edit",
-            text=yaml,
-            errors=errors,
-            status=status,
-            name=name,
-            version=version or record.version,
-        )
-    return RedirectResponse(f"/ui/patterns/{record.name}", status_code=303)
+
+    return EDITOR.save(request, session, yaml, write, name=name, version=version or record.version)
 
 
 @router.post("/{name}/toggle")

@@ -5,15 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import RedirectResponse
-from pydantic import ValidationError
 
 from app.api.deps import SessionDep
-from app.core.errors import ProblemError
 from app.schemas.registry import StrategyCreate
 from app.services import strategies
-from app.ui.common import UIPrincipal, form_errors, render, require
-from app.ui.yaml_forms import dump_yaml, parse_yaml, version_etag, version_message
+from app.ui.common import UIPrincipal, render, require
+from app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
 
 __all__ = ["router"]
 
@@ -36,43 +33,30 @@ def strategies_page(request: Request, principal: UIPrincipal, session: SessionDe
     return render(request, "strategies.html", {"strategies": strategies.list_strategies(session)})
 
 
-def _form(request: Request, *, action: str, text: str, errors=(), status=200, **extra):
-    context = {"action": action, "yaml": text, "errors": list(errors), **extra}
-    return render(request, "strategy_form.html", context, status_code=status)
+EDITOR = YamlEditor(
+    "/ui/strategies", "strategy_form.html", ("strategy-exists", "strategy-name-mismatch")
+)
 
 
 def _spec(text: str) -> StrategyCreate:
     return StrategyCreate.model_validate(parse_yaml(text))
 
 
-def _failed(request: Request, exc: Exception, text: str, action: str, **extra):
-    status, errors = form_errors(exc, "yaml")
-    if isinstance(exc, ProblemError) and exc.status in (412, 428):
-        errors = [{"field": "version", "message": version_message(exc)}]
-    elif isinstance(exc, ProblemError) and exc.slug in (
-        "strategy-exists",
-        "strategy-name-mismatch",
-    ):
-        errors = [{"field": "name", "message": exc.detail}]
-    return _form(request, action=action, text=text, errors=errors, status=status, **extra)
-
-
 @router.get("/new")
 def new_strategy_page(request: Request, principal: UIPrincipal):
     """An empty form (an example to start from)."""
-    return _form(request, action="/ui/strategies/new", text=_NEW_STRATEGY, name=None)
+    return EDITOR.new_form(request, _NEW_STRATEGY)
 
 
 @router.post("/new")
 def create_strategy(request: Request, principal: UIPrincipal, session: SessionDep, yaml: YamlField):
     """Create the strategy; every pattern it names must exist."""
     require(principal, "patterns:write")
-    try:
-        strategy = strategies.create_strategy(session, _spec(yaml))
-    except (ProblemError, ValidationError) as exc:
-        session.rollback()
-        return _failed(request, exc, yaml, "/ui/strategies/new", name=None)
-    return RedirectResponse(f"/ui/strategies/{strategy.name}", status_code=303)
+
+    def write():
+        return strategies.create_strategy(session, _spec(yaml))
+
+    return EDITOR.save(request, session, yaml, write, name=None)
 
 
 @router.get("/{name}")
@@ -91,13 +75,7 @@ def strategy_page(name: str, request: Request, principal: UIPrincipal, session: 
 def edit_strategy_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
     """The current strategy as YAML, with the version it was read at."""
     strategy = strategies.get_strategy(session, name)
-    return _form(
-        request,
-        action=f"/ui/strategies/{strategy.name}/edit",
-        text=dump_yaml(strategy.data),
-        name=strategy.name,
-        version=strategy.version,
-    )
+    return EDITOR.edit_form(request, strategy.name, strategy.data, strategy.version)
 
 
 @router.post("/{name}/edit")
@@ -112,12 +90,10 @@ def edit_strategy(
     """A new version of the strategy, unless someone changed it since."""
     require(principal, "patterns:write")
     strategy = strategies.get_strategy(session, name)
-    try:
-        strategy = strategies.update_strategy(
-            session, name, _spec(yaml), if_match=version_etag(name, version)
-        )
-    except (ProblemError, ValidationError) as exc:
-        session.rollback()
-        action = f"/ui/strategies/{name}/edit"
-        return _failed(request, exc, yaml, action, name=name, version=version or strategy.version)
-    return RedirectResponse(f"/ui/strategies/{strategy.name}", status_code=303)
+    if_match = version_etag(name, version)
+
+    def write():
+        return strategies.update_strategy(session, name, _spec(yaml), if_match=if_match)
+
+    at = {"name": name, "version": version or strategy.version}
+    return EDITOR.save(request, session, yaml, write, **at)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from fastapi import Request
+from fastapi.responses import RedirectResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from app.core.errors import ProblemError
+from app.ui.common import form_errors, render
+from fusion_core.errors import FusionError
 
-__all__ = ["dump_yaml", "parse_yaml", "version_etag", "version_message"]
+__all__ = ["YamlEditor", "dump_yaml", "parse_yaml", "version_etag", "version_message"]
 
 MAX_YAML_CHARS = 1 << 20
 
@@ -55,3 +63,47 @@ def version_message(exc: ProblemError) -> str:
             "edit page again, which carries it, and resubmit your text"
         )
     return exc.detail
+
+
+# What a failed save raises: a service's problem, a pattern that does not compile, or a
+# document that is not a valid strategy.
+SAVE_ERRORS = (ProblemError, FusionError, ValidationError)
+
+
+@dataclass(frozen=True)
+class YamlEditor:
+    """The create and edit forms of one kind of versioned resource (patterns, strategies):
+    the form page, a save that redirects to the resource or shows the form again with the
+    errors next to the text (which is kept), and the version the form carries."""
+
+    base: str  # "/ui/patterns"
+    template: str  # "pattern_form.html"
+    name_slugs: tuple[str, ...]  # problems about the name, shown next to the name field
+
+    def form(self, request: Request, *, action: str, text: str, errors=(), status=200, **extra):
+        context = {"action": action, "yaml": text, "errors": list(errors), **extra}
+        return render(request, self.template, context, status_code=status)
+
+    def new_form(self, request: Request, example: str):
+        return self.form(request, action=f"{self.base}/new", text=example, name=None)
+
+    def edit_form(self, request: Request, name: str, data: Any, version: int):
+        """The current document as YAML, with the version it was read at."""
+        action = f"{self.base}/{name}/edit"
+        return self.form(request, action=action, text=dump_yaml(data), name=name, version=version)
+
+    def save(self, request: Request, session: Session, text: str, write: Callable[[], Any], **at):
+        """``write()`` the resource; ``at``: the form's ``name`` and ``version``."""
+        try:
+            row = write()
+        except SAVE_ERRORS as exc:
+            session.rollback()
+            status, errors = form_errors(exc, "yaml")
+            if isinstance(exc, ProblemError) and exc.status in (412, 428):
+                errors = [{"field": "version", "message": version_message(exc)}]
+            elif isinstance(exc, ProblemError) and exc.slug in self.name_slugs:
+                errors = [{"field": "name", "message": exc.detail}]
+            name = at.get("name")
+            action = f"{self.base}/{name}/edit" if name else f"{self.base}/new"
+            return self.form(request, action=action, text=text, errors=errors, status=status, **at)
+        return RedirectResponse(f"{self.base}/{row.name}", status_code=303)
