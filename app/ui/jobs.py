@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app.api.deps import SessionDep, SettingsDep, StoreDep
@@ -40,55 +40,48 @@ def _status_filter(status: str | None) -> str | None:
     return status
 
 
-def _page_context(
-    session: SessionDep, store: StoreDep, tenant_id: str, status: str | None, token: str | None
-) -> dict:
-    """A page of the list, by the API's page tokens (app/services/job_pages.py): a job
-    submitted meanwhile does not shift the older pages, and "newer" goes back."""
-    key = decode_page_token(token, status) if token else None
-    page = list_jobs(session, tenant_id, status=status, page_size=PAGE_SIZE, key=key)
-    rows = [job_row(job, store) for job in page.jobs]
-    return {
-        "rows": rows,
-        "status": status or "",
-        "statuses": STATUSES,
-        "page": token or "",
-        "older": encode_page_token(page.older, status) if page.older else None,
-        "newer": encode_page_token(page.newer, status) if page.newer else None,
-        "total": page.total,
-        "live": any(row["live"] for row in rows),
-    }
-
-
 # A page token (the API's): absent for the newest jobs.
 Page = Annotated[str | None, Query(max_length=1000)]
 
 
-@router.get("")
-def jobs_page(
-    request: Request,
+def _page_context(
     principal: UIPrincipal,
     session: SessionDep,
     store: StoreDep,
     status: str | None = None,
     page: Page = None,
-):
+) -> dict:
+    """A page of the list, by the API's page tokens (app/services/job_pages.py): a job
+    submitted meanwhile does not shift the older pages, and "newer" goes back. A
+    dependency: the list page and its polled rows take the same query."""
+    status = _status_filter(status)
+    key = decode_page_token(page, status) if page else None
+    listed = list_jobs(session, principal.tenant_id, status=status, page_size=PAGE_SIZE, key=key)
+    rows = [job_row(job, store) for job in listed.jobs]
+    return {
+        "rows": rows,
+        "status": status or "",
+        "statuses": STATUSES,
+        "page": page or "",
+        "older": encode_page_token(listed.older, status) if listed.older else None,
+        "newer": encode_page_token(listed.newer, status) if listed.newer else None,
+        "total": listed.total,
+        "live": any(row["live"] for row in rows),
+    }
+
+
+PageContext = Annotated[dict, Depends(_page_context)]
+
+
+@router.get("")
+def jobs_page(request: Request, context: PageContext):
     """The tenant's jobs, newest first, filtered by status, a page at a time."""
-    context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)
     return render(request, "jobs.html", context)
 
 
 @router.get("/rows")
-def jobs_rows(
-    request: Request,
-    principal: UIPrincipal,
-    session: SessionDep,
-    store: StoreDep,
-    status: str | None = None,
-    page: Page = None,
-):
+def jobs_rows(request: Request, context: PageContext):
     """The table body alone, polled while a job in view is live (then no more)."""
-    context = _page_context(session, store, principal.tenant_id, _status_filter(status), page)
     return render(request, "_job_rows.html", context)
 
 
