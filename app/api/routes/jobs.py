@@ -6,6 +6,7 @@ Every job route answers 404 for another tenant's job, exactly as for a missing o
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -22,9 +23,10 @@ from app.api.uploads import incoming
 from app.core.config import Settings
 from app.core.db import autocommit_read, retry_stale, session_factory
 from app.core.errors import ProblemError
-from app.core.models import JobStatus
+from app.core.models import Job, JobStatus
 from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from app.services import job_files
+from app.services.artifacts import ArtifactStore
 from app.services.auth import Principal
 from app.services.events import job_events
 from app.services.idempotency import key_in_use, release_key, reserve_key
@@ -353,24 +355,46 @@ def _download_route(
     return register
 
 
+@dataclass(frozen=True)
+class _Download:
+    """What every download route needs: the caller's job, and the answer for one file."""
+
+    request: Request
+    principal: Principal
+    session: Session
+    settings: Settings
+    store: ArtifactStore
+
+    def job(self, job_id: str) -> Job:
+        return get_job(self.session, self.principal.tenant_id, job_id)
+
+    def send(self, file: job_files.JobFile) -> Response:
+        scratch = self.settings.data_dir / "downloads"
+        return download_response(self.request, file, self.store, scratch)
+
+
+def _download(
+    request: Request,
+    principal: PrincipalDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> _Download:
+    return _Download(request, principal, session, settings, store)
+
+
+DownloadDep = Annotated[_Download, Depends(_download)]
+
+
 @_download_route(
     "/v1/jobs/{job_id}/model",
     {"application/octet-stream": {}},
     "The fused model",
     problems=(400, 416),  # a Range refused (the model answers Range requests)
 )
-def download_model(
-    job_id: str,
-    request: Request,
-    principal: PrincipalDep,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-) -> Response:
+def download_model(job_id: str, download: DownloadDep) -> Response:
     """The fused model (only once the job has succeeded)."""
-    job = get_job(session, principal.tenant_id, job_id)
-    file = job_files.fused_model_file(job)
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(job_files.fused_model_file(download.job(job_id)))
 
 
 @_download_route(
@@ -378,18 +402,9 @@ def download_model(
     {"application/json": {"schema": {"type": "object"}}},
     "The report (docs/report.schema.json)",
 )
-def download_report(
-    job_id: str,
-    request: Request,
-    principal: PrincipalDep,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-) -> Response:
+def download_report(job_id: str, download: DownloadDep) -> Response:
     """The job's JSON report (once it has finished with one)."""
-    job = get_job(session, principal.tenant_id, job_id)
-    file = job_files.report_file(job)
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(job_files.report_file(download.job(job_id)))
 
 
 @_download_route(
@@ -399,17 +414,7 @@ def download_report(
     "profile_trace.json (onnxruntime's profiler trace of the fused model, when the job "
     "profiled)",
 )
-def download_artifact(
-    job_id: str,
-    name: str,
-    request: Request,
-    principal: PrincipalDep,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-) -> Response:
+def download_artifact(job_id: str, name: str, download: DownloadDep) -> Response:
     """One of the job's stored files besides the model and report.json."""
     job_files.check_artifact_name(name)
-    job = get_job(session, principal.tenant_id, job_id)
-    file = job_files.artifact_file(job, name)
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(job_files.artifact_file(download.job(job_id), name))
