@@ -1,5 +1,6 @@
 """``group_query_attention``: causal attention whose query heads share key/value heads,
-with its KV cache, as one com.microsoft ``GroupQueryAttention`` (onnxruntime target)::
+with its KV cache, as one com.microsoft ``GroupQueryAttention`` (onnxruntime target; ONNX
+``Attention`` on the generic target, at the end)::
 
     Q = Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])              q: [B, S, N * H]
     K = Concat(past_k, Transpose(Reshape(k, [B, S, KV, H]), [0, 2, 1, 3]), axis=2)
@@ -43,6 +44,13 @@ What is left is where GroupQueryAttention differs from a plain softmax:
   (``guarded_mask``). A finite mask (``Where(cond, 0, lowest)``) gives such a row the
   average of every key, and causal attention the average of the earlier ones only: so a
   finite mask fuses with ``causal = 0``, without a cache only.
+
+On the generic target (opset 23, or ``--upgrade-opset 23``) the same block becomes ONNX
+``Attention(q, k, v, attn_mask=M, past_key, past_value)`` with ``q_num_heads = N``,
+``kv_num_heads = KV`` and the present outputs
+(https://onnx.ai/onnx/operators/onnx__Attention.html): it appends the cache itself and,
+not causal, takes the whole mask as it is, so neither the causal proof nor a limit on
+the cache applies; the ``-inf`` rows are handled as above.
 
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
 The inputs are traced in ``_inputs``, the causal proof is in ``_causal``.

@@ -24,6 +24,7 @@ from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["GroupQueryAttention"]
 
+ATTENTION_OPSET = 23  # https://onnx.ai/onnx/operators/onnx__Attention.html
 _BIAS_INPUT = 10  # attention_bias
 _QUERY_SEQLENS_INPUT = 16  # query_seqlens
 
@@ -51,7 +52,7 @@ class GQAParams(Params):
 
 class GroupQueryAttention(Rewriter):
     name = "group_query_attention"
-    targets = frozenset({"onnxruntime"})
+    targets = frozenset({"onnxruntime", "generic"})
     Params = GQAParams
 
     def rewrite(self, match: Match, params: GQAParams, ctx: RewriteContext) -> Rewrite | str:
@@ -71,27 +72,24 @@ class GroupQueryAttention(Rewriter):
         scale = matched_scale(match, params)
         if isinstance(scale, str):
             return scale
-        masked = _mask(match, params, key, heads, ctx)
+        contrib = ctx.target.can_emit(MS_DOMAIN)
+        if not contrib and ctx.opset < ATTENTION_OPSET:
+            return (
+                f"ONNX Attention needs opset {ATTENTION_OPSET} (the model has {ctx.opset}; "
+                f"--upgrade-opset {ATTENTION_OPSET} converts it)"
+            )
+        masked = _mask(match, params, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
         bias, keep_rows, causal, nodes = masked
-        lengths = lengths_of(q, key, ctx, nodes)
-        inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
-        inputs += [None] * (_BIAS_INPUT - len(inputs)) + [bias]
-        if key.past is not None:  # batches of several new tokens with a cache need it
-            inputs += [None] * (_QUERY_SEQLENS_INPUT - len(inputs)) + [lengths[2]]
-        attrs = [
-            ir.AttrInt64("num_heads", heads),
-            ir.AttrInt64("kv_num_heads", key.heads),
-            ir.AttrFloat32("scale", scale),
-            ir.AttrInt64("causal", int(causal)),
-        ]
-        ctx.use_domain(MS_DOMAIN)
-        gqa = ir.Node(MS_DOMAIN, "GroupQueryAttention", inputs, attrs, num_outputs=3)
+        if contrib:
+            gqa = _group_query_attention(q, key, value, bias, causal, (heads, scale), ctx, nodes)
+        else:
+            gqa = _onnx_attention(q, key, value, bias, (heads, scale), nodes)
         nodes.append(gqa)
         _like(gqa.outputs[0], q)
         replaced = []
-        for side, new in ((key, gqa.outputs[1]), (value, gqa.outputs[2])):
+        for side, new in zip((key, value), gqa.outputs[1:], strict=False):
             if side.present is not None:
                 _like(new, side.present)
                 replaced.append((side.present, new))
@@ -110,6 +108,56 @@ class GroupQueryAttention(Rewriter):
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced])
+
+
+def _group_query_attention(
+    q: ir.Value,
+    key: KVSide,
+    value: KVSide,
+    bias: ir.Value,
+    causal: bool,
+    heads_and_scale: tuple[int, float],
+    ctx: RewriteContext,
+    nodes: list[ir.Node],
+) -> ir.Node:
+    """com.microsoft GroupQueryAttention with the lengths it needs."""
+    heads, scale = heads_and_scale
+    lengths = lengths_of(q, key, ctx, nodes)
+    inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
+    inputs += [None] * (_BIAS_INPUT - len(inputs)) + [bias]
+    if key.past is not None:  # batches of several new tokens with a cache need it
+        inputs += [None] * (_QUERY_SEQLENS_INPUT - len(inputs)) + [lengths[2]]
+    attrs = [
+        ir.AttrInt64("num_heads", heads),
+        ir.AttrInt64("kv_num_heads", key.heads),
+        ir.AttrFloat32("scale", scale),
+        ir.AttrInt64("causal", int(causal)),
+    ]
+    ctx.use_domain(MS_DOMAIN)
+    return ir.Node(MS_DOMAIN, "GroupQueryAttention", inputs, attrs, num_outputs=3)
+
+
+def _onnx_attention(
+    q: ir.Value,
+    key: KVSide,
+    value: KVSide,
+    bias: ir.Value,
+    heads_and_scale: tuple[int, float],
+    nodes: list[ir.Node],
+) -> ir.Node:
+    """ONNX Attention (opset 23): the same 3-D q, k, v, the mask as ``attn_mask``, the
+    cache as ``past_key``/``past_value`` (it appends the new keys itself), not causal:
+    the mask says everything."""
+    heads, scale = heads_and_scale
+    inputs: list[ir.Value | None] = [q, key.new, value.new, bias]
+    if key.past is not None:
+        inputs += [key.past, value.past]
+    attrs = [
+        ir.AttrInt64("q_num_heads", heads),
+        ir.AttrInt64("kv_num_heads", key.heads),
+        ir.AttrFloat32("scale", scale),
+    ]
+    return ir.Node("", "Attention", inputs, attrs, num_outputs=3 if key.past is not None else 1)
 
 
 def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSide] | str:
@@ -147,7 +195,13 @@ def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSi
 
 
 def _mask(
-    match: Match, params: GQAParams, key: KVSide, heads: int, ctx: RewriteContext
+    match: Match,
+    params: GQAParams,
+    key: KVSide,
+    heads: int,
+    ctx: RewriteContext,
+    *,
+    need_causal: bool,
 ) -> tuple[ir.Value, ir.Value | None, bool, list[ir.Node]] | str:
     """(attention_bias, the rows to zero after, causal, the nodes computing them), or
     why the mask cannot be given to GroupQueryAttention.
@@ -187,12 +241,12 @@ def _mask(
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
     if why is None and keep_rows is not None:
         return bias, keep_rows, True, nodes
-    if key.past is None and why is not None and key.heads == heads:
+    if key.past is None and why is not None and key.heads == heads:  # no decoder's sign
         return (
             f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
             "attention, which attention_mha* fuses as MultiHeadAttention"
         )
-    if key.past is None:
+    if key.past is None or not need_causal:
         return bias, keep_rows, False, nodes
     if why is None:
         why = (

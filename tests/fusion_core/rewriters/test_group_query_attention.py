@@ -360,3 +360,22 @@ def test_generic_target_below_opset_23_leaves_rotary():
     result = optimize_quiet(model, target="generic")
     assert "rotary_embedding" not in result.counts
     assert any("opset 23" in r for r in misses(result, "rotary_embedding"))
+
+
+def test_generic_target_at_opset_23_becomes_onnx_attention():
+    """Upgraded to opset 23, the generic target emits ONNX RotaryEmbedding and ONNX
+    Attention (not causal: the mask says everything; the cache appended by the op)."""
+    model = decoder_attention()
+    result = optimize_quiet(model, target="generic", upgrade_opset=23, exclude=ORT["exclude"])
+    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    ops = op_sequence(fused)
+    assert ops.count("RotaryEmbedding") == 2 and ops.count("Attention") == 1
+    assert not any(op.startswith("com.microsoft") for op in ops)
+    (attention,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    assert list(attention.input[4:]) == ["past_key", "past_value"]
+    assert list(attention.output[1:]) == ["present_key", "present_value"]
+    for batch, seq, past in SHAPES:
+        for mask in MASKS:
+            run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
