@@ -9,9 +9,10 @@ one ``SimplifiedLayerNormalization`` and ``2 * layers``
 ``SkipSimplifiedLayerNormalization``; one attention per layer and a rotary embedding on
 its queries and keys. ``expected_ops`` (``meta.py``) counts op types in the optimized
 graph: a plain key must match exactly, a ``?`` key is not required yet (at most that
-many): the attention and rotary fusions are another part of the issue, whose author
-tightens them here. Rewritten into each model's meta.json by every build
-(``export_llm.refresh``), so a change here needs no new export.
+many): every decoder's rotary embeddings and attention fuse (``rotary``,
+``group_query_attention``), except the attention of dynamo's cache graphs. Rewritten
+into each model's meta.json by every build (``export_llm.refresh``), so a change here
+needs no new export.
 
 ``expected`` (pattern -> minimum count) keeps the corpus's pattern-level checks: the
 RMSNorms, the residual Add + RMSNorm pairs (``skip_rms_norm*``) and the Q/K/V merge where
@@ -43,11 +44,15 @@ def expected(family: str, kind: str, graph: onnx.ModelProto) -> tuple[dict, dict
     if spec.separate_qkv:
         both[any_of("qkv")] = layers
     ort = both | {any_of("rms_norm"): 2 * layers + 1, any_of("skip_rms_norm"): 2 * layers}
+    # The dynamo exporter's cache graphs read the repeated key's shape outside the
+    # attention (a Shape of repeat_kv's output whose key length no input names), which
+    # keeps it from fusing: a near miss of kind escape, not required yet.
+    attention = ("?" if kind == "dynamo_kv" else "") + "GroupQueryAttention|MultiHeadAttention"
     ops = {
         NORMS: 2 * layers + 1,
         "?SkipSimplifiedLayerNormalization": 2 * layers,
-        "?RotaryEmbedding": 2 * layers,
-        "?GroupQueryAttention|MultiHeadAttention": layers,
+        "RotaryEmbedding": 2 * layers,
+        attention: layers,
     }
     graph_kind = "decode graph with a KV cache" if kind.endswith("_kv") else "prefill graph"
     notes = (
