@@ -16,12 +16,12 @@ cache that runs the prefill, with an empty cache, and every decode step). Varian
   also wants a tokenizer, which any will do for the graph).
 
 Two steps, batch 1: prefill (128 tokens, empty cache) and decode (1 token after 128),
-each with every variant timed interleaved at ORT_ENABLE_ALL with ``--threads`` threads
-(bench/_interleaved.py): medians, and the median of the ratios paired by iteration to
-the original with p10-p90. A decode step streams every weight once, so the achieved
-bandwidth is the weights' bytes over the decode median. The logits of each variant are
-compared with the original's first (the model builder computes its positions from the
-mask, so all variants are fed positions 0..L-1 and a mask of ones).
+each with every variant timed interleaved at ORT_ENABLE_ALL with ``--threads`` threads,
+by ``bench/corpus/bench_llm.py`` (its feeds, timing and table): medians, the median of
+the ratios paired by iteration to the original with p10-p90, and the decode step's
+achieved bandwidth (the weights it streams over its median). The decode logits of each
+variant are compared with the original's first (the model builder computes positions
+from the mask, so every variant gets positions 0..L-1 and a mask of ones).
 
     python bench/bench_llm.py [--model DIR] [--builder FOLDER] [--iters 200] [--threads 2]
 """
@@ -29,9 +29,9 @@ mask, so all variants are fed positions 0..L-1 and a mask of ones).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
-import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -43,12 +43,15 @@ import onnxruntime as ort
 from fusion_core import OptimizeConfig, optimize, save_model
 from fusion_core.profiling import session_options
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _interleaved import interleaved_ms, paired_summary
+# the timing, feeds and table of bench/corpus/bench_llm.py (paired, interleaved)
+_spec = importlib.util.spec_from_file_location(
+    "corpus_bench_llm", Path(__file__).resolve().parent / "corpus" / "bench_llm.py"
+)
+timing = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timing)  # type: ignore[union-attr]
 
 CORPUS = Path(os.environ.get("AUTOFUSION_CORPUS_DIR", Path.home() / ".cache/autofusion-corpus"))
 DEFAULT_MODEL = CORPUS / "models" / "llm_bench_llama_optimum_kv"
-PREFILL, PAST = 128, 128
 
 
 def fuse_autofusion(src: Path, out: Path) -> str:
@@ -76,32 +79,20 @@ def fuse_ort_optimizer(src: Path, out: Path) -> str:
     return f"fused ops {model.get_fused_operator_statistics()}"
 
 
-def feeds_for(session: ort.InferenceSession, step: str, kv_heads: int, size: int) -> dict:
-    """Batch 1: 128 new tokens and an empty cache, or 1 token after 128."""
-    rng = np.random.default_rng(0)
-    new, past = (PREFILL, 0) if step == "prefill" else (1, PAST)
-    feeds = {}
-    for value in session.get_inputs():
-        name = value.name
-        if name == "input_ids":
-            feeds[name] = rng.integers(0, 8192, (1, new)).astype(np.int64)
-        elif name == "attention_mask":
-            feeds[name] = np.ones((1, past + new), np.int64)
-        elif name == "position_ids":
-            feeds[name] = np.arange(past, past + new, dtype=np.int64)[None]
-        elif name.startswith("past_key_values"):
-            feeds[name] = rng.standard_normal((1, kv_heads, past, size)).astype(np.float32)
-        else:
-            raise SystemExit(f"unexpected input {name!r}")
-    return feeds
-
-
-def weight_bytes(path: Path) -> int:
+def _with_head_size(path: Path, original: Path, tmp: Path) -> Path:
+    """The model builder's graph with its cache's last dim (``kv_cache_dim``) set to the
+    original's head size, so the shared feeds can read it from the inputs."""
+    size = onnx.load(str(original), load_external_data=False).graph.input[-1]
+    head = size.type.tensor_type.shape.dim[3].dim_value
     model = onnx.load(str(path))
-    return sum(
-        int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-        for t in model.graph.initializer
-    )
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "kv_cache_dim":
+                dim.Clear()
+                dim.dim_value = head
+    out = tmp / "model_builder.onnx"
+    onnx.save(model, str(out))
+    return out
 
 
 def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
@@ -120,7 +111,7 @@ def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
             traceback.print_exc()
             notes[name] = f"failed: {type(err).__name__}: {str(err)[:200]}"
     if args.builder is not None:
-        paths["model_builder"] = args.builder / "model.onnx"
+        paths["model_builder"] = _with_head_size(args.builder / "model.onnx", src, tmp)
         notes["model_builder"] = "onnxruntime-genai model builder"
     for name, path in paths.items():
         nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
@@ -128,24 +119,21 @@ def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
     return paths, notes
 
 
-def measure(paths: dict[str, Path], step: str, args) -> tuple[dict, dict]:
+def logit_diffs(paths: dict[str, Path], args) -> dict[str, float]:
+    """Max abs difference of each variant's decode logits from the original's, on the
+    same tokens, positions and cache."""
     sessions = {
         name: ort.InferenceSession(
-            str(p),
-            session_options("ORT_ENABLE_ALL", args.threads),
-            providers=["CPUExecutionProvider"],
+            str(p), session_options("ORT_ENABLE_ALL", args.threads), ["CPUExecutionProvider"]
         )
         for name, p in paths.items()
     }
-    feeds = {n: feeds_for(s, step, 2, 64) for n, s in sessions.items()}
-    # the same tokens, positions and cache for every variant
-    base = feeds["original"]
-    feeds = {n: {k: base[k] for k in f} for n, f in feeds.items()}
-    logits = {n: s.run(None, feeds[n])[0] for n, s in sessions.items()}
-    diffs = {n: float(np.abs(v - logits["original"]).max()) for n, v in logits.items()}
-    runs = {n: (lambda s=s, f=feeds[n]: s.run(None, f)) for n, s in sessions.items()}
-    times = interleaved_ms(runs, warmup=args.warmup, iters=args.iters)
-    return paired_summary(times, "original"), diffs
+    base = timing.feeds(sessions["original"], past=args.past, new=1)
+    logits = {
+        n: s.run(None, {k: base[k] for k in timing.feeds(s, past=0, new=1)})[0]
+        for n, s in sessions.items()
+    }
+    return {n: float(np.abs(v - logits["original"]).max()) for n, v in logits.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,36 +143,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", nargs="+", default=["prefill", "decode"])
+    parser.add_argument("--past", type=int, default=128)
+    parser.add_argument("--prefill", type=int, default=128)
     parser.add_argument("--variants", nargs="+", default=None, help="only these variants")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         paths, notes = prepare(args, Path(folder))
-        weights = weight_bytes(args.model / "model.onnx")
-        print(
-            f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-            f"onnxruntime {ort.__version__}; {args.threads} threads, {args.iters} interleaved "
-            f"runs after {args.warmup}; weights {weights / 1e6:.1f} MB"
-        )
-        for name, note in notes.items():
-            print(f"- {name}: {note}")
         if args.variants:
             paths = {n: p for n, p in paths.items() if n in args.variants or n == "original"}
-        for step in args.steps:
-            summary, diffs = measure(paths, step, args)
-            what = "128 tokens, empty cache" if step == "prefill" else "1 token, 128 past"
-            print(f"\n{step} ({what})\n")
-            print(
-                "| variant | median ms | vs original (p10-p90) | max abs logit diff |"
-                + (" GB/s |" if step == "decode" else "")
-            )
-            print("| --- | ---: | ---: | ---: |" + (" ---: |" if step == "decode" else ""))
-            for name, s in summary.items():
-                rate = f" {weights / s['median_ms'] / 1e6:.1f} |" if step == "decode" else ""
-                print(
-                    f"| {name} | {s['median_ms']:.2f} | {s['paired_ratio']:.3f} "
-                    f"({s['p10']:.3f}-{s['p90']:.3f}) | {diffs[name]:.1e} |{rate}"
-                )
+        print(f"{platform.machine()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}")
+        diffs = logit_diffs(paths, args)
+        for name, note in notes.items():
+            if name in paths:
+                print(f"- {name}: {note}; decode logits max abs diff {diffs[name]:.1e}")
+        print()
+        print(timing.markdown(timing.measure(paths, args), args))
 
 
 if __name__ == "__main__":
