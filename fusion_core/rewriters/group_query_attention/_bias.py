@@ -77,7 +77,7 @@ def _keep_rows(root: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.
     if ctx.opset >= 18:
         reduce = ir.Node("", "ReduceMax", [cast.outputs[0], axes], [ir.AttrInt64("keepdims", 0)])
     else:
-        attrs = [ir.AttrInts("axes", [3]), ir.AttrInt64("keepdims", 0)]
+        attrs = [ir.AttrInt64s("axes", [3]), ir.AttrInt64("keepdims", 0)]
         reduce = ir.Node("", "ReduceMax", [cast.outputs[0]], attrs)
     rows = ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])])
     mark_shared(rows, key)

@@ -38,6 +38,7 @@ def decoder_attention(
     lowest: float = -np.inf,
     kv_heads: int = KV_HEADS,
     halves_equal: bool = True,
+    opset: int = 18,
 ) -> onnx.ModelProto:
     """One attention block of a decoder. ``eager``: the scale on the scores and no NaN
     guard (the eager attention of both exporters) instead of TorchScript's SDPA;
@@ -168,7 +169,7 @@ def decoder_attention(
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
         "y = Reshape (ct, merge)",
     ]
-    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    text = f"""<ir_version: 8, opset_import: ["" : {opset}]>
     g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
         {chr(10).join(body)}
     }}"""
@@ -252,12 +253,15 @@ def decode_ops() -> list[str]:
     ]  # fmt: skip
 
 
-def test_decode_step_with_cache_becomes_group_query_attention():
-    model = decoder_attention()
+@pytest.mark.parametrize("opset", [18, 17], ids=["opset18", "opset17-reduce-axes-attribute"])
+def test_decode_step_with_cache_becomes_group_query_attention(opset):
+    model = decoder_attention(opset=opset)
     result = optimize_quiet(model, **ORT)
     assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == decode_ops()
+    (reduce,) = [n for n in fused.graph.node if n.op_type == "ReduceMax"]
+    assert len(reduce.input) == (2 if opset >= 18 else 1)
     onnx.checker.check_model(fused, full_check=True)
     (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
