@@ -120,8 +120,20 @@ def test_generic_target_folds_the_scale_and_explains_the_attention(name: str) ->
     result = optimize(FOLDER / f"{name}.onnx", config)
     assert result.check is not None and result.check.passed, result.check
     refusals = [m for m in result.near_misses if "ONNX Attention needs opset 23" in m.reason]
-    assert len(refusals) == LAYERS
-    assert all(m.pattern.startswith("attention_mha") for m in refusals), refusals
+    # Every block is refused by each attention pattern that matched it: the encoder
+    # patterns (attention_mha*) and the decoders' group_query_attention, which matches an
+    # encoder's attention too (with one query group per key head; its patterns are
+    # attention_gqa*). One refusal each.
+    softmaxes = {
+        n.name for n in onnx.load(FOLDER / f"{name}.onnx").graph.node if n.op_type == "Softmax"
+    }
+    assert len(softmaxes) == LAYERS
+    for softmax in softmaxes:
+        patterns = [m.pattern for m in refusals if softmax in m.nodes]
+        assert any(p.startswith("attention_mha") for p in patterns), (softmax, refusals)
+        assert len(patterns) == len(set(patterns)), (softmax, patterns)
+    attention = ("attention_mha", "attention_gqa")
+    assert all(m.pattern.startswith(attention) for m in refusals), refusals
     # After the fold, the last round's probe also explains each Softmax (the scale it
     # looks for is gone); nothing else is reported for attention.
     others = [

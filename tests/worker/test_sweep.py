@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -145,7 +146,10 @@ def test_a_streaming_upload_survives_a_sweep_in_the_middle(tmp_path: Path) -> No
     body = IncomingBody(
         f"multipart/form-data; boundary={boundary}", None, chunks(), UploadSlots(4, 4, 1)
     )
-    upload = asyncio.run(receive_upload(body, settings))
+    # A thread of its own: the browser tests' session-long Playwright keeps an event loop
+    # running in the main thread, where asyncio.run() refuses to start another.
+    with ThreadPoolExecutor(1) as pool:
+        upload = pool.submit(asyncio.run, receive_upload(body, settings)).result()
     assert seen == [[]] and upload.model_path.stat().st_size == 2000
     _backdate(upload.folder, 2 * HOUR)
     assert sweep_api_scratch(settings) == []  # received, not yet checked and stored
