@@ -165,13 +165,14 @@ def test_slow_uploads_in_flight_do_not_stall_another_tenants_get(start_server):
             stack.enter_context(slow_upload(server, server.keys["a"]))
         _wait_for(lambda: server.active_uploads() == uploads, f"{uploads} uploads in flight")
         headers = {"Authorization": f"Bearer {server.keys['b']}"}
+        # The uploads never end while the stack is open, so a GET queued behind them for a
+        # request session would never be answered: the 20 s timeout fails it. A GET that
+        # is answered, with every upload still in flight after it, did not wait for them.
+        # (No bound on its time: on a loaded machine a GET may take seconds.)
         for path in ("/v1/jobs", "/v1/patterns", "/v1/jobs/nope"):
-            start = time.perf_counter()
             response = httpx.get(server.url + path, headers=headers, timeout=20)
-            elapsed = time.perf_counter() - start
             assert response.status_code in (200, 404), response.text
-            assert elapsed < 2.0, f"GET {path} took {elapsed:.1f} s behind slow uploads"
-        assert server.active_uploads() == uploads  # still in flight: nothing waited them out
+            assert server.active_uploads() == uploads  # still in flight: none waited them out
 
 
 def test_a_stalled_upload_gets_408_and_its_folder_is_removed(start_server):
