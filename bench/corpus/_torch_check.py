@@ -12,6 +12,8 @@ environment that saves its inputs and outputs, and the check runs in the main on
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,47 @@ import onnxruntime as ort
 
 class ExportCheckError(RuntimeError):
     """An exported file that does not reproduce torch; the message says where."""
+
+
+# What a failed export or check raises (torch's exporter errors are RuntimeErrors; OSError:
+# a file a side venv did not write).
+EXPORT_ERRORS = (
+    ExportCheckError,
+    OSError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    onnx.checker.ValidationError,
+)
+
+
+class ExportLog:
+    """The exporters' bookkeeping: each model written or failed, logged the same way, and
+    one SystemExit naming the failures at the end."""
+
+    def __init__(self, tool: str) -> None:
+        self.tool, self.log = tool, logging.getLogger(tool)
+        self.written: list[str] = []
+        self.failed: list[str] = []
+
+    def failure(self, name: str, err: BaseException) -> None:
+        self.failed.append(name)
+        text = str(err).strip()
+        first = text.splitlines()[0][:300] if text else ""
+        self.log.error("%s: not exported: %s: %s", name, type(err).__name__, first)
+
+    def wrote(self, name: str, entry, start: float) -> None:
+        """``entry``: the model's meta entry; ``start``: its perf_counter start."""
+        self.written.append(name)
+        elapsed = time.perf_counter() - start
+        kib = entry.size_bytes / 1024
+        self.log.info("%s: %d nodes, %.0f KiB, %.1f s", name, entry.node_count, kib, elapsed)
+
+    def done(self) -> list[str]:
+        if self.failed:
+            count, names = len(self.failed), ", ".join(self.failed)
+            raise SystemExit(f"{self.tool}: {count} model(s) failed: {names}")
+        return self.written
 
 
 def session(path: Path) -> ort.InferenceSession:

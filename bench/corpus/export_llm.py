@@ -49,7 +49,7 @@ import llm_decode
 import meta
 import numpy as np
 import onnx
-from _torch_check import ExportCheckError, check_file
+from _torch_check import EXPORT_ERRORS, ExportCheckError, ExportLog, check_file
 
 log = logging.getLogger("export_llm")
 HERE = Path(__file__).resolve().parent
@@ -80,14 +80,6 @@ KV_SHAPES = [
     {"batch": 1, "sequence_length": 4, "past_sequence_length": 3, "total_sequence_length": 7},
     {"batch": 2, "sequence_length": 1, "past_sequence_length": 6, "total_sequence_length": 7},
 ]
-EXPORT_ERRORS = (
-    ExportCheckError,
-    OSError,  # a file the side venv did not write
-    RuntimeError,
-    ValueError,
-    TypeError,
-    onnx.checker.ValidationError,
-)
 
 
 def families() -> list[str]:
@@ -214,7 +206,7 @@ def export_all(cache: Path, names: list[str], *, force: bool = False) -> list[st
             refresh(models, name)
         else:
             todo.append(name)
-    written, failed = [], []
+    exports = ExportLog("export_llm")
     with tempfile.TemporaryDirectory(dir=models, prefix=".llm.") as tmp:
         scratch = Path(tmp)
         optimum = [n for n in todo if n.endswith("_optimum_kv")]
@@ -224,7 +216,7 @@ def export_all(cache: Path, names: list[str], *, force: bool = False) -> list[st
             try:
                 folders = _export_optimum(cache, optimum, scratch / "optimum")
             except sidevenv.SideVenvError as err:
-                failed += optimum
+                exports.failed += optimum
                 log.error("optimum exports failed: %s", err)
             log.info("optimum: %d export(s) in %.1f s", len(optimum), time.perf_counter() - start)
         for name in todo:
@@ -239,20 +231,10 @@ def export_all(cache: Path, names: list[str], *, force: bool = False) -> list[st
                 else:
                     continue
             except EXPORT_ERRORS as err:
-                failed.append(name)
-                log.error("%s: not exported: %s: %s", name, type(err).__name__, _first_line(err))
+                exports.failure(name, err)
                 continue
-            written.append(name)
-            log.info(
-                "%s: %d nodes, %.0f KiB, %.1f s",
-                name,
-                entry.node_count,
-                entry.size_bytes / 1024,
-                time.perf_counter() - start,
-            )
-    if failed:
-        raise SystemExit(f"export_llm: {len(failed)} model(s) failed: {', '.join(failed)}")
-    return written
+            exports.wrote(name, entry, start)
+    return exports.done()
 
 
 def export_bench(cache: Path, *, force: bool = False) -> None:
@@ -304,11 +286,6 @@ def export_bench(cache: Path, *, force: bool = False) -> None:
             shutil.move(str(folder / file), target / file)
     meta.write(models, entry)
     log.info("%s: %d nodes, %.1f MiB", BENCH_NAME, entry.node_count, entry.size_bytes / 2**20)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else ""
 
 
 def main(argv: list[str] | None = None) -> int:

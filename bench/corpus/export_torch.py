@@ -42,7 +42,7 @@ import _torch_families as fam
 import _torch_kvcache
 import meta
 import onnx
-from _torch_check import ExportCheckError, check_file, check_outputs
+from _torch_check import EXPORT_ERRORS, ExportLog, check_file, check_outputs
 
 mtm = fam.mtm
 torch = fam.torch
@@ -53,14 +53,6 @@ OPSETS = {"torchscript": mtm.TORCHSCRIPT_OPSET, "dynamo": mtm.DYNAMO_OPSET}
 PIN = f"torch=={torch.__version__.split('+')[0]} transformers=={fam.transformers.__version__}"
 RECIPE = 2  # bump when the export recipe changes: every model is then rebuilt
 BATCHES = (2, 1, 3)  # the audio encoder takes one length; only the batch varies
-# what a failed export or check raises (torch's exporter errors are RuntimeErrors)
-EXPORT_ERRORS = (
-    ExportCheckError,
-    RuntimeError,
-    ValueError,
-    TypeError,
-    onnx.checker.ValidationError,
-)
 
 
 def all_names() -> list[str]:
@@ -191,7 +183,7 @@ def export_all(cache: Path, names: list[str], *, force: bool = False) -> list[st
     """Export every name not already current; the names written. Failures are logged."""
     models = meta.models_dir(cache)
     models.mkdir(parents=True, exist_ok=True)
-    written, failed = [], []
+    exports = ExportLog("export_torch")
     for name in names:
         if not force and meta.is_current(models, name, source(name)):
             log.info("%s: current", name)
@@ -200,25 +192,10 @@ def export_all(cache: Path, names: list[str], *, force: bool = False) -> list[st
         try:
             entry = export_one(models, name)
         except EXPORT_ERRORS as err:
-            failed.append(name)
-            log.error("%s: not exported: %s: %s", name, type(err).__name__, _first_line(err))
+            exports.failure(name, err)
             continue
-        written.append(name)
-        log.info(
-            "%s: %d nodes, %.0f KiB, %.1f s",
-            name,
-            entry.node_count,
-            entry.size_bytes / 1024,
-            time.perf_counter() - start,
-        )
-    if failed:
-        raise SystemExit(f"export_torch: {len(failed)} model(s) failed: {', '.join(failed)}")
-    return written
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else ""
+        exports.wrote(name, entry, start)
+    return exports.done()
 
 
 def main(argv: list[str] | None = None) -> int:
