@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.db import session_scope
-from app.core.models import Job
+from app.core.models import Job, JobStatus
 from app.main import create_app
 from tests import services  # the real PostgreSQL and Redis, isolated per test
 
@@ -85,6 +86,20 @@ class Service:
             for name, value in values.items():
                 setattr(job, name, value)
             job.revision += 1
+
+    def succeed(self, job_id: str, model: bytes, report: dict, summary: dict | None = None) -> None:
+        """Finish the job as a worker would: the fused model and the report in the store."""
+        store = self.app.state.store
+        self.update_job(
+            job_id,
+            status=JobStatus.succeeded.value,
+            stage="succeeded",
+            progress=1.0,
+            finished_at=datetime.now(UTC),
+            fused_digest=store.put_bytes(model),
+            report_digest=store.put_bytes(json.dumps(report).encode()),
+            summary={"fusions": 1} if summary is None else summary,
+        )
 
     def job_count(self) -> int:
         with self.db() as session:

@@ -9,11 +9,8 @@ import base64
 import hashlib
 import json
 import re
-from datetime import UTC, datetime
 
 import pytest
-
-from app.core.models import JobStatus
 
 FUSED = b"fused model bytes " * 1000
 REPORT = {"fusions": [{"pattern": "conv_bn"}], "check": {"passed": True}}
@@ -38,16 +35,8 @@ def finished(service, tiny_model) -> str:
     """A succeeded job with a fused model, a report and report.html in the store."""
     job_id = service.submit(tiny_model, model_name="relu.onnx").json()["id"]
     store = service.app.state.store
-    service.update_job(
-        job_id,
-        status=JobStatus.succeeded.value,
-        stage="succeeded",
-        progress=1.0,
-        finished_at=datetime.now(UTC),
-        fused_digest=store.put_bytes(FUSED),
-        report_digest=store.put_bytes(json.dumps(REPORT).encode()),
-        summary={"artifacts": {"report.html": store.put_bytes(HTML.encode())}},
-    )
+    html = {"artifacts": {"report.html": store.put_bytes(HTML.encode())}}
+    service.succeed(job_id, FUSED, REPORT, summary=html)
     return job_id
 
 

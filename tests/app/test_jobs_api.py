@@ -148,9 +148,12 @@ def test_list_rejects_bad_parameters(service, problem, params):
 def test_the_page_size_defaults_and_is_clamped(service, params, size):
     # AIP-158: 0 or absent is the default; more than the maximum is the maximum, not 422.
     assert service.client.get("/v1/jobs", params=params).json()["page_size"] == size
-    assert service.client.get("/v1/jobs", params={"limit": params.get("page_size", 0)}).json()[
-        "page_size"
-    ] == size
+    assert (
+        service.client.get("/v1/jobs", params={"limit": params.get("page_size", 0)}).json()[
+            "page_size"
+        ]
+        == size
+    )
 
 
 def test_cancel_a_queued_job_then_again_is_a_conflict(service, tiny_model, problem):
@@ -360,24 +363,10 @@ def test_events_stream_each_change_then_the_end_and_close(service, tiny_model):
     assert [name for name, _, _ in _read_events(resumed.text.splitlines())] == ["done"]
 
 
-def _succeed(service, job_id: str, model: bytes, report: dict) -> None:
-    store = service.app.state.store
-    service.update_job(
-        job_id,
-        status=JobStatus.succeeded.value,
-        stage="succeeded",
-        progress=1.0,
-        finished_at=datetime.now(UTC),
-        fused_digest=store.put_bytes(model),
-        report_digest=store.put_bytes(json.dumps(report).encode()),
-        summary={"fusions": 1},
-    )
-
-
 def test_downloads_after_success(service, tiny_model):
     job_id = service.submit(tiny_model, model_name="relu.onnx").json()["id"]
     fused, report = b"fused model bytes", {"fusions": [{"pattern": "x"}], "check": {"ok": True}}
-    _succeed(service, job_id, fused, report)
+    service.succeed(job_id, fused, report)
 
     job = service.client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "succeeded" and job["summary"] == {"fusions": 1}
@@ -402,7 +391,7 @@ def test_report_renderings_are_served_as_artifacts(service, tiny_model, problem)
     )
     store = service.app.state.store
     html = "<!doctype html><title>report</title>"
-    _succeed(service, job_id, b"fused", {"fusions": {}})
+    service.succeed(job_id, b"fused", {"fusions": {}})
     service.update_job(
         job_id,
         summary={"artifacts": {"report.html": store.put_bytes(html.encode())}},
