@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -66,6 +66,60 @@ class Match:
         """Names of the matched nodes, in the pattern's node order."""
         ordered = [self.nodes[n.id] for n in self.pattern.nodes if n.id in self.nodes]
         return [n.name or f"<{n.op_type}>" for n in ordered]
+
+    def shape_plumbing(self, new_nodes: Iterable[ir.Node] = ()) -> list[ir.Node]:
+        """Nodes outside the match that read only the shape of its values and feed only
+        the match: the rewrite removes them with it, so they are no escape.
+        ``new_nodes`` (a rewrite's, already reading their inputs) count as the match's.
+
+        Why: torch's dynamo exporter spells ``k.transpose(-2, -1)`` inside attention as
+        ``Shape(k) -> Slice -> Concat -> Reshape``; the Shape reads an internal value of
+        the match, but what it computes only goes back into the match. A ``Shape`` or
+        ``Size`` reads no data, and what follows from it is integer arithmetic on
+        shapes; when any of it reaches a graph output or a node outside, it is kept and
+        the match escapes as before.
+        """
+        members = self.node_ids() | {id(n) for n in new_nodes}
+        found: dict[int, ir.Node] = {}
+        for node in self.nodes.values():
+            for value in node.outputs:
+                for reader in {id(u.node): u.node for u in value.uses()}.values():
+                    if id(reader) in members or id(reader) in found:
+                        continue
+                    plumbing = _shape_only(reader, members)
+                    if plumbing is not None:
+                        found.update(plumbing)
+        return list(found.values())
+
+
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+_PLUMBING_LIMIT = 32  # nodes: a Shape whose result spreads further is not plumbing
+
+
+def _shape_only(reader: ir.Node, members: frozenset[int]) -> dict[int, ir.Node] | None:
+    """``reader`` (a Shape or Size) and what it feeds outside the match, when all of it
+    ends inside the match; None otherwise."""
+    if reader.op_type not in _SHAPE_READERS or reader.domain not in ("", "ai.onnx"):
+        return None
+    found: dict[int, ir.Node] = {}
+    pending = [reader]
+    while pending:
+        node = pending.pop()
+        if id(node) in found or id(node) in members:
+            continue
+        if node.domain not in ("", "ai.onnx") or any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+        ):
+            return None  # a subgraph or a custom op: not shape arithmetic to drop
+        found[id(node)] = node
+        if len(found) > _PLUMBING_LIMIT:
+            return None
+        for value in node.outputs:
+            if value.is_graph_output():
+                return None
+            pending.extend(u.node for u in value.uses())
+    return found
 
 
 # Why a place did not fuse, by who said no: a constraint of the pattern, a value the

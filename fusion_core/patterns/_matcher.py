@@ -309,7 +309,7 @@ def _first_failure(match: Match) -> str | None:
 
 def escape_reason(match: Match, internal: set[tuple[str, int]]) -> str | None:
     """Why the match cannot be replaced: a value it removes is needed outside, or None."""
-    members = match.node_ids()
+    members = match.node_ids() | {id(n) for n in match.shape_plumbing()}
     for node_id, out_index in sorted(internal):
         value = match.output(node_id, out_index)
         if value is None:

@@ -172,8 +172,17 @@ def missing_output(match: Match, rewrite: Rewrite) -> str | None:
     match must be among the values the rewrite replaces (a MaxPool's Indices output,
     a BatchNormalization's training outputs, a horizontal sibling's result...).
     """
-    members = {id(n) for n in match.nodes.values()}
+    plumbing = match.shape_plumbing(rewrite.new_nodes)
+    members = {id(n) for n in match.nodes.values()} | {id(n) for n in plumbing}
     replaced = {id(old) for old, _ in rewrite.replaced}
+    dropped = {id(v) for n in plumbing for v in n.outputs}
+    for node in rewrite.new_nodes:
+        for value in node.inputs:
+            if value is not None and id(value) in dropped:
+                return (
+                    f"the rewrite reads {value.name!r}, computed from the shape of a value "
+                    "it removes"
+                )
     for node_id, node in match.nodes.items():
         for index, value in enumerate(node.outputs):
             if id(value) in replaced:
@@ -199,7 +208,9 @@ def discard(rewrite: Rewrite) -> None:
 def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
     """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance."""
     graph = ctx.graph
-    old_nodes = sorted(match.nodes.values(), key=lambda n: ctx.positions[id(n)])
+    # the shape arithmetic that only fed the match goes with it (Match.shape_plumbing)
+    removed = [*match.nodes.values(), *match.shape_plumbing(rewrite.new_nodes)]
+    old_nodes = sorted(removed, key=lambda n: ctx.positions.get(id(n), -1))
     replaced_nodes: list[str] = []
     replaced_values: list[str] = []
     for node in old_nodes:

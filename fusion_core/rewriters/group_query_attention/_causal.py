@@ -124,6 +124,11 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
             if scalar(producer.inputs[2]) != 1:
                 return f"Range {producer.name!r} does not step by 1"
             return _axis_after(unsqueezes), dim_of(producer.inputs[0])
+        if producer.op_type == "Add":  # dynamo: cache_position = Range(0, S) + P
+            start = _shifted_range(producer)
+            if isinstance(start, str):
+                return start
+            return _axis_after(unsqueezes), start[0]
         if producer.op_type == "Unsqueeze":
             axes = _axes(producer)
             if axes is None:
@@ -133,6 +138,22 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
             break
         value = producer.inputs[0]
     return f"{value.name!r} is not an index (Range) unsqueezed along one axis"
+
+
+def _shifted_range(node: ir.Node) -> tuple[Dim] | str:
+    """The first value of ``Add(Range(0, _, 1), offset)`` with a scalar offset: the
+    offset's dimension (torch's dynamo exporter spells ``cache_position`` so), as a
+    1-tuple (a ``Dim`` may be a symbol's name: a string), or why it is not one."""
+    for ranged, offset in (node.inputs, reversed(node.inputs)):
+        source = ranged.producer() if ranged is not None else None
+        if source is None or source.op_type != "Range":
+            continue
+        if scalar(source.inputs[0]) != 0 or scalar(source.inputs[2]) != 1:
+            return f"Range {source.name!r} does not count 0, 1, 2, ..."
+        if offset is None or offset.shape is None or offset.shape.rank() > 1:
+            return f"Add {node.name!r} does not add a scalar to its Range"
+        return (dim_of(offset),)
+    return f"Add {node.name!r} does not shift a Range"
 
 
 def _axis_after(unsqueezes: list[list[int]]) -> int:

@@ -154,3 +154,58 @@ def test_region_whose_inner_value_is_a_graph_output_does_not_fuse():
         atol=1e-5,
     )
     assert functions(fused) == []
+
+
+MATMUL_RESHAPE_RELU = {
+    "name": "test.matmul_reshape_relu",
+    "nodes": [
+        {"id": "mm", "op": "MatMul"},
+        {"id": "reshape", "op": "Reshape", "inputs": {0: "mm", 1: "$shape"}},
+        {"id": "act", "op": "Relu", "inputs": {0: "reshape"}},
+    ],
+    "rewriter": {"name": "fused_region", "params": {"domain": "ai.test"}},
+}
+
+
+def reshaped_by_its_own_shape(*, expose_shape: bool) -> onnx.ModelProto:
+    """MatMul, Reshape to ``[Size / 32, 32]`` with the Size read from the MatMul's
+    output (outside the match, from inside it), Relu; ``expose_shape`` makes that
+    Size a graph output too."""
+    extra = ", int64 n" if expose_shape else ""
+    text = f"""{HEADER}
+    g (float[batch, 4, 8] x) => (float[batch, 32] y{extra}) {{
+        m = MatMul (x, w)
+        n = Size (m)
+        rows = Div (n, width)
+        lead = Unsqueeze (rows, axis)
+        s = Concat <axis = 0> (lead, rest)
+        r = Reshape (m, s)
+        y = Relu (r)
+    }}"""
+    inits = {
+        "w": np.random.default_rng(0).standard_normal((8, 8)),
+        "width": np.array(32),
+        "axis": np.array([0]),
+        "rest": np.array([32]),
+    }
+    return build_model(text, inits)
+
+
+def test_a_shape_read_that_feeds_the_region_is_no_escape_but_the_region_needs_it():
+    """The Shape reads a value inside the match and feeds only the match, so the
+    matcher sees no escape; but the function the rewriter builds would take the shape
+    as an input, computed from a value the rewrite removes: a rewriter refusal."""
+    model = reshaped_by_its_own_shape(expose_shape=False)
+    result = optimize_with(model, MATMUL_RESHAPE_RELU)
+    assert result.counts == {}
+    (miss,) = [m for m in result.near_misses if m.pattern == MATMUL_RESHAPE_RELU["name"]]
+    assert "computed from the shape of a value it removes" in miss.reason, miss
+    onnx.checker.check_model(result.to_proto(), full_check=True)
+
+
+def test_a_shape_read_that_is_also_a_graph_output_escapes():
+    model = reshaped_by_its_own_shape(expose_shape=True)
+    result = optimize_with(model, MATMUL_RESHAPE_RELU)
+    assert result.counts == {}
+    (miss,) = [m for m in result.near_misses if m.pattern == MATMUL_RESHAPE_RELU["name"]]
+    assert miss.kind == "escape" and "is also used by Size" in miss.reason, miss

@@ -39,13 +39,17 @@ def decoder_attention(
     kv_heads: int = KV_HEADS,
     halves_equal: bool = True,
     opset: int = 18,
+    dynamo: bool = False,
 ) -> onnx.ModelProto:
     """One attention block of a decoder. ``eager``: the scale on the scores and no NaN
     guard (the eager attention of both exporters) instead of TorchScript's SDPA;
     ``causal=False`` makes the mask's order term anti-causal (a query sees the keys at
     and after its position), not causal; ``lowest``
     is the masked value (-inf: TorchScript; float32's lowest: dynamo and eager);
-    ``halves_equal=False`` builds the angles from ``Concat(f, 2 f)``, not a rotation."""
+    ``halves_equal=False`` builds the angles from ``Concat(f, 2 f)``, not a rotation;
+    ``dynamo``: the dynamo exporter's spellings, the query positions as
+    ``Range(0, S) + P`` and K^T as a 3-D Reshape, Transpose and Reshape whose shapes are
+    sliced from a ``Shape`` of the repeated key (outside the match, feeding only it)."""
     rng = np.random.default_rng(0)
     groups = HEADS // kv_heads
     inits = {
@@ -66,6 +70,9 @@ def decoder_attention(
         "axis_1": np.array([1], np.int64),
         "axis_2": np.array([2], np.int64),
         "axis_last": np.array([-1], np.int64),
+        "three": np.array([3], np.int64),
+        "four": np.array([4], np.int64),
+        "minus_one": np.array([-1], np.int64),
         "axes_kv": np.array([0, 1, 2], np.int64),
         "axes_q": np.array([0, 1, 3], np.int64),
         "axes_pad": np.array([1, 2], np.int64),
@@ -79,7 +86,8 @@ def decoder_attention(
         "scale": np.array(SIZE**-0.5, np.float32),
     }
     inputs = ["float[batch, seq, 32] x", "int64[batch, seq] position_ids"]
-    inputs.append("int64[batch, total] attention_mask")
+    # dynamo names the mask's length on its own, so no shape read can trade it for K's
+    inputs.append(f"int64[batch, {'total_sequence_length' if dynamo else 'total'}] attention_mask")
     outputs = ["float[batch, seq, 32] y"]
     body = [
         "pos = Cast <to = 1> (position_ids)",
@@ -136,7 +144,11 @@ def decoder_attention(
         "x_shape = Shape (x)",
         "seq_len = Gather <axis = 0> (x_shape, index_1)",
         "total_len = Add (past_len, seq_len)",
-        "q_pos = Range (past_len, total_len, step)",
+        *(
+            ["q_count = Range (start, seq_len, step)", "q_pos = Add (q_count, past_len)"]
+            if dynamo
+            else ["q_pos = Range (past_len, total_len, step)"]
+        ),
         "kv_pos = Range (start, total_len, step)",
         "kv_u = Unsqueeze (kv_pos, axes_kv)",
         "q_u = Unsqueeze (q_pos, axes_q)",
@@ -145,8 +157,21 @@ def decoder_attention(
         "padding = Cast <to = 9> (mask_u)",
         "allowed = And (causal, padding)",
         "bias = Where (allowed, zero_f, masked)",
-        "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
     ]
+    if dynamo:
+        body += [
+            "k_shape = Shape (k_rep)",
+            "k_lead = Slice (k_shape, zero, axis_2)",
+            "k_len = Slice (k_shape, axis_2, three)",
+            "k_dim = Slice (k_shape, three, four)",
+            "k_flat_shape = Concat <axis = 0> (minus_one, k_len, k_dim)",
+            "k_flat = Reshape (k_rep, k_flat_shape)",
+            "k_swap = Transpose <perm = [0, 2, 1]> (k_flat)",
+            "k_unflat_shape = Concat <axis = 0> (k_lead, k_dim, k_len)",
+            "kT = Reshape (k_swap, k_unflat_shape)",
+        ]
+    else:
+        body.append("kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)")
     if eager:
         body += [
             "qk = MatMul (q_emb, kT)",
@@ -174,6 +199,18 @@ def decoder_attention(
         {chr(10).join(body)}
     }}"""
     model = build_model(text, inits)
+    if dynamo:  # its exporter writes every value's shape, the repeated heads' too
+        shapes = {
+            "k_rep": ["batch", HEADS, TOTAL, SIZE],
+            "v_rep": ["batch", HEADS, TOTAL, SIZE],
+            "k_flat": [f"{HEADS}*batch", TOTAL, SIZE],
+            "kT": ["batch", HEADS, SIZE, TOTAL],
+            "allowed": ["batch", 1, "seq", TOTAL],
+            "bias": ["batch", 1, "seq", TOTAL],
+        }
+        for name, shape in shapes.items():
+            dtype = onnx.TensorProto.BOOL if name == "allowed" else onnx.TensorProto.FLOAT
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, dtype, shape))
     return _rename_dim(model, "total", TOTAL if cache else "seq")
 
 
@@ -273,6 +310,32 @@ def test_decode_step_with_cache_becomes_group_query_attention(opset):
     for batch, seq, past in SHAPES:
         for mask in MASKS:
             run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
+
+
+def test_dynamo_spelling_with_cache_becomes_group_query_attention():
+    """dynamo's K^T reads a Shape of the repeated key outside the match, feeding only
+    the match: no escape, the shape arithmetic goes with the match; its query positions
+    ``Range(0, S) + P`` prove the mask causal as ``Range(P, P + S)`` does."""
+    model = decoder_attention(dynamo=True)
+    result = optimize_quiet(model, **ORT)
+    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_repeat_kv": 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    ops = op_sequence(fused)
+    assert "Transpose" in ops and "Softmax" not in ops and ops.count("Slice") == 2, ops
+    for batch, seq, past in SHAPES:
+        for mask in MASKS:
+            run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
+
+
+def test_dynamo_spelling_with_a_finite_mask_names_the_mask():
+    """The dynamo exporter's mask is finite (float32's lowest): the near miss is the
+    rewriter's, about the mask, not an escape of the Shape that K^T reads."""
+    model = decoder_attention(dynamo=True, lowest=float(np.finfo(np.float32).min))
+    result = optimize_quiet(model, **ORT)
+    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
+    (miss,) = [m for m in result.near_misses if m.pattern == "attention_gqa_sdpa_repeat_kv"]
+    assert miss.kind == "rewriter" and "is finite" in miss.reason, miss
 
 
 def test_four_greedy_steps_with_the_cache_match():
