@@ -19,7 +19,10 @@ Variants are ``label=path`` pairs of graphs with the same inputs (optimum's or
 ``--skip-norm-kernel`` instead times onnxruntime's SkipSimplifiedLayerNormalization
 against the Add + SimplifiedLayerNormalization it replaces on ``[1, S, 512]`` fp32 for
 S = 1, 16, 128, 512 (the measurement behind ``skip_rms_norm``'s kernel factor in
-``fusion_core/target_profiles/cpu.yaml``).
+``fusion_core/target_profiles/cpu.yaml``). ``--merge-kernel`` times the sibling
+projections of a decoder layer (Q/K/V: 512 -> 512, 128, 128; gate/up: 512 -> 1376, 1376)
+as separate MatMuls against one MatMul over the concatenated weights and a Split, on
+``[1, S, 512]`` for the same S (the measurement behind ``merge_siblings``' pricing).
 """
 
 from __future__ import annotations
@@ -166,6 +169,62 @@ def skip_norm_kernel(args, hidden: int = 512) -> str:
     return "\n".join(lines)
 
 
+def _projection_model(merged: bool, rows: int, hidden: int, widths) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(len(widths))
+    weights = [rng.standard_normal((hidden, w)).astype(np.float32) / hidden**0.5 for w in widths]
+    outs = [f"y{i}" for i in range(len(widths))]
+    if merged:
+        inits = [
+            onnx.numpy_helper.from_array(np.concatenate(weights, axis=1), "w"),
+            onnx.numpy_helper.from_array(np.array(widths, np.int64), "split"),
+        ]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["merged"]),
+            helper.make_node("Split", ["merged", "split"], outs, axis=-1),
+        ]
+    else:
+        inits = [onnx.numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)]
+        nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [o]) for i, o in enumerate(outs)]
+    graph = helper.make_graph(
+        nodes,
+        "projections",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, hidden])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, rows, w])
+         for o, w in zip(outs, widths, strict=True)],
+        inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def merge_kernel(args, hidden: int = 512) -> str:
+    """Median microseconds of separate projections and of the merged MatMul + Split."""
+    lines = ["| projections | rows | separate MatMuls us | merged + Split us | ratio |"]
+    lines.append("|---|---|---|---|---|")
+    for name, widths in (("Q/K/V", (512, 128, 128)), ("gate/up", (1376, 1376))):
+        for rows in (1, 16, 128, 512):
+            feed = {"x": np.random.default_rng(rows).standard_normal((1, rows, hidden))}
+            feed["x"] = feed["x"].astype(np.float32)
+            runs = {}
+            for label, merged in (("separate", False), ("merged", True)):
+                model = _projection_model(merged, rows, hidden, widths).SerializeToString()
+                opts = session_options("ORT_ENABLE_ALL", args.threads)
+                sess = ort.InferenceSession(model, opts, ["CPUExecutionProvider"])
+                runs[label] = lambda s=sess, f=feed: s.run(None, f)
+            iters = args.iters * (10 if rows < 128 else 2)
+            summary = paired_summary(
+                interleaved_ms(runs, warmup=args.warmup, iters=iters), "separate"
+            )
+            sep, mer = summary["separate"], summary["merged"]
+            lines.append(
+                f"| {name} | {rows} | {sep['median_ms'] * 1000:.1f} | "
+                f"{mer['median_ms'] * 1000:.1f} | {mer['paired_ratio']:.2f} "
+                f"[{mer['p10']:.2f}-{mer['p90']:.2f}] |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", metavar="LABEL=PATH")
@@ -176,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--skip-norm-kernel", action="store_true")
+    parser.add_argument("--merge-kernel", action="store_true")
     args = parser.parse_args(argv)
+    if args.merge_kernel:
+        print(merge_kernel(args))
+        return 0
     if args.skip_norm_kernel:
         print(skip_norm_kernel(args))
         return 0

@@ -74,11 +74,11 @@ def measured(tmp_path, **options) -> OptimizeConfig:
 
 
 def test_only_the_groups_that_measure_faster_are_kept(tmp_path) -> None:
-    # The default prices SkipLayerNormalization and the merge as losses on profile cpu;
-    # measured selection proposes them anyway: this machine decides.
+    # The default prices SkipLayerNormalization as a loss on profile cpu (and keeps the
+    # merge); measured selection proposes it anyway: this machine decides.
     default = optimize(BERT, OptimizeConfig(target="onnxruntime", check={"enabled": False}))
-    left_out = {g.pattern for g in group_fusions(default.applied)}
-    assert not {"skip_layer_norm_bias", "qkv_bias_merge"} & left_out
+    applied = {g.pattern for g in group_fusions(default.applied)}
+    assert "skip_layer_norm_bias" not in applied and "qkv_bias_merge" in applied
 
     result = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
     proposed = {g["pattern"] for g in result.measurement["groups"]}
