@@ -45,6 +45,19 @@ What is left is where GroupQueryAttention differs from a plain softmax:
   average of every key, and causal attention the average of the earlier ones only: so a
   finite mask fuses with ``causal = 0``, without a cache only.
 
+When the kernel is causal anyway, the graph's ``[B, 1, S, L]`` mask is more than it
+needs: a decode step would still build it from two Ranges, the comparison and an Expand
+to every query (about 30 small nodes of the export, once a step). So where a ``-inf``
+mask is exactly the causal term and terms that are the same for every query
+(``[B or 1, 1, 1, L]``: padding; ``_causal.query_free_terms``), the bias is those terms
+alone, ``Where(t, 0, lowest)`` broadcast over the S queries (the kernel wants S rows),
+and the rows to keep come from the running count of ``t``: row ``s`` sees the keys
+``j <= P + s``, so it has one iff ``CumSum(t)[P + s] > 0``. Where a term is
+``attention_mask[b, j]`` gathered per batch and key (transformers' ``sdpa_mask``
+through TorchScript, proven in ``_padding``), it is read from the mask input itself.
+With no term besides the causal one there is no bias: every row sees its first key.
+A term that varies with the query (a sliding window) keeps the whole mask as the bias.
+
 On the generic target (opset 23, or ``--upgrade-opset 23``) the same block becomes ONNX
 ``Attention(q, k, v, attn_mask=M, past_key, past_value)`` with ``q_num_heads = N``,
 ``kv_num_heads = KV`` and the present outputs
@@ -53,7 +66,8 @@ not causal, takes the whole mask as it is, so neither the causal proof nor a lim
 the cache applies; the ``-inf`` rows are handled as above.
 
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
-The inputs are traced in ``_inputs``, the causal proof is in ``_causal``.
+The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the padding
+term's in ``_padding``, the bias and lengths built in ``_bias``.
 """
 
 from __future__ import annotations

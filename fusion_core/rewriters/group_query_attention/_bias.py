@@ -18,18 +18,32 @@ from fusion_core.ir import constant_array
 from fusion_core.rewriters._base import RewriteContext
 from fusion_core.rewriters._shape_values import known_dims
 from fusion_core.rewriters._shared import mark_shared, shared_value
+from fusion_core.rewriters.group_query_attention._causal import query_free_terms
 from fusion_core.rewriters.group_query_attention._inputs import KVSide
+from fusion_core.rewriters.group_query_attention._padding import padding_rows
 
 __all__ = ["lengths_of", "shared_bias"]
 
 
 def shared_bias(
-    mask: ir.Value, allowed: ir.Value, ctx: RewriteContext
-) -> tuple[ir.Value, ir.Value | None, list[ir.Node]] | None:
-    """(bias, rows to keep or None, new nodes) for ``mask = Where(allowed, 0, negative)``:
-    the negative value made finite (float32's lowest for -inf), and where it was -inf
-    the ``[B, S, 1]`` factor that is 1 where a row may attend to something. None when
-    ``allowed`` is not ``[B or 1, 1, S, L]`` (one row per batch for every head)."""
+    mask: ir.Value,
+    allowed: ir.Value,
+    ctx: RewriteContext,
+    q: ir.Value,
+    key: KVSide,
+    *,
+    causal_kernel: bool,
+) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node], bool] | None:
+    """(bias or None, rows to keep or None, new nodes) for ``mask = Where(allowed, 0,
+    negative)``: the negative value made finite (float32's lowest for -inf), and where
+    it was -inf the ``[B, S, 1]`` factor that is 1 where a row may attend to something.
+    None when ``allowed`` is not ``[B or 1, 1, S, L]`` (one row per batch for every
+    head). The last item says whether the bias leaves the causal term to the kernel:
+    for a kernel that applies it (``causal_kernel``) and a -inf mask that is the causal
+    term and terms free of the query (``query_free_terms``), the bias and the rows come
+    from those terms alone (no bias at all without any: the causal term leaves every row
+    its first key). A finite mask keeps its own rows: one with nothing to attend to
+    averages every key, which a causal kernel does not."""
     root = _unsliced(allowed)
     dims = known_dims(root)
     if dims is None or len(dims) != 4 or dims[1] != 1:
@@ -38,6 +52,12 @@ def shared_bias(
     assert negative is not None
     infinite = bool(np.any(np.isneginf(negative)))
     value = float(np.finfo(np.float32).min) if infinite else float(negative.reshape(-1)[0])
+    past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
+    # CumSum (the rows to keep) is opset 11's
+    padding_only = causal_kernel and infinite and ctx.opset >= 11
+    terms = query_free_terms(root, past) if padding_only else None
+    if terms is not None:
+        return (*_padding_bias(terms, root, value, q, key, ctx), True)
     nodes: list[ir.Node] = []
     key = f"gqa_bias:{root.name}:{value!r}"
     bias = shared_value(ctx.graph, key)
@@ -49,8 +69,77 @@ def shared_bias(
         bias = nodes[-1].outputs[0]
         bias.dtype = ir.DataType.FLOAT
     if not infinite:
-        return bias, None, nodes
-    return bias, _keep_rows(root, ctx, nodes), nodes
+        return bias, None, nodes, False
+    return bias, _keep_rows(root, ctx, nodes), nodes, False
+
+
+def _padding_bias(
+    terms: list[ir.Value],
+    root: ir.Value,
+    value: float,
+    q: ir.Value,
+    key: KVSide,
+    ctx: RewriteContext,
+) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]]:
+    """The bias ``Where(t, 0, lowest)`` of the query-free terms ``t`` (``[B, 1, 1, L]``)
+    expanded to the ``S`` queries, and the rows to keep: row ``s`` sees the keys
+    ``j <= P + s`` with ``t[j]``, so it keeps iff the running count of ``t`` at ``P + s``
+    is not 0 (``CumSum``, its last ``S`` entries)."""
+    if not terms:
+        return None, None, []
+    nodes: list[ir.Node] = []
+
+    def add(op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
+        nodes.append(ir.Node("", op, inputs, list(attrs)))
+        return nodes[-1].outputs[0]
+
+    key_name = f"gqa_padding_bias:{root.name}:{value!r}"
+    bias = shared_value(ctx.graph, key_name)
+    term = shared_value(ctx.graph, f"gqa_padding:{root.name}")
+    if term is None:
+        parts = []
+        for found in terms:  # the graph's 2-D mask itself where the term reads it
+            rows = padding_rows(found)
+            if rows is not None:
+                axes = ctx.initializer("gqa_padding_axes", np.array([1, 2], np.int64))
+                found = add("Unsqueeze", [rows, axes])
+            parts.append(found)
+        term = parts[0]
+        for other in parts[1:]:
+            term = add("And", [term, other])
+        if nodes:
+            mark_shared(nodes[-1], f"gqa_padding:{root.name}")
+            term.dtype = ir.DataType.BOOL
+    if bias is None:
+        zero = ctx.initializer("gqa_attend", np.array(0.0, np.float32))
+        lowest = ctx.initializer("gqa_masked", np.array(value, np.float32))
+        row = add("Where", [term, zero, lowest])
+        ones = ctx.initializer("gqa_ones_2", np.array([1, 1], np.int64))
+        one = ctx.initializer("gqa_one", np.array([1], np.int64))
+        queries = add("Shape", [q], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)])
+        shape = add("Concat", [ones, queries, one], [ir.AttrInt64("axis", 0)])
+        bias = add("Expand", [row, shape])
+        mark_shared(nodes[-1], key_name)
+        bias.dtype = ir.DataType.FLOAT
+    keep_name = f"gqa_padding_keep:{root.name}"
+    keep = shared_value(ctx.graph, keep_name)
+    if keep is None:
+        counted = add("Cast", [term], [ir.AttrInt64("to", ir.DataType.FLOAT)])
+        last = ctx.initializer("gqa_key_axis_scalar", np.array(3, np.int64))
+        running = add("CumSum", [counted, last])
+        if key.past is None:
+            first = ctx.initializer("gqa_zero", np.array([0], np.int64))
+        else:
+            first = add("Shape", [key.past], [ir.AttrInt64("start", 2), ir.AttrInt64("end", 3)])
+        end = ctx.initializer("gqa_end", np.array([np.iinfo(np.int64).max], np.int64))
+        axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
+        rows = add("Slice", [running, first, end, axis])
+        capped = add("Min", [rows, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
+        per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
+        keep = add("Reshape", [capped, per_row])
+        mark_shared(nodes[-1], keep_name)
+        keep.dtype = ir.DataType.FLOAT
+    return bias, keep, nodes
 
 
 def _unsliced(allowed: ir.Value) -> ir.Value:

@@ -19,7 +19,7 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import attribute_value
 from fusion_core.rewriters._shape_values import Dim, known_dims, scalar
 
-__all__ = ["allowed_of", "causal_failure", "dim_of"]
+__all__ = ["allowed_of", "causal_failure", "dim_of", "index_axis", "query_free_terms"]
 
 _MAX_DEPTH = 16
 _PASS_THROUGH = frozenset({"Expand", "Identity"})
@@ -40,6 +40,56 @@ def allowed_of(bias: ir.Value) -> ir.Value | str:
 def causal_failure(allowed: ir.Value, past_length: Dim) -> str | None:
     """Why ``allowed`` is not shown to imply ``key <= past_length + query``, or None."""
     return _implies(allowed, past_length, 0)
+
+
+def query_free_terms(allowed: ir.Value, past: Dim) -> list[ir.Value] | None:
+    """The other conjuncts of ``allowed = (key <= P + query) AND t1 AND t2 ...``, each
+    the same for every query (``[B or 1, 1, 1, L]``, L the mask's own key length), with
+    constant-true ones dropped; None unless the mask is exactly that (one non-strict
+    causal term, every other conjunct free of the query axis).
+
+    Why: GroupQueryAttention applies that causal term itself, so the bias it needs is
+    the other terms alone, one row broadcast over the queries: the export's own
+    ``[B, 1, S, L]`` mask (two Ranges, the comparison, the Expand to every query) is not
+    needed for it, nor for the rows to keep (``fusion_core/rewriters/
+    group_query_attention/_bias.py``)."""
+    dims = known_dims(allowed)
+    if dims is None or len(dims) != 4 or dims[3] is None:
+        return None
+    leaves: list[ir.Value] = []
+    if not _conjuncts(allowed, leaves, 0):
+        return None
+    causal, others = 0, []
+    for leaf in leaves:
+        constant = constant_array(leaf)
+        if constant is not None and constant.dtype == np.bool_ and bool(np.all(constant)):
+            continue
+        producer = leaf.producer()
+        if (
+            producer is not None
+            and producer.op_type in ("LessOrEqual", "GreaterOrEqual")
+            and _comparison(producer, past) is None
+        ):
+            causal += 1
+            continue
+        shape = known_dims(leaf)
+        if shape is None or len(shape) != 4 or shape[1:3] != [1, 1] or shape[3] != dims[3]:
+            return None  # a term that varies with the query (a sliding window...)
+        others.append(leaf)
+    return others if causal == 1 else None
+
+
+def _conjuncts(value: ir.Value, leaves: list[ir.Value], depth: int) -> bool:
+    """Collect the terms of an And tree (through Expand and Identity) into ``leaves``."""
+    producer = value.producer()
+    if depth > _MAX_DEPTH:
+        return False
+    if producer is not None and producer.op_type == "And":
+        return all(_conjuncts(v, leaves, depth + 1) for v in producer.inputs if v is not None)
+    if producer is not None and producer.op_type in _PASS_THROUGH:
+        return _conjuncts(producer.inputs[0], leaves, depth + 1)
+    leaves.append(value)
+    return True
 
 
 def _implies(value: ir.Value | None, past: Dim, depth: int) -> str | None:
@@ -110,6 +160,13 @@ def _comparison(node: ir.Node, past: Dim) -> str | None:
             f"length ({past})"
         )
     return None
+
+
+def index_axis(value: ir.Value) -> tuple[int, Dim] | None:
+    """(axis counted from the end, first value) of an index ``Range(start, _, 1)``
+    unsqueezed into a mask's rank, or None when ``value`` is not one."""
+    found = _index(value)
+    return None if isinstance(found, str) else found
 
 
 def _index(value: ir.Value) -> tuple[int, Dim] | str:

@@ -78,7 +78,7 @@ class GroupQueryAttention(Rewriter):
                 f"ONNX Attention needs opset {ATTENTION_OPSET} (the model has {ctx.opset}; "
                 f"--upgrade-opset {ATTENTION_OPSET} converts it)"
             )
-        masked = _mask(match, params, key, heads, ctx, need_causal=contrib)
+        masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
         bias, keep_rows, causal, nodes = masked
@@ -114,7 +114,7 @@ def _group_query_attention(
     q: ir.Value,
     key: KVSide,
     value: KVSide,
-    bias: ir.Value,
+    bias: ir.Value | None,
     causal: bool,
     heads_and_scale: tuple[int, float],
     ctx: RewriteContext,
@@ -197,6 +197,7 @@ def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSi
 def _mask(
     match: Match,
     params: GQAParams,
+    q: ir.Value,
     key: KVSide,
     heads: int,
     ctx: RewriteContext,
@@ -218,9 +219,21 @@ def _mask(
     if isinstance(mask, str):
         return mask
     allowed = allowed_of(mask)
-    shared = None if isinstance(allowed, str) else shared_bias(mask, allowed, ctx)
+    shared = (
+        None
+        if isinstance(allowed, str)
+        else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal)
+    )
+    if shared is not None and shared[3]:  # the bias holds the terms besides the causal one
+        bias, keep_rows, nodes, _ = shared
+        if keep_rows is not None and params.nan_guard_node is None:
+            return (
+                f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
+                "a fully masked row is NaN"
+            )
+        return bias, keep_rows, True, nodes
     if shared is not None:
-        bias, keep_rows, nodes = shared
+        bias, keep_rows, nodes, _ = shared
         if keep_rows is not None and params.nan_guard_node is None:
             return (
                 f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "

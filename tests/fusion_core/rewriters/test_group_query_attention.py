@@ -40,6 +40,8 @@ def decoder_attention(
     halves_equal: bool = True,
     opset: int = 18,
     dynamo: bool = False,
+    window: int | None = None,
+    gathered_padding: bool = False,
 ) -> onnx.ModelProto:
     """One attention block of a decoder. ``eager``: the scale on the scores and no NaN
     guard (the eager attention of both exporters) instead of TorchScript's SDPA;
@@ -49,7 +51,11 @@ def decoder_attention(
     ``halves_equal=False`` builds the angles from ``Concat(f, 2 f)``, not a rotation;
     ``dynamo``: the dynamo exporter's spellings, the query positions as
     ``Range(0, S) + P`` and K^T as a 3-D Reshape, Transpose and Reshape whose shapes are
-    sliced from a ``Shape`` of the repeated key (outside the match, feeding only it)."""
+    sliced from a ``Shape`` of the repeated key (outside the match, feeding only it);
+    ``window``: Mistral's sliding window, a term of the mask that varies with the query
+    (a query sees the last ``window`` keys); ``gathered_padding``: the padding term as
+    transformers' ``sdpa_mask`` exports through TorchScript, ``attention_mask[b, j]``
+    gathered from the flattened mask at ``j + b * L``."""
     rng = np.random.default_rng(0)
     groups = HEADS // kv_heads
     inits = {
@@ -73,6 +79,9 @@ def decoder_attention(
         "three": np.array([3], np.int64),
         "four": np.array([4], np.int64),
         "minus_one": np.array([-1], np.int64),
+        "window": np.array(window or 0, np.int64),
+        "axes_batch": np.array([1, 2, 3], np.int64),
+        "ones_2": np.array([1, 1], np.int64),
         "axes_kv": np.array([0, 1, 2], np.int64),
         "axes_q": np.array([0, 1, 3], np.int64),
         "axes_pad": np.array([1, 2], np.int64),
@@ -153,9 +162,39 @@ def decoder_attention(
         "kv_u = Unsqueeze (kv_pos, axes_kv)",
         "q_u = Unsqueeze (q_pos, axes_q)",
         "causal = LessOrEqual (kv_u, q_u)" if causal else "causal = LessOrEqual (q_u, kv_u)",
-        "mask_u = Unsqueeze (attention_mask, axes_pad)",
-        "padding = Cast <to = 9> (mask_u)",
-        "allowed = And (causal, padding)",
+        *(
+            [
+                "q_start = Sub (q_u, window)",
+                "in_window = Greater (kv_u, q_start)",
+                "ordered = And (causal, in_window)",
+            ]
+            if window
+            else ["ordered = Identity (causal)"]
+        ),
+        *(
+            [  # transformers' sdpa_mask through TorchScript: m[b, j] gathered per (b, j)
+                "mask_b = Cast <to = 9> (attention_mask)",
+                "flat = Flatten <axis = 2> (mask_b)",
+                "mask_shape = Shape (attention_mask)",
+                "batch_n = Gather <axis = 0> (mask_shape, start)",
+                "width = Gather <axis = 0> (mask_shape, index_1)",
+                "b_pos = Range (start, batch_n, step)",
+                "b_u = Unsqueeze (b_pos, axes_batch)",
+                "row_start = Mul (b_u, width)",
+                "flat_index = Add (kv_u, row_start)",
+                "gathered = Gather <axis = 0> (flat, flat_index)",
+                "batch_1 = Unsqueeze (batch_n, zero)",
+                "width_1 = Unsqueeze (width, zero)",
+                "padding_shape = Concat <axis = 0> (batch_1, ones_2, width_1)",
+                "padding = Reshape (gathered, padding_shape)",
+            ]
+            if gathered_padding
+            else [
+                "mask_u = Unsqueeze (attention_mask, axes_pad)",
+                "padding = Cast <to = 9> (mask_u)",
+            ]
+        ),
+        "allowed = And (ordered, padding)",
         "bias = Where (allowed, zero_f, masked)",
     ]
     if dynamo:
@@ -211,6 +250,11 @@ def decoder_attention(
         for name, shape in shapes.items():
             dtype = onnx.TensorProto.BOOL if name == "allowed" else onnx.TensorProto.FLOAT
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, dtype, shape))
+    if gathered_padding:  # as optimum's export has them (inference leaves them unknown)
+        shapes = {"gathered": ["batch", 1, 1, TOTAL, 1], "padding": ["batch", 1, 1, TOTAL]}
+        for name, shape in shapes.items():
+            value = onnx.helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, shape)
+            model.graph.value_info.append(value)
     return _rename_dim(model, "total", TOTAL if cache else "seq")
 
 
@@ -254,23 +298,9 @@ def decode_ops() -> list[str]:
     graph's mask as the bias with the keep-rows factor of the NaN guard, the lengths
     GroupQueryAttention needs; no head split or repeat of Q, K or V is left."""
     rotary = ["Slice", "Reshape", "Slice", "Reshape", "Shape", "ReduceProd", "Range", "Reshape"]
-    mask = [
-        "Shape",
-        "Gather",
-        "Shape",
-        "Gather",
-        "Add",
-        "Range",
-        "Range",
-        "Unsqueeze",
-        "Unsqueeze",
-        "LessOrEqual",
-        "Unsqueeze",
-        "Cast",
-        "And",
-        "Where",
-    ]
-    keep_rows = ["Cast", "ReduceMax", "Transpose"]
+    # the mask's padding term alone, broadcast over the queries (the kernel is causal)
+    mask = ["Unsqueeze", "Cast", "Where", "Shape", "Concat", "Expand"]
+    keep_rows = ["Cast", "CumSum", "Shape", "Slice", "Min", "Reshape"]
     lengths = [
         "Shape",
         "Shape",
@@ -290,15 +320,13 @@ def decode_ops() -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("opset", [18, 17], ids=["opset18", "opset17-reduce-axes-attribute"])
+@pytest.mark.parametrize("opset", [18, 17])
 def test_decode_step_with_cache_becomes_group_query_attention(opset):
     model = decoder_attention(opset=opset)
     result = optimize_quiet(model, **ORT)
     assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == decode_ops()
-    (reduce,) = [n for n in fused.graph.node if n.op_type == "ReduceMax"]
-    assert len(reduce.input) == (2 if opset >= 18 else 1)
     onnx.checker.check_model(fused, full_check=True)
     (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
@@ -312,20 +340,25 @@ def test_decode_step_with_cache_becomes_group_query_attention(opset):
             run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
 
 
+def fuse_exactly(model: onnx.ModelProto, pattern: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The block fused into two rotary embeddings and ``pattern``, valid, and equal to
+    the original on every shape and mask; the fused model and its op sequence."""
+    result = optimize_quiet(model, **ORT)
+    assert result.counts == {"rotary_embedding": 2, pattern: 1}
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    for batch, seq, past in SHAPES:
+        for mask in MASKS:
+            run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
+    return fused, op_sequence(fused)
+
+
 def test_dynamo_spelling_with_cache_becomes_group_query_attention():
     """dynamo's K^T reads a Shape of the repeated key outside the match, feeding only
     the match: no escape, the shape arithmetic goes with the match; its query positions
     ``Range(0, S) + P`` prove the mask causal as ``Range(P, P + S)`` does."""
-    model = decoder_attention(dynamo=True)
-    result = optimize_quiet(model, **ORT)
-    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_repeat_kv": 1}
-    fused = result.to_proto()
-    onnx.checker.check_model(fused, full_check=True)
-    ops = op_sequence(fused)
+    _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention_gqa_sdpa_repeat_kv")
     assert "Transpose" in ops and "Softmax" not in ops and ops.count("Slice") == 2, ops
-    for batch, seq, past in SHAPES:
-        for mask in MASKS:
-            run_both(model, fused, feeds=feeds(batch, seq, past, mask), **TOL)
 
 
 def test_dynamo_spelling_with_a_finite_mask_names_the_mask():
@@ -336,6 +369,27 @@ def test_dynamo_spelling_with_a_finite_mask_names_the_mask():
     assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
     (miss,) = [m for m in result.near_misses if m.pattern == "attention_gqa_sdpa_repeat_kv"]
     assert miss.kind == "rewriter" and "is finite" in miss.reason, miss
+
+
+def test_a_padding_term_gathered_per_batch_and_key_reads_the_mask_itself():
+    """The TorchScript export of transformers' padding term (a gather from the
+    flattened mask) is shown to be ``attention_mask[b, j]``: the bias reads the mask
+    input, and none of the gather is left."""
+    model = decoder_attention(gathered_padding=True)
+    _, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
+    assert "Flatten" not in ops and "LessOrEqual" not in ops, ops
+    assert ops.count("Gather") == 0 and ops.count("Range") == 1, ops  # the rotary's
+
+
+@pytest.mark.parametrize("opset", [18, 17], ids=["opset18", "opset17-reduce-axes-attribute"])
+def test_a_sliding_window_keeps_the_whole_mask_as_the_bias(opset):
+    """A term that varies with the query (Mistral's window) is no padding term: the
+    graph's own [B, 1, S, L] mask is the bias, its rows to keep a ReduceMax over it."""
+    model = decoder_attention(window=3, opset=opset)
+    fused, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
+    assert "CumSum" not in ops and "LessOrEqual" in ops and "Greater" in ops, ops
+    (reduce,) = [n for n in fused.graph.node if n.op_type == "ReduceMax"]
+    assert len(reduce.input) == (2 if opset >= 18 else 1)
 
 
 def test_four_greedy_steps_with_the_cache_match():
@@ -398,6 +452,16 @@ def test_mask_without_causal_term_with_cache_is_refused():
     assert any("must be causal, and" in r and "along the key axis" in r for r in reasons), reasons
     assert result.near_misses[-1].kind in ("rewriter", "constraint", "escape", "selection")
     run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
+
+
+def test_infinite_mask_without_nan_guard_is_refused():
+    """Eager attention over a -inf mask: a row with nothing to attend to is NaN in the
+    graph, which no kernel reproduces; the padding-only bias changes nothing there."""
+    model = decoder_attention(eager=True)
+    result = optimize_quiet(model, **ORT)
+    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
+    reasons = misses(result, "attention_gqa_eager_repeat_kv")
+    assert any("no NaN guard follows the Softmax" in r for r in reasons), reasons
 
 
 def test_finite_mask_with_cache_is_refused():
