@@ -1,7 +1,8 @@
 """Pre-passes: what runs before the first match (cleanups, folding, shape inference).
 
 ``passes.py`` runs them (``run_prepasses``); ``opset.py`` the opt-in opset upgrade;
-``shape_reads.py`` rewrites Shape reads of graph inputs so symbolic dims survive.
+``shape_reads.py`` rewrites Shape reads of graph inputs so symbolic dims survive;
+``broadcasts.py`` drops an Expand that only broadcasts what MatMul would itself.
 """
 
 from fusion_core.prepasses.opset import OpsetUpgrade, upgrade_opset

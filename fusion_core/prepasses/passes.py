@@ -30,6 +30,7 @@ import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
 from fusion_core.ir import constant_array
+from fusion_core.prepasses.broadcasts import BroadcastingExpandPass
 from fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
 
 __all__ = [
@@ -500,5 +501,6 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
             SymbolicShapeInferencePass(initializer_limit=options.shape_inference_initializer_limit),
         )
         run("shape_reads_from_inputs", ShapeReadsFromInputsPass())
+        run("broadcasting_expand", BroadcastingExpandPass())
         run("remove_unused", common.RemoveUnusedNodesPass())
     return changed
