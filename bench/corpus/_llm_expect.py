@@ -10,7 +10,8 @@ one ``SimplifiedLayerNormalization`` and ``2 * layers``
 its queries and keys. ``expected_ops`` (``meta.py``) counts op types in the optimized
 graph: a plain key must match exactly, a ``?`` key is not required yet (at most that
 many): every decoder's rotary embeddings and attention fuse (``rotary``,
-``group_query_attention``), except the attention of dynamo's cache graphs. Rewritten
+``group_query_attention``), dynamo's cache graphs too (their finite mask's rows with
+nothing to attend to take the cache's mean value). Rewritten
 into each model's meta.json by every build (``export_llm.refresh``), so a change here
 needs no new export.
 
@@ -44,10 +45,7 @@ def expected(family: str, kind: str, graph: onnx.ModelProto) -> tuple[dict, dict
     if spec.separate_qkv:
         both[any_of("qkv")] = layers
     ort = both | {any_of("rms_norm"): 2 * layers + 1, any_of("skip_rms_norm"): 2 * layers}
-    # The dynamo exporter's cache graphs read the repeated key's shape outside the
-    # attention (a Shape of repeat_kv's output whose key length no input names), which
-    # keeps it from fusing: a near miss of kind escape, not required yet.
-    attention = ("?" if kind == "dynamo_kv" else "") + "GroupQueryAttention|MultiHeadAttention"
+    attention = "GroupQueryAttention|MultiHeadAttention"
     ops = {
         NORMS: 2 * layers + 1,
         "?SkipSimplifiedLayerNormalization": 2 * layers,

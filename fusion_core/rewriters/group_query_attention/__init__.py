@@ -41,9 +41,12 @@ What is left is where GroupQueryAttention differs from a plain softmax:
   which the SDPA export's ``Where(IsNaN(P), 0, P)`` turns into 0, while the kernel
   with a finite bias averages something. As for ``attention``, ``-inf`` becomes
   float32's lowest and the output rows whose mask row is empty are multiplied by 0
-  (``guarded_mask``). A finite mask (``Where(cond, 0, lowest)``) gives such a row the
-  average of every key, and causal attention the average of the earlier ones only: so a
-  finite mask fuses with ``causal = 0``, without a cache only.
+  (``guarded_mask``). A finite mask (``Where(cond, 0, lowest)``: dynamo's, eager
+  attention's) gives such a row the average of every key, and causal attention the
+  average of the earlier ones only: without a cache it fuses with ``causal = 0``; with
+  one (``causal = 1``) those rows are picked (``Where``) from each head's mean of the
+  cache's values, ``ReduceMean(present_value)`` over the keys, repeated to the query
+  heads.
 
 When the kernel is causal anyway, the graph's ``[B, 1, S, L]`` mask is more than it
 needs: a decode step would still build it from two Ranges, the comparison and an Expand

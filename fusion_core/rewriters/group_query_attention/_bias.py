@@ -11,6 +11,8 @@ sequence and past dimensions.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx_ir as ir
 
@@ -22,7 +24,19 @@ from fusion_core.rewriters.group_query_attention._causal import query_free_terms
 from fusion_core.rewriters.group_query_attention._inputs import KVSide
 from fusion_core.rewriters.group_query_attention._padding import padding_rows
 
-__all__ = ["lengths_of", "shared_bias"]
+__all__ = ["MaskBias", "any_key_rows", "lengths_of", "shared_bias"]
+
+
+class MaskBias(NamedTuple):
+    """What GroupQueryAttention takes from the graph's mask, and what follows it."""
+
+    bias: ir.Value | None  # attention_bias, or None when the kernel's causal term is all
+    keep: ir.Value | None  # [B, S, 1]: the rows that attend to something, or None
+    nodes: list[ir.Node]
+    causal_only: bool  # the bias leaves the causal term to the kernel
+    # A row with nothing to attend to: "zero" (-inf mask and the NaN guard: 0, a float
+    # keep multiplies) or "mean" (a finite mask: every key's average, a bool keep picks)
+    empty_rows: str = "zero"
 
 
 def shared_bias(
@@ -33,17 +47,19 @@ def shared_bias(
     key: KVSide,
     *,
     causal_kernel: bool,
-) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node], bool] | None:
-    """(bias or None, rows to keep or None, new nodes) for ``mask = Where(allowed, 0,
-    negative)``: the negative value made finite (float32's lowest for -inf), and where
-    it was -inf the ``[B, S, 1]`` factor that is 1 where a row may attend to something.
-    None when ``allowed`` is not ``[B or 1, 1, S, L]`` (one row per batch for every
-    head). The last item says whether the bias leaves the causal term to the kernel:
-    for a kernel that applies it (``causal_kernel``) and a -inf mask that is the causal
-    term and terms free of the query (``query_free_terms``), the bias and the rows come
-    from those terms alone (no bias at all without any: the causal term leaves every row
-    its first key). A finite mask keeps its own rows: one with nothing to attend to
-    averages every key, which a causal kernel does not."""
+) -> MaskBias | None:
+    """The bias for ``mask = Where(allowed, 0, negative)``: the negative value made
+    finite (float32's lowest for -inf), and where it was -inf the ``[B, S, 1]`` factor
+    that is 1 where a row may attend to something. None when ``allowed`` is not ``[B or
+    1, 1, S, L]`` (one row per batch for every head).
+
+    For a kernel that applies the causal term itself (``causal_kernel``) and a mask that
+    is the causal term and terms free of the query (``query_free_terms``), the bias and
+    the rows come from those terms alone (no bias at all without any: the causal term
+    leaves every row its first key). A finite mask takes that path only with a cache
+    (where the kernel must be causal): a row with nothing to attend to averages every
+    key in the graph and only the earlier ones in the kernel, so those rows are the
+    mean of the cache's values instead (``empty_rows = "mean"``)."""
     root = _unsliced(allowed)
     dims = known_dims(root)
     if dims is None or len(dims) != 4 or dims[1] != 1:
@@ -54,10 +70,11 @@ def shared_bias(
     value = float(np.finfo(np.float32).min) if infinite else float(negative.reshape(-1)[0])
     past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
     # CumSum (the rows to keep) is opset 11's
-    padding_only = causal_kernel and infinite and ctx.opset >= 11
+    padding_only = causal_kernel and (infinite or key.past is not None) and ctx.opset >= 11
     terms = query_free_terms(root, past) if padding_only else None
     if terms is not None:
-        return (*_padding_bias(terms, root, value, q, key, ctx), True)
+        bias, keep, nodes = _padding_bias(terms, root, value, q, key, ctx, zero_rows=infinite)
+        return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean")
     nodes: list[ir.Node] = []
     key = f"gqa_bias:{root.name}:{value!r}"
     bias = shared_value(ctx.graph, key)
@@ -69,8 +86,8 @@ def shared_bias(
         bias = nodes[-1].outputs[0]
         bias.dtype = ir.DataType.FLOAT
     if not infinite:
-        return bias, None, nodes, False
-    return bias, _keep_rows(root, ctx, nodes), nodes, False
+        return MaskBias(bias, None, nodes, False)
+    return MaskBias(bias, _keep_rows(root, ctx, nodes), nodes, False)
 
 
 def _padding_bias(
@@ -80,11 +97,14 @@ def _padding_bias(
     q: ir.Value,
     key: KVSide,
     ctx: RewriteContext,
+    *,
+    zero_rows: bool,
 ) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]]:
     """The bias ``Where(t, 0, lowest)`` of the query-free terms ``t`` (``[B, 1, 1, L]``)
     expanded to the ``S`` queries, and the rows to keep: row ``s`` sees the keys
     ``j <= P + s`` with ``t[j]``, so it keeps iff the running count of ``t`` at ``P + s``
-    is not 0 (``CumSum``, its last ``S`` entries)."""
+    is not 0 (``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
+    (``zero_rows``), else a bool to pick with."""
     if not terms:
         return None, None, []
     nodes: list[ir.Node] = []
@@ -121,7 +141,7 @@ def _padding_bias(
         bias = add("Expand", [row, shape])
         mark_shared(nodes[-1], key_name)
         bias.dtype = ir.DataType.FLOAT
-    keep_name = f"gqa_padding_keep:{root.name}"
+    keep_name = f"gqa_padding_keep:{root.name}:{zero_rows}"
     keep = shared_value(ctx.graph, keep_name)
     if keep is None:
         counted = add("Cast", [term], [ir.AttrInt64("to", ir.DataType.FLOAT)])
@@ -134,11 +154,15 @@ def _padding_bias(
         end = ctx.initializer("gqa_end", np.array([np.iinfo(np.int64).max], np.int64))
         axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
         rows = add("Slice", [running, first, end, axis])
-        capped = add("Min", [rows, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
+        if zero_rows:
+            one = ctx.initializer("gqa_one_f", np.array(1.0, np.float32))
+            rows = add("Min", [rows, one])
+        else:
+            rows = add("Greater", [rows, ctx.initializer("gqa_zero_f", np.array(0.0, np.float32))])
         per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
-        keep = add("Reshape", [capped, per_row])
+        keep = add("Reshape", [rows, per_row])
         mark_shared(nodes[-1], keep_name)
-        keep.dtype = ir.DataType.FLOAT
+        keep.dtype = ir.DataType.FLOAT if zero_rows else ir.DataType.BOOL
     return bias, keep, nodes
 
 
@@ -153,6 +177,20 @@ def _unsliced(allowed: ir.Value) -> ir.Value:
             break
         allowed = producer.inputs[0]
     return allowed
+
+
+def any_key_rows(allowed: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
+    """``[B, S, 1]`` bool: the rows of the whole mask with a key to attend to."""
+    root = _unsliced(allowed)
+    key = f"gqa_any_key:{root.name}"
+    found = shared_value(ctx.graph, key)
+    if found is not None:
+        return found
+    rows = _keep_rows(root, ctx, nodes)
+    nodes.append(ir.Node("", "Cast", [rows], [ir.AttrInt64("to", ir.DataType.BOOL)]))
+    mark_shared(nodes[-1], key)
+    nodes[-1].outputs[0].dtype = ir.DataType.BOOL
+    return nodes[-1].outputs[0]
 
 
 def _keep_rows(root: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:

@@ -3,6 +3,8 @@ package's docstring)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx_ir as ir
 
@@ -12,7 +14,11 @@ from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
 from fusion_core.rewriters._attention_shapes import layout_failure, matched_scale, merges_heads
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from fusion_core.rewriters._shape_values import known_dims
-from fusion_core.rewriters.group_query_attention._bias import lengths_of, shared_bias
+from fusion_core.rewriters.group_query_attention._bias import (
+    any_key_rows,
+    lengths_of,
+    shared_bias,
+)
 from fusion_core.rewriters.group_query_attention._causal import allowed_of, causal_failure
 from fusion_core.rewriters.group_query_attention._inputs import (
     KVSide,
@@ -81,7 +87,7 @@ class GroupQueryAttention(Rewriter):
         masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
-        bias, keep_rows, causal, nodes = masked
+        bias, keep_rows, causal, nodes, empty_rows = masked
         if contrib:
             gqa = _group_query_attention(q, key, value, bias, causal, (heads, scale), ctx, nodes)
         else:
@@ -93,7 +99,11 @@ class GroupQueryAttention(Rewriter):
             if side.present is not None:
                 _like(new, side.present)
                 replaced.append((side.present, new))
-        if keep_rows is not None:
+        if keep_rows is not None and empty_rows == "mean":
+            mean = _mean_value(gqa.outputs[2], heads // key.heads, ctx, nodes)
+            nodes.append(ir.Node("", "Where", [keep_rows, gqa.outputs[0], mean]))
+            _like(nodes[-1].outputs[0], q)
+        elif keep_rows is not None:
             nodes.append(ir.Node("", "Mul", [gqa.outputs[0], keep_rows]))
             _like(nodes[-1].outputs[0], q)
         if reshape_after:
@@ -108,6 +118,28 @@ class GroupQueryAttention(Rewriter):
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced])
+
+
+def _mean_value(
+    present: ir.Value, groups: int, ctx: RewriteContext, nodes: list[ir.Node]
+) -> ir.Value:
+    """``[B, 1, N * H]``: each query head's average over every key of its (repeated) KV
+    head's values, what a finite mask's row with nothing to attend to computes."""
+    if ctx.opset >= 18:
+        axes = ctx.initializer("gqa_key_rows", np.array([2], np.int64))
+        mean = ir.Node("", "ReduceMean", [present, axes], [ir.AttrInt64("keepdims", 1)])
+    else:
+        attrs = [ir.AttrInt64s("axes", [2]), ir.AttrInt64("keepdims", 1)]
+        mean = ir.Node("", "ReduceMean", [present], attrs)
+    heads_axis = ctx.initializer("gqa_heads_axis", np.array([2], np.int64))
+    split = ir.Node("", "Unsqueeze", [mean.outputs[0], heads_axis])
+    repeat = ctx.initializer("gqa_repeat", np.array([1, 1, groups, 1, 1], np.int64))
+    grown = ir.Node("", "Expand", [split.outputs[0], repeat])
+    merged = ctx.initializer("gqa_mean_shape", np.array([0, 1, -1], np.int64))
+    row = ir.Node("", "Reshape", [grown.outputs[0], merged])
+    nodes += [mean, split, grown, row]
+    row.outputs[0].dtype = present.dtype
+    return row.outputs[0]
 
 
 def _group_query_attention(
@@ -194,6 +226,16 @@ def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSi
     return key, value
 
 
+class EmptyRows(NamedTuple):
+    """The mask as the kernel takes it, and what a row with nothing to attend to gets."""
+
+    bias: ir.Value | None
+    keep: ir.Value | None  # [B, S, 1], None when no row can be empty
+    causal: bool
+    nodes: list[ir.Node]
+    empty_rows: str = "zero"  # "zero": multiply by keep; "mean": the cache's mean value
+
+
 def _mask(
     match: Match,
     params: GQAParams,
@@ -203,15 +245,16 @@ def _mask(
     ctx: RewriteContext,
     *,
     need_causal: bool,
-) -> tuple[ir.Value, ir.Value | None, bool, list[ir.Node]] | str:
-    """(attention_bias, the rows to zero after, causal, the nodes computing them), or
-    why the mask cannot be given to GroupQueryAttention.
+) -> EmptyRows | str:
+    """The attention bias, the rows to fix after, causal or not and the nodes computing
+    them, or why the mask cannot be given to GroupQueryAttention.
 
     GroupQueryAttention with a cache needs ``causal = 1`` (the CPU kernel refuses a batch
     of several new tokens each otherwise), which is exact only if the mask is causal and
     a row with nothing to attend to gives 0 in both graphs: the SDPA NaN guard over a
-    ``-inf`` mask, turned into the keep-rows multiply. A finite mask (a fully masked row
-    averages every key) is exact only with ``causal = 0``, so only without a cache."""
+    ``-inf`` mask, turned into the keep-rows multiply. A finite mask gives a fully masked
+    row the average of every key: with ``causal = 0`` (without a cache) as it is, with
+    ``causal = 1`` by picking those rows from the cache's mean value."""
     add = match.node(params.mask_node)
     mask = attention_bias(
         add, match.node(params.scale_node or params.qk_node), "GroupQueryAttention"
@@ -224,16 +267,16 @@ def _mask(
         if isinstance(allowed, str)
         else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal)
     )
-    if shared is not None and shared[3]:  # the bias holds the terms besides the causal one
-        bias, keep_rows, nodes, _ = shared
-        if keep_rows is not None and params.nan_guard_node is None:
+    if shared is not None and shared.causal_only:  # the bias: the terms besides the causal
+        keep_rows, empty = shared.keep, shared.empty_rows
+        if keep_rows is not None and empty == "zero" and params.nan_guard_node is None:
             return (
                 f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
                 "a fully masked row is NaN"
             )
-        return bias, keep_rows, True, nodes
+        return EmptyRows(shared.bias, keep_rows, True, shared.nodes, empty)
     if shared is not None:
-        bias, keep_rows, nodes, _ = shared
+        bias, keep_rows, nodes = shared.bias, shared.keep, shared.nodes
         if keep_rows is not None and params.nan_guard_node is None:
             return (
                 f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
@@ -253,14 +296,16 @@ def _mask(
     past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
     if why is None and keep_rows is not None:
-        return bias, keep_rows, True, nodes
+        return EmptyRows(bias, keep_rows, True, nodes)
     if key.past is None and why is not None and key.heads == heads:  # no decoder's sign
         return (
             f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
             "attention, which attention_mha* fuses as MultiHeadAttention"
         )
     if key.past is None or not need_causal:
-        return bias, keep_rows, False, nodes
+        return EmptyRows(bias, keep_rows, False, nodes)
+    if why is None and shared is not None:  # finite, causal: the empty rows take the mean
+        return EmptyRows(bias, any_key_rows(allowed, ctx, nodes), True, nodes, "mean")
     if why is None:
         why = (
             f"the mask {mask.name!r} is finite: a fully masked row averages every key, "

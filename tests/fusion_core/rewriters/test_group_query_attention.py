@@ -245,10 +245,12 @@ def decoder_attention(
             "k_flat": [f"{HEADS}*batch", TOTAL, SIZE],
             "kT": ["batch", HEADS, SIZE, TOTAL],
             "allowed": ["batch", 1, "seq", TOTAL],
+            "padding": ["batch", 1, 1, TOTAL],
             "bias": ["batch", 1, "seq", TOTAL],
         }
         for name, shape in shapes.items():
-            dtype = onnx.TensorProto.BOOL if name == "allowed" else onnx.TensorProto.FLOAT
+            boolean = name in ("allowed", "padding")
+            dtype = onnx.TensorProto.BOOL if boolean else onnx.TensorProto.FLOAT
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, dtype, shape))
     if gathered_padding:  # as optimum's export has them (inference leaves them unknown)
         shapes = {"gathered": ["batch", 1, 1, TOTAL, 1], "padding": ["batch", 1, 1, TOTAL]}
@@ -358,17 +360,18 @@ def test_dynamo_spelling_with_cache_becomes_group_query_attention():
     the match: no escape, the shape arithmetic goes with the match; its query positions
     ``Range(0, S) + P`` prove the mask causal as ``Range(P, P + S)`` does."""
     _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention_gqa_sdpa_repeat_kv")
-    assert "Transpose" in ops and "Softmax" not in ops and ops.count("Slice") == 2, ops
+    # the rotary's two Slices and the rows' one: none of K^T's shape arithmetic is left
+    assert "Softmax" not in ops and ops.count("Slice") == 3 and "Concat" in ops, ops
+    assert ops.count("Shape") == 6, ops  # the bias's, the rows', the lengths'
 
 
-def test_dynamo_spelling_with_a_finite_mask_names_the_mask():
-    """The dynamo exporter's mask is finite (float32's lowest): the near miss is the
-    rewriter's, about the mask, not an escape of the Shape that K^T reads."""
+def test_dynamo_spelling_with_a_finite_mask_becomes_group_query_attention():
+    """The dynamo exporter's mask is finite (float32's lowest): the padding term is the
+    bias, and a row with nothing to attend to (left padding) gets the cache's mean
+    value, as the graph's uniform softmax gives it."""
     model = decoder_attention(dynamo=True, lowest=float(np.finfo(np.float32).min))
-    result = optimize_quiet(model, **ORT)
-    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
-    (miss,) = [m for m in result.near_misses if m.pattern == "attention_gqa_sdpa_repeat_kv"]
-    assert miss.kind == "rewriter" and "is finite" in miss.reason, miss
+    _, ops = fuse_exactly(model, "attention_gqa_sdpa_repeat_kv")
+    assert ops.count("ReduceMean") == 1 and "LessOrEqual" not in ops, ops
 
 
 def test_a_padding_term_gathered_per_batch_and_key_reads_the_mask_itself():
@@ -464,15 +467,24 @@ def test_infinite_mask_without_nan_guard_is_refused():
     assert any("no NaN guard follows the Softmax" in r for r in reasons), reasons
 
 
-def test_finite_mask_with_cache_is_refused():
-    """A finite mask averages every key in a row with nothing to attend to; the causal
-    kernel a cache needs would average only the earlier ones."""
+def test_finite_mask_with_cache_averages_the_rows_with_nothing_to_attend_to():
+    """A finite mask averages every key in a row with nothing to attend to, where the
+    causal kernel a cache needs would average only the earlier ones: those rows are
+    picked from the mean of the cache's values instead (exact on every padding)."""
     model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min))
-    result = optimize_quiet(model, **ORT)
-    assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
-    reasons = misses(result, "attention_gqa_eager_repeat_kv")
-    assert any("is finite" in r for r in reasons), reasons
-    run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
+    fused, ops = fuse_exactly(model, "attention_gqa_eager_repeat_kv")
+    gqa_at = ops.index(GQA)
+    assert ops[gqa_at:] == [GQA, "ReduceMean", "Unsqueeze", "Expand", "Reshape", "Where"], ops
+    (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    assert {a.name: a.i for a in gqa.attribute}["causal"] == 1
+
+
+def test_finite_mask_with_a_sliding_window_and_a_cache_keeps_the_whole_mask():
+    """A window term varies with the query, so the whole finite mask is the bias; its
+    rows with nothing to attend to take the cache's mean value all the same."""
+    model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min), window=3)
+    _, ops = fuse_exactly(model, "attention_gqa_eager_repeat_kv")
+    assert "Greater" in ops and "ReduceMax" in ops and "ReduceMean" in ops, ops
 
 
 def test_rotary_with_unequal_halves_is_refused():
