@@ -37,6 +37,7 @@ KINDS = {  # kind -> name prefixes of its builtin patterns
     "skip_rms_norm": ("skip_rms_norm",),
     "gelu": ("gelu_",),
     "qkv": ("qkv_merge", "qkv_bias_merge"),
+    "rotary_interleaved": ("rotary_embedding_interleaved",),
 }
 
 
@@ -49,8 +50,9 @@ def builtin_names() -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-# Kinds the default cpu profile prices as a loss (its kernel factors, docs/cost.md):
-# found in every block, fused or left out with that reason.
+# Kinds found in every block but not always fused: the skip norms, which the default cpu
+# profile prices as a loss (its kernel factors, docs/cost.md), and the Q/K/V merge, which
+# attention's fusion over the same MatMuls takes in an encoder.
 PRICED_AS_LOSS = ("skip_layer_norm", "skip_rms_norm", "qkv")
 
 
@@ -92,6 +94,8 @@ def expected(spec, model, graph: onnx.ModelProto) -> tuple[dict, str]:
         both[any_of("qkv")] = spec.blocks
     if rms := rms_norms(model):
         ort[any_of("rms_norm")] = rms
+    if spec.interleaved_rotary:  # the query's and the key's, in every block
+        ort[any_of("rotary_interleaved")] = 2 * spec.blocks
     if not spec.decoder:
         ort[any_of("attention")] = counts["softmax"]
         for kind, key in (("gelu", "erf"), ("skip_layer_norm", "skip")):
@@ -104,7 +108,10 @@ def _notes(spec, counts: dict[str, int], rms: int) -> str:
     what = "LLM decoder (prefill, no KV cache)" if spec.decoder else "encoder"
     parts = [f"{what}: {spec.blocks} blocks, {counts['softmax']} Softmax"]
     if spec.decoder:
-        parts.append("decoder attention is a later issue: only RMSNorm and Q/K/V merge required")
+        parts.append(
+            "the decoder's attention is the LLM corpus's (export_llm.py): RMSNorm, the Q/K/V "
+            "merge and GPT-J's interleaved rotary embeddings required here"
+        )
     else:
         parts.append("attention must fuse in every block on onnxruntime")
     if not spec.separate_qkv:

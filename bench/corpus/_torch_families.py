@@ -1,7 +1,7 @@
 """The transformer families of the corpus: tiny configs, seeded weights, their inputs.
 
 Why: issue 13 asks for the families users deploy today that the test data does not
-cover (Llama, Qwen2, Phi-3, Whisper's encoder, T5's encoder, Swin, DeBERTa-v2,
+cover (Llama, Qwen2, Phi-3, GPT-J, Whisper's encoder, T5's encoder, Swin, DeBERTa-v2,
 ModernBERT), each in every attention implementation transformers offers for it that
 users get (eager, and sdpa where it is the default), built from a config with random
 weights: nothing comes from a model hub. Sizes follow
@@ -54,6 +54,7 @@ class Family(NamedTuple):
     decoder: bool = False
     blocks: int = LAYERS
     separate_qkv: bool = True  # q, k and v are three Linears (not one fused qkv Linear)
+    interleaved_rotary: bool = False  # GPT-J's rotate_every_two: one per query and key
     # (attention, exporter) -> why that export is not made (an exporter failure)
     unexportable: dict[tuple[str, str], str] = {}
 
@@ -98,6 +99,28 @@ FAMILIES = {
         ("eager", "sdpa"),
         decoder=True,
         separate_qkv=False,
+    ),
+    # GPT-J's: rotary embeddings on pairs of features (rotate_every_two), on the first
+    # rotary_dim of each head only, sin and cos gathered from one table
+    "gptj": Family(
+        transformers.GPTJConfig,
+        transformers.GPTJModel,
+        dict(
+            vocab_size=VOCAB,
+            n_positions=POSITIONS,
+            n_embd=HIDDEN,
+            n_layer=LAYERS,
+            n_head=HEADS,
+            n_inner=FFN,
+            rotary_dim=HIDDEN // HEADS // 2,
+            initializer_range=0.1,
+            use_cache=False,
+            **_TOKENS,
+        ),
+        "text",
+        ("eager",),
+        decoder=True,
+        interleaved_rotary=True,
     ),
     "whisper_encoder": Family(
         transformers.WhisperConfig,

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from fusion_core.ir import constant_array
 from fusion_core.patterns import attribute_value
 
-__all__ = ["Dim", "entries", "known_dims", "scalar"]
+__all__ = ["Dim", "axes_of", "entries", "known_dims", "scalar"]
 
 Dim = int | str | None  # a known size, a symbolic one, or unknown
 
@@ -122,3 +122,13 @@ def _arithmetic(node: ir.Node, depth: int) -> list[int | None] | None:
     if node.op_type == "Div" and np.any(y == 0):
         return None
     return [int(v) for v in np.atleast_1d(_ARITHMETIC[node.op_type](x, y))]
+
+
+def axes_of(node: ir.Node) -> list[int] | None:
+    """The ``axes`` of an Unsqueeze, Squeeze or Reduce: the attribute (before opset 13 or
+    18) or the constant second input; None when neither is fixed by the graph."""
+    attr = attribute_value(node, "axes", None)
+    if attr is not None:
+        return list(attr)
+    array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    return None if array is None else [int(a) for a in array.reshape(-1)]

@@ -36,6 +36,11 @@ When ``x`` is the head split ``Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])
 ``GroupQueryAttention`` reads (``group_query_attention``). Otherwise the op rotates the
 4-D ``x`` itself.
 
+GPT-J's interleaved spelling (``rotate_every_two``: the features rotated in pairs
+``(x_2i, x_2i+1)``) is proven in ``_rotary_pairs`` and becomes the same op with
+``interleaved = 1``, on the ``[B, S, N * H]`` projection its ``[B, S, N, H]`` heads come
+from.
+
 On the generic target, ONNX ``RotaryEmbedding`` (opset 23,
 https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html) computes the same from the
 same cache and 2-D position ids; below opset 23 the block is left as it is.
@@ -50,7 +55,8 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
 from fusion_core.rewriters._attention_shapes import heads_of
 from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters._shape_values import known_dims, scalar
+from fusion_core.rewriters._rotary_pairs import interleaved_layout, interleaved_table, pairs_source
+from fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
 from fusion_core.rewriters._shared import mark_shared, shared_value
 from fusion_core.targets import MS_DOMAIN
 
@@ -70,6 +76,10 @@ class RotaryParams(Params):
     rotary_node: str | None = None  # partial rotary: Slice x[..., :r]
     pass_node: str | None = None  # partial rotary: Slice x[..., r:]
     concat_node: str | None = None  # partial rotary: Concat(sum, pass)
+    # GPT-J's rotate_every_two (_rotary_pairs): low/high are the even and odd Slices,
+    # rotate the Concat of their Unsqueezes, flatten the Reshape of the pairs
+    interleaved: bool = False
+    flatten_node: str | None = None
 
 
 class RotaryEmbedding(Rewriter):
@@ -84,6 +94,8 @@ class RotaryEmbedding(Rewriter):
                 f"ONNX RotaryEmbedding needs opset {ROTARY_OPSET} (the model has {ctx.opset}; "
                 f"--upgrade-opset {ROTARY_OPSET} converts it)"
             )
+        if params.interleaved:
+            return _interleaved(match, params, ctx, contrib)
         layout = _layout(match, params)
         if isinstance(layout, str):
             return layout
@@ -129,15 +141,73 @@ class RotaryEmbedding(Rewriter):
         return Rewrite(nodes, [(out, nodes[-1].outputs[0])])
 
 
+def _interleaved(
+    match: Match, params: RotaryParams, ctx: RewriteContext, contrib: bool
+) -> Rewrite | str:
+    """GPT-J's spelling (``_rotary_pairs``): the [B, S, N * H] projection rotated by an
+    interleaved RotaryEmbedding, and the heads split again after it."""
+    layout = interleaved_layout(match, params)
+    if isinstance(layout, str):
+        return layout
+    x, rotary_dim = layout
+    dims = known_dims(x)
+    assert dims is not None
+    tables = []
+    for free, what in (("$cos", "cos"), ("$sin", "sin")):
+        found = interleaved_table(match.value(free), dims, rotary_dim, what)
+        if isinstance(found, str):
+            return found
+        value, batched, constant, ids = found
+        tables.append(_Table(value, batched, constant, ids, half=True))
+    cos, sin = tables
+    if cos.batched != sin.batched or cos.ids is not sin.ids:
+        return "cos and sin are not indexed the same way (batch or position ids differ)"
+    heads, size = int(dims[2]), int(dims[3])  # type: ignore[arg-type]
+    split = pairs_source(x, (heads, size))
+    if split is None:
+        return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
+    nodes: list[ir.Node] = []
+    cos_cache = _cache(cos, rotary_dim, ctx, nodes)
+    sin_cache = _cache(sin, rotary_dim, ctx, nodes)
+    projection = split.inputs[0]
+    positions = _positions(cos, projection, contrib, ctx, nodes)
+    attrs = [
+        ir.AttrInt64("num_heads", heads),
+        ir.AttrInt64("rotary_embedding_dim", rotary_dim),
+        ir.AttrInt64("interleaved", 1),
+    ]
+    if contrib:
+        ctx.use_domain(MS_DOMAIN)
+        inputs = [projection, positions, cos_cache, sin_cache]
+        rotary = ir.Node(MS_DOMAIN, "RotaryEmbedding", inputs, attrs)
+    else:
+        rotary = ir.Node(
+            "", "RotaryEmbedding", [projection, cos_cache, sin_cache, positions], attrs
+        )
+    _copy_type(projection, rotary.outputs[0])
+    heads_again = ir.Node("", "Reshape", [rotary.outputs[0], split.inputs[1]], _attrs(split))
+    nodes += [rotary, heads_again]
+    out = match.node(params.concat_node or params.sum_node).outputs[0]
+    _copy_type(out, heads_again.outputs[0])
+    return Rewrite(nodes, [(out, heads_again.outputs[0])])
+
+
 class _Table:
     """Where a rotary angle's cosine (or sine) comes from: the ``[Bc, S, r]`` value ``c``
     computed in the graph (``batched``: ``Bc`` is the batch), or a constant table
     gathered by position ids ``ids``."""
 
     def __init__(
-        self, value: ir.Value, batched: bool, table: np.ndarray | None, ids: ir.Value | None
+        self,
+        value: ir.Value,
+        batched: bool,
+        table: np.ndarray | None,
+        ids: ir.Value | None,
+        *,
+        half: bool = False,  # value is the half already ([Bc, S, r / 2]: interleaved)
     ):
         self.value, self.batched, self.table, self.ids = value, batched, table, ids
+        self.half = half
 
 
 def _layout(match: Match, params: RotaryParams) -> tuple[ir.Value, int] | str:
@@ -197,7 +267,7 @@ def _angle_table(value: ir.Value | None, x_dims: list, rotary_dim: int, what: st
     """The ``[Bc, S, r]`` cosine or sine behind ``Unsqueeze(c, 1)``, proven to have equal
     halves, or why not."""
     producer = value.producer() if value is not None else None
-    if producer is None or producer.op_type != "Unsqueeze" or _axes(producer) != [1]:
+    if producer is None or producer.op_type != "Unsqueeze" or axes_of(producer) != [1]:
         name = value.name if value is not None else None
         return (
             f"the {what} {name!r} is not Unsqueeze(c, axis 1) of a [batch, S, {rotary_dim}] table"
@@ -282,14 +352,6 @@ def _equal_halves(value: ir.Value) -> str | None:
     return "the angle's computation is longer than the steps followed"
 
 
-def _axes(node: ir.Node) -> list[int] | None:
-    attr = attribute_value(node, "axes", None)
-    if attr is not None:
-        return list(attr)
-    array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    return None if array is None else [int(a) for a in array.reshape(-1)]
-
-
 def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
     """``[rows, r / 2]``: the first half of the table, one row per position."""
     if table.table is not None:
@@ -299,15 +361,19 @@ def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.N
     if found is not None:
         return found
     half = rotary_dim // 2
-    starts = ctx.initializer("rotary_zero", np.array([0], np.int64))
-    ends = ctx.initializer("rotary_half", np.array([half], np.int64))
-    axes = ctx.initializer("rotary_last_axis", np.array([-1], np.int64))
     shape = ctx.initializer("rotary_rows", np.array([-1, half], np.int64))
-    first = ir.Node("", "Slice", [table.value, starts, ends, axes])
-    flat = ir.Node("", "Reshape", [first.outputs[0], shape])
+    if table.half:
+        first = None
+        flat = ir.Node("", "Reshape", [table.value, shape])
+    else:
+        starts = ctx.initializer("rotary_zero", np.array([0], np.int64))
+        ends = ctx.initializer("rotary_half", np.array([half], np.int64))
+        axes = ctx.initializer("rotary_last_axis", np.array([-1], np.int64))
+        first = ir.Node("", "Slice", [table.value, starts, ends, axes])
+        flat = ir.Node("", "Reshape", [first.outputs[0], shape])
     flat.outputs[0].dtype = table.value.dtype
     mark_shared(flat, key)
-    nodes += [first, flat]
+    nodes += [n for n in (first, flat) if n is not None]
     return flat.outputs[0]
 
 

@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from fusion_core.ir import constant_array
 from fusion_core.patterns import attribute_value
-from fusion_core.rewriters._shape_values import Dim, known_dims, scalar
+from fusion_core.rewriters._shape_values import Dim, axes_of, known_dims, scalar
 
 __all__ = ["allowed_of", "causal_failure", "dim_of", "index_axis", "query_free_terms"]
 
@@ -187,7 +187,7 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
                 return start
             return _axis_after(unsqueezes), start[0]
         if producer.op_type == "Unsqueeze":
-            axes = _axes(producer)
+            axes = axes_of(producer)
             if axes is None:
                 return f"Unsqueeze {producer.name!r} has axes that are not constant"
             unsqueezes.append(axes)
@@ -223,14 +223,6 @@ def _axis_after(unsqueezes: list[list[int]]) -> int:
         source = iter(axes_list)
         axes_list = [False if i in inserted else next(source) for i in range(rank)]
     return len(axes_list) - axes_list.index(True)
-
-
-def _axes(node: ir.Node) -> list[int] | None:
-    attr = attribute_value(node, "axes", None)
-    if attr is not None:
-        return [int(a) for a in attr]
-    array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    return None if array is None else [int(a) for a in array.reshape(-1)]
 
 
 def dim_of(value: ir.Value | None) -> Dim:
