@@ -107,63 +107,102 @@ def _padding_bias(
     (``zero_rows``), else a bool to pick with."""
     if not terms:
         return None, None, []
-    nodes: list[ir.Node] = []
+    out = _Emitter()
+    term = _padding_term(terms, root, ctx, out)
+    bias = _broadcast_bias(term, root, value, q, ctx, out)
+    keep = _rows_with_a_key(term, root, key, ctx, out, zero_rows=zero_rows)
+    return bias, keep, out.nodes
 
-    def add(op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
-        nodes.append(ir.Node("", op, inputs, list(attrs)))
-        return nodes[-1].outputs[0]
 
-    key_name = f"gqa_padding_bias:{root.name}:{value!r}"
-    bias = shared_value(ctx.graph, key_name)
-    term = shared_value(ctx.graph, f"gqa_padding:{root.name}")
-    if term is None:
-        parts = []
-        for found in terms:  # the graph's 2-D mask itself where the term reads it
-            rows = padding_rows(found)
-            if rows is not None:
-                axes = ctx.initializer("gqa_padding_axes", np.array([1, 2], np.int64))
-                found = add("Unsqueeze", [rows, axes])
-            parts.append(found)
-        term = parts[0]
-        for other in parts[1:]:
-            term = add("And", [term, other])
-        if nodes:
-            mark_shared(nodes[-1], f"gqa_padding:{root.name}")
-            term.dtype = ir.DataType.BOOL
-    if bias is None:
-        zero = ctx.initializer("gqa_attend", np.array(0.0, np.float32))
-        lowest = ctx.initializer("gqa_masked", np.array(value, np.float32))
-        row = add("Where", [term, zero, lowest])
-        ones = ctx.initializer("gqa_ones_2", np.array([1, 1], np.int64))
-        one = ctx.initializer("gqa_one", np.array([1], np.int64))
-        queries = add("Shape", [q], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)])
-        shape = add("Concat", [ones, queries, one], [ir.AttrInt64("axis", 0)])
-        bias = add("Expand", [row, shape])
-        mark_shared(nodes[-1], key_name)
-        bias.dtype = ir.DataType.FLOAT
-    keep_name = f"gqa_padding_keep:{root.name}:{zero_rows}"
-    keep = shared_value(ctx.graph, keep_name)
-    if keep is None:
-        counted = add("Cast", [term], [ir.AttrInt64("to", ir.DataType.FLOAT)])
-        last = ctx.initializer("gqa_key_axis_scalar", np.array(3, np.int64))
-        running = add("CumSum", [counted, last])
-        if key.past is None:
-            first = ctx.initializer("gqa_zero", np.array([0], np.int64))
-        else:
-            first = add("Shape", [key.past], [ir.AttrInt64("start", 2), ir.AttrInt64("end", 3)])
-        end = ctx.initializer("gqa_end", np.array([np.iinfo(np.int64).max], np.int64))
-        axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
-        rows = add("Slice", [running, first, end, axis])
-        if zero_rows:
-            one = ctx.initializer("gqa_one_f", np.array(1.0, np.float32))
-            rows = add("Min", [rows, one])
-        else:
-            rows = add("Greater", [rows, ctx.initializer("gqa_zero_f", np.array(0.0, np.float32))])
-        per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
-        keep = add("Reshape", [rows, per_row])
-        mark_shared(nodes[-1], keep_name)
-        keep.dtype = ir.DataType.FLOAT if zero_rows else ir.DataType.BOOL
-    return bias, keep, nodes
+class _Emitter:
+    """The new nodes in order; ``add`` returns a node's first output."""
+
+    def __init__(self) -> None:
+        self.nodes: list[ir.Node] = []
+
+    def add(self, op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
+        self.nodes.append(ir.Node("", op, inputs, list(attrs)))
+        return self.nodes[-1].outputs[0]
+
+    def share(self, key: str, dtype: ir.DataType) -> ir.Value:
+        """Mark the last node as the shared value ``key`` (of ``dtype``)."""
+        mark_shared(self.nodes[-1], key)
+        self.nodes[-1].outputs[0].dtype = dtype
+        return self.nodes[-1].outputs[0]
+
+
+def _padding_term(
+    terms: list[ir.Value], root: ir.Value, ctx: RewriteContext, out: _Emitter
+) -> ir.Value:
+    """The conjunction of the terms, each read from the graph's 2-D mask where it is
+    that mask (``padding_rows``)."""
+    key = f"gqa_padding:{root.name}"
+    found = shared_value(ctx.graph, key)
+    if found is not None:
+        return found
+    parts = []
+    for term in terms:
+        rows = padding_rows(term)
+        if rows is not None:
+            axes = ctx.initializer("gqa_padding_axes", np.array([1, 2], np.int64))
+            term = out.add("Unsqueeze", [rows, axes])
+        parts.append(term)
+    for other in parts[1:]:
+        parts[0] = out.add("And", [parts[0], other])
+    return out.share(key, ir.DataType.BOOL) if out.nodes else parts[0]
+
+
+def _broadcast_bias(
+    term: ir.Value, root: ir.Value, value: float, q: ir.Value, ctx: RewriteContext, out: _Emitter
+) -> ir.Value:
+    """``Expand(Where(t, 0, lowest), [1, 1, S, 1])``: the kernel wants one row per query."""
+    key = f"gqa_padding_bias:{root.name}:{value!r}"
+    found = shared_value(ctx.graph, key)
+    if found is not None:
+        return found
+    zero = ctx.initializer("gqa_attend", np.array(0.0, np.float32))
+    lowest = ctx.initializer("gqa_masked", np.array(value, np.float32))
+    row = out.add("Where", [term, zero, lowest])
+    ones = ctx.initializer("gqa_ones_2", np.array([1, 1], np.int64))
+    one = ctx.initializer("gqa_one", np.array([1], np.int64))
+    queries = out.add("Shape", [q], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)])
+    shape = out.add("Concat", [ones, queries, one], [ir.AttrInt64("axis", 0)])
+    out.add("Expand", [row, shape])
+    return out.share(key, ir.DataType.FLOAT)
+
+
+def _rows_with_a_key(
+    term: ir.Value,
+    root: ir.Value,
+    key: KVSide,
+    ctx: RewriteContext,
+    out: _Emitter,
+    *,
+    zero_rows: bool,
+) -> ir.Value:
+    """``[B, S, 1]``: whether the running count of ``t`` at ``P + s`` is above 0, as 0/1
+    (``zero_rows``) or a bool."""
+    name = f"gqa_padding_keep:{root.name}:{zero_rows}"
+    found = shared_value(ctx.graph, name)
+    if found is not None:
+        return found
+    counted = out.add("Cast", [term], [ir.AttrInt64("to", ir.DataType.FLOAT)])
+    last = ctx.initializer("gqa_key_axis_scalar", np.array(3, np.int64))
+    running = out.add("CumSum", [counted, last])
+    if key.past is None:
+        first = ctx.initializer("gqa_zero", np.array([0], np.int64))
+    else:
+        first = out.add("Shape", [key.past], [ir.AttrInt64("start", 2), ir.AttrInt64("end", 3)])
+    end = ctx.initializer("gqa_end", np.array([np.iinfo(np.int64).max], np.int64))
+    axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
+    rows = out.add("Slice", [running, first, end, axis])
+    if zero_rows:
+        rows = out.add("Min", [rows, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
+    else:
+        rows = out.add("Greater", [rows, ctx.initializer("gqa_zero_f", np.array(0.0, np.float32))])
+    per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
+    out.add("Reshape", [rows, per_row])
+    return out.share(name, ir.DataType.FLOAT if zero_rows else ir.DataType.BOOL)
 
 
 def _unsliced(allowed: ir.Value) -> ir.Value:

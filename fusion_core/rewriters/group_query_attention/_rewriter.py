@@ -267,22 +267,16 @@ def _mask(
         if isinstance(allowed, str)
         else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal)
     )
+    zero_rows = shared is not None and shared.keep is not None and shared.empty_rows == "zero"
+    if zero_rows and params.nan_guard_node is None:
+        return (
+            f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
+            "a fully masked row is NaN"
+        )
     if shared is not None and shared.causal_only:  # the bias: the terms besides the causal
-        keep_rows, empty = shared.keep, shared.empty_rows
-        if keep_rows is not None and empty == "zero" and params.nan_guard_node is None:
-            return (
-                f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
-                "a fully masked row is NaN"
-            )
-        return EmptyRows(shared.bias, keep_rows, True, shared.nodes, empty)
+        return EmptyRows(shared.bias, shared.keep, True, shared.nodes, shared.empty_rows)
     if shared is not None:
         bias, keep_rows, nodes = shared.bias, shared.keep, shared.nodes
-        if keep_rows is not None and params.nan_guard_node is None:
-            return (
-                f"the mask {mask.name!r} holds -inf and no NaN guard follows the Softmax: "
-                "a fully masked row is NaN"
-            )
-        keep_rows = keep_rows if params.nan_guard_node is not None else None
     elif params.nan_guard_node is not None:
         guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
         if isinstance(guarded, str):
@@ -293,19 +287,37 @@ def _mask(
         if finite is not None:
             return finite
         bias, keep_rows, nodes = mask, None, []
+    mean_rows = shared is not None and not isinstance(allowed, str)
+    whole = EmptyRows(bias, keep_rows, False, nodes)
+    return _causal_or_not(whole, mask, allowed, key, heads, ctx, need_causal, mean_rows)
+
+
+def _causal_or_not(
+    masked: EmptyRows,
+    mask: ir.Value,
+    allowed: ir.Value | str,
+    key: KVSide,
+    heads: int,
+    ctx: RewriteContext,
+    need_causal: bool,
+    mean_rows: bool,
+) -> EmptyRows | str:
+    """The whole mask as the bias: causal where it is proven causal (and its empty rows
+    handled), not causal without a cache, else why not."""
     past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
-    if why is None and keep_rows is not None:
-        return EmptyRows(bias, keep_rows, True, nodes)
+    if why is None and masked.keep is not None:
+        return masked._replace(causal=True)
     if key.past is None and why is not None and key.heads == heads:  # no decoder's sign
         return (
             f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
             "attention, which attention_mha* fuses as MultiHeadAttention"
         )
     if key.past is None or not need_causal:
-        return EmptyRows(bias, keep_rows, False, nodes)
-    if why is None and shared is not None:  # finite, causal: the empty rows take the mean
-        return EmptyRows(bias, any_key_rows(allowed, ctx, nodes), True, nodes, "mean")
+        return masked
+    if why is None and mean_rows:  # finite, causal: the empty rows take the mean
+        keep = any_key_rows(allowed, ctx, masked.nodes)  # type: ignore[arg-type]
+        return masked._replace(keep=keep, causal=True, empty_rows="mean")
     if why is None:
         why = (
             f"the mask {mask.name!r} is finite: a fully masked row averages every key, "
