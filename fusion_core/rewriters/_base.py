@@ -32,6 +32,7 @@ __all__ = [
     "apply_rewrite",
     "discard",
     "missing_output",
+    "opset_refusal",
     "provenance",
 ]
 
@@ -163,6 +164,15 @@ def provenance(node: ir.Node) -> tuple[list[str], list[str]]:
     if names is not None:
         return names, metadata_keys.replaced_values(props)
     return [node.name or f"<{node.op_type}>"], []
+
+
+def opset_refusal(op: str, needed: int, ctx: RewriteContext, instead: str = "") -> str:
+    """The one refusal for an op newer than the model's opset, with the way out."""
+    reason = (
+        f"{op} needs opset {needed}; the model imports opset {ctx.opset} "
+        f"(--upgrade-opset {needed} converts it)"
+    )
+    return f"{reason}; {instead}" if instead else reason
 
 
 def missing_output(match: Match, rewrite: Rewrite) -> str | None:

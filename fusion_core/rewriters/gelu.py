@@ -38,7 +38,7 @@ import onnx_ir as ir
 
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, PatternSpec, parse_ref
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ERF_SCALE_RTOL", "FuseGelu"]
@@ -104,7 +104,7 @@ class FuseGelu(Rewriter):
             if bias is not None:
                 return "standard ONNX has no Gelu with a bias input (onnxruntime only)"
             if ctx.opset < GELU_OPSET:
-                return f"ONNX Gelu needs opset {GELU_OPSET}; the model imports opset {ctx.opset}"
+                return opset_refusal("ONNX Gelu", GELU_OPSET, ctx)
             attrs = [ir.AttrString("approximate", "tanh")] if params.approximate == "tanh" else []
             node = ir.Node("", "Gelu", [data], attrs)
         out = match.node(params.output_node)

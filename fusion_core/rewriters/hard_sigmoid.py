@@ -36,7 +36,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters.fuse_activation import clip_bounds
 from fusion_core.rewriters.hard_swish import HARDSWISH_OPSET
 from fusion_core.rewriters.silu import other_operand
@@ -77,10 +77,7 @@ class FuseHardSigmoid(Rewriter):
             if reason is not None:
                 return f"not a HardSwish: {reason}"
         if ctx.opset < HARDSIGMOID_OPSET:
-            return (
-                f"HardSigmoid with alpha and beta needs opset {HARDSIGMOID_OPSET}; "
-                f"the model imports opset {ctx.opset}"
-            )
+            return opset_refusal("HardSigmoid with alpha and beta", HARDSIGMOID_OPSET, ctx)
         out = match.node(params.output_node).outputs[0]
         if params.multiply_node is None:
             nodes = [_hard_sigmoid(x)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters.silu import gated_input
 
 __all__ = ["HARDSWISH_OPSET", "FuseHardSwish"]
@@ -41,10 +41,7 @@ class FuseHardSwish(Rewriter):
         if isinstance(x, str):
             return x
         if ctx.opset < HARDSWISH_OPSET:
-            return (
-                f"ONNX HardSwish needs opset {HARDSWISH_OPSET}; the model imports opset "
-                f"{ctx.opset} (--upgrade-opset {HARDSWISH_OPSET} converts it)"
-            )
+            return opset_refusal("ONNX HardSwish", HARDSWISH_OPSET, ctx)
         node = ir.Node("", "HardSwish", [x])
         out = match.node(params.output_node)
         return Rewrite([node], [(out.outputs[0], node.outputs[0])])

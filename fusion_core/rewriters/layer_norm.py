@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters._norm import dtype_of, norm_attributes, runs_onnxruntime, statistics
 
 __all__ = ["LAYER_NORM_OPSET", "LayerNorm"]
@@ -43,7 +43,7 @@ class LayerNorm(Rewriter):
 
     def rewrite(self, match: Match, params: LayerNormParams, ctx: RewriteContext) -> Rewrite | str:
         if ctx.opset < LAYER_NORM_OPSET and not runs_onnxruntime(ctx):
-            return f"LayerNormalization needs opset {LAYER_NORM_OPSET} (the model has {ctx.opset})"
+            return opset_refusal("LayerNormalization", LAYER_NORM_OPSET, ctx)
         mean = match.node(params.mean_node)
         x = mean.inputs[0]
         reductions = [mean, match.node(params.variance_node)]

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match
 from fusion_core.rewriters._affine import per_channel
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters._norm import dtype_of, norm_attributes, runs_onnxruntime, statistics
 
 __all__ = ["RMS_NORM_OPSET", "RMSNorm"]
@@ -48,7 +48,7 @@ class RMSNorm(Rewriter):
         elif runs_onnxruntime(ctx):
             op_type = "SimplifiedLayerNormalization"
         else:
-            return f"RMSNormalization needs opset {RMS_NORM_OPSET} (the model has {ctx.opset})"
+            return opset_refusal("RMSNormalization", RMS_NORM_OPSET, ctx)
         x = match.node(params.square_node).inputs[0]
         stats = statistics(match, x, [match.node(params.variance_node)], params.epsilon_node)
         if isinstance(stats, str):

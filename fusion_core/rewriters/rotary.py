@@ -54,7 +54,7 @@ import onnx_ir as ir
 from fusion_core.ir import constant_array
 from fusion_core.patterns import Match, attribute_value
 from fusion_core.rewriters._attention_shapes import heads_of
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters._rotary_pairs import interleaved_layout, interleaved_table, pairs_source
 from fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
 from fusion_core.rewriters._shared import mark_shared, shared_value
@@ -90,10 +90,7 @@ class RotaryEmbedding(Rewriter):
     def rewrite(self, match: Match, params: RotaryParams, ctx: RewriteContext) -> Rewrite | str:
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ROTARY_OPSET:
-            return (
-                f"ONNX RotaryEmbedding needs opset {ROTARY_OPSET} (the model has {ctx.opset}; "
-                f"--upgrade-opset {ROTARY_OPSET} converts it)"
-            )
+            return opset_refusal("ONNX RotaryEmbedding", ROTARY_OPSET, ctx)
         if params.interleaved:
             return _interleaved(match, params, ctx, contrib)
         layout = _layout(match, params)

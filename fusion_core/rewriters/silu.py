@@ -31,7 +31,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["SWISH_OPSET", "FuseSiLU", "gated_input", "other_operand"]
@@ -92,10 +92,7 @@ class FuseSiLU(Rewriter):
                 "swish: true emits it"
             )
         elif ctx.opset < SWISH_OPSET:
-            return (
-                f"ONNX Swish needs opset {SWISH_OPSET}; the model imports opset {ctx.opset} "
-                f"(--upgrade-opset {SWISH_OPSET} converts it)"
-            )
+            return opset_refusal("ONNX Swish", SWISH_OPSET, ctx)
         else:
             node = ir.Node("", "Swish", [x], [ir.AttrFloat32("alpha", 1.0)])
         out = match.node(params.output_node)

@@ -12,7 +12,7 @@ from fusion_core.rewriters._attention_shapes import (
     matched_scale,
     merges_heads,
 )
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention"]
@@ -44,10 +44,8 @@ class FuseAttention(Rewriter):
     def rewrite(self, match: Match, params: AttentionParams, ctx: RewriteContext) -> Rewrite | str:
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ATTENTION_OPSET:
-            return (
-                f"ONNX Attention needs opset {ATTENTION_OPSET} (the model has {ctx.opset}); "
-                "the generic target folds the attention scale into the projection instead"
-            )
+            instead = "the generic target folds the attention scale into the projection instead"
+            return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx, instead)
         splits = [
             match.node(params.q_reshape_node),
             match.node(params.k_reshape_node),

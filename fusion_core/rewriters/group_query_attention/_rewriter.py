@@ -12,7 +12,7 @@ from fusion_core.ir import constant_array
 from fusion_core.patterns import Match
 from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
 from fusion_core.rewriters._attention_shapes import layout_failure, matched_scale, merges_heads
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
 from fusion_core.rewriters._shape_values import known_dims
 from fusion_core.rewriters.group_query_attention._bias import (
     any_key_rows,
@@ -80,10 +80,7 @@ class GroupQueryAttention(Rewriter):
             return scale
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ATTENTION_OPSET:
-            return (
-                f"ONNX Attention needs opset {ATTENTION_OPSET} (the model has {ctx.opset}; "
-                f"--upgrade-opset {ATTENTION_OPSET} converts it)"
-            )
+            return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx)
         masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
