@@ -292,6 +292,7 @@ def test_the_terminal_summary_still_reads_a_version_2_report(conv_report):
 def test_a_failed_check_reports_the_drifting_region_and_validates():
     """The broken-rewriter case of test_regions.py, through the report."""
     from tests.fusion_core import test_regions as cases
+
     registry = cases.builtin_rewriters()
     registry.register(cases.WrongEpsilonFoldBatchNorm())
     result = cases._optimize(cases.conv_model(), registry)
