@@ -19,6 +19,11 @@ Each free name gets a size by the role it plays, in order of preference:
   sequence/length/time: 16, then shorter ones;
 - ``other``: 1, then larger sizes (an audio model wants hundreds of samples).
 
+A name that says total (``total_sequence_length``, as torch's dynamo exporter names a
+decoder's mask length beside ``past_sequence_length`` and ``sequence_length``) is the
+past plus the sequence when the model has free names of both roles: a cache graph's
+mask spans the cached and the new tokens, which names alone do not say.
+
 ``candidate_dims`` lists a few such assignments, most typical first; the check runs the
 original model on each until one runs (``fusion_core.validate._compare``).
 """
@@ -64,6 +69,7 @@ _BATCH = re.compile(r"batch|^n$|^b$|^bs$", re.IGNORECASE)
 _PAST = re.compile(r"past|cache|history", re.IGNORECASE)
 _RNN_STATE = re.compile(r"state|hidden|^h0?$|^c0?$|cell", re.IGNORECASE)  # [layers, batch, size]
 _SEQUENCE = re.compile(r"seq|len|time|frame|token|step|width|height", re.IGNORECASE)
+_TOTAL = re.compile(r"total", re.IGNORECASE)
 
 
 class DimExpressionError(ValueError):
@@ -141,6 +147,13 @@ def candidate_dims(dims: InputDims, given: Mapping[str, int], k: int) -> dict[st
             sizes = _ROLE_SIZES[role]
             target = sizes[min(k, len(sizes) - 1)]
             chosen[name] = _solve(expression, name, target, chosen)
+    past = next((n for n, r in dims.roles.items() if r == "past"), None)
+    sequence = next(
+        (n for n, r in dims.roles.items() if r == "sequence" and not _TOTAL.search(n)), None
+    )
+    for name in dims.roles:
+        if _TOTAL.search(name) and name not in given and past and sequence:
+            chosen[name] = chosen[past] + chosen[sequence]
     return chosen
 
 

@@ -93,6 +93,22 @@ def test_an_expression_dim_is_computed_from_its_names():
     assert feed["input_ids"].shape == (1, seq)
 
 
+def test_a_total_length_is_the_past_plus_the_sequence():
+    """dynamo names the mask's length on its own (``total_sequence_length``): sized apart
+    from the cache and the new tokens, a decoder would not run (its mask must be as long
+    as the Concat of the cache)."""
+    model = _decoder_with_cache()
+    mask = next(v for v in model.graph.input if v.name == "attention_mask")
+    mask.type.tensor_type.shape.dim[1].dim_param = "total_sequence_length"
+    dims = input_dims(model)
+    for k in range(3):
+        chosen = candidate_dims(dims, {}, k)
+        total = chosen["past_sequence_length"] + chosen["sequence_length"]
+        assert chosen["total_sequence_length"] == total, chosen
+    given = candidate_dims(dims, {"total_sequence_length": 7}, 0)
+    assert given["total_sequence_length"] == 7  # what the user says wins
+
+
 @pytest.mark.parametrize(
     ("text", "values", "expected"),
     [
