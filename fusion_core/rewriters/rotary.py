@@ -91,14 +91,14 @@ class RotaryEmbedding(Rewriter):
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ROTARY_OPSET:
             return opset_refusal("ONNX RotaryEmbedding", ROTARY_OPSET, ctx)
-        if params.interleaved:
-            return _interleaved(match, params, ctx, contrib)
-        layout = _layout(match, params)
+        layout = (interleaved_layout if params.interleaved else _layout)(match, params)
         if isinstance(layout, str):
             return layout
         x, rotary_dim = layout
         dims = known_dims(x)
         assert dims is not None
+        if params.interleaved:
+            return _interleaved(match, params, (x, rotary_dim, dims), ctx, contrib)
         cos = _angle_table(match.value("$cos"), dims, rotary_dim, "cos")
         sin = _angle_table(match.value("$sin"), dims, rotary_dim, "sin")
         for table in (cos, sin):
@@ -139,16 +139,16 @@ class RotaryEmbedding(Rewriter):
 
 
 def _interleaved(
-    match: Match, params: RotaryParams, ctx: RewriteContext, contrib: bool
+    match: Match,
+    params: RotaryParams,
+    layout: tuple[ir.Value, int, list],
+    ctx: RewriteContext,
+    contrib: bool,
 ) -> Rewrite | str:
     """GPT-J's spelling (``_rotary_pairs``): the [B, S, N * H] projection rotated by an
-    interleaved RotaryEmbedding, and the heads split again after it."""
-    layout = interleaved_layout(match, params)
-    if isinstance(layout, str):
-        return layout
-    x, rotary_dim = layout
-    dims = known_dims(x)
-    assert dims is not None
+    interleaved RotaryEmbedding, and the heads split again after it; ``layout`` is the
+    heads x [B, S, N, H], the rotary dimension and x's dims, checked."""
+    x, rotary_dim, dims = layout
     tables = []
     for free, what in (("$cos", "cos"), ("$sin", "sin")):
         found = interleaved_table(match.value(free), dims, rotary_dim, what)

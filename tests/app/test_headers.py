@@ -4,16 +4,13 @@ on a keyed server, and the pure-Python protobuf backend is refused at start-up."
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from app.core.models import JobStatus
 from app.services.artifacts import download_headers, safe_filename
 from app.services.auth import create_key
 from fusion_core.report import format_markdown
@@ -29,16 +26,7 @@ def _succeed_with_artifacts(service, job_id: str) -> None:
         "report.md": store.put_bytes(b"# report"),
         "profile_trace.json": store.put_bytes(b"[]"),
     }
-    service.update_job(
-        job_id,
-        status=JobStatus.succeeded.value,
-        stage="succeeded",
-        progress=1.0,
-        finished_at=datetime.now(UTC),
-        fused_digest=store.put_bytes(b"fused"),
-        report_digest=store.put_bytes(json.dumps({"fusions": {}}).encode()),
-        summary={"fusions": 0, "artifacts": artifacts},
-    )
+    service.succeed(job_id, b"fused", {"fusions": {}}, {"fusions": 0, "artifacts": artifacts})
 
 
 def test_every_download_is_an_attachment_that_is_never_sniffed(service, tiny_model):
