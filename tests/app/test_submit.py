@@ -615,7 +615,7 @@ def test_a_profiled_submit_shows_and_gates_on_the_speed(
     assert code == EXIT_GATE_FAILED
     assert f"measured speedup {speed.speedup:.3f}x <" in err
     assert f"{speed.runs} paired runs" in err and "interval" in err
-    assert line("speedup", f"{speed.describe()}") in out
+    assert line("speedup", f"{flag}{speed.describe()}") in out
     assert len(api.jobs) == 1  # the same inputs and config: the same job
 
 
