@@ -6,8 +6,9 @@ DistilBERT because it packs the Q/K/V projections into com.microsoft.Attention; 
 pattern becomes a default only if it measures faster. Each model is built by
 ``bench/bench_transformers.py`` (config defaults, seeded random weights, dynamo export,
 batch 1, sequence 128), optimized for onnxruntime with the defaults and with the
-optional pattern added, checked against the original (atol 1e-4), and the three are
-timed at ORT_ENABLE_ALL, ``--threads`` threads, interleaved (``bench/_interleaved.py``).
+optional pattern added, and by onnxscript's ``ort_fusions`` (``bench/_tools.py``), each
+compared with torch's output, and the four are timed at ORT_ENABLE_ALL, ``--threads``
+threads, interleaved (``bench/_interleaved.py``).
 
     python bench/corpus/bench_packed_attention.py [--models bert distilbert] [--iters 100]
 """
@@ -27,6 +28,7 @@ HERE = Path(__file__).resolve()
 sys.path[:0] = [str(HERE.parents[2]), str(HERE.parents[1])]
 import bench_transformers as bt  # noqa: E402
 from _interleaved import interleaved_ms, paired_summary  # noqa: E402
+from _tools import _onnxscript_ort_fusions  # noqa: E402
 
 from fusion_core import CheckOptions, OptimizeConfig, load_model, optimize  # noqa: E402
 from fusion_core.catalog import parse_pattern_text  # noqa: E402
@@ -49,6 +51,10 @@ def variants(src: Path, tmp: Path) -> dict[str, Path]:
         print(f"  {label}: {dict(sorted(result.counts.items()))}", flush=True)
         paths[label] = tmp / f"{label}.onnx"
         onnx.save(result.to_proto(), str(paths[label]))
+    # what issue 17 compares against: onnxscript's ort_fusions packs Q/K/V the same way
+    paths["ort_fusions"] = tmp / "ort_fusions.onnx"
+    fused = _onnxscript_ort_fusions(src, paths["ort_fusions"], {})["fused"]
+    print(f"  ort_fusions: {dict(sorted(fused.items()))}", flush=True)
     return paths
 
 
