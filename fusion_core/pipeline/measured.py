@@ -215,10 +215,16 @@ def _measure_groups(run: _Run, proposal: Result) -> dict[str, _Decision]:
         context = (current.to_proto(), run.build, run.unchecked, run.timer, run.cache)
         decisions.update(_decide(pending, *context, machine, structure))
         current = _build_without(run.build, run.unchecked, None, decisions)
-    for group in group_fusions(current.applied):  # what the last pass exposed
-        if group.key not in decisions:
-            reason = "measured selection: appeared when other groups were left out, unmeasured"
-            decisions[group.key] = _Decision(group, False, reason)
+    # What the last pass exposed is left out unmeasured; leaving it out can expose more
+    # (a merge left out lets the unmerged form of a kept fusion match), so until the
+    # model built from these decisions applies no group without one.
+    reason = "measured selection: appeared when other groups were left out, unmeasured"
+    for _ in range(_PASSES):
+        exposed = [g for g in group_fusions(current.applied) if g.key not in decisions]
+        if not exposed:
+            break
+        decisions.update({g.key: _Decision(g, False, reason) for g in exposed})
+        current = _build_without(run.build, run.unchecked, None, decisions)
     return decisions
 
 
