@@ -13,9 +13,9 @@ Where ``qkv_bias_merge`` ran first (it is a default and fuses in the same round 
 Add and a Split into three equal parts on the last axis (``merged_nodes``): that weight
 and bias go in as they are.
 A MultiHeadAttention with a packed bias (input 3), a key padding mask (input 4) or a
-past is left as it is, with that reason. The pattern is optional
-(``fusion_core/patterns/optional/attention_packed.yaml``): it is not a default until it
-measures faster.
+past is left as it is, with that reason. The patterns
+(``fusion_core/patterns/builtin/attention_packed.yaml``) are defaults since they measured
+level or faster (docs/benchmarks.md, section 16).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """``attention`` (attention_mha, attention_mha_no_mask, attention_mha_sdpa): the
 scaled-dot-product core of multi-head attention, after ``qkv_bias_merge``, as
-com.microsoft MultiHeadAttention (the SDPA form is at the end of this file).
+com.microsoft MultiHeadAttention (the SDPA form is at the end of this file). On the
+onnxruntime target these tests stop there: the packing of the merged projection and
+the MultiHeadAttention into one Attention that follows by default is
+test_packed_attention.py's.
 
 The block is B = 2, S = 5, hidden 16, 4 heads of size 4, written as the BERT family
 exports it: Reshape -> Transpose(0, 2, 1, 3) per head split (K straight to
@@ -29,6 +32,9 @@ from fusion_core.testing import (
 )
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+# The later step that packs a merged projection and its MultiHeadAttention into one
+# com.microsoft.Attention (tests/fusion_core/rewriters/test_packed_attention.py).
+PACKED = ["attention_packed", "attention_packed_merged"]
 B, S, HIDDEN, HEADS = 2, 5, 16, 4
 MHA = "com.microsoft::MultiHeadAttention"
 
@@ -117,6 +123,11 @@ def attention_model(
     return build_model(text, inits)
 
 
+def optimize_mha(model: onnx.ModelProto):
+    """The onnxruntime target up to MultiHeadAttention: without the packing after it."""
+    return optimize_quiet(model, target="onnxruntime", exclude=PACKED)
+
+
 def merged_ops(mask: bool) -> list[str]:
     return (["Where"] if mask else []) + ["MatMul", "Add", "Split", MHA]
 
@@ -146,7 +157,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_attention_becomes_multi_head_attention(case):
     model = attention_model(**case)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     mask = case.get("mask", "") is not None
     pattern = "attention_mha" if mask else "attention_mha_no_mask"
     fused = assert_fusion(
@@ -263,7 +274,7 @@ UNFUSED_NO_MASK = UNFUSED[1:12] + UNFUSED[13:]
 )
 def test_no_fusion(case, reason):
     model = attention_model(**case)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     masked = case.get("mask", "") is not None
     pattern = "attention_mha" if masked else "attention_mha_no_mask"
     ops = UNFUSED if masked else UNFUSED_NO_MASK
@@ -273,7 +284,7 @@ def test_no_fusion(case, reason):
 def test_no_fusion_when_the_target_is_computed():
     """The heads cannot be read from a Reshape target the model computes at run time."""
     model = attention_model(target_input=True)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert "attention_mha" not in result.counts
     reasons = misses(result, "attention_mha")
     assert any("is neither a constant nor a Concat" in r for r in reasons), reasons
@@ -357,7 +368,7 @@ def sdpa_feeds() -> dict[str, np.ndarray]:
 
 def test_sdpa_attention_becomes_multi_head_attention():
     model = sdpa_model()
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == merged_ops(mask=True)
@@ -374,7 +385,7 @@ def test_sdpa_infinite_mask_keeps_the_guard():
     """With -inf a fully masked row is NaN, which the guard turns into 0; MultiHeadAttention
     has no guard, so the mask becomes finite and such rows are multiplied by 0."""
     model = sdpa_model(lowest=-np.inf)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
@@ -405,7 +416,7 @@ def test_sdpa_infinite_mask_keeps_the_guard():
 def test_sdpa_infinite_mask_per_head_is_refused():
     """A row may be fully masked for one head only: a per-row factor cannot express it."""
     model = sdpa_model(lowest=-np.inf, keep_heads=HEADS)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert "attention_mha_sdpa" not in result.counts
     reasons = misses(result, "attention_mha_sdpa")
     assert any("is not known to be [B or 1, 1, S, L]" in r for r in reasons), reasons
@@ -419,7 +430,7 @@ def test_two_dimensional_merge_keeps_a_reshape():
     """GPT-2 merges the heads straight into [B * S, hidden] for its Gemm: the Reshape
     stays, reading MultiHeadAttention's output."""
     model = attention_model(merge_target=(-1, HIDDEN), out_shape=f"[{B * S}, {HIDDEN}]")
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert_fusion(
         model,
         result,
@@ -433,7 +444,7 @@ def test_merge_that_copies_a_head_dimension_is_refused():
     """A 0 past the second entry copies the heads (4) from out_t, but would copy the
     hidden size (16) from MultiHeadAttention's output."""
     model = attention_model(merge_target=(0, 0, 0, -1), out_shape=f"[{B}, {S}, {HEADS}, 4]")
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert "attention_mha" not in result.counts
     reasons = misses(result, "attention_mha")
     assert any("may copy a dimension past the second" in r for r in reasons), reasons
@@ -448,7 +459,7 @@ def test_merge_that_copies_a_head_dimension_is_refused():
 @pytest.mark.parametrize("mask", ["[2, 1, 5, 5]", None], ids=["mask", "no-mask"])
 def test_k_transposed_twice_becomes_multi_head_attention(mask):
     model = attention_model(mask=mask, k_two_transposes=True)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     pattern = "attention_mha_kt2" if mask else "attention_mha_kt2_no_mask"
     fused = assert_fusion(
         model,
@@ -466,7 +477,7 @@ def test_k_transposed_twice_in_another_order_stays():
     k_heads, k_t = [n for n in model.graph.node if n.output[0] in ("kh", "kt")]
     k_heads.attribute[0].ints[:] = [0, 1, 3, 2]
     k_t.attribute[0].ints[:] = [0, 2, 1, 3]
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert "attention_mha_kt2" not in result.counts
     reasons = misses(result, "attention_mha_kt2")
     assert any("k_heads.perm" in r and "expected eq [0, 2, 1, 3]" in r for r in reasons), reasons
@@ -476,7 +487,7 @@ def test_attention_softmax_no_pattern_reaches_is_explained():
     """A Sub between the scale and the mask: no attention pattern binds past it, and the
     near miss names the closest pattern, the step (its node id and op) and what is there."""
     model = attention_model(extra_step="Sub")
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert not any(p.startswith("attention_mha") for p in result.counts), result.counts
     fused = result.to_proto()
     assert op_sequence(fused).count("Softmax") == 1
@@ -502,7 +513,7 @@ def test_softmax_that_is_not_attention_is_not_explained():
         }""",
         {"w": w},
     )
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert not [m for m in result.near_misses if m.pattern.startswith("attention")]
 
 
@@ -517,7 +528,7 @@ def test_softmax_that_is_not_attention_is_not_explained():
 )
 def test_unscaled_scores_become_attention_with_scale_one(case, pattern, scale):
     model = attention_model(**case)
-    result = optimize_quiet(model, target="onnxruntime")
+    result = optimize_mha(model)
     assert result.counts.get(pattern) == 1, result.counts
     fused = result.to_proto()
     assert attrs(the_attention(fused))["scale"] == pytest.approx(scale, rel=1e-7)
