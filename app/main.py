@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from sqlalchemy.exc import IntegrityError
 
 from app.api.limits import BodyLimits
 from app.api.openapi_contract import install_openapi
@@ -24,7 +25,7 @@ from app.core.config import Settings, get_settings
 from app.core.db import session_scope
 from app.migrate import upgrade
 from app.services.artifacts import make_store
-from app.services.registry import seed_builtins
+from app.services.registry import sync_builtins
 from app.services.scratch import ScratchSweeper
 from app.services.strategies import seed_strategies
 from app.services.uploads import UploadSlots
@@ -37,6 +38,19 @@ __all__ = ["create_app"]
 logger = logging.getLogger(__name__)
 
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's files
+
+
+def _sync_builtins(url: str) -> None:
+    """This release's built-in patterns into the registry (new ones added, unedited ones
+    updated: ``sync_builtins``)."""
+    try:
+        with session_scope(url) as session:
+            added, updated = sync_builtins(session)
+    except IntegrityError:  # another process of the service inserted them first
+        logger.info("built-in patterns: synced by another process")
+        return
+    if added or updated:
+        logger.info("built-in patterns: %d added to the registry, %d updated", added, updated)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -52,10 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sweeper = sweeper
         if settings.migrate_on_start:
             upgrade(settings.resolved_database_url)
+        _sync_builtins(settings.resolved_database_url)
         with session_scope(settings.resolved_database_url) as session:
-            seeded = seed_builtins(session)
-            if seeded:
-                logger.info("seeded %d built-in patterns into the registry", seeded)
             seed_strategies(session)
         celery = make_celery(settings)
         app.state.celery = celery

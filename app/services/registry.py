@@ -8,6 +8,7 @@ are reproducible, and a change applies to the next job without restarting anythi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -29,7 +30,7 @@ __all__ = [
     "list_patterns",
     "pattern_history",
     "registry_version",
-    "seed_builtins",
+    "sync_builtins",
     "snapshot",
 ]
 
@@ -82,20 +83,57 @@ def _record_version(
     session.flush()
 
 
-def seed_builtins(session: Session) -> int:
-    """Insert the built-in patterns once (the first start of an empty registry)."""
-    if session.scalar(select(func.count()).select_from(PatternRecord)):
-        return 0
-    raws = builtin_pattern_data()
+# The actor of the versions a release writes: what tells its built-ins from a user's edit.
+BUILTIN_ACTOR = "builtin"
+
+
+def sync_builtins(session: Session) -> tuple[int, int]:
+    """Bring the registry's built-ins to this release's; returns (added, updated).
+
+    A built-in the registry has never had is inserted (the first start of an empty
+    registry inserts them all), so an upgrade brings its new patterns to the service. A
+    built-in whose spec only releases have written is updated to this release's; one a
+    user has updated or deleted is theirs from then on and left as it is (a disable
+    keeps the pattern disabled, with the new spec). All of it is one registry version."""
+    records = {r.name: r for r in session.scalars(select(PatternRecord))}
+    authors = _spec_authors(session)
+    added, updated = [], []
+    for raw in builtin_pattern_data():
+        spec = json.loads(json.dumps(raw))  # as the JSON column gives it back
+        record = records.get(spec["name"])
+        if record is None:
+            added.append(spec)
+        elif (
+            record.builtin
+            and not record.deleted
+            and authors.get(record.name) == BUILTIN_ACTOR
+            and record.spec != spec
+        ):
+            updated.append((record, spec))
+    if not added and not updated:
+        return 0, 0
     version = _bump(session)
-    for raw in raws:
+    for spec in added:
         record = PatternRecord(
-            name=raw["name"], version=1, spec=raw, builtin=True, enabled=True, deleted=False
+            name=spec["name"], version=1, spec=spec, builtin=True, enabled=True, deleted=False
         )
         session.add(record)
-        _record_version(session, record, "create", version, "builtin")
+        _record_version(session, record, "create", version, BUILTIN_ACTOR)
+    changed = [record for record, spec in updated if _swap(session, record, spec=spec)]
+    for record in changed:
+        _record_version(session, record, "update", version, BUILTIN_ACTOR)
     session.flush()
-    return len(raws)
+    return len(added), len(changed)
+
+
+def _spec_authors(session: Session) -> dict[str, str | None]:
+    """Who wrote each pattern's current spec: the actor of its latest create or update."""
+    rows = session.execute(
+        select(PatternVersion.name, PatternVersion.created_by)
+        .where(PatternVersion.change.in_(("create", "update")))
+        .order_by(PatternVersion.name, PatternVersion.version)
+    )
+    return {name: actor for name, actor in rows}  # the latest version of each wins
 
 
 def _validated(spec: dict[str, Any]) -> dict[str, Any]:

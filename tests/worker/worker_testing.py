@@ -27,7 +27,7 @@ from app.migrate import upgrade
 from app.services.artifacts import LocalStore
 from app.services.auth import SCOPES, Principal, ensure_tenant
 from app.services.jobs import create_job
-from app.services.registry import seed_builtins
+from app.services.registry import sync_builtins
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -126,7 +126,7 @@ def new_env(data_dir: Path, *, seed: bool = True, **overrides: Any) -> WorkerEnv
     upgrade(settings.resolved_database_url)
     if seed:
         with session_scope(settings.resolved_database_url) as session:
-            seed_builtins(session)
+            sync_builtins(session)
     return WorkerEnv(settings, LocalStore(settings.artifacts_dir))
 
 
