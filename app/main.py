@@ -15,23 +15,23 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import IntegrityError
 
-from app.api.limits import BodyLimits
-from app.api.openapi_contract import install_openapi
-from app.api.problems import install_problem_handlers
-from app.api.request_ids import RequestIdMiddleware
-from app.api.request_metrics import install_metrics
-from app.api.routes import health, jobs, metrics, patterns, strategies
-from app.core.config import Settings, get_settings
-from app.core.db import session_scope
-from app.migrate import upgrade
-from app.services.artifacts import make_store
-from app.services.registry import sync_builtins
-from app.services.scratch import ScratchSweeper
-from app.services.strategies import seed_strategies
-from app.services.uploads import UploadSlots
-from app.ui import install_ui
-from worker.celery_app import make_celery
-from worker.tasks import enqueue_job
+from autofusion.app.api.limits import BodyLimits
+from autofusion.app.api.openapi_contract import install_openapi
+from autofusion.app.api.problems import install_problem_handlers
+from autofusion.app.api.request_ids import RequestIdMiddleware
+from autofusion.app.api.request_metrics import install_metrics
+from autofusion.app.api.routes import health, jobs, metrics, patterns, strategies
+from autofusion.app.core.config import Settings, get_settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.migrate import upgrade
+from autofusion.app.services.artifacts import make_store
+from autofusion.app.services.registry import sync_builtins
+from autofusion.app.services.scratch import ScratchSweeper
+from autofusion.app.services.strategies import seed_strategies
+from autofusion.app.services.uploads import UploadSlots
+from autofusion.app.ui import install_ui
+from autofusion.worker.celery_app import make_celery
+from autofusion.worker.tasks import enqueue_job
 
 __all__ = ["create_app"]
 
@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.enqueue = lambda job_id: enqueue_job(celery, job_id)
         embedded = None
         if settings.embedded_worker:
-            from worker.embedded import EmbeddedWorker
+            from autofusion.worker.embedded import EmbeddedWorker
 
             embedded = EmbeddedWorker(settings, celery)
             embedded.start()

@@ -15,7 +15,7 @@ from alembic.config import Config
 
 __all__ = ["alembic_config", "check", "downgrade", "migrations_dir", "upgrade"]
 
-MIGRATIONS_PACKAGE = "migrations"
+MIGRATIONS_PACKAGE = "autofusion.migrations"
 
 
 def migrations_dir() -> Path:

@@ -1,4 +1,4 @@
-"""Write the published API contract: ``python -m app.openapi_dump [PATH]``.
+"""Write the published API contract: ``python -m autofusion.app.openapi_dump [PATH]``.
 
 ``docs/openapi.json`` is generated from ``create_app().openapi()`` and committed; a test
 fails when the two differ, so regenerate it after changing a route or a schema.
@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from app.core.config import Settings
-from app.main import create_app
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
 
 __all__ = ["DEFAULT_PATH", "openapi_document", "render"]
 
@@ -33,7 +33,9 @@ def render(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.openapi_dump", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m autofusion.app.openapi_dump", description=__doc__
+    )
     parser.add_argument("path", nargs="?", type=Path, default=DEFAULT_PATH)
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if stale")
     args = parser.parse_args(argv)
@@ -41,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
         if current != text:
-            print(f"{args.path} is out of date: run python -m app.openapi_dump", file=sys.stderr)
+            print(
+                f"{args.path} is out of date: run python -m autofusion.app.openapi_dump",
+                file=sys.stderr,
+            )
             return 1
         return 0
     args.path.parent.mkdir(parents=True, exist_ok=True)

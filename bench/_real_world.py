@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
 import meta  # noqa: E402  (bench/corpus is not a package)
 
-from fusion_core.validate import candidate_dims, input_dims, random_inputs  # noqa: E402
-from fusion_core.validate._dims import CANDIDATES  # noqa: E402  (the check's own count)
+from autofusion.fusion_core.validate import candidate_dims, input_dims, random_inputs  # noqa: E402
+from autofusion.fusion_core.validate._dims import CANDIDATES  # noqa: E402  (the check's own count)
 
 logger = logging.getLogger("bench_tools.real_world")
 

@@ -24,8 +24,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
-from fusion_core.config import MeasureOptions
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.config import MeasureOptions
 
 Runner = Callable[[Path, Path, dict], dict]
 
@@ -115,7 +115,7 @@ def _onnxslim(src: Path, dst: Path, entry: dict) -> dict:
 def _autofusion(
     target: str, preset_name: str, *, measured: bool = False, **overrides: Any
 ) -> Runner:
-    from app.services.strategies import PRESETS
+    from autofusion.app.services.strategies import PRESETS
 
     preset = next(p for p in PRESETS if p.name == preset_name)
     # The check is off: no other tool validates its output, and the comparison here

@@ -44,7 +44,7 @@ import make_resnet_models as mrm
 from _interleaved import interleaved_ms, paired_summary
 from bench_tools import session  # one way to open a timed session, spinning off
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 
 LEVELS = ("ORT_ENABLE_ALL", "ORT_DISABLE_ALL")
 EXPORTS = (("torchscript", 11), ("torchscript", 12), ("dynamo", 18))

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE / "corpus"))
 import bench_tools  # noqa: E402  (bench/ is not a package)
 import meta  # noqa: E402
 
-from fusion_core.validate import random_inputs  # noqa: E402
+from autofusion.fusion_core.validate import random_inputs  # noqa: E402
 
 logger = logging.getLogger("bench_corpus")
 PHASES = ("load", "prepasses", "match", "rewrite", "cleanup", "check")
@@ -49,8 +49,17 @@ PHASES = ("load", "prepasses", "match", "rewrite", "cleanup", "check")
 def optimize(src: Path, info: meta.ModelMeta, target: str, tmp: Path, timeout: int) -> dict:
     """The CLI, as the corpus tier runs it; the record of steps 1-3 of the module doc."""
     out, report = tmp / f"{target}.onnx", tmp / f"{target}.json"
-    cmd = [str(Path(sys.executable).with_name("autofusion")), "optimize", str(src),
-           "-o", str(out), "--target", target, "--report", str(report)]
+    cmd = [
+        str(Path(sys.executable).with_name("autofusion")),
+        "optimize",
+        str(src),
+        "-o",
+        str(out),
+        "--target",
+        target,
+        "--report",
+        str(report),
+    ]
     for profile in info.shapes:
         cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
     start = time.perf_counter()
@@ -107,14 +116,20 @@ def bench_model(src: Path, info: meta.ModelMeta, args: argparse.Namespace) -> di
             if record.get("output"):
                 bench_tools.progress(f"{info.name} {target}: latency")
                 try:
-                    record["latency"] = measure(src, Path(record["output"]),
-                                                record.get("dims", {}), args)
+                    record["latency"] = measure(
+                        src, Path(record["output"]), record.get("dims", {}), args
+                    )
                 except Exception as err:  # recorded; the other models are still measured
                     record["latency"] = {"error": bench_tools.short(err)}
             record.pop("output", None)
             results[target] = record
-    return {"family": info.family, "exporter": info.exporter, "nodes": info.node_count,
-            "size_mb": round(info.size_bytes / 1e6, 2), "targets": results}
+    return {
+        "family": info.family,
+        "exporter": info.exporter,
+        "nodes": info.node_count,
+        "size_mb": round(info.size_bytes / 1e6, 2),
+        "targets": results,
+    }
 
 
 def _fusions(record: dict) -> str:
@@ -144,8 +159,11 @@ def markdown(results: dict) -> str:
     ]
     for name, entry in results.items():
         for target, rec in entry["targets"].items():
-            exit_text = str(rec["rc"]) if rec["rc"] == 0 else f"{rec['rc']}: " + (
-                rec.get("last_line") or "").replace("|", "/")[:80]
+            exit_text = (
+                str(rec["rc"])
+                if rec["rc"] == 0
+                else f"{rec['rc']}: " + (rec.get("last_line") or "").replace("|", "/")[:80]
+            )
             diff = rec.get("max_abs_diff")
             orig, fused, ratio = _latency(rec)
             lines.append(
@@ -158,8 +176,10 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", help="corpus cache (default $AUTOFUSION_CORPUS_DIR "
-                        "or ~/.cache/autofusion-corpus)")
+    parser.add_argument(
+        "--cache",
+        help="corpus cache (default $AUTOFUSION_CORPUS_DIR or ~/.cache/autofusion-corpus)",
+    )
     parser.add_argument("--models", nargs="*", help="only these corpus models")
     parser.add_argument("--targets", nargs="*", default=list(meta.TARGETS))
     parser.add_argument("--iters", type=int, default=30)

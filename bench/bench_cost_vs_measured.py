@@ -45,11 +45,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
-from fusion_core.cost import dump_target_profile, load_target_profile
-from fusion_core.cost.fit import fit_kernel_factors
-from fusion_core.profiling import ProfileOptions, measure_latency, profile_models
-from fusion_core.report import build_report
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.cost import dump_target_profile, load_target_profile
+from autofusion.fusion_core.cost.fit import fit_kernel_factors
+from autofusion.fusion_core.profiling import ProfileOptions, measure_latency, profile_models
+from autofusion.fusion_core.report import build_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tools import symbolic_dims  # bench/ is not a package: found through sys.path

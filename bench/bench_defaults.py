@@ -60,8 +60,8 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_tools
 
-from fusion_core import CheckOptions, OptimizeConfig, builtin_patterns, optimize
-from fusion_core.profiling import paired_ratio  # the report's PairedRatio (public there)
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, builtin_patterns, optimize
+from autofusion.fusion_core.profiling import paired_ratio  # the report's PairedRatio (public there)
 
 logger = logging.getLogger("bench_defaults")
 

@@ -40,8 +40,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profiling import session_options
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.profiling import session_options
 
 # the timing, feeds and table of bench/corpus/bench_llm.py (paired, interleaved)
 _spec = importlib.util.spec_from_file_location(

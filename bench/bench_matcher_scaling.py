@@ -32,8 +32,8 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from fusion_core import OptimizeConfig, builtin_patterns, optimize
-from fusion_core.patterns import Matcher
+from autofusion.fusion_core import OptimizeConfig, builtin_patterns, optimize
+from autofusion.fusion_core.patterns import Matcher
 
 CHANNELS = 4
 SIDE = 4

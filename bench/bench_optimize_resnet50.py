@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fusion_core import OptimizeConfig, Result, optimize
+from autofusion.fusion_core import OptimizeConfig, Result, optimize
 
 EXPORTERS = ("torchscript", "dynamo")
 TARGETS = ("generic", "onnxruntime")

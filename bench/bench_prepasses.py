@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from fusion_core.ir import load_model
-from fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core.ir import load_model
+from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
 
 
 def time_prepasses(path: Path, repeat: int) -> dict:

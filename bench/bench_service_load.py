@@ -59,7 +59,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
-AUTOFUSION = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+AUTOFUSION = [
+    sys.executable,
+    "-c",
+    "import sys; from autofusion.app.cli import main; sys.exit(main())",
+]
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 FINAL = {"succeeded", "failed", "cancelled"}

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profiling import ProfileOptions, profile_nodes
-from fusion_core.profiling.footprint import measure_memory, model_size
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.profiling import ProfileOptions, profile_nodes
+from autofusion.fusion_core.profiling.footprint import measure_memory, model_size
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_MODELS = [
@@ -105,7 +105,7 @@ def measure(path: Path, target: str, repeat: int, scratch: Path) -> dict:
 def _check_feeds(model: Path, dims: dict[str, int]) -> dict[str, np.ndarray]:
     import onnx
 
-    from fusion_core.validate import random_inputs
+    from autofusion.fusion_core.validate import random_inputs
 
     return random_inputs(onnx.load(model, load_external_data=False), seed=0, dims=dims)
 

@@ -22,11 +22,11 @@ import time
 
 import numpy as np
 
-from fusion_core.strategies._selection import Candidate, Selection, SelectionStrategy
-from fusion_core.strategies.auto import AutoStrategy
-from fusion_core.strategies.dp import DPStrategy
-from fusion_core.strategies.genetic import GeneticStrategy
-from fusion_core.strategies.greedy import GreedyStrategy
+from autofusion.fusion_core.strategies._selection import Candidate, Selection, SelectionStrategy
+from autofusion.fusion_core.strategies.auto import AutoStrategy
+from autofusion.fusion_core.strategies.dp import DPStrategy
+from autofusion.fusion_core.strategies.genetic import GeneticStrategy
+from autofusion.fusion_core.strategies.greedy import GreedyStrategy
 
 
 def chain_candidates(nodes: int, seed: int) -> list[Candidate]:

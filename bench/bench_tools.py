@@ -64,8 +64,8 @@ import _real_world
 import _tools
 import _tools_report
 
-from fusion_core.profiling import session_options
-from fusion_core.profiling.stats import paired_ratio
+from autofusion.fusion_core.profiling import session_options
+from autofusion.fusion_core.profiling.stats import paired_ratio
 
 logger = logging.getLogger("bench_tools")
 

@@ -43,7 +43,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.transformers import optimizer as ort_optimizer
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_transformer_models as mtm

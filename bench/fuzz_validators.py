@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app.core.config import Settings  # noqa: E402
-from app.core.errors import ProblemError  # noqa: E402
-from app.services.model_checks import inspect_model  # noqa: E402
-from fusion_core import compile_pattern  # noqa: E402
-from fusion_core.catalog import builtin_pattern_data  # noqa: E402
-from fusion_core.errors import PatternError  # noqa: E402
+from autofusion.app.core.config import Settings  # noqa: E402
+from autofusion.app.core.errors import ProblemError  # noqa: E402
+from autofusion.app.services.model_checks import inspect_model  # noqa: E402
+from autofusion.fusion_core import compile_pattern  # noqa: E402
+from autofusion.fusion_core.catalog import builtin_pattern_data  # noqa: E402
+from autofusion.fusion_core.errors import PatternError  # noqa: E402
 
 __all__ = [
     "DATA_NAME",

@@ -1,6 +1,6 @@
 """autofusion's core: a pure library that fuses operators in ONNX models.
 
-from fusion_core import optimize, OptimizeConfig
+from autofusion.fusion_core import optimize, OptimizeConfig
 result = optimize("model.onnx", OptimizeConfig(target="onnxruntime"))
 save_model(result.model, "fused.onnx")
 

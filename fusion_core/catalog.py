@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from fusion_core.errors import PatternError, field_errors
-from fusion_core.patterns import PatternSpec
-from fusion_core.rewriters import Params, Rewriter, RewriterRegistry, builtin_rewriters
+from autofusion.fusion_core.errors import PatternError, field_errors
+from autofusion.fusion_core.patterns import PatternSpec
+from autofusion.fusion_core.rewriters import Params, Rewriter, RewriterRegistry, builtin_rewriters
 
 __all__ = [
     "CompiledPattern",
@@ -132,7 +132,7 @@ def compile_all(
 
 def builtin_pattern_data() -> list[dict[str, Any]]:
     """The raw data of the patterns shipped in ``fusion_core/patterns/builtin``."""
-    folder = resources.files("fusion_core.patterns") / "builtin"
+    folder = resources.files("autofusion.fusion_core.patterns") / "builtin"
     raws: list[dict[str, Any]] = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith((".yaml", ".yml", ".json")):

@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_core.errors import ConfigError
-from fusion_core.targets import TargetName
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
     "SELECTIONS",
@@ -101,7 +101,9 @@ class Switch(BaseModel):
     @field_validator("when")
     @classmethod
     def _condition(cls, text: str) -> str:
-        from fusion_core.pipeline.switches import compile_condition  # it imports this module
+        from autofusion.fusion_core.pipeline.switches import (
+            compile_condition,  # it imports this module
+        )
 
         compile_condition(text)  # FormulaError is a ValueError: a validation error
         return text

@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
+from autofusion.fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from fusion_core.errors import ConfigError
+from autofusion.fusion_core.errors import ConfigError
 
 __all__ = ["MS_DOMAIN", "TARGETS", "TARGET_NAMES", "Target", "TargetName", "get_target"]
 

@@ -28,9 +28,9 @@ import onnx.helper as oh
 import onnx.numpy_helper as nh
 import onnx.parser
 
-from fusion_core.config import CheckOptions, OptimizeConfig
-from fusion_core.pipeline import Result, optimize
-from fusion_core.validate import make_session, random_inputs
+from autofusion.fusion_core.config import CheckOptions, OptimizeConfig
+from autofusion.fusion_core.pipeline import Result, optimize
+from autofusion.fusion_core.validate import make_session, random_inputs
 
 __all__ = [
     "assert_fusion",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
-from app.core.db import get_engine
-from app.core.models import Base
+from autofusion.app.core.db import get_engine
+from autofusion.app.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

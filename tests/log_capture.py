@@ -16,7 +16,7 @@ __all__ = ["json_log_lines", "records"]
 
 @contextmanager
 def json_log_lines(level: int = logging.INFO) -> Iterator[io.StringIO]:
-    from app.core.logs import make_handler
+    from autofusion.app.core.logs import make_handler
 
     stream = io.StringIO()
     handler = make_handler("json", stream)

@@ -23,7 +23,7 @@ from redis.retry import Retry
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from app.core.db import get_engine
+from autofusion.app.core.db import get_engine
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379

@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from app.cli import build_parser
-from app.core.config import Settings
+from autofusion.app.cli import build_parser
+from autofusion.app.core.config import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
@@ -199,6 +199,23 @@ def test_the_image_installs_the_wheel_built_in_its_first_stage():
     assert runs.index("pip install -r /tmp/requirements.txt") < runs.index("/tmp/wheels")
 
 
+def test_every_package_folder_is_listed_for_the_wheel():
+    """setuptools cannot discover packages under the ``autofusion`` prefix, so pyproject.toml
+    lists them: a new package folder that is not listed would be missing from the wheel."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(project["tool"]["setuptools"]["packages"])
+    folders = {
+        "autofusion." + ".".join(init.parent.relative_to(REPO).parts)
+        for folder in SOURCE_FOLDERS
+        for init in (REPO / folder).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert listed == folders, (
+        f"add to [tool.setuptools] packages: {sorted(folders - listed)}; "
+        f"drop: {sorted(listed - folders)}"
+    )
+
+
 def _allowed() -> set[str]:
     lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
     return {line.strip()[1:] for line in lines if line.strip().startswith("!")}
@@ -208,8 +225,10 @@ def test_the_build_context_holds_what_the_wheel_is_built_from():
     """Every package pyproject.toml ships, its readme and itself are let into the build
     context and copied into the build stage; nothing else is."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {pattern.rstrip("*").rstrip(".") for pattern in patterns}
+    mapped = project["tool"]["setuptools"]["package-dir"]
+    assert mapped == {"autofusion": "."}
+    listed = project["tool"]["setuptools"]["packages"]
+    packages = {name.split(".")[1] for name in listed}
     assert packages == set(SOURCE_FOLDERS)
     needed = packages | {"pyproject.toml", project["project"]["readme"]}
     assert _allowed() == needed

@@ -26,7 +26,7 @@ import httpx
 import onnx
 import pytest
 
-from fusion_core.testing import conv_bn_relu
+from autofusion.fusion_core.testing import conv_bn_relu
 from tests.serve_process import free_port, run_job, serving
 
 pytestmark = pytest.mark.slow
@@ -44,10 +44,11 @@ def _context_entries() -> list[str]:
 
 
 def _source_files(package: str) -> set[str]:
-    """Every file of a package folder in the checkout, as a path inside the wheel."""
+    """Every file of a package folder in the checkout, as a path inside the wheel (under the
+    one ``autofusion`` namespace)."""
     files = (path.relative_to(REPO) for path in (REPO / package).rglob("*") if path.is_file())
     return {
-        path.as_posix()
+        f"autofusion/{path.as_posix()}"
         for path in files
         if not any(part.startswith((".", "__pycache__")) for part in path.parts)
         and path.suffix != ".pyc"
@@ -95,18 +96,32 @@ class Venv:
         return _run([self.bin / "autofusion", *args], cwd=cwd, env=self.env)
 
 
+# A user's own FastAPI project, already in the venv autofusion is installed into: its
+# packages are named ``app`` and ``worker``, as most such projects' are.
+THEIR_PACKAGES = ("app", "worker")
+THEIR_MARK = "their own project"
+
+
+def _their_project(site: Path) -> None:
+    for name in THEIR_PACKAGES:
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text(f"OWNER = {THEIR_MARK!r}\n")
+
+
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A fresh venv with only the wheel installed, its dependencies borrowed by a .pth."""
+    """A fresh venv that already holds another project's ``app`` and ``worker`` packages,
+    then the wheel; its dependencies borrowed by a .pth."""
     root = tmp_path_factory.mktemp("venv")
     _run([sys.executable, "-m", "venv", "--without-pip", root])
     python = root / "bin" / "python"
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+                .stdout.strip())  # fmt: skip
+    _their_project(site)
     _run(
         [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
          "--no-index", "--quiet", wheel],
     )  # fmt: skip
-    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-                .stdout.strip())  # fmt: skip
     borrowed = dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib"))
     (site / "zz-autofusion-test-dependencies.pth").write_text("\n".join(borrowed) + "\n")
     # Nothing of the caller's: no AUTOFUSION_* setting, no PYTHONPATH to the checkout.
@@ -126,22 +141,36 @@ def test_the_wheel_holds_every_file_of_the_packages(wheel: Path) -> None:
     for package in PACKAGES:
         missing = sorted(_source_files(package) - names)
         assert not missing, f"not in {wheel.name}: {missing}"
-    assert {"migrations/env.py", "migrations/script.py.mako"} <= names
-    assert any(n.startswith("migrations/versions/0001_") for n in names)
-    assert "app/ui/templates/base.html" in names and "app/ui/static/style.css" in names
+    assert {"autofusion/migrations/env.py", "autofusion/migrations/script.py.mako"} <= names
+    assert any(n.startswith("autofusion/migrations/versions/0001_") for n in names)
+    assert "autofusion/app/ui/templates/base.html" in names
+    assert "autofusion/app/ui/static/style.css" in names
     entry_points = zipfile.ZipFile(wheel).read("autofusion-0.1.0.dist-info/entry_points.txt")
-    assert b"autofusion = app.cli:main" in entry_points
+    assert b"autofusion = autofusion.app.cli:main" in entry_points
+    # One top-level name in site-packages: nothing called app, worker or migrations.
+    assert {name.split("/")[0] for name in names} == {"autofusion", "autofusion-0.1.0.dist-info"}
 
 
 def test_the_venv_imports_the_wheel_not_the_checkout(venv: Venv, tmp_path: Path) -> None:
     code = (
-        "import json, app, fusion_core, worker, migrations, app.migrate; "
+        "import json; from autofusion import app, fusion_core, worker, migrations; "
+        "import autofusion.app.migrate as migrate; "
         "print(json.dumps({m.__name__: m.__file__ for m in (app, fusion_core, worker, "
-        "migrations)} | {'dir': str(app.migrate.migrations_dir())}))"
+        "migrations)} | {'dir': str(migrate.migrations_dir())}))"
     )
     files = json.loads(_run([venv.python, "-c", code], cwd=tmp_path, env=venv.env).stdout)
     for name, path in files.items():
         assert Path(path).resolve().is_relative_to(venv.root.resolve()), (name, path)
+
+
+def test_the_other_projects_app_and_worker_stay_theirs(venv: Venv, tmp_path: Path) -> None:
+    """Installing autofusion shadows nothing: ``import app`` and ``import worker`` still give
+    the other project's packages, and the CLI (which runs below) finds its own."""
+    code = "import json, app, worker; print(json.dumps([app.OWNER, worker.OWNER]))"
+    owners = json.loads(_run([venv.python, "-c", code], cwd=tmp_path, env=venv.env).stdout)
+    assert owners == [THEIR_MARK, THEIR_MARK]
+    version = venv.run("--version", cwd=tmp_path).stdout
+    assert version.startswith("autofusion ")
 
 
 @pytest.fixture

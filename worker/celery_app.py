@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from app.core.config import Settings
+from autofusion.app.core.config import Settings
 
 __all__ = ["QUEUE", "make_celery"]
 
@@ -18,7 +18,9 @@ QUEUE = "autofusion"
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("autofusion", broker=settings.resolved_broker_url, include=["worker.tasks"])
+    app = Celery(
+        "autofusion", broker=settings.resolved_broker_url, include=["autofusion.worker.tasks"]
+    )
     transport_options: dict = {}
     if settings.is_embedded_broker:
         folder = settings.broker_dir.resolve()

@@ -20,11 +20,11 @@ from celery import Celery
 from celery.worker import WorkController
 from celery.worker import state as worker_state
 
-from app.core.config import Settings, redact_url
-from app.services.artifacts import make_store
-from worker.celery_app import QUEUE
-from worker.reaper import Reaper
-from worker.tasks import enqueue_job
+from autofusion.app.core.config import Settings, redact_url
+from autofusion.app.services.artifacts import make_store
+from autofusion.worker.celery_app import QUEUE
+from autofusion.worker.reaper import Reaper
+from autofusion.worker.tasks import enqueue_job
 
 __all__ = ["EmbeddedWorker"]
 

@@ -43,23 +43,23 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.core.logs import bind, resolve_format, set_context
-from app.core.models import Job, JobStatus, utcnow
-from app.services.artifacts import ArtifactStore
-from app.services.db_retry import is_transient_db_error, retry_transient
-from app.services.job_phases import next_phases
-from app.services.jobs import (
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.logs import bind, resolve_format, set_context
+from autofusion.app.core.models import Job, JobStatus, utcnow
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.db_retry import is_transient_db_error, retry_transient
+from autofusion.app.services.job_phases import next_phases
+from autofusion.app.services.jobs import (
     claim_job,
     finish_job,
     release_job,
     report_progress,
 )
-from app.services.scratch import write_owner
-from fusion_core.validate import ORIGINAL_CANNOT_RUN
-from worker import sandbox
-from worker.attempts import (
+from autofusion.app.services.scratch import write_owner
+from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN
+from autofusion.worker import sandbox
+from autofusion.worker.attempts import (
     KIND_PROBLEMS,
     Crash,
     UserError,
@@ -67,9 +67,9 @@ from worker.attempts import (
     same_crash_before,
     signal_name,
 )
-from worker.plan import JobConfigError, Plan, plan_job, summarize
-from worker.snapshots import SnapshotCache, default_cache
-from worker.supervise import ChildRun, run_child
+from autofusion.worker.plan import JobConfigError, Plan, plan_job, summarize
+from autofusion.worker.snapshots import SnapshotCache, default_cache
+from autofusion.worker.supervise import ChildRun, run_child
 
 __all__ = ["Outcome", "execute_job"]
 

@@ -16,16 +16,16 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.core.models import Job, Strategy
-from app.services.strategies import StrategySpec
-from fusion_core import FusionError, OptimizeConfig
-from fusion_core.config import merge_options
-from fusion_core.pipeline import select_patterns
-from fusion_core.report import Speed, read_report
-from fusion_core.rewriters import builtin_rewriters
-from worker.sandbox import describe_validation_error
-from worker.snapshots import CompiledSnapshot, SnapshotCache
+from autofusion.app.core.config import Settings
+from autofusion.app.core.models import Job, Strategy
+from autofusion.app.services.strategies import StrategySpec
+from autofusion.fusion_core import FusionError, OptimizeConfig
+from autofusion.fusion_core.config import merge_options
+from autofusion.fusion_core.pipeline import select_patterns
+from autofusion.fusion_core.report import Speed, read_report
+from autofusion.fusion_core.rewriters import builtin_rewriters
+from autofusion.worker.sandbox import describe_validation_error
+from autofusion.worker.snapshots import CompiledSnapshot, SnapshotCache
 
 __all__ = ["JobConfigError", "Plan", "merge_strategy", "plan_job", "summarize"]
 

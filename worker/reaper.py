@@ -12,10 +12,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.services.jobs import reap_jobs
-from app.services.scratch import PeriodicThread, ScratchSweeper, sweep_worker_scratch
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.services.jobs import reap_jobs
+from autofusion.app.services.scratch import PeriodicThread, ScratchSweeper, sweep_worker_scratch
 
 __all__ = ["Reaper"]
 

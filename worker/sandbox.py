@@ -1,4 +1,4 @@
-"""The sandboxed child: ``python -m worker.sandbox FOLDER`` runs one optimization.
+"""The sandboxed child: ``python -m autofusion.worker.sandbox FOLDER`` runs one optimization.
 
 Pure: no database, no broker, no settings. The worker prepares FOLDER::
 
@@ -45,7 +45,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from app.services.sandbox_env import exit_with_parent  # standard library only
+from autofusion.app.services.sandbox_env import exit_with_parent  # standard library only
 
 __all__ = [
     "ERROR_FILE",
@@ -87,7 +87,7 @@ EXIT_ERROR = 3  # error.json written
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m worker.sandbox FOLDER\n")
+        sys.stderr.write("usage: python -m autofusion.worker.sandbox FOLDER\n")
         return 2
     folder = Path(argv[0])
     output = folder / OUTPUT_DIR
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 def _start_logging(job: dict[str, Any]) -> None:
     """Log lines to stderr (``sandbox.log``) in the worker's format, each with the job's
     request id and job id (``job.json``: ``log_format``, ``request_id``, ``job_id``)."""
-    from app.core.logs import configure_logging, set_context
+    from autofusion.app.core.logs import configure_logging, set_context
 
     configure_logging("INFO", job.get("log_format", "text"))
     set_context(request_id=job.get("request_id"), job_id=job.get("job_id"))
@@ -160,8 +160,8 @@ def _on_phase(stream: TextIO):
 
 def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
     _emit(progress, "prepasses", 0.1)
-    from fusion_core import OptimizeConfig, RunFiles, run
-    from fusion_core.catalog import compile_all
+    from autofusion.fusion_core import OptimizeConfig, RunFiles, run
+    from autofusion.fusion_core.catalog import compile_all
 
     config = OptimizeConfig.model_validate(job["config"])
     specs = json.loads((folder / PATTERNS_FILE).read_text(encoding="utf-8"))
@@ -238,7 +238,7 @@ def _kind_of(exc: BaseException) -> str:
     try:
         from pydantic import ValidationError
 
-        from fusion_core.errors import (
+        from autofusion.fusion_core.errors import (
             ConfigError,
             FusionError,
             ModelLoadError,
@@ -258,7 +258,7 @@ def _kind_of(exc: BaseException) -> str:
 
 def describe_validation_error(exc: Any) -> str:
     """A pydantic ValidationError in one line: ``field: message; ...``."""
-    from fusion_core.errors import describe_fields, field_errors
+    from autofusion.fusion_core.errors import describe_fields, field_errors
 
     return describe_fields(field_errors(exc, default="<config>"))
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.services.registry import registry_version, snapshot
-from fusion_core import CompiledPattern, PatternError, compile_pattern
+from autofusion.app.services.registry import registry_version, snapshot
+from autofusion.fusion_core import CompiledPattern, PatternError, compile_pattern
 
 __all__ = ["CompiledSnapshot", "SnapshotCache", "default_cache"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from app.services.sandbox_env import CHILD_UMASK, log_tail, sandbox_environment
-from worker.sandbox import INPUT_DIR, LOG_FILE, TEST_CRASH_ENV
+from autofusion.app.services.sandbox_env import CHILD_UMASK, log_tail, sandbox_environment
+from autofusion.worker.sandbox import INPUT_DIR, LOG_FILE, TEST_CRASH_ENV
 
 __all__ = ["ChildRun", "child_environment", "run_child"]
 
@@ -65,13 +65,13 @@ def run_child(
     report: Report,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> ChildRun:
-    """Run ``python -m worker.sandbox folder`` until it exits or must be killed."""
+    """Run ``python -m autofusion.worker.sandbox folder`` until it exits or must be killed."""
     start = time.monotonic()
     with open(folder / LOG_FILE, "wb") as log:
         proc = subprocess.Popen(
             # -P: the working directory holds the user's files (a data file may well be
             # called json.py); it must not go on sys.path.
-            [sys.executable, "-P", "-m", "worker.sandbox", str(folder)],
+            [sys.executable, "-P", "-m", "autofusion.worker.sandbox", str(folder)],
             # onnxruntime resolves the external-data references of a model it is handed
             # as bytes (fusion_core's check does that) against the working directory.
             cwd=folder / INPUT_DIR,

@@ -14,8 +14,8 @@ import uuid
 
 from celery import Celery, shared_task
 
-from app.services.artifacts import make_store
-from worker.execute import execute_job
+from autofusion.app.services.artifacts import make_store
+from autofusion.worker.execute import execute_job
 
 __all__ = ["RUN_JOB", "enqueue_job", "run_job"]
 

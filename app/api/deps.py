@@ -11,11 +11,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.core.config import Settings
-from app.core.db import POOL_CONNECTIONS, retry_stale, session_factory
-from app.core.errors import ProblemError
-from app.services.artifacts import ArtifactStore
-from app.services.auth import SCOPES, Principal, authenticate, cached_principal, ensure_tenant
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import POOL_CONNECTIONS, retry_stale, session_factory
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.auth import (
+    SCOPES,
+    Principal,
+    authenticate,
+    cached_principal,
+    ensure_tenant,
+)
 
 __all__ = [
     "PrincipalDep",

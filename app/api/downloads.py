@@ -18,9 +18,9 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 from starlette.types import Message, Receive, Scope, Send
 
-from app.services import job_files
-from app.services.artifacts import ArtifactStore
-from app.services.job_files import JobFile
+from autofusion.app.services import job_files
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.job_files import JobFile
 
 __all__ = ["download_response", "etag_matches"]
 

@@ -25,8 +25,8 @@ import anyio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.problems import ProblemError, problem_response
-from app.core.config import Settings
+from autofusion.app.api.problems import ProblemError, problem_response
+from autofusion.app.core.config import Settings
 
 __all__ = ["BodyLimitError", "BodyLimits", "body_limit_for"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api.problems import MEDIA_TYPE, PROBLEM_SCHEMA
+from autofusion.app.api.problems import MEDIA_TYPE, PROBLEM_SCHEMA
 
 __all__ = ["HEADERS", "LINKS", "SENT_HEADERS", "install_openapi", "publish"]
 

@@ -37,8 +37,8 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import PROBLEM_BASE, ProblemError
-from fusion_core.errors import (
+from autofusion.app.core.errors import PROBLEM_BASE, ProblemError
+from autofusion.fusion_core.errors import (
     ConfigError,
     FusionError,
     ModelLoadError,

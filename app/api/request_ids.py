@@ -11,7 +11,12 @@ from __future__ import annotations
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.logs import REQUEST_ID_HEADER, clean_request_id, new_request_id, set_context
+from autofusion.app.core.logs import (
+    REQUEST_ID_HEADER,
+    clean_request_id,
+    new_request_id,
+    set_context,
+)
 
 __all__ = ["RequestIdMiddleware", "request_id_of"]
 

@@ -9,7 +9,7 @@ import time
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.services.metrics import Metrics
+from autofusion.app.services.metrics import Metrics
 
 __all__ = ["MetricsMiddleware", "install_metrics"]
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
 
-from app.core.config import Settings
-from app.services.uploads import ClientGone, IncomingBody, UploadSlots
+from autofusion.app.core.config import Settings
+from autofusion.app.services.uploads import ClientGone, IncomingBody, UploadSlots
 
 __all__ = ["incoming"]
 

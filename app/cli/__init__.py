@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.cli._exit import (
+from autofusion.app.cli._exit import (
     EXIT_BAD_INPUT,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -29,31 +29,43 @@ __all__ = ["COMMANDS", "build_parser", "main", "version"]
 
 # name -> (module, one line for `autofusion --help`), in the order --help lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "optimize": ("app.cli.optimize", "fuse a model and check the result (local, no server)"),
-    "compare": ("app.cli.compare", "compare two models' outputs and shared tensors"),
+    "optimize": (
+        "autofusion.app.cli.optimize",
+        "fuse a model and check the result (local, no server)",
+    ),
+    "compare": ("autofusion.app.cli.compare", "compare two models' outputs and shared tensors"),
     "profile": (
-        "app.cli.profile",
+        "autofusion.app.cli.profile",
         "time a model, or an original against its fused model, in onnxruntime",
     ),
     "calibrate": (
-        "app.cli.calibrate",
+        "autofusion.app.cli.calibrate",
         "measure this machine (onnxruntime, CPU): write a target profile for the cost model",
     ),
-    "patterns": ("app.cli.patterns", "list or check pattern files locally (no server)"),
-    "serve": ("app.cli.serve", "run the REST API and dashboard (embedded mode by default)"),
-    "worker": ("app.cli.worker", "run a job worker (Celery) and the lease reaper"),
+    "patterns": ("autofusion.app.cli.patterns", "list or check pattern files locally (no server)"),
+    "serve": (
+        "autofusion.app.cli.serve",
+        "run the REST API and dashboard (embedded mode by default)",
+    ),
+    "worker": ("autofusion.app.cli.worker", "run a job worker (Celery) and the lease reaper"),
     "submit": (
-        "app.cli.submit",
+        "autofusion.app.cli.submit",
         "send a model to an autofusion server, wait, download, gate (for CI)",
     ),
-    "jobs": ("app.cli.jobs", "follow jobs on a server: list, status, wait, cancel, download"),
+    "jobs": (
+        "autofusion.app.cli.jobs",
+        "follow jobs on a server: list, status, wait, cancel, download",
+    ),
     "registry": (
-        "app.cli.registry",
+        "autofusion.app.cli.registry",
         "the server's pattern registry and strategies: list, get, create, put, delete",
     ),
-    "keys": ("app.cli.keys", "create, list and revoke API keys (directly in the database)"),
+    "keys": (
+        "autofusion.app.cli.keys",
+        "create, list and revoke API keys (directly in the database)",
+    ),
     "migrate": (
-        "app.cli.migrate",
+        "autofusion.app.cli.migrate",
         "apply database migrations (and create the S3 bucket), then exit",
     ),
 }
@@ -138,7 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _known_error(exc: Exception) -> int:
     """A user's error of the core's vocabulary: one line and its code; else a bug."""
-    from fusion_core.errors import FusionError, ModelLoadError, PatternError, UnsafeModelError
+    from autofusion.fusion_core.errors import (
+        FusionError,
+        ModelLoadError,
+        PatternError,
+        UnsafeModelError,
+    )
 
     if isinstance(exc, ModelLoadError | UnsafeModelError | PatternError):
         return _fail(exc, EXIT_BAD_INPUT)

@@ -9,10 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli._exit import EXIT_OK, EXIT_USAGE
-from fusion_core.cost import TargetProfile, dump_target_profile, load_target_profile
-from fusion_core.cost.fit import FittedFactor, fit_kernel_factors
-from fusion_core.errors import ConfigError
+from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
+from autofusion.fusion_core.cost import TargetProfile, dump_target_profile, load_target_profile
+from autofusion.fusion_core.cost.fit import FittedFactor, fit_kernel_factors
+from autofusion.fusion_core.errors import ConfigError
 
 __all__ = ["run_from_reports", "write_profile"]
 

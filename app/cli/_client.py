@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.cli._exit import EXIT_SERVER, EXIT_TIMEOUT, EXIT_USAGE, for_http_status
+from autofusion.app.cli._exit import EXIT_SERVER, EXIT_TIMEOUT, EXIT_USAGE, for_http_status
 
 if TYPE_CHECKING:
-    from app.cli.submit import Upload
+    from autofusion.app.cli.submit import Upload
 
 __all__ = [
     "FINAL",

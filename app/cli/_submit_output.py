@@ -18,10 +18,10 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from app.cli._client import FINAL
-from app.cli._exit import EXIT_JOB_FAILED, EXIT_OK, for_job_problem
-from app.schemas.jobs import JobSummary
-from fusion_core.report import ReportSummary, Speed, read_report
+from autofusion.app.cli._client import FINAL
+from autofusion.app.cli._exit import EXIT_JOB_FAILED, EXIT_OK, for_job_problem
+from autofusion.app.schemas.jobs import JobSummary
+from autofusion.fusion_core.report import ReportSummary, Speed, read_report
 
 __all__ = [
     "FINAL",

@@ -39,9 +39,9 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 
-from app.cli._calibrate_kernels import run_from_reports, write_profile
-from app.cli._exit import EXIT_OK, EXIT_USAGE
-from fusion_core.cost import (
+from autofusion.app.cli._calibrate_kernels import run_from_reports, write_profile
+from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
+from autofusion.fusion_core.cost import (
     PROFILE_NAME_PATTERN,
     Calibration,
     TargetProfile,

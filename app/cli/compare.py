@@ -18,11 +18,11 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
-from app.cli.optimize import _graph_only, _profile
-from fusion_core.config import CheckOptions
-from fusion_core.ir import load_model
-from fusion_core.validate import (
+from autofusion.app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+from autofusion.app.cli.optimize import _graph_only, _profile
+from autofusion.fusion_core.config import CheckOptions
+from autofusion.fusion_core.ir import load_model
+from autofusion.fusion_core.validate import (
     ORIGINAL_CANNOT_RUN,
     compare_models,
     compare_regions,

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.cli import _submit_output as output
-from app.cli._client import (
+from autofusion.app.cli import _submit_output as output
+from autofusion.app.cli._client import (
     FINAL,
     Client,
     ClientError,
@@ -31,7 +31,7 @@ from app.cli._client import (
     read_json,
     with_client,
 )
-from app.cli._exit import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, epilog
+from autofusion.app.cli._exit import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, epilog
 
 __all__ = ["add_parser", "job_lines", "pages"]
 

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from app.cli._exit import EXIT_OK, EXIT_USAGE
-from app.cli.migrate import add_database_options, prepare_database, settings_from_args
-from app.core.db import session_scope
-from app.core.models import ApiKey, utcnow
-from app.services.auth import SCOPES, create_key
+from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
+from autofusion.app.cli.migrate import add_database_options, prepare_database, settings_from_args
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import ApiKey, utcnow
+from autofusion.app.services.auth import SCOPES, create_key
 
 __all__ = ["add_parser", "run"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
-from app.cli._exit import EXIT_OK, EXIT_USAGE
-from app.core.config import Settings
-from app.migrate import upgrade
+from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
+from autofusion.app.core.config import Settings
+from autofusion.app.migrate import upgrade
 
 __all__ = ["add_database_options", "add_parser", "ensure_bucket", "run", "settings_from_args"]
 

@@ -12,16 +12,21 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError
 
-from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
-from app.cli._progress import PhaseProgress, wanted
-from fusion_core import OptimizeConfig, RunFiles, load_pattern_file
-from fusion_core import run as run_files
-from fusion_core.catalog import parse_pattern_text
-from fusion_core.config import SELECTIONS, CheckOptions, MeasureOptions, read_strategy_file
-from fusion_core.errors import ConfigError, ModelLoadError, PatternError
-from fusion_core.report import format_summary
-from fusion_core.targets import TARGET_NAMES
-from fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
+from autofusion.app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+from autofusion.app.cli._progress import PhaseProgress, wanted
+from autofusion.fusion_core import OptimizeConfig, RunFiles, load_pattern_file
+from autofusion.fusion_core import run as run_files
+from autofusion.fusion_core.catalog import parse_pattern_text
+from autofusion.fusion_core.config import (
+    SELECTIONS,
+    CheckOptions,
+    MeasureOptions,
+    read_strategy_file,
+)
+from autofusion.fusion_core.errors import ConfigError, ModelLoadError, PatternError
+from autofusion.fusion_core.report import format_summary
+from autofusion.fusion_core.targets import TARGET_NAMES
+from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
 
 # Measured selection's decisions, per machine class and model structure (fusion_core
 # reads no environment, so the CLI picks the folder).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli._exit import EXIT_OK
-from fusion_core import builtin_patterns, load_pattern_file
+from autofusion.app.cli._exit import EXIT_OK
+from autofusion.fusion_core import builtin_patterns, load_pattern_file
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

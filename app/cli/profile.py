@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE
-from fusion_core.errors import ConfigError, FusionError, ModelLoadError, UnsafeModelError
-from fusion_core.profiling import ProfileOptions, profile_models
+from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE
+from autofusion.fusion_core.errors import ConfigError, FusionError, ModelLoadError, UnsafeModelError
+from autofusion.fusion_core.profiling import ProfileOptions, profile_models
 
 __all__ = ["add_parser", "format_profile", "run"]
 

@@ -31,8 +31,14 @@ from typing import Any
 
 import yaml
 
-from app.cli._client import Client, ClientError, add_server_options, read_json, with_client
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, epilog
+from autofusion.app.cli._client import (
+    Client,
+    ClientError,
+    add_server_options,
+    read_json,
+    with_client,
+)
+from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, epilog
 
 __all__ = ["KINDS", "EtagStore", "add_parser"]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app.cli._exit import EXIT_OK, EXIT_USAGE
-from app.cli._protobuf import python_protobuf_refusal
-from app.core.config import Settings
-from app.core.logs import configure_logging
+from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
+from autofusion.app.cli._protobuf import python_protobuf_refusal
+from autofusion.app.core.config import Settings
+from autofusion.app.core.logs import configure_logging
 
 __all__ = ["add_parser", "is_loopback", "run", "settings_from_args"]
 
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `autofusion --help` stays fast
 
-    from app.main import create_app
+    from autofusion.app.main import create_app
 
     uvicorn.run(
         create_app(settings),

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from app.cli import _submit_output as output
-from app.cli._client import (
+from autofusion.app.cli import _submit_output as output
+from autofusion.app.cli._client import (
     Client,
     ClientError,
     add_server_options,
@@ -30,7 +30,7 @@ from app.cli._client import (
     read_json,
     retry_after,
 )
-from app.cli._exit import (
+from autofusion.app.cli._exit import (
     EXIT_BAD_INPUT,
     EXIT_GATE_FAILED,
     EXIT_OK,
@@ -38,10 +38,10 @@ from app.cli._exit import (
     EXIT_USAGE,
     epilog,
 )
-from app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
-from fusion_core.config import merge_options, read_strategy_file
-from fusion_core.errors import ConfigError
-from fusion_core.targets import TARGET_NAMES
+from autofusion.app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
+from autofusion.fusion_core.config import merge_options, read_strategy_file
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.targets import TARGET_NAMES
 
 __all__ = [
     "Upload",

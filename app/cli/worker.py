@@ -13,11 +13,11 @@ import sys
 
 from pydantic import ValidationError
 
-from app.cli._exit import EXIT_USAGE
-from app.cli._protobuf import python_protobuf_refusal
-from app.core.config import Settings, redact_url
-from app.core.logs import configure_logging
-from fusion_core.errors import describe_fields, field_errors
+from autofusion.app.cli._exit import EXIT_USAGE
+from autofusion.app.cli._protobuf import python_protobuf_refusal
+from autofusion.app.core.config import Settings, redact_url
+from autofusion.app.core.logs import configure_logging
+from autofusion.fusion_core.errors import describe_fields, field_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -79,11 +79,11 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here: the other commands need neither Celery nor the worker.
     from celery.signals import worker_process_init, worker_ready
 
-    from app.core.db import get_engine
-    from app.services.artifacts import make_store
-    from worker.celery_app import QUEUE, make_celery
-    from worker.reaper import Reaper
-    from worker.tasks import enqueue_job
+    from autofusion.app.core.db import get_engine
+    from autofusion.app.services.artifacts import make_store
+    from autofusion.worker.celery_app import QUEUE, make_celery
+    from autofusion.worker.reaper import Reaper
+    from autofusion.worker.tasks import enqueue_job
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     celery = make_celery(settings)

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from app.core.errors import PROBLEM_BASE, job_problem
-from app.core.models import Job, JobStatus
-from fusion_core.config import MeasureOptions, OptimizeConfig
+from autofusion.app.core.errors import PROBLEM_BASE, job_problem
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.fusion_core.config import MeasureOptions, OptimizeConfig
 
 __all__ = [
     "CheckSummary",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
 
-from app.core.config import Settings
+from autofusion.app.core.config import Settings
 
 __all__ = [
     "ArtifactStore",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from app.core.models import ApiKey, Tenant
+from autofusion.app.core.models import ApiKey, Tenant
 
 __all__ = [
     "KEY_CACHE",

@@ -13,9 +13,9 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 
-from app.core.db import session_scope
-from app.core.models import Job, JobStatus
-from app.schemas.jobs import JobPublic
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.schemas.jobs import JobPublic
 
 __all__ = ["HEARTBEAT_S", "job_events", "sse_message"]
 

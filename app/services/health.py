@@ -13,8 +13,8 @@ import tempfile
 
 from sqlalchemy import text
 
-from app.core.config import Settings
-from app.core.db import get_engine
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import get_engine
 
 __all__ = ["check_artifacts", "check_broker", "check_database", "readiness"]
 

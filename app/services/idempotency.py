@@ -21,8 +21,8 @@ from datetime import UTC, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
-from app.core.models import IdempotencyReservation, Job, utcnow
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import IdempotencyReservation, Job, utcnow
 
 __all__ = ["key_in_use", "release_key", "reserve_key"]
 

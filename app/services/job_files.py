@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
 
-from app.core.errors import ProblemError
-from app.core.models import Job, JobStatus
-from app.services.artifacts import ArtifactStore, download_headers
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.services.artifacts import ArtifactStore, download_headers
 
 __all__ = [
     "ARTIFACT_CSP",

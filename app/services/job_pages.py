@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
-from app.core.models import Job, JobStatus
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import Job, JobStatus
 
 __all__ = [
     "PAGE_SIZE_DEFAULT",

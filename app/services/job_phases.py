@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.models import Job, JobStatus
+from autofusion.app.core.models import Job, JobStatus
 
 __all__ = [
     "MAX_PHASES",

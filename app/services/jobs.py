@@ -23,11 +23,11 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.core.errors import JOB_PROBLEMS, ProblemError
-from app.core.logs import current_request_id
-from app.core.models import Job, JobStatus, PatternRecord, utcnow
-from app.services.auth import Principal
-from app.services.job_phases import first_phase
+from autofusion.app.core.errors import JOB_PROBLEMS, ProblemError
+from autofusion.app.core.logs import current_request_id
+from autofusion.app.core.models import Job, JobStatus, PatternRecord, utcnow
+from autofusion.app.services.auth import Principal
+from autofusion.app.services.job_phases import first_phase
 
 __all__ = [
     "JOB_PROBLEMS",

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.core.models import Job, JobStatus, utcnow
+from autofusion.app.core.models import Job, JobStatus, utcnow
 
 __all__ = ["METHODS", "Metrics"]
 

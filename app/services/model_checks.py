@@ -41,9 +41,9 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto
 
-from app.core.config import Settings
-from app.core.errors import ProblemError
-from app.services.model_data_checks import (
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.model_data_checks import (
     check_external,
     check_stored_size,
     element_count,

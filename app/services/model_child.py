@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.services.sandbox_env import EXIT_ORPHANED, exit_with_parent
+from autofusion.app.services.sandbox_env import EXIT_ORPHANED, exit_with_parent
 
 __all__ = [
     "ERROR_FILE",
@@ -70,7 +70,7 @@ MEMORY_HINTS = (
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        sys.stderr.write("usage: python -m app.services.model_child FOLDER\n")
+        sys.stderr.write("usage: python -m autofusion.app.services.model_child FOLDER\n")
         return 2
     # First thing, before it writes anything: what it writes is private (0600). Set
     # here, not by the parent: uvloop's subprocess_exec takes no umask.
@@ -99,13 +99,13 @@ def _limit(memory_mb: int, cpu_s: int) -> None:
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
-    from app.core.config import Settings
+    from autofusion.app.core.config import Settings
 
     # Only what the API passed: no .env file, no secrets directory in a child.
     settings = Settings(_env_file=None, _secrets_dir=None, **request["settings"])
     model = Path(request["model"])
     if request["task"] == "inspect":
-        from app.services.model_checks import inspect_model
+        from autofusion.app.services.model_checks import inspect_model
 
         inspect_model(model, request["data_names"], settings)
         return {}
@@ -118,11 +118,11 @@ def _trial(path: Path, settings: Any, pattern: dict[str, Any], pictures: int) ->
     """Load the self-contained model, run the pre-passes, match the one pattern."""
     import onnx_ir as ir
 
-    from app.services.model_checks import inspect_model
-    from fusion_core import compile_pattern
-    from fusion_core.ir import model_from_proto
-    from fusion_core.patterns import Matcher
-    from fusion_core.prepasses import PrepassOptions, run_prepasses
+    from autofusion.app.services.model_checks import inspect_model
+    from autofusion.fusion_core import compile_pattern
+    from autofusion.fusion_core.ir import model_from_proto
+    from autofusion.fusion_core.patterns import Matcher
+    from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
 
     proto = _load_self_contained(path)
     inspect_model(path, (), settings)  # sizes and op domains, as for a job
@@ -141,7 +141,7 @@ def _trial(path: Path, settings: Any, pattern: dict[str, Any], pictures: int) ->
     }
     if pictures and matches:
         # The dashboard's match pictures (app/ui/report_view.py draws them the same way).
-        from fusion_core.report import GraphIndex, region_svg
+        from autofusion.fusion_core.report import GraphIndex, region_svg
 
         index = GraphIndex(ir.to_proto(model))
         drawn = (region_svg(index, names, f"match {n}") for n, names in enumerate(matches, 1))
@@ -154,8 +154,8 @@ def _load_self_contained(path: Path) -> Any:
     import onnx
     from google.protobuf.message import DecodeError
 
-    from app.core.errors import ProblemError
-    from fusion_core import ModelLoadError
+    from autofusion.app.core.errors import ProblemError
+    from autofusion.fusion_core import ModelLoadError
 
     try:
         proto = onnx.load(path, load_external_data=False)
@@ -206,8 +206,8 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     if _is_memory(exc):
         return {"memory": True}
     try:
-        from app.core.errors import ProblemError
-        from fusion_core.errors import FusionError, PatternError
+        from autofusion.app.core.errors import ProblemError
+        from autofusion.fusion_core.errors import FusionError, PatternError
     except BaseException:  # the failure was in these imports: nothing more to learn
         return {"internal": f"{type(exc).__name__}: {exc}"}
     if isinstance(exc, ProblemError):

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from app.core.errors import ProblemError
+from autofusion.app.core.errors import ProblemError
 
 __all__ = [
     "check_external",

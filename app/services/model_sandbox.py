@@ -34,11 +34,11 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from app.core.config import Settings
-from app.core.errors import ProblemError
-from app.services.model_checks import inspect_model
-from app.services.model_child import ERROR_FILE, MEMORY_HINTS, REQUEST_FILE, RESULT_FILE
-from app.services.sandbox_env import log_tail, sandbox_environment
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.model_checks import inspect_model
+from autofusion.app.services.model_child import ERROR_FILE, MEMORY_HINTS, REQUEST_FILE, RESULT_FILE
+from autofusion.app.services.sandbox_env import log_tail, sandbox_environment
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
 
@@ -190,7 +190,7 @@ async def _spawn_and_wait(folder: Path, time_limit_s: float) -> int | None:
             sys.executable,
             "-P",
             "-m",
-            "app.services.model_child",
+            "autofusion.app.services.model_child",
             str(folder),
             cwd=folder,
             env=sandbox_environment(folder),

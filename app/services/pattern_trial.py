@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from app.core.config import Settings
-from app.core.db import session_factory
-from app.core.errors import ProblemError
-from app.core.models import PatternRecord
-from app.services import registry
-from app.services.model_sandbox import run_model_child
-from app.services.uploads import IncomingBody, receive_upload, remove_folder
-from fusion_core.patterns import NearMiss
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_factory
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import PatternRecord
+from autofusion.app.services import registry
+from autofusion.app.services.model_sandbox import run_model_child
+from autofusion.app.services.uploads import IncomingBody, receive_upload, remove_folder
+from autofusion.fusion_core.patterns import NearMiss
 
 __all__ = ["LISTED", "PatternTrial", "read_pattern", "trial_upload"]
 

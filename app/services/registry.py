@@ -15,11 +15,11 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.core.errors import ProblemError
-from app.core.models import PatternRecord, PatternVersion, RegistryState, utcnow
-from app.services.versioned import VersionedKind
-from fusion_core import compile_pattern
-from fusion_core.catalog import builtin_pattern_data
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import PatternRecord, PatternVersion, RegistryState, utcnow
+from autofusion.app.services.versioned import VersionedKind
+from autofusion.fusion_core import compile_pattern
+from autofusion.fusion_core.catalog import builtin_pattern_data
 
 __all__ = [
     "change_pattern",

@@ -2,10 +2,10 @@
 with, how it leaves when its parent dies, and how its parent reads the end of its log.
 
 Both kinds of child use it: the worker's job sandbox (``worker/supervise.py`` starts
-``python -m worker.sandbox``) and the API's model child (``app/services/model_sandbox.py``
-starts ``python -m app.services.model_child``). A child handles a hostile model, so it
-gets an allow-list, not the parent's environment minus a few names: whatever secret a
-deployment adds later (``DATABASE_URL``, ``REDIS_URL``, ``PGPASSWORD``, ``AWS_*``, any
+``python -m autofusion.worker.sandbox``) and the API's model child
+(``app/services/model_sandbox.py`` starts ``python -m autofusion.app.services.model_child``).
+A child handles a hostile model, so it gets an allow-list, not the parent's environment
+minus a few names: whatever secret a deployment adds later (``DATABASE_URL``, ``REDIS_URL``, ``PGPASSWORD``, ``AWS_*``, any
 ``AUTOFUSION_*`` setting) stays out without anyone having to remember it.
 
 Standard library only: the worker imports this before it starts a child, and each

@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
-from app.core.models import PatternRecord, Strategy, StrategyVersion, utcnow
-from app.services.versioned import VersionedKind
-from fusion_core import CheckOptions
-from fusion_core.catalog import builtin_pattern_data
-from fusion_core.config import MeasureOptions, Selection, Switch
-from fusion_core.patterns import TargetName
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import PatternRecord, Strategy, StrategyVersion, utcnow
+from autofusion.app.services.versioned import VersionedKind
+from autofusion.fusion_core import CheckOptions
+from autofusion.fusion_core.catalog import builtin_pattern_data
+from autofusion.fusion_core.config import MeasureOptions, Selection, Switch
+from autofusion.fusion_core.patterns import TargetName
 
 __all__ = [
     "PRESETS",

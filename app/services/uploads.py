@@ -42,16 +42,16 @@ from python_multipart.multipart import parse_options_header
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.core.errors import ProblemError
-from app.core.models import Job, Strategy
-from app.schemas.jobs import OptimizeOptions
-from app.services import scratch
-from app.services.artifacts import ArtifactStore
-from app.services.auth import Principal
-from app.services.jobs import check_pattern_names, create_job
-from app.services.model_sandbox import inspect_upload
-from fusion_core.errors import describe_fields, field_errors
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import Job, Strategy
+from autofusion.app.schemas.jobs import OptimizeOptions
+from autofusion.app.services import scratch
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.auth import Principal
+from autofusion.app.services.jobs import check_pattern_names, create_job
+from autofusion.app.services.model_sandbox import inspect_upload
+from autofusion.fusion_core.errors import describe_fields, field_errors
 
 __all__ = [
     "MAX_CONFIG_BYTES",

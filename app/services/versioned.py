@@ -18,8 +18,8 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
-from app.core.models import utcnow
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import utcnow
 
 __all__ = ["VersionedKind", "if_match_holds"]
 

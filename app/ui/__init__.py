@@ -17,10 +17,10 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import ProblemError
-from app.ui.common import LoginRequired, login_redirect, render
-from app.ui.routes import router
-from fusion_core.errors import FusionError, describe_fields, field_errors
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.ui.common import LoginRequired, login_redirect, render
+from autofusion.app.ui.routes import router
+from autofusion.fusion_core.errors import FusionError, describe_fields, field_errors
 
 __all__ = ["CSP", "install_ui"]
 

@@ -21,9 +21,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
-from app.api.deps import SettingsDep, check_scope, principal_for_token
-from app.core.errors import ProblemError
-from app.services.auth import Principal
+from autofusion.app.api.deps import SettingsDep, check_scope, principal_for_token
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.auth import Principal
 
 __all__ = [
     "COOKIE",
@@ -116,7 +116,7 @@ def form_errors(exc: Exception, default_field: str) -> tuple[int, list[dict[str,
     (a ProblemError, a FusionError such as PatternError, or a pydantic ValidationError)."""
     from pydantic import ValidationError
 
-    from fusion_core.errors import FusionError, PatternError, field_errors
+    from autofusion.fusion_core.errors import FusionError, PatternError, field_errors
 
     if isinstance(exc, ValidationError):
         pairs = field_errors(exc, default=default_field)

@@ -15,12 +15,12 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from app.core.errors import PROBLEM_BASE
-from app.core.models import Job, JobStatus
-from app.services.artifacts import ArtifactStore
-from app.services.jobs import JOB_PROBLEMS
-from app.ui.report_view import DASH, report_view, speed_class
-from fusion_core.report import Speed, read_report, regions_from_data
+from autofusion.app.core.errors import PROBLEM_BASE
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.jobs import JOB_PROBLEMS
+from autofusion.app.ui.report_view import DASH, report_view, speed_class
+from autofusion.fusion_core.report import Speed, read_report, regions_from_data
 
 __all__ = ["LIVE", "job_problem", "job_row", "load_report_view", "speed_of"]
 

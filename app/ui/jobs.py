@@ -8,17 +8,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
-from app.api.deps import SessionDep, SettingsDep, StoreDep
-from app.api.downloads import download_response
-from app.core.errors import ProblemError
-from app.core.models import Job, JobStatus, utcnow
-from app.services import job_files
-from app.services.job_pages import decode_page_token, encode_page_token, list_jobs
-from app.services.job_phases import recent_phases
-from app.services.jobs import cancel_job, get_job
-from app.ui.common import UIPrincipal, render, require
-from app.ui.job_data import LIVE, job_problem, job_row, load_report_view
-from app.ui.progress import history_for, progress_view
+from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
+from autofusion.app.api.downloads import download_response
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import Job, JobStatus, utcnow
+from autofusion.app.services import job_files
+from autofusion.app.services.job_pages import decode_page_token, encode_page_token, list_jobs
+from autofusion.app.services.job_phases import recent_phases
+from autofusion.app.services.jobs import cancel_job, get_job
+from autofusion.app.ui.common import UIPrincipal, render, require
+from autofusion.app.ui.job_data import LIVE, job_problem, job_row, load_report_view
+from autofusion.app.ui.progress import history_for, progress_view
 
 __all__ = ["router"]
 

@@ -9,17 +9,17 @@ from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 
-from app.api.deps import SessionDep, SettingsDep
-from app.api.uploads import incoming
-from app.core.errors import ProblemError
-from app.core.models import PatternRecord
-from app.schemas.registry import PatternSummary, PatternTestResult
-from app.services import registry
-from app.services.pattern_trial import trial_upload
-from app.ui.common import UIPrincipal, form_errors, render, require
-from app.ui.report_view import MAX_MATCH_PICTURES
-from app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
-from fusion_core.errors import FusionError
+from autofusion.app.api.deps import SessionDep, SettingsDep
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import PatternRecord
+from autofusion.app.schemas.registry import PatternSummary, PatternTestResult
+from autofusion.app.services import registry
+from autofusion.app.services.pattern_trial import trial_upload
+from autofusion.app.ui.common import UIPrincipal, form_errors, render, require
+from autofusion.app.ui.report_view import MAX_MATCH_PICTURES
+from autofusion.app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
+from autofusion.fusion_core.errors import FusionError
 
 __all__ = ["router"]
 

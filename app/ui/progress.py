@@ -19,9 +19,9 @@ from typing import Any
 
 from markupsafe import Markup
 
-from app.core.models import Job, JobStatus
-from app.services.job_phases import PastJob, Span, phase_spans
-from fusion_core.report import timeline
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.services.job_phases import PastJob, Span, phase_spans
+from autofusion.fusion_core.report import timeline
 
 __all__ = [
     "STAGE_LABELS",

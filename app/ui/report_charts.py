@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from fusion_core.report import grouped_bars, histogram
+from autofusion.fusion_core.report import grouped_bars, histogram
 
 __all__ = ["MAX_HISTOGRAMS", "TOP_NODES", "error_histograms", "slowest_nodes"]
 

@@ -17,9 +17,9 @@ from typing import Any
 import onnx_ir as ir
 from markupsafe import Markup
 
-from app.ui.report_charts import error_histograms, slowest_nodes
-from app.ui.report_groups import fusion_groups, near_miss_groups
-from fusion_core.report import (
+from autofusion.app.ui.report_charts import error_histograms, slowest_nodes
+from autofusion.app.ui.report_groups import fusion_groups, near_miss_groups
+from autofusion.fusion_core.report import (
     GraphIndex,
     ReportSummary,
     Speed,

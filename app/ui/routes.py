@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
 
-from app.api.deps import WWW_AUTHENTICATE, SessionDep, SettingsDep
-from app.services.auth import authenticate
-from app.ui import jobs, patterns, strategies, submit
-from app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
+from autofusion.app.api.deps import WWW_AUTHENTICATE, SessionDep, SettingsDep
+from autofusion.app.services.auth import authenticate
+from autofusion.app.ui import jobs, patterns, strategies, submit
+from autofusion.app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
 
 __all__ = ["router"]
 

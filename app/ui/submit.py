@@ -12,12 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import SessionDep, SettingsDep, StoreDep
-from app.api.uploads import incoming
-from app.core.db import session_factory
-from app.core.errors import ProblemError
-from app.services.strategies import list_strategies
-from app.services.uploads import (
+from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.db import session_factory
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.strategies import list_strategies
+from autofusion.app.services.uploads import (
     Upload,
     accept_received,
     check_file_name,
@@ -25,9 +25,9 @@ from app.services.uploads import (
     receive_upload,
     remove_folder,
 )
-from app.ui.common import UIPrincipal, form_errors, render, require
-from fusion_core.config import OptimizeConfig
-from fusion_core.errors import FusionError
+from autofusion.app.ui.common import UIPrincipal, form_errors, render, require
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.errors import FusionError
 
 __all__ = ["router"]
 

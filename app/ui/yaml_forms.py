@@ -12,9 +12,9 @@ from fastapi.responses import RedirectResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.errors import ProblemError
-from app.ui.common import form_errors, render
-from fusion_core.errors import FusionError
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.ui.common import form_errors, render
+from autofusion.fusion_core.errors import FusionError
 
 __all__ = ["YamlEditor", "dump_yaml", "parse_yaml", "version_etag", "version_message"]
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _interleaved import interleaved_ms, paired_summary
 
-from fusion_core.profiling import session_options
+from autofusion.fusion_core.profiling import session_options
 
 
 def streamed_bytes(path: Path) -> int:

@@ -33,8 +33,8 @@ import bench_transformers as bt  # noqa: E402
 from _interleaved import interleaved_ms, paired_summary  # noqa: E402
 from _tools import _onnxscript_ort_fusions  # noqa: E402
 
-from fusion_core import CheckOptions, OptimizeConfig, load_model, optimize  # noqa: E402
-from fusion_core.profiling import session_options  # noqa: E402
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, load_model, optimize  # noqa: E402
+from autofusion.fusion_core.profiling import session_options  # noqa: E402
 
 PACKED = ["attention_packed", "attention_packed_merged"]  # the patterns under test
 bt.MODELS["distilbert"] = (

@@ -150,8 +150,10 @@ def fetch(cache: Path, only: list[str] | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", help="corpus cache (default $AUTOFUSION_CORPUS_DIR "
-                        "or ~/.cache/autofusion-corpus)")
+    parser.add_argument(
+        "--cache",
+        help="corpus cache (default $AUTOFUSION_CORPUS_DIR or ~/.cache/autofusion-corpus)",
+    )
     parser.add_argument("--only", nargs="*", help="only these model names")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -86,8 +86,10 @@ def node_models(cache: Path) -> list[Path]:
 def all_models(cache: Path) -> dict[str, Path]:
     """Readable id -> model path, installed-package tests first, then the node tests."""
     data = Path(onnx.__file__).parent / "backend" / "test" / "data"
-    named = {str(p.relative_to(data).with_suffix("")).replace("/model", ""): p
-             for p in installed_models()}
+    named = {
+        str(p.relative_to(data).with_suffix("")).replace("/model", ""): p
+        for p in installed_models()
+    }
     named.update({f"node/{p.parent.name}": p for p in node_models(cache)})
     return named
 
@@ -122,8 +124,10 @@ def sample(models: dict[str, Path]) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", help="corpus cache (default $AUTOFUSION_CORPUS_DIR "
-                        "or ~/.cache/autofusion-corpus)")
+    parser.add_argument(
+        "--cache",
+        help="corpus cache (default $AUTOFUSION_CORPUS_DIR or ~/.cache/autofusion-corpus)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     cache = meta.cache_dir(args.cache)

@@ -133,8 +133,9 @@ def build_one(recipe: Recipe, models: Path) -> bool:
     """Quantize one recipe into the cache; False when already current or base missing."""
     src = models / recipe.base / meta.MODEL_FILE
     if not src.is_file():
-        log.warning("%s: base model %s not in the cache; run fetch_wheels first",
-                    recipe.name, recipe.base)
+        log.warning(
+            "%s: base model %s not in the cache; run fetch_wheels first", recipe.name, recipe.base
+        )
         return False
     source = recipe.source(hashlib.sha256(src.read_bytes()).hexdigest())
     if meta.is_current(models, recipe.name, source):
@@ -160,8 +161,10 @@ def build(cache: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", help="corpus cache (default $AUTOFUSION_CORPUS_DIR "
-                        "or ~/.cache/autofusion-corpus)")
+    parser.add_argument(
+        "--cache",
+        help="corpus cache (default $AUTOFUSION_CORPUS_DIR or ~/.cache/autofusion-corpus)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     written = build(meta.cache_dir(args.cache))

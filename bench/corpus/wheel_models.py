@@ -196,7 +196,10 @@ WHEEL_MODELS: tuple[WheelModel, ...] = (
         exporter="onnxruntime-quantizer",
         expected=both(),
         preserved_ops=(
-            "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM",
+            "DynamicQuantizeLinear",
+            "ConvInteger",
+            "MatMulInteger",
+            "DynamicQuantizeLSTM",
         ),
         notes="The older recognizer dynamically quantized by onnx.quantize 0.1.0 "
         "(ConvInteger, MatMulInteger, com.microsoft DynamicQuantizeLSTM): the quantized "
@@ -276,36 +279,57 @@ WHEEL_MODELS: tuple[WheelModel, ...] = (
             notes=notes,
         )
         for name, file, sha, exporter, expected, notes in (
-            ("silero_vad_v6", "silero_vad.onnx",
-             "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3", "spox",
-             per_target(generic={}, onnxruntime={"conv_activation": 8}),
-             "Silero VAD v6, opset 16, the whole network inside one If on the sample rate "
-             "(a 16 kHz and an 8 kHz branch, 4 Conv+Relu each): fusing inside If bodies."),
-            ("silero_vad_16k_op15", "silero_vad_16k_op15.onnx",
-             "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
-             "torch-torchscript",
-             per_target(generic={}, onnxruntime={"conv_activation": 4}),
-             "torch 2.3 export, opset 15, three If nodes on the sample rate; 4 Conv+Relu."),
-            ("silero_vad_16k_sequence", "silero_vad_16k_sequence.onnx",
-             "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
-             "torch-torchscript",
-             per_target(generic={}, onnxruntime={"conv_activation": 4}),
-             "torch 2.11 export, opset 16, [sequence_length, 576] with an LSTM; 4 Conv+Relu."),
-            ("silero_vad_half", "silero_vad_half.onnx",
-             "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769",
-             "torch-torchscript", both(),
-             "fp16 weights and activations, opset 16, If nodes: the fp16 region must be left "
-             "intact or fused exactly; only exit 0 and the check are required."),
-            ("silero_vad_op18_ifless", "silero_vad_op18_ifless.onnx",
-             "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
-             "torch-torchscript",
-             per_target(generic={}, onnxruntime={"conv_activation": 8}),
-             "torch 2.9 export, opset 18: despite the name, the network sits inside one If "
-             "on the sample rate (4 Conv+Relu per branch)."),
-            ("silero_vad_openvino_16k", "silero_vad_openvino_16k.onnx",
-             "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87", "spox",
-             per_target(generic={}, onnxruntime={"conv_activation": 4}),
-             "static [1, 576] variant for OpenVINO, opset 16, LSTM; 4 Conv+Relu."),
+            (
+                "silero_vad_v6",
+                "silero_vad.onnx",
+                "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+                "spox",
+                per_target(generic={}, onnxruntime={"conv_activation": 8}),
+                "Silero VAD v6, opset 16, the whole network inside one If on the sample rate "
+                "(a 16 kHz and an 8 kHz branch, 4 Conv+Relu each): fusing inside If bodies.",
+            ),
+            (
+                "silero_vad_16k_op15",
+                "silero_vad_16k_op15.onnx",
+                "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+                "torch-torchscript",
+                per_target(generic={}, onnxruntime={"conv_activation": 4}),
+                "torch 2.3 export, opset 15, three If nodes on the sample rate; 4 Conv+Relu.",
+            ),
+            (
+                "silero_vad_16k_sequence",
+                "silero_vad_16k_sequence.onnx",
+                "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
+                "torch-torchscript",
+                per_target(generic={}, onnxruntime={"conv_activation": 4}),
+                "torch 2.11 export, opset 16, [sequence_length, 576] with an LSTM; 4 Conv+Relu.",
+            ),
+            (
+                "silero_vad_half",
+                "silero_vad_half.onnx",
+                "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769",
+                "torch-torchscript",
+                both(),
+                "fp16 weights and activations, opset 16, If nodes: the fp16 region must be left "
+                "intact or fused exactly; only exit 0 and the check are required.",
+            ),
+            (
+                "silero_vad_op18_ifless",
+                "silero_vad_op18_ifless.onnx",
+                "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+                "torch-torchscript",
+                per_target(generic={}, onnxruntime={"conv_activation": 8}),
+                "torch 2.9 export, opset 18: despite the name, the network sits inside one If "
+                "on the sample rate (4 Conv+Relu per branch).",
+            ),
+            (
+                "silero_vad_openvino_16k",
+                "silero_vad_openvino_16k.onnx",
+                "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87",
+                "spox",
+                per_target(generic={}, onnxruntime={"conv_activation": 4}),
+                "static [1, 576] variant for OpenVINO, opset 16, LSTM; 4 Conv+Relu.",
+            ),
         )
     ),
     WheelModel(

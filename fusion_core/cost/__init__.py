@@ -6,8 +6,8 @@
 rewrite does to the cost of its nodes each rewriter says itself (``Rewriter.cost_effect``).
 """
 
-from fusion_core.cost.fit import FittedFactor, fit_kernel_factors
-from fusion_core.cost.model import (
+from autofusion.fusion_core.cost.fit import FittedFactor, fit_kernel_factors
+from autofusion.fusion_core.cost.model import (
     PROFILE_NAME_PATTERN,
     Calibration,
     CostModel,

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fusion_core.errors import ConfigError, describe_fields, field_errors
+from autofusion.fusion_core.errors import ConfigError, describe_fields, field_errors
 
 __all__ = [
     "PROFILE_NAME_PATTERN",
@@ -86,7 +86,7 @@ class TargetProfile(BaseModel):
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles shipped with autofusion."""
-    folder = resources.files("fusion_core") / _PACKAGE_FOLDER
+    folder = resources.files("autofusion.fusion_core") / _PACKAGE_FOLDER
     return sorted(
         entry.name.rsplit(".", 1)[0]
         for entry in folder.iterdir()
@@ -121,7 +121,7 @@ def _read(name_or_path: str | os.PathLike) -> tuple[str, str]:
     text_name = os.fspath(name_or_path)
     shipped = shipped_profiles()
     if text_name in shipped:
-        folder = resources.files("fusion_core") / _PACKAGE_FOLDER
+        folder = resources.files("autofusion.fusion_core") / _PACKAGE_FOLDER
         return (folder / f"{text_name}.yaml").read_text(encoding="utf-8"), repr(text_name)
     path = Path(text_name)
     looks_like_path = path.suffix in (".yaml", ".yml", ".json") or os.sep in text_name

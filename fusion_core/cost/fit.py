@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fusion_core.errors import ConfigError
+from autofusion.fusion_core.errors import ConfigError
 
 __all__ = ["FittedFactor", "fit_kernel_factors"]
 

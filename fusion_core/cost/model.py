@@ -40,8 +40,8 @@ from typing import Literal
 
 import onnx_ir as ir
 
-from fusion_core.cost._ops import NodeCost, Shapes, node_cost
-from fusion_core.cost._profiles import (
+from autofusion.fusion_core.cost._ops import NodeCost, Shapes, node_cost
+from autofusion.fusion_core.cost._profiles import (
     PROFILE_NAME_PATTERN,
     Calibration,
     TargetProfile,
@@ -49,8 +49,13 @@ from fusion_core.cost._profiles import (
     load_target_profile,
     shipped_profiles,
 )
-from fusion_core.patterns import Match
-from fusion_core.rewriters import RewriteEffect, RewriterRegistry, builtin_rewriters, matched
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters import (
+    RewriteEffect,
+    RewriterRegistry,
+    builtin_rewriters,
+    matched,
+)
 
 __all__ = [
     "PROFILE_NAME_PATTERN",

@@ -1,11 +1,16 @@
 """Patterns as data: the spec, its declarative constraints, and the matcher."""
 
-from fusion_core.patterns._constraints import Constraint, attribute_value
-from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
-from fusion_core.patterns._match import NEAR_MISS_KINDS, Match, NearMiss
-from fusion_core.patterns._matcher import Matcher, MatchResult, check_match, escape_reason
-from fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
-from fusion_core.patterns._spec import (
+from autofusion.fusion_core.patterns._constraints import Constraint, attribute_value
+from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
+from autofusion.fusion_core.patterns._match import NEAR_MISS_KINDS, Match, NearMiss
+from autofusion.fusion_core.patterns._matcher import (
+    Matcher,
+    MatchResult,
+    check_match,
+    escape_reason,
+)
+from autofusion.fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
+from autofusion.fusion_core.patterns._spec import (
     TARGET_NAMES,
     CostHints,
     NodeSpec,

@@ -17,10 +17,10 @@ import onnx
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fusion_core.ir import constant_array, consumers
-from fusion_core.patterns._formula import Formula, FormulaError, compile_formula
-from fusion_core.patterns._match import Match
-from fusion_core.patterns._refs import parse_ref
+from autofusion.fusion_core.ir import constant_array, consumers
+from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
+from autofusion.fusion_core.patterns._match import Match
+from autofusion.fusion_core.patterns._refs import parse_ref
 
 __all__ = ["Constraint", "attribute_value"]
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array, consumers
-from fusion_core.patterns._match import Match, NearMiss
+from autofusion.fusion_core.ir import constant_array, consumers
+from autofusion.fusion_core.patterns._match import Match, NearMiss
 
 __all__ = ["PROBES", "explain_unmatched"]
 

@@ -25,7 +25,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fusion_core.patterns._refs import parse_ref
+from autofusion.fusion_core.patterns._refs import parse_ref
 
 __all__ = ["MAX_FORMULA_CHARS", "MAX_FORMULA_DEPTH", "Formula", "FormulaError", "compile_formula"]
 

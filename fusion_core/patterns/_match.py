@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from fusion_core.patterns._refs import ValueRef, parse_ref
+from autofusion.fusion_core.patterns._refs import ValueRef, parse_ref
 
 if TYPE_CHECKING:
-    from fusion_core.patterns._spec import PatternSpec
+    from autofusion.fusion_core.patterns._spec import PatternSpec
 
 __all__ = ["NEAR_MISS_KINDS", "Match", "NearMiss"]
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from fusion_core.ir import consumers, node_positions
-from fusion_core.patterns._explain import explain_unmatched
-from fusion_core.patterns._match import Match, NearMiss
-from fusion_core.patterns._refs import parse_edge
-from fusion_core.patterns._spec import NodeSpec, PatternSpec
+from autofusion.fusion_core.ir import consumers, node_positions
+from autofusion.fusion_core.patterns._explain import explain_unmatched
+from autofusion.fusion_core.patterns._match import Match, NearMiss
+from autofusion.fusion_core.patterns._refs import parse_edge
+from autofusion.fusion_core.patterns._spec import NodeSpec, PatternSpec
 
 __all__ = ["MatchResult", "Matcher", "check_match", "escape_reason"]
 

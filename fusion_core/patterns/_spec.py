@@ -26,9 +26,9 @@ from typing import Any
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
-from fusion_core.patterns._refs import parse_edge, parse_ref
-from fusion_core.targets import TARGET_NAMES, TargetName
+from autofusion.fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
+from autofusion.fusion_core.patterns._refs import parse_edge, parse_ref
+from autofusion.fusion_core.targets import TARGET_NAMES, TargetName
 
 __all__ = [
     "COMMUTATIVE_OPS",
@@ -129,7 +129,7 @@ class ExplainSpec(BaseModel):
     @field_validator("when")
     @classmethod
     def _known_probe(cls, when: str) -> str:
-        from fusion_core.patterns._explain import PROBES
+        from autofusion.fusion_core.patterns._explain import PROBES
 
         if when not in PROBES:
             raise ValueError(f"unknown probe {when!r}; known: {sorted(PROBES)}")

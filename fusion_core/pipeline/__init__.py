@@ -6,9 +6,14 @@ stages (``progressive.py``) or measured selection (``measured.py``), as the conf
 the engine leaves as it is (quantized units, unknown domains).
 """
 
-from fusion_core.pipeline.measured import FusionGroup, PairedTimer, group_fusions, optimize_measured
-from fusion_core.pipeline.modes import optimize
-from fusion_core.pipeline.once import (
+from autofusion.fusion_core.pipeline.measured import (
+    FusionGroup,
+    PairedTimer,
+    group_fusions,
+    optimize_measured,
+)
+from autofusion.fusion_core.pipeline.modes import optimize
+from autofusion.fusion_core.pipeline.once import (
     AppliedFusion,
     Result,
     check_against_original,
@@ -16,7 +21,11 @@ from fusion_core.pipeline.once import (
     select_patterns,
     subgraphs,
 )
-from fusion_core.pipeline.progressive import DEFAULT_STAGES, Rollback, optimize_progressive
+from autofusion.fusion_core.pipeline.progressive import (
+    DEFAULT_STAGES,
+    Rollback,
+    optimize_progressive,
+)
 
 __all__ = [
     "DEFAULT_STAGES",

@@ -21,13 +21,23 @@ from typing import Any
 import numpy as np
 import onnx
 
-from fusion_core.catalog import CompiledPattern
-from fusion_core.config import OptimizeConfig
-from fusion_core.ir import save_model
-from fusion_core.pipeline.modes import optimize
-from fusion_core.pipeline.once import Result
-from fusion_core.profiling import ProfileOptions, measure_memory, profile_models, write_trace
-from fusion_core.report import build_report, format_markdown, region_pictures, render_html
+from autofusion.fusion_core.catalog import CompiledPattern
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.ir import save_model
+from autofusion.fusion_core.pipeline.modes import optimize
+from autofusion.fusion_core.pipeline.once import Result
+from autofusion.fusion_core.profiling import (
+    ProfileOptions,
+    measure_memory,
+    profile_models,
+    write_trace,
+)
+from autofusion.fusion_core.report import (
+    build_report,
+    format_markdown,
+    region_pictures,
+    render_html,
+)
 
 __all__ = ["RunFiles", "RunOutcome", "run"]
 

@@ -18,7 +18,7 @@ from collections import Counter
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
+from autofusion.fusion_core.patterns import Match
 
 __all__ = ["QUANTIZED_OPS", "left_alone", "quantized_unit"]
 

@@ -48,14 +48,18 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from fusion_core.catalog import CompiledPattern
-from fusion_core.config import MeasureOptions, OptimizeConfig
-from fusion_core.errors import ConfigError
-from fusion_core.ir import load_model
-from fusion_core.patterns import NearMiss
-from fusion_core.pipeline._measure_cache import DecisionCache, machine_class, model_structure
-from fusion_core.pipeline.once import AppliedFusion, Result, optimize_once
-from fusion_core.profiling import (
+from autofusion.fusion_core.catalog import CompiledPattern
+from autofusion.fusion_core.config import MeasureOptions, OptimizeConfig
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.ir import load_model
+from autofusion.fusion_core.patterns import NearMiss
+from autofusion.fusion_core.pipeline._measure_cache import (
+    DecisionCache,
+    machine_class,
+    model_structure,
+)
+from autofusion.fusion_core.pipeline.once import AppliedFusion, Result, optimize_once
+from autofusion.fusion_core.profiling import (
     FASTER,
     SLOWER,
     PairedRatio,
@@ -65,8 +69,8 @@ from fusion_core.profiling import (
     paired_ratio,
     prepare_model,
 )
-from fusion_core.rewriters import RewriterRegistry
-from fusion_core.validate import (
+from autofusion.fusion_core.rewriters import RewriterRegistry
+from autofusion.fusion_core.validate import (
     CANDIDATES,
     FloatDistribution,
     candidate_dims,

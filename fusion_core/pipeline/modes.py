@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from fusion_core.catalog import CompiledPattern
-from fusion_core.config import OptimizeConfig
-from fusion_core.pipeline.measured import optimize_measured
-from fusion_core.pipeline.once import Result, optimize_once
-from fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
-from fusion_core.rewriters import RewriterRegistry
+from autofusion.fusion_core.catalog import CompiledPattern
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.pipeline.measured import optimize_measured
+from autofusion.fusion_core.pipeline.once import Result, optimize_once
+from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["optimize"]
 

@@ -25,17 +25,22 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
-from fusion_core.config import OptimizeConfig
-from fusion_core.cost import CostModel
-from fusion_core.errors import ConfigError, PatternError
-from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, model_from_proto, node_positions
-from fusion_core.patterns import Match, Matcher, NearMiss, check_match
-from fusion_core.pipeline.left_alone import left_alone, quantized_unit
-from fusion_core.pipeline.switches import resolve_switches
-from fusion_core.prepasses import PrepassOptions, run_prepasses
-from fusion_core.prepasses.opset import upgrade_opset
-from fusion_core.rewriters import (
+from autofusion.fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.cost import CostModel
+from autofusion.fusion_core.errors import ConfigError, PatternError
+from autofusion.fusion_core.ir import (
+    PROTOBUF_LIMIT_BYTES,
+    load_model,
+    model_from_proto,
+    node_positions,
+)
+from autofusion.fusion_core.patterns import Match, Matcher, NearMiss, check_match
+from autofusion.fusion_core.pipeline.left_alone import left_alone, quantized_unit
+from autofusion.fusion_core.pipeline.switches import resolve_switches
+from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core.prepasses.opset import upgrade_opset
+from autofusion.fusion_core.rewriters import (
     Rewrite,
     RewriteContext,
     RewriterRegistry,
@@ -44,9 +49,9 @@ from fusion_core.rewriters import (
     discard,
     missing_output,
 )
-from fusion_core.strategies.selection import selection_for
-from fusion_core.targets import get_target
-from fusion_core.validate import (
+from autofusion.fusion_core.strategies.selection import selection_for
+from autofusion.fusion_core.targets import get_target
+from autofusion.fusion_core.validate import (
     CANNOT_LOAD,
     ORIGINAL_CANNOT_RUN,
     CheckResult,

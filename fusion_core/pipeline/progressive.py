@@ -26,11 +26,16 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from fusion_core.catalog import CompiledPattern
-from fusion_core.config import OptimizeConfig
-from fusion_core.pipeline.once import Result, check_against_original, optimize_once, select_patterns
-from fusion_core.pipeline.switches import resolve_switches
-from fusion_core.rewriters import RewriterRegistry, builtin_rewriters
+from autofusion.fusion_core.catalog import CompiledPattern
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.pipeline.once import (
+    Result,
+    check_against_original,
+    optimize_once,
+    select_patterns,
+)
+from autofusion.fusion_core.pipeline.switches import resolve_switches
+from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 
 __all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
 

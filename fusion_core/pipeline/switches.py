@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from fusion_core.errors import ConfigError
-from fusion_core.patterns import Formula, FormulaError, compile_formula
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.patterns import Formula, FormulaError, compile_formula
 
 if TYPE_CHECKING:
-    from fusion_core.config import OptimizeConfig, Switch
+    from autofusion.fusion_core.config import OptimizeConfig, Switch
 
 __all__ = ["Condition", "SwitchOutcome", "compile_condition", "resolve_switches"]
 

@@ -5,14 +5,14 @@
 ``broadcasts.py`` drops an Expand that only broadcasts what MatMul would itself.
 """
 
-from fusion_core.prepasses.opset import OpsetUpgrade, upgrade_opset
-from fusion_core.prepasses.passes import (
+from autofusion.fusion_core.prepasses.opset import OpsetUpgrade, upgrade_opset
+from autofusion.fusion_core.prepasses.passes import (
     IdentityEliminationPass,
     PrepassOptions,
     SymbolicShapeInferencePass,
     run_prepasses,
 )
-from fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
+from autofusion.fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
 
 __all__ = [
     "IdentityEliminationPass",

@@ -23,8 +23,8 @@ import onnx
 import onnx.version_converter
 import onnx_ir as ir
 
-from fusion_core.errors import ConfigError
-from fusion_core.ir import PROTOBUF_LIMIT_BYTES
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
 
 __all__ = ["OpsetUpgrade", "upgrade_opset"]
 

@@ -29,9 +29,9 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
-from fusion_core.ir import constant_array
-from fusion_core.prepasses.broadcasts import BroadcastingExpandPass
-from fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.prepasses.broadcasts import BroadcastingExpandPass
+from autofusion.fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
 
 __all__ = [
     "IdentityEliminationPass",

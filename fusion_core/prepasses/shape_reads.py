@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.patterns import attribute_value
+from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["ShapeReadsFromInputsPass"]
 

@@ -41,8 +41,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from fusion_core.errors import ConfigError, ModelLoadError
-from fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, save_model
+from autofusion.fusion_core.errors import ConfigError, ModelLoadError
+from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, save_model
 
 __all__ = [
     "MemoryStats",

@@ -39,8 +39,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from fusion_core.errors import FusionError
-from fusion_core.ir import save_model
+from autofusion.fusion_core.errors import FusionError
+from autofusion.fusion_core.ir import save_model
 
 __all__ = [
     "MEMORY_LEVEL",
@@ -225,7 +225,7 @@ def measure_memory(
 
 
 def _generated(original: str | os.PathLike, seed: int, dims: Mapping[str, int] | None) -> Feeds:
-    from fusion_core.validate import random_inputs
+    from autofusion.fusion_core.validate import random_inputs
 
     proto = onnx.load(os.fspath(original), load_external_data=False)
     return random_inputs(proto, seed=seed, dims=dict(dims or {}))

@@ -48,9 +48,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from fusion_core import provenance
-from fusion_core.errors import ConfigError
-from fusion_core.profiling._trace import (
+from autofusion.fusion_core import provenance
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.profiling._trace import (
     MemoryStats,
     NodeProfile,
     NodeTime,
@@ -63,8 +63,8 @@ from fusion_core.profiling._trace import (
     read_trace,
     timed_run,
 )
-from fusion_core.profiling.stats import PairedRatio, paired_ratio
-from fusion_core.validate import random_inputs
+from autofusion.fusion_core.profiling.stats import PairedRatio, paired_ratio
+from autofusion.fusion_core.validate import random_inputs
 
 __all__ = [
     "LEVELS",

@@ -15,8 +15,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from fusion_core.profiling.footprint import model_size, serialized_size
-from fusion_core.report._reader import read_report
+from autofusion.fusion_core.profiling.footprint import model_size, serialized_size
+from autofusion.fusion_core.report._reader import read_report
 
 __all__ = [
     "bytes_text",

@@ -12,11 +12,11 @@ from typing import Any
 
 import onnx
 
-from fusion_core.report._charts import grouped_bars
-from fusion_core.report._footprint import bytes_text, memory_line, size_line
-from fusion_core.report._graph import GraphIndex, region_svg
-from fusion_core.report._provenance import final_nodes
-from fusion_core.report._region_data import example_fusions, with_shapes
+from autofusion.fusion_core.report._charts import grouped_bars
+from autofusion.fusion_core.report._footprint import bytes_text, memory_line, size_line
+from autofusion.fusion_core.report._graph import GraphIndex, region_svg
+from autofusion.fusion_core.report._provenance import final_nodes
+from autofusion.fusion_core.report._region_data import example_fusions, with_shapes
 
 __all__ = ["render_html"]
 

@@ -11,11 +11,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from fusion_core.config import OptimizeConfig
-from fusion_core.pipeline import Result
-from fusion_core.report._footprint import memory_section, size_section
-from fusion_core.report._provenance import fusion_entries
-from fusion_core.report._reader import measured_speed, speed_section
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.pipeline import Result
+from autofusion.fusion_core.report._footprint import memory_section, size_section
+from autofusion.fusion_core.report._provenance import fusion_entries
+from autofusion.fusion_core.report._reader import measured_speed, speed_section
 
 __all__ = ["REPORT_VERSION", "build_report", "file_sha256"]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fusion_core.profiling.stats import VERDICTS
+from autofusion.fusion_core.profiling.stats import VERDICTS
 
 __all__ = [
     "DEPLOYMENT_LEVEL",

@@ -21,8 +21,8 @@ from typing import Any
 
 import onnx
 
-from fusion_core.report._graph import GraphIndex, region_svg
-from fusion_core.report._provenance import final_nodes
+from autofusion.fusion_core.report._graph import GraphIndex, region_svg
+from autofusion.fusion_core.report._provenance import final_nodes
 
 __all__ = [
     "EXAMPLES_PER_PATTERN",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusion_core.report._footprint import memory_line, size_line
-from fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._footprint import memory_line, size_line
+from autofusion.fusion_core.report._reader import read_report
 
 __all__ = ["format_summary"]
 

@@ -1,4 +1,4 @@
-"""Write the report's JSON Schema: ``python -m fusion_core.report.schema [PATH]``.
+"""Write the report's JSON Schema: ``python -m autofusion.fusion_core.report.schema [PATH]``.
 
 ``docs/report.schema.json`` is generated from ``_schema.py`` and committed; a test fails
 when the two differ. ``--check`` only compares (exit 1 when out of date).
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from fusion_core.report._schema import report_schema
+from autofusion.fusion_core.report._schema import report_schema
 
 __all__ = ["DEFAULT_PATH", "main", "render"]
 
@@ -24,7 +24,7 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_core.report.schema", description=__doc__
+        prog="python -m autofusion.fusion_core.report.schema", description=__doc__
     )
     parser.add_argument("path", nargs="?", type=Path, default=DEFAULT_PATH)
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if stale")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
         if current != text:
             sys.stderr.write(
-                f"{args.path} is out of date: run python -m fusion_core.report.schema\n"
+                f"{args.path} is out of date: run python -m autofusion.fusion_core.report.schema\n"
             )
             return 1
         return 0

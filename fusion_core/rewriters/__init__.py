@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fusion_core.rewriters._base import (
+from autofusion.fusion_core.rewriters._base import (
     Params,
     Rewrite,
     RewriteContext,
@@ -20,29 +20,29 @@ from fusion_core.rewriters._base import (
     missing_output,
     provenance,
 )
-from fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
-from fusion_core.rewriters.attention import FuseAttention
-from fusion_core.rewriters.fold_affine import FoldAffine
-from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
-from fusion_core.rewriters.fold_layer_norm_affine import FoldLayerNormAffine
-from fusion_core.rewriters.fold_scale import FoldScale
-from fusion_core.rewriters.fuse_activation import FuseActivation
-from fusion_core.rewriters.fused_region import FusedRegion
-from fusion_core.rewriters.gelu import FuseGelu
-from fusion_core.rewriters.group_query_attention import GroupQueryAttention
-from fusion_core.rewriters.hard_sigmoid import FuseHardSigmoid
-from fusion_core.rewriters.hard_swish import FuseHardSwish
-from fusion_core.rewriters.layer_norm import LayerNorm
-from fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
-from fusion_core.rewriters.merge_siblings import MergeSiblings
-from fusion_core.rewriters.packed_attention import PackedAttention
-from fusion_core.rewriters.pad_into_conv import PadIntoConv
-from fusion_core.rewriters.pool_bn import PoolBatchNorm
-from fusion_core.rewriters.rms_norm import RMSNorm
-from fusion_core.rewriters.rotary import RotaryEmbedding
-from fusion_core.rewriters.silu import FuseSiLU
-from fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
-from fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
+from autofusion.fusion_core.rewriters.attention import FuseAttention
+from autofusion.fusion_core.rewriters.fold_affine import FoldAffine
+from autofusion.fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from autofusion.fusion_core.rewriters.fold_layer_norm_affine import FoldLayerNormAffine
+from autofusion.fusion_core.rewriters.fold_scale import FoldScale
+from autofusion.fusion_core.rewriters.fuse_activation import FuseActivation
+from autofusion.fusion_core.rewriters.fused_region import FusedRegion
+from autofusion.fusion_core.rewriters.gelu import FuseGelu
+from autofusion.fusion_core.rewriters.group_query_attention import GroupQueryAttention
+from autofusion.fusion_core.rewriters.hard_sigmoid import FuseHardSigmoid
+from autofusion.fusion_core.rewriters.hard_swish import FuseHardSwish
+from autofusion.fusion_core.rewriters.layer_norm import LayerNorm
+from autofusion.fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
+from autofusion.fusion_core.rewriters.merge_siblings import MergeSiblings
+from autofusion.fusion_core.rewriters.packed_attention import PackedAttention
+from autofusion.fusion_core.rewriters.pad_into_conv import PadIntoConv
+from autofusion.fusion_core.rewriters.pool_bn import PoolBatchNorm
+from autofusion.fusion_core.rewriters.rms_norm import RMSNorm
+from autofusion.fusion_core.rewriters.rotary import RotaryEmbedding
+from autofusion.fusion_core.rewriters.silu import FuseSiLU
+from autofusion.fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
+from autofusion.fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
 
 __all__ = [
     "Params",

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import attribute_value
-from fusion_core.rewriters._base import RewriteContext, copy_attributes
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.rewriters._base import RewriteContext, copy_attributes
 
 __all__ = [
     "FOLDABLE_PRODUCERS",

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import scale_factor
-from fusion_core.rewriters._shape_values import Dim, known_dims
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._base import scale_factor
+from autofusion.fusion_core.rewriters._shape_values import Dim, known_dims
 
 
 def target_entries(reshape: ir.Node) -> list[int | None] | str:

@@ -18,11 +18,11 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict
 
-from fusion_core import provenance as metadata_keys
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, PatternSpec
-from fusion_core.rewriters._effect import RewriteEffect, matched
-from fusion_core.targets import Target
+from autofusion.fusion_core import provenance as metadata_keys
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, PatternSpec
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
+from autofusion.fusion_core.targets import Target
 
 __all__ = [
     "Params",

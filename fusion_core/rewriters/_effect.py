@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusion_core.patterns import Match
+from autofusion.fusion_core.patterns import Match
 
 __all__ = ["RewriteEffect", "matched", "present", "producers"]
 

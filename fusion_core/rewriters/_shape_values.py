@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import attribute_value
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["Dim", "axes_of", "entries", "known_dims", "scalar"]
 

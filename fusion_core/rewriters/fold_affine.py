@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match
-from fusion_core.rewriters._affine import fold_into_producer
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters._effect import RewriteEffect, matched, present
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._affine import fold_into_producer
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present
 
 __all__ = ["FoldAffine"]
 

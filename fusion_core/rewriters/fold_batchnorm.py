@@ -11,10 +11,10 @@ See ``_affine`` for the folding.
 
 from __future__ import annotations
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters._effect import RewriteEffect, matched, present
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present
 
 __all__ = ["FoldBatchNorm"]
 

@@ -13,12 +13,18 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match
-from fusion_core.rewriters._affine import per_channel
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
-from fusion_core.rewriters._effect import RewriteEffect, matched, present
-from fusion_core.rewriters._norm import dtype_of, hidden_size, normalizes_last_axis
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._affine import per_channel
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    copy_attributes,
+)
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present
+from autofusion.fusion_core.rewriters._norm import dtype_of, hidden_size, normalizes_last_axis
 
 __all__ = ["FoldLayerNormAffine"]
 

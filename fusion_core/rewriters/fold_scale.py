@@ -20,10 +20,16 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, scale_factor
-from fusion_core.rewriters._effect import RewriteEffect, present, producers
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    scale_factor,
+)
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, present, producers
 
 __all__ = ["FoldScale"]
 

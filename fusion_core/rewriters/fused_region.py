@@ -19,8 +19,14 @@ import re
 import onnx_ir as ir
 from pydantic import Field, field_validator
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    copy_attributes,
+)
 
 __all__ = ["FusedRegion", "default_op_type"]
 

@@ -36,10 +36,16 @@ from typing import Literal
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, PatternSpec, parse_ref
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, PatternSpec, parse_ref
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ERF_SCALE_RTOL", "FuseGelu"]
 

@@ -35,12 +35,18 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.rewriters.fuse_activation import clip_bounds
-from fusion_core.rewriters.hard_swish import HARDSWISH_OPSET
-from fusion_core.rewriters.silu import other_operand
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters.fuse_activation import clip_bounds
+from autofusion.fusion_core.rewriters.hard_swish import HARDSWISH_OPSET
+from autofusion.fusion_core.rewriters.silu import other_operand
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["HARDSIGMOID_OPSET", "FuseHardSigmoid"]
 

@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.rewriters.silu import gated_input
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters.silu import gated_input
 
 __all__ = ["HARDSWISH_OPSET", "FuseHardSwish"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 
 __all__ = ["MatMulAddToGemm"]
 

@@ -28,10 +28,10 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import Field
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, PatternSpec
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters._effect import RewriteEffect, matched
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, PatternSpec
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
 
 __all__ = ["MergeSiblings"]
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["PackedAttention"]
 

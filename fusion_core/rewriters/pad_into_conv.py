@@ -14,9 +14,15 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    copy_attributes,
+)
 
 __all__ = ["PadIntoConv"]
 

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
-from fusion_core.rewriters._effect import RewriteEffect, present
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._affine import batchnorm_scale_shift, fold_into_producer
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    copy_attributes,
+)
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, present
 
 __all__ = ["PoolBatchNorm"]
 

@@ -19,11 +19,22 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match
-from fusion_core.rewriters._affine import per_channel
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.rewriters._norm import dtype_of, norm_attributes, runs_onnxruntime, statistics
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._affine import per_channel
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters._norm import (
+    dtype_of,
+    norm_attributes,
+    runs_onnxruntime,
+    statistics,
+)
 
 __all__ = ["RMS_NORM_OPSET", "RMSNorm"]
 

@@ -51,14 +51,24 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._attention_shapes import heads_of
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.rewriters._rotary_pairs import interleaved_layout, interleaved_table, pairs_source
-from fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
-from fusion_core.rewriters._shared import mark_shared, shared_value
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._attention_shapes import heads_of
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters._rotary_pairs import (
+    interleaved_layout,
+    interleaved_table,
+    pairs_source,
+)
+from autofusion.fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
+from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ROTARY_OPSET", "RotaryEmbedding"]
 

@@ -30,9 +30,15 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["SWISH_OPSET", "FuseSiLU", "gated_input", "other_operand"]
 

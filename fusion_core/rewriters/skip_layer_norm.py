@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, copy_attributes
-from fusion_core.rewriters._effect import RewriteEffect, matched, present
-from fusion_core.rewriters._norm import hidden_size, normalizes_last_axis
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    copy_attributes,
+)
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present
+from autofusion.fusion_core.rewriters._norm import hidden_size, normalizes_last_axis
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["SkipLayerNorm", "input_and_skip", "pre_ln_effect", "skip_rewrite", "unname_unused"]
 

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match, attribute_value
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from fusion_core.rewriters._effect import RewriteEffect
-from fusion_core.rewriters._norm import normalizes_last_axis
-from fusion_core.rewriters.skip_layer_norm import (
+from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._effect import RewriteEffect
+from autofusion.fusion_core.rewriters._norm import normalizes_last_axis
+from autofusion.fusion_core.rewriters.skip_layer_norm import (
     input_and_skip,
     pre_ln_effect,
     skip_rewrite,
     unname_unused,
 )
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["SkipRMSNorm"]
 

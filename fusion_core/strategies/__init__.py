@@ -1,7 +1,7 @@
 """Strategies choose a non-overlapping subset of the candidates to rewrite."""
 
-from fusion_core.strategies._priority import PriorityStrategy
-from fusion_core.strategies._selection import (
+from autofusion.fusion_core.strategies._priority import PriorityStrategy
+from autofusion.fusion_core.strategies._selection import (
     AutoChoice,
     Candidate,
     Rejection,
@@ -9,10 +9,10 @@ from fusion_core.strategies._selection import (
     SelectionStrategy,
     limit_rejection,
 )
-from fusion_core.strategies.auto import STRATEGIES, AutoStrategy, strategy_by_name
-from fusion_core.strategies.dp import DPStrategy
-from fusion_core.strategies.genetic import GeneticStrategy
-from fusion_core.strategies.greedy import GreedyStrategy
+from autofusion.fusion_core.strategies.auto import STRATEGIES, AutoStrategy, strategy_by_name
+from autofusion.fusion_core.strategies.dp import DPStrategy
+from autofusion.fusion_core.strategies.genetic import GeneticStrategy
+from autofusion.fusion_core.strategies.greedy import GreedyStrategy
 
 __all__ = [
     "STRATEGIES",

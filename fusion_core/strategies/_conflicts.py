@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from fusion_core.strategies._selection import Candidate
+    from autofusion.fusion_core.strategies._selection import Candidate
 
 __all__ = ["Problem"]
 

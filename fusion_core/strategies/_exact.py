@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
-from fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._conflicts import Problem
 
 __all__ = ["interval_ranges", "solve_interval", "solve_search", "solve_tree"]
 

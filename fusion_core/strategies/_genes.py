@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._conflicts import Problem
 
 __all__ = ["Genes"]
 

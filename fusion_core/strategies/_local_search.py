@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._conflicts import Problem
 
 __all__ = ["improve_by_swaps"]
 

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
-from fusion_core.strategies._selection import Candidate, Rejection, Selection
+from autofusion.fusion_core.strategies._selection import Candidate, Rejection, Selection
 
 __all__ = ["PriorityStrategy"]
 

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusion_core.errors import ConfigError
-from fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._conflicts import Problem
 
 __all__ = [
     "AutoChoice",

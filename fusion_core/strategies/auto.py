@@ -24,12 +24,12 @@ several fusion paths compete for the same nodes.
 
 from __future__ import annotations
 
-from fusion_core.errors import ConfigError
-from fusion_core.strategies._conflicts import Problem
-from fusion_core.strategies._selection import AutoChoice, SelectionStrategy, Solution
-from fusion_core.strategies.dp import DPStrategy
-from fusion_core.strategies.genetic import GeneticStrategy
-from fusion_core.strategies.greedy import GreedyStrategy
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._selection import AutoChoice, SelectionStrategy, Solution
+from autofusion.fusion_core.strategies.dp import DPStrategy
+from autofusion.fusion_core.strategies.genetic import GeneticStrategy
+from autofusion.fusion_core.strategies.greedy import GreedyStrategy
 
 __all__ = ["STRATEGIES", "AutoStrategy", "strategy_by_name"]
 

@@ -18,17 +18,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from fusion_core.errors import ConfigError
-from fusion_core.strategies._conflicts import Problem
-from fusion_core.strategies._exact import (
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._exact import (
     interval_ranges,
     solve_interval,
     solve_search,
     solve_tree,
 )
-from fusion_core.strategies._local_search import improve_by_swaps
-from fusion_core.strategies._selection import SelectionStrategy, Solution
-from fusion_core.strategies.greedy import greedy_indices
+from autofusion.fusion_core.strategies._local_search import improve_by_swaps
+from autofusion.fusion_core.strategies._selection import SelectionStrategy, Solution
+from autofusion.fusion_core.strategies.greedy import greedy_indices
 
 __all__ = ["DPStrategy"]
 

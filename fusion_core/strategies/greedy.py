@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fusion_core.strategies._conflicts import Problem
-from fusion_core.strategies._selection import SelectionStrategy, Solution
+from autofusion.fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._selection import SelectionStrategy, Solution
 
 __all__ = ["GreedyStrategy", "greedy_indices"]
 

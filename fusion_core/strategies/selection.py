@@ -19,11 +19,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fusion_core.config import OptimizeConfig
-from fusion_core.cost import CostModel, Gain
-from fusion_core.patterns import Match, NearMiss
-from fusion_core.rewriters import RewriterRegistry
-from fusion_core.strategies import (
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.cost import CostModel, Gain
+from autofusion.fusion_core.patterns import Match, NearMiss
+from autofusion.fusion_core.rewriters import RewriterRegistry
+from autofusion.fusion_core.strategies import (
     Candidate,
     PriorityStrategy,
     limit_rejection,

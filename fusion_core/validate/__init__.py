@@ -1,6 +1,6 @@
 """Validation: does the fused model still compute what the original computed?"""
 
-from fusion_core.validate._compare import (
+from autofusion.fusion_core.validate._compare import (
     CANNOT_LOAD,
     FUSED_CANNOT_RUN,
     MISMATCH,
@@ -11,23 +11,33 @@ from fusion_core.validate._compare import (
     compare_models,
     make_session,
 )
-from fusion_core.validate._dims import CANDIDATES, candidate_dims, input_dims
-from fusion_core.validate._inputs import (
+from autofusion.fusion_core.validate._dims import CANDIDATES, candidate_dims, input_dims
+from autofusion.fusion_core.validate._inputs import (
     FloatDistribution,
     InputSpec,
     describe_inputs,
     random_inputs,
 )
-from fusion_core.validate._ranges import PrecisionReport, check_fp16
-from fusion_core.validate._regions import RegionReport, compare_regions, fused_regions, tensor_diffs
-from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
-from fusion_core.validate._structure import (
+from autofusion.fusion_core.validate._ranges import PrecisionReport, check_fp16
+from autofusion.fusion_core.validate._regions import (
+    RegionReport,
+    compare_regions,
+    fused_regions,
+    tensor_diffs,
+)
+from autofusion.fusion_core.validate._stats import (
+    HISTOGRAM_EDGES,
+    ErrorStats,
+    Tolerance,
+    default_tolerance,
+)
+from autofusion.fusion_core.validate._structure import (
     OutputSignature,
     checker_problems,
     output_signature,
     structure_problems,
 )
-from fusion_core.validate._user_inputs import check_feeds, load_inputs
+from autofusion.fusion_core.validate._user_inputs import check_feeds, load_inputs
 
 __all__ = [
     "CANDIDATES",

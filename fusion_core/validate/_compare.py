@@ -24,11 +24,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from fusion_core.errors import ConfigError
-from fusion_core.ir import PROTOBUF_LIMIT_BYTES
-from fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
-from fusion_core.validate._inputs import FloatDistribution, random_inputs
-from fusion_core.validate._stats import HISTOGRAM_EDGES, ErrorStats, Tolerance, default_tolerance
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
+from autofusion.fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
+from autofusion.fusion_core.validate._inputs import FloatDistribution, random_inputs
+from autofusion.fusion_core.validate._stats import (
+    HISTOGRAM_EDGES,
+    ErrorStats,
+    Tolerance,
+    default_tolerance,
+)
 
 __all__ = ["CheckResult", "OutputCheck", "ProfileCheck", "compare_models", "make_session"]
 

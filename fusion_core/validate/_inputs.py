@@ -32,8 +32,8 @@ from typing import Literal
 import numpy as np
 import onnx
 
-from fusion_core.errors import ConfigError
-from fusion_core.validate._dims import dim_key, evaluate_dim
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.validate._dims import dim_key, evaluate_dim
 
 __all__ = [
     "INDEX_PRESERVING",

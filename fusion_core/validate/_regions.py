@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from fusion_core import provenance
-from fusion_core.validate._stats import ErrorStats, Tolerance
+from autofusion.fusion_core import provenance
+from autofusion.fusion_core.validate._stats import ErrorStats, Tolerance
 
 __all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions", "tensor_diffs"]
 
@@ -116,7 +116,7 @@ def tensor_diffs(
 ) -> dict[str, tuple[float, float, bool]]:
     """(max abs diff, max rel diff, within tolerance) of each named tensor of both models
     over the feeds; onnxruntime's errors propagate."""
-    from fusion_core.validate._compare import make_session  # one session factory for all
+    from autofusion.fusion_core.validate._compare import make_session  # one session factory for all
 
     reference = make_session(_with_outputs(a, names))
     candidate = make_session(_with_outputs(b, names))

@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from fusion_core.errors import ConfigError
-from fusion_core.validate._inputs import InputSpec, describe_inputs
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.validate._inputs import InputSpec, describe_inputs
 
 __all__ = ["check_feeds", "load_inputs"]
 

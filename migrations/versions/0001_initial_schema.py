@@ -146,7 +146,6 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_jobs_tenant_id"), ["tenant_id"], unique=False)
 
 
-
 def downgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_jobs_tenant_id"))

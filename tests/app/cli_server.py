@@ -25,7 +25,11 @@ def free_port() -> int:
 def start_cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``autofusion ARGS`` in a subprocess, with only the AUTOFUSION_* variables given."""
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("AUTOFUSION_")}
-    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from autofusion.app.cli import main; sys.exit(main())",
+    ]
     with open(log, "wb") as out:
         return subprocess.Popen(
             command + args,
@@ -82,7 +86,7 @@ class Server:
 
 def run_cli(capsys, *args: str | Path) -> tuple[int, str, str]:
     """``autofusion ARGS`` in this process: (exit code, stdout, stderr)."""
-    from app.cli import main
+    from autofusion.app.cli import main
 
     try:
         code = main([str(a) for a in args])

@@ -25,10 +25,10 @@ from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.core.models import Job, JobStatus
-from app.main import create_app
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.main import create_app
 from tests import services  # the real PostgreSQL and Redis, isolated per test
 
 

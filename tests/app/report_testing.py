@@ -15,9 +15,9 @@ from typing import Any
 import onnx
 from ui_testing import conv_bn_relu
 
-from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profiling import PairedRatio, ProfileOptions, profile_models
-from fusion_core.report import DEPLOYMENT_LEVEL, build_report
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.profiling import PairedRatio, ProfileOptions, profile_models
+from autofusion.fusion_core.report import DEPLOYMENT_LEVEL, build_report
 
 # Quick but real: enough paired runs for a 95% interval.
 QUICK_PROFILE = ProfileOptions(warmup=1, iters=12, node_runs=1)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.core.models import ApiKey, utcnow
-from app.services.auth import create_key
+from autofusion.app.core.models import ApiKey, utcnow
+from autofusion.app.services.auth import create_key
 
 
 @dataclass

@@ -13,18 +13,18 @@ import copy
 import pytest
 from sqlalchemy import select
 
-from app.core.db import session_scope
-from app.core.models import PatternRecord, PatternVersion
-from app.migrate import upgrade
-from app.services import registry
-from app.services.registry import (
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import PatternRecord, PatternVersion
+from autofusion.app.migrate import upgrade
+from autofusion.app.services import registry
+from autofusion.app.services.registry import (
     BUILTIN_ACTOR,
     change_pattern,
     registry_version,
     snapshot,
     sync_builtins,
 )
-from fusion_core.catalog import builtin_pattern_data
+from autofusion.fusion_core.catalog import builtin_pattern_data
 
 NEW = "attention_packed_merged"  # the pattern the "older release" did not have
 EDITED = "silu"  # the pattern whose spec the "new release" changes

@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from app.cli import main
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_USAGE
-from fusion_core import builtin_patterns, load_model
+from autofusion.app.cli import main
+from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_USAGE
+from autofusion.fusion_core import builtin_patterns, load_model
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -278,7 +278,7 @@ def test_autofusion_runs_as_a_process(tmp_path):
     command = [
         sys.executable,
         "-c",
-        "import sys; from app.cli import main; sys.exit(main())",
+        "import sys; from autofusion.app.cli import main; sys.exit(main())",
         "optimize",
         str(RESNET),
         "-o",

@@ -17,10 +17,10 @@ import yaml
 from cli_server import Server
 from report_testing import write_model
 
-from app.cli import main
-from app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_SERVER
-from app.cli._submit_output import github_outputs
-from fusion_core.report import read_report
+from autofusion.app.cli import main
+from autofusion.app.cli._exit import EXIT_GATE_FAILED, EXIT_OK, EXIT_SERVER
+from autofusion.app.cli._submit_output import github_outputs
+from autofusion.fusion_core.report import read_report
 
 REPO = Path(__file__).resolve().parents[2]
 ACTION = yaml.safe_load((REPO / "action.yml").read_text())
@@ -49,7 +49,7 @@ def run_action(inputs: dict[str, str], workdir: Path) -> tuple[int, dict[str, st
     shim = workdir / "bin" / "autofusion"
     shim.parent.mkdir(exist_ok=True)
     shim.write_text(
-        f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from app.cli import main; '
+        f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; from autofusion.app.cli import main; '
         f'sys.exit(main())" "$@"\n'
     )
     shim.chmod(0o755)

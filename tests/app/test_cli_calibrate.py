@@ -16,10 +16,10 @@ import onnx.parser
 import pytest
 from onnx import numpy_helper
 
-from app.cli import calibrate as calibrate_cmd
-from fusion_core import OptimizeConfig, optimize
-from fusion_core.cost import CostModel, load_target_profile
-from fusion_core.errors import ConfigError
+from autofusion.app.cli import calibrate as calibrate_cmd
+from autofusion.fusion_core import OptimizeConfig, optimize
+from autofusion.fusion_core.cost import CostModel, load_target_profile
+from autofusion.fusion_core.errors import ConfigError
 
 
 def run_calibrate(capsys, *args: str | Path) -> tuple[int, str, str]:

@@ -9,8 +9,8 @@ import onnx
 import onnx.numpy_helper as nh
 import onnx.parser
 
-from app.cli import main
-from fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.app.cli import main
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
 
 
 def _model(scale: float = 1.0) -> onnx.ModelProto:

@@ -15,9 +15,9 @@ import onnx
 import onnx.parser
 import pytest
 
-import app.cli.optimize as optimize_cmd
-from app.cli import main
-from app.cli._exit import EXIT_INTERNAL
+import autofusion.app.cli.optimize as optimize_cmd
+from autofusion.app.cli import main
+from autofusion.app.cli._exit import EXIT_INTERNAL
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import fusion_core
-import fusion_core.profiling
-import fusion_core.report
-from app.cli import COMMANDS, build_parser
+from autofusion import fusion_core
+from autofusion.app.cli import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 # Modules a light command must not load: the runtimes and the engine's heavy stages.
@@ -25,15 +23,15 @@ HEAVY = (
     "onnx_ir",
     "onnxscript",
     "numpy",
-    "fusion_core.pipeline",
-    "fusion_core.patterns",
-    "fusion_core.validate",
-    "fusion_core.rewriters",
+    "autofusion.fusion_core.pipeline",
+    "autofusion.fusion_core.patterns",
+    "autofusion.fusion_core.validate",
+    "autofusion.fusion_core.rewriters",
 )
 
 _PROBE = """
 import json, sys
-from app.cli import main
+from autofusion.app.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:
@@ -99,7 +97,7 @@ def test_the_probe_sees_the_runtime_where_a_command_needs_it(tmp_path):
     """The check can fail: optimize's parser alone loads the engine it runs."""
     code, modules = loaded_by("optimize", str(tmp_path / "nowhere.onnx"), "-o", "x.onnx")
     assert code == 3
-    assert "onnx" in modules and "fusion_core.pipeline" in modules
+    assert "onnx" in modules and "autofusion.fusion_core.pipeline" in modules
 
 
 def test_version_is_the_package_metadata(capsys):

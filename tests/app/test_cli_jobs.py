@@ -14,7 +14,7 @@ import pytest
 from cli_server import Server
 from cli_server import run_cli as cli
 
-from app.cli._exit import (
+from autofusion.app.cli._exit import (
     EXIT_GATE_FAILED,
     EXIT_JOB_FAILED,
     EXIT_OK,
@@ -155,7 +155,7 @@ def test_unknown_job_and_unreachable_server(capsys, idle):
 
 def test_a_check_failed_job_waits_to_exit_gate_failed():
     """`jobs wait` exits as `submit --wait` does for the same job (the one table)."""
-    from app.cli._submit_output import job_exit_code
+    from autofusion.app.cli._submit_output import job_exit_code
 
     problem = "https://autofusion.dev/problems/check-failed"
     assert job_exit_code({"status": "failed", "error_type": problem}) == EXIT_GATE_FAILED

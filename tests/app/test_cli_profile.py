@@ -16,8 +16,8 @@ import onnx
 import onnx.parser
 import pytest
 
-from app.cli import profile as profile_cmd
-from fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
+from autofusion.app.cli import profile as profile_cmd
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 
 QUICK = ("--warmup", "1", "--iters", "3", "--node-runs", "2")
 

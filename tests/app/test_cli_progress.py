@@ -14,10 +14,10 @@ from pathlib import Path
 import onnx
 import pytest
 
-from app.cli import main
-from app.cli._progress import PHASES
-from fusion_core import OptimizeConfig, optimize, run
-from fusion_core.testing import conv_bn_relu
+from autofusion.app.cli import main
+from autofusion.app.cli._progress import PHASES
+from autofusion.fusion_core import OptimizeConfig, optimize, run
+from autofusion.fusion_core.testing import conv_bn_relu
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN = ["load", "prepasses", "fuse", "check", "saving", "report"]
@@ -64,7 +64,11 @@ def test_progress_in_a_log(capsys, model, tmp_path, flag, expected):
 def _on_a_terminal(*args: str) -> str:
     """``autofusion ARGS`` with stderr on a pseudo-terminal; what the terminal got."""
     leader, follower = pty.openpty()
-    command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from autofusion.app.cli import main; sys.exit(main())",
+    ]
     process = subprocess.Popen(
         [*command, *args],
         cwd=REPO,

@@ -15,8 +15,8 @@ import yaml
 from cli_server import Server
 from cli_server import run_cli as cli
 
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE
-from app.cli.registry import EtagStore
+from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE
+from autofusion.app.cli.registry import EtagStore
 
 # A pattern of its own (no built-in has this name): Relu after Sigmoid, made a region.
 PATTERN = {

@@ -15,8 +15,8 @@ import onnx.numpy_helper as nh
 import onnx.parser
 import pytest
 
-from app.cli import main
-from fusion_core.report import read_report
+from autofusion.app.cli import main
+from autofusion.fusion_core.report import read_report
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from app.cli import main
+from autofusion.app.cli import main
 from tests.fusion_core.test_report import conv_bn_relu
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "resnet" / "resnet50_w8_dynamo.onnx"
@@ -89,7 +89,7 @@ def test_the_cli_adds_its_excludes_to_the_strategy_files(tmp_path) -> None:
     """As the worker merges a named strategy under a job (OptimizeConfig.merged)."""
     import argparse
 
-    from app.cli import optimize as optimize_cmd
+    from autofusion.app.cli import optimize as optimize_cmd
 
     path = tmp_path / "s.yaml"
     path.write_text("exclude: [conv_bn]\n")

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 
-from app.cli import main
+from autofusion.app.cli import main
 
 HARDSWISH_11 = """<ir_version: 7, opset_import: ["" : 11]>
 g (float[2, 4, 6, 6] x) => (float[2, 4, 6, 6] y) {

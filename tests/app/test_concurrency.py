@@ -19,8 +19,8 @@ import httpx
 import pytest
 import uvicorn
 
-from app.core.config import Settings
-from app.main import create_app
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
 
 CLIENTS = 64  # well above the pool's 5 + 10 connections and the 40 worker threads
 REQUESTS_PER_CLIENT = 5

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from cli_server import free_port
 
-import app.cli.optimize as optimize_cmd
-from app.cli import main
-from app.cli._exit import (
+import autofusion.app.cli.optimize as optimize_cmd
+from autofusion.app.cli import main
+from autofusion.app.cli._exit import (
     EXIT_BAD_INPUT,
     EXIT_CONFLICT,
     EXIT_GATE_FAILED,
@@ -33,7 +33,7 @@ from app.cli._exit import (
     EXIT_USAGE,
     TABLE,
 )
-from fusion_core.testing import conv_bn_relu
+from autofusion.fusion_core.testing import conv_bn_relu
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.services.artifacts import download_headers, safe_filename
-from app.services.auth import create_key
-from fusion_core.report import format_markdown
+from autofusion.app.services.artifacts import download_headers, safe_filename
+from autofusion.app.services.auth import create_key
+from autofusion.fusion_core.report import format_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE_NAME = 'x"; filename=evil.exe; <img src=x onerror=alert(1)> [a](e) é.onnx'
@@ -126,7 +126,12 @@ def test_the_pure_python_protobuf_backend_is_refused_at_start_up(command, tmp_pa
     env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     env["AUTOFUSION_DATA_DIR"] = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", command],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from autofusion.app.cli import main; sys.exit(main())",
+            command,
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -14,9 +14,9 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.main import create_app
-from fusion_core.validate import make_session
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
+from autofusion.fusion_core.validate import make_session
 
 RESNET = Path(__file__).resolve().parents[1] / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 NEW_PATTERN = {

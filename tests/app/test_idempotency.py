@@ -16,10 +16,10 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.core.models import IdempotencyReservation, utcnow
-from app.services.auth import ensure_tenant
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import IdempotencyReservation, utcnow
+from autofusion.app.services.auth import ensure_tenant
 from tests.app.conftest import relu_model
 from tests.app.test_races import _serve
 
@@ -124,7 +124,7 @@ def test_a_reservation_left_by_a_killed_server_is_taken_over_once_stale(service,
 def test_the_cli_client_waits_out_a_key_in_use_then_gets_the_job(monkeypatch):
     """autofusion submit's upload: a 409 idempotency-key-in-use (its own earlier try, still
     being received) is retried after Retry-After, not reported as a refusal."""
-    from app.cli._client import Client
+    from autofusion.app.cli._client import Client
 
     answers = [
         httpx.Response(
@@ -141,7 +141,7 @@ def test_the_cli_client_waits_out_a_key_in_use_then_gets_the_job(monkeypatch):
         return answers[len(sent) - 1]
 
     slept: list[float] = []
-    monkeypatch.setattr("app.cli._client.time.sleep", slept.append)
+    monkeypatch.setattr("autofusion.app.cli._client.time.sleep", slept.append)
     client = Client("http://testserver", None)
     client.http = httpx.Client(base_url="http://testserver", transport=httpx.MockTransport(handler))
     response = client.send("POST", "/v1/optimize", headers={"Idempotency-Key": "k"})

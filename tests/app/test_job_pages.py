@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import event
 
-from app.core.db import get_engine
-from app.core.models import Job
-from app.services.auth import ensure_tenant
+from autofusion.app.core.db import get_engine
+from autofusion.app.core.models import Job
+from autofusion.app.services.auth import ensure_tenant
 
 MOMENT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 

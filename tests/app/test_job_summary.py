@@ -8,10 +8,10 @@ import json
 import pytest
 from report_testing import paired, real_report
 
-from app.schemas.jobs import JobSummary
-from fusion_core.report import read_report
-from worker.plan import Plan, summarize
-from worker.snapshots import CompiledSnapshot
+from autofusion.app.schemas.jobs import JobSummary
+from autofusion.fusion_core.report import read_report
+from autofusion.worker.plan import Plan, summarize
+from autofusion.worker.snapshots import CompiledSnapshot
 
 PLAN = Plan(CompiledSnapshot(7, [], [], skipped={"old.pattern": "gone"}), {}, None)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.errors import JOB_PROBLEMS
-from app.core.models import Job, JobStatus, PatternRecord, Strategy
-from app.services.jobs import claim_job, finish_job, report_progress
+from autofusion.app.core.errors import JOB_PROBLEMS
+from autofusion.app.core.models import Job, JobStatus, PatternRecord, Strategy
+from autofusion.app.services.jobs import claim_job, finish_job, report_progress
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -436,7 +436,7 @@ def test_healthz_and_readyz(service, problem, monkeypatch):
     def unreachable(url):
         raise ConnectionError("no database")
 
-    monkeypatch.setattr("app.services.health.get_engine", unreachable)
+    monkeypatch.setattr("autofusion.app.services.health.get_engine", unreachable)
     body = problem(service.client.get("/readyz"), 503, "not-ready")
     assert "database unreachable" in body["checks"]["database"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from app.core.db import get_engine
-from app.core.models import Base
-from app.migrate import check, downgrade, migrations_dir, upgrade
+from autofusion.app.core.db import get_engine
+from autofusion.app.core.models import Base
+from autofusion.app.migrate import check, downgrade, migrations_dir, upgrade
 
 
 def _tables(url: str) -> set[str]:
@@ -43,7 +43,7 @@ def test_postgresql_upgrade_downgrade_upgrade_and_no_drift(postgres_url: str) ->
 
 
 def test_the_migrations_are_the_package_wherever_the_process_runs(tmp_path, monkeypatch) -> None:
-    import migrations
+    from autofusion import migrations
 
     monkeypatch.chdir(tmp_path)  # nothing depends on the current directory
     assert migrations_dir() == Path(migrations.__file__).parent

@@ -15,9 +15,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.core.config import Settings
-from app.core.errors import ProblemError
-from app.services.model_checks import inspect_model
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.model_checks import inspect_model
 
 WEIGHTS = np.arange(4, dtype=np.float32)
 

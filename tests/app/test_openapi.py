@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import re
 
-from app.openapi_dump import DEFAULT_PATH, openapi_document
+from autofusion.app.openapi_dump import DEFAULT_PATH, openapi_document
 
 
 def test_the_committed_openapi_document_is_up_to_date():
     committed = json.loads(DEFAULT_PATH.read_text(encoding="utf-8"))
     assert committed == openapi_document(), (
-        "docs/openapi.json is out of date: run `python -m app.openapi_dump` and commit it"
+        "docs/openapi.json is out of date: "
+        "run `python -m autofusion.app.openapi_dump` and commit it"
     )
 
 

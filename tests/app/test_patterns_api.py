@@ -16,12 +16,12 @@ import onnx.parser
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.main import create_app
-from app.services.auth import create_key
-from app.services.registry import snapshot
-from fusion_core.catalog import builtin_pattern_data
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.main import create_app
+from autofusion.app.services.auth import create_key
+from autofusion.app.services.registry import snapshot
+from autofusion.fusion_core.catalog import builtin_pattern_data
 
 BUILTINS = len(builtin_pattern_data())
 
@@ -426,7 +426,7 @@ def test_conv_bn_matches_every_conv_bn_pair_of_resnet50(client):
         assert conv.endswith("Conv") and bn.endswith("BatchNormalization")
     assert body["model_nodes"] > 100
     # No job was created: the jobs table is untouched.
-    from app.core.models import Job
+    from autofusion.app.core.models import Job
 
     with session_scope(settings_of(client).resolved_database_url) as session:
         assert session.query(Job).count() == 0

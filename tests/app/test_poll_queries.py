@@ -11,10 +11,10 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event, text
 
-from app.core.db import get_engine
-from app.core.models import ApiKey
-from app.services.auth import KEY_CACHE, create_key
-from app.services.jobs import utcnow
+from autofusion.app.core.db import get_engine
+from autofusion.app.core.models import ApiKey
+from autofusion.app.services.auth import KEY_CACHE, create_key
+from autofusion.app.services.jobs import utcnow
 
 
 @contextmanager

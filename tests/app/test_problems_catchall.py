@@ -23,17 +23,17 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.api.deps import get_settings_dep
-from app.api.problems import DATABASE_RETRY_AFTER_S
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.core.models import Job
-from app.main import create_app
-from app.services import registry
-from app.services.auth import create_key
+from autofusion.app.api.deps import get_settings_dep
+from autofusion.app.api.problems import DATABASE_RETRY_AFTER_S
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Job
+from autofusion.app.main import create_app
+from autofusion.app.services import registry
+from autofusion.app.services.auth import create_key
 from tests.app.conftest import PROBLEM_BASE, PROBLEM_JSON, relu_model
 
-LOGGER = "app.api.problems"
+LOGGER = "autofusion.app.api.problems"
 
 
 def _fail(*_args, **_kwargs):

@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 import yaml
 
-from app.core.config import Settings
-from app.main import create_app
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
 
 ROUNDS = 10
 

@@ -13,15 +13,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.core.logs import (
+from autofusion.app.core.logs import (
     MAX_REQUEST_ID,
     bind,
     clean_request_id,
     configure_logging,
     resolve_format,
 )
-from app.core.models import Job
-from app.services import registry
+from autofusion.app.core.models import Job
+from autofusion.app.services import registry
 from tests.log_capture import json_log_lines
 from tests.log_capture import records as parsed
 
@@ -91,7 +91,7 @@ def test_error_responses_carry_the_request_id_too(make_service, problem, monkeyp
 
 def test_every_log_line_of_a_request_carries_its_id_as_json(service, monkeypatch, json_lines):
     def noisy(*_args, **_kwargs):
-        logging.getLogger("app.services.registry").info("listing the patterns")
+        logging.getLogger("autofusion.app.services.registry").info("listing the patterns")
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(registry, "list_patterns", noisy)
@@ -99,8 +99,11 @@ def test_every_log_line_of_a_request_carries_its_id_as_json(service, monkeypatch
     service.client.get("/healthz", headers={HEADER: "req-logs-2"})
     records = parsed(json_lines)  # each line is one JSON object
     mine = [r for r in records if r.get("request_id") == "req-logs-1"]
-    assert {r["logger"] for r in mine} >= {"app.services.registry", "app.api.problems"}
-    error = next(r for r in mine if r["logger"] == "app.api.problems")
+    assert {r["logger"] for r in mine} >= {
+        "autofusion.app.services.registry",
+        "autofusion.app.api.problems",
+    }
+    error = next(r for r in mine if r["logger"] == "autofusion.app.api.problems")
     assert error["level"] == "ERROR" and "RuntimeError" in error["exc_info"]
     assert all({"time", "level", "logger", "message", "process"} <= set(r) for r in records)
     # Nothing of the request was logged without its id, nor under another request's.
@@ -172,6 +175,8 @@ def test_autofusion_serve_logs_json_lines_with_the_request_id_into_the_worker(tm
     posted = next(r for r in access if "POST /v1/optimize" in r["message"])
     assert posted["request_id"] == "serve-req-1"
     job_id = job.rsplit("/", 1)[-1]
-    worker = [r for r in lines if r["logger"] == "worker.execute" and r.get("job_id") == job_id]
+    worker = [
+        r for r in lines if r["logger"] == "autofusion.worker.execute" and r.get("job_id") == job_id
+    ]
     assert worker and all(r["request_id"] == "serve-req-1" for r in worker)
     assert not any("color_message" in r for r in lines)

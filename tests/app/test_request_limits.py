@@ -21,11 +21,11 @@ import httpx
 import pytest
 import uvicorn
 
-from app.api.deps import REQUEST_SESSIONS
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.main import create_app
-from app.services.auth import create_key
+from autofusion.app.api.deps import REQUEST_SESSIONS
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.main import create_app
+from autofusion.app.services.auth import create_key
 
 BOUNDARY = "b0undary"
 MODEL_HEAD = (

@@ -23,10 +23,10 @@ import onnx
 import pytest
 from moto.server import ThreadedMotoServer
 
-from app.cli import main
-from app.core.config import Settings
-from app.services.artifacts import S3Store, make_store
-from fusion_core.testing import conv_bn_relu
+from autofusion.app.cli import main
+from autofusion.app.core.config import Settings
+from autofusion.app.services.artifacts import S3Store, make_store
+from autofusion.fusion_core.testing import conv_bn_relu
 from tests.serve_process import LOOPBACK, free_port, run_job, serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +137,11 @@ def test_a_served_job_keeps_its_artifacts_in_the_bucket(s3: S3, tmp_path: Path) 
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("AUTOFUSION_")}
     env = {**clean, **s3.env}
     log = tmp_path / "serve.log"
-    cli = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    cli = [
+        sys.executable,
+        "-c",
+        "import sys; from autofusion.app.cli import main; sys.exit(main())",
+    ]
     command = [*cli, "serve", "--port", free_port(), "--data-dir", data, "--log-level", "warning"]
     model = conv_bn_relu().SerializeToString()
     with (

@@ -28,11 +28,11 @@ import httpx
 import pytest
 import uvicorn
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.main import create_app
-from app.migrate import upgrade
-from app.services.auth import create_key
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.main import create_app
+from autofusion.app.migrate import upgrade
+from autofusion.app.services.auth import create_key
 from tests.app.conftest import relu_model
 from tests.serve_process import free_port, run_job
 

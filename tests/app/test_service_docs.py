@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.config import Settings
-from app.main import create_app
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 

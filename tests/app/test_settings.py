@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.core.config import Settings, redact_url
-from app.services.health import readiness
+from autofusion.app.core.config import Settings, redact_url
+from autofusion.app.services.health import readiness
 
 SECRET = "hunter2"
 DB_URL = f"postgresql+psycopg://autofusion:{SECRET}@127.0.0.1:1/autofusion"

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.main import create_app
-from app.services.auth import create_key
-from app.services.strategies import PRESETS, StrategySpec, seed_strategies
-from fusion_core import OptimizeConfig
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.main import create_app
+from autofusion.app.services.auth import create_key
+from autofusion.app.services.strategies import PRESETS, StrategySpec, seed_strategies
+from autofusion.fusion_core import OptimizeConfig
 
 PROBLEM = "application/problem+json"
 BASE = "https://autofusion.dev/problems/"
@@ -89,9 +89,7 @@ def test_presets_are_seeded(client):
 
 
 def test_seeding_again_keeps_changed_presets(client):
-    client.put(
-        "/v1/strategies/nlp", json={"name": "nlp", "patterns": ["matmul_add"]}, headers=ANY
-    )
+    client.put("/v1/strategies/nlp", json={"name": "nlp", "patterns": ["matmul_add"]}, headers=ANY)
     with session_scope(db_url(client)) as session:
         assert seed_strategies(session) == 0
     assert client.get("/v1/strategies/nlp").json()["patterns"] == ["matmul_add"]
@@ -247,7 +245,6 @@ def test_a_switch_that_does_not_parse_is_refused_with_its_field(client):
     assert response.status_code == 422
     assert "body.switches.0.when" in response.text
     assert "the functions are sqrt(x) and dim(ref, axis)" in response.text
-
 
 
 def test_a_strategy_can_ask_for_measured_selection_but_not_name_a_folder(client):

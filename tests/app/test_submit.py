@@ -34,9 +34,9 @@ import pytest
 from cli_server import FAST_POLL, Server, free_port, start_cli, stop_process
 from report_testing import paired, real_report, write_model
 
-from app.cli import main
-from app.cli import serve as serve_cmd
-from app.cli._exit import (
+from autofusion.app.cli import main
+from autofusion.app.cli import serve as serve_cmd
+from autofusion.app.cli._exit import (
     EXIT_BAD_INPUT,
     EXIT_GATE_FAILED,
     EXIT_JOB_FAILED,
@@ -44,15 +44,15 @@ from app.cli._exit import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from app.cli._submit_output import Progress, evaluate_gates, speed_dict
-from app.cli.submit import Upload, idempotency_key
-from app.core.db import session_scope
-from app.migrate import upgrade
-from app.services.auth import authenticate
-from fusion_core.report import read_report
-from fusion_core.validate import make_session
-from worker.plan import Plan, summarize
-from worker.snapshots import CompiledSnapshot
+from autofusion.app.cli._submit_output import Progress, evaluate_gates, speed_dict
+from autofusion.app.cli.submit import Upload, idempotency_key
+from autofusion.app.core.db import session_scope
+from autofusion.app.migrate import upgrade
+from autofusion.app.services.auth import authenticate
+from autofusion.fusion_core.report import read_report
+from autofusion.fusion_core.validate import make_session
+from autofusion.worker.plan import Plan, summarize
+from autofusion.worker.snapshots import CompiledSnapshot
 
 PROBLEM = "https://autofusion.dev/problems/"
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +212,7 @@ def test_unreachable_server_exits_5(capsys, model_file, tmp_path, monkeypatch):
     ],
 )
 def test_strategy_name_or_file(tmp_path, model_file, strategy, content, expected):
-    from app.cli.submit import build_upload
+    from autofusion.app.cli.submit import build_upload
 
     if content is not None:
         (tmp_path / strategy).write_text(content)
@@ -243,14 +243,14 @@ def test_strategy_name_or_file(tmp_path, model_file, strategy, content, expected
     ],
 )
 def test_profile_and_the_speed_gate_ask_the_server_to_profile(model_file, options, expected):
-    from app.cli.submit import build_upload
+    from autofusion.app.cli.submit import build_upload
 
     assert build_upload(_args(model_file, *options)).config == expected
 
 
 def test_a_measure_budget_without_measure_is_a_usage_error(model_file):
-    from app.cli._client import ClientError
-    from app.cli.submit import build_upload
+    from autofusion.app.cli._client import ClientError
+    from autofusion.app.cli.submit import build_upload
 
     with pytest.raises(ClientError, match="needs --measure") as caught:
         build_upload(_args(model_file, "--measure-budget", "5"))
@@ -258,7 +258,7 @@ def test_a_measure_budget_without_measure_is_a_usage_error(model_file):
 
 
 def _args(*argv: str | Path):
-    from app.cli import build_parser
+    from autofusion.app.cli import build_parser
 
     return build_parser().parse_args(["submit", *map(str, argv), "--server", "http://x"])
 
@@ -773,7 +773,7 @@ def test_not_an_autofusion_server_exits_5(capsys, fake, model_file):
 
 
 def _serve_args(*argv: str):
-    from app.cli import build_parser
+    from autofusion.app.cli import build_parser
 
     return build_parser().parse_args(["serve", *argv])
 
@@ -879,7 +879,7 @@ def test_keys_create_rejects(capsys, tmp_path, options, message):
 def test_migrate_creates_the_schema(tmp_path):
     import argparse
 
-    from app.cli import migrate as migrate_cmd
+    from autofusion.app.cli import migrate as migrate_cmd
 
     # Parsed here so the test does not depend on the command's registration in app.cli.
     parser = argparse.ArgumentParser()
@@ -888,7 +888,7 @@ def test_migrate_creates_the_schema(tmp_path):
     args = parser.parse_args(["migrate", "--database", url])
     assert args.run(args) == 0
     upgrade(url)  # already at head: a no-op
-    from app.migrate import check
+    from autofusion.app.migrate import check
 
     check(url)  # models and migrations agree on the migrated database
 
@@ -898,8 +898,8 @@ def test_migrate_creates_a_missing_bucket(monkeypatch, exists):
     import boto3
     from botocore.stub import Stubber
 
-    from app.cli.migrate import ensure_bucket
-    from app.core.config import Settings
+    from autofusion.app.cli.migrate import ensure_bucket
+    from autofusion.app.core.config import Settings
 
     client = boto3.client(
         "s3",
@@ -1077,7 +1077,7 @@ def test_e2e_external_data_file_missing(capsys, server, external_data_model):
 def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
     """As docker-compose.yml runs it: migrate once; an API with migrations off, no worker
     thread (a Redis broker turns it off) and keys required; jobs wait for a worker."""
-    from app.cli import migrate as migrate_cmd
+    from autofusion.app.cli import migrate as migrate_cmd
 
     env = {"AUTOFUSION_DATABASE_URL": postgres_url, "AUTOFUSION_BROKER_URL": redis_url}
     migrate_cmd.prepare_database(migrate_cmd.Settings(database_url=postgres_url))

@@ -22,14 +22,14 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto, helper
 
-from app.core.config import Settings
-from app.core.db import get_engine
-from app.core.errors import ProblemError
-from app.main import create_app
-from app.services import model_sandbox
-from app.services.model_checks import inspect_model
-from app.services.model_sandbox import child_settings, inspect_upload
-from app.services.sandbox_env import sandbox_environment
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import get_engine
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.main import create_app
+from autofusion.app.services import model_sandbox
+from autofusion.app.services.model_checks import inspect_model
+from autofusion.app.services.model_sandbox import child_settings, inspect_upload
+from autofusion.app.services.sandbox_env import sandbox_environment
 
 PROBLEM = "application/problem+json"
 BASE = "https://autofusion.dev/problems/"
@@ -112,7 +112,9 @@ def children_of(tmp_path: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"app.services.model_child" in argv and str(tmp_path).encode() in b" ".join(argv):
+        if b"autofusion.app.services.model_child" in argv and str(tmp_path).encode() in b" ".join(
+            argv
+        ):
             pids.append(int(entry.name))
     return pids
 

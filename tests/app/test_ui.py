@@ -8,9 +8,9 @@ import re
 import pytest
 from ui_testing import CSP, assert_page, conv_bn_relu, multipart
 
-from app.core.db import session_scope
-from app.core.models import Job, JobStatus
-from app.services.auth import create_key
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.services.auth import create_key
 
 
 def _submit_jobs(service, tiny_model, count: int) -> list[str]:

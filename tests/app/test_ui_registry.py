@@ -9,7 +9,7 @@ import re
 import pytest
 from ui_testing import assert_page, conv_bn_relu, multipart
 
-from app.core.models import Job
+from autofusion.app.core.models import Job
 
 GOOD = """\
 name: acme.conv_relu

@@ -15,12 +15,12 @@ from datetime import timedelta
 import pytest
 from ui_testing import assert_page, multipart, run_job
 
-from app.core.models import JobStatus, utcnow
-from app.services.job_phases import PastJob, Span, next_phases, phase_spans
-from app.ui.progress import estimate_remaining, fmt_seconds
-from app.ui.report_groups import EXAMPLES_SHOWN, OPEN_GROUPS, reason_template
-from fusion_core.report import EXAMPLES_PER_PATTERN
-from fusion_core.testing import deep_conv_net
+from autofusion.app.core.models import JobStatus, utcnow
+from autofusion.app.services.job_phases import PastJob, Span, next_phases, phase_spans
+from autofusion.app.ui.progress import estimate_remaining, fmt_seconds
+from autofusion.app.ui.report_groups import EXAMPLES_SHOWN, OPEN_GROUPS, reason_template
+from autofusion.fusion_core.report import EXAMPLES_PER_PATTERN
+from autofusion.fusion_core.testing import deep_conv_net
 
 BLOCKS = 60
 GROUP = re.compile(
@@ -158,7 +158,9 @@ def test_the_live_section_shows_phase_elapsed_time_and_the_estimate(
     service, tiny_model, monkeypatch
 ):
     now = utcnow()
-    monkeypatch.setattr("app.ui.jobs.utcnow", lambda: now)  # the page's clock, held still
+    monkeypatch.setattr(
+        "autofusion.app.ui.jobs.utcnow", lambda: now
+    )  # the page's clock, held still
     start = now - timedelta(seconds=120)
     done, running = (
         service.submit(tiny_model, config={"profile": True}).json()["id"] for _ in range(2)
@@ -215,8 +217,8 @@ def test_a_failed_job_shows_its_problem_type_title_and_detail(service, tiny_mode
 
 
 def test_many_kinds_of_near_miss_fold_beyond_the_first_groups():
-    from app.ui.common import templates
-    from app.ui.report_view import report_view
+    from autofusion.app.ui.common import templates
+    from autofusion.app.ui.report_view import report_view
 
     misses = [
         {"pattern": f"p{k}", "nodes": [f"n{k}_{j}"], "reason": f"reason {k}", "kind": "constraint"}

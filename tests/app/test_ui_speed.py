@@ -16,9 +16,9 @@ import pytest
 from report_testing import paired, real_report
 from ui_testing import assert_page, conv_bn_relu, multipart, run_job
 
-from app.cli._submit_output import speed_dict
-from app.schemas.jobs import JobSummary
-from fusion_core.report import read_report
+from autofusion.app.cli._submit_output import speed_dict
+from autofusion.app.schemas.jobs import JobSummary
+from autofusion.fusion_core.report import read_report
 
 
 def _row(rows_html: str, job_id: str) -> str:

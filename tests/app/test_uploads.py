@@ -17,11 +17,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from starlette.requests import Request
 
-from app.api.uploads import incoming
-from app.core.config import Settings
-from app.core.errors import ProblemError
-from app.services.model_checks import inspect_model
-from app.services.uploads import check_file_name, receive_upload
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.model_checks import inspect_model
+from autofusion.app.services.uploads import check_file_name, receive_upload
 
 WEIGHTS = np.arange(4, dtype=np.float32)
 

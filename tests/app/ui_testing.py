@@ -7,7 +7,7 @@ import re
 import httpx
 import onnx
 
-from fusion_core import testing
+from autofusion.fusion_core import testing
 
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
@@ -51,8 +51,8 @@ def multipart(
 
 def run_job(service, job_id: str):
     """Run the job the way a worker does and return its (detached) row; it must succeed."""
-    from app.core.models import Job
-    from worker.execute import Outcome, execute_job
+    from autofusion.app.core.models import Job
+    from autofusion.worker.execute import Outcome, execute_job
 
     store = service.app.state.store
     assert execute_job(service.settings, job_id, "worker-1", store) == Outcome.succeeded

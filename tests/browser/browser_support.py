@@ -140,7 +140,7 @@ def running_server(
     command = [
         sys.executable,
         "-c",
-        "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from autofusion.app.cli import main; sys.exit(main(sys.argv[1:]))",
         "serve",
         "--host",
         LOOPBACK,

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Page, expect
 from test_dashboard import submit, wait_for_report, write_model
 
-from fusion_core.testing import deep_conv_net
+from autofusion.fusion_core.testing import deep_conv_net
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -62,11 +62,19 @@ def captured_fds():
 
 
 def run_one(job: dict, call_timeout: int) -> dict:
-    from app.cli import main
+    from autofusion.app.cli import main
 
     report = Path(job["out"]).with_suffix(".json")
-    argv = ["optimize", job["model"], "-o", job["out"], "--target", job["target"],
-            "--report", str(report)]
+    argv = [
+        "optimize",
+        job["model"],
+        "-o",
+        job["out"],
+        "--target",
+        job["target"],
+        "--report",
+        str(report),
+    ]
     start = time.perf_counter()
     signal.alarm(call_timeout)
     with captured_fds() as out:

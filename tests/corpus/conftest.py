@@ -40,8 +40,14 @@ def _selected_node_jobs(session, tmp: Path) -> list[dict]:
         if spec is None or "node_case" not in spec.params:
             continue
         name, path, target = spec.params["node_case"]
-        jobs.append({"id": name, "model": str(path), "target": target,
-                     "out": str(tmp / f"{len(jobs)}.onnx")})
+        jobs.append(
+            {
+                "id": name,
+                "model": str(path),
+                "target": target,
+                "out": str(tmp / f"{len(jobs)}.onnx"),
+            }
+        )
     return jobs
 
 
@@ -49,13 +55,19 @@ def _run_batches(jobs: list[dict], tmp: Path) -> list[dict]:
     """``cli_batch.py`` in WORKERS processes, jobs dealt round-robin; their results."""
     procs = []
     for worker in range(max(1, WORKERS)):
-        chunk = jobs[worker::max(1, WORKERS)]
+        chunk = jobs[worker :: max(1, WORKERS)]
         if not chunk:
             continue
         job_file, result_file = tmp / f"jobs{worker}.jsonl", tmp / f"results{worker}.jsonl"
         job_file.write_text("".join(json.dumps(j) + "\n" for j in chunk))
-        cmd = [sys.executable, str(HERE / "cli_batch.py"), str(job_file), str(result_file),
-               "--call-timeout", str(CALL_TIMEOUT)]
+        cmd = [
+            sys.executable,
+            str(HERE / "cli_batch.py"),
+            str(job_file),
+            str(result_file),
+            "--call-timeout",
+            str(CALL_TIMEOUT),
+        ]
         procs.append((subprocess.Popen(cmd, cwd=REPO), result_file, len(chunk)))
     results = []
     for proc, result_file, count in procs:
@@ -75,8 +87,9 @@ def node_results(request) -> dict[tuple[str, str], dict]:
         jobs = _selected_node_jobs(request.session, Path(tmp))
         results = _run_batches(jobs, Path(tmp))
     by_case = {(r["id"], r["target"]): r for r in results}
-    RESULTS["node_tests"] = {f"{k[0]}-{k[1]}": {"rc": v["rc"], "seconds": v["seconds"]}
-                             for k, v in by_case.items()}
+    RESULTS["node_tests"] = {
+        f"{k[0]}-{k[1]}": {"rc": v["rc"], "seconds": v["seconds"]} for k, v in by_case.items()
+    }
     return by_case
 
 

@@ -35,17 +35,24 @@ def node_cases() -> dict[str, Path]:
     """The ONNX backend test models the no-traceback test runs (a sample unless
     ``AUTOFUSION_NODE_TESTS=all``)."""
     models = node_tests.all_models(CACHE)
-    return models if os.environ.get("AUTOFUSION_NODE_TESTS") == "all" else node_tests.sample(
-        models
-    )
+    return models if os.environ.get("AUTOFUSION_NODE_TESTS") == "all" else node_tests.sample(models)
 
 
 def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
     """``autofusion optimize`` as a user runs it: (process, report or None, seconds); the
     optimized model is ``tmp / "out.onnx"`` (``optimized_path``)."""
     report = tmp / "report.json"
-    cmd = [*cli(), "optimize", str(path), "-o", str(tmp / "out.onnx"), "--target", target,
-           "--report", str(report)]
+    cmd = [
+        *cli(),
+        "optimize",
+        str(path),
+        "-o",
+        str(tmp / "out.onnx"),
+        "--target",
+        target,
+        "--report",
+        str(report),
+    ]
     for profile in info.shapes:
         cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
     if info.atol is not None:

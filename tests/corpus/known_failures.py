@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-_ATTENTION_ORT = (
-    "attention: 0 of the expected blocks fused on the onnxruntime target"
-)
+_ATTENTION_ORT = "attention: 0 of the expected blocks fused on the onnxruntime target"
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
     # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)

@@ -27,7 +27,7 @@ import quantize
 import wheel_models
 from corpus_tier import CACHE, RESULTS, node_cases
 
-from app.cli._exit import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
+from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE
 
 TARGETS = meta.TARGETS
 # What optimize may answer a model with (app/cli/_exit.py); an internal error is not one.
@@ -56,8 +56,15 @@ def _model_cases() -> list:
         if info.bench_only:
             continue
         for target in info.targets:
-            cases.append(pytest.param(path, info, target, id=f"{info.name}-{target}",
-                                      marks=known_failures.marks(info.name, target)))
+            cases.append(
+                pytest.param(
+                    path,
+                    info,
+                    target,
+                    id=f"{info.name}-{target}",
+                    marks=known_failures.marks(info.name, target),
+                )
+            )
     return cases
 
 
@@ -79,8 +86,10 @@ def _check_problems(data: dict) -> list[str]:
         problems.append(f"check failed: {(check.get('error') or '').splitlines()[:1]}")
     for out in check.get("outputs", []):
         if not out.get("passed"):
-            problems.append(f"output {out['name']}: max abs diff {out.get('max_abs_diff')} "
-                            f"(atol {out.get('atol')}, rtol {out.get('rtol')})")
+            problems.append(
+                f"output {out['name']}: max abs diff {out.get('max_abs_diff')} "
+                f"(atol {out.get('atol')}, rtol {out.get('rtol')})"
+            )
     return problems
 
 
@@ -135,14 +144,20 @@ def test_model(path: Path, info: meta.ModelMeta, target: str, model_runs):
         problems.append("no report written")
     else:
         problems += _check_problems(data) + _fusion_problems(info, target, data)
-    assert not problems, f"{info.name} --target {target} ({seconds:.1f} s):\n  " + \
-        "\n  ".join(problems)
+    assert not problems, f"{info.name} --target {target} ({seconds:.1f} s):\n  " + "\n  ".join(
+        problems
+    )
 
 
 def _decode_cases() -> list:
     return [
-        pytest.param(path, info, target, id=f"{info.name}-{target}",
-                     marks=known_failures.marks(info.name, target))
+        pytest.param(
+            path,
+            info,
+            target,
+            id=f"{info.name}-{target}",
+            marks=known_failures.marks(info.name, target),
+        )
         for path, info in _models()
         if isinstance(info, meta.ModelMeta) and info.decode and not info.bench_only
         for target in info.targets
@@ -165,8 +180,11 @@ def test_decode(path: Path, info: meta.ModelMeta, target: str, model_runs):
 
 def _node_params() -> list:
     return [
-        pytest.param((name, path, target), id=f"{name}-{target}",
-                     marks=known_failures.node_marks(name, target))
+        pytest.param(
+            (name, path, target),
+            id=f"{name}-{target}",
+            marks=known_failures.node_marks(name, target),
+        )
         for name, path in node_cases().items()
         for target in TARGETS
     ]

@@ -6,7 +6,7 @@ import onnx
 import onnx.parser
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
 
 
 def _fails_full_check_as_shipped() -> onnx.ModelProto:

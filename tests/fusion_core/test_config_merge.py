@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fusion_core.config import OptimizeConfig, merge_options, read_strategy_file
-from fusion_core.errors import ConfigError
+from autofusion.fusion_core.config import OptimizeConfig, merge_options, read_strategy_file
+from autofusion.fusion_core.errors import ConfigError
 
 
 def test_later_layers_win_excludes_add_up_and_sections_merge_by_key() -> None:

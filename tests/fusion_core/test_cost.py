@@ -19,8 +19,8 @@ import pytest
 import yaml
 from onnx import numpy_helper
 
-from fusion_core.catalog import builtin_patterns
-from fusion_core.cost import (
+from autofusion.fusion_core.catalog import builtin_patterns
+from autofusion.fusion_core.cost import (
     CostModel,
     Gain,
     TargetProfile,
@@ -28,12 +28,12 @@ from fusion_core.cost import (
     rewrite_effect,
     shipped_profiles,
 )
-from fusion_core.cost.fit import fit_kernel_factors
-from fusion_core.errors import ConfigError
-from fusion_core.patterns import Match, Matcher, PatternSpec
-from fusion_core.prepasses import PrepassOptions, run_prepasses
-from fusion_core.rewriters import RewriteEffect, builtin_rewriters, matched
-from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from autofusion.fusion_core.cost.fit import fit_kernel_factors
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.patterns import Match, Matcher, PatternSpec
+from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core.rewriters import RewriteEffect, builtin_rewriters, matched
+from autofusion.fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 F32 = 4

@@ -22,10 +22,16 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from fusion_core import CheckOptions, OptimizeConfig, builtin_patterns, load_model, optimize
-from fusion_core.cost import CostModel, load_target_profile, rewrite_effect
-from fusion_core.patterns import Match, Matcher
-from fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core import (
+    CheckOptions,
+    OptimizeConfig,
+    builtin_patterns,
+    load_model,
+    optimize,
+)
+from autofusion.fusion_core.cost import CostModel, load_target_profile, rewrite_effect
+from autofusion.fusion_core.patterns import Match, Matcher
+from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRANSFORMERS = ["bert_eager_dynamo", "gpt2_eager_dynamo", "vit_eager_dynamo"]

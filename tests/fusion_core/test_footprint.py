@@ -12,17 +12,17 @@ import onnx.numpy_helper as nh
 import onnx.parser
 import pytest
 
-from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profiling import ProfileOptions, profile_models
-from fusion_core.profiling.footprint import measure_memory, model_size, serialized_size
-from fusion_core.report import (
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.profiling import ProfileOptions, profile_models
+from autofusion.fusion_core.profiling.footprint import measure_memory, model_size, serialized_size
+from autofusion.fusion_core.report import (
     build_report,
     format_markdown,
     format_summary,
     read_report,
     render_html,
 )
-from fusion_core.testing import conv_bn_relu
+from autofusion.fusion_core.testing import conv_bn_relu
 from tests.fusion_core.test_report import validate
 
 MIB = 1 << 20

@@ -16,10 +16,9 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-import fusion_core
-import fusion_core.ir
-from fusion_core import ModelLoadError, UnsafeModelError, load_model, save_model
-from fusion_core.ir import check_external_data, model_from_proto
+from autofusion import fusion_core
+from autofusion.fusion_core import ModelLoadError, UnsafeModelError, load_model, save_model
+from autofusion.fusion_core.ir import check_external_data, model_from_proto
 
 WEIGHTS = {
     "w": np.arange(32 * 32, dtype=np.float32).reshape(32, 32) / 7,
@@ -340,7 +339,7 @@ def test_optimize_a_model_with_external_data_from_another_directory(tmp_path, mo
     # The check must find the weights beside the model, whatever the working directory.
     import onnx as _onnx
 
-    from fusion_core import OptimizeConfig, optimize
+    from autofusion.fusion_core import OptimizeConfig, optimize
 
     model = _onnx.load("tests/data/resnet/resnet50_w8_torchscript.onnx")
     folder = tmp_path / "model"

@@ -20,8 +20,8 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from fusion_core.errors import UnsafeModelError
-from fusion_core.ir import load_model, save_model
+from autofusion.fusion_core.errors import UnsafeModelError
+from autofusion.fusion_core.ir import load_model, save_model
 
 MODEL = """\
 <ir_version: 8, opset_import: ["" : 17, "local" : 1]>

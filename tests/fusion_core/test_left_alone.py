@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnx.parser
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -62,7 +62,12 @@ def test_the_same_chain_outside_a_qdq_unit_fuses():
 
 
 def test_the_renderings_say_what_was_left_alone():
-    from fusion_core.report import build_report, format_markdown, format_summary, render_html
+    from autofusion.fusion_core.report import (
+        build_report,
+        format_markdown,
+        format_summary,
+        render_html,
+    )
 
     config = OptimizeConfig(target="onnxruntime", check=CheckOptions(enabled=False))
     report = build_report(optimize(_qdq_silu(), config), config=config)

@@ -13,12 +13,12 @@ import onnx
 import onnx.numpy_helper
 import pytest
 
-from fusion_core import OptimizeConfig, optimize
-from fusion_core.errors import ConfigError
-from fusion_core.pipeline.measured import PairedTimer, group_fusions, optimize_measured
-from fusion_core.profiling.stats import paired_ratio
-from fusion_core.report import build_report, format_summary, read_report
-from fusion_core.validate import CANDIDATES, candidate_dims, input_dims
+from autofusion.fusion_core import OptimizeConfig, optimize
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.pipeline.measured import PairedTimer, group_fusions, optimize_measured
+from autofusion.fusion_core.profiling.stats import paired_ratio
+from autofusion.fusion_core.report import build_report, format_summary, read_report
+from autofusion.fusion_core.validate import CANDIDATES, candidate_dims, input_dims
 from tests.fusion_core.test_report import conv_bn_relu, validate
 
 REPO = Path(__file__).resolve().parents[2]

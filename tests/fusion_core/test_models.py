@@ -14,8 +14,8 @@ import onnx
 import onnx.parser
 import pytest
 
-from fusion_core import OptimizeConfig, Result, optimize
-from fusion_core.validate import make_session, random_inputs
+from autofusion.fusion_core import OptimizeConfig, Result, optimize
+from autofusion.fusion_core.validate import make_session, random_inputs
 
 TARGETS = ["generic", "onnxruntime"]
 CONV_OPS = {"Conv", "ConvTranspose", "FusedConv"}

@@ -11,10 +11,10 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from fusion_core import CheckOptions, ConfigError, OptimizeConfig, optimize
-from fusion_core.rewriters import builtin_rewriters
-from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
-from fusion_core.rewriters.fuse_activation import FuseActivation
+from autofusion.fusion_core import CheckOptions, ConfigError, OptimizeConfig, optimize
+from autofusion.fusion_core.rewriters import builtin_rewriters
+from autofusion.fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from autofusion.fusion_core.rewriters.fuse_activation import FuseActivation
 
 RNG = np.random.default_rng(3)
 
@@ -166,7 +166,7 @@ def test_pad_folds_before_the_conv_becomes_a_fused_conv() -> None:
 def test_near_misses_say_who_said_no() -> None:
     """The default prices the Q/K/V merge as a loss (selection); the rollback and
     measured kinds are asserted in test_validate and test_measured."""
-    from fusion_core.patterns import NEAR_MISS_KINDS
+    from autofusion.fusion_core.patterns import NEAR_MISS_KINDS
 
     bert = Path(__file__).resolve().parents[1] / "data" / "transformers" / "bert_eager_dynamo.onnx"
     result = optimize(bert, OptimizeConfig(target="onnxruntime", check={"enabled": False}))
@@ -181,7 +181,7 @@ def test_near_misses_say_who_said_no() -> None:
 def test_field_errors_name_the_field_and_drop_pydantics_prefix() -> None:
     from pydantic import ValidationError
 
-    from fusion_core.errors import describe_fields, field_errors
+    from autofusion.fusion_core.errors import describe_fields, field_errors
 
     with pytest.raises(ValidationError) as caught:
         OptimizeConfig(max_rounds=0, check={"rtol": "x"})

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from fusion_core.prepasses import PrepassOptions, run_prepasses
-from fusion_core.testing import build_model, run_both
+from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core.testing import build_model, run_both
 
 HEADER = '<ir_version: 8, opset_import: ["" : 18]>'
 INV_FREQ = (1.0 / 10000 ** (np.arange(4) / 4)).reshape(1, 4, 1)

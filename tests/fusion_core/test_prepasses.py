@@ -9,10 +9,14 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
-from fusion_core.ir import constant_array
-from fusion_core.prepasses import PrepassOptions, SymbolicShapeInferencePass, run_prepasses
-from fusion_core.validate import make_session
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.prepasses import (
+    PrepassOptions,
+    SymbolicShapeInferencePass,
+    run_prepasses,
+)
+from autofusion.fusion_core.validate import make_session
 
 RNG = np.random.default_rng(7)
 C = 4

@@ -14,14 +14,14 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from fusion_core.ir import model_from_proto
-from fusion_core.prepasses import (
+from autofusion.fusion_core.ir import model_from_proto
+from autofusion.fusion_core.prepasses import (
     IdentityEliminationPass,
     PrepassOptions,
     SymbolicShapeInferencePass,
     run_prepasses,
 )
-from fusion_core.validate import make_session
+from autofusion.fusion_core.validate import make_session
 
 RTOL, ATOL = 0.0, 0.0  # the pre-passes here must not change a single bit
 
@@ -186,7 +186,7 @@ def _spatial_dims(proto: onnx.ModelProto) -> list:
 def test_onnxruntime_symbolic_inference_only_where_it_is_safe_and_fast(
     monkeypatch, model, expected
 ):
-    import fusion_core.prepasses.passes as prepasses
+    import autofusion.fusion_core.prepasses.passes as prepasses
 
     seen = []
     monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda p: seen.append(p))

@@ -16,8 +16,14 @@ import onnx.parser
 import onnx_ir as ir
 import pytest
 
-from fusion_core import CheckOptions, ConfigError, OptimizeConfig, UnsafeModelError, optimize
-from fusion_core.profiling import (
+from autofusion.fusion_core import (
+    CheckOptions,
+    ConfigError,
+    OptimizeConfig,
+    UnsafeModelError,
+    optimize,
+)
+from autofusion.fusion_core.profiling import (
     LEVELS,
     NodeProfile,
     NodeTime,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fusion_core.profiling.stats import FASTER, MARGIN, NO_CHANGE, SLOWER, paired_ratio
+from autofusion.fusion_core.profiling.stats import FASTER, MARGIN, NO_CHANGE, SLOWER, paired_ratio
 
 
 def test_the_interval_of_20_pairs_is_the_6th_and_15th_order_statistic() -> None:

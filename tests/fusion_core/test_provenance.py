@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core import OptimizeConfig, optimize, provenance, testing
-from fusion_core.profiling import NodeProfile, NodeTime, region_times
-from fusion_core.report import build_report
-from fusion_core.validate import fused_regions
+from autofusion.fusion_core import OptimizeConfig, optimize, provenance, testing
+from autofusion.fusion_core.profiling import NodeProfile, NodeTime, region_times
+from autofusion.fusion_core.report import build_report
+from autofusion.fusion_core.validate import fused_regions
 
 
 def test_the_key_strings_are_a_file_format_and_do_not_change() -> None:

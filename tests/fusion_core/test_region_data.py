@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 
-from fusion_core import OptimizeConfig, optimize
-from fusion_core.report import build_report, example_fusions, region_pictures, regions_from_data
-from fusion_core.testing import conv_bn_relu
+from autofusion.fusion_core import OptimizeConfig, optimize
+from autofusion.fusion_core.report import (
+    build_report,
+    example_fusions,
+    region_pictures,
+    regions_from_data,
+)
+from autofusion.fusion_core.testing import conv_bn_relu
 
 XSS = '<script>alert("x")</script>'
 

@@ -13,14 +13,14 @@ import onnx
 import onnx.numpy_helper as nh
 import onnx.parser
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
-from fusion_core.pipeline.progressive import optimize_progressive
-from fusion_core.rewriters import Rewrite, builtin_rewriters
-from fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
-from fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
-from fusion_core.validate import random_inputs
-from fusion_core.validate._ranges import FP16_MAX, check_fp16
-from fusion_core.validate._regions import compare_regions
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core.pipeline.progressive import optimize_progressive
+from autofusion.fusion_core.rewriters import Rewrite, builtin_rewriters
+from autofusion.fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
+from autofusion.fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
+from autofusion.fusion_core.validate import random_inputs
+from autofusion.fusion_core.validate._ranges import FP16_MAX, check_fp16
+from autofusion.fusion_core.validate._regions import compare_regions
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -174,7 +174,7 @@ def test_a_rewrite_that_changes_an_output_type_is_a_structural_failure() -> None
 def test_structure_problems_name_a_dangling_read_and_a_changed_output() -> None:
     import onnx_ir as ir
 
-    from fusion_core.validate._structure import output_signature, structure_problems
+    from autofusion.fusion_core.validate._structure import output_signature, structure_problems
 
     work = ir.serde.deserialize_model(conv_model())
     before = output_signature(work)

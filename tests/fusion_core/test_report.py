@@ -14,15 +14,15 @@ import onnx
 import onnx.parser
 import pytest
 
-from fusion_core import OptimizeConfig, optimize, save_model, testing
-from fusion_core.report import (
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model, testing
+from autofusion.fusion_core.report import (
     REPORT_VERSION,
     build_report,
     format_markdown,
     format_summary,
     report_schema,
 )
-from fusion_core.report import schema as schema_cli
+from autofusion.fusion_core.report import schema as schema_cli
 
 REPO = Path(__file__).resolve().parents[2]
 BERT = REPO / "tests" / "data" / "transformers" / "bert_eager_torchscript.onnx"
@@ -242,7 +242,8 @@ def test_a_report_with_a_wrong_value_fails_validation(conv_report, key, value):
 def test_the_committed_schema_is_up_to_date():
     committed = json.loads(schema_cli.DEFAULT_PATH.read_text(encoding="utf-8"))
     assert committed == report_schema(), (
-        "docs/report.schema.json is out of date: run `python -m fusion_core.report.schema`"
+        "docs/report.schema.json is out of date: "
+        "run `python -m autofusion.fusion_core.report.schema`"
     )
     assert committed["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema_cli.main(["--check"]) == 0

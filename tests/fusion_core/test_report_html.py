@@ -14,8 +14,8 @@ import onnx.numpy_helper as nh
 import onnx.parser
 import pytest
 
-from fusion_core import OptimizeConfig, optimize
-from fusion_core.report import (
+from autofusion.fusion_core import OptimizeConfig, optimize
+from autofusion.fusion_core.report import (
     EXAMPLES_PER_PATTERN,
     MAX_REGION_PICTURES,
     build_report,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from fusion_core import OptimizeConfig, optimize, save_model
-from fusion_core.profiling import ProfileOptions, profile_models
-from fusion_core.report import (
+from autofusion.fusion_core import OptimizeConfig, optimize, save_model
+from autofusion.fusion_core.profiling import ProfileOptions, profile_models
+from autofusion.fusion_core.report import (
     build_report,
     format_markdown,
     format_summary,

@@ -1,4 +1,4 @@
-"""fusion_core.run: the one path from a model file to the files (the CLI and the
+"""autofusion.fusion_core.run: the one path from a model file to the files (the CLI and the
 sandbox both take it)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import onnx
 
-from fusion_core import OptimizeConfig, RunFiles, run
-from fusion_core.testing import conv_bn_relu
+from autofusion.fusion_core import OptimizeConfig, RunFiles, run
+from autofusion.fusion_core.testing import conv_bn_relu
 
 RESNET = Path(__file__).resolve().parents[1] / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 

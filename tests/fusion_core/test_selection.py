@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fusion_core import OptimizeConfig, optimize
+from autofusion.fusion_core import OptimizeConfig, optimize
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MODELS = [
@@ -69,7 +69,7 @@ def test_the_limits_apply_under_every_selection(selection: str) -> None:
 
 
 def test_unknown_target_profile_is_a_config_error() -> None:
-    from fusion_core.errors import ConfigError
+    from autofusion.fusion_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cpu"):
         optimize(MODELS[0], OptimizeConfig(selection="greedy", target_profile="tpu-v9"))

@@ -9,14 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from fusion_core.errors import ConfigError
-from fusion_core.strategies._conflicts import Problem
-from fusion_core.strategies._exact import solve_interval, solve_search, solve_tree
-from fusion_core.strategies._selection import Candidate, Selection, Solution
-from fusion_core.strategies.auto import AutoStrategy, strategy_by_name
-from fusion_core.strategies.dp import DPStrategy
-from fusion_core.strategies.genetic import GeneticStrategy
-from fusion_core.strategies.greedy import GreedyStrategy
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._conflicts import Problem
+from autofusion.fusion_core.strategies._exact import solve_interval, solve_search, solve_tree
+from autofusion.fusion_core.strategies._selection import Candidate, Selection, Solution
+from autofusion.fusion_core.strategies.auto import AutoStrategy, strategy_by_name
+from autofusion.fusion_core.strategies.dp import DPStrategy
+from autofusion.fusion_core.strategies.genetic import GeneticStrategy
+from autofusion.fusion_core.strategies.greedy import GreedyStrategy
 
 ALL = [GreedyStrategy, DPStrategy, GeneticStrategy, AutoStrategy]
 
@@ -383,7 +383,7 @@ def test_auto_counts_nodes_when_op_count_is_missing():
 def test_priority_takes_the_same_candidates_and_says_why_not() -> None:
     """The priority strategy on the strategies' interface: Candidate in, Selection out,
     ranked by priority, then graph order; a smaller form of a blocked fusion waits."""
-    from fusion_core.strategies import Candidate, PriorityStrategy
+    from autofusion.fusion_core.strategies import Candidate, PriorityStrategy
 
     big = Candidate("qkv", {1, 2, 3}, gain=0.1, priority=5)
     scale = Candidate("scale", {1, 9}, gain=0.1, priority=9)  # takes node 1 first

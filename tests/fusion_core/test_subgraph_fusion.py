@@ -7,7 +7,7 @@ import onnx
 import onnx.helper as oh
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
 
 RTOL, ATOL = 1e-3, 1e-4
 RNG = np.random.default_rng(11)

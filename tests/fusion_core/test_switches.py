@@ -8,11 +8,11 @@ import onnx.parser
 import pytest
 from pydantic import ValidationError
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize, testing
-from fusion_core.errors import ConfigError
-from fusion_core.patterns._formula import FormulaError
-from fusion_core.pipeline.switches import compile_condition
-from fusion_core.report import build_report
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, testing
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.patterns._formula import FormulaError
+from autofusion.fusion_core.pipeline.switches import compile_condition
+from autofusion.fusion_core.report import build_report
 
 
 def conv_bn_relu(width: str | int = "width") -> onnx.ModelProto:

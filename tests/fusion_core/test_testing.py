@@ -1,11 +1,11 @@
-"""fusion_core.testing: the builders make what they say, the assertions can fail."""
+"""autofusion.fusion_core.testing: the builders make what they say, the assertions can fail."""
 
 from __future__ import annotations
 
 import onnx.numpy_helper as nh
 import pytest
 
-from fusion_core.testing import (
+from autofusion.fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     conv_bn_relu,

@@ -25,7 +25,7 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "transformers"
 FILES = sorted(p.stem for p in FOLDER.glob("*.onnx"))

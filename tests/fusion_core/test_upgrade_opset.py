@@ -13,9 +13,9 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
-from fusion_core import OptimizeConfig
-from fusion_core import testing as h
-from fusion_core.errors import ConfigError
+from autofusion.fusion_core import OptimizeConfig
+from autofusion.fusion_core import testing as h
+from autofusion.fusion_core.errors import ConfigError
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -16,10 +16,10 @@ import onnx.parser
 import pytest
 from pydantic import ValidationError
 
-import fusion_core.validate._compare as compare_module
-from fusion_core.config import CheckOptions
-from fusion_core.errors import ConfigError
-from fusion_core.validate import compare_models, make_session, random_inputs
+import autofusion.fusion_core.validate._compare as compare_module
+from autofusion.fusion_core.config import CheckOptions
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.validate import compare_models, make_session, random_inputs
 
 
 def _model(body: str, out: str = "float[2,3] y") -> onnx.ModelProto:

@@ -8,14 +8,14 @@ import onnx.helper as oh
 import onnx.parser
 import pytest
 
-from fusion_core.validate import (
+from autofusion.fusion_core.validate import (
     ORIGINAL_CANNOT_RUN,
     candidate_dims,
     compare_models,
     input_dims,
     random_inputs,
 )
-from fusion_core.validate._dims import evaluate_dim
+from autofusion.fusion_core.validate._dims import evaluate_dim
 
 RTOL, ATOL = 1e-3, 1e-4
 

@@ -15,9 +15,9 @@ import onnx_ir as ir
 import onnxruntime
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
-from fusion_core.errors import ConfigError
-from fusion_core.validate import (
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.validate import (
     FloatDistribution,
     check_feeds,
     compare_models,

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import fuzz_validators as fv
 
-from fusion_core import compile_pattern
-from fusion_core.errors import PatternError
+from autofusion.fusion_core import compile_pattern
+from autofusion.fusion_core.errors import PatternError
 
 BOUNDED = settings(
     max_examples=200,

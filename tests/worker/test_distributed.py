@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from autofusion.worker.celery_app import QUEUE, make_celery
+from autofusion.worker.sandbox import TEST_CRASH_ENV
+from autofusion.worker.tasks import enqueue_job
 from tests.worker.worker_testing import REPO, WorkerEnv, new_env
-from worker.celery_app import QUEUE, make_celery
-from worker.sandbox import TEST_CRASH_ENV
-from worker.tasks import enqueue_job
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,11 @@ class WorkerProcess:
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from autofusion.app.cli import main; sys.exit(main())",
+                ]
                 + ["worker", "--pool", "prefork", "--concurrency", "1"],
                 cwd=REPO,
                 env={**environment, **variables, **extra},
@@ -171,7 +175,7 @@ def test_the_worker_refuses_a_visibility_timeout_shorter_than_the_job_limit(
     environment = {k: v for k, v in os.environ.items() if not k.startswith("AUTOFUSION_")}
     environment |= {"AUTOFUSION_JOB_TIME_LIMIT_S": "900", "AUTOFUSION_VISIBILITY_TIMEOUT_S": "600"}
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+        [sys.executable, "-c", "import sys; from autofusion.app.cli import main; sys.exit(main())"]
         + ["worker", "--broker", "redis://127.0.0.1:6379/0", "--data-dir", str(tmp_path)],
         cwd=REPO,
         env=environment,

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.services.registry import change_pattern, create_pattern
+from autofusion.app.services.registry import change_pattern, create_pattern
+from autofusion.worker.celery_app import make_celery
+from autofusion.worker.embedded import EmbeddedWorker
+from autofusion.worker.sandbox import TEST_CRASH_ENV
+from autofusion.worker.snapshots import default_cache
+from autofusion.worker.tasks import enqueue_job
 from tests.worker.worker_testing import GAP_FLATTEN, WorkerEnv, op_types
-from worker.celery_app import make_celery
-from worker.embedded import EmbeddedWorker
-from worker.sandbox import TEST_CRASH_ENV
-from worker.snapshots import default_cache
-from worker.tasks import enqueue_job
 
 
 @pytest.fixture

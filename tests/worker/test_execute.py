@@ -11,15 +11,15 @@ from pathlib import Path
 import onnx
 import pytest
 
-from app.core.models import JobStatus
-from app.services import jobs as job_service
-from app.services.jobs import cancel_job, claim_job
-from app.services.registry import registry_version
-from fusion_core.report import read_report
+from autofusion.app.core.models import JobStatus
+from autofusion.app.services import jobs as job_service
+from autofusion.app.services.jobs import cancel_job, claim_job
+from autofusion.app.services.registry import registry_version
+from autofusion.fusion_core.report import read_report
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.plan import merge_strategy
+from autofusion.worker.sandbox import TEST_CRASH_ENV
 from tests.worker.worker_testing import RESNET, WorkerEnv, assert_same_outputs, op_types
-from worker.execute import Outcome, execute_job
-from worker.plan import merge_strategy
-from worker.sandbox import TEST_CRASH_ENV
 
 
 def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> None:
@@ -30,7 +30,7 @@ def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> N
         stages.append(stage)
         return real_report(session, job_id, worker_id, stage, *args, **kwargs)
 
-    monkeypatch.setattr("worker.execute.report_progress", recording)
+    monkeypatch.setattr("autofusion.worker.execute.report_progress", recording)
     job_id = env.submit()
 
     assert execute_job(env.settings, job_id, "worker-1", env.store) == Outcome.succeeded
@@ -231,7 +231,7 @@ def test_user_errors_fail_at_once(env: WorkerEnv) -> None:
 
 
 def test_a_strategy_is_merged_under_the_job_config(env: WorkerEnv) -> None:
-    from app.services.strategies import StrategySpec, create_strategy
+    from autofusion.app.services.strategies import StrategySpec, create_strategy
 
     with env.db() as session:
         spec = StrategySpec(name="heads", patterns=["conv_bn", "conv_bn_relu"], target="generic")

@@ -21,19 +21,19 @@ from onnx import TensorProto, helper
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from app.cli import main as cli_main
-from app.cli._exit import EXIT_USAGE
-from app.core.config import Settings
-from app.core.errors import JOB_PROBLEMS
-from app.main import create_app
-from app.services import db_retry
-from app.services import jobs as job_service
-from app.services.db_retry import is_transient_db_error, retry_transient
+from autofusion.app.cli import main as cli_main
+from autofusion.app.cli._exit import EXIT_USAGE
+from autofusion.app.core.config import Settings
+from autofusion.app.core.errors import JOB_PROBLEMS
+from autofusion.app.main import create_app
+from autofusion.app.services import db_retry
+from autofusion.app.services import jobs as job_service
+from autofusion.app.services.db_retry import is_transient_db_error, retry_transient
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.sandbox import TEST_CRASH_ENV
+from autofusion.worker.supervise import ChildRun
+from autofusion.worker.supervise import run_child as supervise_run_child
 from tests.worker.worker_testing import WorkerEnv
-from worker.execute import Outcome, execute_job
-from worker.sandbox import TEST_CRASH_ENV
-from worker.supervise import ChildRun
-from worker.supervise import run_child as supervise_run_child
 
 PROBLEMS = "https://autofusion.dev/problems/"
 
@@ -69,7 +69,7 @@ def test_an_outage_at_the_final_write_keeps_the_finished_attempt(
 ) -> None:
     calls: list[str] = []
     finish = _failing(job_service.finish_job, 3, calls)
-    monkeypatch.setattr("worker.execute.finish_job", finish)
+    monkeypatch.setattr("autofusion.worker.execute.finish_job", finish)
     delays = _no_wait(monkeypatch)
     job_id = env.submit()
 
@@ -90,7 +90,9 @@ def test_an_outage_at_the_release_of_a_crashed_attempt_still_requeues_it(
 ) -> None:
     monkeypatch.setenv(TEST_CRASH_ENV, "segv")
     calls: list[str] = []
-    monkeypatch.setattr("worker.execute.release_job", _failing(job_service.release_job, 2, calls))
+    monkeypatch.setattr(
+        "autofusion.worker.execute.release_job", _failing(job_service.release_job, 2, calls)
+    )
     _no_wait(monkeypatch)
     job_id = env.submit(max_attempts=3)
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.requeued
@@ -107,7 +109,7 @@ def test_a_dropped_connection_at_a_progress_report_does_not_cost_the_attempt(
     dropped = DBAPIError("UPDATE jobs", {}, Exception("gone"), connection_invalidated=True)
     calls: list[str] = []
     report = _failing(job_service.report_progress, 2, calls, fault=dropped)
-    monkeypatch.setattr("worker.execute.report_progress", report)
+    monkeypatch.setattr("autofusion.worker.execute.report_progress", report)
     job_id = env.submit()
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
     assert env.job(job_id).attempts == 1 and len(calls) > 2
@@ -118,7 +120,9 @@ def test_the_final_write_gives_up_after_its_budget(make_env, monkeypatch) -> Non
     takes the job over, as before."""
     env = make_env(final_write_retry_s=0.5)
     calls: list[str] = []
-    monkeypatch.setattr("worker.execute.finish_job", _failing(job_service.finish_job, 10**6, calls))
+    monkeypatch.setattr(
+        "autofusion.worker.execute.finish_job", _failing(job_service.finish_job, 10**6, calls)
+    )
     job_id = env.submit()
     with pytest.raises(OperationalError):
         execute_job(env.settings, job_id, "w1", env.store)
@@ -140,7 +144,7 @@ def test_an_outage_at_the_final_write_on_postgresql(make_env, postgres_url, monk
             session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
         return real(session, *args, **kwargs)
 
-    monkeypatch.setattr("worker.execute.finish_job", finish)
+    monkeypatch.setattr("autofusion.worker.execute.finish_job", finish)
     _no_wait(monkeypatch)
     job_id = env.submit()
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
@@ -190,7 +194,7 @@ def test_a_report_with_a_failed_check_never_ends_succeeded(env: WorkerEnv, monke
         (folder / "output" / "error.json").unlink()
         return ChildRun("exited", 0, run.seconds, run.log_tail)
 
-    monkeypatch.setattr("worker.execute.run_child", lying_child)
+    monkeypatch.setattr("autofusion.worker.execute.run_child", lying_child)
     job_id = env.submit(config={"check": {"rtol": 0, "atol": 0}, "keep_failed": True})
     # keep_failed writes the fused model: the child's output looks complete
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
@@ -295,7 +299,7 @@ def test_submit_shows_the_problem_and_writes_the_report(
     def client_factory(*args, base_url: str = "", **kwargs) -> httpx.Client:
         return api  # the app in this process, whatever the server URL says
 
-    monkeypatch.setattr("app.cli._client.httpx.Client", client_factory)
+    monkeypatch.setattr("autofusion.app.cli._client.httpx.Client", client_factory)
     model = tmp_path / "unloadable.onnx"
     onnx.save_model(onnx.load_from_string(_unloadable_model()), model)
     report = tmp_path / "report.json"

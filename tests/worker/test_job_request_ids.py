@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.core.logs import bind, current_request_id
+from autofusion.app.core.logs import bind, current_request_id
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.sandbox import TEST_CRASH_ENV
 from tests.log_capture import json_log_lines
 from tests.log_capture import records as parsed
 from tests.worker.worker_testing import WorkerEnv
-from worker.execute import Outcome, execute_job
-from worker.sandbox import TEST_CRASH_ENV
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_the_worker_and_the_sandbox_log_under_the_jobs_request_id(
     assert current_request_id() is None  # nor does the job's outlive the attempt
 
     records = parsed(worker_lines)
-    worker = [r for r in records if r["logger"] == "worker.execute"]
+    worker = [r for r in records if r["logger"] == "autofusion.worker.execute"]
     assert len(worker) >= 3  # the attempt, the child's output, the crash
     assert all(r["request_id"] == "req-from-ci-7" and r["job_id"] == job_id for r in worker)
     tail = next(r for r in worker if "sandbox output" in r["message"])["message"]

@@ -9,14 +9,14 @@ from datetime import timedelta
 
 import pytest
 
-from app.core.models import utcnow
-from app.services.jobs import claim_job, reap_jobs
+from autofusion.app.core.models import utcnow
+from autofusion.app.services.jobs import claim_job, reap_jobs
+from autofusion.worker.celery_app import make_celery
+from autofusion.worker.embedded import EmbeddedWorker
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.sandbox import TEST_CRASH_ENV
+from autofusion.worker.tasks import enqueue_job
 from tests.worker.worker_testing import WorkerEnv
-from worker.celery_app import make_celery
-from worker.embedded import EmbeddedWorker
-from worker.execute import Outcome, execute_job
-from worker.sandbox import TEST_CRASH_ENV
-from worker.tasks import enqueue_job
 
 
 def test_the_same_signal_twice_fails_the_job_after_the_second_attempt(

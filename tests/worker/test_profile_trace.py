@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from autofusion.worker.execute import Outcome, execute_job
 from tests.worker.worker_testing import WorkerEnv
-from worker.execute import Outcome, execute_job
 
 
 def test_a_profiled_job_stores_the_fused_models_trace(env: WorkerEnv) -> None:

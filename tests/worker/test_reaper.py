@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from app.core.models import Job, utcnow
-from app.services.jobs import claim_job
+from autofusion.app.core.models import Job, utcnow
+from autofusion.app.services.jobs import claim_job
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.reaper import Reaper
+from autofusion.worker.sandbox import TEST_CRASH_ENV
 from tests.worker.worker_testing import WorkerEnv
-from worker.execute import Outcome, execute_job
-from worker.reaper import Reaper
-from worker.sandbox import TEST_CRASH_ENV
 
 
 def _expire(env: WorkerEnv, job_id: str) -> None:

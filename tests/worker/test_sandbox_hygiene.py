@@ -16,10 +16,10 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from autofusion.worker.execute import Outcome, execute_job
+from autofusion.worker.sandbox import INPUT_DIR, JOB_FILE, OUTPUT_DIR, PATTERNS_FILE, TEST_CRASH_ENV
+from autofusion.worker.supervise import run_child
 from tests.worker.worker_testing import WorkerEnv
-from worker.execute import Outcome, execute_job
-from worker.sandbox import INPUT_DIR, JOB_FILE, OUTPUT_DIR, PATTERNS_FILE, TEST_CRASH_ENV
-from worker.supervise import run_child
 
 SECRETS = {
     "DATABASE_URL": "postgresql://autofusion:hunter2@db/autofusion",
@@ -55,7 +55,7 @@ def sandbox_pids(folder: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if b"worker.sandbox" in argv and str(folder).encode() in argv:
+        if b"autofusion.worker.sandbox" in argv and str(folder).encode() in argv:
             pids.append(int(entry.name))
     return pids
 

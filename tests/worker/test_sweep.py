@@ -15,10 +15,10 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.core.config import Settings
-from app.main import create_app
-from app.services.artifacts import LocalStore
-from app.services.scratch import (
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
+from autofusion.app.services.artifacts import LocalStore
+from autofusion.app.services.scratch import (
     OWNER_FILE,
     ScratchSweeper,
     held,
@@ -26,9 +26,9 @@ from app.services.scratch import (
     sweep_api_scratch,
     write_owner,
 )
-from app.services.uploads import IncomingBody, UploadSlots, receive_upload, remove_folder
+from autofusion.app.services.uploads import IncomingBody, UploadSlots, receive_upload, remove_folder
+from autofusion.worker.reaper import Reaper
 from tests.worker.worker_testing import WorkerEnv
-from worker.reaper import Reaper
 
 HOUR = 3600.0
 

@@ -20,14 +20,14 @@ import onnxruntime as ort
 import pytest
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings
-from app.core.db import session_scope
-from app.core.models import Job
-from app.migrate import upgrade
-from app.services.artifacts import LocalStore
-from app.services.auth import SCOPES, Principal, ensure_tenant
-from app.services.jobs import create_job
-from app.services.registry import sync_builtins
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Job
+from autofusion.app.migrate import upgrade
+from autofusion.app.services.artifacts import LocalStore
+from autofusion.app.services.auth import SCOPES, Principal, ensure_tenant
+from autofusion.app.services.jobs import create_job
+from autofusion.app.services.registry import sync_builtins
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"

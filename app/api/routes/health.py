@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SettingsDep
-from app.api.problems import ProblemError, problem_responses
-from app.schemas.health import HealthPublic, ReadinessPublic
-from app.services.health import readiness
+from autofusion.app.api.deps import SettingsDep
+from autofusion.app.api.problems import ProblemError, problem_responses
+from autofusion.app.schemas.health import HealthPublic, ReadinessPublic
+from autofusion.app.services.health import readiness
 
 __all__ = ["router"]
 

@@ -15,22 +15,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
-from app.api.downloads import download_response, etag_matches
-from app.api.openapi_bodies import binary_part, inline_refs, multipart_body
-from app.api.problems import problem_responses
-from app.api.uploads import incoming
-from app.core.config import Settings
-from app.core.db import autocommit_read, retry_stale, session_factory
-from app.core.errors import ProblemError
-from app.core.models import Job, JobStatus
-from app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
-from app.services import job_files
-from app.services.artifacts import ArtifactStore
-from app.services.auth import Principal
-from app.services.events import job_events
-from app.services.idempotency import key_in_use, release_key, reserve_key
-from app.services.job_pages import (
+from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
+from autofusion.app.api.downloads import download_response, etag_matches
+from autofusion.app.api.openapi_bodies import binary_part, inline_refs, multipart_body
+from autofusion.app.api.problems import problem_responses
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.config import Settings
+from autofusion.app.core.db import autocommit_read, retry_stale, session_factory
+from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
+from autofusion.app.services import job_files
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.auth import Principal
+from autofusion.app.services.events import job_events
+from autofusion.app.services.idempotency import key_in_use, release_key, reserve_key
+from autofusion.app.services.job_pages import (
     PAGE_SIZE_DEFAULT,
     PAGE_SIZE_MAX,
     decode_page_token,
@@ -38,8 +38,8 @@ from app.services.job_pages import (
     list_jobs,
     page_size_of,
 )
-from app.services.jobs import cancel_job, get_job
-from app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
+from autofusion.app.services.jobs import cancel_job, get_job
+from autofusion.app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
 
 __all__ = ["router"]
 

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.api.deps import SessionDep, require_scope
-from app.api.problems import problem_responses
-from app.services.auth import Principal
+from autofusion.app.api.deps import SessionDep, require_scope
+from autofusion.app.api.problems import problem_responses
+from autofusion.app.services.auth import Principal
 
 __all__ = ["router"]
 

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
-from app.api.openapi_bodies import binary_part, multipart_body
-from app.api.problems import problem_responses
-from app.api.uploads import incoming
-from app.core.models import PatternRecord
-from app.schemas.registry import (
+from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
+from autofusion.app.api.openapi_bodies import binary_part, multipart_body
+from autofusion.app.api.problems import problem_responses
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.models import PatternRecord
+from autofusion.app.schemas.registry import (
     PatternCreate,
     PatternPublic,
     PatternsPublic,
@@ -20,9 +20,9 @@ from app.schemas.registry import (
     PatternVersionPublic,
     PatternVersionsPublic,
 )
-from app.services import registry
-from app.services.auth import Principal
-from app.services.pattern_trial import read_pattern, trial_upload
+from autofusion.app.services import registry
+from autofusion.app.services.auth import Principal
+from autofusion.app.services.pattern_trial import read_pattern, trial_upload
 
 router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
 

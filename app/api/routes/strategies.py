@@ -6,17 +6,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Response
 
-from app.api.deps import PrincipalDep, SessionDep, require_scope
-from app.api.problems import problem_responses
-from app.core.models import Strategy
-from app.schemas.registry import (
+from autofusion.app.api.deps import PrincipalDep, SessionDep, require_scope
+from autofusion.app.api.problems import problem_responses
+from autofusion.app.core.models import Strategy
+from autofusion.app.schemas.registry import (
     StrategiesPublic,
     StrategyCreate,
     StrategyPublic,
     StrategyVersionsPublic,
 )
-from app.services import strategies
-from app.services.auth import Principal
+from autofusion.app.services import strategies
+from autofusion.app.services.auth import Principal
 
 router = APIRouter(prefix="/v1/strategies", tags=["strategies"])
 

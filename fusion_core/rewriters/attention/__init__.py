@@ -58,6 +58,6 @@ NaN guard in ``_attention_mask.py`` (``group_query_attention`` shares both).
 
 from __future__ import annotations
 
-from fusion_core.rewriters.attention._rewriter import FuseAttention
+from autofusion.fusion_core.rewriters.attention._rewriter import FuseAttention
 
 __all__ = ["FuseAttention"]

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import Match
-from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
-from fusion_core.rewriters._attention_shapes import (
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from autofusion.fusion_core.rewriters._attention_shapes import (
     heads_of,
     layout_failure,
     matched_scale,
     merges_heads,
 )
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention"]
 

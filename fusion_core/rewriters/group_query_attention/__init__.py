@@ -75,6 +75,6 @@ term's in ``_padding``, the bias and lengths built in ``_bias``.
 
 from __future__ import annotations
 
-from fusion_core.rewriters.group_query_attention._rewriter import GroupQueryAttention
+from autofusion.fusion_core.rewriters.group_query_attention._rewriter import GroupQueryAttention
 
 __all__ = ["GroupQueryAttention"]

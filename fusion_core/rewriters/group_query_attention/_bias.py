@@ -16,13 +16,13 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.rewriters._base import RewriteContext
-from fusion_core.rewriters._shape_values import known_dims
-from fusion_core.rewriters._shared import mark_shared, shared_value
-from fusion_core.rewriters.group_query_attention._causal import query_free_terms
-from fusion_core.rewriters.group_query_attention._inputs import KVSide
-from fusion_core.rewriters.group_query_attention._padding import padding_rows
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.rewriters._base import RewriteContext
+from autofusion.fusion_core.rewriters._shape_values import known_dims
+from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
+from autofusion.fusion_core.rewriters.group_query_attention._causal import query_free_terms
+from autofusion.fusion_core.rewriters.group_query_attention._inputs import KVSide
+from autofusion.fusion_core.rewriters.group_query_attention._padding import padding_rows
 
 __all__ = ["MaskBias", "any_key_rows", "lengths_of", "shared_bias"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from fusion_core.patterns import attribute_value
-from fusion_core.rewriters._shape_values import known_dims
-from fusion_core.rewriters.group_query_attention._causal import dim_of, index_axis
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.rewriters._shape_values import known_dims
+from autofusion.fusion_core.rewriters.group_query_attention._causal import dim_of, index_axis
 
 __all__ = ["padding_rows"]
 

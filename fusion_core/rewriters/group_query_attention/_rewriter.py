@@ -8,25 +8,38 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from fusion_core.ir import constant_array
-from fusion_core.patterns import Match
-from fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
-from fusion_core.rewriters._attention_shapes import layout_failure, matched_scale, merges_heads
-from fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter, opset_refusal
-from fusion_core.rewriters._shape_values import known_dims
-from fusion_core.rewriters.group_query_attention._bias import (
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from autofusion.fusion_core.rewriters._attention_shapes import (
+    layout_failure,
+    matched_scale,
+    merges_heads,
+)
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters._shape_values import known_dims
+from autofusion.fusion_core.rewriters.group_query_attention._bias import (
     any_key_rows,
     lengths_of,
     shared_bias,
 )
-from fusion_core.rewriters.group_query_attention._causal import allowed_of, causal_failure
-from fusion_core.rewriters.group_query_attention._inputs import (
+from autofusion.fusion_core.rewriters.group_query_attention._causal import (
+    allowed_of,
+    causal_failure,
+)
+from autofusion.fusion_core.rewriters.group_query_attention._inputs import (
     KVSide,
     kv_side,
     repeats_heads,
     split_source,
 )
-from fusion_core.targets import MS_DOMAIN
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["GroupQueryAttention"]
 

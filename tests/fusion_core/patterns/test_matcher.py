@@ -16,7 +16,7 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from fusion_core.patterns import Matcher, MatchResult, PatternSpec
+from autofusion.fusion_core.patterns import Matcher, MatchResult, PatternSpec
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-import fusion_core
-from fusion_core import PatternError, compile_pattern
-from fusion_core.catalog import load_pattern_file, parse_pattern_text
-from fusion_core.patterns import PatternSpec
-from fusion_core.rewriters import Rewriter, RewriterRegistry, builtin_rewriters
+from autofusion import fusion_core
+from autofusion.fusion_core import PatternError, compile_pattern
+from autofusion.fusion_core.catalog import load_pattern_file, parse_pattern_text
+from autofusion.fusion_core.patterns import PatternSpec
+from autofusion.fusion_core.rewriters import Rewriter, RewriterRegistry, builtin_rewriters
 
 CONV_BN: dict[str, Any] = {
     "name": "test.conv_bn",

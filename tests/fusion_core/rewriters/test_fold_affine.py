@@ -8,7 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import assert_fusion, assert_no_fusion, build_model, optimize_quiet
+from autofusion.fusion_core.testing import (
+    assert_fusion,
+    assert_no_fusion,
+    build_model,
+    optimize_quiet,
+)
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 PATTERN = {"Add": "conv_add", "Sub": "conv_add", "Mul": "conv_mul", "Div": "conv_mul"}

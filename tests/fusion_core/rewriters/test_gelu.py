@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core import PatternError, compile_pattern
-from fusion_core.testing import (
+from autofusion.fusion_core import PatternError, compile_pattern
+from autofusion.fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     build_model,

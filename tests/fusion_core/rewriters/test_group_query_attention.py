@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import build_model, misses, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.testing import (
+    build_model,
+    misses,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8

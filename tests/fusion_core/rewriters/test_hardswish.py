@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import (
+from autofusion.fusion_core.testing import (
     assert_fusion,
     assert_no_fusion,
     bn_params,

@@ -6,7 +6,12 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import assert_fusion, assert_no_fusion, build_model, optimize_quiet
+from autofusion.fusion_core.testing import (
+    assert_fusion,
+    assert_no_fusion,
+    build_model,
+    optimize_quiet,
+)
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>'
 

@@ -13,10 +13,10 @@ import inspect
 import pkgutil
 from types import ModuleType
 
-import fusion_core.rewriters as rewriters_package
-from fusion_core.rewriters import Rewriter, builtin_rewriters
+import autofusion.fusion_core.rewriters as rewriters_package
+from autofusion.fusion_core.rewriters import Rewriter, builtin_rewriters
 
-PREFIX = "fusion_core.rewriters."
+PREFIX = "autofusion.fusion_core.rewriters."
 
 
 def _modules() -> list[ModuleType]:

@@ -16,8 +16,14 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core import CheckOptions, OptimizeConfig, optimize
-from fusion_core.testing import build_model, misses, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize
+from autofusion.fusion_core.testing import (
+    build_model,
+    misses,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 TRANSFORMERS = Path(__file__).resolve().parents[2] / "data" / "transformers"

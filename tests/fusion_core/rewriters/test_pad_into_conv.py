@@ -6,7 +6,12 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import assert_fusion, assert_no_fusion, build_model, optimize_quiet
+from autofusion.fusion_core.testing import (
+    assert_fusion,
+    assert_no_fusion,
+    build_model,
+    optimize_quiet,
+)
 
 HEADERS = {
     10: '<ir_version: 5, opset_import: ["" : 10]>',

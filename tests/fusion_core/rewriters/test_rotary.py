@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 ROTARY = "com.microsoft::RotaryEmbedding"

@@ -18,7 +18,13 @@ import numpy as np
 import onnx
 import pytest
 
-from fusion_core.testing import build_model, misses, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.testing import (
+    build_model,
+    misses,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 from tests.fusion_core.rewriters.test_layernorm import assert_valid_but_for, attributes, header
 
 TOL = dict(rtol=1e-5, atol=1e-5)
