@@ -5,8 +5,9 @@ Both kinds of child use it: the worker's job sandbox (``worker/supervise.py`` st
 ``python -m autofusion.worker.sandbox``) and the API's model child
 (``app/services/model_sandbox.py`` starts ``python -m autofusion.app.services.model_child``).
 A child handles a hostile model, so it gets an allow-list, not the parent's environment
-minus a few names: whatever secret a deployment adds later (``DATABASE_URL``, ``REDIS_URL``, ``PGPASSWORD``, ``AWS_*``, any
-``AUTOFUSION_*`` setting) stays out without anyone having to remember it.
+minus a few names: whatever secret a deployment adds later (``DATABASE_URL``,
+``REDIS_URL``, ``PGPASSWORD``, ``AWS_*``, any ``AUTOFUSION_*`` setting) stays out
+without anyone having to remember it.
 
 Standard library only: the worker imports this before it starts a child, and each
 child imports it before its memory limit is in place.
