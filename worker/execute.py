@@ -249,9 +249,8 @@ class _Attempt:
                 problem="time-limit",
             )
         output = self.folder / sandbox.OUTPUT_DIR
-        error_file = output / sandbox.ERROR_FILE
-        if error_file.exists():
-            error = json.loads(error_file.read_text(encoding="utf-8"))
+        error = child.error  # output/error.json
+        if error is not None:
             if error.get("kind") == "check" and (output / sandbox.REPORT_FILE).exists():
                 return self._check_failed(output, plan, child, str(error.get("message", "")))
             self._raise_child_error(error, child)
@@ -282,7 +281,7 @@ class _Attempt:
 
     def _exit_crash(self, child: ChildRun) -> Crash:
         code = child.returncode or 0
-        if any(hint in child.log_tail.lower() for hint in sandbox.MEMORY_HINTS):
+        if child.failure == "memory":  # its log says so: it died before writing error.json
             return self._memory_crash()
         if code < 0:
             what = f"the optimization process crashed (signal {-code}, {signal_name(-code)})"

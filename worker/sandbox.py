@@ -1,4 +1,4 @@
-"""The sandboxed child: ``python -m autofusion.worker.sandbox FOLDER`` runs one optimization.
+"""The job's sandbox: ``python -P -m autofusion.worker.sandbox FOLDER`` runs one optimization.
 
 Pure: no database, no broker, no settings. The worker prepares FOLDER::
 
@@ -8,7 +8,7 @@ Pure: no database, no broker, no settings. The worker prepares FOLDER::
     patterns.json   [pattern spec, ...]   (the registry snapshot)
     input/NAME      the model, and its external-data files beside it
 
-and the child writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
+and the sandbox writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
 ``output/report.json`` with its renderings ``report.html`` and ``report.md`` (and,
 when the config asks to profile, ``profile_trace.json``: onnxruntime's own profiler
 trace of a few runs of the fused model), or
@@ -17,15 +17,16 @@ trace of a few runs of the fused model), or
 written, the fused model only with ``keep_failed``; these four fail the job at once),
 ``memory`` (counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
 ``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
-stderr, which the worker keeps in ``sandbox.log``: the child's own log lines there are
+stderr, which the worker keeps in ``sandbox.log``: the sandbox's own log lines there are
 in the worker's format and carry the job's request id and job id.
 
-The address-space limit is set before anything big is imported, so a model (or an
-onnxruntime) that exhausts memory fails here, not in the worker. A thread exits the
-child if the worker that started it dies, so a ``kill -9`` of the worker leaves no
-orphan behind.
+This module is the optimization and its files; ``app.services.sandbox`` is the rest,
+shared with the API's sandbox: the memory limit set before anything big is imported (a
+model, or an onnxruntime, that exhausts memory fails here, not in the worker), the exit
+when the worker that started it dies (a ``kill -9`` of the worker leaves no orphan
+behind), the progress stream and the error file. ``worker.supervise`` starts it.
 
-For tests only, ``AUTOFUSION_SANDBOX_TEST_CRASH`` makes the child misbehave just before
+For tests only, ``AUTOFUSION_SANDBOX_TEST_CRASH`` makes the sandbox misbehave just before
 it optimizes: ``segv`` (a segmentation fault) or ``sleep:SECONDS``. The worker sets it
 nowhere; a job's config cannot reach it.
 """
@@ -33,19 +34,21 @@ nowhere; a job's config cannot reach it.
 from __future__ import annotations
 
 # Only the standard library before the memory limit is in place.
-import errno
 import json
 import logging
 import os
-import resource
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from autofusion.app.services.sandbox_env import exit_with_parent  # standard library only
+from autofusion.app.services.sandbox import (  # standard library only
+    Progress,
+    SandboxKind,
+    is_out_of_memory,
+    sandbox_main,
+)
 
 __all__ = [
     "ERROR_FILE",
@@ -53,6 +56,8 @@ __all__ = [
     "INPUT_DIR",
     "JOB_FILE",
     "LOG_FILE",
+    "OPTIMIZE",
+    "OUTPUT_DIR",
     "PATTERNS_FILE",
     "PROFILE_TRACE_FILE",
     "REPORT_FILE",
@@ -60,10 +65,8 @@ __all__ = [
     "REPORT_MARKDOWN_FILE",
     "REGIONS_FILE",
     "TEST_CRASH_ENV",
-    "MEMORY_HINTS",
     "USER_ERROR_KINDS",
     "describe_validation_error",
-    "main",
 ]
 
 JOB_FILE = "job.json"
@@ -81,29 +84,23 @@ ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
 USER_ERROR_KINDS = frozenset({"model", "config", "pattern", "check"})
-EXIT_ERROR = 3  # error.json written
+# optimize's phases (fusion_core.pipeline, on_phase) reported as stages of their own, so
+# the job's phases say where the time went; load and the pre-passes stay "prepasses".
+# Each is heard once a job: measured selection and progressive mode replace fuse/check.
+OPTIMIZE_STAGES = {
+    "fuse": ("fusing", 0.3),
+    "check": ("checking", 0.6),
+    "measure": ("measuring", 0.3),
+    "progressive": ("progressive", 0.3),
+}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m autofusion.worker.sandbox FOLDER\n")
-        return 2
-    folder = Path(argv[0])
-    output = folder / OUTPUT_DIR
-    output.mkdir(exist_ok=True)
-    try:
-        job = json.loads((folder / JOB_FILE).read_text(encoding="utf-8"))
-        _limit_memory(int(job["memory_limit_mb"]))
-        exit_with_parent(int(job["parent_pid"]))
-        _start_logging(job)
-        _optimize(folder, job, _progress_stream())
-    except BaseException as exc:  # every failure becomes error.json, then an exit code
-        kind = _kind_of(exc)
-        _log_failure(kind, exc)
-        _write_json(output / ERROR_FILE, {"kind": kind, "message": _message(kind, exc)})
-        return EXIT_ERROR
-    return 0
+def _on_phase(progress: Progress):
+    def heard(name: str) -> None:
+        if name in OPTIMIZE_STAGES:
+            progress(*OPTIMIZE_STAGES[name])
+
+    return heard
 
 
 def _start_logging(job: dict[str, Any]) -> None:
@@ -116,50 +113,9 @@ def _start_logging(job: dict[str, Any]) -> None:
     logging.getLogger(__name__).info("sandbox: optimizing %s", job.get("model"))
 
 
-def _log_failure(kind: str, exc: BaseException) -> None:
-    try:
-        logging.getLogger(__name__).error("sandbox: failed (%s)", kind, exc_info=exc)
-    except BaseException:  # out of memory even for that: the bare traceback
-        traceback.print_exc()
-
-
-def _limit_memory(megabytes: int) -> None:
-    limit = megabytes * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _progress_stream() -> TextIO:
-    """Keep the real stdout for progress; send fd 1 (C libraries, print) to stderr."""
-    stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    return stream
-
-
-def _emit(stream: TextIO, stage: str, progress: float) -> None:
-    stream.write(json.dumps({"stage": stage, "progress": progress}) + "\n")
-
-
-# optimize's phases (fusion_core.pipeline, on_phase) reported as stages of their own, so
-# the job's phases say where the time went; load and the pre-passes stay "prepasses".
-# Each is heard once a job: measured selection and progressive mode replace fuse/check.
-OPTIMIZE_STAGES = {
-    "fuse": ("fusing", 0.3),
-    "check": ("checking", 0.6),
-    "measure": ("measuring", 0.3),
-    "progressive": ("progressive", 0.3),
-}
-
-
-def _on_phase(stream: TextIO):
-    def heard(name: str) -> None:
-        if name in OPTIMIZE_STAGES:
-            _emit(stream, *OPTIMIZE_STAGES[name])
-
-    return heard
-
-
-def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
-    _emit(progress, "prepasses", 0.1)
+def _optimize(folder: Path, job: dict[str, Any], progress: Progress) -> None:
+    _start_logging(job)
+    progress("prepasses", 0.1)
     from autofusion.fusion_core import OptimizeConfig, RunFiles, run
     from autofusion.fusion_core.catalog import compile_all
 
@@ -183,7 +139,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: TextIO) -> None:
         patterns=patterns,
         names=(job["model"], FUSED_FILE),
         registry_version=job.get("registry_version"),
-        on_stage=lambda stage, fraction: _emit(progress, stage, fraction),
+        on_stage=progress,
         on_phase=_on_phase(progress),
     )
     if outcome.failed:  # the report stays: it says what the check saw
@@ -215,25 +171,10 @@ def _test_crash() -> None:
         time.sleep(float(mode.partition(":")[2]))
 
 
-MEMORY_HINTS = (
-    "memoryerror",
-    "cannot allocate memory",
-    "failed to map segment",
-    "bad_alloc",
-    "out of memory",
-    "memory allocation",
-    "can't start new thread",
-)
-
-
 def _kind_of(exc: BaseException) -> str:
     if isinstance(exc, CheckFailed):
         return "check"
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
-        return "memory"
-    if isinstance(exc, ImportError | RuntimeError) and any(
-        hint in str(exc).lower() for hint in MEMORY_HINTS
-    ):
+    if is_out_of_memory(exc):
         return "memory"
     try:
         from pydantic import ValidationError
@@ -273,11 +214,25 @@ def _message(kind: str, exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+def _describe(exc: BaseException) -> dict[str, str]:
+    """``output/error.json``: the kind of failure and what to tell the user."""
+    kind = _kind_of(exc)
+    return {"kind": kind, "message": _message(kind, exc)}
 
+
+OPTIMIZE = SandboxKind(
+    module="autofusion.worker.sandbox",
+    request_file=JOB_FILE,
+    error_file=f"{OUTPUT_DIR}/{ERROR_FILE}",
+    result_file=f"{OUTPUT_DIR}/{REPORT_FILE}",
+    log_file=LOG_FILE,
+    work=_optimize,
+    describe=_describe,
+    # onnxruntime resolves the external-data references of a model it is handed as
+    # bytes (fusion_core's check does that) against the working directory.
+    work_dir=INPUT_DIR,
+    keep_env=(TEST_CRASH_ENV,),
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sandbox_main(OPTIMIZE))

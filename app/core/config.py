@@ -205,7 +205,7 @@ class Settings(BaseSettings):
 
     # Model work the API hands to a child process (issue 15, item 1): upload checks of
     # models over api_inline_check_bytes, and every pattern trial
-    # (app/services/model_sandbox.py). Each child gets this wall clock (then its process
+    # (app/services/model_work.py). Each child gets this wall clock (then its process
     # group is killed), CPU time and address space; at most api_sandbox_concurrency run
     # at once per API process, a request waits api_sandbox_queue_s for a free slot and
     # then answers 503 with Retry-After. A model over a limit answers 422.

@@ -3,11 +3,11 @@
 The upload goes through the same door as a job's (``uploads.receive_upload``: streamed
 to disk under ``data_dir`` with the size limit counted as it arrives), with one rule
 more: the model must be self-contained. An upload with ``data`` parts is refused here;
-a model that refers to external data is refused by the child, which reads it without
+a model that refers to external data is refused by the sandbox, which reads it without
 external data, so this endpoint never reads a file other than the model.
 
-Everything that touches the model runs in a child process
-(``model_sandbox.run_model_child``, task ``trial`` of ``app.services.model_child``) with
+Everything that touches the model runs in a sandbox
+(``model_work.run_model_child``, task ``trial`` of ``app.services.api_sandbox``) with
 time, CPU and memory limits: the checks of ``model_checks.inspect_model`` (sizes, op
 domains), the pre-passes a job runs (constant folding, shape inference) and the match
 against the one pattern. Every match (node names) and every near miss (nodes and the
@@ -25,7 +25,7 @@ from autofusion.app.core.db import session_factory
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import PatternRecord
 from autofusion.app.services import registry
-from autofusion.app.services.model_sandbox import run_model_child
+from autofusion.app.services.model_work import run_model_child
 from autofusion.app.services.uploads import IncomingBody, receive_upload, remove_folder
 from autofusion.fusion_core.patterns import NearMiss
 
@@ -62,7 +62,7 @@ async def trial_upload(
     tenant: str | None = None,
 ) -> PatternTrial:
     """Receive the multipart upload (one ``model`` part) and try ``record`` on it in a
-    child process; ``pictures`` asks for SVGs of that many first matches. The upload
+    sandbox; ``pictures`` asks for SVGs of that many first matches. The upload
     holds one of ``tenant``'s upload slots while it streams."""
     upload = await receive_upload(body, settings, tenant=tenant)
     try:

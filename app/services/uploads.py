@@ -50,7 +50,7 @@ from autofusion.app.services import scratch
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.auth import Principal
 from autofusion.app.services.jobs import check_pattern_names, create_job
-from autofusion.app.services.model_sandbox import inspect_upload
+from autofusion.app.services.model_work import inspect_upload
 from autofusion.fusion_core.errors import describe_fields, field_errors
 
 __all__ = [

@@ -26,10 +26,10 @@ from autofusion.app.core.config import Settings
 from autofusion.app.core.db import get_engine
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.main import create_app
-from autofusion.app.services import model_sandbox
+from autofusion.app.services import model_work
 from autofusion.app.services.model_checks import inspect_model
-from autofusion.app.services.model_sandbox import child_settings, inspect_upload
-from autofusion.app.services.sandbox_env import sandbox_environment
+from autofusion.app.services.model_work import child_settings, inspect_upload
+from autofusion.app.services.sandbox import sandbox_environment
 
 PROBLEM = "application/problem+json"
 BASE = "https://autofusion.dev/problems/"
@@ -112,7 +112,7 @@ def children_of(tmp_path: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"autofusion.app.services.model_child" in argv and str(tmp_path).encode() in b" ".join(
+        if b"autofusion.app.services.api_sandbox" in argv and str(tmp_path).encode() in b" ".join(
             argv
         ):
             pids.append(int(entry.name))
@@ -230,7 +230,7 @@ def test_ten_hanging_trials_at_once_are_bounded_and_the_api_keeps_answering(clie
     prober.assert_responsive()
     assert children_of(tmp_path) == []
     # The slots are free again: the next trial is not turned away.
-    assert model_sandbox._slots.running == 0
+    assert model_work._slots.running == 0
     tiny = _model(
         helper.make_node("Relu", ["x"], ["y"]), helper.make_tensor("x", TensorProto.FLOAT, [1], [1])
     )

@@ -1,15 +1,16 @@
-"""The API's model child: ``python -P -m app.services.model_child FOLDER``.
+"""The API's sandbox: ``python -P -m autofusion.app.services.api_sandbox FOLDER``.
 
 The API process never parses a large model, folds constants, infers shapes or matches a
-pattern itself (DESIGN.md): a 222-byte ``TfIdfVectorizer`` loops forever in constant
-folding and a 191-byte ``ConstantOfShape`` allocates 2.5 GB. That work runs here, in a
-child with its own limits, started by ``app.services.model_sandbox``.
+pattern itself (docs/architecture.md): a 222-byte ``TfIdfVectorizer`` loops forever in
+constant folding and a 191-byte ``ConstantOfShape`` allocates 2.5 GB. That work runs
+here, in a sandbox (``app.services.sandbox``: its limits, its exit with its parent),
+started by ``app.services.model_work``.
 
 Why a module of ``app.services`` and not ``worker/sandbox.py``: the API must not import
 ``worker``, and what runs here is the API's own logic (the upload checks of
-``model_checks`` and the pattern trial) that the worker's sandbox knows nothing about.
-The child imports only ``app.core.config``, ``app.services.model_checks`` and
-``fusion_core``: no database, no web framework beyond what ``ProblemError`` pulls in.
+``model_checks`` and the pattern trial) that the job's sandbox knows nothing about. It
+imports only ``app.core.config``, ``app.services.model_checks`` and ``fusion_core``: no
+database, no web framework beyond what ``ProblemError`` pulls in.
 
 ``FOLDER/request.json`` says what to do::
 
@@ -18,90 +19,38 @@ The child imports only ``app.core.config``, ``app.services.model_checks`` and
      "model": "/abs/path/model.onnx", "data_names": [...],          # inspect
      "pattern": {"name", "version", "enabled", "spec"}, "pictures": N}  # trial
 
-and the child writes ``FOLDER/result.json`` (exit 0) or ``FOLDER/error.json`` (exit 3):
-``{"problem": {status, slug, title, detail, extra}}`` for a refusal the user should see
-as is, ``{"memory": true}`` when it ran out of its address space, ``{"internal": text}``
-for anything else. The address-space, CPU-time and core-file limits are set before
-anything big is imported; a thread exits the child when the API process that started it
-is gone, so it never outlives its parent.
+and the sandbox writes ``FOLDER/result.json`` (exit 0) or ``FOLDER/error.json`` (exit 3):
+``{"kind": "problem", "problem": {status, slug, title, detail, extra}}`` for a refusal
+the user should see as is, ``{"kind": "memory"}`` when it ran out of its address space,
+``{"kind": "internal", "message": text}`` for anything else.
 """
 
 from __future__ import annotations
 
 # Only the standard library before the limits are in place.
-import errno
-import json
-import os
-import resource
 import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autofusion.app.services.sandbox_env import EXIT_ORPHANED, exit_with_parent
-
-__all__ = [
-    "ERROR_FILE",
-    "EXIT_ERROR",
-    "EXIT_ORPHANED",
-    "MEMORY_HINTS",
-    "REQUEST_FILE",
-    "RESULT_FILE",
-    "main",
-]
-
-REQUEST_FILE = "request.json"
-RESULT_FILE = "result.json"
-ERROR_FILE = "error.json"
-EXIT_ERROR = 3  # error.json written
-# A child yields the CPU to the API process it serves: /healthz answers while it works.
-_NICENESS = 10
-# What C++ allocators, protobuf and onnx say when an allocation fails under RLIMIT_AS.
-MEMORY_HINTS = (
-    "bad_alloc",
-    "cannot allocate memory",
-    "out of memory",
-    "memoryerror",
-    "arena alloc failed",
+from autofusion.app.services.sandbox import (  # standard library only
+    Progress,
+    SandboxKind,
+    is_out_of_memory,
+    sandbox_main,
 )
 
+__all__ = ["MODEL_WORK"]
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m autofusion.app.services.model_child FOLDER\n")
-        return 2
-    # First thing, before it writes anything: what it writes is private (0600). Set
-    # here, not by the parent: uvloop's subprocess_exec takes no umask.
-    os.umask(0o077)
-    folder = Path(argv[0])
-    try:
-        request = json.loads((folder / REQUEST_FILE).read_text(encoding="utf-8"))
-        _limit(int(request["memory_limit_mb"]), int(request["cpu_limit_s"]))
-        exit_with_parent(int(request["parent_pid"]))
-        result = _run(request)
-    except BaseException as exc:  # every failure becomes error.json, then an exit code
-        traceback.print_exc()
-        _write_json(folder / ERROR_FILE, _describe(exc))
-        return EXIT_ERROR
-    _write_json(folder / RESULT_FILE, result)
-    return 0
+# The sandbox yields the CPU to the API process it serves: /healthz answers while it works.
+_NICENESS = 10
 
 
-def _limit(memory_mb: int, cpu_s: int) -> None:
-    limit = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # SIGXCPU at the soft limit, SIGKILL a second later should it be caught.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.nice(_NICENESS)
-
-
-def _run(request: dict[str, Any]) -> dict[str, Any]:
+def _work(_folder: Path, request: dict[str, Any], _progress: Progress) -> dict[str, Any]:
+    """The task the request names: its result (``{}`` for a model that passed its checks)."""
     from autofusion.app.core.config import Settings
 
-    # Only what the API passed: no .env file, no secrets directory in a child.
+    # Only what the API passed: no .env file, no secrets directory in a sandbox.
     settings = Settings(_env_file=None, _secrets_dir=None, **request["settings"])
     model = Path(request["model"])
     if request["task"] == "inspect":
@@ -203,13 +152,14 @@ def _external_tensor_names(model: Any) -> Iterator[str]:
 
 def _describe(exc: BaseException) -> dict[str, Any]:
     """What the parent needs to answer: a problem, out of memory, or an internal error."""
-    if _is_memory(exc):
-        return {"memory": True}
+    if is_out_of_memory(exc):
+        return {"kind": "memory"}
+    internal = {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"}
     try:
         from autofusion.app.core.errors import ProblemError
         from autofusion.fusion_core.errors import FusionError, PatternError
     except BaseException:  # the failure was in these imports: nothing more to learn
-        return {"internal": f"{type(exc).__name__}: {exc}"}
+        return internal
     if isinstance(exc, ProblemError):
         problem = [exc.status, exc.slug, exc.title, exc.detail, exc.extra]
     elif isinstance(exc, FusionError):  # as app.api.problems maps it for a request
@@ -218,34 +168,21 @@ def _describe(exc: BaseException) -> dict[str, Any]:
             extra["errors"] = [{"field": f, "message": m} for f, m in exc.errors]
         problem = [422, exc.code, type(exc).__name__, str(exc), extra]
     else:
-        return {"internal": f"{type(exc).__name__}: {exc}"}
+        return internal
     keys = ("status", "slug", "title", "detail", "extra")
-    return {"problem": dict(zip(keys, problem, strict=True))}
+    return {"kind": "problem", "problem": dict(zip(keys, problem, strict=True))}
 
 
-def _is_memory(exc: BaseException | None) -> bool:
-    """Out of address space, even where a check turned it into a refusal: protobuf's
-    ``DecodeError: Arena alloc failed`` became "not a valid ONNX file"."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, MemoryError):
-            return True
-        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
-            return True
-        # Our own errors may quote the model (a node called "out of memory"): only
-        # what a library raised counts by its text.
-        ours = type(exc).__module__.startswith(("app.", "fusion_core"))
-        if not ours and any(hint in str(exc).lower() for hint in MEMORY_HINTS):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str), encoding="utf-8")
-    os.replace(tmp, path)
-
+MODEL_WORK = SandboxKind(
+    module="autofusion.app.services.api_sandbox",
+    request_file="request.json",
+    error_file="error.json",
+    result_file="result.json",
+    log_file="sandbox.log",
+    work=_work,
+    describe=_describe,
+    niceness=_NICENESS,
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sandbox_main(MODEL_WORK))
