@@ -9,18 +9,30 @@ and what was expected, and ``describe_ref`` names the graph value behind a refer
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autofusion.fusion_core.patterns._match import Match
-
-__all__ = ["Comparison", "ValueConstraint", "describe_ref", "show_value"]
+__all__ = ["Binding", "Comparison", "ValueConstraint", "describe_ref", "show_value"]
 
 Scalar = int | float | str
 AttrValue = Scalar | list[int] | list[float] | list[str]
+
+
+class Binding(Protocol):
+    """What a constraint reads of a candidate: its nodes and the values its references
+    resolve to. ``Match`` is one; a protocol, because the spec lists constraints and a
+    match holds its spec, so the constraint kinds sit below both."""
+
+    @property
+    def nodes(self) -> Mapping[str, ir.Node]: ...
+
+    def node(self, node_id: str) -> ir.Node: ...
+
+    def value(self, ref: str) -> ir.Value | None: ...
 
 
 class Comparison(BaseModel):
@@ -117,7 +129,7 @@ class ValueConstraint(Comparison):
     def refs(self) -> list[str]:
         return [self.value]
 
-    def _resolve(self, match: Match) -> tuple[ir.Value | None, str | None]:
+    def _resolve(self, match: Binding) -> tuple[ir.Value | None, str | None]:
         value = match.value(self.value)
         if value is None:
             return None, (None if self.optional else f"{self.value} is absent")

@@ -1,9 +1,10 @@
 """Declarative constraints of a pattern: data validated by schema, checked with a reason.
 
-Each constraint kind is a pydantic model with a ``kind`` tag; ``check(match)`` returns
-None when it holds and otherwise a sentence that names the value that failed, e.g.
-``bn.in1 ('bn1.weight') is not a constant initializer``. Nothing here evaluates user
-text: comparisons are fields (``eq``, ``in``, ``ge``, ...), not expressions.
+Each constraint kind is a pydantic model with a ``kind`` tag; ``check(match)`` (any
+``Binding``, as a ``Match`` is) returns None when it holds and otherwise a sentence
+that names the value that failed, e.g. ``bn.in1 ('bn1.weight') is not a constant
+initializer``. Nothing here evaluates user text: comparisons are fields (``eq``,
+``in``, ``ge``, ...), not expressions.
 
 Here: the kinds about nodes, constants, dtypes, consumers, formulas and the opset, and
 the ``Constraint`` union of all kinds. The shape kinds are ``_shape_constraints.py``;
@@ -21,13 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from autofusion.fusion_core.ir import constant_array, consumers
 from autofusion.fusion_core.patterns._attributes import attribute_value
 from autofusion.fusion_core.patterns._constraint_base import (
+    Binding,
     Comparison,
     ValueConstraint,
     describe_ref,
     show_value,
 )
 from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
-from autofusion.fusion_core.patterns._match import Match
 from autofusion.fusion_core.patterns._refs import parse_ref
 from autofusion.fusion_core.patterns._shape_constraints import (
     BroadcastableConstraint,
@@ -53,7 +54,7 @@ class AttrConstraint(Comparison):
     def refs(self) -> list[str]:
         return [f"{self.node}.out0"]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         node = match.node(self.node)
         actual = attribute_value(node, self.name)
         if actual is None:
@@ -75,7 +76,7 @@ class ConstantConstraint(BaseModel):
     def refs(self) -> list[str]:
         return list(self.values)
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         for ref in self.values:
             value = match.value(ref)
             if value is None:
@@ -92,7 +93,7 @@ class ValuesConstraint(ValueConstraint):
 
     kind: Literal["values"]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, failure = self._resolve(match)
         if value is None:
             return failure
@@ -122,7 +123,7 @@ class DtypeConstraint(BaseModel):
     def refs(self) -> list[str]:
         return list(self.values)
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         allowed = {t.upper() for t in self.in_}
         for ref in self.values:
             value = match.value(ref)
@@ -149,7 +150,7 @@ class ConsumersConstraint(ValueConstraint):
             data = {**data, "le": data["max"]}
         return data
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, failure = self._resolve(match)
         if value is None:
             return failure
@@ -190,7 +191,7 @@ class FormulaConstraint(BaseModel):
     def refs(self) -> list[str]:
         return [self.value, *self.formula.refs]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value = match.value(self.value)
         array = constant_array(value)
         if array is None:
@@ -232,7 +233,7 @@ class OpsetConstraint(Comparison):
     def refs(self) -> list[str]:
         return []
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         graph = next(iter(match.nodes.values())).graph
         imports = graph.opset_imports if graph is not None else {}
         version = imports.get(self.domain)

@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autofusion.fusion_core.patterns._constraint_base import ValueConstraint, describe_ref
-from autofusion.fusion_core.patterns._match import Match
+from autofusion.fusion_core.patterns._constraint_base import Binding, ValueConstraint, describe_ref
 
 __all__ = [
     "BroadcastableConstraint",
@@ -28,7 +27,7 @@ class RankConstraint(ValueConstraint):
 
     kind: Literal["rank"]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, failure = self._resolve(match)
         if value is None:
             return failure
@@ -44,7 +43,7 @@ class ShapeConstraint(ValueConstraint):
     kind: Literal["shape"]
     dim: int
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, failure = self._resolve(match)
         if value is None:
             return failure
@@ -69,7 +68,7 @@ class StaticShapeConstraint(BaseModel):
     def refs(self) -> list[str]:
         return list(self.values)
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         for ref in self.values:
             value = match.value(ref)
             if value is not None and (value.shape is None or not value.shape.is_static()):
@@ -87,7 +86,7 @@ class SameShapeConstraint(BaseModel):
     def refs(self) -> list[str]:
         return list(self.values)
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         first = match.value(self.values[0])
         for ref in self.values[1:]:
             other = match.value(ref)
@@ -112,7 +111,7 @@ class BroadcastableConstraint(BaseModel):
     def refs(self) -> list[str]:
         return [self.value, self.to]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, target = match.value(self.value), match.value(self.to)
         if value is None or target is None or value.shape is None or target.shape is None:
             return f"the shapes of {self.value} and {self.to} are not both known"
@@ -140,7 +139,7 @@ class ChannelwiseConstraint(BaseModel):
     def refs(self) -> list[str]:
         return [self.value, self.like]
 
-    def check(self, match: Match) -> str | None:
+    def check(self, match: Binding) -> str | None:
         value, like = match.value(self.value), match.value(self.like)
         if value is None or like is None or value.shape is None or like.shape is None:
             return f"the shapes of {self.value} and {self.like} are not both known"
