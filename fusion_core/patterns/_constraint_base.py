@@ -16,7 +16,14 @@ import numpy as np
 import onnx_ir as ir
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Binding", "Comparison", "ValueConstraint", "describe_ref", "show_value"]
+__all__ = [
+    "Binding",
+    "Comparison",
+    "ValueConstraint",
+    "describe_ref",
+    "known_dim",
+    "show_value",
+]
 
 Scalar = int | float | str
 AttrValue = Scalar | list[int] | list[float] | list[str]
@@ -118,6 +125,18 @@ def show_value(value: Any) -> str:
 def describe_ref(ref: str, value: ir.Value | None) -> str:
     """``bn.in1 ('bn1.weight')``: the reference and, where it has one, the value's name."""
     return f"{ref} ({value.name!r})" if value is not None and value.name else ref
+
+
+def known_dim(ref: str, value: ir.Value | None, axis: int) -> int | str:
+    """Dimension ``axis`` of ``value`` when it is a number, else a sentence saying why not."""
+    shape = value.shape if value is not None else None
+    label = f"dimension {axis} of {describe_ref(ref, value)}"
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return f"{label} is unknown"
+    size = shape[axis]
+    if not isinstance(size, int):
+        return f"{label} is symbolic ({size})"
+    return size
 
 
 class ValueConstraint(Comparison):

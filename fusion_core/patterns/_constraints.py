@@ -26,6 +26,7 @@ from autofusion.fusion_core.patterns._constraint_base import (
     Comparison,
     ValueConstraint,
     describe_ref,
+    known_dim,
     show_value,
 )
 from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
@@ -196,18 +197,7 @@ class FormulaConstraint(BaseModel):
         array = constant_array(value)
         if array is None:
             return f"{describe_ref(self.value, value)} is not a constant initializer"
-
-        def dim(ref: str, axis: int) -> int | str:
-            target = match.value(ref)
-            shape = target.shape if target is not None else None
-            if shape is None or not -len(shape) <= axis < len(shape):
-                return f"dimension {axis} of {describe_ref(ref, target)} is unknown"
-            size = shape[axis]
-            if not isinstance(size, int):
-                return f"dimension {axis} of {describe_ref(ref, target)} is symbolic ({size})"
-            return size
-
-        expected = self.formula.evaluate(dim)
+        expected = self.formula.evaluate(lambda ref, axis: known_dim(ref, match.value(ref), axis))
         if isinstance(expected, str):
             return expected
         if not np.allclose(array, expected, rtol=self.rtol, atol=self.atol):

@@ -10,7 +10,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autofusion.fusion_core.patterns._constraint_base import Binding, ValueConstraint, describe_ref
+from autofusion.fusion_core.patterns._constraint_base import (
+    Binding,
+    ValueConstraint,
+    describe_ref,
+    known_dim,
+)
 
 __all__ = [
     "BroadcastableConstraint",
@@ -47,14 +52,11 @@ class ShapeConstraint(ValueConstraint):
         value, failure = self._resolve(match)
         if value is None:
             return failure
-        shape = value.shape
-        label = f"dimension {self.dim} of {describe_ref(self.value, value)}"
-        if shape is None or not -len(shape) <= self.dim < len(shape):
-            return f"{label} is unknown"
-        dim = shape[self.dim]
-        if not isinstance(dim, int):
-            return f"{label} is symbolic ({dim})"
+        dim = known_dim(self.value, value, self.dim)
+        if isinstance(dim, str):
+            return dim
         failure = self.compare(dim)
+        label = f"dimension {self.dim} of {describe_ref(self.value, value)}"
         return f"{label} {failure}" if failure else None
 
 
