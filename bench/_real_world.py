@@ -28,6 +28,7 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "corpus"))
 import meta  # noqa: E402  (bench/corpus is not a package)
+from _sessions import LEVELS, feeds_for, session, short  # noqa: E402
 
 from autofusion.fusion_core.validate import candidate_dims, input_dims, random_inputs  # noqa: E402
 from autofusion.fusion_core.validate._dims import CANDIDATES  # noqa: E402  (the check's own count)
@@ -92,8 +93,6 @@ def parameters(model: onnx.ModelProto) -> int:
 
 def runnable_sample(src: Path, model: onnx.ModelProto, given: dict) -> tuple[dict, dict]:
     """The first candidate sample the original runs on at both levels, and its dims."""
-    import bench_tools  # it imports us
-
     free = input_dims(model)
     errors, tried = [], []
     for k in range(CANDIDATES):
@@ -103,11 +102,11 @@ def runnable_sample(src: Path, model: onnx.ModelProto, given: dict) -> tuple[dic
         tried.append(dims)
         sample = random_inputs(model, seed=0, dims=dims)
         try:
-            for level in bench_tools.LEVELS:
-                sess = bench_tools.session(src, level, 1)
-                sess.run(None, bench_tools.feeds_for(sess, sample))
+            for level in LEVELS:
+                sess = session(src, level, 1)
+                sess.run(None, feeds_for(sess, sample))
         except Exception as err:  # onnxruntime raises its own types; try the next sizes
-            errors.append(f"{dims}: {bench_tools.short(err)}")
+            errors.append(f"{dims}: {short(err)}")
             continue
         return sample, dims
     raise RuntimeError("the original runs on none of the generated samples: " + "; ".join(errors))

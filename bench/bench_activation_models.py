@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _cnn_models
 import make_resnet_models as mrm
 from _interleaved import interleaved_ms, paired_summary
-from bench_tools import session  # one way to open a timed session, spinning off
+from _sessions import session  # one way to open a timed session, spinning off
 
 from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, save_model
 

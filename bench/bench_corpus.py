@@ -37,7 +37,8 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "corpus"))
-import bench_tools  # noqa: E402  (bench/ is not a package)
+import _sessions  # noqa: E402  (bench/ is not a package)
+import bench_tools  # noqa: E402
 import meta  # noqa: E402
 
 from autofusion.fusion_core.validate import random_inputs  # noqa: E402
@@ -120,7 +121,7 @@ def bench_model(src: Path, info: meta.ModelMeta, args: argparse.Namespace) -> di
                         src, Path(record["output"]), record.get("dims", {}), args
                     )
                 except Exception as err:  # recorded; the other models are still measured
-                    record["latency"] = {"error": bench_tools.short(err)}
+                    record["latency"] = {"error": _sessions.short(err)}
             record.pop("output", None)
             results[target] = record
     return {

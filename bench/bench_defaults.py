@@ -58,6 +58,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sessions
 import bench_tools
 
 from autofusion.fusion_core import CheckOptions, OptimizeConfig, builtin_patterns, optimize
@@ -240,8 +241,8 @@ def time_pair(
     for _ in range(args.sessions):
         runs = []
         for path in (a, b):
-            sess = bench_tools.session(path, level, threads)
-            runs.append((sess, bench_tools.feeds_for(sess, feeds)))
+            sess = _sessions.session(path, level, threads)
+            runs.append((sess, _sessions.feeds_for(sess, feeds)))
 
         def run_ms(k: int, runs=runs) -> float:
             sess, inputs = runs[k]

@@ -26,6 +26,7 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sessions
 import _tools
 import bench_tools
 
@@ -73,7 +74,7 @@ def model_row(name: str, entry: dict, corpus: Path, args: argparse.Namespace) ->
             try:
                 found[tool] = {"ops": deployed_ops(dst, args.level, scratch)}
             except Exception as err:  # an output onnxruntime cannot load
-                found[tool] = {"error": bench_tools.short(err)}
+                found[tool] = {"error": _sessions.short(err)}
     same: dict[str, list[str]] = collections.defaultdict(list)
     for label, record in found.items():
         if "ops" in record:

@@ -57,19 +57,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _real_world
 import _tools
 import _tools_report
+from _sessions import LEVELS, feeds_for, session, short
 
-from autofusion.fusion_core.profiling import session_options
 from autofusion.fusion_core.profiling.stats import paired_ratio
 
 logger = logging.getLogger("bench_tools")
 
-LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_ALL")
 DEFAULT_CORPUS = Path.home() / ".cache" / "autofusion-bench" / "corpus"
 CORPUS_NAMES = (
     "resnet50",
@@ -101,21 +99,6 @@ def graph_summary(path: Path, original_ops: collections.Counter | None = None) -
     if original_ops is not None:
         out["fused_ops"] = {k: v for k, v in sorted(ops.items()) if k not in original_ops}
     return out
-
-
-def session(path: Path, level: str, threads: int) -> ort.InferenceSession:
-    """A session with the options the reports' own measurements use."""
-    options = session_options(level, threads)
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def feeds_for(sess: ort.InferenceSession, feeds: dict) -> dict:
-    return {i.name: feeds[i.name] for i in sess.get_inputs()}
-
-
-def short(err: Exception) -> str:
-    first = (str(err).strip().splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first[:300]}"
 
 
 def run_tool(tool: str, src: Path, dst: Path, entry: dict, args: argparse.Namespace) -> dict:

@@ -1,6 +1,8 @@
 """The HTTP client of the CLI's client commands (``submit``, ``jobs``, ``registry``):
 requests with errors mapped to the exit codes of ``app.cli._exit``, transient failures
-retried, downloads written whole or not at all, and a job followed to its end."""
+retried, a model uploaded (``Upload``: model, data files, config) so that a retry
+resends it whole, downloads written whole or not at all, and a job followed to its
+end."""
 
 from __future__ import annotations
 
@@ -10,21 +12,20 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from autofusion.app.cli._exit import EXIT_SERVER, EXIT_TIMEOUT, EXIT_USAGE, for_http_status
 
-if TYPE_CHECKING:
-    from autofusion.app.cli.submit import Upload
-
 __all__ = [
     "FINAL",
     "Client",
     "ClientError",
+    "Upload",
     "add_server_options",
     "check_server",
     "client_from_args",
@@ -37,6 +38,21 @@ __all__ = [
 FINAL = ("succeeded", "failed", "cancelled")
 _TRANSIENT_STATUS = (502, 503, 504)
 _CHUNK = 1 << 20
+
+
+@dataclass
+class Upload:
+    """What ``POST /v1/optimize`` sends: the model, its external-data files, the config."""
+
+    model: Path
+    data: list[Path] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def data_name(path: Path) -> str:
+        """The name a data file has on the server: its plain file name, as the model's
+        external-data locations name it."""
+        return path.name
 
 
 class ClientError(Exception):

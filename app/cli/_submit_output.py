@@ -24,7 +24,6 @@ from autofusion.app.schemas.jobs import JobSummary
 from autofusion.fusion_core.report import ReportSummary, Speed, read_report
 
 __all__ = [
-    "FINAL",
     "Gate",
     "Progress",
     "emit",

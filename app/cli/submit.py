@@ -24,6 +24,7 @@ from autofusion.app.cli import _submit_output as output
 from autofusion.app.cli._client import (
     Client,
     ClientError,
+    Upload,
     add_server_options,
     check_server,
     follow,
@@ -72,19 +73,6 @@ With GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file; with
 --github-output FILE (default: GITHUB_OUTPUT, as GitHub Actions sets it) the step's
 outputs are appended there: job-id, status, exit-code, speedup, max-abs-diff, job-url.
 """
-
-
-@dataclass
-class Upload:
-    model: Path
-    data: list[Path] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
-
-    @staticmethod
-    def data_name(path: Path) -> str:
-        """The name a data file has on the server: its plain file name, as the model's
-        external-data locations name it."""
-        return path.name
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

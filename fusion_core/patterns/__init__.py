@@ -1,6 +1,7 @@
 """Patterns as data: the spec, its declarative constraints, and the matcher."""
 
-from autofusion.fusion_core.patterns._constraints import Constraint, attribute_value
+from autofusion.fusion_core.patterns._attributes import attribute_value
+from autofusion.fusion_core.patterns._constraints import Constraint
 from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
 from autofusion.fusion_core.patterns._match import NEAR_MISS_KINDS, Match, NearMiss
 from autofusion.fusion_core.patterns._matcher import (

@@ -2,8 +2,8 @@
 
 A pattern with ``explain: {node: softmax, when: attention_softmax}`` asks the matcher
 to explain every graph node that could play ``softmax``, passes the probe ``when`` (a
-predicate registered by name below, code for what a pattern cannot say) and is in no
-candidate and no near miss: the binding is grown from that node alone, step by step in
+predicate registered by name in ``_probes.py``, code for what a pattern cannot say)
+and is in no candidate and no near miss: the binding is grown from that node alone, step by step in
 the matcher's order, and the deepest partial binding names the step that found no node
 (which pattern node, which op, reached how, and what the graph has there instead).
 Patterns that share a probe compete per graph node; the one that got furthest is the
@@ -12,45 +12,18 @@ closest, and its name is the near miss's pattern.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array, consumers
+from autofusion.fusion_core.ir import consumers
 from autofusion.fusion_core.patterns._match import Match, NearMiss
+from autofusion.fusion_core.patterns._probes import PROBES
 
-__all__ = ["PROBES", "explain_unmatched"]
+__all__ = ["explain_unmatched"]
 
 _MAX_STATES = 20_000  # partial bindings tried per graph node and pattern
-
-
-def _activation(value: ir.Value | None) -> bool:
-    return value is not None and constant_array(value) is None
-
-
-def attention_softmax(node: ir.Node) -> bool:
-    """A Softmax of scores: its input comes from a MatMul of two activations, possibly
-    through a few elementwise steps (scale, mask, Where, Cast) and reshapes (DeBERTa
-    reshapes its scores between the relative-position Add and the mask's Where)."""
-    todo, seen = [(node.inputs[0] if node.inputs else None, 0)], set()
-    while todo:
-        value, depth = todo.pop()
-        producer = value.producer() if value is not None else None
-        if producer is None or id(producer) in seen or depth > 6:
-            continue
-        seen.add(id(producer))
-        if producer.op_type == "MatMul":
-            if all(_activation(v) for v in producer.inputs[:2]):
-                return True
-        elif producer.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast"):
-            todo += [(v, depth + 1) for v in producer.inputs if _activation(v)]
-        elif producer.op_type in ("Reshape", "Squeeze", "Unsqueeze") and producer.inputs:
-            todo.append((producer.inputs[0], depth + 1))
-    return False
-
-
-PROBES: dict[str, Callable[[ir.Node], bool]] = {"attention_softmax": attention_softmax}
 
 
 @dataclass

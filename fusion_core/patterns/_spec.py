@@ -27,6 +27,7 @@ import onnx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autofusion.fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
+from autofusion.fusion_core.patterns._probes import PROBES
 from autofusion.fusion_core.patterns._refs import parse_edge, parse_ref
 from autofusion.fusion_core.targets import TARGET_NAMES, TargetName
 
@@ -119,7 +120,7 @@ class CostHints(BaseModel):
 
 class ExplainSpec(BaseModel):
     """Explain graph nodes no binding reached: every node that could play ``node`` and
-    passes the probe ``when`` (registered by name, fusion_core/patterns/_explain.py)
+    passes the probe ``when`` (registered by name, fusion_core/patterns/_probes.py)
     but is in no candidate gets a near miss naming the first step that failed."""
 
     model_config = ConfigDict(extra="forbid")
@@ -129,8 +130,6 @@ class ExplainSpec(BaseModel):
     @field_validator("when")
     @classmethod
     def _known_probe(cls, when: str) -> str:
-        from autofusion.fusion_core.patterns._explain import PROBES
-
         if when not in PROBES:
             raise ValueError(f"unknown probe {when!r}; known: {sorted(PROBES)}")
         return when

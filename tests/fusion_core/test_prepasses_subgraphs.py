@@ -186,11 +186,11 @@ def _spatial_dims(proto: onnx.ModelProto) -> list:
 def test_onnxruntime_symbolic_inference_only_where_it_is_safe_and_fast(
     monkeypatch, model, expected
 ):
-    import autofusion.fusion_core.prepasses.passes as prepasses
+    import autofusion.fusion_core.prepasses._inferences as inferences
 
     seen = []
-    monkeypatch.setattr(prepasses, "_onnxruntime_inference", lambda p: seen.append(p))
-    prepasses.SymbolicShapeInferencePass()(model_from_proto(model))
+    monkeypatch.setattr(inferences, "_onnxruntime_inference", lambda p: seen.append(p))
+    SymbolicShapeInferencePass()(model_from_proto(model))
     assert [_spatial_dims(p) for p in seen] == expected
 
 

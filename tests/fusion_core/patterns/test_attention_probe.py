@@ -8,7 +8,7 @@ import onnx.parser
 import pytest
 
 from autofusion.fusion_core.ir import model_from_proto
-from autofusion.fusion_core.patterns._explain import attention_softmax
+from autofusion.fusion_core.patterns._probes import attention_softmax
 
 SCORES = {
     # DeBERTa-v2: the scores are reshaped between the position Add and the mask's Where
