@@ -44,8 +44,8 @@ from sqlalchemy.orm import Session
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.job_records import OptimizeOptions
 from autofusion.app.core.models import Job, Strategy
-from autofusion.app.schemas.jobs import OptimizeOptions
 from autofusion.app.services import scratch
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.auth import Principal
