@@ -27,7 +27,7 @@ from autofusion.app.services.pattern_trial import read_pattern, trial_upload
 router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
 
 PatternWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
-# /test streams its body itself (app/services/uploads.py): documented here by hand.
+# /test streams its body itself (app/services/uploads/): documented here by hand.
 _MODEL_UPLOAD = multipart_body(
     {"model": binary_part("A self-contained ONNX model (no external data).")}
 )
