@@ -150,7 +150,7 @@ def _describe(args: argparse.Namespace, settings: Settings) -> str:
 
 def service_app(settings: Settings) -> FastAPI:
     """The API for these settings, with the embedded worker beside it when they ask for one."""
-    # Imported here: `autofusion --help` and the client commands load neither.
+    # Imported here: `autofusion --help` and the client commands load neither API nor worker.
     from autofusion.app.main import create_app
 
     companion = (lambda: _embedded_worker(settings)) if settings.embedded_worker else None
