@@ -1,15 +1,17 @@
 """The FastAPI application: thin routes over services, problem+json errors.
 
-``create_app(settings)`` wires everything; on start it applies migrations, seeds the
-built-in patterns into the registry, and in embedded mode starts a Celery worker thread
-and the reaper in this process.
+``create_app(settings)`` wires everything; on start it applies migrations and seeds the
+built-in patterns and strategies into the registry. It publishes jobs by task name
+(``app.core.queue``) and imports no worker: the API process never does model work. What
+else runs in its process (in embedded mode the worker thread and the reaper) is the
+composition root's choice, ``app/cli/serve.py``, handed in as ``companion``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -23,6 +25,7 @@ from autofusion.app.api.request_metrics import install_metrics
 from autofusion.app.api.routes import health, jobs, metrics, patterns, strategies
 from autofusion.app.core.config import Settings, get_settings
 from autofusion.app.core.db import session_scope
+from autofusion.app.core.queue import publish_job, queue_app
 from autofusion.app.migrate import upgrade
 from autofusion.app.services.artifacts import make_store
 from autofusion.app.services.registry import sync_builtins
@@ -30,10 +33,12 @@ from autofusion.app.services.scratch import ScratchSweeper
 from autofusion.app.services.strategies import seed_strategies
 from autofusion.app.services.uploads import UploadSlots
 from autofusion.app.ui import install_ui
-from autofusion.worker.celery_app import make_celery
-from autofusion.worker.tasks import enqueue_job
 
-__all__ = ["create_app"]
+__all__ = ["Companion", "create_app"]
+
+# Something that runs beside the API in its process from start to shutdown (entered once
+# the database is ready, exited after the requests): the embedded worker and its reaper.
+Companion = Callable[[], AbstractContextManager[object]]
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +58,13 @@ def _sync_builtins(url: str) -> None:
         logger.info("built-in patterns: %d added to the registry, %d updated", added, updated)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, companion: Companion | None = None) -> FastAPI:
     settings = settings or get_settings()
+    if settings.embedded_worker and companion is None:
+        logger.warning(
+            "embedded_worker is on but this app was built without a worker: jobs wait for "
+            "an `autofusion worker` (autofusion.app.cli.serve.service_app adds the embedded one)"
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,22 +79,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         _sync_builtins(settings.resolved_database_url)
         with session_scope(settings.resolved_database_url) as session:
             seed_strategies(session)
-        celery = make_celery(settings)
+        celery = queue_app(settings)
         app.state.celery = celery
-        app.state.enqueue = lambda job_id: enqueue_job(celery, job_id)
-        embedded = None
-        if settings.embedded_worker:
-            from autofusion.worker.embedded import EmbeddedWorker
-
-            embedded = EmbeddedWorker(settings, celery)
-            embedded.start()
-        sweeper.start()
-        try:
-            yield
-        finally:
-            sweeper.stop()
-            if embedded is not None:
-                embedded.stop()
+        app.state.enqueue = lambda job_id: publish_job(celery, job_id)
+        with ExitStack() as beside:
+            if companion is not None:
+                beside.enter_context(companion())
+            sweeper.start()
+            try:
+                yield
+            finally:
+                sweeper.stop()
 
     # /docs (Swagger UI) loads its files from this server (fastapi-offline ships them),
     # never from a CDN: it works offline. No /redoc: ReDoc fetches its logo from its CDN.

@@ -161,7 +161,7 @@ def test_no_function_is_longer_than_the_limit() -> None:
 # rolls back and reads the winner's job.
 COMMITTING_SERVICES = {
     "app/services/versioned.py": "compare-and-swap on a pattern's or strategy's version",
-    "app/services/uploads.py": "insert-or-read on the idempotency key",
+    "app/services/uploads/_accept.py": "insert-or-read on the idempotency key",
 }
 
 

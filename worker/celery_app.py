@@ -1,9 +1,10 @@
-"""The Celery application, configured from Settings.
+"""The worker's Celery application: the publisher's (``app.core.queue.queue_app``) plus
+the worker's side.
 
-Embedded mode uses kombu's ``filesystem://`` transport (folders under data_dir, no
-server); distributed mode uses Redis. Either way tasks carry job ids only, JSON only,
-are acknowledged late (after the job ends) and rejected back to the queue if the
-worker process dies, and each worker prefetches one task at a time.
+Tasks carry job ids only, JSON only (the publisher's settings), are acknowledged late
+(after the job ends) and rejected back to the queue if the worker process dies, and each
+worker prefetches one task at a time. The app includes ``autofusion.worker.tasks``, so a
+worker started on it registers ``run_job``.
 """
 
 from __future__ import annotations
@@ -11,42 +12,19 @@ from __future__ import annotations
 from celery import Celery
 
 from autofusion.app.core.config import Settings
+from autofusion.app.core.queue import QUEUE, queue_app
 
 __all__ = ["QUEUE", "make_celery"]
 
-QUEUE = "autofusion"
-
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery(
-        "autofusion", broker=settings.resolved_broker_url, include=["autofusion.worker.tasks"]
-    )
-    transport_options: dict = {}
-    if settings.is_embedded_broker:
-        folder = settings.broker_dir.resolve()
-        for sub in ("out", "processed", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        transport_options = {
-            "data_folder_in": str(folder / "out"),
-            "data_folder_out": str(folder / "out"),
-            "processed_folder": str(folder / "processed"),
-            # kombu's default is ./control, relative to whatever the cwd is
-            "control_folder": str(folder / "control"),
-            "store_processed": False,
-        }
-    else:
-        transport_options = {"visibility_timeout": settings.visibility_timeout_s}
+    app = queue_app(settings)
     app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
+        include=["autofusion.worker.tasks"],
         task_ignore_result=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_default_queue=QUEUE,
-        broker_transport_options=transport_options,
-        broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
     app.conf.autofusion_settings = settings

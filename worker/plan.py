@@ -121,7 +121,7 @@ def _strategy(
 
 
 def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float) -> dict:
-    """The job row's summary (``app.schemas.jobs.JobSummary``): the report's facts as
+    """The job row's summary (``app.core.job_records.JobSummary``): the report's facts as
     ``fusion_core.report.read_report`` reads them, and what this attempt ran."""
     facts = read_report(report)
     summary: dict[str, Any] = {

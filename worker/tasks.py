@@ -1,6 +1,7 @@
 """Celery tasks: thin adapters that take a job id and hand it to ``execute_job``.
 
-The task is registered on every app ``make_celery`` builds (it includes this module);
+The task is registered under ``RUN_JOB`` (``app.core.queue``, where the API publishes it
+by name) on every app ``make_celery`` builds (it includes this module);
 the app carries the service's Settings as ``conf.autofusion_settings`` and, where the
 process made them, an artifact store (``conf.autofusion_store``) and a stop event
 (``conf.autofusion_stop``, the embedded worker's shutdown).
@@ -12,19 +13,16 @@ import os
 import socket
 import uuid
 
-from celery import Celery, shared_task
+from celery import shared_task
 
+from autofusion.app.core.queue import RUN_JOB, publish_job
 from autofusion.app.services.artifacts import make_store
 from autofusion.worker.execute import execute_job
 
 __all__ = ["RUN_JOB", "enqueue_job", "run_job"]
 
-RUN_JOB = "autofusion.run_job"
-
-
-def enqueue_job(celery: Celery, job_id: str) -> None:
-    """Send the job id (never model bytes) to the queue; call after the commit."""
-    celery.send_task(RUN_JOB, args=[job_id])
+# The worker publishes as the API does (a job tried again, the reaper's re-enqueue): by name.
+enqueue_job = publish_job
 
 
 @shared_task(

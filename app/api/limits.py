@@ -9,7 +9,7 @@
   the body must arrive at ``min_body_rate_bytes_s`` once ``body_rate_grace_s`` have
   passed, with no wait over ``body_idle_timeout_s``, and all of it within
   ``body_total_timeout_s``; otherwise 408. An upload stopped either way removes its
-  partial folder (``app/services/uploads.py`` cleans up on any exception).
+  partial folder (``app/services/uploads/`` cleans up on any exception).
 
 Only the body is watched: once it has arrived, ``receive`` is passed through untouched
 (it then only reports a disconnect).

@@ -3,7 +3,7 @@ Markdown for ``GITHUB_STEP_SUMMARY``).
 
 The result's facts come from ``fusion_core.report.read_report``, the one typed reader
 the worker and the dashboard use too, and the job's from its documented resource
-(``app.schemas.jobs``): a key an older or newer server does not send is shown as
+(``app.core.job_records``): a key an older or newer server does not send is shown as
 missing, never a crash."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from autofusion.app.cli._client import FINAL
 from autofusion.app.cli._exit import EXIT_JOB_FAILED, EXIT_OK, for_job_problem
-from autofusion.app.schemas.jobs import JobSummary
+from autofusion.app.core.job_records import JobSummary
 from autofusion.fusion_core.report import ReportSummary, Speed, read_report
 
 __all__ = [

@@ -5,6 +5,10 @@ flags this is embedded mode: SQLite, Celery on kombu's `filesystem://` transport
 local artifacts under `--data-dir`, an in-process worker thread, migrations applied on
 start. A Redis `--broker` turns the in-process worker off unless asked for: jobs then
 run in separate `autofusion worker` processes.
+
+This is the composition root of the service: ``service_app`` builds the API
+(``app.main.create_app``, which imports no worker) and, in embedded mode, hands it the
+worker thread and the reaper to run beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import ipaddress
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -23,7 +30,10 @@ from autofusion.app.cli._protobuf import python_protobuf_refusal
 from autofusion.app.core.config import Settings
 from autofusion.app.core.logs import configure_logging
 
-__all__ = ["add_parser", "is_loopback", "run", "settings_from_args"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["add_parser", "is_loopback", "run", "service_app", "settings_from_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +148,29 @@ def _describe(args: argparse.Namespace, settings: Settings) -> str:
     return f"autofusion: serving http://{host}:{args.port} ({database}, {broker}, {worker}; {keys})"
 
 
+def service_app(settings: Settings) -> FastAPI:
+    """The API for these settings, with the embedded worker beside it when they ask for one."""
+    # Imported here: `autofusion --help` and the client commands load neither API nor worker.
+    from autofusion.app.main import create_app
+
+    companion = (lambda: _embedded_worker(settings)) if settings.embedded_worker else None
+    return create_app(settings, companion=companion)
+
+
+@contextmanager
+def _embedded_worker(settings: Settings) -> Iterator[None]:
+    """A Celery worker thread and the reaper in this process, from start to shutdown."""
+    from autofusion.worker.celery_app import make_celery
+    from autofusion.worker.embedded import EmbeddedWorker
+
+    embedded = EmbeddedWorker(settings, make_celery(settings))
+    embedded.start()
+    try:
+        yield
+    finally:
+        embedded.stop()
+
+
 def run(args: argparse.Namespace) -> int:
     protobuf = python_protobuf_refusal("serve")
     if protobuf:
@@ -172,10 +205,8 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `autofusion --help` stays fast
 
-    from autofusion.app.main import create_app
-
     uvicorn.run(
-        create_app(settings),
+        service_app(settings),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

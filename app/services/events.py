@@ -14,8 +14,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from autofusion.app.core.db import session_scope
+from autofusion.app.core.job_records import JobPublic
 from autofusion.app.core.models import Job, JobStatus
-from autofusion.app.schemas.jobs import JobPublic
 
 __all__ = ["HEARTBEAT_S", "job_events", "sse_message"]
 

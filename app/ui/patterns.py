@@ -10,10 +10,10 @@ from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 
 from autofusion.app.api.deps import SessionDep, SettingsDep
+from autofusion.app.api.schemas.registry import PatternSummary, PatternTestResult
 from autofusion.app.api.uploads import incoming
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import PatternRecord
-from autofusion.app.schemas.registry import PatternSummary, PatternTestResult
 from autofusion.app.services import registry
 from autofusion.app.services.pattern_trial import trial_upload
 from autofusion.app.ui.common import UIPrincipal, form_errors, render, require

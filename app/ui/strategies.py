@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 
 from autofusion.app.api.deps import SessionDep
-from autofusion.app.schemas.registry import StrategyCreate
+from autofusion.app.api.schemas.registry import StrategyCreate
 from autofusion.app.services import strategies
 from autofusion.app.ui.common import UIPrincipal, render, require
 from autofusion.app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag

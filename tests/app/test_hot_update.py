@@ -14,8 +14,8 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
+from autofusion.app.cli.serve import service_app
 from autofusion.app.core.config import Settings
-from autofusion.app.main import create_app
 from autofusion.fusion_core.validate import make_session
 
 RESNET = Path(__file__).resolve().parents[1] / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
@@ -47,7 +47,7 @@ def _run_job(client: TestClient, config: dict) -> dict:
 @pytest.mark.slow
 def test_pattern_registered_through_the_api_applies_to_the_next_job(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, reaper_interval_s=1.0)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(service_app(settings)) as client:
         config = {"target": "onnxruntime"}
         first = _run_job(client, config)
         assert first["status"] == "succeeded", first

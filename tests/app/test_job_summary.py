@@ -1,5 +1,5 @@
 """The job row's summary (``worker.plan.summarize``) from real reports, read back through
-the job resource's schema (``app.schemas.jobs.JobSummary``)."""
+the job resource's schema (``app.core.job_records.JobSummary``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from report_testing import paired, real_report
 
-from autofusion.app.schemas.jobs import JobSummary
+from autofusion.app.api.schemas.jobs import JobSummary
 from autofusion.fusion_core.report import read_report
 from autofusion.worker.plan import Plan, summarize
 from autofusion.worker.snapshots import CompiledSnapshot

@@ -28,9 +28,9 @@ import httpx
 import pytest
 import uvicorn
 
+from autofusion.app.cli.serve import service_app
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
-from autofusion.app.main import create_app
 from autofusion.app.migrate import upgrade
 from autofusion.app.services.auth import create_key
 from tests.app.conftest import relu_model
@@ -134,7 +134,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
         keys = {tenant: create_key(session, tenant, SCOPES, "schemathesis") for tenant in TENANTS}
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="error", lifespan="on"
+        service_app(settings), host="127.0.0.1", port=port, log_level="error", lifespan="on"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="schemathesis-server", daemon=True)

@@ -16,8 +16,8 @@ import pytest
 from report_testing import paired, real_report
 from ui_testing import assert_page, conv_bn_relu, multipart, run_job
 
+from autofusion.app.api.schemas.jobs import JobSummary
 from autofusion.app.cli._submit_output import speed_dict
-from autofusion.app.schemas.jobs import JobSummary
 from autofusion.fusion_core.report import read_report
 
 

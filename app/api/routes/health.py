@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from autofusion.app.api.deps import SettingsDep
 from autofusion.app.api.problems import ProblemError, problem_responses
-from autofusion.app.schemas.health import HealthPublic, ReadinessPublic
+from autofusion.app.api.schemas.health import HealthPublic, ReadinessPublic
 from autofusion.app.services.health import readiness
 
 __all__ = ["router"]

@@ -19,12 +19,12 @@ from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, Store
 from autofusion.app.api.downloads import download_response, etag_matches
 from autofusion.app.api.openapi_bodies import binary_part, inline_refs, multipart_body
 from autofusion.app.api.problems import problem_responses
+from autofusion.app.api.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from autofusion.app.api.uploads import incoming
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import autocommit_read, retry_stale, session_factory
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import Job, JobStatus
-from autofusion.app.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from autofusion.app.services import job_files
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.auth import Principal

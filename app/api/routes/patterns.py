@@ -10,9 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, require_scope
 from autofusion.app.api.openapi_bodies import binary_part, multipart_body
 from autofusion.app.api.problems import problem_responses
-from autofusion.app.api.uploads import incoming
-from autofusion.app.core.models import PatternRecord
-from autofusion.app.schemas.registry import (
+from autofusion.app.api.schemas.registry import (
     PatternCreate,
     PatternPublic,
     PatternsPublic,
@@ -20,6 +18,8 @@ from autofusion.app.schemas.registry import (
     PatternVersionPublic,
     PatternVersionsPublic,
 )
+from autofusion.app.api.uploads import incoming
+from autofusion.app.core.models import PatternRecord
 from autofusion.app.services import registry
 from autofusion.app.services.auth import Principal
 from autofusion.app.services.pattern_trial import read_pattern, trial_upload
@@ -27,7 +27,7 @@ from autofusion.app.services.pattern_trial import read_pattern, trial_upload
 router = APIRouter(prefix="/v1/patterns", tags=["patterns"])
 
 PatternWriter = Annotated[Principal, Depends(require_scope("patterns:write"))]
-# /test streams its body itself (app/services/uploads.py): documented here by hand.
+# /test streams its body itself (app/services/uploads/): documented here by hand.
 _MODEL_UPLOAD = multipart_body(
     {"model": binary_part("A self-contained ONNX model (no external data).")}
 )

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Depends, Header, Response
 
 from autofusion.app.api.deps import PrincipalDep, SessionDep, require_scope
 from autofusion.app.api.problems import problem_responses
-from autofusion.app.core.models import Strategy
-from autofusion.app.schemas.registry import (
+from autofusion.app.api.schemas.registry import (
     StrategiesPublic,
     StrategyCreate,
     StrategyPublic,
     StrategyVersionsPublic,
 )
+from autofusion.app.core.models import Strategy
 from autofusion.app.services import strategies
 from autofusion.app.services.auth import Principal
 

@@ -1,4 +1,12 @@
-"""Schemas of the job resource: what ``POST /v1/optimize`` accepts and what jobs look like."""
+"""A job's records, below HTTP: the options a job is created with, and what a job is.
+
+``OptimizeOptions`` is what a client may ask of a job (the upload service validates the
+``config`` form field against it); ``JobPublic`` is a job as anyone outside the database
+sees it, with its summary, its problem and its links (the events stream sends it, the API
+answers with it). They are plain pydantic records with no web framework, so the services
+build them and the API's schemas (``app.api.schemas.jobs``) re-export them: their names
+and fields are the published contract (docs/openapi.json).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +26,6 @@ __all__ = [
     "JobProblem",
     "JobPublic",
     "JobSummary",
-    "JobsPublic",
     "NodesSummary",
     "OptimizeOptions",
     "SpeedPublic",
@@ -218,16 +225,3 @@ class JobPublic(BaseModel):
     @property
     def etag(self) -> str:
         return f'"{self.revision}"'
-
-
-class JobsPublic(BaseModel):
-    """A page of jobs, newest first (AIP-158)."""
-
-    items: list[JobPublic]
-    total: int = Field(description="The jobs that match the filter, on all pages")
-    page_size: int = Field(description="The page size used (after defaulting and clamping)")
-    next_page_token: str | None = Field(
-        default=None,
-        description="Send as page_token for the next page, with the same status filter; "
-        "null on the last page. Opaque: its content may change between server versions",
-    )

@@ -1,0 +1,58 @@
+"""What the API process imports: no worker, no runtime, no pipeline. The API never does
+model work (docs/architecture.md), so serving a request loads none of the code that does:
+it publishes jobs by task name (``app.core.queue``). Checked in a fresh interpreter's
+``sys.modules`` after ``create_app`` has started (its lifespan) and answered a request.
+
+The structural upload checks parse the ModelProto with onnx's protobuf classes and the
+registry compiles patterns, so ``onnx`` itself is loaded; running a model is not.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Modules of model work: the runtime, the optimizer, the engine's running stages, the worker.
+MODEL_WORK = (
+    "onnxruntime",
+    "onnxscript",
+    "autofusion.fusion_core.pipeline",
+    "autofusion.fusion_core.prepasses",
+    "autofusion.fusion_core.validate",
+    "autofusion.worker",
+)
+
+_PROBE = """
+import json, sys
+from pathlib import Path
+from fastapi.testclient import TestClient
+from autofusion.app.core.config import Settings
+from autofusion.app.main import create_app
+settings = Settings(data_dir=Path(sys.argv[1]), embedded_worker=False)
+with TestClient(create_app(settings)) as client:
+    code = client.get("/v1/strategies").status_code
+print("\\n" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_the_api_process_loads_no_worker_and_no_runtime(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(tmp_path / "data")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 200
+    loaded = sorted(
+        name
+        for name in result["modules"]
+        if any(name == heavy or name.startswith(heavy + ".") for heavy in MODEL_WORK)
+    )
+    assert loaded == [], f"the API process imported {loaded}"
