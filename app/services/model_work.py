@@ -36,7 +36,6 @@ from typing import Any
 from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.api_sandbox import MODEL_WORK
-from autofusion.app.services.model_checks import inspect_model
 from autofusion.app.services.sandbox import SandboxRun, run_sandbox
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
@@ -96,6 +95,10 @@ async def inspect_upload(model_path: Path, data_names: Collection[str], settings
     except OSError:  # no model at all: inspect_model says so
         size = 0
     if size <= settings.api_inline_check_bytes:
+        # Imported here: the checks parse with onnx, which an API that has not been sent a
+        # small model never loads (tests/app/test_api_imports.py).
+        from autofusion.app.services.model_checks import inspect_model
+
         await asyncio.to_thread(inspect_model, model_path, data_names, settings)
         return
     request = {"model": str(model_path.resolve()), "data_names": sorted(data_names)}
