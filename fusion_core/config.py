@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.patterns import compile_condition
 from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
@@ -101,10 +102,6 @@ class Switch(BaseModel):
     @field_validator("when")
     @classmethod
     def _condition(cls, text: str) -> str:
-        from autofusion.fusion_core.pipeline.switches import (
-            compile_condition,  # it imports this module
-        )
-
         compile_condition(text)  # FormulaError is a ValueError: a validation error
         return text
 
