@@ -133,19 +133,18 @@ def optimize_measured(
     """``optimize`` with only the fusion groups that measure faster on this machine;
     ``Result.measurement`` says what was measured and decided (see the module doc).
     ``timer_factory`` replaces the timing (tests decide the ratios with it)."""
-    if config.progressive:
-        raise ConfigError(
-            "measured selection and progressive validation cannot be combined",
-            hint="use one of them: --selection measured, or --progressive",
-        )
+    if config.mode != "measured":  # and refused when progressive too
+        raise ConfigError(f"measured selection needs a measured config, not {config.mode!r}")
     started = time.perf_counter()
     opts = config.measure_options
-    base = config.model_copy(update={"measure": False})  # "measured" proposes by priority
+    # Every variant is built in measured mode: config.proposer proposes, keeping what
+    # the cost model prices as a loss (this machine decides).
+    base = config
     original = _as_proto(model)
     run = _Run(original, base, feeds, registry, patterns)
     proposal = run.build(run.unchecked, {})
     record: dict[str, Any] = {
-        "proposer": "priority" if config.selection == "measured" else config.selection,
+        "proposer": config.proposer,
         "level": opts.level,
         "threads": opts.threads,
         "budget_s": opts.budget_s,

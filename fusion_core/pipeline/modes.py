@@ -47,11 +47,12 @@ def optimize(
     which run many passes), for a caller that shows progress.
     """
     config = config or OptimizeConfig()
-    if config.measure or config.selection == "measured":
+    mode = config.mode
+    if mode == "measured":
         if on_phase:
             on_phase("measure")
         return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
-    if config.progressive:
+    if mode == "progressive":
         if on_phase:
             on_phase("progressive")
         stepwise = config.model_copy(update={"progressive": False, "stages": None})

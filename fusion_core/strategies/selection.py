@@ -42,11 +42,11 @@ class CostBasedSelection:
     def __init__(
         self, config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
     ) -> None:
-        self.name = config.selection
+        self.name = config.proposer
         dims = config.check.shape_profiles()[0]
         self.cost = CostModel(config.target_profile, dims=dims, rewriters=rewriters)
         self.strategy = strategy_by_name(
-            config.selection,
+            config.proposer,
             cost_threshold=config.cost_threshold,
             memory_limit=config.memory_limit,
         )
@@ -167,10 +167,10 @@ def _candidate(index: int, match: Match, gain: Gain | None, *, priority: int = 0
 def selection_for(
     config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
 ) -> PrioritySelection | CostBasedSelection:
-    """The selection ``config.selection`` names (measured selection proposes by priority);
-    ``rewriters`` (default: the built-in ones) say what each rewrite costs."""
-    if config.selection in ("priority", "measured"):
-        drop = config.selection == "priority"
+    """The selection ``config.proposer`` names; ``rewriters`` (default: the built-in ones)
+    say what each rewrite costs. In measured mode priority keeps the predicted losses."""
+    if config.proposer == "priority":
+        drop = config.mode != "measured"
         return PrioritySelection(config, drop_losses=drop, rewriters=rewriters)
     return CostBasedSelection(config, op_count=op_count, rewriters=rewriters)
 
