@@ -122,7 +122,7 @@ class Switch(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How measured selection times the candidates (fusion_core/pipeline/measured.py)."""
+    """How measured selection times the candidates (fusion_core/pipeline/measured/)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,17 +1,12 @@
 """The pipeline: pre-passes, rounds of match, select and rewrite, then the check.
 
 ``optimize`` (``modes.py``) runs one pass (``once.py``), progressive validation's checked
-stages (``progressive.py``) or measured selection (``measured.py``), as the config says;
+stages (``progressive.py``) or measured selection (``measured/``), as the config's mode says;
 ``switches.py`` turns patterns on or off by input shapes and ``left_alone.py`` names what
 the engine leaves as it is (quantized units, unknown domains).
 """
 
-from autofusion.fusion_core.pipeline.measured import (
-    FusionGroup,
-    PairedTimer,
-    group_fusions,
-    optimize_measured,
-)
+from autofusion.fusion_core.pipeline.measured import FusionGroup, group_fusions, optimize_measured
 from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.once import (
     AppliedFusion,
@@ -26,6 +21,7 @@ from autofusion.fusion_core.pipeline.progressive import (
     Rollback,
     optimize_progressive,
 )
+from autofusion.fusion_core.profiling import PairedTimer  # measured selection's, as before
 
 __all__ = [
     "DEFAULT_STAGES",
