@@ -49,7 +49,7 @@ from autofusion.fusion_core.rewriters import (
     discard,
     missing_output,
 )
-from autofusion.fusion_core.strategies.selection import selection_for
+from autofusion.fusion_core.strategies.pricing import selection_for
 from autofusion.fusion_core.targets import get_target
 from autofusion.fusion_core.validate import (
     CANNOT_LOAD,

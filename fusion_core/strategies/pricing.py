@@ -1,16 +1,18 @@
-"""Cost-based selection: the cost model prices each candidate, a strategy picks the set.
+"""The selection a pass runs: a strategy tied to the cost model and the config's limits.
 
-The pipeline's default (``OptimizeConfig.selection = "priority"``) takes candidates by
-pattern priority. With ``greedy``, ``dp``, ``genetic`` or ``auto`` each round instead
-prices every candidate with ``fusion_core.cost.CostModel`` (the target profile's
-bandwidth, launch overhead and peak FLOP/s over the inferred shapes, or the pattern's
-cost hints when shapes are unknown) and hands them to the strategy, which maximises the
-total predicted gain of a non-overlapping set (``fusion_core.strategies``).
+``selection_for(config)`` gives the one ``config.proposer`` names. The pipeline's
+default (``OptimizeConfig.selection = "priority"``) takes candidates by pattern
+priority. With ``greedy``, ``dp``, ``genetic`` or ``auto`` each round instead prices
+every candidate with ``fusion_core.cost.CostModel`` (the target profile's bandwidth,
+launch overhead and peak FLOP/s over the inferred shapes, or the pattern's cost hints
+when shapes are unknown) and hands them to the strategy, which maximises the total
+predicted gain of a non-overlapping set (``fusion_core.strategies``).
 ``cost_threshold`` and ``memory_limit`` drop candidates before the choice under every
-selection, priority included (``PrioritySelection``), and every selection but measured
-leaves out what the cost model prices as a loss (``CostModel.loss_reason``); those drops
-become near misses with their reason. Each round's objective, chosen and rejected
-candidates and the strategy's time are kept in ``Result.selections``.
+selection, priority included (``PrioritySelection``), and outside measured mode every
+selection leaves out what the cost model prices as a loss (``CostModel.loss_reason``;
+in measured mode this machine decides); those drops become near misses with their
+reason. Each round's objective, chosen and rejected candidates and the strategy's time
+are kept in ``Result.selections``.
 """
 
 from __future__ import annotations
