@@ -6,21 +6,17 @@ stages (``progressive.py``) or measured selection (``measured/``), as the config
 the engine leaves as it is (quantized units, unknown domains).
 """
 
+from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.measured import FusionGroup, group_fusions, optimize_measured
 from autofusion.fusion_core.pipeline.modes import optimize
-from autofusion.fusion_core.pipeline.once import (
-    AppliedFusion,
-    Result,
-    check_against_original,
-    optimize_once,
-    select_patterns,
-    subgraphs,
-)
+from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
 from autofusion.fusion_core.pipeline.progressive import (
     DEFAULT_STAGES,
     Rollback,
     optimize_progressive,
 )
+from autofusion.fusion_core.pipeline.result import AppliedFusion, Result
+from autofusion.fusion_core.pipeline.rounds import RewriteRounds, RoundsResult, subgraphs
 from autofusion.fusion_core.profiling import PairedTimer  # measured selection's, as before
 
 __all__ = [
@@ -29,7 +25,9 @@ __all__ = [
     "FusionGroup",
     "PairedTimer",
     "Result",
+    "RewriteRounds",
     "Rollback",
+    "RoundsResult",
     "check_against_original",
     "group_fusions",
     "optimize",

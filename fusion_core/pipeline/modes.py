@@ -17,8 +17,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.measured import optimize_measured
-from autofusion.fusion_core.pipeline.once import Result, optimize_once
+from autofusion.fusion_core.pipeline.once import optimize_once
 from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["optimize"]

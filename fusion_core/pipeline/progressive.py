@@ -28,12 +28,9 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
-from autofusion.fusion_core.pipeline.once import (
-    Result,
-    check_against_original,
-    optimize_once,
-    select_patterns,
-)
+from autofusion.fusion_core.pipeline.check import check_against_original
+from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autofusion.fusion_core.pipeline.once import AppliedFusion
+from autofusion.fusion_core.pipeline.result import AppliedFusion
 from autofusion.fusion_core.profiling.stats import PairedRatio
 
 __all__ = ["Decision", "FusionGroup", "SkipMap", "group_fusions"]

@@ -58,7 +58,7 @@ from autofusion.fusion_core.pipeline.measured._measure_cache import (
     model_structure,
 )
 from autofusion.fusion_core.pipeline.measured._variants import PASSES, Variants, as_proto
-from autofusion.fusion_core.pipeline.once import Result
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.profiling import SLOWER, PairedTimer
 from autofusion.fusion_core.rewriters import RewriterRegistry
 

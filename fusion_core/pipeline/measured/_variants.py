@@ -21,7 +21,8 @@ from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import load_model
 from autofusion.fusion_core.patterns import NearMiss
 from autofusion.fusion_core.pipeline.measured._groups import Decision, SkipMap, group_fusions
-from autofusion.fusion_core.pipeline.once import Result, optimize_once
+from autofusion.fusion_core.pipeline.once import optimize_once
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["PASSES", "Variants", "as_proto"]
