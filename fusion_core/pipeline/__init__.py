@@ -1,7 +1,9 @@
 """The pipeline: pre-passes, rounds of match, select and rewrite, then the check.
 
 ``optimize`` (``modes.py``) runs one pass (``once.py``), progressive validation's checked
-stages (``progressive.py``) or measured selection (``measured/``), as the config's mode says;
+stages (``progressive.py``) or measured selection (``measured/``), as the config's mode
+says. The one pass runs the rounds as a pass that returns what it did (``rounds.py``)
+and the check against the original (``check.py``) into a ``Result`` (``result.py``);
 ``switches.py`` turns patterns on or off by input shapes and ``left_alone.py`` names what
 the engine leaves as it is (quantized units, unknown domains).
 """
