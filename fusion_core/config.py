@@ -19,7 +19,6 @@ from pydantic import (
 )
 
 from autofusion.fusion_core.errors import ConfigError
-from autofusion.fusion_core.patterns import compile_condition
 from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
@@ -111,6 +110,11 @@ class Switch(BaseModel):
     @field_validator("when")
     @classmethod
     def _condition(cls, text: str) -> str:
+        # Imported here: the CLI's light commands import this module and load no
+        # patterns package at all (tests/app/test_cli_imports.py); the formulas it
+        # loads need no onnx.
+        from autofusion.fusion_core.patterns import compile_condition
+
         compile_condition(text)  # FormulaError is a ValueError: a validation error
         return text
 
@@ -122,7 +126,9 @@ class Switch(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How measured selection times the candidates (fusion_core/pipeline/measured/)."""
+    # The docstring is the published schema's description (docs/openapi.json): it keeps
+    # the module's old name, now the package fusion_core/pipeline/measured/.
+    """How measured selection times the candidates (fusion_core/pipeline/measured.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
