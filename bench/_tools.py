@@ -227,7 +227,7 @@ def all_tools() -> list[Tool]:
             "fusion_core.optimize, target onnxruntime, greedy selection on cpu-kernels, check off",
         )
     )
-    # Measured selection (fusion_core/pipeline/measured.py): priority proposes, this machine
+    # Measured selection (fusion_core/pipeline/measured/): priority proposes, this machine
     # decides, at the benchmark's thread count, with no decision cache.
     for target, short in (("onnxruntime", "ort"), ("generic", "generic")):
         tools.append(

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from autofusion.fusion_core.strategies._selection import Candidate, Selection, SelectionStrategy
+from autofusion.fusion_core.strategies import Candidate, Selection, SelectionStrategy
 from autofusion.fusion_core.strategies.auto import AutoStrategy
 from autofusion.fusion_core.strategies.dp import DPStrategy
 from autofusion.fusion_core.strategies.genetic import GeneticStrategy

@@ -22,12 +22,15 @@ from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
+    "MODES",
     "SELECTIONS",
     "STRATEGY_ONLY_FIELDS",
     "Selection",
     "CheckOptions",
     "MeasureOptions",
+    "Mode",
     "OptimizeConfig",
+    "Proposer",
     "Switch",
     "merge_options",
     "read_strategy_file",
@@ -37,6 +40,12 @@ __all__ = [
 # one spelling of the names, which the CLI's choices and the service's schemas take.
 Selection = Literal["priority", "greedy", "dp", "genetic", "auto", "measured"]
 SELECTIONS: tuple[str, ...] = get_args(Selection)
+# What picks the candidates in each pass: every selection but "measured", which names a
+# mode (the machine decides) and leaves the proposing to priority.
+Proposer = Literal["priority", "greedy", "dp", "genetic", "auto"]
+# How ``optimize`` runs (fusion_core/pipeline/modes.py): ``OptimizeConfig.mode``.
+Mode = Literal["plain", "progressive", "measured"]
+MODES: tuple[str, ...] = get_args(Mode)
 # A named strategy's document carries these beside the config fields it sets.
 STRATEGY_ONLY_FIELDS = ("name", "description")
 _SECTIONS = ("check", "measure_options")  # merged key by key
@@ -101,9 +110,10 @@ class Switch(BaseModel):
     @field_validator("when")
     @classmethod
     def _condition(cls, text: str) -> str:
-        from autofusion.fusion_core.pipeline.switches import (
-            compile_condition,  # it imports this module
-        )
+        # Imported here: the CLI's light commands import this module and load no
+        # patterns package at all (tests/app/test_cli_imports.py); the formulas it
+        # loads need no onnx.
+        from autofusion.fusion_core.patterns import compile_condition
 
         compile_condition(text)  # FormulaError is a ValueError: a validation error
         return text
@@ -116,6 +126,8 @@ class Switch(BaseModel):
 
 
 class MeasureOptions(BaseModel):
+    # The docstring is the published schema's description (docs/openapi.json): it keeps
+    # the module's old name, now the package fusion_core/pipeline/measured/.
     """How measured selection times the candidates (fusion_core/pipeline/measured.py)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -177,12 +189,12 @@ class OptimizeConfig(BaseModel):
     # report: done by the callers that write reports (CLI, worker), not by optimize().
     profile: bool = False
     # How overlapping candidates are chosen: by pattern priority (the default), or by the
-    # cost model's predicted gain with a strategy (fusion_core/strategies/selection.py). "measured":
-    # priority proposes, then this machine decides (``measure``, fusion_core/pipeline/measured.py).
+    # cost model's predicted gain with a strategy (fusion_core/strategies/pricing.py). "measured"
+    # is ``measure`` with priority proposing (``mode``, ``proposer``).
     selection: Selection = "priority"
-    # Measured selection: time the model with and without each group of fusions on this
-    # machine and keep a group only when it is faster beyond the noise (any selection
-    # proposes; selection "measured" turns this on with priority proposing).
+    # Measured selection (fusion_core/pipeline/measured/): time the model with and without
+    # each group of fusions on this machine and keep a group only when it is faster beyond
+    # the noise; ``proposer`` proposes, keeping what the cost model prices as a loss.
     measure: bool = False
     measure_options: MeasureOptions = Field(default_factory=lambda: MeasureOptions())
     # The hardware the cost model prices for: a shipped profile (cpu, gpu) or a path to
@@ -192,6 +204,29 @@ class OptimizeConfig(BaseModel):
     # (time before / time after), or whose fused working set exceeds this many bytes.
     cost_threshold: float | None = Field(default=None, gt=0)
     memory_limit: int | None = Field(default=None, ge=0)
+
+    # The mode and the proposer are read from the fields users send, not stored: a
+    # config is copied with updates (``model_copy`` runs no validator) and sent as JSON
+    # with exactly the fields of the OpenAPI document.
+    @property
+    def mode(self) -> Mode:
+        """How ``optimize`` runs, decided here only: ``measured`` (``measure``, or
+        selection "measured"), ``progressive`` (``progressive``), or one ``plain`` pass."""
+        measured = self.measure or self.selection == "measured"
+        if measured and self.progressive:
+            raise ConfigError(
+                "measured selection and progressive validation cannot be combined",
+                hint="use one of them: --selection measured, or --progressive",
+            )
+        if measured:
+            return "measured"
+        return "progressive" if self.progressive else "plain"
+
+    @property
+    def proposer(self) -> Proposer:
+        """The selection each pass runs (fusion_core/strategies/pricing.py): the config's
+        own; priority for selection "measured", which is the mode with priority proposing."""
+        return "priority" if self.selection == "measured" else self.selection
 
 
 def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,11 +63,12 @@ def plan_job(
     try:
         parsed = OptimizeConfig.model_validate(config)
         select_patterns(parsed, builtin_rewriters(), snapshot.compiled)
+        measured = parsed.mode == "measured"  # refuses measured with progressive
     except ValidationError as exc:
         raise JobConfigError(f"invalid options: {describe_validation_error(exc)}") from None
     except FusionError as exc:
         raise JobConfigError(str(exc)) from None
-    if settings is not None and (parsed.measure or parsed.selection == "measured"):
+    if settings is not None and measured:
         parsed = _place_measurement(parsed, settings)
     return Plan(snapshot, parsed.model_dump(mode="json"), strategy)
 

@@ -209,10 +209,6 @@ def _option_value(args: argparse.Namespace, option: str) -> Any:
         return not value
     if option == "shape":
         return [_profile(text) for text in value]
-    if option == "measure_cache" and (
-        args.no_measure_cache or not (args.measure or args.selection == "measured")
-    ):
-        return None  # only a measured run names the folder (it is in the report's config)
     return value
 
 
@@ -230,9 +226,15 @@ def build_config(args: argparse.Namespace, extra_patterns: list[dict]) -> Optimi
         (given[section] if section else given)[name] = _option_value(args, option)
     given["extra_patterns"] = extra_patterns
     try:
-        return OptimizeConfig.merged(strategy, given)
+        config = OptimizeConfig.merged(strategy, given)
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from None
+    if "cache_dir" in given["measure_options"] and (
+        args.no_measure_cache or config.mode != "measured"
+    ):  # only a measured run names the folder (it is in the report's config)
+        options = config.measure_options.model_copy(update={"cache_dir": None})
+        config = config.model_copy(update={"measure_options": options})
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

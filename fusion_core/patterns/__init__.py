@@ -1,45 +1,34 @@
-"""Patterns as data: the spec, its declarative constraints, and the matcher."""
+"""Patterns as data: the spec, its declarative constraints, formulas, and the matcher.
 
-from autofusion.fusion_core.patterns._attributes import attribute_value
-from autofusion.fusion_core.patterns._constraints import Constraint
-from autofusion.fusion_core.patterns._formula import Formula, FormulaError, compile_formula
-from autofusion.fusion_core.patterns._match import NEAR_MISS_KINDS, Match, NearMiss
-from autofusion.fusion_core.patterns._matcher import (
-    Matcher,
-    MatchResult,
-    check_match,
-    escape_reason,
-)
-from autofusion.fusion_core.patterns._refs import ValueRef, parse_edge, parse_ref
-from autofusion.fusion_core.patterns._spec import (
-    TARGET_NAMES,
-    CostHints,
-    NodeSpec,
-    PatternSpec,
-    RewriterRef,
-    TargetName,
-)
+The names load on first use (``lazy_loader``, as the ``fusion_core`` face does): a
+config that validates a switch's condition (``compile_condition``, ``_formula.py``)
+loads no onnx, onnx-ir or numpy; the matcher and the constraints load them.
+"""
 
-__all__ = [
-    "NEAR_MISS_KINDS",
-    "TARGET_NAMES",
-    "TargetName",
-    "Constraint",
-    "CostHints",
-    "Formula",
-    "FormulaError",
-    "Match",
-    "MatchResult",
-    "Matcher",
-    "NearMiss",
-    "NodeSpec",
-    "PatternSpec",
-    "RewriterRef",
-    "ValueRef",
-    "attribute_value",
-    "check_match",
-    "compile_formula",
-    "escape_reason",
-    "parse_edge",
-    "parse_ref",
-]
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "_attributes": ["attribute_value"],
+        "_constraints": ["Constraint"],
+        "_formula": [
+            "Condition",
+            "Formula",
+            "FormulaError",
+            "compile_condition",
+            "compile_formula",
+        ],
+        "_match": ["NEAR_MISS_KINDS", "Match", "NearMiss"],
+        "_matcher": ["Matcher", "MatchResult", "check_match", "escape_reason"],
+        "_refs": ["ValueRef", "parse_edge", "parse_ref"],
+        "_spec": [
+            "TARGET_NAMES",
+            "CostHints",
+            "NodeSpec",
+            "PatternSpec",
+            "RewriterRef",
+            "TargetName",
+        ],
+    },
+)

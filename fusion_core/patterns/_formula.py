@@ -11,6 +11,11 @@ reference (``node.outK`` / ``node.inK`` written bare, or ``"$name"`` in quotes) 
 ``axis`` an integer. Nothing is ever evaluated by Python itself, so a pattern uploaded
 through the API cannot run code.
 
+A condition (``compile_condition``) is one comparison of two formulas, such as a
+strategy's switch ``dim('$pixel_values', -1) > 1024`` (fusion_core/pipeline/switches.py):
+it lives here, beside the formulas it compares, so that validating a config checks a
+switch without loading the matcher, onnx or the pipeline.
+
 A formula is at most ``MAX_FORMULA_CHARS`` characters and its expression tree at most
 ``MAX_FORMULA_DEPTH`` deep (``1+1+...+1`` nests one level per term): the checks run
 before anything recurses, so a hostile formula is a FormulaError, never a
@@ -27,7 +32,15 @@ from dataclasses import dataclass
 
 from autofusion.fusion_core.patterns._refs import parse_ref
 
-__all__ = ["MAX_FORMULA_CHARS", "MAX_FORMULA_DEPTH", "Formula", "FormulaError", "compile_formula"]
+__all__ = [
+    "MAX_FORMULA_CHARS",
+    "MAX_FORMULA_DEPTH",
+    "Condition",
+    "Formula",
+    "FormulaError",
+    "compile_condition",
+    "compile_formula",
+]
 
 # The attention scale, the longest formula the built-in patterns need, is 30 characters
 # and 4 levels deep; these leave room for anything a dimension formula says.
@@ -40,6 +53,14 @@ _BINARY: dict[type, Callable[[float, float], float]] = {
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
     ast.Pow: operator.pow,
+}
+_COMPARE: dict[type, Callable[[float, float], bool]] = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
 }
 
 # dim(ref, axis) -> the dimension, or a string saying why it is not a known integer
@@ -69,8 +90,46 @@ class Formula:
         return value
 
 
+@dataclass(frozen=True)
+class Condition:
+    text: str
+    left: Formula
+    right: Formula
+    compare: Callable[[float, float], bool]
+
+    def evaluate(self, dim: DimLookup) -> bool | str:
+        """True or False, or why it cannot be decided."""
+        left, right = self.left.evaluate(dim), self.right.evaluate(dim)
+        for side in (left, right):
+            if isinstance(side, str):
+                return side
+        return self.compare(left, right)
+
+
 class _Unknown(Exception):
     pass
+
+
+def compile_condition(text: str) -> Condition:
+    """Parse ``text`` (one comparison of two formulas over graph inputs, ``'$name'``);
+    FormulaError says what is wrong."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as exc:
+        raise FormulaError(f"{text!r} is not a condition: {exc.msg}") from None
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in _COMPARE):
+        raise FormulaError(
+            f"{text!r} is not a condition: write one comparison, "
+            "such as \"dim('$pixel_values', -1) > 1024\""
+        )
+    left = compile_formula(ast.unparse(tree.left))
+    right = compile_formula(ast.unparse(tree.comparators[0]))
+    for ref in left.refs + right.refs:
+        if not ref.startswith("$"):
+            raise FormulaError(
+                f"{text!r}: {ref!r} is not a graph input; a switch reads inputs as '$name'"
+            )
+    return Condition(text, left, right, _COMPARE[type(tree.ops[0])])
 
 
 def compile_formula(text: str) -> Formula:

@@ -1,31 +1,25 @@
 """The pipeline: pre-passes, rounds of match, select and rewrite, then the check.
 
 ``optimize`` (``modes.py``) runs one pass (``once.py``), progressive validation's checked
-stages (``progressive.py``) or measured selection (``measured.py``), as the config says;
+stages (``progressive.py``) or measured selection (``measured/``), as the config's mode
+says. The one pass runs the rounds as a pass that returns what it did (``rounds.py``)
+and the check against the original (``check.py``) into a ``Result`` (``result.py``);
 ``switches.py`` turns patterns on or off by input shapes and ``left_alone.py`` names what
 the engine leaves as it is (quantized units, unknown domains).
 """
 
-from autofusion.fusion_core.pipeline.measured import (
-    FusionGroup,
-    PairedTimer,
-    group_fusions,
-    optimize_measured,
-)
+from autofusion.fusion_core.pipeline.check import check_against_original
+from autofusion.fusion_core.pipeline.measured import FusionGroup, group_fusions, optimize_measured
 from autofusion.fusion_core.pipeline.modes import optimize
-from autofusion.fusion_core.pipeline.once import (
-    AppliedFusion,
-    Result,
-    check_against_original,
-    optimize_once,
-    select_patterns,
-    subgraphs,
-)
+from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
 from autofusion.fusion_core.pipeline.progressive import (
     DEFAULT_STAGES,
     Rollback,
     optimize_progressive,
 )
+from autofusion.fusion_core.pipeline.result import AppliedFusion, Result
+from autofusion.fusion_core.pipeline.rounds import RewriteRounds, RoundsResult, subgraphs
+from autofusion.fusion_core.profiling import PairedTimer  # measured selection's, as before
 
 __all__ = [
     "DEFAULT_STAGES",
@@ -33,7 +27,9 @@ __all__ = [
     "FusionGroup",
     "PairedTimer",
     "Result",
+    "RewriteRounds",
     "Rollback",
+    "RoundsResult",
     "check_against_original",
     "group_fusions",
     "optimize",

@@ -25,7 +25,7 @@ from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import save_model
 from autofusion.fusion_core.pipeline.modes import optimize
-from autofusion.fusion_core.pipeline.once import Result
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.profiling import (
     ProfileOptions,
     measure_memory,

@@ -17,8 +17,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.measured import optimize_measured
-from autofusion.fusion_core.pipeline.once import Result, optimize_once
+from autofusion.fusion_core.pipeline.once import optimize_once
 from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["optimize"]
@@ -47,11 +48,12 @@ def optimize(
     which run many passes), for a caller that shows progress.
     """
     config = config or OptimizeConfig()
-    if config.measure or config.selection == "measured":
+    mode = config.mode
+    if mode == "measured":
         if on_phase:
             on_phase("measure")
         return optimize_measured(model, config, registry=registry, patterns=patterns, feeds=feeds)
-    if config.progressive:
+    if mode == "progressive":
         if on_phase:
             on_phase("progressive")
         stepwise = config.model_copy(update={"progressive": False, "stages": None})

@@ -28,12 +28,9 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
-from autofusion.fusion_core.pipeline.once import (
-    Result,
-    check_against_original,
-    optimize_once,
-    select_patterns,
-)
+from autofusion.fusion_core.pipeline.check import check_against_original
+from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
+from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 
@@ -84,7 +81,9 @@ def optimize_progressive(
     no_fusion = {"patterns": [], "switches": [], "check": check}
     first = optimize_once(model, config.model_copy(update=no_fusion))
     config, switched = resolve_switches(config, first.model)  # every stage sees the same
-    available = [p.name for p in select_patterns(config, registry, patterns)]
+    chosen = select_patterns(config, registry, patterns)  # once: every stage takes from it
+    available = [p.name for p in chosen]
+    keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
     original = first.to_proto()  # after loading and the pre-passes, before any fusion
     current: ir.Model = first.model
     done: list[Result] = []
@@ -109,7 +108,7 @@ def optimize_progressive(
             continue
         done.append(result)
         current = result.model
-    final = _combined(first, done, rollbacks, original, config, registry, patterns, feeds)
+    final = _combined(first, done, rollbacks, original, config, keep_fp32, feeds)
     final.switches = [s.to_dict() for s in switched]
     return final
 
@@ -147,8 +146,7 @@ def _combined(
     rollbacks: list[Rollback],
     original: onnx.ModelProto,
     config: OptimizeConfig,
-    registry: RewriterRegistry,
-    patterns: Sequence[CompiledPattern] | None,
+    keep_fp32: set[str],
     feeds: Sequence[Mapping[str, np.ndarray]] | None,
 ) -> Result:
     final = stages[-1] if stages else first
@@ -161,8 +159,7 @@ def _combined(
     final.regions = None
     final.check = None
     if config.check.enabled:
-        keep = {p.name for p in select_patterns(config, registry, patterns) if p.spec.keep_fp32}
-        check_against_original(final, original, config, keep, feeds)
+        check_against_original(final, original, config, keep_fp32, feeds)
     return final
 
 

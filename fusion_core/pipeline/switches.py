@@ -8,7 +8,7 @@ set no longer fits a cache), so a strategy can say, for example::
         disable: [conv_bn_relu]
 
 ``when`` is one comparison (``<``, ``<=``, ``>``, ``>=``, ``==``, ``!=``) between two
-formulas of the pattern language (``fusion_core.patterns._formula``: numbers,
+formulas of the pattern language (``fusion_core.patterns.compile_condition``: numbers,
 ``+ - * / **``, ``sqrt`` and ``dim(ref, axis)``), where ``ref`` names a graph input as
 ``'$name'``. Like a pattern's formula it is parsed with ``ast`` and walked by our own
 evaluator, so a strategy sent to the service cannot run code.
@@ -23,67 +23,19 @@ profile names) does not fire, and the outcome says why.
 
 from __future__ import annotations
 
-import ast
-import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
 from autofusion.fusion_core.errors import ConfigError
-from autofusion.fusion_core.patterns import Formula, FormulaError, compile_formula
+from autofusion.fusion_core.patterns import FormulaError, compile_condition
 
 if TYPE_CHECKING:
     from autofusion.fusion_core.config import OptimizeConfig, Switch
 
-__all__ = ["Condition", "SwitchOutcome", "compile_condition", "resolve_switches"]
-
-_COMPARE: dict[type, tuple[str, Callable[[float, float], bool]]] = {
-    ast.Lt: ("<", operator.lt),
-    ast.LtE: ("<=", operator.le),
-    ast.Gt: (">", operator.gt),
-    ast.GtE: (">=", operator.ge),
-    ast.Eq: ("==", operator.eq),
-    ast.NotEq: ("!=", operator.ne),
-}
-
-
-@dataclass(frozen=True)
-class Condition:
-    text: str
-    left: Formula
-    right: Formula
-    compare: Callable[[float, float], bool]
-
-    def evaluate(self, dim: Callable[[str, int], int | str]) -> bool | str:
-        """True or False, or why it cannot be decided."""
-        left, right = self.left.evaluate(dim), self.right.evaluate(dim)
-        for side in (left, right):
-            if isinstance(side, str):
-                return side
-        return self.compare(left, right)
-
-
-def compile_condition(text: str) -> Condition:
-    """Parse ``text`` (one comparison of two formulas); FormulaError says what is wrong."""
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError as exc:
-        raise FormulaError(f"{text!r} is not a condition: {exc.msg}") from None
-    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in _COMPARE):
-        raise FormulaError(
-            f"{text!r} is not a condition: write one comparison, "
-            "such as \"dim('$pixel_values', -1) > 1024\""
-        )
-    left = compile_formula(ast.unparse(tree.left))
-    right = compile_formula(ast.unparse(tree.comparators[0]))
-    for ref in left.refs + right.refs:
-        if not ref.startswith("$"):
-            raise FormulaError(
-                f"{text!r}: {ref!r} is not a graph input; a switch reads inputs as '$name'"
-            )
-    return Condition(text, left, right, _COMPARE[type(tree.ops[0])][1])
+__all__ = ["SwitchOutcome", "resolve_switches"]
 
 
 @dataclass(frozen=True)

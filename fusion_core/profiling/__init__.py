@@ -1,7 +1,8 @@
 """Measuring on onnxruntime: latency, paired ratios, traces, per-node times, memory.
 
 ``latency.py`` times and profiles the original and the fused model; ``stats.py`` the
-paired ratio and its verdict; ``_trace.py`` sessions and onnxruntime's profiler trace;
+paired ratio and its verdict; ``_paired.py`` the paired timer that measured selection
+decides with; ``_trace.py`` sessions and onnxruntime's profiler trace;
 ``footprint.py`` file size and peak memory (in a child process, ``_memory_child.py``).
 
 The names load on first use (``lazy_loader``): ``stats`` (the verdicts a report
@@ -13,6 +14,7 @@ import lazy_loader
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
+        "_paired": ["PairedTimer"],
         "_trace": ["inputs_for", "make_session", "prepare_model", "session_options"],
         "footprint": [
             "MEMORY_LEVEL",

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from autofusion.fusion_core.strategies._selection import Candidate
+from autofusion.fusion_core.strategies._candidates import Candidate
 
 __all__ = ["Problem"]
 

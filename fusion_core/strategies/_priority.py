@@ -9,7 +9,7 @@ meanwhile.) Every round still applies the top candidate, so rounds reach a fixpo
 
 It takes and returns what every strategy does (``Candidate`` in, ``Selection`` out),
 ranking by ``Candidate.priority``. Unlike the cost-based strategies it applies no
-filter of its own: ``fusion_core.strategies.selection.PrioritySelection`` leaves out
+filter of its own: ``fusion_core.strategies.pricing.PrioritySelection`` leaves out
 the predicted losses and what the config's limits refuse, with the reasons, first.
 """
 
@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 
-from autofusion.fusion_core.strategies._selection import Candidate, Rejection, Selection
+from autofusion.fusion_core.strategies._candidates import Candidate, Rejection, Selection
 
 __all__ = ["PriorityStrategy"]
 

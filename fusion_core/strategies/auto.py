@@ -25,8 +25,9 @@ several fusion paths compete for the same nodes.
 from __future__ import annotations
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._candidates import AutoChoice, Solution
 from autofusion.fusion_core.strategies._conflicts import Problem
-from autofusion.fusion_core.strategies._selection import AutoChoice, SelectionStrategy, Solution
+from autofusion.fusion_core.strategies._strategy import SelectionStrategy
 from autofusion.fusion_core.strategies.dp import DPStrategy
 from autofusion.fusion_core.strategies.genetic import GeneticStrategy
 from autofusion.fusion_core.strategies.greedy import GreedyStrategy

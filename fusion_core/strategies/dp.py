@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._candidates import Solution
 from autofusion.fusion_core.strategies._conflicts import Problem
 from autofusion.fusion_core.strategies._exact import (
     interval_ranges,
@@ -27,7 +28,7 @@ from autofusion.fusion_core.strategies._exact import (
     solve_tree,
 )
 from autofusion.fusion_core.strategies._local_search import improve_by_swaps
-from autofusion.fusion_core.strategies._selection import SelectionStrategy, Solution
+from autofusion.fusion_core.strategies._strategy import SelectionStrategy
 from autofusion.fusion_core.strategies.greedy import greedy_indices
 
 __all__ = ["DPStrategy"]

@@ -29,10 +29,11 @@ from __future__ import annotations
 import numpy as np
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._candidates import Solution
 from autofusion.fusion_core.strategies._conflicts import Problem
 from autofusion.fusion_core.strategies._genes import Genes
 from autofusion.fusion_core.strategies._local_search import improve_by_swaps
-from autofusion.fusion_core.strategies._selection import SelectionStrategy, Solution
+from autofusion.fusion_core.strategies._strategy import SelectionStrategy
 from autofusion.fusion_core.strategies.greedy import greedy_indices
 
 __all__ = ["GeneticStrategy"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from autofusion.fusion_core.strategies._candidates import Solution
 from autofusion.fusion_core.strategies._conflicts import Problem
-from autofusion.fusion_core.strategies._selection import SelectionStrategy, Solution
+from autofusion.fusion_core.strategies._strategy import SelectionStrategy
 
 __all__ = ["GreedyStrategy", "greedy_indices"]
 

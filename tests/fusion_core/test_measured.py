@@ -15,7 +15,8 @@ import pytest
 
 from autofusion.fusion_core import OptimizeConfig, optimize
 from autofusion.fusion_core.errors import ConfigError
-from autofusion.fusion_core.pipeline.measured import PairedTimer, group_fusions, optimize_measured
+from autofusion.fusion_core.pipeline.measured import group_fusions, optimize_measured
+from autofusion.fusion_core.profiling import PairedTimer
 from autofusion.fusion_core.profiling.stats import paired_ratio
 from autofusion.fusion_core.report import build_report, format_summary, read_report
 from autofusion.fusion_core.validate import CANDIDATES, candidate_dims, input_dims

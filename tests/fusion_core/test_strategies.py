@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.strategies._candidates import Candidate, Selection, Solution
 from autofusion.fusion_core.strategies._conflicts import Problem
 from autofusion.fusion_core.strategies._exact import solve_interval, solve_search, solve_tree
-from autofusion.fusion_core.strategies._selection import Candidate, Selection, Solution
 from autofusion.fusion_core.strategies.auto import AutoStrategy, strategy_by_name
 from autofusion.fusion_core.strategies.dp import DPStrategy
 from autofusion.fusion_core.strategies.genetic import GeneticStrategy

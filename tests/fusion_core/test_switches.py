@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from autofusion.fusion_core import CheckOptions, OptimizeConfig, optimize, testing
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.patterns import compile_condition
 from autofusion.fusion_core.patterns._formula import FormulaError
-from autofusion.fusion_core.pipeline.switches import compile_condition
 from autofusion.fusion_core.report import build_report
 
 

@@ -8,7 +8,7 @@ group of fusions, so that a second job on the same architecture measures little.
   dims, the values of small tensors only (shapes, axes, scales decide what fuses and
   how fast; large weights do not), plus the input sizes measured. A retrained model, or
   another checkpoint of the same architecture, has the same structure.
-* A **group** is named by its key (pattern and region class, fusion_core/pipeline/measured.py).
+* A **group** is named by its key (pattern and region class, ``_groups.py``).
 
 One small JSON file per decision, written atomically (a temporary file renamed), so
 that concurrent jobs on one machine never read half a file; an unreadable entry is a

@@ -1,16 +1,18 @@
-"""Cost-based selection: the cost model prices each candidate, a strategy picks the set.
+"""The selection a pass runs: a strategy tied to the cost model and the config's limits.
 
-The pipeline's default (``OptimizeConfig.selection = "priority"``) takes candidates by
-pattern priority. With ``greedy``, ``dp``, ``genetic`` or ``auto`` each round instead
-prices every candidate with ``fusion_core.cost.CostModel`` (the target profile's
-bandwidth, launch overhead and peak FLOP/s over the inferred shapes, or the pattern's
-cost hints when shapes are unknown) and hands them to the strategy, which maximises the
-total predicted gain of a non-overlapping set (``fusion_core.strategies``).
+``selection_for(config)`` gives the one ``config.proposer`` names. The pipeline's
+default (``OptimizeConfig.selection = "priority"``) takes candidates by pattern
+priority. With ``greedy``, ``dp``, ``genetic`` or ``auto`` each round instead prices
+every candidate with ``fusion_core.cost.CostModel`` (the target profile's bandwidth,
+launch overhead and peak FLOP/s over the inferred shapes, or the pattern's cost hints
+when shapes are unknown) and hands them to the strategy, which maximises the total
+predicted gain of a non-overlapping set (``fusion_core.strategies``).
 ``cost_threshold`` and ``memory_limit`` drop candidates before the choice under every
-selection, priority included (``PrioritySelection``), and every selection but measured
-leaves out what the cost model prices as a loss (``CostModel.loss_reason``); those drops
-become near misses with their reason. Each round's objective, chosen and rejected
-candidates and the strategy's time are kept in ``Result.selections``.
+selection, priority included (``PrioritySelection``), and outside measured mode every
+selection leaves out what the cost model prices as a loss (``CostModel.loss_reason``;
+in measured mode this machine decides); those drops become near misses with their
+reason. Each round's objective, chosen and rejected candidates and the strategy's time
+are kept in ``Result.selections``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ class CostBasedSelection:
     def __init__(
         self, config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
     ) -> None:
-        self.name = config.selection
+        self.name = config.proposer
         dims = config.check.shape_profiles()[0]
         self.cost = CostModel(config.target_profile, dims=dims, rewriters=rewriters)
         self.strategy = strategy_by_name(
-            config.selection,
+            config.proposer,
             cost_threshold=config.cost_threshold,
             memory_limit=config.memory_limit,
         )
@@ -167,10 +169,10 @@ def _candidate(index: int, match: Match, gain: Gain | None, *, priority: int = 0
 def selection_for(
     config: OptimizeConfig, *, op_count: int, rewriters: RewriterRegistry | None = None
 ) -> PrioritySelection | CostBasedSelection:
-    """The selection ``config.selection`` names (measured selection proposes by priority);
-    ``rewriters`` (default: the built-in ones) say what each rewrite costs."""
-    if config.selection in ("priority", "measured"):
-        drop = config.selection == "priority"
+    """The selection ``config.proposer`` names; ``rewriters`` (default: the built-in ones)
+    say what each rewrite costs. In measured mode priority keeps the predicted losses."""
+    if config.proposer == "priority":
+        drop = config.mode != "measured"
         return PrioritySelection(config, drop_losses=drop, rewriters=rewriters)
     return CostBasedSelection(config, op_count=op_count, rewriters=rewriters)
 

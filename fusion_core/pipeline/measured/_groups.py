@@ -1,0 +1,74 @@
+"""The groups of fusions measured selection times as one, and the decision on each.
+
+The fusions of one pattern that emit the same ops form a group: a BERT's 12 attention
+blocks are one measurement, not 12. A decision keeps or leaves out a whole group, with
+the paired ratio it was decided on (or why it was not measured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autofusion.fusion_core.pipeline.result import AppliedFusion
+from autofusion.fusion_core.profiling.stats import PairedRatio
+
+__all__ = ["Decision", "FusionGroup", "SkipMap", "group_fusions"]
+
+# (pattern, matched node names) -> why that fusion is not applied (optimize_once's skip)
+SkipMap = dict[tuple[str, frozenset[str]], str]
+
+
+@dataclass
+class FusionGroup:
+    """The fusions of one pattern that emit the same ops: measured together."""
+
+    pattern: str
+    new_ops: tuple[str, ...]
+    fusions: list[AppliedFusion] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.pattern} -> {'+'.join(self.new_ops) or '(nothing)'}"
+
+    @property
+    def predicted_saved_us(self) -> float:
+        saved = [(f.predicted_gain or {}).get("saved_us") for f in self.fusions]
+        return float(sum(s for s in saved if isinstance(s, (int, float))))
+
+    def skip(self, reason: str) -> SkipMap:
+        return {(f.pattern, frozenset(f.replaced_nodes)): reason for f in self.fusions}
+
+
+def group_fusions(applied: Sequence[AppliedFusion]) -> list[FusionGroup]:
+    """Groups by pattern and emitted ops, the largest predicted gain first."""
+    groups: dict[tuple[str, tuple[str, ...]], FusionGroup] = {}
+    for fusion in applied:
+        key = (fusion.pattern, tuple(sorted(set(fusion.new_ops))))
+        groups.setdefault(key, FusionGroup(*key)).fusions.append(fusion)
+    return sorted(groups.values(), key=lambda g: (-g.predicted_saved_us, g.key))
+
+
+@dataclass
+class Decision:
+    """Whether a group is kept, why, and on what evidence."""
+
+    group: FusionGroup
+    kept: bool
+    reason: str
+    ratio: PairedRatio | None = None
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group.key,
+            "pattern": self.group.pattern,
+            "new_ops": list(self.group.new_ops),
+            "fusions": len(self.group.fusions),
+            "predicted_saved_us": self.group.predicted_saved_us,
+            "kept": self.kept,
+            "cached": self.cached,
+            "ratio": self.ratio.to_dict() if self.ratio else None,
+            "reason": self.reason,
+        }

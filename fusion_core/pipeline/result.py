@@ -1,0 +1,74 @@
+"""What one optimization did: ``Result``, and each fusion it applied (``AppliedFusion``).
+
+Every mode returns a ``Result`` (one pass, progressive stages, measured selection); the
+report (fusion_core/report) is built from it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_ir as ir
+
+from autofusion.fusion_core.patterns import NearMiss
+from autofusion.fusion_core.validate import CheckResult, PrecisionReport, RegionReport
+
+__all__ = ["AppliedFusion", "Result"]
+
+
+@dataclass(frozen=True)
+class AppliedFusion:
+    pattern: str
+    replaced_nodes: tuple[str, ...]
+    new_nodes: tuple[str, ...]
+    new_ops: tuple[str, ...]
+    round: int
+    rewriter: str | None = None  # its name in the rewriter registry
+    # The cost model's prediction for this fusion on config.target_profile
+    # (fusion_core.cost.Gain.prediction), priced on the graph it was applied to.
+    predicted_gain: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "pattern": self.pattern,
+            "replaced_nodes": list(self.replaced_nodes),
+            "new_nodes": list(self.new_nodes),
+            "new_ops": list(self.new_ops),
+            "round": self.round,
+            "rewriter": self.rewriter,
+            "predicted_gain": self.predicted_gain,
+        }
+
+
+@dataclass
+class Result:
+    """What one optimization did. ``model`` is the fused model (onnx-ir)."""
+
+    model: ir.Model
+    target: str
+    patterns_used: list[str]
+    applied: list[AppliedFusion] = field(default_factory=list)
+    near_misses: list[NearMiss] = field(default_factory=list)
+    ops_before: Counter = field(default_factory=Counter)
+    ops_after: Counter = field(default_factory=Counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    rounds: int = 0
+    prepasses: list[str] = field(default_factory=list)
+    check: CheckResult | None = None
+    regions: RegionReport | None = None  # set when the check fails: which fusion drifts
+    rollbacks: list[dict] = field(default_factory=list)  # progressive validation took back
+    structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
+    precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
+    selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
+    switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
+    left_alone: list[dict] = field(default_factory=list)  # parts no rule rewrites, and why
+    measurement: dict | None = None  # measured selection: groups, decisions, final ratio
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(f.pattern for f in self.applied))
+
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.to_proto(self.model)
