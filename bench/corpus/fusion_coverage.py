@@ -16,8 +16,10 @@ LLM model of the corpus (``export_llm.py``) and every encoder of ``export_torch.
 * fused: the fused ops of the optimized graph (``nodes.by_op_after`` of the report),
   capped at what is there.
 
+``--group`` prints one row per family instead, the variants with equal counts in one.
+
     python bench/corpus/fusion_coverage.py [--cache DIR] [--models NAME ...]
-        [--jobs 2] [--markdown coverage.md]
+        [--jobs 2] [--group] [--markdown coverage.md]
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def selected(models: Path, names: list[str] | None) -> list[tuple[Path, meta.Mod
             keep = info.name in names
         else:
             llm = info.name.startswith("llm_")
-            encoder = "attention" in info.source and not info.notes.startswith("LLM decoder")
+            encoder = "attention" in info.source and "LLM decoder" not in info.notes
             keep = (llm or encoder) and not info.bench_only
         if keep:
             found.append((path, info))
@@ -103,8 +105,9 @@ def optimize(path: Path, info: meta.ModelMeta, tmp: Path) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {TIMEOUT_S} s"}
     if proc.returncode != 0 or not report.is_file():
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
-        return {"error": f"exit {proc.returncode}: {tail[0][:200]}"}
+        lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines() or [""]
+        internal = [line for line in lines if "internal error" in line]
+        return {"error": f"exit {proc.returncode}: {(internal or lines)[-1][:200]}"}
     after = json.loads(report.read_text()).get("nodes", {}).get("by_op_after", {})
     counts: dict[str, int] = {}
     for op, count in after.items():
@@ -128,12 +131,36 @@ def row(info: meta.ModelMeta, path: Path, counts: dict) -> dict:
     return {"model": info.name, "exporter": info.exporter, **cells, "error": counts.get("error")}
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| model | exporter | attention | rotary | norms | MoE |",
-        "|---|---|---|---|---|---|",
-    ]
+# a model's name is its family's, then the variant (export_llm.KINDS, export_torch's exporters)
+VARIANTS = ("optimum_kv", "dynamo_kv", "torchscript", "dynamo")
+
+
+def grouped(rows: list[dict]) -> list[dict]:
+    """One row per family (the name less its variant) and set of equal counts, the
+    variants that share them joined in ``exporter``."""
+    groups: dict[tuple, list[str]] = {}
     for r in rows:
+        family, variant = r["model"].removeprefix("llm_"), r["exporter"]
+        for suffix in VARIANTS:
+            if family.endswith("_" + suffix):
+                family, variant = family.removesuffix("_" + suffix), suffix
+                break
+        groups.setdefault((family, *(r[k] for k in KINDS)), []).append(variant)
+    return [
+        {
+            "model": key[0],
+            "exporter": ", ".join(variants),
+            **dict(zip(KINDS, key[1:], strict=True)),
+            "error": None,
+        }
+        for key, variants in groups.items()
+    ]
+
+
+def markdown(rows: list[dict], *, group: bool = False) -> str:
+    first = "| family | exporters |" if group else "| model | exporter |"
+    lines = [f"{first} attention | rotary | norms | MoE |", "|---|---|---|---|---|---|"]
+    for r in grouped(rows) if group else rows:
         cells = " | ".join(r[k] for k in KINDS)
         lines.append(f"| {r['model']} | {r['exporter']} | {cells} |")
     errors = [f"- {r['model']}: {r['error']}" for r in rows if r["error"]]
@@ -146,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", metavar="NAME", help="only these models")
     parser.add_argument("--jobs", type=int, default=2, help="optimize processes at a time")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--group", action="store_true", help="one row per family and equal counts")
     args = parser.parse_args(argv)
     models = selected(meta.models_dir(meta.cache_dir(args.cache)), args.models)
     with (
@@ -154,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         counts = list(pool.map(lambda m: optimize(m[0], m[1], Path(tmp)), models))
     rows = [row(info, path, c) for (path, info), c in zip(models, counts, strict=True)]
-    table = markdown(rows)
+    table = markdown(rows, group=args.group)
     sys.stdout.write(table)
     if args.markdown:
         args.markdown.write_text(table)
