@@ -11,9 +11,17 @@ its queries and keys. ``expected_ops`` (``meta.py``) counts op types in the opti
 graph: a plain key must match exactly, a ``?`` key is not required yet (at most that
 many): every decoder's rotary embeddings and attention fuse (``rotary``,
 ``group_query_attention``), dynamo's cache graphs too (their finite mask's rows with
-nothing to attend to take the cache's mean value). Rewritten
-into each model's meta.json by every build (``export_llm.refresh``), so a change here
-needs no new export.
+nothing to attend to take the cache's mean value).
+
+Issue 24's families say what differs in their ``Arch`` (``_llm_families.py``), and the
+counts follow (``Blocks``): Gemma-2's four RMSNorms per layer (two on the branches'
+outputs, not after an Add), Qwen3's per-head q/k RMSNorms (``2 * layers`` more
+SimplifiedLayerNormalization), Falcon's one and GPT-NeoX's two LayerNorms per layer
+after one residual Add (``LayerNormalization|SkipLayerNormalization``), no rotary
+embedding in SmolLM3's NoPE layer, and a ``MoE`` op per mixture-of-experts block
+(Qwen3-MoE). What autofusion does not fuse on them yet is in
+``tests/corpus/known_failures.py``. Rewritten into each model's meta.json by every build
+(``export_llm.refresh``), so a change here needs no new export.
 
 ``expected`` (pattern -> minimum count) keeps the corpus's pattern-level checks: the
 RMSNorms, the residual Add + RMSNorm pairs (``skip_rms_norm*``) and the Q/K/V merge where
@@ -27,6 +35,8 @@ The generic target at opset 17/18 has no RMSNormalization, Attention or RotaryEm
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import _llm_families as fam
 import onnx
 from _torch_expect import any_of
@@ -35,31 +45,80 @@ FAMILIES = fam.FAMILIES
 config_text = fam.config_text
 
 NORMS = "SimplifiedLayerNormalization|SkipSimplifiedLayerNormalization"
+_NORM_OPS = {  # Arch.norm -> (the norm's ops, plain or with the residual Add; the skip op)
+    "rms": (NORMS, "SkipSimplifiedLayerNormalization"),
+    "layer": ("LayerNormalization|SkipLayerNormalization", "SkipLayerNormalization"),
+}
+ATTENTION = "GroupQueryAttention|MultiHeadAttention"
+MOE = "MoE"
+
+
+class Blocks(NamedTuple):
+    """What one export of a family has, from its architecture (``fam.Arch``)."""
+
+    norms: int  # every norm, the per-head q/k ones included
+    skips: int  # norms fed by a residual Add
+    qk_norms: int
+    rotary: int  # RotaryEmbedding ops: one on the queries, one on the keys per layer
+    attentions: int
+    moe: int
+
+    @classmethod
+    def of(cls, family: str, layers: int) -> Blocks:
+        arch = FAMILIES[family].arch
+        qk = 2 * layers if arch.qk_norm else 0
+        rope = layers if arch.rope_layers is None else arch.rope_layers
+        return cls(
+            norms=arch.norms * layers + 1 + qk,
+            skips=arch.residual_adds * layers,
+            qk_norms=qk,
+            rotary=2 * rope,
+            attentions=layers,
+            moe=layers if arch.moe else 0,
+        )
 
 
 def expected(family: str, kind: str, graph: onnx.ModelProto) -> tuple[dict, dict, str]:
     """(expected, expected_ops, notes) of one export."""
     spec = FAMILIES[family]
-    layers = _layers(graph)
+    blocks = Blocks.of(family, _layers(graph))
     both: dict[str, int] = {}
     if spec.separate_qkv:
-        both[any_of("qkv")] = layers
-    ort = both | {any_of("rms_norm"): 2 * layers + 1, any_of("skip_rms_norm"): 2 * layers}
-    attention = "GroupQueryAttention|MultiHeadAttention"
-    ops = {
-        NORMS: 2 * layers + 1,
-        "?SkipSimplifiedLayerNormalization": 2 * layers,
-        "RotaryEmbedding": 2 * layers,
-        attention: layers,
-    }
-    graph_kind = "decode graph with a KV cache" if kind.endswith("_kv") else "prefill graph"
-    notes = (
-        f"LLM decoder ({spec.notes}), {graph_kind}, {layers} layers: {2 * layers + 1} "
-        f"RMSNorms ({2 * layers} after a residual Add), {layers} attentions"
-        + ("" if spec.separate_qkv else "; q, k and v are one Linear already")
-        + "."
+        both[any_of("qkv")] = blocks.attentions
+    norm_ops, skip_op = _NORM_OPS[spec.arch.norm]
+    ort = dict(both)
+    if spec.arch.norm == "rms":
+        ort |= {any_of("rms_norm"): blocks.norms, any_of("skip_rms_norm"): blocks.skips}
+    else:
+        ort[any_of("skip_layer_norm")] = blocks.skips
+    ops = {norm_ops: blocks.norms, "?" + skip_op: blocks.skips}
+    ops |= {"RotaryEmbedding": blocks.rotary, ATTENTION: blocks.attentions}
+    if blocks.moe:
+        ops[MOE] = blocks.moe
+    return (
+        {"generic": dict(both), "onnxruntime": ort},
+        {"onnxruntime": ops},
+        _notes(family, kind, blocks),
     )
-    return {"generic": dict(both), "onnxruntime": ort}, {"onnxruntime": ops}, notes
+
+
+def _notes(family: str, kind: str, blocks: Blocks) -> str:
+    spec = FAMILIES[family]
+    graph_kind = "decode graph with a KV cache" if kind.endswith("_kv") else "prefill graph"
+    norm = "RMSNorms" if spec.arch.norm == "rms" else "LayerNorms"
+    parts = [
+        f"LLM decoder ({spec.notes}), {graph_kind}, {blocks.attentions} layers: "
+        f"{blocks.norms} {norm} ({blocks.skips} after a residual Add"
+        + (f", {blocks.qk_norms} on query/key heads" if blocks.qk_norms else "")
+        + f"), {blocks.attentions} attentions"
+    ]
+    if blocks.rotary != 2 * blocks.attentions:
+        parts.append(f"{blocks.rotary} rotary embeddings (none in a NoPE layer)")
+    if blocks.moe:
+        parts.append(f"{blocks.moe} mixture-of-experts blocks")
+    if not spec.separate_qkv:
+        parts.append("q, k and v are one Linear already")
+    return "; ".join(parts) + "."
 
 
 def _layers(graph: onnx.ModelProto) -> int:

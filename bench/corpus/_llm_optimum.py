@@ -10,6 +10,12 @@ into ``<out>/<family>/model.onnx``, beside ``decode.npz``, the torch reference o
 4-step greedy decode of this venv's model. ``--bench`` builds issue 17's benchmark
 Llama instead (``export_llm.BENCH_SIZES``, passed as JSON) and keeps its
 ``save_pretrained`` folder as ``<out>/llama/hf`` for onnxruntime-genai's model builder.
+
+A family that needs another attention than sdpa (Gemma-2's eager, the only one that
+soft-caps the attention logits) is exported from the model in memory
+(``onnx_export_from_model``, optimum's API for a loaded model): ``main_export`` reloads
+the folder with transformers 4.57's default, sdpa, whose Gemma-2 attention silently
+drops the soft-capping (its logits then differ from the model's by about 2.4 here).
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ import numpy as np
 
 
 def export(family: str, folder: Path, *, sizes: dict | None = None, keep_hf: bool = False) -> None:
-    from optimum.exporters.onnx import main_export
+    from optimum.exporters.onnx import main_export, onnx_export_from_model
 
     model = fam.build(family, **(sizes or {}))
     folder.mkdir(parents=True, exist_ok=True)
+    out = str(folder / "export")
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        main_export(tmp, output=str(folder / "export"), task="text-generation-with-past")
+        if fam.FAMILIES[family].attn == "sdpa":
+            main_export(tmp, output=out, task="text-generation-with-past")
+        else:  # main_export would reload it with sdpa: export the model as built
+            onnx_export_from_model(model, output=out, task="text-generation-with-past")
         if keep_hf:
             shutil.copytree(tmp, folder / "hf")
     shutil.move(str(folder / "export" / "model.onnx"), folder / "model.onnx")

@@ -2,7 +2,8 @@
 
 Why: issue 13 asks for the families users deploy today that the test data does not
 cover (Llama, Qwen2, Phi-3, GPT-J, Whisper's encoder, T5's encoder, Swin, DeBERTa-v2,
-ModernBERT), each in every attention implementation transformers offers for it that
+ModernBERT; issue 24 adds torch's own ``nn.TransformerEncoder``, ``_torch_encoder.py``),
+each in every attention implementation transformers offers for it that
 users get (eager, and sdpa where it is the default), built from a config with random
 weights: nothing comes from a model hub. Sizes follow
 ``bench/make_transformer_models.py`` (2 layers, hidden 64, 4 heads, intermediate 128,
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import make_transformer_models as mtm
+from _torch_encoder import TorchEncoderConfig, TorchEncoderModel
 from _torch_norms import randomize
 
 torch = mtm.torch
@@ -211,6 +213,23 @@ FAMILIES = {
         ),
         "text",
         ("eager", "sdpa"),
+        separate_qkv=False,
+    ),
+    # issue 24: torch's own nn.TransformerEncoder (packed in_proj, post-norm, GELU)
+    "torch_encoder": Family(
+        TorchEncoderConfig,
+        TorchEncoderModel,
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=FFN,
+            max_position_embeddings=POSITIONS,
+            pad_token_id=0,
+        ),
+        "text",
+        ("sdpa",),
         separate_qkv=False,
     ),
 }

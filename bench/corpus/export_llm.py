@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import _llm_expect
+import _llm_families as fam
 import _torch_kvcache
 import _torch_sidevenv as sidevenv
 import llm_decode
@@ -55,7 +56,7 @@ log = logging.getLogger("export_llm")
 HERE = Path(__file__).resolve().parent
 RECIPE = 1  # bump when the export recipe changes: every model is then rebuilt
 TORCHSCRIPT_OPSET, DYNAMO_OPSET = 17, 18
-KINDS = ("torchscript", "dynamo", "dynamo_kv", "optimum_kv")
+KINDS = fam.KINDS
 EXPORTER = {
     "torchscript": "torch-torchscript",
     "dynamo": "torch-dynamo",
@@ -87,7 +88,22 @@ def families() -> list[str]:
 
 
 def all_names() -> list[str]:
-    return [f"llm_{family}_{kind}" for family in families() for kind in KINDS]
+    """Every family's variants (``Family.kinds``) but those it says are not made."""
+    return [
+        f"llm_{family}_{kind}"
+        for family, spec in fam.FAMILIES.items()
+        for kind in spec.kinds
+        if kind not in spec.skipped
+    ]
+
+
+def not_made() -> dict[str, str]:
+    """The variants a family does not make: name -> why (``Family.skipped``)."""
+    return {
+        f"llm_{family}_{kind}": why
+        for family, spec in fam.FAMILIES.items()
+        for kind, why in spec.skipped.items()
+    }
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -300,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     cache = meta.cache_dir(args.cache)
     start = time.perf_counter()
+    for name, why in not_made().items():
+        log.info("%s: not made (%s)", name, why)
     if args.bench:
         export_bench(cache, force=args.force)
     else:

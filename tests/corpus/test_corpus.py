@@ -156,7 +156,7 @@ def _decode_cases() -> list:
             info,
             target,
             id=f"{info.name}-{target}",
-            marks=known_failures.marks(info.name, target),
+            marks=known_failures.decode_marks(info.name, target),
         )
         for path, info in _models()
         if isinstance(info, meta.ModelMeta) and info.decode and not info.bench_only
