@@ -1,4 +1,4 @@
-"""The layout DESIGN.md maps, as the code has it: stage packages, public faces, no circles.
+"""The layout docs/architecture.md maps, as the code has it: stage packages, faces, no circles.
 
 Reads the source with ``ast`` (nothing is imported): an import of ``a.b.c`` is an edge
 to the most specific module of that name that exists, at any depth of the file (imports

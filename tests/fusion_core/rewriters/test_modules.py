@@ -1,4 +1,4 @@
-"""One public module per registered rewriter name (DESIGN.md, "Where things go").
+"""One public module per registered rewriter name (docs/architecture.md, "Where things go").
 
 ``fusion_core.rewriters.<name>`` (a module, or for ``attention`` a package) holds the
 built-in rewriter registered as ``<name>`` and no other; what several rewriters share
