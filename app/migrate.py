@@ -1,7 +1,7 @@
 """Run Alembic migrations from code (no alembic.ini: the URL comes from Settings).
 
-The Alembic environment is the ``migrations`` package, found with ``importlib.resources``:
-in a wheel install it sits beside ``app`` in site-packages, in a checkout at the
+The Alembic environment is the ``autofusion.migrations`` package, found with
+``importlib.resources``: in a wheel install it sits beside ``autofusion.app``, in a checkout at the
 repository root. Nothing depends on the current directory.
 """
 

@@ -13,14 +13,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from autofusion.fusion_core.errors import PatternError, field_errors
-from autofusion.fusion_core.patterns import PatternSpec
-from autofusion.fusion_core.rewriters import Params, Rewriter, RewriterRegistry, builtin_rewriters
+
+if TYPE_CHECKING:
+    from autofusion.fusion_core.patterns import PatternSpec
+    from autofusion.fusion_core.rewriters import Params, Rewriter, RewriterRegistry
 
 __all__ = [
     "CompiledPattern",
@@ -46,6 +48,11 @@ def compile_pattern(
     raw: dict[str, Any] | PatternSpec, registry: RewriterRegistry | None = None
 ) -> CompiledPattern:
     """Validate one pattern and bind its rewriter; raise PatternError naming the field."""
+    # The pattern models and the rewriters (onnx_ir, so onnx) load on the first compile:
+    # the API reads the built-ins' data at start (``builtin_pattern_data``) and no more.
+    from autofusion.fusion_core.patterns import PatternSpec
+    from autofusion.fusion_core.rewriters import builtin_rewriters
+
     registry = registry or builtin_rewriters()
     label = raw.get("name", "<unnamed>") if isinstance(raw, dict) else raw.name
     try:
@@ -126,7 +133,6 @@ def load_pattern_file(
 def compile_all(
     raws: Iterable[dict[str, Any]], registry: RewriterRegistry | None = None
 ) -> list[CompiledPattern]:
-    registry = registry or builtin_rewriters()
     return [compile_pattern(raw, registry) for raw in raws]
 
 

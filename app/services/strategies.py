@@ -20,7 +20,7 @@ from autofusion.app.services.versioned import VersionedKind
 from autofusion.fusion_core import CheckOptions
 from autofusion.fusion_core.catalog import builtin_pattern_data
 from autofusion.fusion_core.config import MeasureOptions, Selection, Switch
-from autofusion.fusion_core.patterns import TargetName
+from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
     "PRESETS",

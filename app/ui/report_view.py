@@ -14,18 +14,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import onnx_ir as ir
 from markupsafe import Markup
 
 from autofusion.app.ui.report_charts import error_histograms, slowest_nodes
 from autofusion.app.ui.report_groups import fusion_groups, near_miss_groups
 from autofusion.fusion_core.report import (
-    GraphIndex,
     ReportSummary,
     Speed,
     grouped_bars,
     read_report,
-    region_svg,
 )
 
 __all__ = [
@@ -33,7 +30,6 @@ __all__ = [
     "MAX_MATCH_PICTURES",
     "fmt",
     "fmt_bytes",
-    "match_pictures",
     "report_view",
     "speed_class",
 ]
@@ -277,17 +273,3 @@ def report_view(
         "op_chart": _op_type_chart(profile),
         "slowest": slowest_nodes(profile),
     }
-
-
-def match_pictures(model: ir.Model, matches: list[list[str]]) -> list[Markup]:
-    """The first matches of a pattern trial drawn in ``model`` (after the pre-passes),
-    the matched nodes highlighted among their neighbours."""
-    if not matches:
-        return []
-    index = GraphIndex(ir.to_proto(model))
-    pictures = []
-    for number, names in enumerate(matches[:MAX_MATCH_PICTURES], start=1):
-        svg = region_svg(index, names, f"match {number}")
-        if svg:
-            pictures.append(Markup(svg))  # region_svg escapes every label
-    return pictures

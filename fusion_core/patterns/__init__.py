@@ -19,7 +19,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "compile_condition",
             "compile_formula",
         ],
-        "_match": ["NEAR_MISS_KINDS", "Match", "NearMiss"],
+        "_match": ["Match"],
+        "_near_miss": ["NEAR_MISS_KINDS", "NearMiss"],
         "_matcher": ["Matcher", "MatchResult", "check_match", "escape_reason"],
         "_refs": ["ValueRef", "parse_edge", "parse_ref"],
         "_spec": [

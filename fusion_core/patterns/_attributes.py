@@ -10,7 +10,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 
 __all__ = ["attribute_value"]
@@ -18,6 +17,10 @@ __all__ = ["attribute_value"]
 
 @lru_cache(maxsize=1024)
 def _schema_default(op_type: str, domain: str, opset: int | None, name: str) -> Any:
+    # onnx is imported here, not at the top: the API syncs the built-in patterns through
+    # this package and must not load onnx (docs/architecture.md, "Imports run one way").
+    import onnx
+
     try:
         if opset is None:
             schema = onnx.defs.get_schema(op_type, domain=domain)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import consumers
-from autofusion.fusion_core.patterns._match import Match, NearMiss
+from autofusion.fusion_core.patterns._match import Match
+from autofusion.fusion_core.patterns._near_miss import NearMiss
 from autofusion.fusion_core.patterns._probes import PROBES
 
 __all__ = ["explain_unmatched"]

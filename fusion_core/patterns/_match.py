@@ -1,4 +1,5 @@
-"""What the matcher produces: a binding of pattern nodes to graph nodes, or a near miss."""
+"""What the matcher produces: a binding of pattern nodes to graph nodes (a near miss is
+in ``_near_miss.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from autofusion.fusion_core.patterns._refs import ValueRef, parse_ref
 if TYPE_CHECKING:
     from autofusion.fusion_core.patterns._spec import PatternSpec
 
-__all__ = ["NEAR_MISS_KINDS", "Match", "NearMiss"]
+__all__ = ["Match"]
 
 
 @dataclass(eq=False)
@@ -120,31 +121,3 @@ def _shape_only(reader: ir.Node, members: frozenset[int]) -> dict[int, ir.Node] 
                 return None
             pending.extend(u.node for u in value.uses())
     return found
-
-
-# Why a place did not fuse, by who said no: a constraint of the pattern, a value the
-# fusion would remove that is needed outside it (escape), the rewriter, the selection
-# (the cost model, a limit, measured selection) or progressive validation's rollback.
-NEAR_MISS_KINDS = ("constraint", "escape", "rewriter", "selection", "rollback")
-
-
-@dataclass(frozen=True)
-class NearMiss:
-    """A place that matched (in part) but did not fuse, and why."""
-
-    pattern: str
-    nodes: tuple[str, ...]
-    reason: str
-    kind: str = "constraint"  # one of NEAR_MISS_KINDS
-
-    def __post_init__(self) -> None:
-        if self.kind not in NEAR_MISS_KINDS:
-            raise ValueError(f"near miss kind {self.kind!r}: expected one of {NEAR_MISS_KINDS}")
-
-    def to_dict(self) -> dict:
-        return {
-            "pattern": self.pattern,
-            "nodes": list(self.nodes),
-            "reason": self.reason,
-            "kind": self.kind,
-        }

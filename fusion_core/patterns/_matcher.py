@@ -21,7 +21,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import consumers, node_positions
 from autofusion.fusion_core.patterns._explain import explain_unmatched
-from autofusion.fusion_core.patterns._match import Match, NearMiss
+from autofusion.fusion_core.patterns._match import Match
+from autofusion.fusion_core.patterns._near_miss import NearMiss
 from autofusion.fusion_core.patterns._refs import parse_edge
 from autofusion.fusion_core.patterns._spec import NodeSpec, PatternSpec
 

@@ -23,7 +23,6 @@ import re
 from collections import defaultdict
 from typing import Any
 
-import onnx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autofusion.fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
@@ -77,7 +76,7 @@ class NodeSpec(BaseModel):
         domain = info.data.get("domain", "")
         if domain in _STANDARD_DOMAINS:
             unknown = [
-                op for op in ops if not onnx.defs.has(op) and op not in RUNTIME_ONNX_DOMAIN_OPS
+                op for op in ops if not _is_onnx_op(op) and op not in RUNTIME_ONNX_DOMAIN_OPS
             ]
             if unknown:
                 raise ValueError(f"unknown ONNX op type(s) {unknown} in the default domain")
@@ -264,3 +263,11 @@ def _check_connected(nodes: list[NodeSpec]) -> None:
             f"nodes: {missing} are not connected to {nodes[0].id!r} by an edge or a shared "
             "free input"
         )
+
+
+def _is_onnx_op(op_type: str) -> bool:
+    """Whether onnx's schemas know the op. onnx is imported on the first check, not with
+    this module: the API imports the pattern models at start and loads no onnx there."""
+    import onnx.defs
+
+    return onnx.defs.has(op_type)

@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:  # onnx loads where a model is drawn, not where data is (the dashboard)
+    import onnx
 
 __all__ = ["GraphIndex", "key_attributes", "region_svg", "value_shapes"]
 
@@ -152,7 +154,8 @@ def key_attributes(node: onnx.NodeProto) -> tuple[str, ...]:
 
 
 def _attribute_value(attr: onnx.AttributeProto) -> str | None:
-    kind = onnx.AttributeProto
+    from onnx import AttributeProto as kind  # see TYPE_CHECKING above
+
     if attr.type == kind.INT:
         return str(attr.i)
     if attr.type == kind.FLOAT:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any
-
-import onnx
+from typing import TYPE_CHECKING, Any
 
 from autofusion.fusion_core.report._graph import GraphIndex, region_svg
 from autofusion.fusion_core.report._provenance import final_nodes
+
+if TYPE_CHECKING:  # the dashboard draws from data and loads no onnx; the sandbox has it
+    import onnx
 
 __all__ = [
     "EXAMPLES_PER_PATTERN",
@@ -68,6 +69,8 @@ def example_fusions(
 def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with onnx's shape inference run on it, so the pictures show the shapes
     of intermediate values; the model as it is when inference fails."""
+    import onnx.shape_inference  # see TYPE_CHECKING above
+
     try:
         return onnx.shape_inference.infer_shapes(model)
     except Exception as exc:  # a picture without shapes is still a picture

@@ -3,8 +3,9 @@ model work (docs/architecture.md), so serving a request loads none of the code t
 it publishes jobs by task name (``app.core.queue``). Checked in a fresh interpreter's
 ``sys.modules`` after ``create_app`` has started (its lifespan) and answered a request.
 
-The structural upload checks parse the ModelProto with onnx's protobuf classes and the
-registry compiles patterns, so ``onnx`` itself is loaded; running a model is not.
+Not even ``onnx``: the registry syncs and compiles the built-in patterns at start, and the
+pattern engine reads onnx's operator schemas only when it matches a node. An upload's
+structural checks run in a sandboxed child (``app.services.model_work``), never here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Modules of model work: the runtime, the optimizer, the engine's running stages, the worker.
 MODEL_WORK = (
+    "onnx",
     "onnxruntime",
     "onnxscript",
     "autofusion.fusion_core.pipeline",

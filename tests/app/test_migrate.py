@@ -52,20 +52,34 @@ def test_the_migrations_are_the_package_wherever_the_process_runs(tmp_path, monk
     assert _tables(f"sqlite:///{tmp_path / 'elsewhere.db'}") == set(Base.metadata.tables)
 
 
-def test_a_missing_or_foreign_migrations_package_says_to_reinstall(tmp_path, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "migrations", None)  # as if the wheel lacked it
+def test_a_missing_or_broken_migrations_package_says_to_reinstall(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "autofusion.migrations", None)  # as if the wheel lacked it
     with pytest.raises(RuntimeError, match="reinstall autofusion"):
         migrations_dir()
 
-    # Some other project's `migrations` package (no Alembic environment of ours).
+    # A package in its place without our Alembic environment (a half-removed install).
     folder = tmp_path / "migrations"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
     spec = importlib.util.spec_from_file_location(
-        "migrations", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        "autofusion.migrations", folder / "__init__.py", submodule_search_locations=[str(folder)]
     )
-    foreign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(foreign)
-    monkeypatch.setitem(sys.modules, "migrations", foreign)
+    broken = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(broken)
+    monkeypatch.setitem(sys.modules, "autofusion.migrations", broken)
     with pytest.raises(RuntimeError, match="not autofusion's Alembic environment"):
         migrations_dir()
+
+
+def test_another_projects_migrations_package_is_not_ours(tmp_path, monkeypatch) -> None:
+    """A top-level ``migrations`` of the user's own project shadows nothing of ours."""
+    folder = tmp_path / "migrations"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("THEIRS = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "migrations", raising=False)
+    import migrations  # the other project's package, imported on purpose
+
+    assert migrations.THEIRS
+    assert (migrations_dir() / "env.py").is_file()
+    assert migrations_dir() != folder

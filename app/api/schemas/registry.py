@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, RootModel
 from autofusion.app.core.models import PatternRecord, PatternVersion, Strategy, StrategyVersion
 from autofusion.app.services.pattern_trial import LISTED, PatternTrial
 from autofusion.app.services.strategies import StrategySpec
-from autofusion.fusion_core.patterns import TARGET_NAMES
+from autofusion.fusion_core.targets import TARGET_NAMES
 
 __all__ = [
     "PatternCreate",
