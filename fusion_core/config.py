@@ -128,7 +128,7 @@ class Switch(BaseModel):
 class MeasureOptions(BaseModel):
     # The docstring is the published schema's description (docs/openapi.json): it keeps
     # the module's old name, now the package fusion_core/pipeline/measured/.
-    """How measured selection times the candidates (fusion_core/pipeline/measured.py)."""
+    """How measured selection times the candidates (fusion_core/pipeline/measured/)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -18,9 +18,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from markupsafe import Markup
+from pydantic import ValidationError
 
 from autofusion.app.core.models import Job, JobStatus
 from autofusion.app.services.job_phases import PastJob, Span, phase_spans
+from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.report import timeline
 
 __all__ = [
@@ -70,7 +73,10 @@ class Estimate:
 def job_kind(config: Any) -> tuple[bool, bool]:
     """What changes a job's phases most: profiled, and measured selection."""
     config = config if isinstance(config, dict) else {}
-    measured = config.get("selection") == "measured" or bool(config.get("measure"))
+    try:  # the config decides the mode, here as in the pipeline (OptimizeConfig.mode)
+        measured = OptimizeConfig.model_validate(config).mode == "measured"
+    except (ValidationError, ConfigError):  # a row written by an older release
+        measured = False
     return bool(config.get("profile")), measured
 
 

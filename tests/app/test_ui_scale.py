@@ -17,7 +17,7 @@ from ui_testing import assert_page, multipart, run_job
 
 from autofusion.app.core.models import JobStatus, utcnow
 from autofusion.app.services.job_phases import PastJob, Span, next_phases, phase_spans
-from autofusion.app.ui.progress import estimate_remaining, fmt_seconds
+from autofusion.app.ui.progress import estimate_remaining, fmt_seconds, job_kind
 from autofusion.app.ui.report_groups import EXAMPLES_SHOWN, OPEN_GROUPS, reason_template
 from autofusion.fusion_core.report import EXAMPLES_PER_PATTERN
 from autofusion.fusion_core.testing import deep_conv_net
@@ -230,3 +230,21 @@ def test_many_kinds_of_near_miss_fold_beyond_the_first_groups():
     table, _, folded = html.partition('<details id="near-misses-more">')
     assert table.count("<tr data-pattern=") == 15 and 'data-pattern="p0" data-count="40"' in table
     assert folded.count("<tr data-pattern=") == 25 and 'data-pattern="p39" data-count="1"' in folded
+
+
+@pytest.mark.parametrize(
+    ("config", "kind"),
+    [
+        ({}, (False, False)),
+        ({"profile": True}, (True, False)),
+        ({"measure": True}, (False, True)),
+        ({"selection": "measured", "profile": True}, (True, True)),
+        ({"progressive": True}, (False, False)),
+        ({"selection": "no-such-strategy"}, (False, False)),  # an older row: plain
+        (None, (False, False)),
+    ],
+)
+def test_a_jobs_kind_is_the_configs_mode(config, kind) -> None:
+    """The estimate compares a job with earlier ones of its kind; measured is what the
+    config's one mode decision says (``OptimizeConfig.mode``), not a second reading."""
+    assert job_kind(config) == kind
