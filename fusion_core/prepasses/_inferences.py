@@ -44,7 +44,9 @@ def inferred_models(graph: ir.Graph, proto: onnx.ModelProto) -> list[onnx.ModelP
         inferences.insert(0, _static_dims_of_image_model(proto))
     else:
         inferences.insert(0, _onnxruntime_inference(proto))
-    return inferences
+    # An inference whose shapes contradict an op's rule would make the fused model one
+    # onnxruntime refuses to load: it counts as failed.
+    return [inferred if _consistent(inferred) else None for inferred in inferences]
 
 
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
@@ -145,13 +147,40 @@ def _has_control_flow(graph: ir.Graph) -> bool:
 
 
 def _onnx_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnx's inference, with data propagation where its shapes hold together.
+
+    Data propagation computes Reshape targets from Shape reads, and is sometimes wrong:
+    on a TorchScript Cohere it gives an interleaved rotary's stacked halves a rank of 6,
+    whose Add onnxruntime then refuses to load ("Incompatible dimensions"). So each
+    result must pass onnx's own strict inference over the shapes it wrote (``_consistent``);
+    without data propagation it is the plain inference, which was right there."""
+    for data_prop in (True, False):
+        try:
+            result = onnx.shape_inference.infer_shapes(
+                proto, check_type=False, strict_mode=False, data_prop=data_prop
+            )
+        except Exception as exc:  # inference is best effort, never fatal
+            logger.warning("onnx shape inference failed, continuing without it: %s", exc)
+            return None
+        if _consistent(result):
+            return result
+        logger.info("onnx shape inference (data_prop=%s) gave contradicting shapes", data_prop)
+    return None
+
+
+def _consistent(inferred: onnx.ModelProto | None) -> bool:
+    """Whether the shapes an inference wrote agree with every op's shape rule: onnx's
+    strict inference run over them raises where two contradict (an Add of [.., 32] and
+    [.., 16]), as onnxruntime would when it loads the model."""
+    if inferred is None:
+        return False
     try:
-        return onnx.shape_inference.infer_shapes(
-            proto, check_type=False, strict_mode=False, data_prop=True
-        )
-    except Exception as exc:  # inference is best effort, never fatal
-        logger.warning("onnx shape inference failed, continuing without it: %s", exc)
-        return None
+        onnx.shape_inference.infer_shapes(inferred, check_type=False, strict_mode=True)
+    except onnx.shape_inference.InferenceError:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:

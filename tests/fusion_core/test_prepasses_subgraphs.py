@@ -201,3 +201,37 @@ def test_an_image_model_keeps_the_dims_that_do_not_follow_the_image():
     pooled = next(n for n in model.graph if n.op_type == "MaxPool").outputs[0]
     assert pooled.shape is not None and pooled.shape[1] == 3
     assert not isinstance(pooled.shape[2], int) and not isinstance(pooled.shape[3], int)
+
+
+def _add_relu() -> onnx.ModelProto:
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 32] x) => (float[N, 32] y) {
+            s = Add(x, x)
+            y = Relu(s)
+        }"""
+    )
+    return model
+
+
+def test_an_inference_whose_shapes_contradict_an_op_is_not_used(monkeypatch):
+    """onnx's data propagation once gave a TorchScript Cohere's rotary halves a rank of
+    6, and the fused model then failed to load ("Incompatible dimensions"). Shapes that
+    onnx's strict inference rejects are dropped; the next inference's are kept."""
+    import autofusion.fusion_core.prepasses._inferences as inferences
+
+    def contradicting(proto: onnx.ModelProto) -> onnx.ModelProto:
+        wrong = onnx.ModelProto()
+        wrong.CopyFrom(proto)
+        wrong.graph.value_info.append(
+            oh.make_tensor_value_info("s", onnx.TensorProto.FLOAT, ["N", 16])
+        )
+        return wrong
+
+    assert not inferences._consistent(contradicting(_add_relu()))
+    assert inferences._consistent(onnx.shape_inference.infer_shapes(_add_relu()))
+    monkeypatch.setattr(inferences, "_onnxruntime_inference", contradicting)
+    model = model_from_proto(_add_relu())
+    SymbolicShapeInferencePass()(model)
+    added = next(n for n in model.graph if n.op_type == "Add").outputs[0]
+    assert added.shape is not None and list(added.shape)[1] == 32
