@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from autofusion.fusion_core.canonical import describe as describe_canonical
 from autofusion.fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.errors import ConfigError, PatternError
@@ -78,6 +79,7 @@ def optimize_once(
     result.applied, result.near_misses = fused.applied, fused.near_misses
     result.rounds, result.structure = fused.rounds, fused.structure
     result.selections = fused.selections
+    result.prepasses += describe_canonical(fused.canonical)
 
     _cleanup(work, timings)
     result.ops_after = _op_counts(work)

@@ -18,11 +18,13 @@ nodes (generic attention refused below opset 23, then its scale folded).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import canonical_form, undo_unused
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.cost import CostModel
@@ -55,6 +57,8 @@ class RoundsResult(ir.passes.PassResult):
     rounds: int = 0  # the most rounds any graph took
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (a bug)
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
+    # The canonical form's rewrites that fusions used (fusion_core.canonical), per rule.
+    canonical: Counter = field(default_factory=Counter)
     match_s: float = 0.0
     rewrite_s: float = 0.0
 
@@ -129,8 +133,10 @@ class _GraphRounds:
 
     def run(self, signature: OutputSignature) -> None:
         result = self.result
+        canonical: Counter[str] = Counter()
         for round_number in range(1, self.max_rounds + 1):
             start = time.perf_counter()
+            canonical += canonical_form(self.graph, self.ctx.fresh_name)
             found = self.matcher.find(self.graph)
             candidates = [m for m in found.candidates if _key(m) not in self.refused]
             result.match_s += time.perf_counter() - start
@@ -151,6 +157,8 @@ class _GraphRounds:
                 break
         result.near_misses += self.strategy.dropped  # also when max_rounds ran out
         result.selections += self.strategy.records
+        canonical["head_split"] -= undo_unused(self.graph)  # what no fusion took goes again
+        result.canonical += canonical
 
     def _round(self, candidates: list[Match], round_number: int) -> tuple[int, int]:
         """One round's rewrites: how many applied, how many a rewriter refused."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
-from autofusion.fusion_core.rewriters._shape_values import known_dims
 
 
 def attention_bias(add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention") -> ir.Value | str:

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._base import scale_factor
-from autofusion.fusion_core.rewriters._shape_values import Dim, known_dims
 
 
 def target_entries(reshape: ir.Node) -> list[int | None] | str:
@@ -129,17 +129,6 @@ def swaps_last_axes(flat: ir.Node, unflat: ir.Node) -> str | None:
     return None
 
 
-def identity_reshape(reshape: ir.Node) -> str | None:
-    """Whether the Reshape is known to keep its input's shape (every dim known equal)."""
-    before, after = known_dims(reshape.inputs[0]), known_dims(reshape.outputs[0])
-    if before is None or after is None or before != after or None in before:
-        return (
-            f"cannot show that Reshape {reshape.name!r} keeps the shape of the context "
-            f"({before} -> {after})"
-        )
-    return None
-
-
 def reshapes_same_data(reshape: ir.Node) -> str | None:
     """Whether the Reshape of out_t can read MultiHeadAttention's output instead."""
     entries = target_entries(reshape)
@@ -158,14 +147,10 @@ def reshapes_same_data(reshape: ir.Node) -> str | None:
 def layout_failure(match: Match, params: Any, reshape: ir.Node | None) -> str | None:
     """Why the matched reshapes and transposes are not the layout the fused op
     assumes, or None: the Reshape after (when there is one) must move the same data,
-    the context reshape (``params.context_reshape_node``) must be an identity, K's
-    flatten/unflatten (``k_flat_node``, ``k_unflat_node``) must swap the last two axes."""
+    K's flatten/unflatten (``k_flat_node``, ``k_unflat_node``) must swap the last two
+    axes. (An identity Reshape of the context is bypassed by the canonical form.)"""
     if reshape is not None and (failure := reshapes_same_data(reshape)) is not None:
         return failure
-    if params.context_reshape_node is not None:
-        failure = identity_reshape(match.node(params.context_reshape_node))
-        if failure is not None:
-            return failure
     if params.k_flat_node is not None and params.k_unflat_node is not None:
         flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
         return swaps_last_axes(flat, unflat)

@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
-from autofusion.fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
 
 __all__ = ["interleaved_layout", "interleaved_table", "pairs_source"]
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
@@ -66,7 +67,6 @@ from autofusion.fusion_core.rewriters._rotary_pairs import (
     interleaved_table,
     pairs_source,
 )
-from autofusion.fusion_core.rewriters._shape_values import axes_of, known_dims, scalar
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
 from autofusion.fusion_core.targets import MS_DOMAIN
 

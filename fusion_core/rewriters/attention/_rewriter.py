@@ -38,7 +38,6 @@ class AttentionParams(Params):
     k_unflat_node: str | None = None  # SDPA: Reshape of its transpose to [B, N, H, L]
     nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P) after the Softmax
     mask_node: str | None = None  # Add of the additive mask
-    context_reshape_node: str | None = None  # TorchScript SDPA: Reshape of P @ V to its shape
     output_node: str = "out_reshape"  # the Reshape back to [B, S, N * H]
 
 

@@ -5,7 +5,8 @@ with its KV cache, as one com.microsoft ``GroupQueryAttention`` (onnxruntime tar
     Q = Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])              q: [B, S, N * H]
     K = Concat(past_k, Transpose(Reshape(k, [B, S, KV, H]), [0, 2, 1, 3]), axis=2)
     K' = Reshape(Expand(Unsqueeze(K, 2), [B, KV, N / KV, L, H]), [B, N, L, H])  repeat_kv
-    P = Softmax(Q @ K'^T * c + M)         (or Q * s_q @ K'^T * s_k, c = s_q * s_k)
+    P = Softmax(Q @ K'^T * c + M)         (or Q * s_q @ K'^T * s_k, c = s_q * s_k;
+                                           or t * tanh(Q @ K'^T * c / t) + M: softcap=t)
     y = Reshape(Transpose(P @ V', [0, 2, 1, 3]), [B, S, N * H])
       = GroupQueryAttention(q, k, v, past_k, past_v, seqlens_k, total_sequence_length,
                             attention_bias=M, num_heads=N, kv_num_heads=KV, scale=c)

@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
-from autofusion.fusion_core.rewriters._shape_values import known_dims
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
 from autofusion.fusion_core.rewriters.group_query_attention._causal import query_free_terms
 from autofusion.fusion_core.rewriters.group_query_attention._inputs import KVSide

@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import Dim, axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.rewriters._shape_values import Dim, axes_of, known_dims, scalar
 
 __all__ = ["allowed_of", "causal_failure", "dim_of", "index_axis", "query_free_terms"]
 

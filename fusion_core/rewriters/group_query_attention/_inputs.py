@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
-from autofusion.fusion_core.rewriters._shape_values import known_dims
 
 __all__ = ["KVSide", "kv_side", "repeats_heads", "split_source"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.rewriters._shape_values import known_dims
 from autofusion.fusion_core.rewriters.group_query_attention._causal import dim_of, index_axis
 
 __all__ = ["padding_rows"]

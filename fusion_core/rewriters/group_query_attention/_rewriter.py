@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
@@ -22,8 +23,8 @@ from autofusion.fusion_core.rewriters._base import (
     RewriteContext,
     Rewriter,
     opset_refusal,
+    scale_factor,
 )
-from autofusion.fusion_core.rewriters._shape_values import known_dims
 from autofusion.fusion_core.rewriters.group_query_attention._bias import (
     any_key_rows,
     lengths_of,
@@ -63,9 +64,13 @@ class GQAParams(Params):
     scale_node: str | None = None  # Mul or Div of the scores
     q_scale_node: str | None = None  # SDPA: Mul(Q, s_q) with Mul(K^T, s_k)
     k_scale_node: str | None = None
+    # Gemma-2's soft-capping of the scaled scores, c * tanh(s / c): Div (or Mul by 1 / c),
+    # Tanh, Mul by c; the op's ``softcap`` applies it where the scores have it, before
+    # the mask (both onnxruntime's kernel and ONNX Attention do, measured).
+    softcap_in_node: str | None = None
+    softcap_out_node: str | None = None
     mask_node: str = "mask"  # Add of the additive mask
     nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P)
-    context_reshape_node: str | None = None  # SDPA: Reshape of P @ V to its own shape
     output_node: str = "out_reshape"
 
 
@@ -91,6 +96,9 @@ class GroupQueryAttention(Rewriter):
         scale = matched_scale(match, params)
         if isinstance(scale, str):
             return scale
+        softcap = _softcap(match, params)
+        if isinstance(softcap, str):
+            return softcap
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ATTENTION_OPSET:
             return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx)
@@ -102,6 +110,8 @@ class GroupQueryAttention(Rewriter):
             gqa = _group_query_attention(q, key, value, bias, causal, (heads, scale), ctx, nodes)
         else:
             gqa = _onnx_attention(q, key, value, bias, (heads, scale), nodes)
+        if softcap:
+            gqa.attributes["softcap"] = ir.AttrFloat32("softcap", softcap)
         nodes.append(gqa)
         _like(gqa.outputs[0], q)
         replaced = []
@@ -128,6 +138,23 @@ class GroupQueryAttention(Rewriter):
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced])
+
+
+def _softcap(match: Match, params: GQAParams) -> float | str:
+    """``c`` of the matched ``c * tanh(s / c)`` (0.0 without one), or why it is not one:
+    the scale into the Tanh must be the inverse of the scale out of it."""
+    if params.softcap_in_node is None or params.softcap_out_node is None:
+        return 0.0
+    into = scale_factor(match.node(params.softcap_in_node), match.input(params.softcap_in_node, 1))
+    out = scale_factor(match.node(params.softcap_out_node), match.input(params.softcap_out_node, 1))
+    if isinstance(into, str) or isinstance(out, str):
+        return into if isinstance(into, str) else out  # type: ignore[return-value]
+    if out <= 0 or not np.isclose(into * out, 1.0, rtol=1e-6, atol=0):
+        return (
+            f"the scores' tanh is scaled by {into:g} in and {out:g} out: "
+            "not a soft-cap c * tanh(s / c) with one c > 0"
+        )
+    return out
 
 
 def _mean_value(
@@ -227,7 +254,9 @@ def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSi
     )
     for names in repeats:
         if None in names:
-            if groups != 1:
+            # One KV head needs no repeat: the MatMuls broadcast it to every query head
+            # (multi-query attention: Falcon), which is GroupQueryAttention's kv_num_heads=1.
+            if groups != 1 and key.heads != 1:
                 return f"{heads} query heads read {key.heads} KV heads without a repeat_kv"
             continue
         failure = repeats_heads(*(match.node(n) for n in names), groups)  # type: ignore[arg-type]
@@ -266,9 +295,9 @@ def _mask(
     row the average of every key: with ``causal = 0`` (without a cache) as it is, with
     ``causal = 1`` by picking those rows from the cache's mean value."""
     add = match.node(params.mask_node)
-    mask = attention_bias(
-        add, match.node(params.scale_node or params.qk_node), "GroupQueryAttention"
-    )
+    # the scores the mask is added to: after the soft-cap, the scale, or Q @ K^T itself
+    scores = params.softcap_out_node or params.scale_node or params.qk_node
+    mask = attention_bias(add, match.node(scores), "GroupQueryAttention")
     if isinstance(mask, str):
         return mask
     allowed = allowed_of(mask)

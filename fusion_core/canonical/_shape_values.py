@@ -63,6 +63,8 @@ def entries(value: ir.Value | None, depth: int = 0) -> list[int | None] | None:
         return [e for p in parts for e in p]  # type: ignore[union-attr]
     if op == "Gather" and attribute_value(producer, "axis", 0) == 0:
         return _gathered(producer, depth) or _unknown(value)
+    if op == "Slice" and len(producer.inputs) >= 3:
+        return _sliced(producer, depth) or _unknown(value)
     if op in _ARITHMETIC:
         return _arithmetic(producer, depth) or _unknown(value)
     return _unknown(value)
@@ -110,6 +112,26 @@ def _gathered(node: ir.Node, depth: int) -> list[int | None] | None:
             return None
         picked.append(data[i])
     return picked
+
+
+def _sliced(node: ir.Node, depth: int) -> list[int | None] | None:
+    """A 1-D Slice with constant bounds (axis 0, any step) of entries."""
+    data = entries(node.inputs[0], depth + 1)
+    bounds = [constant_array(v) if v is not None else None for v in node.inputs[1:5]]
+    starts, ends = bounds[0], bounds[1]
+    axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else np.zeros(1, np.int64)
+    steps = bounds[3] if len(bounds) > 3 and bounds[3] is not None else np.ones(1, np.int64)
+    if (
+        data is None
+        or starts is None
+        or ends is None
+        or axes.reshape(-1).tolist() not in ([0], [-1])
+    ):
+        return None
+    if starts.size != 1 or ends.size != 1 or steps.size != 1 or int(steps.reshape(-1)[0]) == 0:
+        return None
+    picked = range(len(data))[slice(*(int(b.reshape(-1)[0]) for b in (starts, ends, steps)))]
+    return [data[i] for i in picked]
 
 
 def _arithmetic(node: ir.Node, depth: int) -> list[int | None] | None:

@@ -1,0 +1,125 @@
+"""The canonical form: value-preserving rewrites that bring equivalent spellings of a
+block to the one spelling the patterns match, before each round of matching.
+
+A new way an exporter or a model family writes a known block is a rule here, not one
+more copy of every pattern that reads it. Each rule changes no value: it inserts,
+moves or merges ops whose composition is the identity on what the graph computes (the
+check of every job proves it again on the model as fused). Rules are idempotent, so
+running them before every round (a fusion may expose a spelling) changes nothing twice.
+
+* ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
+  the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
+  proven to keep its input's shape goes;
+* ``slice_before_transpose`` and ``heads_by_slice`` (``_slices.py``): the q, k and v of
+  one fused projection, sliced per head (GPT-NeoX) or by heads (Falcon), become slices
+  of the projection before its head layout;
+* ``transpose_after_norm`` and ``transpose_after_rotary`` (``_transposes.py``): a norm
+  of each head after the head Transpose (Gemma-3, Persimmon) moves before it, where
+  Qwen3 has it, and a fused rotary embedding of transposed heads rotates the 3-D
+  projection instead;
+* ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
+  (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
+  merge/split Reshape pair.
+
+``entries``, ``known_dims``, ``scalar`` and ``axes_of`` (``_shape_values.py``) read the
+small integer tensors a graph computes from shapes, for these rules and the rewriters.
+
+What the rules inserted and no fusion consumed is taken out after the last round
+(``undo_unused``), so a model where nothing fused comes out as it went in.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
+from autofusion.fusion_core.canonical._identity import (
+    drop_identity_reshapes,
+    drop_identity_slices,
+)
+from autofusion.fusion_core.canonical._scalars import fold_known_scalars
+from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
+from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
+from autofusion.fusion_core.canonical._transposes import (
+    transpose_after_norms,
+    transpose_after_rotaries,
+)
+
+__all__ = [
+    "MARK",
+    "RULES",
+    "Dim",
+    "axes_of",
+    "canonical_form",
+    "describe",
+    "entries",
+    "known_dims",
+    "scalar",
+    "undo_unused",
+]
+
+MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
+# In this order: the slice and norm rules make head splits that ``head_split`` then
+# completes.
+RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
+    "known_scalars": fold_known_scalars,
+    "identity_reshape": drop_identity_reshapes,
+    "identity_slice": drop_identity_slices,
+    "slice_before_transpose": slice_before_transpose,
+    "heads_by_slice": heads_by_slice,
+    "transpose_after_norm": transpose_after_norms,
+    "transpose_after_rotary": transpose_after_rotaries,
+    "head_split": split_heads_last,
+}
+_WORDS = {
+    "known_scalars": "values computed from known sizes made constants",
+    "identity_reshape": "Reshapes to their input's own shape removed",
+    "identity_slice": "Slices that keep their input's whole shape removed",
+    "slice_before_transpose": "slices of a fused projection moved before the head Transpose",
+    "heads_by_slice": "slices of heads made head splits of their own",
+    "transpose_after_norm": "head Transposes moved after the norm of each head",
+    "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
+    "head_split": "head splits moved after their per-head ops",
+}
+
+
+def canonical_form(graph: ir.Graph, fresh_name: Callable[[str], str]) -> Counter[str]:
+    """Apply every rule to ``graph`` (not its subgraphs); how often each applied."""
+    done: Counter[str] = Counter()
+    for name, rule in RULES.items():
+        count = rule(graph, fresh_name, MARK)
+        if count:
+            done[name] += count
+    return done
+
+
+def undo_unused(graph: ir.Graph) -> int:
+    """Remove each merge/split pair a rule inserted that still reads as a pair (no fusion
+    took the split): the split's readers read the merge's input again. Returns how many."""
+    undone = 0
+    for merge in [n for n in graph if n.metadata_props.get(MARK) == MERGE]:
+        merged = merge.outputs[0]
+        readers = [use.node for use in merged.uses()]
+        if merged.is_graph_output() or not readers:
+            continue
+        if not all(r.metadata_props.get(MARK) == SPLIT for r in readers):
+            continue  # a fusion reads the merged value: the pair is what it fused
+        if any(r.outputs[0].is_graph_output() for r in readers):
+            continue
+        for split in readers:
+            split.outputs[0].replace_all_uses_with(merge.inputs[0])
+            graph.remove(split, safe=True)
+        graph.remove(merge, safe=True)
+        undone += 1
+    return undone
+
+
+def describe(counts: Counter[str]) -> list[str]:
+    """What the rules left for the fusions, in the report's words (its pre-passes)."""
+    return [
+        f"canonical form: {count} {_WORDS[name]}" for name, count in sorted(counts.items()) if count
+    ]

@@ -1,0 +1,424 @@
+"""Generated spellings of a decoder's attention block: each fuses exactly once, exactly.
+
+A generator (hypothesis) writes one causal attention block with ``onnx`` text, drawing
+independently how each part is spelled, the ways the families and exporters of issue 24
+write them:
+
+* the projections: three MatMuls; one fused ``query_key_value`` split per head
+  (GPT-NeoX: ``[B, S, N, 3H]``, transposed, then sliced on the last axis, by ``Slice``
+  or one ``Split``); one fused projection split by heads (Falcon: ``[B, S, N + 2 KV, H]``
+  sliced on the heads axis, one KV head by ``Gather``);
+* a per-head RMSNorm of q and k between the head split and the Transpose (Qwen3) or
+  after the Transpose (Gemma-3, Persimmon);
+* the rotary embedding on the whole head, or on its first half with the rest passed
+  through and concatenated back (Phi);
+* a Reshape of Q to its own shape, computed from shapes at run time (Falcon);
+* the scale as a constant on the scores (Mul by ``1 / sqrt(H)`` or Div by ``sqrt(H)``),
+  or as ``1 / sqrt(sqrt(H))`` on Q and K^T read from Q's shape (TorchScript's SDPA),
+  with the NaN guard after the Softmax;
+* on eager scores, Gemma-2's soft-cap ``c * tanh(s / c)`` (Div by c or Mul by 1 / c);
+* the key/value heads: as many as the queries, fewer with repeat_kv (Unsqueeze, Expand,
+  Reshape), or one broadcast by the MatMuls (multi-query);
+* with or without a KV cache; the heads, head size and batch.
+
+Every block must come out as one attention op (``GroupQueryAttention`` with a cache or
+grouped KV heads, else ``GroupQueryAttention`` or ``MultiHeadAttention``) and two
+``RotaryEmbedding``s on the onnxruntime target, and compute what the original computes
+(onnxruntime, its optimizations off) on several shapes and on a left-padded batch:
+rtol = atol = 1e-5, as in tests/fusion_core/rewriters/test_group_query_attention.py (the
+kernels sum in another order; at these sizes outputs differ by about 1e-6).
+
+The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200 in
+``make test-corpus``, which ``.ci/run`` runs).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+HIDDEN = 32
+EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
+# One attention op: GroupQueryAttention for a decoder's (a cache or grouped KV heads),
+# MultiHeadAttention for a block with neither (the rewriters choose, and say why).
+ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
+ROTARY = "RotaryEmbedding"
+
+
+@dataclass(frozen=True)
+class Spelling:
+    heads: int
+    kv_heads: int
+    size: int
+    projection: str  # "separate", "per_head" (GPT-NeoX), "by_heads" (Falcon)
+    per_head_split: str  # GPT-NeoX's parts: "slice" or "split"
+    qk_norm: bool
+    norm_after_transpose: bool  # Gemma-3, Persimmon: the q/k norm on the transposed heads
+    partial_rotary: bool  # Phi: the first half of each head rotated, the rest passed on
+    identity_reshape: bool
+    sdpa: bool  # the scale split over Q and K^T from Q's shape, and the NaN guard
+    scale_by_div: bool  # eager: the scores divided by sqrt(H) rather than times 1 / sqrt(H)
+    softcap: float  # eager: c of c * tanh(s / c) on the scores, 0 for none
+    softcap_by_mul: bool  # s * (1 / c) rather than s / c into the tanh
+    repeat: str  # "none" (as many KV heads), "repeat_kv", "broadcast" (one KV head)
+    cache: bool
+
+
+@st.composite
+def spellings(draw) -> Spelling:
+    heads = draw(st.sampled_from([2, 4]))
+    size = draw(st.sampled_from([8, 16]))
+    projection = draw(st.sampled_from(["separate", "per_head", "by_heads"]))
+    if projection == "per_head":  # one head's q, k and v side by side: as many KV heads
+        repeat = "none"
+    else:
+        repeat = draw(st.sampled_from(["none", "repeat_kv", "broadcast"]))
+    kv_heads = {"none": heads, "repeat_kv": heads // 2, "broadcast": 1}[repeat]
+    sdpa = draw(st.booleans())  # SDPA cannot soft-cap: transformers runs Gemma-2 eager
+    return Spelling(
+        heads=heads,
+        kv_heads=kv_heads,
+        size=size,
+        projection=projection,
+        per_head_split=draw(st.sampled_from(["slice", "split"])),
+        qk_norm=projection != "per_head" and draw(st.booleans()),  # GPT-NeoX has none
+        norm_after_transpose=draw(st.booleans()),
+        partial_rotary=draw(st.booleans()),
+        identity_reshape=draw(st.booleans()),
+        sdpa=sdpa,
+        scale_by_div=draw(st.booleans()),
+        softcap=0.0 if sdpa else draw(st.sampled_from([0.0, 2.0, 5.0])),
+        softcap_by_mul=draw(st.booleans()),
+        repeat=repeat,
+        cache=draw(st.booleans()),
+    )
+
+
+def _projections(s: Spelling, rng: np.random.Generator, inits: dict) -> list[str]:
+    """Lines computing ``qr``, ``kr``, ``vr`` (``[B, S, heads, H]``) from ``x``; for
+    GPT-NeoX ``qt``, ``kt``, ``vt`` (already transposed) instead."""
+    n, kv, h = s.heads, s.kv_heads, s.size
+    if s.projection == "separate":
+        body = []
+        for p, count in (("q", n), ("k", kv), ("v", kv)):
+            inits[f"w{p}"] = rng.standard_normal((HIDDEN, count * h)) * 0.3
+            inits[f"{p}_split"] = np.array([0, 0, count, h], np.int64)
+            body += [f"{p}m = MatMul (x, w{p})", f"{p}r = Reshape ({p}m, {p}_split)"]
+        return body
+    if s.projection == "per_head":
+        inits["wqkv"] = rng.standard_normal((HIDDEN, n * 3 * h)) * 0.3
+        inits["qkv_split"] = np.array([0, 0, n, 3 * h], np.int64)
+        body = [
+            "qkv = MatMul (x, wqkv)",
+            "qkv_r = Reshape (qkv, qkv_split)",
+            "qkv_t = Transpose <perm = [0, 2, 1, 3]> (qkv_r)",
+        ]
+        if s.per_head_split == "split":
+            inits["parts"] = np.array([h, h, h], np.int64)
+            return [*body, "qt, kt, vt = Split <axis = -1> (qkv_t, parts)"]
+        for index, p in enumerate("qkv"):
+            inits[f"{p}_from"] = np.array([index * h], np.int64)
+            inits[f"{p}_to"] = np.array([(index + 1) * h], np.int64)
+            body.append(f"{p}t = Slice (qkv_t, {p}_from, {p}_to, axis_last)")
+        return body
+    total = n + 2 * kv  # by_heads: Falcon's [B, S, N + 2 KV, H]
+    inits["wqkv"] = rng.standard_normal((HIDDEN, total * h)) * 0.3
+    inits["qkv_split"] = np.array([0, 0, total, h], np.int64)
+    inits["heads_axis"] = np.array([2], np.int64)
+    body = ["qkv = MatMul (x, wqkv)", "qkv_r = Reshape (qkv, qkv_split)"]
+    for p, (first, last) in (("q", (0, n)), ("k", (n, n + kv)), ("v", (n + kv, total))):
+        if last - first == 1 and p != "q":  # one head picked by index, as Falcon does
+            inits[f"{p}_index"] = np.array([first], np.int64)
+            body.append(f"{p}r = Gather <axis = 2> (qkv_r, {p}_index)")
+            continue
+        inits[f"{p}_from"] = np.array([first], np.int64)
+        inits[f"{p}_to"] = np.array([last], np.int64)
+        body.append(f"{p}r = Slice (qkv_r, {p}_from, {p}_to, heads_axis)")
+    return body
+
+
+def _norm(
+    p: str, source: str, rng: np.random.Generator, s: Spelling, inits: dict, out: str
+) -> list[str]:
+    """An RMSNorm of each head (over its last axis) of ``source``, into ``out``."""
+    inits[f"{p}_gamma"] = rng.uniform(0.5, 1.5, s.size)
+    return [
+        f"{p}_sq = Pow ({source}, two)",
+        f"{p}_ms = ReduceMean <keepdims = 1> ({p}_sq, axis_last)",
+        f"{p}_eps = Add ({p}_ms, eps)",
+        f"{p}_rms = Sqrt ({p}_eps)",
+        f"{p}_unit = Div ({source}, {p}_rms)",
+        f"{out} = Mul ({p}_unit, {p}_gamma)",
+    ]
+
+
+def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    n, kv, h = s.heads, s.kv_heads, s.size
+    r = h // 2 if s.partial_rotary else h  # the rotated features of each head
+    inits: dict[str, np.ndarray] = {
+        "inv_freq": 1.0 / (10000 ** (np.arange(0, r, 2) / r)),
+        "zero": np.array([0], np.int64),
+        "half": np.array([r // 2], np.int64),
+        "rotated": np.array([r], np.int64),
+        "end": np.array([np.iinfo(np.int64).max], np.int64),
+        "axis_1": np.array([1], np.int64),
+        "axis_2": np.array([2], np.int64),
+        "axis_last": np.array([-1], np.int64),
+        "axes_kv": np.array([0, 1, 2], np.int64),
+        "axes_q": np.array([0, 1, 3], np.int64),
+        "axes_pad": np.array([1, 2], np.int64),
+        "index_1": np.array(1, np.int64),
+        "index_2": np.array(2, np.int64),
+        "index_3": np.array(3, np.int64),
+        "start": np.array(0, np.int64),
+        "step": np.array(1, np.int64),
+        "two": np.array(2.0, np.float32),
+        "one_f": np.array(1.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+        "zero_f": np.array(0.0, np.float32),
+        "masked": np.array(-np.inf if s.sdpa else np.finfo(np.float32).min, np.float32),
+        "scale": np.array(h**-0.5, np.float32),
+        "root_h": np.array(h**0.5, np.float32),
+        "cap": np.array(s.softcap, np.float32),
+        "inverse_cap": np.array(1 / s.softcap if s.softcap else 0, np.float32),
+        "merge": np.array([0, 0, n * h], np.int64),
+        "wo": rng.standard_normal((n * h, HIDDEN)) * 0.3,
+    }
+    inputs = ["float[batch, seq, 32] x", "int64[batch, seq] position_ids"]
+    # the key length named as optimum names it, so shape inference sees the mask's
+    # length is the cache's (tests/fusion_core/rewriters/test_group_query_attention.py)
+    total = '"past + seq"' if s.cache else "seq"
+    inputs.append(f"int64[batch, {total}] attention_mask")
+    outputs = ["float[batch, seq, 32] y"]
+    body = [
+        "pos = Cast <to = 1> (position_ids)",
+        "pos_u = Unsqueeze (pos, axis_last)",
+        "freqs = Mul (pos_u, inv_freq)",
+        "emb = Concat <axis = -1> (freqs, freqs)",
+        "cos = Cos (emb)",
+        "sin = Sin (emb)",
+        "cos_u = Unsqueeze (cos, axis_1)",
+        "sin_u = Unsqueeze (sin, axis_1)",
+        *_projections(s, rng, inits),
+    ]
+    if s.projection != "per_head":  # GPT-NeoX's parts are transposed already
+        for p in "qkv":
+            normed = s.qk_norm and p != "v"
+            if normed and s.norm_after_transpose:
+                body.append(f"{p}t0 = Transpose <perm = [0, 2, 1, 3]> ({p}r)")
+                body += _norm(p, f"{p}t0", rng, s, inits, out=f"{p}t")
+                continue
+            source = f"{p}r"
+            if normed:
+                body += _norm(p, source, rng, s, inits, out=f"{p}n")
+                source = f"{p}n"
+            body.append(f"{p}t = Transpose <perm = [0, 2, 1, 3]> ({source})")
+    q_heads, k_heads = "qt", "kt"
+    if s.identity_reshape:  # Falcon: Q reshaped to [B, N, S, H] from its own shape
+        body += [
+            f"q_shape = Shape ({q_heads})",
+            "q_same = Reshape (" + q_heads + ", q_shape)",
+        ]
+        q_heads = "q_same"
+    for p, heads in (("q", q_heads), ("k", k_heads)):
+        source, rotated = heads, f"{p}_emb"
+        if s.partial_rotary:  # Phi: cat((rotate(x[..., :r]), x[..., r:]), -1)
+            body += [
+                f"{p}_part = Slice ({heads}, zero, rotated, axis_last)",
+                f"{p}_pass = Slice ({heads}, rotated, end, axis_last)",
+            ]
+            source, rotated = f"{p}_part", f"{p}_turned"
+        body += [
+            f"{p}_lo = Slice ({source}, zero, half, axis_last)",
+            f"{p}_hi = Slice ({source}, half, end, axis_last)",
+            f"{p}_neg = Neg ({p}_hi)",
+            f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
+            f"{p}_c = Mul ({source}, cos_u)",
+            f"{p}_s = Mul ({p}_rot, sin_u)",
+            f"{rotated} = Add ({p}_c, {p}_s)",
+        ]
+        if s.partial_rotary:
+            body.append(f"{p}_emb = Concat <axis = -1> ({p}_turned, {p}_pass)")
+    if s.cache:
+        inputs += [f"float[batch, {kv}, past, {h}] past_{p}" for p in ("key", "value")]
+        outputs += [f"float[batch, {kv}, {total}, {h}] present_{p}" for p in ("key", "value")]
+        body += [
+            "present_key = Concat <axis = 2> (past_key, k_emb)",
+            "present_value = Concat <axis = 2> (past_value, vt)",
+            "past_shape = Shape (past_key)",
+            "past_len = Gather <axis = 0> (past_shape, index_2)",
+        ]
+        key, value = "present_key", "present_value"
+    else:
+        body.append("past_len = Identity (start)")
+        key, value = "k_emb", "vt"
+    for p, source in (("k", key), ("v", value)):
+        if s.repeat != "repeat_kv":  # as many heads, or one broadcast by the MatMuls
+            body.append(f"{p}_rep = Identity ({source})")
+            continue
+        inits["repeat"] = np.array([1, 1, n // kv, 1, 1], np.int64)
+        inits["kv_merge"] = np.array([0, n, -1, h], np.int64)
+        body += [
+            f"{p}_u = Unsqueeze ({source}, axis_2)",
+            f"{p}_e = Expand ({p}_u, repeat)",
+            f"{p}_rep = Reshape ({p}_e, kv_merge)",
+        ]
+    body += [
+        "x_shape = Shape (x)",
+        "seq_len = Gather <axis = 0> (x_shape, index_1)",
+        "total_len = Add (past_len, seq_len)",
+        "q_pos = Range (past_len, total_len, step)",
+        "kv_pos = Range (start, total_len, step)",
+        "kv_u = Unsqueeze (kv_pos, axes_kv)",
+        "q_u = Unsqueeze (q_pos, axes_q)",
+        "causal = LessOrEqual (kv_u, q_u)",
+        "mask_u = Unsqueeze (attention_mask, axes_pad)",
+        "padding = Cast <to = 9> (mask_u)",
+        "allowed = And (causal, padding)",
+        "bias = Where (allowed, zero_f, masked)",
+        "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
+    ]
+    if s.sdpa:  # TorchScript's SDPA: 1 / sqrt(sqrt(H)) on Q and K^T, from Q's shape
+        body += [
+            "qe_shape = Shape (q_emb)",
+            "head_size = Gather <axis = 0> (qe_shape, index_3)",
+            "head_f = Cast <to = 1> (head_size)",
+            "root = Sqrt (head_f)",
+            "inverse = Div (one_f, root)",
+            "root_scale = Sqrt (inverse)",
+            "qs = Mul (q_emb, root_scale)",
+            "ks = Mul (kT, root_scale)",
+            "scores = MatMul (qs, ks)",
+            "biased = Add (scores, bias)",
+            "p = Softmax <axis = -1> (biased)",
+            "nan = IsNaN (p)",
+            "probs = Where (nan, zero_f, p)",
+        ]
+    else:
+        body += [
+            "qk = MatMul (q_emb, kT)",
+            "scaled = Div (qk, root_h)" if s.scale_by_div else "scaled = Mul (qk, scale)",
+        ]
+        if s.softcap:  # Gemma-2: c * tanh(s / c) before the mask
+            body += [
+                "cap_in = Mul (scaled, inverse_cap)"
+                if s.softcap_by_mul
+                else "cap_in = Div (scaled, cap)",
+                "capped = Tanh (cap_in)",
+                "scores = Mul (capped, cap)",
+            ]
+        else:
+            body.append("scores = Identity (scaled)")
+        body += [
+            "biased = Add (scores, bias)",
+            "probs = Softmax <axis = -1> (biased)",
+        ]
+    body += [
+        "context = MatMul (probs, v_rep)",
+        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
+        "merged = Reshape (ct, merge)",
+        "y = MatMul (merged, wo)",
+    ]
+    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, inits)
+
+
+def feeds(s: Spelling, batch: int, seq: int, past: int, *, padded: bool) -> dict:
+    rng = np.random.default_rng(batch * 100 + seq * 10 + past)
+    total = past + seq if s.cache else seq
+    mask = np.ones((batch, total), np.int64)
+    if padded:  # the last batch padded on the left, as batched generation pads
+        mask[-1, : min(2, total - 1)] = 0
+    found = {
+        "x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
+        "position_ids": rng.integers(0, 64, (batch, seq)).astype(np.int64),
+        "attention_mask": mask,
+    }
+    if s.cache:
+        for name in ("past_key", "past_value"):
+            shape = (batch, s.kv_heads, past, s.size)
+            found[name] = rng.standard_normal(shape).astype(np.float32)
+    return found
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,  # make test draws the same examples each run; the corpus tier more
+)
+@given(spellings())
+def test_every_spelling_fuses_into_one_group_query_attention_exactly(s: Spelling) -> None:
+    model = attention_block(s)
+    result = optimize_quiet(model, target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
+    fused = result.to_proto()
+    ops = _ops(fused)
+    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
+    fused_attention = [op for op in ops if op in ATTENTION]
+    assert len(fused_attention) == 1, f"{s}: {fused_attention}; {reasons[:3]}"
+    if s.cache or s.kv_heads != s.heads:
+        assert fused_attention == ["GroupQueryAttention"], s
+    assert ops.count(ROTARY) == 2, f"{s}: {ops.count(ROTARY)} RotaryEmbedding"
+    assert "Softmax" not in ops, s
+    # No onnx.checker here: the fused q/k norms are onnxruntime's SimplifiedLayerNormalization,
+    # which it registers in the ONNX domain and onnx's checker does not know; the sessions
+    # of run_both load and check the model.
+    shapes = [(1, 3, 2), (2, 1, 5)] if s.cache else [(1, 3, 0), (2, 4, 0)]
+    for batch, seq, past in shapes:
+        for padded in (False, True):
+            run_both(model, fused, feeds=feeds(s, batch, seq, past, padded=padded), **TOL)
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "generic"])
+def test_a_tanh_scaled_by_two_values_is_no_softcap(target) -> None:
+    """``3 * tanh(s / 2)`` is no ``c * tanh(s / c)``: the block stays, the near miss says
+    why (with one c it fuses: the generator above)."""
+    s = Spelling(
+        heads=4, kv_heads=2, size=8, projection="separate", per_head_split="slice",
+        qk_norm=False, norm_after_transpose=False, partial_rotary=False,
+        identity_reshape=False, sdpa=False, scale_by_div=False,
+        softcap=2.0, softcap_by_mul=True, repeat="repeat_kv", cache=True,
+    )  # fmt: skip
+    model = attention_block(s)
+    (inverse,) = [t for t in model.graph.initializer if t.name == "inverse_cap"]
+    inverse.CopyFrom(onnx.numpy_helper.from_array(np.array(1 / 3, np.float32), "inverse_cap"))
+    result = optimize_quiet(model, target=target, upgrade_opset=23 if target == "generic" else None)
+    ops = _ops(result.to_proto())
+    assert "Softmax" in ops and not set(ops) & {"GroupQueryAttention", "Attention"}
+    reasons = [m.reason for m in result.near_misses if "softcap" in m.pattern]
+    assert any("not a soft-cap c * tanh(s / c)" in r for r in reasons), reasons
+
+
+def test_a_softcap_becomes_onnx_attention_softcap_on_the_generic_target() -> None:
+    s = Spelling(
+        heads=4, kv_heads=2, size=8, projection="separate", per_head_split="slice",
+        qk_norm=False, norm_after_transpose=False, partial_rotary=False,
+        identity_reshape=False, sdpa=False, scale_by_div=True,
+        softcap=2.0, softcap_by_mul=False, repeat="repeat_kv", cache=True,
+    )  # fmt: skip
+    model = attention_block(s)
+    result = optimize_quiet(model, target="generic", upgrade_opset=23)
+    fused = result.to_proto()
+    (attention,) = [n for n in fused.graph.node if n.op_type == "Attention"]
+    caps = [a.f for a in attention.attribute if a.name == "softcap"]
+    assert caps == [pytest.approx(2.0, rel=1e-7)]
+    for batch, seq, past in [(1, 3, 2), (2, 1, 5)]:
+        for padded in (False, True):
+            run_both(model, fused, feeds=feeds(s, batch, seq, past, padded=padded), **TOL)

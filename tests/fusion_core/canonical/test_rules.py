@@ -1,0 +1,421 @@
+"""Each rule of the canonical form on a small graph: what it rewrites, what it leaves,
+that it changes no value (onnxruntime, optimizations off, rtol = atol = 0: the rules
+only move, copy or re-view data, and the scalars they fold are the ones the graph
+computes), and that a second run changes nothing."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from autofusion.fusion_core.canonical import MARK, canonical_form, undo_unused
+from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+
+EXACT = dict(rtol=0, atol=0)
+INTS = {
+    "zero": np.array([0], np.int64),
+    "axis_last": np.array([-1], np.int64),
+    "heads_axis": np.array([2], np.int64),
+    "last": np.array([-1], np.int64),
+}
+
+
+def _canonical(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, int]:
+    """The model in canonical form, the rules that applied, and what a second run did."""
+    work = ir.from_proto(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
+    counter = itertools.count()
+
+    def fresh(hint: str) -> str:
+        return f"{hint}__{next(counter)}"
+
+    done = canonical_form(work.graph, fresh)
+    again = sum(canonical_form(work.graph, fresh).values())
+    return ir.to_proto(work), dict(done), again
+
+
+def _model(
+    body: list[str], inputs: str, outputs: str, inits: dict, opset: int = 18
+) -> onnx.ModelProto:
+    ir_version = 8 if opset <= 18 else 10
+    text = f"""<ir_version: {ir_version}, opset_import: ["" : {opset}]>
+    g ({inputs}) => ({outputs}) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, {**INTS, **inits})
+
+
+def test_a_per_head_op_before_the_transpose_gets_a_merge_and_split_pair() -> None:
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "n = Mul (r, gamma)",
+            "y = Transpose <perm = [0, 2, 1, 3]> (n)",
+        ],
+        "float[batch, seq, 32] x",
+        "float[batch, 4, seq, 8] y",
+        {"split": np.array([0, 0, 4, 8], np.int64), "gamma": np.linspace(0.5, 1.5, 8)},
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"head_split": 1} and again == 0
+    assert op_sequence(canonical) == ["Reshape", "Mul", "Reshape", "Reshape", "Transpose"]
+    marks = [onnx.helper.printable_node(n) for n in canonical.graph.node if n.metadata_props]
+    assert len(marks) == 2
+    run_both(model, canonical, **EXACT)
+
+
+def test_no_pair_where_the_transpose_merges_the_heads_of_a_matmul() -> None:
+    """``Transpose(P @ V)`` has no head split above it through per-head ops."""
+    model = _model(
+        ["c = MatMul (p, v)", "y = Transpose <perm = [0, 2, 1, 3]> (c)"],
+        "float[2, 4, 8, 8] p, float[2, 4, 8, 8] v",
+        "float[2, 8, 4, 8] y",
+        {},
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_pair_no_fusion_took_is_undone() -> None:
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "n = Mul (r, gamma)",
+            "y = Transpose <perm = [0, 2, 1, 3]> (n)",
+        ],
+        "float[batch, seq, 32] x",
+        "float[batch, 4, seq, 8] y",
+        {"split": np.array([0, 0, 4, 8], np.int64), "gamma": np.linspace(0.5, 1.5, 8)},
+    )
+    work = ir.from_proto(onnx.shape_inference.infer_shapes(model))
+    counter = itertools.count()
+    canonical_form(work.graph, lambda hint: f"{hint}__{next(counter)}")
+    assert undo_unused(work.graph) == 1
+    assert [n.op_type for n in work.graph] == ["Reshape", "Mul", "Transpose"]
+    assert not any(MARK in n.metadata_props for n in work.graph)
+    # and through the pipeline: nothing fuses here, so the model comes out as it went in
+    result = optimize_quiet(model, target="onnxruntime")
+    assert op_sequence(result.to_proto()) == op_sequence(model)
+
+
+@pytest.mark.parametrize("spelling", ["slice", "split"])
+def test_parts_of_one_projection_per_head_are_sliced_before_the_transpose(spelling) -> None:
+    slices = (
+        ["q, k, v = Split <axis = -1> (t, parts)"]
+        if spelling == "split"
+        else [
+            "q = Slice (t, zero, eight, axis_last)",
+            "k = Slice (t, eight, sixteen, axis_last)",
+            "v = Slice (t, sixteen, big, axis_last)",
+        ]
+    )
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "t = Transpose <perm = [0, 2, 1, 3]> (r)",
+            *slices,
+            "qo = Neg (q)",
+            "ko = Neg (k)",
+            "vo = Neg (v)",
+        ],
+        "float[batch, seq, 96] x",
+        "float[batch, 4, seq, 8] qo, float[batch, 4, seq, 8] ko, float[batch, 4, seq, 8] vo",
+        {
+            "split": np.array([0, 0, 4, 24], np.int64),
+            "parts": np.array([8, 8, 8], np.int64),
+            "eight": np.array([8], np.int64),
+            "sixteen": np.array([16], np.int64),
+            "big": np.array([1 << 40], np.int64),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done["slice_before_transpose"] == (1 if spelling == "split" else 3)
+    assert again == 0
+    assert op_sequence(canonical).count("Transpose") == 3
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_rotary_half_slice_of_a_transposed_head_stays() -> None:
+    """The Transpose is read whole too (``x * cos``): its slices are halves of a head,
+    not parts of a projection."""
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "t = Transpose <perm = [0, 2, 1, 3]> (r)",
+            "lo = Slice (t, zero, four, axis_last)",
+            "c = Mul (t, two)",
+        ],
+        "float[batch, seq, 32] x",
+        "float[batch, 4, seq, 4] lo, float[batch, 4, seq, 8] c",
+        {
+            "split": np.array([0, 0, 4, 8], np.int64),
+            "four": np.array([4], np.int64),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+    assert "slice_before_transpose" not in _canonical(model)[1]
+
+
+def test_slices_and_gathers_of_heads_become_head_splits_of_their_own() -> None:
+    """Falcon's multi-query projection: 4 query heads, one key and one value head."""
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "q = Slice (r, zero, four, heads_axis)",
+            "k = Gather <axis = 2> (r, index_k)",
+            "v = Gather <axis = 2> (r, index_v)",
+            "v_flat = Gather <axis = 2> (r, scalar_v)",
+            "qo = Neg (q)",
+            "ko = Neg (k)",
+            "vo = Neg (v)",
+            "v_flat_o = Neg (v_flat)",
+        ],
+        "float[batch, seq, 48] x",
+        "float[batch, seq, 4, 8] qo, float[batch, seq, 1, 8] ko, float[batch, seq, 1, 8] vo, "
+        "float[batch, seq, 8] v_flat_o",
+        {
+            "split": np.array([0, 0, 6, 8], np.int64),
+            "four": np.array([4], np.int64),
+            "index_k": np.array([4], np.int64),
+            "index_v": np.array([-1], np.int64),
+            "scalar_v": np.array(5, np.int64),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"heads_by_slice": 4} and again == 0
+    assert "Gather" not in op_sequence(canonical)
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_gather_of_heads_out_of_order_stays() -> None:
+    model = _model(
+        ["r = Reshape (x, split)", "kv = Gather <axis = 2> (r, picked)"],
+        "float[batch, seq, 48] x",
+        "float[batch, seq, 2, 8] kv",
+        {"split": np.array([0, 0, 6, 8], np.int64), "picked": np.array([5, 4], np.int64)},
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_scale_from_the_head_size_becomes_a_constant() -> None:
+    model = _model(
+        [
+            "s = Shape (q)",
+            "size = Gather <axis = 0> (s, three)",
+            "size_f = Cast <to = 1> (size)",
+            "root = Sqrt (size_f)",
+            "scale = Div (one, root)",
+            "y = Mul (q, scale)",
+        ],
+        "float[batch, 4, seq, 8] q",
+        "float[batch, 4, seq, 8] y",
+        {"three": np.array(3, np.int64), "one": np.array(1.0, np.float32)},
+    )
+    canonical, done, again = _canonical(model)
+    # Gather, Cast, Sqrt and Div; the Shape itself reads the batch
+    assert done == {"known_scalars": 4} and again == 0
+    assert op_sequence(canonical) == ["Mul"]
+    (scale,) = [t for t in canonical.graph.initializer if t.name.startswith("scale")]
+    assert onnx.numpy_helper.to_array(scale) == pytest.approx(8**-0.5, rel=1e-7)
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_size_that_depends_on_the_batch_stays() -> None:
+    model = _model(
+        ["s = Shape (q)", "b = Gather <axis = 0> (s, first)", "y = Cast <to = 1> (b)"],
+        "float[batch, 4] q",
+        "float y",
+        {"first": np.array(0, np.int64)},
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_reshape_to_its_own_shape_goes() -> None:
+    model = _model(
+        ["s = Shape (t)", "r = Reshape (t, s)", "y = Mul (r, two)"],
+        "float[batch, 4, seq, 8] t",
+        "float[batch, 4, seq, 8] y",
+        {"two": np.array(2.0, np.float32)},
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"identity_reshape": 1} and again == 0
+    assert "Reshape" not in op_sequence(canonical)
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_reshape_that_changes_the_shape_stays() -> None:
+    model = _model(
+        ["r = Reshape (t, flat)"],
+        "float[batch, 4, 8] t",
+        "float[batch, 32] r",
+        {"flat": np.array([0, 32], np.int64)},
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_slice_that_keeps_the_whole_shape_goes() -> None:
+    """The eager mask's ``mask[:, :, :, : key_length]`` of a mask as long as the keys."""
+    model = _model(
+        ["m = Slice (mask, zero, end, last)"],
+        "float[batch, 1, 5, 5] mask",
+        "float[batch, 1, 5, 5] m",
+        {"end": np.array([1 << 40], np.int64)},
+    )
+    model.graph.node.append(onnx.helper.make_node("Neg", ["m"], ["m_out"]))
+    model.graph.output[0].name = "m_out"
+    canonical, done, again = _canonical(model)
+    assert done.get("identity_slice") == 1 and again == 0
+    assert op_sequence(canonical) == ["Neg"]
+    run_both(model, canonical, **EXACT)
+
+
+@pytest.mark.parametrize("steps", [[1], [-1]])
+def test_a_slice_that_shortens_or_reverses_stays(steps) -> None:
+    """A reversed slice keeps the shape and changes the order: not an identity."""
+    model = _model(
+        ["m = Slice (t, begin, end, last, step)", "y = Neg (m)"],
+        "float[2, 6] t",
+        f"float[2, {6 if steps == [-1] else 4}] y",
+        {
+            "begin": np.array([0 if steps == [1] else -1], np.int64),
+            "end": np.array([4 if steps == [1] else -(1 << 40)], np.int64),
+            "step": np.array(steps, np.int64),
+        },
+    )
+    assert "identity_slice" not in _canonical(model)[1]
+
+
+def test_the_features_a_partial_rotary_passes_through_stay_on_the_whole_head() -> None:
+    """Phi's ``cat((rotated(q[..., :r]), q[..., r:]), -1)``: parts joined back as they
+    are, which the partial rotary pattern reads on the whole head."""
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "t = Transpose <perm = [0, 2, 1, 3]> (r)",
+            "rot = Slice (t, zero, four, axis_last)",
+            "keep = Slice (t, four, big, axis_last)",
+            "turned = Neg (rot)",
+            "y = Concat <axis = -1> (turned, keep)",
+        ],
+        "float[batch, seq, 32] x",
+        "float[batch, 4, seq, 8] y",
+        {
+            "split": np.array([0, 0, 4, 8], np.int64),
+            "four": np.array([4], np.int64),
+            "big": np.array([1 << 40], np.int64),
+        },
+    )
+    assert "slice_before_transpose" not in _canonical(model)[1]
+
+
+_NORM_AFTER_TRANSPOSE = {
+    "LayerNormalization": "n = LayerNormalization <axis = {axis}> (t, gamma, beta)",
+    "RMSNormalization": "n = RMSNormalization <axis = {axis}> (t, gamma)",
+}
+
+
+@pytest.mark.parametrize("norm", sorted(_NORM_AFTER_TRANSPOSE))
+def test_a_norm_of_each_head_after_the_head_transpose_moves_before_it(norm) -> None:
+    """Gemma-3's ``q_norm(q.view(..).transpose(1, 2))``: the norm moves above the
+    Transpose, and ``head_split`` then gives the heads their merge/split pair."""
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "t = Transpose <perm = [0, 2, 1, 3]> (r)",
+            _NORM_AFTER_TRANSPOSE[norm].format(axis=-1),
+            "y = Mul (n, two)",
+        ],
+        "float[batch, seq, 32] x",
+        "float[batch, 4, seq, 8] y",
+        {
+            "split": np.array([0, 0, 4, 8], np.int64),
+            "gamma": np.linspace(0.5, 1.5, 8).astype(np.float32),
+            "beta": np.linspace(-0.3, 0.2, 8).astype(np.float32),
+            "two": np.array(2.0, np.float32),
+        },
+        opset=23,  # RMSNormalization
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"transpose_after_norm": 1, "head_split": 1} and again == 0
+    assert op_sequence(canonical) == ["Reshape", norm, "Reshape", "Reshape", "Transpose", "Mul"]
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_norm_over_the_heads_axis_stays_after_the_transpose() -> None:
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "t = Transpose <perm = [0, 2, 1, 3]> (r)",
+            "n = LayerNormalization <axis = 1> (t, gamma, beta)",
+        ],
+        "float[2, 3, 32] x",
+        "float[2, 4, 3, 8] n",
+        {
+            "split": np.array([0, 0, 4, 8], np.int64),
+            "gamma": np.ones((4, 3, 8), np.float32),
+            "beta": np.zeros((4, 3, 8), np.float32),
+        },
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_rotary_of_transposed_heads_rotates_the_projection() -> None:
+    """A RotaryEmbedding fused on ``[B, N, S, H]`` heads: its 3-D form on the
+    ``[B, S, N * H]`` projection, then the head split, then the Transpose."""
+    rng = np.random.default_rng(0)
+    angles = rng.uniform(0, 3, (16, 4)).astype(np.float32)
+    text = """<ir_version: 8, opset_import: ["" : 18, "com.microsoft" : 1]>
+    g (float[batch, seq, 32] x, int64[batch, seq] pos) => (float[batch, 4, seq, 8] y) {
+        r = Reshape (x, split)
+        t = Transpose <perm = [0, 2, 1, 3]> (r)
+        ro = com.microsoft.RotaryEmbedding (t, pos, cos, sin)
+        y = Neg (ro)
+    }"""
+    inits = {
+        "split": np.array([0, 0, 4, 8], np.int64),
+        "cos": np.cos(angles),
+        "sin": np.sin(angles),
+    }
+    model = build_model(text, inits)
+    canonical, done, again = _canonical(model)
+    assert done == {"transpose_after_rotary": 1} and again == 0
+    assert op_sequence(canonical) == [
+        "Reshape",
+        "Reshape",
+        "com.microsoft::RotaryEmbedding",
+        "Reshape",
+        "Transpose",
+        "Neg",
+    ]
+    rotary = next(n for n in canonical.graph.node if n.op_type == "RotaryEmbedding")
+    assert {a.name: a.i for a in rotary.attribute}["num_heads"] == 4
+    feeds = {
+        "x": rng.standard_normal((2, 5, 32)).astype(np.float32),
+        "pos": np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]], np.int64),
+    }
+    run_both(model, canonical, feeds=feeds, **EXACT)
+
+
+def test_a_gather_of_q_k_or_v_from_heads_of_three_is_a_head_split() -> None:
+    """Persimmon's fused projection ``Reshape(qkv, [B, S, N, 3, H])[:, :, :, 2]``, then
+    a per-head op and the Transpose: the value heads get their merge/split pair."""
+    model = _model(
+        [
+            "r = Reshape (x, split)",
+            "v = Gather <axis = 3> (r, two)",
+            "n = Mul (v, gamma)",
+            "y = Transpose <perm = [0, 2, 1, 3]> (n)",
+        ],
+        "float[batch, seq, 96] x",
+        "float[batch, 4, seq, 8] y",
+        {
+            "split": np.array([0, 0, 4, 3, 8], np.int64),
+            "two": np.array(2, np.int64),
+            "gamma": np.linspace(0.5, 1.5, 8).astype(np.float32),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"head_split": 1} and again == 0
+    run_both(model, canonical, **EXACT)
