@@ -1,0 +1,218 @@
+"""Decoder families outside the corpus: what fuses, as a new user would find it.
+
+Why: issue 24's acceptance is measured on families and exporters the corpus does not
+name, since a rule written for the corpus's spellings proves little about the next
+family. This builds each family below from a transformers config (``_llm_families``:
+2 layers, hidden 256, 8 query and 2 key/value heads of 32, seeded weights with every
+1-D parameter re-randomized), exports the prefill graph with both torch exporters
+(``_llm_torch``: TorchScript at opset 17, dynamo), optimizes it for onnxruntime with the
+check on (``fusion_core.optimize``, profile ``cpu-roofline`` so that every match shows),
+and prints per model the fused attention ops, the Softmax ops before and after (a
+mixture of experts' routers keep theirs), the fused rotary and norm ops, whether the
+check passed, and the first attention or rotary near miss where a Softmax is left.
+None of these families is in ``export_llm.py``'s corpus, and no rule names them.
+
+    python bench/corpus/unseen_families.py [--out DIR] [--markdown FILE] [FAMILY ...]
+
+Needs the corpus extra (torch, transformers): ``make .venv/.corpus-installed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import _llm_families as fam
+
+HEAD_DIM = fam.HEAD_DIM
+_BIGCODE_SIZES = dict(
+    vocab_size=256, initializer_range=0.05, pad_token_id=0, bos_token_id=1, eos_token_id=2
+)
+_BIGCODE = {"n_embd": 256, "n_layer": 2, "n_head": 8, "multi_query": True, "n_positions": 128}
+_GRANITE = {
+    "attention_multiplier": 0.1,
+    "residual_multiplier": 0.5,
+    "embedding_multiplier": 2.0,
+    "logits_scaling": 4.0,
+}
+_GEMMA3 = {"head_dim": HEAD_DIM, "sliding_window": 8, "query_pre_attn_scalar": HEAD_DIM}
+_F = fam.Family
+UNSEEN = {  # family -> (Family, what sets it apart)
+    "olmo2": (
+        _F("Olmo2Config", "Olmo2ForCausalLM", {}),
+        "q/k RMSNorm on the whole projection, post-norms",
+    ),
+    "olmo": (
+        _F("OlmoConfig", "OlmoForCausalLM", {"clip_qkv": 8.0}),
+        "non-parametric LayerNorm, q/k/v clipped",
+    ),
+    "stablelm": (
+        _F("StableLmConfig", "StableLmForCausalLM", {"partial_rotary_factor": 0.25}),
+        "partial rotary 0.25, LayerNorm with bias",
+    ),
+    "stablelm_qk_norm": (
+        _F(
+            "StableLmConfig",
+            "StableLmForCausalLM",
+            {"partial_rotary_factor": 0.25, "qk_layernorm": True},
+        ),
+        "as stablelm, and a LayerNorm of its own for each head of q and k",
+    ),
+    "phi": (
+        _F("PhiConfig", "PhiForCausalLM", {"partial_rotary_factor": 0.5}),
+        "partial rotary 0.5, parallel attention and MLP, biases",
+    ),
+    "cohere": (
+        _F("CohereConfig", "CohereForCausalLM", {"use_qk_norm": False}),
+        "interleaved rotary on the transposed heads, parallel block",
+    ),
+    "starcoder2": (
+        _F("Starcoder2Config", "Starcoder2ForCausalLM", {"sliding_window": 8}),
+        "LayerNorm with bias, sliding window, GELU MLP",
+    ),
+    "gpt_bigcode": (
+        _F("GPTBigCodeConfig", "GPTBigCodeForCausalLM", _BIGCODE, base=_BIGCODE_SIZES),
+        "multi-query, learned positions, no rotary",
+    ),
+    "granite": (
+        _F("GraniteConfig", "GraniteForCausalLM", _GRANITE),
+        "attention, residual, embedding and logit multipliers",
+    ),
+    "mixtral": (
+        _F(
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            {"num_local_experts": 4, "num_experts_per_tok": 2},
+            experts="batched_mm",
+        ),
+        "top-2 of 4 experts",
+    ),
+    "nemotron": (
+        _F(
+            "NemotronConfig",
+            "NemotronForCausalLM",
+            {"partial_rotary_factor": 0.5, "head_dim": HEAD_DIM},
+        ),
+        "partial rotary 0.5, LayerNorm1P, squared-ReLU MLP",
+    ),
+    "glm": (
+        _F("GlmConfig", "GlmForCausalLM", {"head_dim": HEAD_DIM, "partial_rotary_factor": 0.5}),
+        "interleaved partial rotary",
+    ),
+    "persimmon": (
+        _F(
+            "PersimmonConfig",
+            "PersimmonForCausalLM",
+            {"partial_rotary_factor": 0.5, "qk_layernorm": True},
+            base=fam._OWN_SIZES,
+        ),
+        "q, k, v gathered from [B, S, N, 3, H], LayerNorm of q and k, partial rotary",
+    ),
+    "gemma3": (
+        _F("Gemma3TextConfig", "Gemma3ForCausalLM", _GEMMA3),
+        "q/k RMSNorm after the head Transpose, sliding window",
+    ),
+}
+KINDS = {
+    "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
+    "rotary": ("RotaryEmbedding",),
+    "norms": (
+        "LayerNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+    ),
+}
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def survey(family: str, kind: str, folder: Path) -> dict:
+    """One row: export (cached in ``folder``), optimize with the check, count."""
+    import _llm_torch
+    import onnx
+
+    from autofusion.fusion_core import OptimizeConfig, optimize
+
+    path = folder / f"{family}_{kind}.onnx"
+    row = {"family": family, "exporter": kind}
+    try:
+        if not path.exists():
+            _llm_torch.export(family, kind, path)
+    except Exception as exc:  # an exporter's own failure: the row says which
+        row["error"] = f"export failed: {type(exc).__name__}: {str(exc)[:120]}"
+        return row
+    model = onnx.load(str(path))
+    started = time.perf_counter()
+    result = optimize(model, OptimizeConfig(target="onnxruntime", target_profile="cpu-roofline"))
+    row["seconds"] = time.perf_counter() - started
+    after = Counter()
+    for op, count in result.ops_after.items():
+        after[op.split("::")[-1]] += count
+    row["softmax"] = sum(1 for node in model.graph.node if node.op_type == "Softmax")
+    row["softmax_left"] = after["Softmax"]  # a mixture of experts' routers keep theirs
+    for name, ops in KINDS.items():
+        row[name] = sum(after[op] for op in ops)
+    row["check"] = (
+        "passed"
+        if result.check and result.check.passed
+        else (result.check.failure if result.check else "none")
+    )
+    misses = [m for m in result.near_misses if "attention" in m.pattern or "rotary" in m.pattern]
+    row["miss"] = f"{misses[0].pattern}: {misses[0].reason}" if misses and after["Softmax"] else ""
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| family | what sets it apart | exporter | attention fused | Softmax before, left "
+        "| rotary | norms | check | first near miss |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        about = UNSEEN[row["family"]][1]
+        if "error" in row:
+            lines.append(
+                f"| {row['family']} | {about} | {row['exporter']} | - | - | - | - "
+                f"| {row['error']} | |"
+            )
+            continue
+        miss = row["miss"].replace("|", "/")[:160]
+        lines.append(
+            f"| {row['family']} | {about} | {row['exporter']} "
+            f"| {row['attention']} | {row['softmax']}, {row['softmax_left']} "
+            f"| {row['rotary']} | {row['norms']} | {row['check']} | {miss} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("families", nargs="*", help=f"some of {', '.join(UNSEEN)} (all)")
+    default = Path.home() / ".cache/autofusion-corpus/unseen"
+    parser.add_argument("--out", type=Path, default=default)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.families) - set(UNSEEN))
+    if unknown:
+        parser.error(f"unknown families {unknown}: choose from {', '.join(UNSEEN)}")
+    logging.basicConfig(level=logging.WARNING)
+    fam.FAMILIES.update({name: spec for name, (spec, _) in UNSEEN.items()})
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for family in args.families or list(UNSEEN):
+        for kind in EXPORTERS:
+            rows.append(survey(family, kind, args.out))
+            print(rows[-1], flush=True)
+    table = markdown(rows)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
