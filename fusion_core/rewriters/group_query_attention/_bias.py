@@ -155,8 +155,13 @@ def _padding_term(
 def _broadcast_bias(
     term: ir.Value, root: ir.Value, value: float, q: ir.Value, ctx: RewriteContext, out: _Emitter
 ) -> ir.Value:
-    """``Expand(Where(t, 0, lowest), [1, 1, S, 1])``: the kernel wants one row per query."""
+    """``Expand(Where(t, 0, lowest), [1, 1, S, 1])``: the kernel wants one row per query.
+    ``S`` is read from a graph input where one has it, and the bias shared by the layers
+    only then (``_lengths`` says why)."""
+    source, axis = _graph_input_with_dim(ctx.graph, q, 1)
     key = f"gqa_padding_bias:{root.name}:{value!r}"
+    if not source.is_graph_input():
+        key += f":{q.name}"
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
@@ -165,7 +170,9 @@ def _broadcast_bias(
     row = out.add("Where", [term, zero, lowest])
     ones = ctx.initializer("gqa_ones_2", np.array([1, 1], np.int64))
     one = ctx.initializer("gqa_one", np.array([1], np.int64))
-    queries = out.add("Shape", [q], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)])
+    queries = out.add(
+        "Shape", [source], [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)]
+    )
     shape = out.add("Concat", [ones, queries, one], [ir.AttrInt64("axis", 0)])
     out.add("Expand", [row, shape])
     return out.share(key, ir.DataType.FLOAT)
@@ -183,6 +190,8 @@ def _rows_with_a_key(
     """``[B, S, 1]``: whether the running count of ``t`` at ``P + s`` is above 0, as 0/1
     (``zero_rows``) or a bool."""
     name = f"gqa_padding_keep:{root.name}:{zero_rows}"
+    if key.past is not None and not key.past.is_graph_input():
+        name += f":{key.past.name}"  # a past computed in a layer: not shared (_lengths)
     found = shared_value(ctx.graph, name)
     if found is not None:
         return found
@@ -265,8 +274,8 @@ def lengths_of(
         found = [shared_value(ctx.graph, f"{shared_key}:{i}") for i in range(3)]
         if all(v is not None for v in found):
             return found  # type: ignore[return-value]
-    values = _lengths(q, key, ctx, nodes)
-    if shared_key is not None:
+    values, from_inputs = _lengths(q, key, ctx, nodes)
+    if shared_key is not None and from_inputs:
         for i, value in enumerate(values):
             producer = value.producer()
             assert producer is not None
@@ -274,8 +283,19 @@ def lengths_of(
     return values
 
 
-def _lengths(q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]) -> list[ir.Value]:
+def _lengths(
+    q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]
+) -> tuple[list[ir.Value], bool]:
+    """The three lengths, and whether every size was read from a graph input.
+
+    Only then may other layers share them: read from this layer's query or key, a layer
+    above that fused later would wait for this one's input (SmolLM3, whose NoPE layer
+    fuses a round before the layers with a rotary embedding: a cycle)."""
+    read_from_inputs = []
+
     def shape(value: ir.Value, start: int) -> ir.Value:
+        value, start = _graph_input_with_dim(ctx.graph, value, start)
+        read_from_inputs.append(value.is_graph_input())
         attrs = [ir.AttrInt64("start", start), ir.AttrInt64("end", start + 1)]
         nodes.append(ir.Node("", "Shape", [value], attrs))
         return nodes[-1].outputs[0]
@@ -297,4 +317,21 @@ def _lengths(q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]
     query_seqlens = add("Expand", [to_int32(sequence), batch])
     for value in (seqlens, total_length, query_seqlens):
         value.dtype = ir.DataType.INT32
-    return [seqlens, total_length, query_seqlens]
+    return [seqlens, total_length, query_seqlens], all(read_from_inputs)
+
+
+def _graph_input_with_dim(graph: ir.Graph, value: ir.Value, axis: int) -> tuple[ir.Value, int]:
+    """A graph input and axis whose size is the symbol ``value`` has at ``axis`` (the
+    shape inference names equal sizes alike), else ``value`` and ``axis`` themselves."""
+    if value.is_graph_input() or value.shape is None or axis >= len(value.shape):
+        return value, axis
+    symbol = value.shape[axis]
+    name = getattr(symbol, "value", None)
+    if isinstance(symbol, int) or not name:
+        return value, axis
+    for source in graph.inputs:
+        dims = list(source.shape) if source.shape is not None else []
+        for index, dim in enumerate(dims):
+            if not isinstance(dim, int) and getattr(dim, "value", None) == name:
+                return source, index
+    return value, axis
