@@ -44,9 +44,11 @@ def inferred_models(graph: ir.Graph, proto: onnx.ModelProto) -> list[onnx.ModelP
         inferences.insert(0, _static_dims_of_image_model(proto))
     else:
         inferences.insert(0, _onnxruntime_inference(proto))
-    # An inference whose shapes contradict an op's rule would make the fused model one
-    # onnxruntime refuses to load: it counts as failed.
-    return [inferred if _consistent(inferred) else None for inferred in inferences]
+    # onnx's inference checks its own shapes (``_onnx_inference``); the two-size merge
+    # of an image model may contradict itself on a shape computation (PP-OCRv4's
+    # recognizer: a Concat of sizes) and still give the channels the fusions need, which
+    # is why the others are kept whole.
+    return inferences
 
 
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
