@@ -136,7 +136,11 @@ class _GraphRounds:
         canonical: Counter[str] = Counter()
         for round_number in range(1, self.max_rounds + 1):
             start = time.perf_counter()
-            canonical += canonical_form(self.graph, self.ctx.fresh_name)
+            changed = canonical_form(self.graph, self.ctx.fresh_name)
+            canonical += changed
+            if changed:  # what a rewriter refused may hold in the new spelling (a norm
+                # moved before the Transpose makes the heads a rotary reads transposed)
+                self.refused = {k: v for k, v in self.refused.items() if k in self.skipped}
             found = self.matcher.find(self.graph)
             candidates = [m for m in found.candidates if _key(m) not in self.refused]
             result.match_s += time.perf_counter() - start

@@ -26,7 +26,7 @@ from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 
-__all__ = ["interleaved_layout", "interleaved_table", "pairs_source"]
+__all__ = ["interleaved_layout", "interleaved_table", "pairs_source", "transposed_heads"]
 
 _BIG = 2**31 - 1
 
@@ -37,9 +37,13 @@ def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
     if params.rotary_node is not None:
         x = match.node(params.rotary_node).inputs[0]
     dims = known_dims(x)
-    if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in dims[2:]):
+    known = (1, 3) if transposed_heads(x) else (2, 3)
+    if dims is None or len(dims) != 4 or not all(isinstance(dims[i], int) for i in known):
         name = x.name if x is not None else None
-        return f"the rotated heads {name!r} are not known to be [B, S, heads, head_size]"
+        return (
+            f"the rotated heads {name!r} are not known to be [B, S, heads, head_size] or "
+            "the transposed heads of a [B, S, heads * head_size] projection"
+        )
     size = int(dims[3])  # type: ignore[arg-type]
     rotary_dim = size
     if params.rotary_node is not None:
@@ -77,9 +81,27 @@ def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
     return x, rotary_dim
 
 
-def interleaved_table(value: ir.Value | None, x_dims: list, rotary_dim: int, what: str):
-    """(``c`` [Bc, S, r / 2], batched, constant half table or None, position ids or None)
-    behind the repeat_interleave of ``value``, or why it is not one."""
+def transposed_heads(x: ir.Value | None) -> bool:
+    """Whether ``x`` is ``Transpose(Reshape(q), [0, 2, 1, 3])``: heads ``[B, N, S, H]``, the
+    layout Cohere and GLM rotate in (GPT-J rotates ``[B, S, N, H]``)."""
+    transpose = x.producer() if x is not None else None
+    if transpose is None or transpose.op_type != "Transpose" or transpose.inputs[0] is None:
+        return False
+    split = transpose.inputs[0].producer()
+    perm = list(attribute_value(transpose, "perm", []) or [])
+    return perm == [0, 2, 1, 3] and split is not None and split.op_type == "Reshape"
+
+
+def interleaved_table(
+    value: ir.Value | None, x_dims: list, rotary_dim: int, what: str, *, transposed: bool
+):
+    """(the angles' table, batched, constant half table or None, position ids or None,
+    what the table holds) behind the repeat_interleave of ``value``, or why it is not
+    one. What it holds: ``"half"``, the ``[Bc, S, r / 2]`` angles (GPT-J); for
+    ``transposed`` heads (``repeated_angles``) ``"pairs"``, each angle twice (Cohere), or
+    ``"first"``, the angles in the first half of a wider table (GLM)."""
+    if transposed:
+        return repeated_angles(value, x_dims, rotary_dim, what)
     half = rotary_dim // 2
     name = value.name if value is not None else None
     reshape = value.producer() if value is not None else None
@@ -105,7 +127,113 @@ def interleaved_table(value: ir.Value | None, x_dims: list, rotary_dim: int, wha
     if table_dims[0] != 1 and not batched:
         return f"the batch of the {what} angles {table.name!r} is neither 1 nor the heads'"
     constant, ids = _split_of_gathered(table, half)
-    return table, batched, constant, ids
+    return table, batched, constant, ids, "half"
+
+
+def repeated_angles(value: ir.Value | None, x_dims: list, rotary_dim: int, what: str):
+    """Cohere's and GLM's table for ``[B, N, S, H]`` heads: ``Unsqueeze(t, 1)`` with ``t``
+    elementwise steps (Cos or Sin, Casts, scalar constants) of ``repeat_interleave(f, 2)``
+    = ``Reshape(Expand(Unsqueeze(f, -1), [.., 2]), [Bc, S, r])``. The steps act on each
+    entry alone, so ``t[..., 2i] == t[..., 2i + 1]``: the pair ``(x_2i, x_2i+1)`` turns by
+    the angle whose cosine is ``t[..., 2i]``, and the cache is ``t[..., 0::2]``."""
+    name = value.name if value is not None else None
+    unsqueeze = value.producer() if value is not None else None
+    if unsqueeze is not None and unsqueeze.op_type == "Reshape":
+        return _first_half_repeated(unsqueeze, x_dims, rotary_dim, what)
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
+        return f"the {what} {name!r} is not Unsqueeze(t, 1) of a [batch or 1, S, r] table"
+    table = unsqueeze.inputs[0]
+    dims = known_dims(table)
+    if dims is None or len(dims) != 3 or dims[1:] != [x_dims[2], rotary_dim]:
+        return f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim}]"
+    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
+    if dims[0] != 1 and not batched:
+        return f"the batch of the {what} table {table.name!r} is neither 1 nor the heads'"
+    repeated = _repeated_through_steps(table, rotary_dim)
+    if repeated is not None:
+        return f"cannot show that the {what} table {table.name!r} repeats each angle: {repeated}"
+    return table, batched, None, None, "pairs"
+
+
+def _first_half_repeated(reshape: ir.Node, x_dims: list, rotary_dim: int, what: str):
+    """GLM's ``repeat_interleave(Unsqueeze(c, 1)[..., : r / 2], 2)``: the pairs turn by
+    the angles of ``c[..., :r / 2]``, whatever the rest of ``c`` holds."""
+    name = reshape.outputs[0].name
+    failure = _interleaves_by_two(reshape, rotary_dim)
+    if failure is not None:
+        return f"cannot show that the {what} {name!r} repeats each angle: {failure}"
+    half = rotary_dim // 2
+    expand = reshape.inputs[0].producer()
+    pairs = expand.inputs[0].producer()  # type: ignore[union-attr]  # checked above
+    source = pairs.inputs[0]  # type: ignore[union-attr]
+    part = source.producer() if source is not None else None
+    if part is None or part.op_type != "Slice" or _bounds(part, rotary_dim) != (0, half, 1):
+        return f"the repeated {what} angles of {name!r} are not t[..., :{half}]"
+    unsqueeze = part.inputs[0].producer() if part.inputs[0] is not None else None
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
+        return f"the {what} angles of {name!r} are not Unsqueeze(c, 1)[..., :{half}]"
+    table = unsqueeze.inputs[0]
+    dims = known_dims(table)
+    if dims is None or len(dims) != 3 or dims[1] != x_dims[2] or dims[2] != rotary_dim:
+        return f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim}]"
+    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
+    if dims[0] != 1 and not batched:
+        return f"the batch of the {what} table {table.name!r} is neither 1 nor the heads'"
+    return table, batched, None, None, "first"
+
+
+_STEPS = frozenset({"Cos", "Sin", "Cast", "Identity"})
+
+
+def _repeated_through_steps(value: ir.Value, rotary_dim: int) -> str | None:
+    """Why ``value`` is not elementwise steps of a repeat_interleave by 2, or None."""
+    for _ in range(8):
+        producer = value.producer()
+        if producer is None:
+            return f"{value.name!r} is not computed in the graph"
+        if producer.op_type in _STEPS:
+            value = producer.inputs[0]
+            continue
+        if producer.op_type in ("Mul", "Div") and _scalar_constant(producer.inputs[1]):
+            value = producer.inputs[0]
+            continue
+        if producer.op_type == "Mul" and _scalar_constant(producer.inputs[0]):
+            value = producer.inputs[1]
+            continue
+        if producer.op_type == "Reshape":
+            return _interleaves_by_two(producer, rotary_dim)
+        return f"{producer.op_type} {producer.name!r} is not an elementwise step of the angle"
+    return "the angle's computation is longer than the steps followed"
+
+
+def _scalar_constant(value: ir.Value | None) -> bool:
+    array = constant_array(value) if value is not None else None
+    return array is not None and array.size == 1
+
+
+def _interleaves_by_two(reshape: ir.Node, rotary_dim: int) -> str | None:
+    """Why ``reshape`` is not ``Reshape(Expand|Tile(Unsqueeze(f, -1)), [.., r])`` taking
+    ``[.., r / 2, 1]`` to ``[.., r / 2, 2]`` and back to ``[.., r]``, or None."""
+    repeat = reshape.inputs[0].producer() if reshape.inputs[0] is not None else None
+    if repeat is None or repeat.op_type not in ("Expand", "Tile"):
+        return f"Reshape {reshape.name!r} does not flatten an Expand or Tile"
+    source, out = known_dims(repeat.inputs[0]), known_dims(repeat.outputs[0])
+    flat = known_dims(reshape.outputs[0])
+    half = rotary_dim // 2
+    if source is None or out is None or flat is None or len(source) not in (4, 5):
+        return f"the shapes around {repeat.name!r} are not known"
+    if source[-2:] != [half, 1] or out[-2:] != [half, 2] or out[:-2] != source[:-2]:
+        return f"{repeat.op_type} {repeat.name!r} ({source} -> {out}) does not pair each angle"
+    if flat != [*source[:-2], rotary_dim]:
+        return f"Reshape {reshape.name!r} ({flat}) does not flatten the pairs to {rotary_dim}"
+    unsqueeze = repeat.inputs[0].producer()
+    if (
+        unsqueeze is None
+        or unsqueeze.op_type != "Unsqueeze"
+        or axes_of(unsqueeze) not in ([-1], [len(source) - 1])
+    ):
+        return f"the paired angles of {repeat.name!r} are not Unsqueeze(f, -1)"
+    return None
 
 
 def _repeats_pairs(node: ir.Node) -> bool:

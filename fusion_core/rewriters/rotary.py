@@ -66,6 +66,7 @@ from autofusion.fusion_core.rewriters._rotary_pairs import (
     interleaved_layout,
     interleaved_table,
     pairs_source,
+    transposed_heads,
 )
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
 from autofusion.fusion_core.targets import MS_DOMAIN
@@ -159,19 +160,23 @@ def _interleaved(
     interleaved RotaryEmbedding, and the heads split again after it; ``layout`` is the
     heads x [B, S, N, H], the rotary dimension and x's dims, checked."""
     x, rotary_dim, dims = layout
+    transposed = transposed_heads(x)
     tables = []
     for free, what in (("$cos", "cos"), ("$sin", "sin")):
-        found = interleaved_table(match.value(free), dims, rotary_dim, what)
+        found = interleaved_table(match.value(free), dims, rotary_dim, what, transposed=transposed)
         if isinstance(found, str):
             return found
-        value, batched, constant, ids = found
-        tables.append(_Table(value, batched, constant, ids, half=True))
+        value, batched, constant, ids, holds = found
+        tables.append(
+            _Table(value, batched, constant, ids, half=holds == "half", pairs=holds == "pairs")
+        )
     cos, sin = tables
     if cos.batched != sin.batched or cos.ids is not sin.ids:
         return "cos and sin are not indexed the same way (batch or position ids differ)"
-    heads, size = int(dims[2]), int(dims[3])  # type: ignore[arg-type]
-    split = pairs_source(x, (heads, size))
-    if split is None:
+    heads, size = int(dims[1 if transposed else 2]), int(dims[3])  # type: ignore[arg-type]
+    head_split = _head_split(x, (heads, size)) if transposed else None
+    split = head_split[0] if head_split is not None else pairs_source(x, (heads, size))
+    if split is None or (transposed and head_split is None):
         return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
     nodes: list[ir.Node] = []
     cos_cache = _cache(cos, rotary_dim, ctx, nodes)
@@ -193,10 +198,13 @@ def _interleaved(
         )
     _copy_type(projection, rotary.outputs[0])
     heads_again = ir.Node("", "Reshape", [rotary.outputs[0], split.inputs[1]], _attrs(split))
+    _copy_type(split.outputs[0], heads_again.outputs[0])
     nodes += [rotary, heads_again]
+    if head_split is not None:  # and the heads transposed again, as x was
+        nodes.append(ir.Node("", "Transpose", [heads_again.outputs[0]], _attrs(head_split[1])))
     out = match.node(params.concat_node or params.sum_node).outputs[0]
-    _copy_type(out, heads_again.outputs[0])
-    return Rewrite(nodes, [(out, heads_again.outputs[0])])
+    _copy_type(out, nodes[-1].outputs[0])
+    return Rewrite(nodes, [(out, nodes[-1].outputs[0])])
 
 
 class _Table:
@@ -212,9 +220,10 @@ class _Table:
         ids: ir.Value | None,
         *,
         half: bool = False,  # value is the half already ([Bc, S, r / 2]: interleaved)
+        pairs: bool = False,  # value repeats each entry twice ([Bc, S, r]: Cohere, GLM)
     ):
         self.value, self.batched, self.table, self.ids = value, batched, table, ids
-        self.half = half
+        self.half, self.pairs = half, pairs
 
 
 def _layout(match: Match, params: RotaryParams) -> tuple[ir.Value, int] | str:
@@ -372,6 +381,18 @@ def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.N
     if table.half:
         first = None
         flat = ir.Node("", "Reshape", [table.value, shape])
+    elif table.pairs:  # one entry of each repeated pair: t[..., 0:r:2]
+        bounds = [
+            ctx.initializer(name, np.array([value], np.int64))
+            for name, value in (
+                ("rotary_zero", 0),
+                (f"rotary_dim_{rotary_dim}", rotary_dim),
+                ("rotary_last_axis", -1),
+                ("rotary_two", 2),
+            )
+        ]
+        first = ir.Node("", "Slice", [table.value, *bounds])
+        flat = ir.Node("", "Reshape", [first.outputs[0], shape])
     else:
         starts = ctx.initializer("rotary_zero", np.array([0], np.int64))
         ends = ctx.initializer("rotary_half", np.array([half], np.int64))

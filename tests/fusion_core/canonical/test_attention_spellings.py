@@ -11,7 +11,8 @@ write them:
 * a per-head RMSNorm of q and k between the head split and the Transpose (Qwen3) or
   after the Transpose (Gemma-3, Persimmon);
 * the rotary embedding on the whole head, or on its first half with the rest passed
-  through and concatenated back (Phi);
+  through and concatenated back (Phi); rotate-half, or the pairs ``(x_2i, x_2i+1)``
+  with each angle repeated (Cohere, on the transposed heads);
 * a Reshape of Q to its own shape, computed from shapes at run time (Falcon);
 * the scale as a constant on the scores (Mul by ``1 / sqrt(H)`` or Div by ``sqrt(H)``),
   or as ``1 / sqrt(sqrt(H))`` on Q and K^T read from Q's shape (TorchScript's SDPA),
@@ -64,6 +65,7 @@ class Spelling:
     qk_norm: bool
     norm_after_transpose: bool  # Gemma-3, Persimmon: the q/k norm on the transposed heads
     partial_rotary: bool  # Phi: the first half of each head rotated, the rest passed on
+    interleaved: bool  # Cohere: the pairs (x_2i, x_2i+1) rotated, each angle repeated
     identity_reshape: bool
     sdpa: bool  # the scale split over Q and K^T from Q's shape, and the NaN guard
     scale_by_div: bool  # eager: the scores divided by sqrt(H) rather than times 1 / sqrt(H)
@@ -93,6 +95,7 @@ def spellings(draw) -> Spelling:
         qk_norm=projection != "per_head" and draw(st.booleans()),  # GPT-NeoX has none
         norm_after_transpose=draw(st.booleans()),
         partial_rotary=draw(st.booleans()),
+        interleaved=draw(st.booleans()),
         identity_reshape=draw(st.booleans()),
         sdpa=sdpa,
         scale_by_div=draw(st.booleans()),
@@ -170,6 +173,11 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "zero": np.array([0], np.int64),
         "half": np.array([r // 2], np.int64),
         "rotated": np.array([r], np.int64),
+        "one": np.array([1], np.int64),
+        "two_step": np.array([2], np.int64),
+        "pair_shape": np.array([1, 1, 1, 2], np.int64),
+        "emb_shape": np.array([0, 0, r], np.int64),
+        "rot_shape": np.array([0, 0, 0, r], np.int64),
         "end": np.array([np.iinfo(np.int64).max], np.int64),
         "axis_1": np.array([1], np.int64),
         "axis_2": np.array([2], np.int64),
@@ -204,7 +212,15 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "pos = Cast <to = 1> (position_ids)",
         "pos_u = Unsqueeze (pos, axis_last)",
         "freqs = Mul (pos_u, inv_freq)",
-        "emb = Concat <axis = -1> (freqs, freqs)",
+        *(
+            [  # repeat_interleave(freqs, 2, -1)
+                "freqs_u = Unsqueeze (freqs, axis_last)",
+                "freqs_pairs = Expand (freqs_u, pair_shape)",
+                "emb = Reshape (freqs_pairs, emb_shape)",
+            ]
+            if s.interleaved
+            else ["emb = Concat <axis = -1> (freqs, freqs)"]
+        ),
         "cos = Cos (emb)",
         "sin = Sin (emb)",
         "cos_u = Unsqueeze (cos, axis_1)",
@@ -238,11 +254,24 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 f"{p}_pass = Slice ({heads}, rotated, end, axis_last)",
             ]
             source, rotated = f"{p}_part", f"{p}_turned"
+        if s.interleaved:  # stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+            body += [
+                f"{p}_even = Slice ({source}, zero, rotated, axis_last, two_step)",
+                f"{p}_odd = Slice ({source}, one, rotated, axis_last, two_step)",
+                f"{p}_neg = Neg ({p}_odd)",
+                f"{p}_neg_u = Unsqueeze ({p}_neg, axis_last)",
+                f"{p}_even_u = Unsqueeze ({p}_even, axis_last)",
+                f"{p}_pairs = Concat <axis = -1> ({p}_neg_u, {p}_even_u)",
+                f"{p}_rot = Reshape ({p}_pairs, rot_shape)",
+            ]
+        else:
+            body += [
+                f"{p}_lo = Slice ({source}, zero, half, axis_last)",
+                f"{p}_hi = Slice ({source}, half, end, axis_last)",
+                f"{p}_neg = Neg ({p}_hi)",
+                f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
+            ]
         body += [
-            f"{p}_lo = Slice ({source}, zero, half, axis_last)",
-            f"{p}_hi = Slice ({source}, half, end, axis_last)",
-            f"{p}_neg = Neg ({p}_hi)",
-            f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
             f"{p}_c = Mul ({source}, cos_u)",
             f"{p}_s = Mul ({p}_rot, sin_u)",
             f"{rotated} = Add ({p}_c, {p}_s)",
@@ -392,7 +421,7 @@ def test_a_tanh_scaled_by_two_values_is_no_softcap(target) -> None:
     why (with one c it fuses: the generator above)."""
     s = Spelling(
         heads=4, kv_heads=2, size=8, projection="separate", per_head_split="slice",
-        qk_norm=False, norm_after_transpose=False, partial_rotary=False,
+        qk_norm=False, norm_after_transpose=False, partial_rotary=False, interleaved=False,
         identity_reshape=False, sdpa=False, scale_by_div=False,
         softcap=2.0, softcap_by_mul=True, repeat="repeat_kv", cache=True,
     )  # fmt: skip
@@ -409,7 +438,7 @@ def test_a_tanh_scaled_by_two_values_is_no_softcap(target) -> None:
 def test_a_softcap_becomes_onnx_attention_softcap_on_the_generic_target() -> None:
     s = Spelling(
         heads=4, kv_heads=2, size=8, projection="separate", per_head_split="slice",
-        qk_norm=False, norm_after_transpose=False, partial_rotary=False,
+        qk_norm=False, norm_after_transpose=False, partial_rotary=False, interleaved=False,
         identity_reshape=False, sdpa=False, scale_by_div=True,
         softcap=2.0, softcap_by_mul=False, repeat="repeat_kv", cache=True,
     )  # fmt: skip
