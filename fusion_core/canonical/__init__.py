@@ -4,13 +4,20 @@ block to the one spelling the patterns match, before each round of matching.
 A new way an exporter or a model family writes a known block is a rule here, not one
 more copy of every pattern that reads it. Each rule changes no value: it inserts,
 moves or merges ops whose composition is the identity on what the graph computes (the
-check of every job proves it again on the model as fused). Rules are idempotent, so
+check of every job proves it again on the model as fused); ``scale_to_scores`` alone
+rounds differently (a product of two scales once, not each operand), as any fusion
+that applies the scale itself does. Rules are idempotent, so
 running them before every round (a fusion may expose a spelling) changes nothing twice.
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``scale_to_scores`` (``_scales.py``): SDPA's scale split over Q and K^T multiplies
+  the scores instead, as in the eager attention;
 * ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
   proven to keep its input's shape goes;
+* ``gather_nd_as_slice``, ``slice_before_transpose_of_one`` and ``transposes_composed``
+  (``_picks.py``): one head picked out of a permuted projection (dynamo's Falcon) is a
+  Slice of the head split;
 * ``slice_before_transpose`` and ``heads_by_slice`` (``_slices.py``): the q, k and v of
   one fused projection, sliced per head (GPT-NeoX) or by heads (Falcon), become slices
   of the projection before its head layout;
@@ -41,7 +48,13 @@ from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
 )
+from autofusion.fusion_core.canonical._picks import (
+    compose_transposes,
+    gather_nd_as_slices,
+    slices_before_transposes,
+)
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
+from autofusion.fusion_core.canonical._scales import scales_to_scores, undo_scales
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._transposes import (
@@ -67,9 +80,13 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "scale_to_scores": scales_to_scores,
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
     "slice_before_transpose": slice_before_transpose,
+    "gather_nd_as_slice": gather_nd_as_slices,
+    "slice_before_transpose_of_one": slices_before_transposes,
+    "transposes_composed": compose_transposes,
     "heads_by_slice": heads_by_slice,
     "transpose_after_norm": transpose_after_norms,
     "transpose_after_rotary": transpose_after_rotaries,
@@ -77,8 +94,12 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 }
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
+    "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
+    "gather_nd_as_slice": "GatherNDs of one index made Slices",
+    "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
+    "transposes_composed": "Transposes of Transposes made one",
     "slice_before_transpose": "slices of a fused projection moved before the head Transpose",
     "heads_by_slice": "slices of heads made head splits of their own",
     "transpose_after_norm": "head Transposes moved after the norm of each head",
@@ -97,9 +118,10 @@ def canonical_form(graph: ir.Graph, fresh_name: Callable[[str], str]) -> Counter
     return done
 
 
-def undo_unused(graph: ir.Graph) -> int:
-    """Remove each merge/split pair a rule inserted that still reads as a pair (no fusion
-    took the split): the split's readers read the merge's input again. Returns how many."""
+def undo_unused(graph: ir.Graph) -> Counter[str]:
+    """Take out what the rules inserted and no fusion took: each merge/split pair that
+    still reads as a pair (the split's readers read the merge's input again) and each
+    scale on scores still there (``undo_scales``). Returns how many, per rule."""
     undone = 0
     for merge in [n for n in graph if n.metadata_props.get(MARK) == MERGE]:
         merged = merge.outputs[0]
@@ -115,7 +137,7 @@ def undo_unused(graph: ir.Graph) -> int:
             graph.remove(split, safe=True)
         graph.remove(merge, safe=True)
         undone += 1
-    return undone
+    return Counter({"head_split": undone, "scale_to_scores": undo_scales(graph, MARK)})
 
 
 def describe(counts: Counter[str]) -> list[str]:

@@ -161,7 +161,7 @@ class _GraphRounds:
                 break
         result.near_misses += self.strategy.dropped  # also when max_rounds ran out
         result.selections += self.strategy.records
-        canonical["head_split"] -= undo_unused(self.graph)  # what no fusion took goes again
+        canonical -= undo_unused(self.graph)  # what no fusion took goes again
         result.canonical += canonical
 
     def _round(self, candidates: list[Match], round_number: int) -> tuple[int, int]:

@@ -1,0 +1,168 @@
+"""Rule ``scale_to_scores``: the attention's scale multiplies the scores, wherever the
+exporter put it.
+
+TorchScript's and dynamo's scaled_dot_product_attention split the scale ``1 / sqrt(H)``
+over Q and K^T (``sqrt`` of it on each, so that fp16 scores do not overflow); the eager
+attention multiplies the scores. Every attention pattern reads the second form, so::
+
+    MatMul(Mul(Q, a), Mul(K^T, b))  ->  Mul(MatMul(Q, K^T), a * b)
+
+for scalar constants ``a`` and ``b`` (either may be absent), where the product is
+attention scores: rank 4 and read, through the mask and the soft-cap, by a Softmax. In
+real arithmetic the two are equal; in floating point the product is rounded once
+instead of per operand (exact where ``a`` and ``b`` are powers of two, as for head sizes
+16, 64 and 256), and the check of every job compares the results as it does for any
+fusion (the fused ops apply the scale in their own order anyway).
+
+What no fusion took is put back as the exporter wrote it (``undo_scales``): on long
+sequences the scores are the larger tensor to scale.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from autofusion.fusion_core.ir import constant_array
+
+__all__ = ["RULE", "scales_to_scores", "undo_scales"]
+
+RULE = "scale_to_scores"
+_SPLIT = "autofusion.canonical.split_scale"  # the original a and b, to put them back
+_ONNX = ("", "ai.onnx")
+_TO_SOFTMAX = frozenset({"Add", "Sub", "Mul", "Div", "Tanh", "Where", "Cast"})
+_WALK = 6
+
+
+def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
+    """Move the scalar scales of every attention's Q and K^T onto its scores; how many."""
+    moved = 0
+    for matmul in list(graph):
+        found = _split_scales(matmul)
+        if found is None:
+            continue
+        (q, a), (k, b) = found
+        product = np.float32(a if a is not None else 1.0) * np.float32(b if b is not None else 1.0)
+        scale = ir.Value(
+            name=fresh_name(f"{RULE}_scale"),
+            shape=ir.Shape([]),
+            const_value=ir.tensor(np.array(product, np.float32)),
+        )
+        scale.dtype = ir.DataType.FLOAT
+        graph.register_initializer(scale)
+        scores = ir.Node("", "MatMul", [q, k], name=fresh_name(f"{matmul.name or 'MatMul'}_scores"))
+        scaled = ir.Node("", "Mul", [scores.outputs[0], scale], name=fresh_name(f"{RULE}_Mul"))
+        out = matmul.outputs[0]
+        for value in (scores.outputs[0], scaled.outputs[0]):
+            value.dtype, value.shape = out.dtype, out.shape
+        scores.outputs[0].name = fresh_name(f"{RULE}_unscaled")
+        scaled.outputs[0].name = fresh_name(out.name or RULE)
+        for node in (scores, scaled):
+            node.metadata_props[mark] = RULE
+        scaled.metadata_props[_SPLIT] = json.dumps([a, b])
+        graph.insert_before(matmul, [scores, scaled])
+        out.replace_all_uses_with(scaled.outputs[0])
+        operands = [v.producer() for v in matmul.inputs]
+        graph.remove(matmul, safe=True)
+        for producer in operands:
+            if (
+                producer is not None
+                and producer.op_type == "Mul"
+                and not producer.outputs[0].uses()
+            ):
+                graph.remove(producer, safe=True)
+        moved += 1
+    return moved
+
+
+def undo_scales(graph: ir.Graph, mark: str) -> int:
+    """Put back every scale this rule moved where its scores Mul is still there (no
+    fusion took it); how many."""
+    undone = 0
+    for scaled in [
+        n for n in graph if n.metadata_props.get(mark) == RULE and _SPLIT in n.metadata_props
+    ]:
+        scores = scaled.inputs[0].producer() if scaled.inputs[0] is not None else None
+        if scores is None or scores.op_type != "MatMul" or len(scores.outputs[0].uses()) != 1:
+            continue
+        a, b = json.loads(scaled.metadata_props[_SPLIT])
+        operands = []
+        nodes = []
+        for value, factor in zip(scores.inputs, (a, b), strict=True):
+            if factor is None:
+                operands.append(value)
+                continue
+            constant = ir.Value(
+                name=f"{scaled.name}_{len(nodes)}_factor",
+                shape=ir.Shape([]),
+                const_value=ir.tensor(np.array(factor, np.float32)),
+            )
+            constant.dtype = ir.DataType.FLOAT
+            graph.register_initializer(constant)
+            nodes.append(ir.Node("", "Mul", [value, constant], name=f"{scaled.name}_{len(nodes)}"))
+            nodes[-1].outputs[0].dtype = value.dtype  # type: ignore[union-attr]
+            nodes[-1].outputs[0].shape = value.shape  # type: ignore[union-attr]
+            operands.append(nodes[-1].outputs[0])
+        again = ir.Node("", "MatMul", operands, name=f"{scaled.name}_MatMul")
+        again.outputs[0].dtype, again.outputs[0].shape = (
+            scaled.outputs[0].dtype,
+            scaled.outputs[0].shape,
+        )
+        graph.insert_before(scaled, [*nodes, again])
+        scaled.outputs[0].replace_all_uses_with(again.outputs[0])
+        graph.remove(scaled, safe=True)
+        graph.remove(scores, safe=True)
+        undone += 1
+    return undone
+
+
+def _split_scales(matmul: ir.Node):
+    """((Q, a), (K^T, b)) where ``matmul`` multiplies scaled operands into attention
+    scores (``a`` or ``b`` None where that side has no scale), else None."""
+    if matmul.op_type != "MatMul" or matmul.domain not in _ONNX or len(matmul.inputs) != 2:
+        return None
+    out = matmul.outputs[0]
+    if (
+        out.shape is None
+        or len(out.shape) != 4
+        or out.is_graph_output()
+        or not _read_by_softmax(out)
+    ):
+        return None
+    sides = [_scaled(v) for v in matmul.inputs]
+    if all(factor is None for _, factor in sides):
+        return None
+    return sides[0], sides[1]
+
+
+def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float | None]:
+    """(the operand, the scalar) of ``Mul(operand, scalar constant)`` read only here."""
+    producer = value.producer() if value is not None else None
+    if producer is None or producer.op_type != "Mul" or producer.domain not in _ONNX:
+        return value, None
+    if len(value.uses()) != 1 or value.dtype != ir.DataType.FLOAT:  # type: ignore[union-attr]
+        return value, None
+    for index in (1, 0):
+        factor = constant_array(producer.inputs[index])
+        other = producer.inputs[1 - index]
+        if factor is not None and factor.size == 1 and other is not None:
+            return other, float(factor.reshape(-1)[0])
+    return value, None
+
+
+def _read_by_softmax(value: ir.Value) -> bool:
+    """Whether a Softmax reads ``value`` through the ops of a mask or a soft-cap."""
+    for _ in range(_WALK):
+        readers = [use.node for use in value.uses()]
+        if len(readers) != 1:
+            return False
+        reader = readers[0]
+        if reader.op_type == "Softmax":
+            return True
+        if reader.op_type not in _TO_SOFTMAX:
+            return False
+        value = reader.outputs[0]
+    return False
