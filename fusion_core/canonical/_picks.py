@@ -29,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._slices import int64s
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = ["compose_transposes", "gather_nd_as_slices", "slices_before_transposes"]
@@ -46,7 +47,7 @@ def gather_nd_as_slices(graph: ir.Graph, fresh_name: Callable[[str], str], mark:
         index = _single_first_axis_index(node)
         if index is None:
             continue
-        bounds = [_ints(graph, fresh_name, [v]) for v in (index, index + 1, 0)]
+        bounds = [int64s(graph, fresh_name, [v]) for v in (index, index + 1, 0)]
         sliced = ir.Node("", "Slice", [node.inputs[0], *bounds], name=fresh_name("gather_nd_Slice"))
         _take_place(graph, node, [sliced], mark, "gather_nd_as_slice", fresh_name)
         done += 1
@@ -64,7 +65,7 @@ def slices_before_transposes(graph: ir.Graph, fresh_name: Callable[[str], str], 
         transpose, axis = found
         perm = list(transpose.attributes["perm"].value)
         source = transpose.inputs[0]
-        axes = _ints(graph, fresh_name, [perm[axis]])
+        axes = int64s(graph, fresh_name, [perm[axis]])
         early = ir.Node(
             "",
             "Slice",
@@ -219,17 +220,6 @@ def _take_place(
     graph.insert_before(old, new)
     out.replace_all_uses_with(last)
     graph.remove(old, safe=True)
-
-
-def _ints(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
-    value = ir.Value(
-        name=fresh_name("canonical_ints"),
-        shape=ir.Shape([len(values)]),
-        const_value=ir.tensor(np.array(values, np.int64)),
-    )
-    value.dtype = ir.DataType.INT64
-    graph.register_initializer(value)
-    return value
 
 
 def _opset(graph: ir.Graph) -> int:

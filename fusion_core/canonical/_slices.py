@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["heads_by_slice", "slice_before_transpose"]
+__all__ = ["heads_by_slice", "int64s", "slice_before_transpose"]
 
 _HEAD_PERM = [0, 2, 1, 3]
 _ONNX = ("", "ai.onnx")
@@ -86,14 +86,14 @@ def heads_by_slice(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
         flat = split.inputs[0]
         size = split.outputs[0].shape[3]  # type: ignore[index]
         bounds = [
-            _int64s(graph, fresh_name, values) for values in ([first * size], [last * size], [-1])
+            int64s(graph, fresh_name, values) for values in ([first * size], [last * size], [-1])
         ]
         sliced = ir.Node("", "Slice", [flat, *bounds], name=fresh_name(f"{_hint(node)}_flat"))
         flat_dims = [*list(flat.shape)[:2], (last - first) * size]  # type: ignore[arg-type]
         _describe(sliced.outputs[0], flat_dims, flat, fresh_name(f"{_hint(node)}_flat"))
         new = [sliced]
         if keep_axis:
-            target = _int64s(graph, fresh_name, [0, 0, last - first, size])
+            target = int64s(graph, fresh_name, [0, 0, last - first, size])
             heads = ir.Node(
                 "", "Reshape", [sliced.outputs[0], target], name=fresh_name(f"{_hint(node)}_split")
             )
@@ -214,7 +214,7 @@ def _hint(node: ir.Node) -> str:
     return node.name or f"canonical_{node.op_type}"
 
 
-def _int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
+def int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
     array = np.array(values, np.int64)
     value = ir.Value(
         name=fresh_name("canonical_ints"),
