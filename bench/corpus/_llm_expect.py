@@ -93,6 +93,10 @@ def expected(family: str, kind: str, graph: onnx.ModelProto) -> tuple[dict, dict
         ort[any_of("skip_layer_norm")] = blocks.skips
     ops = {norm_ops: blocks.norms, "?" + skip_op: blocks.skips}
     ops |= {"RotaryEmbedding": blocks.rotary, ATTENTION: blocks.attentions}
+    if spec.extra.get("attn_logit_softcapping"):
+        # the default profile prices soft-capped GroupQueryAttention as a loss on the CPU
+        # (fusion_core/target_profiles/cpu.yaml): Gemma-2's attention is not required
+        ops["?" + ATTENTION] = ops.pop(ATTENTION)
     if blocks.moe:
         ops[MOE] = blocks.moe
     return (

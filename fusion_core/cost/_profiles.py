@@ -60,7 +60,7 @@ class TargetProfile(BaseModel):
     memory_pool_bytes: int = Field(gt=0, description="bytes of memory the runtime may allocate")
     # The roofline prices every kernel alike; a runtime's fused kernels are not all as good
     # as its plain ones (onnxruntime's CPU SkipLayerNormalization is slower than the Add
-    # and LayerNormalization it replaces). Per rewriter name: the measured time of the
+    # and LayerNormalization it replaces). Per rewriter or pattern name: the measured time of the
     # kernel(s) it emits over the roofline's prediction, relative to the unfused nodes'
     # (learned from profiled reports by `autofusion calibrate --from-report`; 1 if absent).
     kernel_factors: dict[str, float] = Field(default_factory=dict)
@@ -74,7 +74,11 @@ class TargetProfile(BaseModel):
             raise ValueError(f"kernel factors must be positive: {bad}")
         return factors
 
-    def kernel_factor(self, rewriter: str) -> float:
+    def kernel_factor(self, rewriter: str, pattern: str | None = None) -> float:
+        """The pattern's own factor where the profile has one (a kernel that is slow in
+        one of its modes only: soft-capped GroupQueryAttention), else the rewriter's."""
+        if pattern is not None and pattern in self.kernel_factors:
+            return self.kernel_factors[pattern]
         return self.kernel_factors.get(rewriter, 1.0)
 
     def seconds(self, *, bytes_moved: float, flops: float, launches: float) -> float:
