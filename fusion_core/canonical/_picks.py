@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._slices import int64s
+from autofusion.fusion_core.canonical._edits import int64s, replace
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = ["compose_transposes", "gather_nd_as_slices", "slices_before_transposes"]
@@ -211,15 +211,11 @@ def _take_place(
     rule: str,
     fresh_name: Callable[[str], str],
 ) -> None:
-    """Put ``new`` in ``old``'s place: its last node's output takes ``old``'s readers."""
+    """``replace``, the last new output named and typed as ``old``'s."""
     out, last = old.outputs[0], new[-1].outputs[0]
     last.name = fresh_name(out.name or rule)
     last.dtype, last.shape = out.dtype, out.shape
-    for node in new:
-        node.metadata_props[mark] = rule
-    graph.insert_before(old, new)
-    out.replace_all_uses_with(last)
-    graph.remove(old, safe=True)
+    replace(graph, old, new, mark, rule)
 
 
 def _opset(graph: ir.Graph) -> int:

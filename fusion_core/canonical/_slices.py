@@ -25,9 +25,10 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._edits import int64s, replace
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["heads_by_slice", "int64s", "slice_before_transpose"]
+__all__ = ["heads_by_slice", "slice_before_transpose"]
 
 _HEAD_PERM = [0, 2, 1, 3]
 _ONNX = ("", "ai.onnx")
@@ -66,7 +67,7 @@ def slice_before_transpose(graph: ir.Graph, fresh_name: Callable[[str], str], ma
             )
             _describe(layout.outputs[0], _dims(old), source, fresh_name(old.name or "heads"))
             new.append(layout)
-        _replace(graph, node, new, mark, "slice_before_transpose")
+        replace(graph, node, new, mark, "slice_before_transpose")
         if not transpose.outputs[0].uses():  # its last slice moved: nothing reads it
             graph.remove(transpose, safe=True)
         moved += 1
@@ -100,7 +101,7 @@ def heads_by_slice(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
             name = fresh_name(node.outputs[0].name or _hint(node))
             _describe(heads.outputs[0], list(node.outputs[0].shape), flat, name)
             new.append(heads)
-        _replace(graph, node, new, mark, "heads_by_slice")
+        replace(graph, node, new, mark, "heads_by_slice")
         moved += 1
     return moved
 
@@ -214,28 +215,5 @@ def _hint(node: ir.Node) -> str:
     return node.name or f"canonical_{node.op_type}"
 
 
-def int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
-    array = np.array(values, np.int64)
-    value = ir.Value(
-        name=fresh_name("canonical_ints"),
-        shape=ir.Shape([len(values)]),
-        const_value=ir.tensor(array),
-    )
-    value.dtype = ir.DataType.INT64
-    graph.register_initializer(value)
-    return value
-
-
 def _describe(value: ir.Value, dims: list, like: ir.Value, name: str) -> None:
     value.shape, value.dtype, value.name = ir.Shape(dims), like.dtype, name
-
-
-def _replace(graph: ir.Graph, old: ir.Node, new: list[ir.Node], mark: str, rule: str) -> None:
-    """Put ``new`` in ``old``'s place: its last ``len(old.outputs)`` nodes' first outputs
-    take the readers of ``old``'s outputs, in order."""
-    for node in new:
-        node.metadata_props[mark] = rule
-    graph.insert_before(old, new)
-    for value, node in zip(old.outputs, new[-len(old.outputs) :], strict=True):
-        value.replace_all_uses_with(node.outputs[0])
-    graph.remove(old, safe=True)

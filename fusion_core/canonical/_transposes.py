@@ -28,6 +28,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._edits import replace
+
 __all__ = ["transpose_after_norms", "transpose_after_rotaries"]
 
 MS_DOMAIN = "com.microsoft"
@@ -54,7 +56,8 @@ def transpose_after_norms(graph: ir.Graph, fresh_name: Callable[[str], str], mar
         early = _copy(norm, [source, *norm.inputs[1:]], fresh_name)
         _describe(early.outputs[0], source, fresh_name("transpose_after_norm_normed"))
         late = _transpose(early.outputs[0], transpose, norm.outputs[0], fresh_name)
-        _replace(graph, norm, transpose, [early, late], mark, "transpose_after_norm")
+        replace(graph, norm, [early, late], mark, "transpose_after_norm")
+        graph.remove(transpose, safe=True)
         swapped += 1
     return swapped
 
@@ -73,9 +76,8 @@ def transpose_after_rotaries(graph: ir.Graph, fresh_name: Callable[[str], str], 
         _describe(rows.outputs[0], merge.outputs[0], fresh_name("transpose_after_rotary_rows"))
         split = _reshape(rows.outputs[0], [0, 0, count, size], list(heads.shape), fresh_name)  # type: ignore[arg-type]
         late = _transpose(split.outputs[0], transpose, rotary.outputs[0], fresh_name)
-        _replace(
-            graph, rotary, transpose, [merge, rows, split, late], mark, "transpose_after_rotary"
-        )
+        replace(graph, rotary, [merge, rows, split, late], mark, "transpose_after_rotary")
+        graph.remove(transpose, safe=True)
         moved += 1
     return moved
 
@@ -190,29 +192,4 @@ def _describe(value: ir.Value, like: ir.Value | None, name: str) -> None:
     value.dtype = like.dtype if like is not None else None
     value.shape = (
         ir.Shape(list(like.shape)) if like is not None and like.shape is not None else None
-    )
-
-
-def _replace(
-    graph: ir.Graph, old: ir.Node, transpose: ir.Node, new: list[ir.Node], mark: str, rule: str
-) -> None:
-    """Put ``new`` in the place of ``old`` and the Transpose it read; ``new``'s last
-    node takes ``old``'s readers."""
-    for node in new:
-        node.metadata_props[mark] = rule
-        for value in node.inputs:
-            if _new_constant(value, graph):
-                graph.register_initializer(value)  # type: ignore[arg-type]
-    graph.insert_before(old, new)
-    old.outputs[0].replace_all_uses_with(new[-1].outputs[0])
-    graph.remove(old, safe=True)
-    graph.remove(transpose, safe=True)
-
-
-def _new_constant(value: ir.Value | None, graph: ir.Graph) -> bool:
-    return (
-        value is not None
-        and value.const_value is not None
-        and value.producer() is None
-        and value.name not in graph.initializers
     )
