@@ -175,7 +175,9 @@ class _GraphRounds:
             if not waiting.isdisjoint(match.node_ids()):
                 continue  # next round: what the refused candidate blocked goes first
             compiled = self.by_name[match.pattern.name]
-            outcome = _try_rewrite(match, compiled, self.ctx, self.strategy.cost, round_number)
+            outcome = _try_rewrite(
+                match, compiled, self.ctx, self.strategy.cost, round_number, waiting
+            )
             if isinstance(outcome, AppliedFusion):
                 self.result.applied.append(outcome)
                 applied += 1
@@ -213,8 +215,11 @@ def _try_rewrite(
     ctx: RewriteContext,
     cost: CostModel,
     round_number: int,
+    gone: set[int],
 ) -> AppliedFusion | str:
-    """Rewrite ``match``: the fusion applied, or why it cannot be (nothing changed then)."""
+    """Rewrite ``match``: the fusion applied, or why it cannot be (nothing changed then).
+    The nodes a rewrite absorbed beyond its match go into ``gone``: a candidate of this
+    round that holds one of them is stale and waits for the next round's matching."""
     reason = check_match(match) or quantized_unit(match)
     if reason is not None:
         return reason
@@ -226,6 +231,7 @@ def _try_rewrite(
         return reason
     predicted = cost.candidate_gain(match).prediction()  # before the rewrite
     apply_rewrite(ctx, match, rewrite)
+    gone.update(id(n) for n in rewrite.absorbed)
     new_nodes = rewrite.new_nodes
     return AppliedFusion(
         pattern=match.pattern.name,

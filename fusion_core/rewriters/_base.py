@@ -108,10 +108,17 @@ def _bodies(attr: ir.Attr) -> list[ir.Graph]:
 
 @dataclass
 class Rewrite:
-    """The replacement of one match: new nodes, and the old values they stand in for."""
+    """The replacement of one match: new nodes, and the old values they stand in for.
+
+    ``absorbed``: nodes outside the match that the rewrite removes with it, because the
+    rewriter traced them as part of the block it replaces (a mixture of experts is
+    anchored on its router and spans the experts' computation, whose spelling no fixed
+    pattern describes). They are held to the match's rule: nothing outside may read
+    what they compute, except the values ``replaced`` names."""
 
     new_nodes: list[ir.Node]
     replaced: list[tuple[ir.Value, ir.Value]]  # (old value, new value)
+    absorbed: list[ir.Node] = field(default_factory=list)
 
 
 class Rewriter(ABC):
@@ -183,7 +190,7 @@ def missing_output(match: Match, rewrite: Rewrite) -> str | None:
     a BatchNormalization's training outputs, a horizontal sibling's result...).
     """
     plumbing = match.shape_plumbing(rewrite.new_nodes)
-    members = {id(n) for n in match.nodes.values()} | {id(n) for n in plumbing}
+    members = {id(n) for n in [*match.nodes.values(), *plumbing, *rewrite.absorbed]}
     replaced = {id(old) for old, _ in rewrite.replaced}
     dropped = {id(v) for n in plumbing for v in n.outputs}
     for node in rewrite.new_nodes:
@@ -193,7 +200,8 @@ def missing_output(match: Match, rewrite: Rewrite) -> str | None:
                     f"the rewrite reads {value.name!r}, computed from the shape of a value "
                     "it removes"
                 )
-    for node_id, node in match.nodes.items():
+    owned = [*match.nodes.items(), *((n.name or n.op_type, n) for n in rewrite.absorbed)]
+    for node_id, node in owned:
         for index, value in enumerate(node.outputs):
             if id(value) in replaced:
                 continue
@@ -219,7 +227,16 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
     """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance."""
     graph = ctx.graph
     # the shape arithmetic that only fed the match goes with it (Match.shape_plumbing)
-    removed = [*match.nodes.values(), *match.shape_plumbing(rewrite.new_nodes)]
+    removed = list(
+        {
+            id(n): n
+            for n in [
+                *match.nodes.values(),
+                *match.shape_plumbing(rewrite.new_nodes),
+                *rewrite.absorbed,
+            ]
+        }.values()
+    )
     old_nodes = sorted(removed, key=lambda n: ctx.positions.get(id(n), -1))
     replaced_nodes: list[str] = []
     replaced_values: list[str] = []
