@@ -1,9 +1,10 @@
 """Rewriters: code, registered by name, that replaces a match with fused ops per target.
 
 Each built-in rewriter lives in the module named as it is registered
-(``fusion_core.rewriters.fold_batchnorm`` holds ``fold_batchnorm``; ``attention`` is a
-package); what several share is in the private modules (``_base``, ``_effect``,
-``_affine``, ``_norm``, ``_shape_values``, ``_attention_shapes``, ``_attention_mask``).
+(``fusion_core.rewriters.fold_batchnorm`` holds ``fold_batchnorm``; ``attention``,
+``group_query_attention`` and ``mixture_of_experts`` are packages); what several share
+is in the private modules (``_base``, ``_effect``, ``_affine``, ``_norm``,
+``_shape_values``, ``_attention_shapes``, ``_attention_mask``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from autofusion.fusion_core.rewriters.hard_swish import FuseHardSwish
 from autofusion.fusion_core.rewriters.layer_norm import LayerNorm
 from autofusion.fusion_core.rewriters.matmul_add_to_gemm import MatMulAddToGemm
 from autofusion.fusion_core.rewriters.merge_siblings import MergeSiblings
+from autofusion.fusion_core.rewriters.mixture_of_experts import MixtureOfExperts
 from autofusion.fusion_core.rewriters.packed_attention import PackedAttention
 from autofusion.fusion_core.rewriters.pad_into_conv import PadIntoConv
 from autofusion.fusion_core.rewriters.pool_bn import PoolBatchNorm
@@ -83,6 +85,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     GroupQueryAttention,
     FuseAttention,
     PackedAttention,
+    MixtureOfExperts,
     FusedRegion,
 )
 

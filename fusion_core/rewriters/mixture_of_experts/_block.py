@@ -1,0 +1,308 @@
+"""Where a mixture-of-experts block is in the graph, found from its router alone.
+
+The router is what every spelling shares: logits ``x @ W_r`` (a MatMul or Gemm by a
+constant), a Softmax and a TopK (in either order). What follows differs with the
+exporter and the library (experts' weights gathered by the chosen indices and
+multiplied batch-wise, a Gather or a GatherND, Split or Slice for the gate and up
+halves, repeat_interleave as Tile or Expand...), so the block is found by data flow,
+not by spelling:
+
+* its **output** is the first value after the router that every path from the TopK's
+  results goes through (a dominator), with the hidden states' rank and width: the sum of
+  the weighted expert outputs;
+* its **nodes** are what that output is computed from, back to the hidden states (the
+  router's input and the Reshapes it came through), the logits and constants;
+* its **experts** are the rank-3 constants with one row per expert that the block
+  gathers by the router's indices (transformers' batched experts), or one SwiGLU MLP
+  per expert with its own weights (an unrolled loop over the experts: ``_units.py``).
+
+What the block computes is then proven by evaluating it (``_proof.py``), not read from
+its ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
+
+__all__ = ["Block", "StackedWeight", "find_blocks"]
+
+# Nodes scanned after the router before giving up on finding the block's output, and
+# the most nodes a block may have (Qwen3-MoE's batched experts: about 90 per layer).
+_SCAN_LIMIT = 2000
+_BLOCK_LIMIT = 600
+_CANDIDATES = 3  # outputs tried, nearest first
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+# Ops that only move data: a value read through them is still the hidden states.
+_LAYOUT = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
+
+
+@dataclass
+class StackedWeight:
+    """A constant [experts, a, b] the block gathers per chosen expert, and the MatMul
+    that multiplies the gathered rows (``weight_first``: it is that MatMul's input 0,
+    so the rows are [out, in]; else [in, out])."""
+
+    gather: ir.Node
+    array_value: ir.Value
+    matmul: ir.Node
+    weight_first: bool
+
+
+@dataclass
+class Block:
+    hidden: ir.Value  # the router's input: the tokens the experts read, [tokens, hidden]
+    root: ir.Value  # the earliest value the hidden states are a Reshape of
+    logits: ir.Value  # the router's logits, [tokens, experts]
+    experts: int
+    output: ir.Value  # the weighted sum of the expert outputs
+    nodes: list[ir.Node]  # what computes ``output`` from root, logits and constants, in order
+    absorbed: list[ir.Node]  # those the rewrite removes (nothing outside reads them)
+    weights: list[StackedWeight]  # the experts' weights stacked [experts, ...], or
+    units: list[Unit]  # one SwiGLU MLP per expert, in the experts' order
+
+
+def router_input(logits: ir.Value) -> tuple[ir.Value, int] | str:
+    """The hidden states the router reads and the number of experts: ``logits`` must be
+    a MatMul (or a Gemm without bias) of them by a constant [hidden, experts]."""
+    node = logits.producer()
+    if node is None or node.op_type not in ("MatMul", "Gemm"):
+        found = node.op_type if node is not None else "a graph input"
+        return f"the router's logits {logits.name!r} come from {found}, not a MatMul or Gemm"
+    weight = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None or weight.ndim != 2:
+        return f"the router {node.op_type} {node.name!r} does not multiply by a constant matrix"
+    if node.op_type == "Gemm":
+        attrs = {a.name: a.value for a in node.attributes.values()}
+        if attrs.get("transA", 0) or (len(node.inputs) > 2 and node.inputs[2] is not None):
+            return f"the router Gemm {node.name!r} transposes its input or adds a bias"
+        experts = weight.shape[0] if attrs.get("transB", 0) else weight.shape[1]
+    else:
+        experts = weight.shape[1]
+    return node.inputs[0], int(experts)
+
+
+def _root(hidden: ir.Value) -> ir.Value:
+    """The earliest value ``hidden`` is a reshaping of (a norm's [batch, seq, hidden])."""
+    value = hidden
+    for _ in range(8):
+        node = value.producer()
+        if node is None or node.op_type not in _LAYOUT or not node.inputs:
+            return value
+        value = node.inputs[0]
+    return value
+
+
+def _readers(value: ir.Value) -> set[int]:
+    return {id(use.node) for use in value.uses()}
+
+
+def _dominators(
+    graph: ir.Graph, router: list[ir.Node], hidden: ir.Value
+) -> Iterator[tuple[ir.Value, list[ir.Node]]]:
+    """The values after ``router`` that all of the router's results flow through, with
+    ``hidden``'s rank and width, in graph order; each with the nodes that read the
+    router's results up to it. (The first may be the experts' outputs per token and
+    choice, [tokens * k, hidden], before their sum: the proof tells them apart.)"""
+    order = list(graph)
+    members = {id(n) for n in router}
+    start = max(i for i, n in enumerate(order) if id(n) in members)
+    pending: dict[int, tuple[ir.Value, set[int]]] = {}
+    for node in router:
+        for value in node.outputs:
+            readers = _readers(value) - members
+            if readers or value.is_graph_output():
+                pending[id(value)] = (value, readers)
+    downstream: list[ir.Node] = []
+    rank = len(hidden.shape) if hidden.shape is not None else None
+    width = hidden.shape[-1] if hidden.shape is not None else None
+    for node in order[start + 1 : start + 1 + _SCAN_LIMIT]:
+        read = [v for v in node.inputs if v is not None and id(v) in pending]
+        if not read:
+            continue
+        downstream.append(node)
+        for value in read:
+            readers = pending[id(value)][1]
+            readers.discard(id(node))
+            if not readers and not value.is_graph_output():
+                del pending[id(value)]
+        for value in node.outputs:
+            readers = _readers(value)
+            if readers or value.is_graph_output():
+                pending[id(value)] = (value, readers)
+        if len(pending) == 1:
+            ((value, _),) = pending.values()
+            shape = value.shape
+            if shape is not None and len(shape) == rank and shape[-1] == width:
+                yield value, list(downstream)
+        if not pending:
+            return
+
+
+def _upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
+    """The nodes ``output`` is computed from, back to ``stops`` and constants. A Shape
+    (or Size) reads no data: the walk does not go past it (what it reads is sized, not
+    computed, when the block runs on its own: ``_proof.py``)."""
+    seen: dict[int, ir.Node] = {}
+    stack = [output]
+    visited: set[int] = set()
+    while stack:
+        value = stack.pop()
+        if id(value) in visited or id(value) in stops:
+            continue
+        visited.add(id(value))
+        node = value.producer()
+        if node is None:
+            if constant_array(value) is not None:
+                continue
+            return f"the block reads {value.name!r}, neither the hidden states nor a constant"
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if len(seen) > _BLOCK_LIMIT:
+            return f"the block would have more than {_BLOCK_LIMIT} nodes"
+        if node.op_type not in _SHAPE_ONLY:
+            stack.extend(v for v in node.inputs if v is not None)
+    return list(seen.values())
+
+
+def _stacked(nodes: list[ir.Node], experts: int, routed: set[int]) -> list[StackedWeight]:
+    """The block's gathers of a constant [experts, a, b] by the router's indices."""
+    found = []
+    for node in nodes:
+        if node.op_type not in ("Gather", "GatherND") or len(node.inputs) < 2:
+            continue
+        attrs = {a.name: a.value for a in node.attributes.values()}
+        if attrs.get("axis", 0) != 0 or attrs.get("batch_dims", 0) != 0:
+            continue
+        array = constant_array(node.inputs[0])
+        if array is None or array.ndim != 3 or array.shape[0] != experts:
+            continue
+        if id(node.inputs[1]) not in routed:
+            continue
+        matmul = _matmul_reading(node.outputs[0])
+        if matmul is None:
+            continue
+        first = matmul[1] == 0
+        found.append(StackedWeight(node, node.inputs[0], matmul[0], first))
+    return found
+
+
+def _matmul_reading(value: ir.Value) -> tuple[ir.Node, int] | None:
+    """The MatMul that reads ``value`` (through layout ops), and at which input."""
+    for _ in range(4):
+        uses = list(value.uses())
+        if len(uses) != 1:
+            return None
+        node, index = uses[0].node, uses[0].idx
+        if node.op_type == "MatMul":
+            return node, index
+        if node.op_type not in _LAYOUT:
+            return None
+        value = node.outputs[0]
+    return None
+
+
+def find_blocks(graph: ir.Graph, router: list[ir.Node], logits: ir.Value) -> Iterator[Block | str]:
+    """The blocks the ``router`` nodes (its Softmax, TopK and what is between) may
+    choose experts for, nearest output first, or why there is none (a string)."""
+    found = router_input(logits)
+    if isinstance(found, str):
+        yield found
+        return
+    hidden, experts = found
+    root = _root(hidden)
+    for node in router:
+        for value in node.outputs:
+            if value.is_graph_output():
+                yield f"the router's {value.name!r} is a graph output, which MoE does not give"
+                return
+    candidates = 0
+    for output, downstream in _dominators(graph, router, hidden):
+        candidates += 1
+        if candidates > _CANDIDATES:
+            return
+        yield _block(graph, router, (hidden, root, logits, experts), output, downstream)
+    if not candidates:
+        yield (
+            "no value after the router that all of its results flow into has the hidden "
+            "states' shape"
+        )
+
+
+def _block(
+    graph: ir.Graph,
+    router: list[ir.Node],
+    reads: tuple[ir.Value, ir.Value, ir.Value, int],
+    output: ir.Value,
+    downstream: list[ir.Node],
+) -> Block | str:
+    hidden, root, logits, experts = reads
+    nodes = _upstream(output, {id(root), id(logits)})
+    if isinstance(nodes, str):
+        return nodes
+    order = {id(n): i for i, n in enumerate(graph)}
+    nodes.sort(key=lambda n: order[id(n)])
+    routed = {id(v) for n in [*router, *downstream] for v in n.outputs}
+    inside = {id(n) for n in [*nodes, *router]}
+    for node in downstream:  # what reads the choice and does not make the output
+        if id(node) not in inside:
+            return (
+                f"{node.op_type} {node.name!r} reads the router's choice but the block's "
+                f"output {output.name!r} does not depend on it"
+            )
+    absorbed = _absorbed(nodes, router, output, routed)
+    if isinstance(absorbed, str):
+        return absorbed
+    weights = _stacked(nodes, experts, routed)
+    units = swiglu_units(nodes) if len(weights) < 2 else []
+    if len(weights) < 2 and len(units) != experts:
+        return (
+            f"the block's experts are neither constants [{experts}, out, in] gathered by "
+            f"the router's indices (found {len(weights)}) nor {experts} SwiGLU MLPs with "
+            f"their own weights (found {len(units)})"
+        )
+    return Block(hidden, root, logits, experts, output, nodes, absorbed, weights, units)
+
+
+def _absorbed(
+    nodes: list[ir.Node], router: list[ir.Node], output: ir.Value, routed: set[int]
+) -> list[ir.Node] | str:
+    """The block's nodes that nothing outside it reads (the others stay: a Shape of the
+    hidden states the layer reads again). A node computed from the router's choice must
+    be among them: the fused op does not give its value."""
+    matched = {id(n) for n in router}
+    absorbed = {id(n): n for n in nodes if id(n) not in matched}
+    changed = True
+    while changed:
+        changed = False
+        for key, node in list(absorbed.items()):
+            value = _read_outside(node, absorbed.keys() | matched, output)
+            if value is None:
+                continue
+            if id(value) in routed or any(id(v) in routed for v in node.outputs):
+                return (
+                    f"{value.name!r}, computed from the router's choice, is also read "
+                    "outside the block"
+                )
+            del absorbed[key]
+            changed = True
+    return [n for n in nodes if id(n) in absorbed]
+
+
+def _read_outside(node: ir.Node, inside: set[int], output: ir.Value) -> ir.Value | None:
+    """An output of ``node`` (other than the block's output) read by a node not in
+    ``inside``, or a graph output; None if there is none."""
+    for value in node.outputs:
+        if value is output:
+            continue
+        if value.is_graph_output():
+            return value
+        if any(id(use.node) not in inside for use in value.uses()):
+            return value
+    return None
