@@ -1,0 +1,336 @@
+"""Generated spellings of a mixture-of-experts MLP: each becomes one com.microsoft.MoE,
+exactly; what computes anything else stays, with a near miss that says why.
+
+A generator (hypothesis) writes one sparse MoE block with ``onnx.helper``, drawing
+independently how each part is spelled, the ways transformers' experts and the torch
+exporters write them (bench/corpus: Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, GraniteMoE):
+
+* the router: ``x @ W_r`` as a MatMul or a Gemm (transB), then Softmax and TopK, with a
+  Cast to float between them (TorchScript), the top weights renormalized or not; or
+  TopK of the logits then Softmax of those (GraniteMoE);
+* the experts, **batched** (transformers 5's ``batched_mm``): every token repeated k
+  times (Unsqueeze + Expand or Tile, then Reshape), the chosen experts' weights gathered
+  (Gather, or GatherND as dynamo writes it) from stacked [E, out, in] weights, or
+  [E, in, out] multiplied from the other side; gate and up one fused weight split by
+  Split or two Slices, gate first or second, or two weights; or **dense**: every
+  expert's own 2-D weights on every token, weighted by the routing matrix the chosen
+  weights are scattered into (ScatterElements) and summed;
+* the hidden states as [tokens, hidden] or [batch, seq, hidden] reshaped; the experts,
+  k, and the sizes.
+
+Each block must come out as exactly one MoE on the onnxruntime target with no TopK left,
+and compute what the original computes (onnxruntime, its optimizations off) on several
+token counts: rtol = 1e-4, atol = 1e-5 (the kernel sums the experts in another order).
+The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200 in
+``make test-corpus``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from autofusion.fusion_core.testing import optimize_quiet, run_both
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
+HIDDEN = 16
+
+
+@dataclass(frozen=True)
+class Spelling:
+    experts: int
+    k: int
+    inter: int
+    router: str  # "softmax_topk", "softmax_cast_topk", "topk_softmax"
+    gemm_router: bool
+    normalize: bool  # softmax first: the top weights divided by their sum
+    layout: str  # "batched" or "dense"
+    gather_nd: bool  # batched: GatherND of [ids, 1] rather than Gather
+    weight_first: bool  # batched: weights [E, out, in] times a column, else [E, in, out]
+    fused_gate_up: bool  # batched: one [E, 2I, H] weight, split
+    split_by_slices: bool
+    gate_second: bool  # the fused weight's second half is the gate
+    repeat_by_tile: bool
+    three_d: bool  # the block reads [batch, seq, hidden] and reshapes it
+
+
+@st.composite
+def spellings(draw) -> Spelling:
+    experts = draw(st.integers(2, 6))
+    router = draw(st.sampled_from(["softmax_topk", "softmax_cast_topk", "topk_softmax"]))
+    return Spelling(
+        experts=experts,
+        k=draw(st.integers(1, min(3, experts))),
+        inter=draw(st.sampled_from([4, 8, 12])),
+        router=router,
+        gemm_router=draw(st.booleans()),
+        normalize=router == "topk_softmax" or draw(st.booleans()),
+        layout=draw(st.sampled_from(["batched", "dense"])),
+        gather_nd=draw(st.booleans()),
+        weight_first=draw(st.booleans()),
+        fused_gate_up=draw(st.booleans()),
+        split_by_slices=draw(st.booleans()),
+        gate_second=draw(st.booleans()),
+        repeat_by_tile=draw(st.booleans()),
+        three_d=draw(st.booleans()),
+    )
+
+
+class _Graph:
+    """Nodes and initializers under fresh names."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.rng = np.random.default_rng(seed)
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, array, hint: str = "c") -> str:
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, np.int64), "shape")
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> list[str]:
+        names = [self.name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
+        return names
+
+    def one(self, op_type: str, *inputs: str, **attrs) -> str:
+        return self.op(op_type, *inputs, **attrs)[0]
+
+    def weight(self, *shape: int) -> np.ndarray:
+        return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def _silu(g: _Graph, value: str) -> str:
+    return g.one("Mul", value, g.one("Sigmoid", value))
+
+
+def _router(g: _Graph, s: Spelling, x: str) -> tuple[str, str]:
+    """(top weights [T, k], chosen experts [T, k])."""
+    if s.gemm_router:
+        logits = g.one("Gemm", x, g.const(g.weight(s.experts, HIDDEN), "router"), transB=1)
+    else:
+        logits = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.experts), "router"))
+    k = g.ints(s.k)
+    if s.router == "topk_softmax":
+        values, chosen = g.op("TopK", logits, k, outputs=2, axis=-1)
+        return g.one("Softmax", values, axis=-1), chosen
+    probs = g.one("Softmax", logits, axis=-1)
+    if s.router == "softmax_cast_topk":
+        probs = g.one("Cast", probs, to=TensorProto.FLOAT)
+    values, chosen = g.op("TopK", probs, k, outputs=2, axis=-1)
+    if s.normalize:
+        values = g.one("Div", values, g.one("ReduceSum", values, g.ints(-1), keepdims=1))
+    return values, chosen
+
+
+def _batched(g: _Graph, s: Spelling, x: str, weights: str, chosen: str) -> str:
+    ids = g.one("Reshape", chosen, g.ints(-1))
+    if s.repeat_by_tile:
+        tiled = g.one("Tile", g.one("Unsqueeze", x, g.ints(1)), g.ints(1, s.k, 1))
+    else:
+        tiled = g.one("Expand", g.one("Unsqueeze", x, g.ints(1)), g.ints(1, s.k, 1))
+    rows = g.one("Reshape", tiled, g.ints(-1, HIDDEN))  # repeat_interleave(x, k)
+
+    def gathered(array: np.ndarray) -> str:
+        stacked = array if s.weight_first else np.swapaxes(array, 1, 2).copy()
+        name = g.const(stacked, "experts")
+        if s.gather_nd:
+            return g.one("GatherND", name, g.one("Unsqueeze", ids, g.ints(-1)))
+        return g.one("Gather", name, ids, axis=0)
+
+    def linear(value: str, array: np.ndarray) -> str:  # [S, in] by the chosen [out, in]
+        if s.weight_first:
+            column = g.one("Unsqueeze", value, g.ints(-1))
+            return g.one("Squeeze", g.one("MatMul", gathered(array), column), g.ints(-1))
+        row = g.one("Unsqueeze", value, g.ints(1))
+        return g.one("Squeeze", g.one("MatMul", row, gathered(array)), g.ints(1))
+
+    gate_w = g.weight(s.experts, s.inter, HIDDEN)
+    up_w = g.weight(s.experts, s.inter, HIDDEN)
+    if s.fused_gate_up:
+        halves = [up_w, gate_w] if s.gate_second else [gate_w, up_w]
+        both = linear(rows, np.concatenate(halves, axis=1))
+        if s.split_by_slices:
+            first = g.one("Slice", both, g.ints(0), g.ints(s.inter), g.ints(-1))
+            second = g.one("Slice", both, g.ints(s.inter), g.ints(2 * s.inter), g.ints(-1))
+        else:
+            first, second = g.op("Split", both, outputs=2, axis=-1, num_outputs=2)
+        gate, up = (second, first) if s.gate_second else (first, second)
+    else:
+        gate, up = linear(rows, gate_w), linear(rows, up_w)
+    down = linear(g.one("Mul", _silu(g, gate), up), g.weight(s.experts, HIDDEN, s.inter))
+    weighted = g.one(
+        "Mul", down, g.one("Unsqueeze", g.one("Reshape", weights, g.ints(-1)), g.ints(-1))
+    )
+    per_token = g.one("Reshape", weighted, g.ints(-1, s.k, HIDDEN))
+    return g.one("ReduceSum", per_token, g.ints(1), keepdims=0)
+
+
+def _dense(g: _Graph, s: Spelling, x: str, weights: str, chosen: str) -> str:
+    tokens = g.one("Slice", g.one("Shape", x), g.ints(0), g.ints(1))
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+    zeros = g.one("ConstantOfShape", g.one("Concat", tokens, g.ints(s.experts), axis=0), value=zero)
+    routing = g.one("ScatterElements", zeros, chosen, weights, axis=1)  # [T, E]
+    total = None
+    for e in range(s.experts):
+        gate = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.inter), "gate"))
+        up = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.inter), "up"))
+        out = g.one(
+            "MatMul", g.one("Mul", _silu(g, gate), up), g.const(g.weight(s.inter, HIDDEN), "down")
+        )
+        share = g.one("Slice", routing, g.ints(e), g.ints(e + 1), g.ints(1))
+        out = g.one("Mul", out, share)
+        total = out if total is None else g.one("Add", total, out)
+    return total
+
+
+def moe_block(s: Spelling) -> onnx.ModelProto:
+    g = _Graph()
+    shape = ["batch", "seq", HIDDEN] if s.three_d else ["tokens", HIDDEN]
+    x = "hidden"
+    if s.three_d:
+        x = g.one("Reshape", x, g.ints(-1, HIDDEN))
+    weights, chosen = _router(g, s, x)
+    build = _batched if s.layout == "batched" else _dense
+    y = build(g, s, x, weights, chosen)
+    if s.three_d:
+        y = g.one("Reshape", y, g.one("Shape", "hidden"))
+    out = g.one("Add", y, "hidden")  # the residual
+    graph = helper.make_graph(
+        g.nodes,
+        "moe",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
+        g.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def feeds(s: Spelling, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape = (1, tokens, HIDDEN) if s.three_d else (tokens, HIDDEN)
+    return {"hidden": rng.standard_normal(shape).astype(np.float32)}
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(spellings())
+def test_every_spelling_becomes_one_moe_exactly(s: Spelling) -> None:
+    model = moe_block(s)
+    result = optimize_quiet(model, target="onnxruntime")
+    fused = result.to_proto()
+    ops = _ops(fused)
+    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "moe" in m.pattern]
+    assert ops.count("MoE") == 1, f"{s}: {reasons}"
+    assert "TopK" not in ops and "Softmax" not in ops, f"{s}: {ops}"
+    (moe,) = [n for n in fused.graph.node if n.op_type == "MoE"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in moe.attribute}
+    assert attrs["k"] == s.k, s
+    if s.k < s.experts:  # with every expert chosen the weights sum to 1 either way
+        assert attrs["normalize_routing_weights"] == int(s.normalize), s
+    for tokens in (1, 5, 17):
+        run_both(model, fused, feeds=feeds(s, tokens), **TOL)
+
+
+_PLAIN = Spelling(
+    experts=4, k=2, inter=8, router="softmax_topk", gemm_router=False, normalize=True,
+    layout="batched", gather_nd=False, weight_first=True, fused_gate_up=True,
+    split_by_slices=False, gate_second=False, repeat_by_tile=False, three_d=False,
+)  # fmt: skip
+
+
+def _near_misses(result) -> list[str]:
+    return [m.reason for m in result.near_misses if m.pattern.startswith("moe_")]
+
+
+def test_tokens_repeated_whole_rather_than_each_k_times_are_not_fused() -> None:
+    """Tile of the whole [T, H] k times pairs token t with another token's choice: it
+    reads like the batched experts, but the proof by running it says no."""
+    model = moe_block(_PLAIN)
+    (unsqueeze,) = [
+        n for n in model.graph.node if n.op_type == "Unsqueeze" and n.input[0] == "hidden"
+    ]
+    axes = [t for t in model.graph.initializer if t.name == unsqueeze.input[1]][0]
+    axes.CopyFrom(numpy_helper.from_array(np.array([0], np.int64), axes.name))  # [1, T, H]
+    expand = next(n for n in model.graph.node if n.op_type == "Expand")
+    shape = [t for t in model.graph.initializer if t.name == expand.input[1]][0]
+    shape.CopyFrom(numpy_helper.from_array(np.array([_PLAIN.k, 1, 1], np.int64), shape.name))
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "MoE" not in _ops(result.to_proto())
+    assert any(
+        "does not compute softmax, top-k and SwiGLU experts" in r for r in _near_misses(result)
+    ), _near_misses(result)
+
+
+def test_gelu_experts_are_a_near_miss() -> None:
+    """An expert MLP with another activation is not the SwiGLU the CPU kernel runs."""
+    model = moe_block(_PLAIN)
+    for node in model.graph.node:
+        if node.op_type == "Sigmoid":
+            node.op_type = "Tanh"  # x * tanh(x): no silu
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "MoE" not in _ops(result.to_proto())
+    assert any("SwiGLU" in r for r in _near_misses(result)), _near_misses(result)
+
+
+def test_the_router_choice_read_outside_the_block_stays() -> None:
+    model = moe_block(_PLAIN)
+    topk = next(n for n in model.graph.node if n.op_type == "TopK")
+    model.graph.output.append(
+        helper.make_tensor_value_info(topk.output[1], TensorProto.INT64, None)
+    )
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "MoE" not in _ops(result.to_proto())
+    assert any(
+        "read outside the block" in r or "graph output" in r for r in _near_misses(result)
+    ), _near_misses(result)
+
+
+def test_generic_keeps_the_block_and_says_why() -> None:
+    result = optimize_quiet(moe_block(_PLAIN), target="generic")
+    assert "MoE" not in _ops(result.to_proto())
+    assert any("ONNX has no mixture-of-experts op" in r for r in _near_misses(result)), (
+        _near_misses(result)
+    )
+
+
+@pytest.mark.parametrize("experts", [3])
+def test_dense_experts_out_of_order_are_not_fused(experts) -> None:
+    """The i-th SwiGLU MLP is taken for expert i; when the graph computes them in another
+    order the proof fails and nothing is fused."""
+    s = Spelling(**{**_PLAIN.__dict__, "layout": "dense", "experts": experts})
+    model = moe_block(s)
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    first, last = slices[0], slices[-1]
+    first.input[1], last.input[1] = last.input[1], first.input[1]
+    first.input[2], last.input[2] = last.input[2], first.input[2]
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "MoE" not in _ops(result.to_proto())
+    assert _near_misses(result)
