@@ -19,7 +19,9 @@ Two kinds of graph, told apart by their inputs:
 
 The tokens fed are torch's (teacher forcing), so a near tie in random weights cannot make
 two runs diverge; the argmax of each step is compared too, unless the reference's top two
-logits are closer than the tolerance.
+logits are closer than the tolerance. A graph with a KV cache also decodes a batch of
+two, the second row left-padded (``padded_decode``: a server's batch of prompts of two
+lengths), fused against original at every step, at the real positions (issue 24).
 
     python bench/corpus/llm_decode.py MODEL_DIR [FUSED.onnx]   # prints the max diffs
 """
@@ -88,6 +90,49 @@ def greedy_decode(sess: ort.InferenceSession, ref: dict[str, np.ndarray]) -> lis
         length += new
         if step < len(tokens):
             step_ids = np.array([[tokens[step]]] * batch, np.int64)
+    return result
+
+
+PAD = 3  # left padding of the second row of the padded batch
+
+
+def padded_batch(ref: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of two: ``ref``'s prompt, and its last tokens left-padded by ``PAD``
+    (token 0, masked), as a server batches prompts of different lengths."""
+    ids = ref["input_ids"].astype(np.int64)[:1]
+    shorter = np.concatenate([np.zeros((1, PAD), np.int64), ids[:, PAD:]], axis=1)
+    mask = np.ones((2, ids.shape[1]), np.int64)
+    mask[1, :PAD] = 0
+    return np.concatenate([ids, shorter]), mask
+
+
+def padded_decode(sess: ort.InferenceSession, ref: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The logits of a 4-step greedy decode of ``padded_batch`` through the cache (the
+    positions counted from each row's first real token, as generate() does), with the
+    padded positions' logits set to 0: nothing reads them."""
+    names = [i.name for i in sess.get_inputs()]
+    outputs = [o.name for o in sess.get_outputs()]
+    logits_at = outputs.index("logits") if "logits" in outputs else 0
+    pasts = [n for n in names if _PAST.match(n)]
+    ids, mask = padded_batch(ref)
+    tokens = [int(t) for t in ref["tokens"]]
+    shape = (2, int(ref["num_kv_heads"]), 0, int(ref["head_dim"]))
+    cache = {n: np.zeros(shape, np.float32) for n in pasts}
+    result, step_ids = [], ids
+    for step in range(len(tokens) + 1):
+        new = step_ids.shape[1]
+        feeds = {"input_ids": step_ids, "attention_mask": mask, **cache}
+        if "position_ids" in names:
+            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+            feeds["position_ids"] = positions[:, -new:]
+        got = dict(zip(outputs, sess.run(None, feeds), strict=True))
+        logits = got[outputs[logits_at]].copy()
+        logits[mask[:, -new:] == 0] = 0.0
+        result.append(logits)
+        cache = {n: got[_present_name(n)] for n in pasts}
+        if step < len(tokens):
+            step_ids = np.array([[tokens[step]]] * 2, np.int64)
+            mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
     return result
 
 
@@ -163,10 +208,21 @@ def check_decode(
     )
     problems += found
     if fused is not None:
-        got = greedy_decode(session(Path(fused), optimized=optimized), ref)
+        fused_sess = session(Path(fused), optimized=optimized)
+        got = greedy_decode(fused_sess, ref)
         for label, other in (("fused vs original", original), ("fused vs torch", expected)):
             key = label.replace(" ", "_")
             diffs[key], found = compare_steps(got, other, label, atol=atol, rtol=rtol)
+            problems += found
+        if any(_PAST.match(i.name) for i in fused_sess.get_inputs()):
+            label = "padded batch of two, fused vs original"
+            diffs["padded_fused_vs_original"], found = compare_steps(
+                padded_decode(fused_sess, ref),
+                padded_decode(session(model_dir / "model.onnx", optimized=optimized), ref),
+                label,
+                atol=atol,
+                rtol=rtol,
+            )
             problems += found
     return diffs, problems
 

@@ -16,7 +16,6 @@ _ATTENTION_ORT = "attention: 0 of the expected blocks fused on the onnxruntime t
 # which the causal proof does not read
 _FALCON_KV = "attention: Falcon's Trilu/ScatterND -inf mask is not proven causal (issue 24)"
 _NEOX = "norms: GPT-NeoX's parallel residual (x + attention + MLP): 1 of 2 SkipLayerNorms"
-_MOE = "moe: the experts stay the exporter's loop, no com.microsoft.MoE yet (issue 24)"
 _TORCH_MHA = "attention: nn.MultiheadAttention's head split ([L, B * h, d], Transpose) (issue 24)"
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
@@ -38,9 +37,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     ("llm_gpt_neox_torchscript", "onnxruntime"): _NEOX,
     ("llm_gpt_neox_dynamo", "onnxruntime"): _NEOX,
     ("llm_gpt_neox_optimum_kv", "onnxruntime"): _NEOX,
-    ("llm_qwen3_moe_torchscript", "onnxruntime"): _MOE,
-    ("llm_qwen3_moe_dynamo", "onnxruntime"): _MOE,
-    ("llm_qwen3_moe_optimum_kv", "onnxruntime"): _MOE,
 }
 
 # an LLM whose optimized model is not written cannot decode either
