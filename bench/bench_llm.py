@@ -7,6 +7,8 @@ cache that runs the prefill, with an empty cache, and every decode step). Varian
 
 - ``original``: the export as it is;
 - ``autofusion``: ``fusion_core.optimize`` with its defaults, target onnxruntime;
+- ``autofusion_without_moe``: the same without its mixture-of-experts patterns, for a
+  model with a router (a TopK): the ratio of the two is what ``com.microsoft.MoE`` gains;
 - ``ort_fusions``: onnxscript's ``onnxscript.rewriter.ort_fusions.optimize_for_ort``;
 - ``ort_optimizer``: ``onnxruntime.transformers.optimizer.optimize_model`` (model type
   gpt2, the decoder type it has), where it runs;
@@ -61,6 +63,17 @@ def fuse_autofusion(src: Path, out: Path) -> str:
     return f"{len(result.applied)} fusions, check {'passed' if check and check.passed else check}"
 
 
+MOE_PATTERNS = ["moe_softmax_topk", "moe_softmax_cast_topk", "moe_topk_softmax"]
+
+
+def fuse_autofusion_without_moe(src: Path, out: Path) -> str:
+    """autofusion with its mixture-of-experts patterns off: what the MoE kernel alone
+    gains is the ratio of the two."""
+    result = optimize(src, OptimizeConfig(target="onnxruntime", exclude=MOE_PATTERNS))
+    save_model(result.model, out)
+    return f"{len(result.applied)} fusions, no MoE"
+
+
 def fuse_ort_fusions(src: Path, out: Path) -> str:
     import onnx_ir as ir
     from onnxscript.rewriter import ort_fusions
@@ -98,8 +111,14 @@ def _with_head_size(path: Path, original: Path, tmp: Path) -> Path:
 def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
     src = args.model / "model.onnx"
     paths, notes = {"original": src}, {"original": f"{len(onnx.load(str(src)).graph.node)} nodes"}
+    moe = any(
+        n.op_type in ("TopK",) for n in onnx.load(str(src), load_external_data=False).graph.node
+    )
+    fusers = [("autofusion", fuse_autofusion)]
+    if moe:  # a router: the same fusions without com.microsoft.MoE, side by side
+        fusers.append(("autofusion_without_moe", fuse_autofusion_without_moe))
     for name, fuse in (
-        ("autofusion", fuse_autofusion),
+        *fusers,
         ("ort_fusions", fuse_ort_fusions),
         ("ort_optimizer", fuse_ort_optimizer),
     ):
