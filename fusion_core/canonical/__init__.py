@@ -15,6 +15,8 @@ running them before every round (a fusion may expose a spelling) changes nothing
   the scores instead, as in the eager attention;
 * ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
   proven to keep its input's shape goes;
+* ``copied_dims`` (``_reshape_targets.py``): a Reshape target computed from shapes that
+  copies the input's batch and sequence becomes a constant ``[0, 0, ...]``;
 * ``gather_nd_as_slice``, ``slice_before_transpose_of_one`` and ``transposes_composed``
   (``_picks.py``): one head picked out of a permuted projection (dynamo's Falcon) is a
   Slice of the head split;
@@ -53,6 +55,7 @@ from autofusion.fusion_core.canonical._picks import (
     gather_nd_as_slices,
     slices_before_transposes,
 )
+from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
 from autofusion.fusion_core.canonical._scales import scales_to_scores, undo_scales
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
@@ -83,6 +86,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "scale_to_scores": scales_to_scores,
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
+    "copied_dims": copy_reshape_dims,
     "slice_before_transpose": slice_before_transpose,
     "gather_nd_as_slice": gather_nd_as_slices,
     "slice_before_transpose_of_one": slices_before_transposes,
@@ -97,6 +101,7 @@ _WORDS = {
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
+    "copied_dims": "Reshape targets that copy their input's dimensions made constants",
     "gather_nd_as_slice": "GatherNDs of one index made Slices",
     "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
     "transposes_composed": "Transposes of Transposes made one",

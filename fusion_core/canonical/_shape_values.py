@@ -17,7 +17,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["Dim", "axes_of", "entries", "known_dims", "scalar"]
+__all__ = ["Dim", "axes_of", "dim_entries", "entries", "known_dims", "scalar"]
 
 Dim = int | str | None  # a known size, a symbolic one, or unknown
 
@@ -41,6 +41,16 @@ def known_dims(value: ir.Value | None) -> list[Dim] | None:
 def entries(value: ir.Value | None, depth: int = 0) -> list[int | None] | None:
     """The flattened entries of an integer tensor (None where not fixed by the graph),
     or None when even its length is unknown."""
+    return _entries(value, depth, symbolic=False)  # type: ignore[return-value]
+
+
+def dim_entries(value: ir.Value | None) -> list[Dim] | None:
+    """As ``entries``, but an entry read from a symbolic dimension of a shape is that
+    symbol's name (``"batch"``): what a reshape target copies from a shape."""
+    return _entries(value, 0, symbolic=True)
+
+
+def _entries(value: ir.Value | None, depth: int, symbolic: bool) -> list[Dim] | None:
     if value is None or depth > _MAX_DEPTH:
         return None
     array = constant_array(value)
@@ -53,18 +63,18 @@ def entries(value: ir.Value | None, depth: int = 0) -> list[int | None] | None:
         return _unknown(value)
     op = producer.op_type
     if op in _VIEWS or (op == "Cast" and _is_int_cast(producer)):
-        return entries(producer.inputs[0], depth + 1)
+        return _entries(producer.inputs[0], depth + 1, symbolic)
     if op == "Shape":
-        return _shape_entries(producer)
+        return _shape_entries(producer, symbolic)
     if op == "Concat":
-        parts = [entries(v, depth + 1) for v in producer.inputs]
+        parts = [_entries(v, depth + 1, symbolic) for v in producer.inputs]
         if any(p is None for p in parts):
             return _unknown(value)
         return [e for p in parts for e in p]  # type: ignore[union-attr]
     if op == "Gather" and attribute_value(producer, "axis", 0) == 0:
-        return _gathered(producer, depth) or _unknown(value)
+        return _gathered(producer, depth, symbolic) or _unknown(value)
     if op == "Slice" and len(producer.inputs) >= 3:
-        return _sliced(producer, depth) or _unknown(value)
+        return _sliced(producer, depth, symbolic) or _unknown(value)
     if op in _ARITHMETIC:
         return _arithmetic(producer, depth) or _unknown(value)
     return _unknown(value)
@@ -90,18 +100,18 @@ def _is_int_cast(node: ir.Node) -> bool:
     return to in (ir.DataType.INT64, ir.DataType.INT32)
 
 
-def _shape_entries(node: ir.Node) -> list[int | None] | None:
+def _shape_entries(node: ir.Node, symbolic: bool) -> list[Dim] | None:
     dims = known_dims(node.inputs[0])
     if dims is None:
         return None
     start = attribute_value(node, "start", 0) or 0
     end = attribute_value(node, "end", None)
     picked = dims[start:end] if end is not None else dims[start:]
-    return [d if isinstance(d, int) else None for d in picked]
+    return [d if isinstance(d, int) or symbolic else None for d in picked]
 
 
-def _gathered(node: ir.Node, depth: int) -> list[int | None] | None:
-    data = entries(node.inputs[0], depth + 1)
+def _gathered(node: ir.Node, depth: int, symbolic: bool) -> list[Dim] | None:
+    data = _entries(node.inputs[0], depth + 1, symbolic)
     index = constant_array(node.inputs[1])
     if data is None or index is None:
         return None
@@ -114,9 +124,9 @@ def _gathered(node: ir.Node, depth: int) -> list[int | None] | None:
     return picked
 
 
-def _sliced(node: ir.Node, depth: int) -> list[int | None] | None:
+def _sliced(node: ir.Node, depth: int, symbolic: bool) -> list[Dim] | None:
     """A 1-D Slice with constant bounds (axis 0, any step) of entries."""
-    data = entries(node.inputs[0], depth + 1)
+    data = _entries(node.inputs[0], depth + 1, symbolic)
     bounds = [constant_array(v) if v is not None else None for v in node.inputs[1:5]]
     starts, ends = bounds[0], bounds[1]
     axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else np.zeros(1, np.int64)

@@ -503,3 +503,47 @@ def test_a_gather_nd_of_several_indices_stays() -> None:
         {"picks": np.array([[1], [3]], np.int64)},
     )
     assert _canonical(model)[1] == {}
+
+
+def _head_split_from_shapes(shape_of: str, inputs: str) -> onnx.ModelProto:
+    """x.view(batch, seq, 4, 8) with batch and seq read from the shape of ``shape_of``."""
+    return _model(
+        [
+            f"s = Shape ({shape_of})",
+            "b = Gather <axis = 0> (s, i0)",
+            "q = Gather <axis = 0> (s, i1)",
+            "bu = Unsqueeze (b, zero)",
+            "qu = Unsqueeze (q, zero)",
+            "t = Concat <axis = 0> (bu, qu, heads, size)",
+            "y = Reshape (x, t)",
+        ],
+        inputs,
+        "float[batch, seq, 4, 8] y",
+        {
+            "i0": np.array(0, np.int64),
+            "i1": np.array(1, np.int64),
+            "heads": np.array([4], np.int64),
+            "size": np.array([-1], np.int64),
+        },
+    )
+
+
+def _reshape_target(model: onnx.ModelProto) -> list[int] | None:
+    (reshape,) = [n for n in model.graph.node if n.op_type == "Reshape"]
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    target = inits.get(reshape.input[1])
+    return None if target is None else target.tolist()
+
+
+def test_a_target_that_copies_the_batch_and_sequence_becomes_a_constant() -> None:
+    model = _head_split_from_shapes("x", "float[batch, seq, 32] x")
+    canonical, done, again = _canonical(model)
+    assert done == {"copied_dims": 1} and again == 0
+    assert _reshape_target(canonical) == [0, 0, 4, -1]
+    run_both(model, canonical, **EXACT)
+
+
+def test_a_target_read_from_another_tensors_dims_stays() -> None:
+    """The batch and sequence of ``u`` are other symbols: nothing proves them x's."""
+    model = _head_split_from_shapes("u", "float[batch, seq, 32] x, float[n, m, 32] u")
+    assert _canonical(model)[1] == {}

@@ -1,0 +1,65 @@
+"""Rule ``copied_dims``: a Reshape target computed from shapes, whose computed entries
+copy the input's own dimensions, becomes a constant with ``0`` there ("copy").
+
+Exporters write a head split ``x.view(batch, seq, heads, head_dim)`` as a target
+gathered and concatenated from ``Shape`` reads at run time (``Concat(Unsqueeze(Gather(
+Shape(x), 0)), Unsqueeze(Gather(Shape(x), 1)), [-1], [32])``: 6 to 8 nodes per Reshape,
+in every layer), which constant folding keeps since batch and sequence are symbolic.
+Where each computed entry is the symbol of the input's dimension at the same index
+(the shape inference gives one symbol to dimensions it proved equal) and the Reshape
+copies zeros (``allowzero = 0``), the constant target with ``0`` at those entries
+reshapes the same data the same way; the shape arithmetic then has no reader left and
+goes. A decode step of a small decoder runs a launch per node, so this is time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.canonical._edits import int64s
+from autofusion.fusion_core.canonical._shape_values import dim_entries, known_dims
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+
+__all__ = ["copy_reshape_dims"]
+
+
+def copy_reshape_dims(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
+    """Make every such target a constant; how many."""
+    del mark  # the new target is a constant, not a node
+    done = 0
+    for node in list(graph):
+        target = _constant_target(node)
+        if target is None:
+            continue
+        node.replace_input_with(1, int64s(graph, fresh_name, target))
+        done += 1
+    return done
+
+
+def _constant_target(node: ir.Node) -> list[int] | None:
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return None
+    source, target = node.inputs
+    if target is None or constant_array(target) is not None or attribute_value(
+        node, "allowzero", 0
+    ):
+        return None
+    found, dims = dim_entries(target), known_dims(source)
+    if found is None or dims is None or not found:
+        return None
+    made = []
+    for i, entry in enumerate(found):
+        if isinstance(entry, int):
+            if entry == 0:
+                return None  # already a copy: nothing to gain, and keeps the rule idempotent
+            made.append(entry)
+        elif isinstance(entry, str) and i < len(dims) and dims[i] == entry:
+            made.append(0)
+        else:
+            return None
+    if made.count(-1) > 1:
+        return None
+    return made
