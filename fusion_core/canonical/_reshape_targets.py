@@ -43,8 +43,10 @@ def _constant_target(node: ir.Node) -> list[int] | None:
     if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
         return None
     source, target = node.inputs
-    if target is None or constant_array(target) is not None or attribute_value(
-        node, "allowzero", 0
+    if (
+        target is None
+        or constant_array(target) is not None
+        or attribute_value(node, "allowzero", 0)
     ):
         return None
     found, dims = dim_entries(target), known_dims(source)
