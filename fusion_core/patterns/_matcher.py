@@ -311,6 +311,10 @@ def _first_failure(match: Match) -> str | None:
 def escape_reason(match: Match, internal: set[tuple[str, int]]) -> str | None:
     """Why the match cannot be replaced: a value it removes is needed outside, or None."""
     members = match.node_ids() | {id(n) for n in match.shape_plumbing()}
+    for text in match.pattern.exposes:  # others may read it, but it stays no graph output
+        value = match.value(text)
+        if value is not None and value.is_graph_output():
+            return f"{text} ({value.name!r}) is a graph output"
     for node_id, out_index in sorted(internal):
         value = match.output(node_id, out_index)
         if value is None:

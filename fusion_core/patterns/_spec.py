@@ -154,6 +154,10 @@ class PatternSpec(BaseModel):
     # Reported as a block list for fp16 conversion; never flagged as a range problem.
     keep_fp32: bool = False
     explain: ExplainSpec | None = None
+    # Outputs of the pattern's nodes (``add.out0``) that the rewriter hands back with a
+    # value of its own (a SkipLayerNormalization's sum), so that nodes outside the match
+    # may still read them: no escape. The rewriter must replace each (``missing_output``).
+    exposes: list[str] = Field(default_factory=list, max_length=8)
 
     @field_validator("name")
     @classmethod
@@ -191,6 +195,13 @@ class PatternSpec(BaseModel):
                     raise ValueError(f"constraints.{k}: {text!r} is not a free input of a node")
         if self.explain is not None and self.explain.node not in known:
             raise ValueError(f"explain.node: {self.explain.node!r} names no node of this pattern")
+        for k, text in enumerate(self.exposes):
+            ref = parse_ref(text)
+            if ref.kind != "out" or ref.node not in known:
+                raise ValueError(
+                    f"exposes.{k}: {text!r} is not an output of a node of this pattern "
+                    "(write node.out<k>)"
+                )
         _check_acyclic(self.nodes)
         _check_connected(self.nodes)
         return self
@@ -210,14 +221,16 @@ class PatternSpec(BaseModel):
         }
 
     def internal_edges(self) -> set[tuple[str, int]]:
-        """(producer id, output index) of every output consumed inside the pattern."""
+        """(producer id, output index) of every output consumed inside the pattern and
+        not exposed: the values no node outside the match may read."""
         edges = set()
         for node in self.nodes:
             for source in node.inputs.values():
                 ref = parse_edge(source)
                 if ref.node is not None:
                     edges.add((ref.node, ref.index))
-        return edges
+        exposed = {(r.node, r.index) for r in map(parse_ref, self.exposes)}
+        return edges - exposed
 
 
 def _check_acyclic(nodes: list[NodeSpec]) -> None:

@@ -274,6 +274,18 @@ INVALID_SPECS = [
         "reserved",
         id="fused-region-reserved-domain",
     ),
+    pytest.param(
+        set_field("exposes", value=["relu.out0"]),
+        "exposes",
+        "is not an output of a node of this pattern",
+        id="exposes-unknown-node",
+    ),
+    pytest.param(
+        set_field("exposes", value=["conv.in0"]),
+        "exposes",
+        "is not an output of a node of this pattern",
+        id="exposes-an-input",
+    ),
 ]
 
 
