@@ -45,6 +45,10 @@ class SkipLayerNormParams(Params):
     # The other reader of the sum (the next residual Add, or the SkipLayerNormalization
     # it became); it is re-created reading input_skip_bias_sum.
     next_node: str | None = None
+    # The sum is read outside the match (the pattern ``exposes`` it: GPT-NeoX's parallel
+    # residual, whose sum feeds two LayerNorms and the next residual Add): its readers
+    # read input_skip_bias_sum instead.
+    expose_sum: bool = False
 
 
 class SkipLayerNorm(Rewriter):
@@ -70,8 +74,12 @@ class SkipLayerNorm(Rewriter):
         if isinstance(pair, str):
             return pair
         ctx.use_domain(MS_DOMAIN)
-        node = _skip_layer_norm(ln, [*pair, bias], with_sum=params.next_node is not None)
-        return skip_rewrite(match, node, ln, add, params.next_node)
+        with_sum = params.next_node is not None or params.expose_sum
+        node = _skip_layer_norm(ln, [*pair, bias], with_sum=with_sum)
+        rewrite = skip_rewrite(match, node, ln, add, params.next_node)
+        if params.expose_sum and params.next_node is None:
+            rewrite.replaced.append((add.outputs[0], node.outputs[3]))
+        return rewrite
 
 
 def pre_ln_effect(match: Match, next_node: str | None) -> RewriteEffect:

@@ -15,7 +15,6 @@ _ATTENTION_ORT = "attention: 0 of the expected blocks fused on the onnxruntime t
 # optimum's Falcon: a float mask built by Trilu and ScatterND, with -inf where masked,
 # which the causal proof does not read
 _FALCON_KV = "attention: Falcon's Trilu/ScatterND -inf mask is not proven causal (issue 24)"
-_NEOX = "norms: GPT-NeoX's parallel residual (x + attention + MLP): 1 of 2 SkipLayerNorms"
 _TORCH_MHA = "attention: nn.MultiheadAttention's head split ([L, B * h, d], Transpose) (issue 24)"
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
@@ -34,9 +33,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
     # architecture has (_llm_expect.py) and autofusion does not fuse yet
     ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,
-    ("llm_gpt_neox_torchscript", "onnxruntime"): _NEOX,
-    ("llm_gpt_neox_dynamo", "onnxruntime"): _NEOX,
-    ("llm_gpt_neox_optimum_kv", "onnxruntime"): _NEOX,
 }
 
 # an LLM whose optimized model is not written cannot decode either

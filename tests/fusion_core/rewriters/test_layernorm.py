@@ -656,3 +656,41 @@ def test_skip_layer_norm_near_misses(body, inputs, reason):
     assert result.counts == {}
     ops = ["Add", "LayerNormalization", "MatMul"]
     assert_no_fusion(model, result, pattern="skip_layer_norm", reason=reason, ops=ops, **TOL)
+
+
+def test_a_sum_read_by_two_layer_norms_and_the_next_add_is_exposed():
+    """GPT-NeoX's parallel residual: h = x + r feeds both LayerNorms of the next block
+    and its residual Add. ``skip_layer_norm_shared_sum`` exposes the sum: the other
+    readers read SkipLayerNormalization's input_skip_bias_sum (the other patterns see an
+    escape there)."""
+    body = [
+        "h = Add (x, r)",
+        LN,
+        "n2 = LayerNormalization (h, ln_s, bias)",
+        "a = MatMul (n, w)",
+        "m = MatMul (n2, w)",
+        "p = Add (h, a)",
+        "y = Add (p, m)",
+    ]
+    model = residual_model(body)
+    result = optimize_quiet(model, target="onnxruntime", target_profile="cpu-roofline")
+    fused = assert_fusion(
+        model, result, counts={"skip_layer_norm_shared_sum": 1},
+        ops=op_sequence(result.to_proto()), **TOL,
+    )  # fmt: skip
+    assert sorted(op_sequence(fused)) == sorted(
+        [SKIP_LN, "LayerNormalization", "MatMul", "MatMul", "Add", "Add"]
+    )
+    node = the_node(fused, "SkipLayerNormalization")
+    assert list(node.output)[3] == "h"  # the sum, which the other readers read
+    readers = [n.op_type for n in fused.graph.node if "h" in n.input]
+    assert sorted(readers) == ["Add", "LayerNormalization"]
+
+
+def test_an_exposed_sum_that_is_a_graph_output_stays():
+    body = ["h = Add (x, r)", LN, "n2 = LayerNormalization (h, ln_s, bias)", "y = Add (n, n2)"]
+    model = residual_model(body, outputs=", float[2, 5, 16] h")
+    result = optimize_quiet(model, target="onnxruntime", target_profile="cpu-roofline")
+    assert result.counts == {}
+    reasons = [m.reason for m in result.near_misses if m.pattern == "skip_layer_norm_shared_sum"]
+    assert any("add.out0 ('h') is a graph output" in r for r in reasons), reasons
