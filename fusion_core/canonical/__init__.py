@@ -17,6 +17,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
   proven to keep its input's shape goes;
 * ``copied_dims`` (``_reshape_targets.py``): a Reshape target computed from shapes that
   copies the input's batch and sequence becomes a constant ``[0, 0, ...]``;
+* ``packed_part``, ``sequence_first_heads``, ``sequence_first_merge`` and
+  ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
+  layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
+  batch-first, and dynamo's K^T through a 3-D Reshape made one Transpose;
 * ``gather_nd_as_slice``, ``slice_before_transpose_of_one`` and ``transposes_composed``
   (``_picks.py``): one head picked out of a permuted projection (dynamo's Falcon) is a
   Slice of the head split;
@@ -58,6 +62,12 @@ from autofusion.fusion_core.canonical._picks import (
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
 from autofusion.fusion_core.canonical._scales import scales_to_scores, undo_scales
+from autofusion.fusion_core.canonical._sequence_first import (
+    kt_by_reshapes,
+    packed_parts_as_slices,
+    sequence_first_heads,
+    sequence_first_merges,
+)
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._transposes import (
@@ -87,6 +97,10 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
     "copied_dims": copy_reshape_dims,
+    "packed_part": packed_parts_as_slices,
+    "sequence_first_heads": sequence_first_heads,
+    "sequence_first_merge": sequence_first_merges,
+    "kt_by_reshape": kt_by_reshapes,
     "slice_before_transpose": slice_before_transpose,
     "gather_nd_as_slice": gather_nd_as_slices,
     "slice_before_transpose_of_one": slices_before_transposes,
@@ -102,6 +116,10 @@ _WORDS = {
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
+    "packed_part": "parts picked from a packed projection made Slices",
+    "sequence_first_heads": "sequence-first head splits made batch-first",
+    "sequence_first_merge": "sequence-first head merges made batch-first",
+    "kt_by_reshape": "K^T written Reshape, Transpose, Reshape made one Transpose",
     "gather_nd_as_slice": "GatherNDs of one index made Slices",
     "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
     "transposes_composed": "Transposes of Transposes made one",

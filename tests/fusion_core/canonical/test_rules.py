@@ -547,3 +547,115 @@ def test_a_target_read_from_another_tensors_dims_stays() -> None:
     """The batch and sequence of ``u`` are other symbols: nothing proves them x's."""
     model = _head_split_from_shapes("u", "float[batch, seq, 32] x, float[n, m, 32] u")
     assert _canonical(model)[1] == {}
+
+
+# --- nn.MultiheadAttention's sequence-first layout (_sequence_first.py) ---------------
+
+
+def test_a_part_of_a_packed_projection_picked_by_gather_is_a_slice() -> None:
+    model = _model(
+        [
+            "r = Reshape (qkv, parts)",
+            "u = Unsqueeze (r, zero)",
+            "t = Transpose <perm = [3, 1, 2, 0, 4]> (u)",
+            "s = Squeeze (t, minus_two)",
+            "g = Gather <axis = 0> (s, one)",
+            "y = Mul (g, two)",
+        ],
+        "float[seq, batch, 48] qkv",
+        "float[seq, batch, 16] y",
+        {
+            "parts": np.array([0, 0, 3, 16], np.int64),
+            "minus_two": np.array([-2], np.int64),
+            "one": np.array(1, np.int64),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"packed_part": 1} and again == 0
+    assert "Slice" in op_sequence(canonical) and "Gather" not in op_sequence(canonical)
+    run_both(model, canonical, **EXACT)
+
+
+def _sequence_first_heads(last_target: list[int]) -> onnx.ModelProto:
+    """x[L=6, B=2, E=32] split into 4 heads of 8 sequence-first, as nn.MultiheadAttention
+    does: [L, B*h, d], Transpose(1, 0, 2), then ``last_target``."""
+    return _model(
+        [
+            "r = Reshape (x, flat)",
+            "t = Transpose <perm = [1, 0, 2]> (r)",
+            "h = Reshape (t, heads)",
+            "y = Mul (h, two)",
+        ],
+        "float[6, 2, 32] x",
+        f"float[{', '.join(map(str, last_target))}] y",
+        {
+            "flat": np.array([6, 8, 8], np.int64),
+            "heads": np.array(last_target, np.int64),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+
+
+def test_a_sequence_first_head_split_becomes_batch_first() -> None:
+    model = _sequence_first_heads([2, 4, 6, 8])
+    canonical, done, again = _canonical(model)
+    assert done == {"sequence_first_heads": 1} and again == 0
+    assert op_sequence(canonical) == ["Transpose", "Reshape", "Transpose", "Mul"]
+    run_both(model, canonical, **EXACT)
+
+
+def test_heads_taken_batch_minor_stay() -> None:
+    """[h, B, L, d] is not the head split the rule proves: the rows are b-major."""
+    assert _canonical(_sequence_first_heads([4, 2, 6, 8]))[1] == {}
+
+
+def test_a_sequence_first_heads_merge_and_its_projection_become_batch_first() -> None:
+    rng = np.random.default_rng(5)
+    model = _model(
+        [
+            "t = Transpose <perm = [2, 0, 1, 3]> (ctx)",
+            "r = Reshape (t, rows)",
+            "p = Gemm <transB = 1> (r, w, b)",
+            "u = Reshape (p, seq_first)",
+            "o = Transpose <perm = [1, 0, 2]> (u)",
+            "y = Mul (o, two)",
+        ],
+        "float[2, 4, 6, 8] ctx",
+        "float[2, 6, 32] y",
+        {
+            "rows": np.array([-1, 32], np.int64),
+            "seq_first": np.array([6, 2, 32], np.int64),
+            "w": rng.standard_normal((32, 32)),
+            "b": rng.standard_normal(32),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"sequence_first_merge": 1} and again == 0
+    assert op_sequence(canonical) == ["Transpose", "Reshape", "Gemm", "Reshape", "Mul"]
+    run_both(model, canonical, rtol=1e-6, atol=1e-6)  # the Gemm's rows in another order
+
+
+def test_k_transposed_through_a_3d_reshape_is_one_transpose() -> None:
+    model = _model(
+        [
+            "f = Reshape (k, flat)",
+            "t = Transpose <perm = [0, 2, 1]> (f)",
+            "kt = Reshape (t, back)",
+            "y = Mul (kt, two)",
+        ],
+        "float[2, 4, 6, 8] k",
+        "float[2, 4, 8, 6] y",
+        {
+            "flat": np.array([8, 6, 8], np.int64),
+            "back": np.array([2, 4, 8, 6], np.int64),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done == {"kt_by_reshape": 1} and again == 0
+    assert op_sequence(canonical) == ["Transpose", "Mul"]
+    (swap,) = [n for n in canonical.graph.node if n.op_type == "Transpose"]
+    assert list(swap.attribute[0].ints) == [0, 1, 3, 2]
+    run_both(model, canonical, **EXACT)

@@ -1,0 +1,298 @@
+"""Rules ``packed_part``, ``sequence_first_heads`` and ``sequence_first_merge``:
+``torch.nn.MultiheadAttention``'s sequence-first layout brought to the batch-first one
+the attention patterns read.
+
+``nn.TransformerEncoder`` (batch_first or not: its fast path transposes to [L, B, E])
+projects q, k and v with one packed ``in_proj`` ([L, B, 3E]), picks each by
+``Gather(Squeeze(Transpose(Unsqueeze(Reshape(qkv, [L, B, 3, E]), 0), [3, 1, 2, 0, 4]),
+-2), i)``, splits heads sequence-first (``Reshape [L, B*h, d]``, ``Transpose(1, 0,
+2)``, ``Reshape [B, h, L, d]``) and merges them back the same way round
+(``Transpose(2, 0, 1, 3)``, ``Reshape [L*B, E]``, the ``out_proj`` Gemm, ``Reshape [L,
+B, E]``, ``Transpose(1, 0, 2)``). Both torch exporters write it so. Each rule below
+replaces one of those steps by the same values in the batch-first spelling:
+
+* ``packed_part``: that Gather of part ``i`` is ``qkv[..., i*E:(i+1)*E]``;
+* ``sequence_first_heads``: for x[L, B, E], ``Reshape [L, M, d]`` (M = B * E / d, b
+  major: the element count fixes it), ``Transpose(1, 0, 2)``, ``Reshape [B, h, L, d]``
+  is ``Transpose(Reshape(Transpose(x, [1, 0, 2]), [0, 0, h, d]), [0, 2, 1, 3])``;
+* ``sequence_first_merge``: the rows of a Gemm are independent, so merging the heads
+  batch-first (``Transpose(0, 2, 1, 3)``, ``Reshape [B*L, E]``), the same Gemm, and a
+  ``Reshape`` to the original target with its first two entries swapped give the
+  Transpose's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.canonical._edits import int64s, replace
+from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+
+__all__ = [
+    "kt_by_reshapes",
+    "packed_parts_as_slices",
+    "sequence_first_heads",
+    "sequence_first_merges",
+]
+
+_Fresh = Callable[[str], str]
+
+
+def _sole_reader(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def _producer(value: ir.Value | None, op: str) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != op or node.domain not in ("", "ai.onnx"):
+        return None
+    return node
+
+
+def _perm(node: ir.Node | None) -> list[int] | None:
+    if node is None:
+        return None
+    perm = attribute_value(node, "perm", None)
+    return list(perm) if perm is not None else None
+
+
+def _value(node: ir.Node, dims: list[Dim] | None, dtype, fresh: _Fresh, hint: str) -> ir.Value:
+    out = node.outputs[0]
+    out.name = fresh(hint)
+    out.dtype = dtype
+    out.shape = ir.Shape(dims) if dims is not None and None not in dims else None
+    return out
+
+
+def _transpose(source: ir.Value, perm: list[int], fresh: _Fresh) -> ir.Node:
+    node = ir.Node("", "Transpose", [source], [ir.AttrInt64s("perm", perm)])
+    node.name = fresh("sequence_first_Transpose")
+    dims = known_dims(source)
+    _value(node, [dims[p] for p in perm] if dims else None, source.dtype, fresh, "batch_first")
+    return node
+
+
+def _reshape(source: ir.Value, target: ir.Value, dims, fresh: _Fresh) -> ir.Node:
+    node = ir.Node("", "Reshape", [source, target], name=fresh("sequence_first_Reshape"))
+    _value(node, dims, source.dtype, fresh, "batch_first_reshaped")
+    return node
+
+
+# --- packed_part ---------------------------------------------------------------------
+
+
+def packed_parts_as_slices(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    done = 0
+    for node in list(graph):
+        found = _packed_part(node)
+        if found is None:
+            continue
+        qkv, start, stop = found
+        ints = [int64s(graph, fresh, [v]) for v in (start, stop, -1)]
+        piece = ir.Node("", "Slice", [qkv, *ints], name=fresh("packed_part_Slice"))
+        dims = known_dims(qkv)
+        _value(piece, [*dims[:-1], stop - start] if dims else None, qkv.dtype, fresh, "part")
+        replace(graph, node, [piece], mark, "packed_part")
+        done += 1
+    return done
+
+
+def _packed_part(gather: ir.Node) -> tuple[ir.Value, int, int] | None:
+    """(qkv, start, stop) when ``gather`` picks part i of a packed [L, B, P*E] projection
+    as nn.MultiheadAttention does."""
+    if gather.op_type != "Gather" or attribute_value(gather, "axis", 0) != 0:
+        return None
+    if gather.outputs[0].is_graph_output():
+        return None
+    index = constant_array(gather.inputs[1])
+    squeeze = _producer(gather.inputs[0], "Squeeze")
+    transpose = _producer(squeeze.inputs[0] if squeeze else None, "Transpose")
+    unsqueeze = _producer(transpose.inputs[0] if transpose else None, "Unsqueeze")
+    reshape = _producer(unsqueeze.inputs[0] if unsqueeze else None, "Reshape")
+    if index is None or index.size != 1 or reshape is None:
+        return None
+    if axes_of(squeeze) not in ([-2], [3]) or axes_of(unsqueeze) != [0]:
+        return None
+    if _perm(transpose) != [3, 1, 2, 0, 4]:
+        return None
+    qkv, parts = reshape.inputs[0], known_dims(reshape.outputs[0])
+    dims = known_dims(qkv)
+    if dims is None or parts is None or len(dims) != 3 or len(parts) != 4:
+        return None
+    count, width = parts[2], parts[3]
+    if not (isinstance(count, int) and isinstance(width, int) and dims[2] == count * width):
+        return None
+    if parts[:2] != dims[:2] or None in dims[:2]:
+        return None
+    i = int(index.reshape(-1)[0]) % count
+    return qkv, i * width, (i + 1) * width
+
+
+# --- sequence_first_heads ------------------------------------------------------------
+
+
+def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    done = 0
+    for node in list(graph):
+        found = _heads(node)
+        if found is None:
+            continue
+        source, heads, size, first, swap = found
+        early = _transpose(source, [1, 0, 2], fresh)
+        dims = known_dims(early.outputs[0])
+        split = _reshape(
+            early.outputs[0],
+            int64s(graph, fresh, [0, 0, heads, size]),
+            [*dims[:2], heads, size] if dims else None,
+            fresh,
+        )
+        late = _transpose(split.outputs[0], [0, 2, 1, 3], fresh)
+        replace(graph, node, [early, split, late], mark, "sequence_first_heads")
+        graph.remove(swap, safe=True)
+        graph.remove(first, safe=True)
+        done += 1
+    return done
+
+
+def _heads(last: ir.Node) -> tuple[ir.Value, int, int, ir.Node, ir.Node] | None:
+    """(x, h, d, first Reshape, Transpose) when ``last`` ends x[L, B, E]'s sequence-first
+    head split."""
+    if last.op_type != "Reshape" or last.outputs[0].is_graph_output():
+        return None
+    swap = _producer(last.inputs[0], "Transpose")
+    first = _producer(swap.inputs[0] if swap else None, "Reshape")
+    if first is None or _perm(swap) != [1, 0, 2]:
+        return None
+    if _sole_reader(first.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not last:
+        return None
+    x = first.inputs[0]
+    xd, fd, out = known_dims(x), known_dims(first.outputs[0]), known_dims(last.outputs[0])
+    if xd is None or fd is None or out is None or len(xd) != 3 or len(fd) != 3:
+        return None
+    seq, batch, width = xd
+    size = fd[2]
+    if not isinstance(width, int) or not isinstance(size, int) or width % size or None in xd:
+        return None
+    if fd[0] != seq or len(out) != 4 or out != [batch, width // size, seq, size]:
+        return None
+    return x, width // size, size, first, swap
+
+
+# --- sequence_first_merge ------------------------------------------------------------
+
+
+def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    done = 0
+    for node in list(graph):
+        found = _merge(node)
+        if found is None:
+            continue
+        context, width, gemm, unflat, olds = found
+        merged = _transpose(context, [0, 2, 1, 3], fresh)
+        flat = _reshape(merged.outputs[0], int64s(graph, fresh, [-1, width]), None, fresh)
+        linear = ir.Node(
+            gemm.domain,
+            gemm.op_type,
+            [flat.outputs[0], *gemm.inputs[1:]],
+            [ir.Attr(a.name, a.type, a.value) for a in gemm.attributes.values()],
+            name=fresh(f"{gemm.name or 'Gemm'}_batch_first"),
+        )
+        _value(linear, None, gemm.outputs[0].dtype, fresh, "batch_first_rows")
+        known = entries(unflat.inputs[1])
+        if known is not None and len(known) == 3 and None not in known:
+            targets = []  # [L, B, E] fixed: [B, L, E] as a constant (known_scalars would)
+            target = int64s(graph, fresh, [known[1], known[0], known[2]])
+        else:
+            order = int64s(graph, fresh, [1, 0, 2])
+            targets = [
+                ir.Node(
+                    "", "Gather", [unflat.inputs[1], order], [ir.AttrInt64("axis", 0)],
+                    name=fresh("sequence_first_Gather"),
+                )
+            ]  # fmt: skip
+            target = _value(targets[0], [3], ir.DataType.INT64, fresh, "batch_first_target")
+        out = _reshape(linear.outputs[0], target, known_dims(node.outputs[0]), fresh)
+        zero = attribute_value(unflat, "allowzero", 0)  # the target's own entries: as they were
+        out.attributes["allowzero"] = ir.AttrInt64("allowzero", int(zero))
+        replace(graph, node, [merged, flat, linear, *targets, out], mark, "sequence_first_merge")
+        for old in olds:
+            graph.remove(old, safe=True)
+        done += 1
+    return done
+
+
+def _merge(last: ir.Node):
+    """(context, E, Gemm, last Reshape, nodes to remove) when ``last`` (a Transpose(1, 0,
+    2)) ends a sequence-first heads merge and out_proj Gemm."""
+    if last.op_type != "Transpose" or _perm(last) != [1, 0, 2] or last.outputs[0].is_graph_output():
+        return None
+    unflat = _producer(last.inputs[0], "Reshape")
+    gemm = _producer(unflat.inputs[0] if unflat else None, "Gemm")
+    flat = _producer(gemm.inputs[0] if gemm else None, "Reshape")
+    swap = _producer(flat.inputs[0] if flat else None, "Transpose")
+    if swap is None or _perm(swap) != [2, 0, 1, 3] or attribute_value(gemm, "transA", 0):
+        return None
+    chain = [(swap, flat), (flat, gemm), (gemm, unflat), (unflat, last)]
+    if any(_sole_reader(a.outputs[0]) is not b for a, b in chain):
+        return None
+    context = swap.inputs[0]
+    cd, fd, ud = known_dims(context), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
+    if cd is None or fd is None or ud is None or len(cd) != 4 or len(fd) != 2 or len(ud) != 3:
+        return None
+    batch, heads, seq, size = cd
+    if not (isinstance(heads, int) and isinstance(size, int)) or fd[1] != heads * size:
+        return None
+    if None in (batch, seq) or ud[:2] != [seq, batch] or unflat.inputs[1] is None:
+        return None
+    return context, heads * size, gemm, unflat, [unflat, gemm, flat, swap]
+
+
+# --- kt_by_reshape -------------------------------------------------------------------
+
+
+def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    """``Reshape(Transpose(Reshape(K, [B*N, L, H]), [0, 2, 1]), [B, N, H, L])`` (dynamo's
+    ``k.transpose(-2, -1)`` where it flattens the heads) is ``Transpose(K, [0, 1, 3,
+    2])``, and with K the head Transpose of a split no one else reads, one
+    ``Transpose(split, [0, 2, 3, 1])`` (the K^T of TorchScript's SDPA and of the eager
+    attention); how many became one."""
+    done = 0
+    for node in list(graph):
+        found = _kt(node)
+        if found is None:
+            continue
+        k, perm, olds = found
+        swap = _transpose(k, perm, fresh)
+        replace(graph, node, [swap], mark, "kt_by_reshape")
+        for old in olds:
+            graph.remove(old, safe=True)
+        done += 1
+    return done
+
+
+def _kt(unflat: ir.Node) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
+    if unflat.op_type != "Reshape" or unflat.outputs[0].is_graph_output():
+        return None
+    swap = _producer(unflat.inputs[0], "Transpose")
+    flat = _producer(swap.inputs[0] if swap else None, "Reshape")
+    if flat is None or _perm(swap) != [0, 2, 1]:
+        return None
+    if _sole_reader(flat.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not unflat:
+        return None
+    k = flat.inputs[0]
+    kd, fd, out = known_dims(k), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
+    if kd is None or fd is None or out is None or len(kd) != 4 or len(fd) != 3:
+        return None
+    if None in kd or fd[1:] != kd[2:] or out != [kd[0], kd[1], kd[3], kd[2]]:
+        return None
+    heads = _producer(k, "Transpose")
+    if heads is not None and _perm(heads) == [0, 2, 1, 3] and _sole_reader(k) is flat:
+        return heads.inputs[0], [0, 2, 3, 1], [swap, flat, heads]
+    return k, [0, 1, 3, 2], [swap, flat]
