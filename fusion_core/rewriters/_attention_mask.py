@@ -12,8 +12,12 @@ from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 
 
-def attention_bias(add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention") -> ir.Value | str:
-    """The mask added to the scores, if onnxruntime's kernel ``op`` takes it as it is."""
+def attention_bias(
+    add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention", *, one_query: bool = False
+) -> ir.Value | str:
+    """The mask added to the scores, if onnxruntime's kernel ``op`` takes it as it is
+    (``one_query``: or with one row for every query, [B or 1, heads or 1, 1, L], which
+    the caller expands: ``expand_queries``)."""
     mask = next(v for v in add.inputs if v is not scale.outputs[0])
     scores, dims = known_dims(scale.outputs[0]), known_dims(mask)
     if scores is None or dims is None or len(dims) != 4 or len(scores) != 4:
@@ -21,13 +25,34 @@ def attention_bias(add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention")
     fits = all(
         d == 1 or (d is not None and d == s) for d, s in zip(dims[:2], scores[:2], strict=True)
     )
-    matches = all(d is not None and d == s for d, s in zip(dims[2:], scores[2:], strict=True))
+    matches = (one_query and dims[2] == 1 or dims[2] is not None and dims[2] == scores[2]) and (
+        dims[3] is not None and dims[3] == scores[3]
+    )
     if not (fits and matches):
         return (
             f"the mask {mask.name!r} has shape {dims}; {op} takes "
             f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
         )
     return mask
+
+
+def expand_queries(
+    mask: ir.Value, q: ir.Value, ctx: RewriteContext
+) -> tuple[ir.Value, list[ir.Node]]:
+    """``mask`` [B or 1, heads or 1, 1, L] broadcast to every query of ``q`` [B, S, E]
+    (MultiHeadAttention's attention_bias has a row per query): Expand by [1, 1, S, 1],
+    S read from q's shape; or ``mask`` as it is when it has a row per query already."""
+    dims = known_dims(mask)
+    if dims is None or dims[2] != 1:
+        return mask, []
+    ones = ctx.initializer("mask_rows_ones", np.array([1, 1], np.int64))
+    one = ctx.initializer("mask_rows_one", np.array([1], np.int64))
+    shape = ir.Node("", "Shape", [q])
+    length = ir.Node("", "Gather", [shape.outputs[0], one], [ir.AttrInt64("axis", 0)])
+    target = ir.Node("", "Concat", [ones, length.outputs[0], one], [ir.AttrInt64("axis", 0)])
+    expand = ir.Node("", "Expand", [mask, target.outputs[0]])
+    expand.outputs[0].dtype = mask.dtype
+    return expand.outputs[0], [shape, length, target, expand]
 
 
 def guarded_mask(

@@ -5,7 +5,11 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from autofusion.fusion_core.patterns import Match
-from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from autofusion.fusion_core.rewriters._attention_mask import (
+    attention_bias,
+    expand_queries,
+    guarded_mask,
+)
 from autofusion.fusion_core.rewriters._attention_shapes import (
     heads_of,
     layout_failure,
@@ -100,16 +104,18 @@ def _mask(
     if params.mask_node is None:
         return None, None, []
     scores = match.node(params.scale_node or params.qk_node)
-    mask = attention_bias(match.node(params.mask_node), scores)
+    mask = attention_bias(match.node(params.mask_node), scores, one_query=True)
     if isinstance(mask, str):
         return mask
-    if params.nan_guard_node is None:
-        return mask, None, []
-    guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
-    if isinstance(guarded, str):
-        return guarded
-    mask, keep_rows, mask_nodes = guarded
-    return mask, keep_rows, list(mask_nodes)
+    keep_rows, mask_nodes = None, []
+    if params.nan_guard_node is not None:
+        guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
+        if isinstance(guarded, str):
+            return guarded
+        mask, keep_rows, mask_nodes = guarded
+    # one row for every query (nn.MultiheadAttention's key padding): a row per query
+    mask, expanded = expand_queries(mask, match.input(params.q_reshape_node, 0), ctx)
+    return mask, keep_rows, [*mask_nodes, *expanded]
 
 
 def _attention_node(

@@ -259,8 +259,6 @@ UNFUSED_NO_MASK = UNFUSED[1:12] + UNFUSED[13:]
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
-        # onnxruntime's CPU kernel rejects a [B, 1, 1, S] attention_bias at run time.
-        (dict(mask="[2, 1, 1, 5]"), "MultiHeadAttention takes [B or 1, heads or 1, S, L]"),
         # [10, 1, 4, 4] splits heads but attends over each token alone: another attention.
         (
             dict(split_target=(10, 1, HEADS, 4), merge_target=(B, S, HIDDEN), mask=None),
@@ -268,7 +266,7 @@ UNFUSED_NO_MASK = UNFUSED[1:12] + UNFUSED[13:]
         ),
         (dict(scale_input=True), "scale.in1 ('c') is not a constant initializer"),
     ],
-    ids=["mask-1xS", "reshape-mixes-batch", "scale-input"],
+    ids=["reshape-mixes-batch", "scale-input"],
 )
 def test_no_fusion(case, reason):
     model = attention_model(**case)
@@ -277,6 +275,23 @@ def test_no_fusion(case, reason):
     pattern = "attention_mha" if masked else "attention_mha_no_mask"
     ops = UNFUSED if masked else UNFUSED_NO_MASK
     assert_no_fusion(model, result, pattern=pattern, reason=reason, ops=ops, **TOL)
+
+
+def test_a_mask_with_one_row_for_every_query_is_expanded_to_each():
+    """onnxruntime's CPU kernel rejects a [B, 1, 1, L] attention_bias at run time (it
+    takes a row per query), so the rewrite expands the key padding mask nn.MultiheadAttention
+    writes to [B, 1, S, L] by S read from the query's shape."""
+    model = attention_model(mask="[2, 1, 1, 5]")
+    result = optimize_mha(model)
+    fused = assert_fusion(
+        model,
+        result,
+        counts={"qkv_bias_merge": 1, "attention_mha": 1},
+        ops=["Where", "MatMul", "Add", "Split", "Shape", "Gather", "Concat", "Expand", MHA],
+        **TOL,
+    )
+    expand = next(n for n in fused.graph.node if n.op_type == "Expand")
+    assert expand.input[0] == "bias" and the_attention(fused).input[5] == expand.output[0]
 
 
 def test_no_fusion_when_the_target_is_computed():
@@ -367,7 +382,8 @@ def sdpa_feeds() -> dict[str, np.ndarray]:
 def test_sdpa_attention_becomes_multi_head_attention():
     model = sdpa_model()
     result = optimize_mha(model)
-    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
+    # dynamo's K^T (Reshape, Transpose, Reshape) is one Transpose by then (kt_by_reshape)
+    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa_kt": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == merged_ops(mask=True)
     onnx.checker.check_model(fused, full_check=True)
@@ -384,7 +400,7 @@ def test_sdpa_infinite_mask_keeps_the_guard():
     has no guard, so the mask becomes finite and such rows are multiplied by 0."""
     model = sdpa_model(lowest=-np.inf)
     result = optimize_mha(model)
-    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa": 1}
+    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa_kt": 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
     assert op_sequence(fused)[-6:] == ["Where", "Cast", "ReduceMax", "Transpose", MHA, "Mul"]
@@ -415,8 +431,8 @@ def test_sdpa_infinite_mask_per_head_is_refused():
     """A row may be fully masked for one head only: a per-row factor cannot express it."""
     model = sdpa_model(lowest=-np.inf, keep_heads=HEADS)
     result = optimize_mha(model)
-    assert "attention_mha_sdpa" not in result.counts
-    reasons = misses(result, "attention_mha_sdpa")
+    assert "attention_mha_sdpa_kt" not in result.counts
+    reasons = misses(result, "attention_mha_sdpa_kt")
     assert any("is not known to be [B or 1, 1, S, L]" in r for r in reasons), reasons
     keep = np.random.default_rng(1).random((B, HEADS, S, S)) < 0.7
     keep[1, 2] = False

@@ -362,10 +362,11 @@ def fuse_exactly(model: onnx.ModelProto, pattern: str) -> tuple[onnx.ModelProto,
 
 
 def test_dynamo_spelling_with_cache_becomes_group_query_attention():
-    """dynamo's K^T reads a Shape of the repeated key outside the match, feeding only
-    the match: no escape, the shape arithmetic goes with the match; its query positions
-    ``Range(0, S) + P`` prove the mask causal as ``Range(P, P + S)`` does."""
-    _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention_gqa_sdpa_repeat_kv")
+    """dynamo's K^T (a Reshape, Transpose, Reshape whose targets read a Shape of the
+    repeated key) is one Transpose in the canonical form (``kt_by_reshape``), so the
+    TorchScript spelling's pattern takes it; its query positions ``Range(0, S) + P``
+    prove the mask causal as ``Range(P, P + S)`` does."""
+    _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention_gqa_sdpa_kt_repeat_kv")
     # the rotary's two Slices and the rows' one: none of K^T's shape arithmetic is left
     assert "Softmax" not in ops and ops.count("Slice") == 3 and "Concat" in ops, ops
     assert ops.count("Shape") == 6, ops  # the bias's, the rows', the lengths'
@@ -376,7 +377,7 @@ def test_dynamo_spelling_with_a_finite_mask_becomes_group_query_attention():
     bias, and a row with nothing to attend to (left padding) gets the cache's mean
     value, as the graph's uniform softmax gives it."""
     model = decoder_attention(dynamo=True, lowest=float(np.finfo(np.float32).min))
-    _, ops = fuse_exactly(model, "attention_gqa_sdpa_repeat_kv")
+    _, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
     assert ops.count("ReduceMean") == 1 and "LessOrEqual" not in ops, ops
 
 
