@@ -15,7 +15,6 @@ _ATTENTION_ORT = "attention: 0 of the expected blocks fused on the onnxruntime t
 # optimum's Falcon: a float mask built by Trilu and ScatterND, with -inf where masked,
 # which the causal proof does not read
 _FALCON_KV = "attention: Falcon's Trilu/ScatterND -inf mask is not proven causal (issue 24)"
-_TORCH_MHA = "attention: nn.MultiheadAttention's head split ([L, B * h, d], Transpose) (issue 24)"
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
     # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)
@@ -27,9 +26,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     ("modernbert_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
     ("t5_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("t5_encoder_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
-    ("whisper_encoder_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
-    ("torch_encoder_sdpa_dynamo", "onnxruntime"): _TORCH_MHA,
-    ("torch_encoder_sdpa_torchscript", "onnxruntime"): _TORCH_MHA,
     # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
     # architecture has (_llm_expect.py) and autofusion does not fuse yet
     ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,
