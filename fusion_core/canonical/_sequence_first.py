@@ -85,6 +85,30 @@ def _reshape(source: ir.Value, target: ir.Value, dims, fresh: _Fresh) -> ir.Node
     return node
 
 
+def _sandwich(last: ir.Node, perm: list[int]) -> tuple[ir.Node, ir.Node] | None:
+    """(first Reshape, Transpose) of ``last = Reshape(Transpose(Reshape(x), perm))``,
+    each read by the next alone and ``last``'s output no graph output; else None."""
+    if last.op_type != "Reshape" or last.outputs[0].is_graph_output():
+        return None
+    swap = _producer(last.inputs[0], "Transpose")
+    first = _producer(swap.inputs[0] if swap else None, "Reshape")
+    if first is None or _perm(swap) != perm:
+        return None
+    if _sole_reader(first.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not last:
+        return None
+    return first, swap
+
+
+def _take_place(
+    graph: ir.Graph, node: ir.Node, new: list[ir.Node], olds: list[ir.Node], mark: str, rule: str
+) -> None:
+    """``new`` in ``node``'s place (``_edits.replace``), then ``olds``, which only fed
+    ``node``, go (readers first)."""
+    replace(graph, node, new, mark, rule)
+    for old in olds:
+        graph.remove(old, safe=True)
+
+
 # --- packed_part ---------------------------------------------------------------------
 
 
@@ -154,9 +178,7 @@ def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
             fresh,
         )
         late = _transpose(split.outputs[0], [0, 2, 1, 3], fresh)
-        replace(graph, node, [early, split, late], mark, "sequence_first_heads")
-        graph.remove(swap, safe=True)
-        graph.remove(first, safe=True)
+        _take_place(graph, node, [early, split, late], [swap, first], mark, "sequence_first_heads")
         done += 1
     return done
 
@@ -164,14 +186,10 @@ def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
 def _heads(last: ir.Node) -> tuple[ir.Value, int, int, ir.Node, ir.Node] | None:
     """(x, h, d, first Reshape, Transpose) when ``last`` ends x[L, B, E]'s sequence-first
     head split."""
-    if last.op_type != "Reshape" or last.outputs[0].is_graph_output():
+    found = _sandwich(last, [1, 0, 2])
+    if found is None:
         return None
-    swap = _producer(last.inputs[0], "Transpose")
-    first = _producer(swap.inputs[0] if swap else None, "Reshape")
-    if first is None or _perm(swap) != [1, 0, 2]:
-        return None
-    if _sole_reader(first.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not last:
-        return None
+    first, swap = found
     x = first.inputs[0]
     xd, fd, out = known_dims(x), known_dims(first.outputs[0]), known_dims(last.outputs[0])
     if xd is None or fd is None or out is None or len(xd) != 3 or len(fd) != 3:
@@ -221,9 +239,8 @@ def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
         out = _reshape(linear.outputs[0], target, known_dims(node.outputs[0]), fresh)
         zero = attribute_value(unflat, "allowzero", 0)  # the target's own entries: as they were
         out.attributes["allowzero"] = ir.AttrInt64("allowzero", int(zero))
-        replace(graph, node, [merged, flat, linear, *targets, out], mark, "sequence_first_merge")
-        for old in olds:
-            graph.remove(old, safe=True)
+        new = [merged, flat, linear, *targets, out]
+        _take_place(graph, node, new, olds, mark, "sequence_first_merge")
         done += 1
     return done
 
@@ -270,22 +287,16 @@ def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
             continue
         k, perm, olds = found
         swap = _transpose(k, perm, fresh)
-        replace(graph, node, [swap], mark, "kt_by_reshape")
-        for old in olds:
-            graph.remove(old, safe=True)
+        _take_place(graph, node, [swap], olds, mark, "kt_by_reshape")
         done += 1
     return done
 
 
 def _kt(unflat: ir.Node) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
-    if unflat.op_type != "Reshape" or unflat.outputs[0].is_graph_output():
+    found = _sandwich(unflat, [0, 2, 1])
+    if found is None:
         return None
-    swap = _producer(unflat.inputs[0], "Transpose")
-    flat = _producer(swap.inputs[0] if swap else None, "Reshape")
-    if flat is None or _perm(swap) != [0, 2, 1]:
-        return None
-    if _sole_reader(flat.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not unflat:
-        return None
+    flat, swap = found
     k = flat.inputs[0]
     kd, fd, out = known_dims(k), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
     if kd is None or fd is None or out is None or len(kd) != 4 or len(fd) != 3:
