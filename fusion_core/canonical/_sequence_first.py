@@ -85,9 +85,11 @@ def _reshape(source: ir.Value, target: ir.Value, dims, fresh: _Fresh) -> ir.Node
     return node
 
 
-def _sandwich(last: ir.Node, perm: list[int]) -> tuple[ir.Node, ir.Node] | None:
-    """(first Reshape, Transpose) of ``last = Reshape(Transpose(Reshape(x), perm))``,
-    each read by the next alone and ``last``'s output no graph output; else None."""
+def _sandwich(last: ir.Node, perm: list[int], ranks: tuple[int, int]):
+    """(first Reshape, Transpose, dims of its input, of the first Reshape's output, of
+    ``last``'s output) of ``last = Reshape(Transpose(Reshape(x), perm))``, each node read
+    by the next alone, ``last``'s output no graph output, x and the first Reshape's
+    output of ``ranks`` with known shapes; else None."""
     if last.op_type != "Reshape" or last.outputs[0].is_graph_output():
         return None
     swap = _producer(last.inputs[0], "Transpose")
@@ -96,7 +98,10 @@ def _sandwich(last: ir.Node, perm: list[int]) -> tuple[ir.Node, ir.Node] | None:
         return None
     if _sole_reader(first.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not last:
         return None
-    return first, swap
+    dims = [known_dims(v) for v in (first.inputs[0], first.outputs[0], last.outputs[0])]
+    if any(d is None for d in dims) or (len(dims[0]), len(dims[1])) != ranks:
+        return None
+    return first, swap, *dims
 
 
 def _take_place(
@@ -186,14 +191,11 @@ def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
 def _heads(last: ir.Node) -> tuple[ir.Value, int, int, ir.Node, ir.Node] | None:
     """(x, h, d, first Reshape, Transpose) when ``last`` ends x[L, B, E]'s sequence-first
     head split."""
-    found = _sandwich(last, [1, 0, 2])
+    found = _sandwich(last, [1, 0, 2], (3, 3))
     if found is None:
         return None
-    first, swap = found
+    first, swap, xd, fd, out = found
     x = first.inputs[0]
-    xd, fd, out = known_dims(x), known_dims(first.outputs[0]), known_dims(last.outputs[0])
-    if xd is None or fd is None or out is None or len(xd) != 3 or len(fd) != 3:
-        return None
     seq, batch, width = xd
     size = fd[2]
     if not isinstance(width, int) or not isinstance(size, int) or width % size or None in xd:
@@ -293,14 +295,11 @@ def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
 
 
 def _kt(unflat: ir.Node) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
-    found = _sandwich(unflat, [0, 2, 1])
+    found = _sandwich(unflat, [0, 2, 1], (4, 3))
     if found is None:
         return None
-    flat, swap = found
+    flat, swap, kd, fd, out = found
     k = flat.inputs[0]
-    kd, fd, out = known_dims(k), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
-    if kd is None or fd is None or out is None or len(kd) != 4 or len(fd) != 3:
-        return None
     if None in kd or fd[1:] != kd[2:] or out != [kd[0], kd[1], kd[3], kd[2]]:
         return None
     heads = _producer(k, "Transpose")
