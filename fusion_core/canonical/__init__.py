@@ -13,6 +13,12 @@ running them before every round (a fusion may expose a spelling) changes nothing
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
 * ``scale_to_scores`` (``_scales.py``): SDPA's scale split over Q and K^T multiplies
   the scores instead, as in the eager attention;
+* ``unit_scale`` (``_scales.py``): scores no scale multiplies are multiplied by 1;
+* ``mask_as_bias`` (``_masks.py``): a mask applied in any of the usual ways (a blocked
+  condition, the float mask ``(1 - m) * lowest``, masked_fill of the scores) is
+  ``Where(allowed, 0, negative)`` added to the scores;
+* ``repeat_kv`` (``_repeats.py``): KV heads repeated by Tile, Concat or a Gather are
+  repeated as transformers' repeat_kv (Unsqueeze, Expand, Reshape);
 * ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
   proven to keep its input's shape goes;
 * ``copied_dims`` (``_reshape_targets.py``): a Reshape target computed from shapes that
@@ -54,14 +60,21 @@ from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
 )
+from autofusion.fusion_core.canonical._masks import masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._picks import (
     compose_transposes,
     gather_nd_as_slices,
     slices_before_transposes,
 )
+from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_gathers
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
-from autofusion.fusion_core.canonical._scales import scales_to_scores, undo_scales
+from autofusion.fusion_core.canonical._scales import (
+    scales_to_scores,
+    undo_scales,
+    undo_unit_scales,
+    unit_scales,
+)
 from autofusion.fusion_core.canonical._sequence_first import (
     kt_by_reshapes,
     packed_parts_as_slices,
@@ -94,6 +107,9 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
     "scale_to_scores": scales_to_scores,
+    "unit_scale": unit_scales,
+    "mask_as_bias": masks_as_bias,
+    "repeat_kv": repeats_as_expand,
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
     "copied_dims": copy_reshape_dims,
@@ -113,6 +129,9 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
+    "unit_scale": "unscaled attention scores multiplied by 1",
+    "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
+    "repeat_kv": "repeated key/value heads written as Unsqueeze, Expand, Reshape",
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
@@ -143,8 +162,10 @@ def canonical_form(graph: ir.Graph, fresh_name: Callable[[str], str]) -> Counter
 
 def undo_unused(graph: ir.Graph) -> Counter[str]:
     """Take out what the rules inserted and no fusion took: each merge/split pair that
-    still reads as a pair (the split's readers read the merge's input again) and each
-    scale on scores still there (``undo_scales``). Returns how many, per rule."""
+    still reads as a pair (the split's readers read the merge's input again), each
+    scale on scores still there (``undo_scales``, ``undo_unit_scales``), each repeat
+    that was a Gather (``undo_gathers``) and each masked_fill of the scores that was made
+    an added bias (``undo_fills``). Returns how many, per rule."""
     undone = 0
     for merge in [n for n in graph if n.metadata_props.get(MARK) == MERGE]:
         merged = merge.outputs[0]
@@ -160,7 +181,15 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             graph.remove(split, safe=True)
         graph.remove(merge, safe=True)
         undone += 1
-    return Counter({"head_split": undone, "scale_to_scores": undo_scales(graph, MARK)})
+    return Counter(
+        {
+            "head_split": undone,
+            "scale_to_scores": undo_scales(graph, MARK),
+            "unit_scale": undo_unit_scales(graph, MARK),
+            "repeat_kv": undo_gathers(graph, MARK),
+            "mask_as_bias": undo_fills(graph, MARK),
+        }
+    )
 
 
 def describe(counts: Counter[str]) -> list[str]:

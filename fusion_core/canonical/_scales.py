@@ -16,6 +16,12 @@ fusion (the fused ops apply the scale in their own order anyway).
 
 What no fusion took is put back as the exporter wrote it (``undo_scales``): on long
 sequences the scores are the larger tensor to scale.
+
+Rule ``unit_scale``: scores with no scale at all (T5, trained with the scale folded
+into its weights; OPT, BART and Whisper, whose query projection is scaled before the
+heads split) are multiplied by 1, so that they read as every other attention's, whose
+fused op then takes scale 1 and the query as the graph computes it. The factor of 1 is
+taken out again where no fusion took it.
 """
 
 from __future__ import annotations
@@ -28,9 +34,18 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["RULE", "scales_to_scores", "undo_scales"]
+__all__ = [
+    "RULE",
+    "UNIT",
+    "reads_into_softmax",
+    "scales_to_scores",
+    "undo_scales",
+    "undo_unit_scales",
+    "unit_scales",
+]
 
 RULE = "scale_to_scores"
+UNIT = "unit_scale"
 _SPLIT = "autofusion.canonical.split_scale"  # the original a and b, to put them back
 _ONNX = ("", "ai.onnx")
 _TO_SOFTMAX = frozenset({"Add", "Sub", "Mul", "Div", "Tanh", "Where", "Cast"})
@@ -129,7 +144,7 @@ def _split_scales(matmul: ir.Node):
         out.shape is None
         or len(out.shape) != 4
         or out.is_graph_output()
-        or not _read_by_softmax(out)
+        or not reads_into_softmax(out)
     ):
         return None
     sides = [_scaled(v) for v in matmul.inputs]
@@ -153,7 +168,7 @@ def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float | None]:
     return value, None
 
 
-def _read_by_softmax(value: ir.Value) -> bool:
+def reads_into_softmax(value: ir.Value) -> bool:
     """Whether a Softmax reads ``value`` through the ops of a mask or a soft-cap."""
     for _ in range(_WALK):
         readers = [use.node for use in value.uses()]
@@ -166,3 +181,63 @@ def _read_by_softmax(value: ir.Value) -> bool:
             return False
         value = reader.outputs[0]
     return False
+
+
+def unit_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
+    """Multiply by 1 every attention's scores that no scalar scales; how many."""
+    added = 0
+    for matmul in list(graph):
+        if matmul.op_type != "MatMul" or matmul.domain not in _ONNX or len(matmul.inputs) != 2:
+            continue
+        out = matmul.outputs[0]
+        if (
+            out.shape is None
+            or len(out.shape) != 4
+            or out.dtype != ir.DataType.FLOAT
+            or out.is_graph_output()
+            or not reads_into_softmax(out)
+            or _already_scaled(out)
+        ):
+            continue
+        readers = list(out.uses())
+        one = ir.Value(
+            name=fresh_name(f"{UNIT}_one"),
+            shape=ir.Shape([]),
+            const_value=ir.tensor(np.array(1.0, np.float32)),
+        )
+        one.dtype = ir.DataType.FLOAT
+        graph.register_initializer(one)
+        scaled = ir.Node("", "Mul", [out, one], name=fresh_name(f"{UNIT}_Mul"))
+        scaled.outputs[0].dtype, scaled.outputs[0].shape = out.dtype, out.shape
+        scaled.outputs[0].name = fresh_name(f"{UNIT}_scores")
+        scaled.metadata_props[mark] = UNIT
+        graph.insert_after(matmul, [scaled])
+        for use in readers:
+            use.node.replace_input_with(use.idx, scaled.outputs[0])
+        added += 1
+    return added
+
+
+def undo_unit_scales(graph: ir.Graph, mark: str) -> int:
+    """Take out every factor of 1 ``unit_scales`` put on scores no fusion took."""
+    undone = 0
+    for scaled in [n for n in graph if n.metadata_props.get(mark) == UNIT]:
+        if scaled.outputs[0].is_graph_output():
+            continue
+        scaled.outputs[0].replace_all_uses_with(scaled.inputs[0])
+        graph.remove(scaled, safe=True)
+        undone += 1
+    return undone
+
+
+def _already_scaled(scores: ir.Value) -> bool:
+    """Whether the one reader of ``scores`` multiplies or divides them (by a constant or
+    not: a scale the patterns read, or refuse by name), other than a soft-cap's
+    ``s / c`` into a Tanh."""
+    (use,) = scores.uses()  # reads_into_softmax: one reader
+    reader = use.node
+    if reader.op_type not in ("Mul", "Div") or reader.domain not in _ONNX:
+        return False
+    if reader.op_type == "Div" and use.idx != 0:
+        return False
+    return not any(u.node.op_type == "Tanh" for u in reader.outputs[0].uses())

@@ -275,7 +275,8 @@ def test_markdown_lists_the_top_near_misses(bert_report):
     for pattern, count in bert_report["fusions"].items():
         assert f"| {pattern} | {count} |" in text
     assert f"### Near misses: {len(bert_report['near_misses'])}" in text
-    assert bert_report["near_misses"][0]["reason"] in text
+    # the cells escape Markdown's special characters (brackets of a perm, underscores)
+    assert bert_report["near_misses"][0]["reason"] in text.replace("\\", "")
     assert "Profile" not in text
 
 

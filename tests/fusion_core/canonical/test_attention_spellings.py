@@ -73,6 +73,16 @@ class Spelling:
     softcap_by_mul: bool  # s * (1 / c) rather than s / c into the tanh
     repeat: str  # "none" (as many KV heads), "repeat_kv", "broadcast" (one KV head)
     cache: bool
+    # repeat_kv written as Expand (transformers), Tile or Concat of the unsqueezed heads,
+    # or a Gather of each query head's KV head (repeat_interleave)
+    repeat_by: str = "expand"
+    # the mask: Where(allowed, 0, lowest) added to the scores; Where(blocked, lowest, 0)
+    # added; masked_fill of the scores themselves, Where(allowed, scores, lowest) (GPT-2,
+    # GPT-J, Falcon eager); or the float mask (1 - allowed) * lowest added (BERT-era)
+    mask: str = "where"
+    # eager: where the scale is, on the scores, on Q's projection (OPT, BART, Whisper:
+    # q_proj(x) * scaling) or nowhere (T5: folded into the weights at training)
+    scale_at: str = "scores"
 
 
 @st.composite
@@ -86,6 +96,7 @@ def spellings(draw) -> Spelling:
         repeat = draw(st.sampled_from(["none", "repeat_kv", "broadcast"]))
     kv_heads = {"none": heads, "repeat_kv": heads // 2, "broadcast": 1}[repeat]
     sdpa = draw(st.booleans())  # SDPA cannot soft-cap: transformers runs Gemma-2 eager
+    repeat_by = draw(st.sampled_from(["expand", "tile", "concat", "gather"]))
     return Spelling(
         heads=heads,
         kv_heads=kv_heads,
@@ -103,6 +114,9 @@ def spellings(draw) -> Spelling:
         softcap_by_mul=draw(st.booleans()),
         repeat=repeat,
         cache=draw(st.booleans()),
+        repeat_by=repeat_by if repeat == "repeat_kv" else "expand",
+        mask=draw(st.sampled_from(["where", "where_blocked", "masked_fill", "additive"])),
+        scale_at="scores" if sdpa else draw(st.sampled_from(["scores", "projection", "none"])),
     )
 
 
@@ -115,7 +129,11 @@ def _projections(s: Spelling, rng: np.random.Generator, inits: dict) -> list[str
         for p, count in (("q", n), ("k", kv), ("v", kv)):
             inits[f"w{p}"] = rng.standard_normal((HIDDEN, count * h)) * 0.3
             inits[f"{p}_split"] = np.array([0, 0, count, h], np.int64)
-            body += [f"{p}m = MatMul (x, w{p})", f"{p}r = Reshape ({p}m, {p}_split)"]
+            body.append(f"{p}m = MatMul (x, w{p})")
+            if p == "q" and s.scale_at == "projection":  # OPT: q_proj(x) * scaling
+                body += ["qm_s = Mul (qm, scale)", "qr = Reshape (qm_s, q_split)"]
+                continue
+            body.append(f"{p}r = Reshape ({p}m, {p}_split)")
         return body
     if s.projection == "per_head":
         inits["wqkv"] = rng.standard_normal((HIDDEN, n * 3 * h)) * 0.3
@@ -194,7 +212,11 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "one_f": np.array(1.0, np.float32),
         "eps": np.array(1e-6, np.float32),
         "zero_f": np.array(0.0, np.float32),
-        "masked": np.array(-np.inf if s.sdpa else np.finfo(np.float32).min, np.float32),
+        # (1 - allowed) * -inf is NaN where allowed: the float mask takes the lowest
+        "masked": np.array(
+            -np.inf if s.sdpa and s.mask != "additive" else np.finfo(np.float32).min,
+            np.float32,
+        ),
         "scale": np.array(h**-0.5, np.float32),
         "root_h": np.array(h**0.5, np.float32),
         "cap": np.array(s.softcap, np.float32),
@@ -292,16 +314,7 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         body.append("past_len = Identity (start)")
         key, value = "k_emb", "vt"
     for p, source in (("k", key), ("v", value)):
-        if s.repeat != "repeat_kv":  # as many heads, or one broadcast by the MatMuls
-            body.append(f"{p}_rep = Identity ({source})")
-            continue
-        inits["repeat"] = np.array([1, 1, n // kv, 1, 1], np.int64)
-        inits["kv_merge"] = np.array([0, n, -1, h], np.int64)
-        body += [
-            f"{p}_u = Unsqueeze ({source}, axis_2)",
-            f"{p}_e = Expand ({p}_u, repeat)",
-            f"{p}_rep = Reshape ({p}_e, kv_merge)",
-        ]
+        body += _repeat_kv(s, p, source, inits)
     body += [
         "x_shape = Shape (x)",
         "seq_len = Gather <axis = 0> (x_shape, index_1)",
@@ -314,30 +327,36 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "mask_u = Unsqueeze (attention_mask, axes_pad)",
         "padding = Cast <to = 9> (mask_u)",
         "allowed = And (causal, padding)",
-        "bias = Where (allowed, zero_f, masked)",
         "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
     ]
+    if s.scale_at == "projection" and s.projection != "separate":
+        body.append("q_scores = Mul (q_emb, scale)")  # the scale on the rotated heads
+    else:
+        body.append("q_scores = Identity (q_emb)")
     if s.sdpa:  # TorchScript's SDPA: 1 / sqrt(sqrt(H)) on Q and K^T, from Q's shape
         body += [
-            "qe_shape = Shape (q_emb)",
+            "qe_shape = Shape (q_scores)",
             "head_size = Gather <axis = 0> (qe_shape, index_3)",
             "head_f = Cast <to = 1> (head_size)",
             "root = Sqrt (head_f)",
             "inverse = Div (one_f, root)",
             "root_scale = Sqrt (inverse)",
-            "qs = Mul (q_emb, root_scale)",
+            "qs = Mul (q_scores, root_scale)",
             "ks = Mul (kT, root_scale)",
             "scores = MatMul (qs, ks)",
-            "biased = Add (scores, bias)",
+            *_masked(s, "scores", "biased"),
             "p = Softmax <axis = -1> (biased)",
             "nan = IsNaN (p)",
             "probs = Where (nan, zero_f, p)",
         ]
     else:
-        body += [
-            "qk = MatMul (q_emb, kT)",
-            "scaled = Div (qk, root_h)" if s.scale_by_div else "scaled = Mul (qk, scale)",
-        ]
+        body.append("qk = MatMul (q_scores, kT)")
+        if s.scale_at != "scores":  # on Q already, or nowhere
+            body.append("scaled = Identity (qk)")
+        else:
+            body.append(
+                "scaled = Div (qk, root_h)" if s.scale_by_div else "scaled = Mul (qk, scale)"
+            )
         if s.softcap:  # Gemma-2: c * tanh(s / c) before the mask
             body += [
                 "cap_in = Mul (scaled, inverse_cap)"
@@ -348,10 +367,7 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
             ]
         else:
             body.append("scores = Identity (scaled)")
-        body += [
-            "biased = Add (scores, bias)",
-            "probs = Softmax <axis = -1> (biased)",
-        ]
+        body += [*_masked(s, "scores", "biased"), "probs = Softmax <axis = -1> (biased)"]
     body += [
         "context = MatMul (probs, v_rep)",
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
@@ -363,6 +379,50 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         {chr(10).join(body)}
     }}"""
     return build_model(text, inits)
+
+
+def _repeat_kv(s: Spelling, p: str, source: str, inits: dict) -> list[str]:
+    """``{p}_rep``: the ``[B, N, L, H]`` heads each query head reads, from ``source``'s
+    ``[B, KV, L, H]``: query head ``i`` reads KV head ``i // (N / KV)``."""
+    n, kv, h = s.heads, s.kv_heads, s.size
+    if s.repeat != "repeat_kv":  # as many heads, or one broadcast by the MatMuls
+        return [f"{p}_rep = Identity ({source})"]
+    group = n // kv
+    inits["kv_merge"] = np.array([0, n, -1, h], np.int64)
+    if s.repeat_by == "gather":  # torch.repeat_interleave(x, group, dim=1)
+        inits["kv_of_head"] = np.arange(n, dtype=np.int64) // group
+        return [f"{p}_rep = Gather <axis = 1> ({source}, kv_of_head)"]
+    repeated = {
+        "expand": f"{p}_e = Expand ({p}_u, repeat)",
+        "tile": f"{p}_e = Tile ({p}_u, repeat)",
+        "concat": f"{p}_e = Concat <axis = 2> ({', '.join([f'{p}_u'] * group)})",
+    }[s.repeat_by]
+    inits["repeat"] = np.array([1, 1, group, 1, 1], np.int64)
+    return [
+        f"{p}_u = Unsqueeze ({source}, axis_2)",
+        repeated,
+        f"{p}_rep = Reshape ({p}_e, kv_merge)",
+    ]
+
+
+def _masked(s: Spelling, scores: str, out: str) -> list[str]:
+    """``out``: ``scores`` with the mask ``allowed`` applied, spelled as ``s.mask`` says."""
+    if s.mask == "where":
+        return ["bias = Where (allowed, zero_f, masked)", f"{out} = Add ({scores}, bias)"]
+    if s.mask == "where_blocked":
+        return [
+            "blocked = Not (allowed)",
+            "bias = Where (blocked, masked, zero_f)",
+            f"{out} = Add ({scores}, bias)",
+        ]
+    if s.mask == "masked_fill":
+        return [f"{out} = Where (allowed, {scores}, masked)"]
+    return [  # "additive": (1 - allowed) * lowest
+        "allowed_f = Cast <to = 1> (allowed)",
+        "inverted = Sub (one_f, allowed_f)",
+        "bias = Mul (inverted, masked)",
+        f"{out} = Add ({scores}, bias)",
+    ]
 
 
 def feeds(s: Spelling, batch: int, seq: int, past: int, *, padded: bool) -> dict:

@@ -534,9 +534,9 @@ def test_softmax_that_is_not_attention_is_not_explained():
 @pytest.mark.parametrize(
     ("case", "pattern", "scale"),
     [
-        (dict(scale=None), "attention_mha_unscaled", 1.0),
-        (dict(scale=None, mask=None), "attention_mha_unscaled_no_mask", 1.0),
-        (dict(scale=None, mask=None, prescale_q=True), "attention_mha_unscaled_no_mask", 1.0),
+        (dict(scale=None), "attention_mha", 1.0),
+        (dict(scale=None, mask=None), "attention_mha_no_mask", 1.0),
+        (dict(scale=None, mask=None, prescale_q=True), "attention_mha_no_mask", 1.0),
     ],
     ids=["t5-unscaled-with-bias", "unscaled-no-mask", "whisper-query-scaled-first"],
 )

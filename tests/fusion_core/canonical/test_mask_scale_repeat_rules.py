@@ -1,0 +1,323 @@
+"""The rules ``mask_as_bias``, ``unit_scale`` and ``repeat_kv`` on small graphs: what each
+rewrites into the one spelling the attention rewriters read, what it leaves alone (a
+look-alike that computes something else), that it changes no value (onnxruntime,
+optimizations off, rtol = atol = 0) and that a second run changes nothing. The
+generated attention blocks of test_attention_spellings.py combine them with the rest."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from autofusion.fusion_core.canonical import canonical_form, undo_unused
+from autofusion.fusion_core.testing import build_model, op_sequence, run_both
+
+EXACT = dict(rtol=0, atol=0)
+LOWEST = np.finfo(np.float32).min
+# q positions 2..4 (a past of 2) against key positions 0..4, and a padding mask
+MASK_INPUTS = "float[2, 3, 4] q, float[2, 4, 5] kt, int64[2, 5] attention_mask"
+INDICES = [
+    "qk = MatMul (q, kt)",
+    "kv_pos = Range (start, total, step)",
+    "q_pos = Range (past, total, step)",
+    "kv_u = Unsqueeze (kv_pos, axis_0)",
+    "q_u = Unsqueeze (q_pos, axis_1)",
+]
+INTS = {
+    "start": np.array(0, np.int64),
+    "past": np.array(2, np.int64),
+    "total": np.array(5, np.int64),
+    "step": np.array(1, np.int64),
+    "axis_0": np.array([0], np.int64),
+    "axis_1": np.array([1], np.int64),
+    "axis_2": np.array([2], np.int64),
+    "pad_axes": np.array([1], np.int64),
+    "zero_i": np.array(0, np.int64),
+    "zero_f": np.array(0.0, np.float32),
+    "one_f": np.array(1.0, np.float32),
+    "lowest": np.array(LOWEST, np.float32),
+    "minus_inf": np.array(-np.inf, np.float32),
+    "finite": np.array(-10000.0, np.float32),
+}
+
+
+def _canonical(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, int, ir.Model]:
+    """The model in canonical form, the rules that applied, what a second run did, and
+    the graph in onnx-ir (for undo_unused)."""
+    work = ir.from_proto(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
+    counter = itertools.count()
+
+    def fresh(hint: str) -> str:
+        return f"{hint}__{next(counter)}"
+
+    done = canonical_form(work.graph, fresh)
+    again = sum(canonical_form(work.graph, fresh).values())
+    return ir.to_proto(work), dict(done), again, work
+
+
+def _masked(body: list[str], inputs: str = MASK_INPUTS) -> onnx.ModelProto:
+    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    g ({inputs}) => (float[2, 3, 5] y) {{
+        {chr(10).join([*INDICES, *body, "y = Softmax <axis = -1> (masked)"])}
+    }}"""
+    return build_model(text, INTS)
+
+
+def _feeds(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((2, 5), np.int64)
+    mask[1, :2] = 0  # left padding
+    return {
+        "q": rng.standard_normal((2, 3, 4)).astype(np.float32),
+        "kt": rng.standard_normal((2, 4, 5)).astype(np.float32),
+        "attention_mask": mask,
+    }
+
+
+CAUSAL_BLOCKED = "blocked = Greater (kv_u, q_u)"  # key after the query: not allowed
+PADDING = ["pad_u = Unsqueeze (attention_mask, pad_axes)", "pad = Cast <to = 9> (pad_u)"]
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return op_sequence(model)
+
+
+@pytest.mark.parametrize("fill", ["lowest", "minus_inf", "finite"])
+def test_a_blocked_condition_becomes_an_allowed_one_without_a_not(fill) -> None:
+    model = _masked(
+        [
+            CAUSAL_BLOCKED,
+            "pad_u = Unsqueeze (attention_mask, pad_axes)",
+            "unpadded = Equal (pad_u, zero_i)",
+            "either = Or (blocked, unpadded)",
+            f"bias = Where (either, {fill}, zero_f)",
+            "masked = Add (qk, bias)",
+        ]
+    )
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"mask_as_bias": 1} and again == 0
+    ops = _ops(canonical)
+    # Greater flipped to LessOrEqual, x == 0 to Cast(x, bool), Or to And by De Morgan
+    assert "Not" not in ops and "Or" not in ops and "Equal" not in ops, ops
+    assert {"LessOrEqual", "And", "Cast"} <= set(ops), ops
+    run_both(model, canonical, feeds=_feeds(), **EXACT)
+
+
+def test_a_blocked_float_comparison_is_negated_by_a_not() -> None:
+    """``not (a > b)`` is not ``a <= b`` where a is NaN: floats keep a Not."""
+    model = _masked(
+        [
+            "kv_f = Cast <to = 1> (kv_u)",
+            "q_f = Cast <to = 1> (q_u)",
+            "blocked = Greater (kv_f, q_f)",
+            "bias = Where (blocked, lowest, zero_f)",
+            "masked = Add (qk, bias)",
+        ]
+    )
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"mask_as_bias": 1} and again == 0
+    assert "Not" in _ops(canonical) and "Greater" in _ops(canonical)
+    run_both(model, canonical, feeds=_feeds(), **EXACT)
+
+
+@pytest.mark.parametrize("fill", ["lowest", "minus_inf"])
+@pytest.mark.parametrize("blocked_first", [False, True])
+def test_masked_fill_of_the_scores_becomes_an_added_bias(fill, blocked_first) -> None:
+    body = [CAUSAL_BLOCKED]
+    if blocked_first:  # Where(blocked, fill, scores)
+        body.append(f"masked = Where (blocked, {fill}, qk)")
+    else:  # Where(allowed, scores, fill)
+        body += ["allowed = Not (blocked)", f"masked = Where (allowed, qk, {fill})"]
+    model = _masked(body)
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"mask_as_bias": 1} and again == 0
+    ops = _ops(canonical)
+    assert ops.count("Where") == 1 and "Add" in ops and "Not" not in ops, ops
+    run_both(model, canonical, feeds=_feeds(), **EXACT)
+
+
+def test_masked_fill_with_a_finite_value_stays() -> None:
+    """``scores - 10000`` is not ``-10000``: a fully masked row would differ."""
+    model = _masked(["allowed = LessOrEqual (kv_u, q_u)", "masked = Where (allowed, qk, finite)"])
+    assert _canonical(model)[1] == {}
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["one-minus-times-lowest", "masked-fill"])
+def test_the_float_mask_one_minus_m_times_lowest_becomes_where(older) -> None:
+    body = [
+        "allowed = LessOrEqual (kv_u, q_u)",
+        "allowed_f = Cast <to = 1> (allowed)",
+        "inverted = Sub (one_f, allowed_f)",
+    ]
+    if older:  # transformers' _expand_mask: inverted.masked_fill(inverted.bool(), lowest)
+        body += [
+            "inverted_b = Cast <to = 9> (inverted)",
+            "bias = Where (inverted_b, lowest, inverted)",
+        ]
+    else:
+        body.append("bias = Mul (inverted, lowest)")
+    model = _masked([*body, "masked = Add (qk, bias)"])
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"mask_as_bias": 1} and again == 0
+    ops = _ops(canonical)
+    assert "Sub" not in ops and "Mul" not in ops and ops.count("Where") == 1, ops
+    run_both(model, canonical, feeds=_feeds(), **EXACT)
+
+
+def test_the_float_mask_times_minus_inf_stays() -> None:
+    """``(1 - 1) * -inf`` is NaN, not 0: no Where computes that."""
+    model = _masked(
+        [
+            "allowed = LessOrEqual (kv_u, q_u)",
+            "allowed_f = Cast <to = 1> (allowed)",
+            "inverted = Sub (one_f, allowed_f)",
+            "bias = Mul (inverted, minus_inf)",
+            "masked = Add (qk, bias)",
+        ]
+    )
+    assert "mask_as_bias" not in _canonical(model)[1]
+
+
+def test_a_where_no_softmax_reads_stays() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (bool[4] c, float[4] x) => (float[4] y) {
+        y = Where (c, lowest, zero_f)
+    }"""
+    model = build_model(text, INTS)
+    assert _canonical(model)[1] == {}
+
+
+ATTENTION = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[2, 2, 3, 4] q, float[2, 2, 4, 3] kt, float[2, 2, 3, 4] v) => (float[2, 2, 3, 4] y) {{
+    {body}
+    p = Softmax <axis = -1> (scores)
+    y = MatMul (p, v)
+}}"""
+
+
+def _attention(body: list[str], inits: dict | None = None) -> onnx.ModelProto:
+    return build_model(ATTENTION.format(body="\n".join(body)), {**INTS, **(inits or {})})
+
+
+def _attention_feeds() -> dict:
+    rng = np.random.default_rng(1)
+    shapes = {"q": (2, 2, 3, 4), "kt": (2, 2, 4, 3), "v": (2, 2, 3, 4)}
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def test_unscaled_scores_are_multiplied_by_one_and_the_one_taken_out_again() -> None:
+    model = _attention(["scores = MatMul (q, kt)"])
+    canonical, done, again, work = _canonical(model)
+    assert done == {"unit_scale": 1} and again == 0
+    assert _ops(canonical) == ["MatMul", "Mul", "Softmax", "MatMul"]
+    run_both(model, canonical, feeds=_attention_feeds(), **EXACT)
+    assert undo_unused(work.graph)["unit_scale"] == 1
+    assert op_sequence(ir.to_proto(work)) == ["MatMul", "Softmax", "MatMul"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        ["qk = MatMul (q, kt)", "scores = Div (qk, root)"],
+        ["qk = MatMul (q, kt)", "scores = Mul (half, qk)"],
+    ],
+    ids=["div", "mul-first"],
+)
+def test_scaled_scores_get_no_second_scale(body) -> None:
+    model = _attention(body, {"root": np.array(2.0, np.float32), "half": np.array(0.5, np.float32)})
+    assert "unit_scale" not in _canonical(model)[1]
+
+
+def test_a_soft_caps_division_is_not_a_scale() -> None:
+    """Gemma-2 unscaled: ``c * tanh(s / c)``; the Div by c is the cap's, not a scale."""
+    model = _attention(
+        [
+            "qk = MatMul (q, kt)",
+            "into = Div (qk, cap)",
+            "capped = Tanh (into)",
+            "scores = Mul (capped, cap)",
+        ],
+        {"cap": np.array(5.0, np.float32)},
+    )
+    canonical, done, _, _ = _canonical(model)
+    assert done == {"unit_scale": 1}
+    assert _ops(canonical)[:3] == ["MatMul", "Mul", "Div"]
+    run_both(model, canonical, feeds=_attention_feeds(), **EXACT)
+
+
+REPEAT = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[batch, 2, seq, 4] kv) => (float[batch, 6, seq, 4] y) {{
+    {body}
+}}"""
+REPEAT_INTS = {
+    "axis_2": np.array([2], np.int64),
+    "merge": np.array([0, 6, -1, 4], np.int64),
+    "repeats": np.array([1, 1, 3, 1, 1], np.int64),
+}
+
+
+def _repeat(body: list[str], inits: dict | None = None) -> onnx.ModelProto:
+    return build_model(REPEAT.format(body="\n".join(body)), {**REPEAT_INTS, **(inits or {})})
+
+
+def _repeat_feeds() -> dict:
+    kv = np.random.default_rng(2).standard_normal((2, 2, 5, 4)).astype(np.float32)
+    return {"kv": kv}
+
+
+@pytest.mark.parametrize("by", ["Tile", "Concat"])
+def test_kv_heads_repeated_by_tile_or_concat_are_repeated_by_expand(by) -> None:
+    repeated = "e = Tile (u, repeats)" if by == "Tile" else "e = Concat <axis = 2> (u, u, u)"
+    model = _repeat(["u = Unsqueeze (kv, axis_2)", repeated, "y = Reshape (e, merge)"])
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"repeat_kv": 1} and again == 0
+    assert _ops(canonical) == ["Unsqueeze", "Expand", "Reshape"]
+    run_both(model, canonical, feeds=_repeat_feeds(), **EXACT)
+
+
+def test_a_tile_of_an_axis_longer_than_one_stays() -> None:
+    """Tiling heads [h0, h1] gives [h0, h1, h0, h1, ...]: no Expand does that."""
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[batch, 2, seq, 4] kv) => (float[batch, 6, seq, 4] y) {
+        y = Tile (kv, repeats)
+    }"""
+    model = build_model(text, {"repeats": np.array([1, 3, 1, 1], np.int64)})
+    assert _canonical(model)[1] == {}
+
+
+def test_a_gather_of_each_query_heads_kv_head_is_repeat_kv_and_put_back_unused() -> None:
+    model = _repeat(
+        ["g = Gather <axis = 1> (kv, heads)", "y = Identity (g)"],
+        {"heads": np.array([0, 0, 0, 1, 1, 1])},
+    )
+    canonical, done, again, work = _canonical(model)
+    assert done == {"repeat_kv": 1} and again == 0
+    assert _ops(canonical) == ["Unsqueeze", "Expand", "Reshape", "Identity"]
+    run_both(model, canonical, feeds=_repeat_feeds(), **EXACT)
+    assert undo_unused(work.graph)["repeat_kv"] == 1
+    restored = ir.to_proto(work)
+    assert op_sequence(restored) == ["Gather", "Identity"]
+    run_both(model, restored, feeds=_repeat_feeds(), **EXACT)
+
+
+@pytest.mark.parametrize("heads", [[0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+def test_a_gather_of_heads_in_another_order_stays(heads) -> None:
+    model = _repeat(
+        ["g = Gather <axis = 1> (kv, heads)", "y = Identity (g)"], {"heads": np.array(heads)}
+    )
+    assert _canonical(model)[1] == {}
+
+
+def test_a_masked_fill_no_fusion_took_is_put_back() -> None:
+    model = _masked([CAUSAL_BLOCKED, "masked = Where (blocked, lowest, qk)"])
+    canonical, done, _, work = _canonical(model)
+    assert done == {"mask_as_bias": 1}
+    assert undo_unused(work.graph)["mask_as_bias"] == 1
+    restored = ir.to_proto(work)
+    ops = op_sequence(restored)
+    assert ops.count("Where") == 1 and "Add" not in ops and "Greater" not in ops, ops
+    run_both(model, restored, feeds=_feeds(), **EXACT)
