@@ -47,15 +47,19 @@ DOCS_ASSETS = "/docs/assets"  # Swagger UI's files
 
 def _sync_builtins(url: str) -> None:
     """This release's built-in patterns into the registry (new ones added, unedited ones
-    updated: ``sync_builtins``)."""
+    updated, ones it no longer ships retired: ``sync_builtins``)."""
     try:
         with session_scope(url) as session:
-            added, updated = sync_builtins(session)
+            synced = sync_builtins(session)
     except IntegrityError:  # another process of the service inserted them first
         logger.info("built-in patterns: synced by another process")
         return
-    if added or updated:
-        logger.info("built-in patterns: %d added to the registry, %d updated", added, updated)
+    if any(synced):
+        logger.info(
+            "built-in patterns: %d added to the registry, %d updated, %d retired "
+            "(no longer shipped)",
+            *synced,
+        )
 
 
 def create_app(settings: Settings | None = None, *, companion: Companion | None = None) -> FastAPI:

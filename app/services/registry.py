@@ -9,7 +9,8 @@ are reproducible, and a change applies to the next job without restarting anythi
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import Counter
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -30,6 +31,7 @@ __all__ = [
     "list_patterns",
     "pattern_history",
     "registry_version",
+    "BuiltinSync",
     "sync_builtins",
     "snapshot",
 ]
@@ -87,31 +89,49 @@ def _record_version(
 BUILTIN_ACTOR = "builtin"
 
 
-def sync_builtins(session: Session) -> tuple[int, int]:
-    """Bring the registry's built-ins to this release's; returns (added, updated).
+class BuiltinSync(NamedTuple):
+    """What one start's ``sync_builtins`` changed in the registry."""
+
+    added: int
+    updated: int
+    retired: int
+
+
+def sync_builtins(session: Session) -> BuiltinSync:
+    """Bring the registry's built-ins to this release's.
 
     A built-in the registry has never had is inserted (the first start of an empty
     registry inserts them all), so an upgrade brings its new patterns to the service. A
     built-in whose spec only releases have written is updated to this release's; one a
     user has updated or deleted is theirs from then on and left as it is (a disable
-    keeps the pattern disabled, with the new spec). All of it is one registry version."""
+    keeps the pattern disabled, with the new spec). A built-in this release no longer
+    ships (its spelling now comes from the canonical form, or another pattern took it)
+    is retired, deleted by the release, when only releases wrote its spec; a later
+    release that ships it again brings it back. All of it is one registry version."""
     records = {r.name: r for r in session.scalars(select(PatternRecord))}
     authors = _spec_authors(session)
-    added, updated = [], []
-    for raw in builtin_pattern_data():
-        spec = json.loads(json.dumps(raw))  # as the JSON column gives it back
-        record = records.get(spec["name"])
+    released = {raw["name"]: json.loads(json.dumps(raw)) for raw in builtin_pattern_data()}
+    added, updated, revived = [], [], []
+    for name, spec in released.items():  # as the JSON column gives it back
+        record = records.get(name)
         if record is None:
             added.append(spec)
-        elif (
-            record.builtin
-            and not record.deleted
-            and authors.get(record.name) == BUILTIN_ACTOR
-            and record.spec != spec
-        ):
+        elif not (record.builtin and authors.get(name) == BUILTIN_ACTOR):
+            continue  # a user's pattern of that name, or a built-in a user edited
+        elif record.deleted and _retired(session, name):
+            revived.append((record, spec))
+        elif not record.deleted and record.spec != spec:
             updated.append((record, spec))
-    if not added and not updated:
-        return 0, 0
+    retired = [
+        record
+        for name, record in records.items()
+        if name not in released
+        and record.builtin
+        and not record.deleted
+        and authors.get(name) == BUILTIN_ACTOR
+    ]
+    if not added and not updated and not revived and not retired:
+        return BuiltinSync(0, 0, 0)
     version = _bump(session)
     for spec in added:
         record = PatternRecord(
@@ -119,11 +139,28 @@ def sync_builtins(session: Session) -> tuple[int, int]:
         )
         session.add(record)
         _record_version(session, record, "create", version, BUILTIN_ACTOR)
-    changed = [record for record, spec in updated if _swap(session, record, spec=spec)]
-    for record in changed:
-        _record_version(session, record, "update", version, BUILTIN_ACTOR)
+    changes = [(r, "update", {"spec": spec}) for r, spec in updated]
+    changes += [(r, "create", {"spec": spec, "deleted": False}) for r, spec in revived]
+    changes += [(r, "delete", {"deleted": True}) for r in retired]
+    done: Counter[str] = Counter()
+    for record, change, values in changes:
+        if _swap(session, record, **values):
+            _record_version(session, record, change, version, BUILTIN_ACTOR)
+            done[change] += 1
     session.flush()
-    return len(added), len(changed)
+    return BuiltinSync(len(added) + done["create"], done["update"], done["delete"])
+
+
+def _retired(session: Session, name: str) -> bool:
+    """Whether the latest change of a deleted pattern was a release's retirement (not a
+    user's delete, which stays theirs)."""
+    latest = session.scalars(
+        select(PatternVersion)
+        .where(PatternVersion.name == name)
+        .order_by(PatternVersion.version.desc())
+        .limit(1)
+    ).first()
+    return latest is not None and latest.change == "delete" and latest.created_by == BUILTIN_ACTOR
 
 
 def _spec_authors(session: Session) -> dict[str, str | None]:

@@ -241,7 +241,7 @@ def test_a_pattern_can_carry_its_own_kernel_factor() -> None:
     cap faster: the factor belongs to those patterns, not to the rewriter."""
     cpu = load_target_profile("cpu")
     assert cpu.kernel_factor("group_query_attention", "attention_gqa_eager_softcap") > 5
-    assert cpu.kernel_factor("group_query_attention", "attention_gqa_sdpa") == 1.0
+    assert cpu.kernel_factor("group_query_attention", "attention_gqa_sdpa_kt") == 1.0
     assert cpu.kernel_factor("skip_layer_norm", "skip_layer_norm_pre_ln") == 12.7
     roofline = load_target_profile("cpu-roofline")
     assert roofline.kernel_factor("group_query_attention", "attention_gqa_eager_softcap") == 1.0

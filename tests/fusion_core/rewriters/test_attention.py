@@ -1,4 +1,4 @@
-"""``attention`` (attention_mha, attention_mha_no_mask, attention_mha_sdpa): the
+"""``attention`` (attention_mha, attention_mha_no_mask, attention_mha_sdpa_kt): the
 scaled-dot-product core of multi-head attention, after ``qkv_bias_merge``, as
 com.microsoft MultiHeadAttention (the SDPA form is at the end of this file). On the
 onnxruntime target these tests stop there: the packing of the merged projection and
@@ -313,7 +313,8 @@ def test_no_fusion_when_the_target_is_computed():
 
 
 # ---------------------------------------------------------------------------------------
-# attention_mha_sdpa: the same block as dynamo exports scaled_dot_product_attention.
+# attention_mha_sdpa_kt: the same block as dynamo exports scaled_dot_product_attention
+# (its K^T by a 3-D Reshape/Transpose/Reshape is one Transpose after kt_by_reshape).
 
 
 def sdpa_model(
