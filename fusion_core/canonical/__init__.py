@@ -17,6 +17,8 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``mask_as_bias`` (``_masks.py``): a mask applied in any of the usual ways (a blocked
   condition, the float mask ``(1 - m) * lowest``, masked_fill of the scores) is
   ``Where(allowed, 0, negative)`` added to the scores;
+* ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
+  added to the scores one after the other are summed first, so the scores take one;
 * ``repeat_kv`` (``_repeats.py``): KV heads repeated by Tile, Concat or a Gather are
   repeated as transformers' repeat_kv (Unsqueeze, Expand, Reshape);
 * ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
@@ -55,6 +57,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
 from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
@@ -109,6 +112,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "scale_to_scores": scales_to_scores,
     "unit_scale": unit_scales,
     "mask_as_bias": masks_as_bias,
+    "one_bias": biases_summed,
     "repeat_kv": repeats_as_expand,
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
@@ -131,6 +135,7 @@ _WORDS = {
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
+    "one_bias": "a mask and another bias added to the scores one after the other summed first",
     "repeat_kv": "repeated key/value heads written as Unsqueeze, Expand, Reshape",
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",

@@ -24,8 +24,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     ("modernbert_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
     ("modernbert_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("modernbert_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
-    ("t5_encoder_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
-    ("t5_encoder_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
     # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
     # architecture has (_llm_expect.py) and autofusion does not fuse yet
     ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,

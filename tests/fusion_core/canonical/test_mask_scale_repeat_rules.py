@@ -321,3 +321,49 @@ def test_a_masked_fill_no_fusion_took_is_put_back() -> None:
     ops = op_sequence(restored)
     assert ops.count("Where") == 1 and "Add" not in ops and "Greater" not in ops, ops
     run_both(model, restored, feeds=_feeds(), **EXACT)
+
+
+def _biased(body: list[str]) -> onnx.ModelProto:
+    """Rank-4 scores (two heads), a causal mask and a position bias per head."""
+    inputs = "float[2, 2, 3, 4] q, float[2, 2, 4, 5] kt, float[1, 2, 3, 5] position"
+    lines = [*INDICES[1:], "scores = MatMul (q, kt)", *body, "y = Softmax <axis = -1> (masked)"]
+    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    g ({inputs}) => (float[2, 2, 3, 5] y) {{
+        {chr(10).join(lines)}
+    }}"""
+    return build_model(text, INTS)
+
+
+def _biased_feeds() -> dict:
+    rng = np.random.default_rng(3)
+    shapes = {"q": (2, 2, 3, 4), "kt": (2, 2, 4, 5), "position": (1, 2, 3, 5)}
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize("mask_first", [False, True])
+def test_a_position_bias_and_a_mask_added_in_turn_are_summed_first(mask_first) -> None:
+    """T5: ``(scores + position) + mask``; the scores take one bias, exactly."""
+    first, second = ("bias", "position") if mask_first else ("position", "bias")
+    model = _biased(
+        [
+            "allowed = LessOrEqual (kv_u, q_u)",
+            "bias = Where (allowed, zero_f, lowest)",
+            f"positioned = Add (scores, {first})",
+            f"masked = Add (positioned, {second})",
+        ]
+    )
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"one_bias": 1, "unit_scale": 1} and again == 0
+    graph = canonical.graph
+    (softmax,) = [n for n in graph.node if n.op_type == "Softmax"]
+    (last_add,) = [n for n in graph.node if n.output[0] == softmax.input[0]]
+    producers = {o: n for n in graph.node for o in n.output}
+    assert last_add.op_type == "Add" and producers[last_add.input[1]].op_type == "Add"
+    assert producers[last_add.input[0]].op_type == "Mul"  # the unit scale on the scores
+    run_both(model, canonical, feeds=_biased_feeds(), **EXACT)
+
+
+def test_two_biases_neither_a_mask_stay() -> None:
+    """``(s + a) + b`` and ``s + (a + b)`` round differently for general a and b."""
+    model = _biased(["positioned = Add (scores, position)", "masked = Add (positioned, position)"])
+    assert _canonical(model)[1] == {"unit_scale": 1}  # read as attention, not regrouped
