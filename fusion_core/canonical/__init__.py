@@ -29,6 +29,12 @@ running them before every round (a fusion may expose a spelling) changes nothing
   ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
   layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
   batch-first, and dynamo's K^T through a 3-D Reshape made one Transpose;
+* ``kt_of_heads`` (``_key_transpose.py``): K^T written as one Transpose ``[0, 2, 3,
+  1]`` of the head split is the swap ``[0, 1, 3, 2]`` of the key heads ``[0, 2, 1, 3]``,
+  as a decoder's K^T of its cache and dynamo's unoptimized export write it;
+* ``packed_heads`` (``_packed.py``): q, k and v picked from one projection viewed as
+  ``[B, S, P, N, H]`` (ModernBERT) by Split and Squeeze, Gather or Slice are head splits
+  of their own slices of it;
 * ``gather_nd_as_slice``, ``slice_before_transpose_of_one`` and ``transposes_composed``
   (``_picks.py``): one head picked out of a permuted projection (dynamo's Falcon) is a
   Slice of the head split;
@@ -63,7 +69,9 @@ from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
 )
+from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
 from autofusion.fusion_core.canonical._masks import masks_as_bias, undo_fills
+from autofusion.fusion_core.canonical._packed import packed_heads
 from autofusion.fusion_core.canonical._picks import (
     compose_transposes,
     gather_nd_as_slices,
@@ -118,9 +126,11 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "identity_slice": drop_identity_slices,
     "copied_dims": copy_reshape_dims,
     "packed_part": packed_parts_as_slices,
+    "packed_heads": packed_heads,
     "sequence_first_heads": sequence_first_heads,
     "sequence_first_merge": sequence_first_merges,
     "kt_by_reshape": kt_by_reshapes,
+    "kt_of_heads": kt_of_heads,
     "slice_before_transpose": slice_before_transpose,
     "gather_nd_as_slice": gather_nd_as_slices,
     "slice_before_transpose_of_one": slices_before_transposes,
@@ -141,9 +151,11 @@ _WORDS = {
     "identity_slice": "Slices that keep their input's whole shape removed",
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
     "packed_part": "parts picked from a packed projection made Slices",
+    "packed_heads": "parts picked from a [.., P, N, H] view of one projection made head splits",
     "sequence_first_heads": "sequence-first head splits made batch-first",
     "sequence_first_merge": "sequence-first head merges made batch-first",
     "kt_by_reshape": "K^T written Reshape, Transpose, Reshape made one Transpose",
+    "kt_of_heads": "K^T written as one Transpose of the head split made the swap of the key heads",
     "gather_nd_as_slice": "GatherNDs of one index made Slices",
     "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
     "transposes_composed": "Transposes of Transposes made one",
@@ -169,8 +181,9 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
     """Take out what the rules inserted and no fusion took: each merge/split pair that
     still reads as a pair (the split's readers read the merge's input again), each
     scale on scores still there (``undo_scales``, ``undo_unit_scales``), each repeat
-    that was a Gather (``undo_gathers``) and each masked_fill of the scores that was made
-    an added bias (``undo_fills``). Returns how many, per rule."""
+    that was a Gather (``undo_gathers``), each masked_fill of the scores that was made
+    an added bias (``undo_fills``) and each K^T split in two (``undo_kt_splits``).
+    Returns how many, per rule."""
     undone = 0
     for merge in [n for n in graph if n.metadata_props.get(MARK) == MERGE]:
         merged = merge.outputs[0]
@@ -193,6 +206,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "unit_scale": undo_unit_scales(graph, MARK),
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
+            "kt_of_heads": undo_kt_splits(graph, MARK),
         }
     )
 

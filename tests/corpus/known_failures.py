@@ -20,10 +20,6 @@ MODEL_FAILURES: dict[tuple[str, str], str] = {
     # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)
     ("deberta_v2_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
     ("deberta_v2_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
-    ("modernbert_eager_dynamo", "onnxruntime"): _ATTENTION_ORT,
-    ("modernbert_eager_torchscript", "onnxruntime"): _ATTENTION_ORT,
-    ("modernbert_sdpa_dynamo", "onnxruntime"): _ATTENTION_ORT,
-    ("modernbert_sdpa_torchscript", "onnxruntime"): _ATTENTION_ORT,
     # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
     # architecture has (_llm_expect.py) and autofusion does not fuse yet
     ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,

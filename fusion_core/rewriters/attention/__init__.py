@@ -5,7 +5,8 @@ the model's opset allows; below it the block is refused with that reason and the
 generic target folds the scale instead (``fold_scale``)::
 
     Q = Transpose(Reshape(q, [B, S, N, H]), perm=[0, 2, 1, 3])        q: [B, S, N * H]
-    K = Transpose(Reshape(k, [B, L, N, H]), perm=[0, 2, 3, 1])        K^T directly
+    K = Transpose(Transpose(Reshape(k, [B, L, N, H]), [0, 2, 1, 3]), [0, 1, 3, 2])
+                                  (K^T: the canonical form writes [0, 2, 3, 1] so)
     V = Transpose(Reshape(v, [B, L, N, H]), perm=[0, 2, 1, 3])
     P = Softmax(MatMul(Q, K) * c + M, axis=-1)       (or MatMul(Q, K) / c, c -> 1 / c)
     y = Reshape(Transpose(MatMul(P, V), perm=[0, 2, 1, 3]), [B, S, N * H])

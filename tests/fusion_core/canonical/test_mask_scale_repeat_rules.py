@@ -1,4 +1,5 @@
-"""The rules ``mask_as_bias``, ``unit_scale`` and ``repeat_kv`` on small graphs: what each
+"""The rules ``mask_as_bias``, ``unit_scale``, ``one_bias``, ``repeat_kv``, ``packed_heads``
+and ``kt_of_heads`` on small graphs: what each
 rewrites into the one spelling the attention rewriters read, what it leaves alone (a
 look-alike that computes something else), that it changes no value (onnxruntime,
 optimizations off, rtol = atol = 0) and that a second run changes nothing. The
@@ -367,3 +368,81 @@ def test_two_biases_neither_a_mask_stay() -> None:
     """``(s + a) + b`` and ``s + (a + b)`` round differently for general a and b."""
     model = _biased(["positioned = Add (scores, position)", "masked = Add (positioned, position)"])
     assert _canonical(model)[1] == {"unit_scale": 1}  # read as attention, not regrouped
+
+
+PACKED = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[batch, seq, 8] x) => (float[batch, 2, seq, 4] y) {{
+    p = MatMul (x, w)
+    r = Reshape (p, view)
+    {pick}
+    y = Transpose <perm = [0, 2, 1, 3]> (part)
+}}"""
+PACKED_INTS = {
+    "view": np.array([0, 0, 3, 2, 4], np.int64),
+    "parts_axis": np.array([2], np.int64),
+    "index": np.array(1, np.int64),
+    "from_1": np.array([1], np.int64),
+    "to_2": np.array([2], np.int64),
+    "w": np.random.default_rng(4).standard_normal((8, 24)).astype(np.float32),
+}
+
+
+@pytest.mark.parametrize(
+    "pick",
+    [
+        "q, k, v = Split <axis = -3, num_outputs = 3> (r)\n    part = Squeeze (k, parts_axis)",
+        "part = Gather <axis = 2> (r, index)",
+        "k = Slice (r, from_1, to_2, parts_axis)\n    part = Squeeze (k, parts_axis)",
+    ],
+    ids=["split", "gather", "slice"],
+)
+def test_a_part_of_a_packed_projection_viewed_by_parts_is_a_head_split(pick) -> None:
+    """ModernBERT: ``Wqkv(x).view(B, S, 3, N, H)``, part 1 (the key) picked."""
+    model = build_model(PACKED.format(pick=pick), PACKED_INTS)
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"packed_heads": 1} and again == 0
+    assert _ops(canonical) == ["MatMul", "Slice", "Reshape", "Transpose"]
+    feeds = {"x": np.random.default_rng(5).standard_normal((2, 3, 8)).astype(np.float32)}
+    run_both(model, canonical, feeds=feeds, **EXACT)
+
+
+def test_a_pick_on_another_axis_of_the_view_stays() -> None:
+    """Picking a head (axis 3) of ``[B, S, 3, N, H]`` is no part of the projection."""
+    text = PACKED.format(pick="part = Gather <axis = 3> (r, index)").replace(
+        "float[batch, 2, seq, 4] y", "float[batch, seq, 3, 4] y"
+    )
+    model = build_model(text, PACKED_INTS)
+    assert "packed_heads" not in _canonical(model)[1]
+
+
+def test_a_kt_by_one_transpose_is_the_swap_of_the_key_heads_and_composed_back() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[2, 2, 3, 4] q, float[2, 3, 2, 4] k) => (float[2, 2, 3, 3] y) {
+        kt = Transpose <perm = [0, 2, 3, 1]> (k)
+        qk = MatMul (q, kt)
+        scores = Mul (qk, half)
+        y = Softmax <axis = -1> (scores)
+    }"""
+    model = build_model(text, {"half": np.array(0.5, np.float32)})
+    canonical, done, again, work = _canonical(model)
+    assert done == {"kt_of_heads": 1} and again == 0
+    perms = [list(n.attribute[0].ints) for n in canonical.graph.node if n.op_type == "Transpose"]
+    assert perms == [[0, 2, 1, 3], [0, 1, 3, 2]]
+    rng = np.random.default_rng(6)
+    feeds = {
+        "q": rng.standard_normal((2, 2, 3, 4)).astype(np.float32),
+        "k": rng.standard_normal((2, 3, 2, 4)).astype(np.float32),
+    }
+    run_both(model, canonical, feeds=feeds, **EXACT)
+    assert undo_unused(work.graph)["kt_of_heads"] == 1
+    restored = ir.to_proto(work)
+    assert op_sequence(restored) == ["Transpose", "MatMul", "Mul", "Softmax"]
+    run_both(model, restored, feeds=feeds, **EXACT)
+
+
+def test_a_transpose_no_attention_reads_stays() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[2, 3, 2, 4] k) => (float[2, 2, 4, 3] y) {
+        y = Transpose <perm = [0, 2, 3, 1]> (k)
+    }"""
+    assert _canonical(build_model(text, {}))[1] == {}
