@@ -6,10 +6,12 @@ ALiBi models add their slopes and the mask the same way. The attention patterns 
 
     Add(Add(scores, b1), b2)  ->  Add(scores, Add(b1, b2))
 
-where one of ``b1``, ``b2`` is a mask ``Where(c, 0, negative)`` with ``negative`` -inf or
-at most -1e30. That makes the regrouping exact: where the mask is 0 both sides add the
-same two numbers in the same order, and where it is ``negative`` both are ``negative``
-(a score or a bias would need to exceed 1e31 to round otherwise). Two general biases
+where one of ``b1``, ``b2`` is a mask: ``Where(c, 0, negative)`` with ``negative`` -inf
+or at most -1e30, or BERT's ``(1 - Cast(m, float)) * negative`` of an integer ``m``
+(0 where m is 1, else at least ``|negative|`` or infinite). That makes the regrouping
+exact: where the mask is 0 both sides add the same two numbers in the same order, and
+elsewhere the mask absorbs them on both sides (a score or a bias would need to exceed
+1e31 to round otherwise). Two general biases
 would round differently, so they stay as they are.
 """
 
@@ -30,6 +32,16 @@ RULE = "one_bias"
 _ONNX = ("", "ai.onnx")
 _MASKED = -1e30
 _THROUGH = frozenset({"Expand", "Identity", "Slice", "Unsqueeze"})
+_INTEGERS = frozenset(
+    {
+        ir.DataType.BOOL,
+        ir.DataType.INT64,
+        ir.DataType.INT32,
+        ir.DataType.INT16,
+        ir.DataType.INT8,
+        ir.DataType.UINT8,
+    }
+)
 
 
 def biases_summed(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -142,9 +154,32 @@ def _is_mask(value: ir.Value) -> bool:
                 and bool(np.all(zero == 0))
                 and bool(np.all(negative <= _MASKED))
             )
+        if producer.op_type == "Mul":
+            return _integer_float_mask(producer)
         if producer.op_type not in _THROUGH or producer.inputs[0] is None:
             return False
         value = producer.inputs[0]
+    return False
+
+
+def _integer_float_mask(mul: ir.Node) -> bool:
+    """``(1 - Cast(m, float)) * negative`` of an integer (or boolean) ``m``: BERT's mask,
+    0 where ``m`` is 1 and at least ``|negative|`` (or infinite) anywhere else, so it
+    absorbs any other bias as a mask of 0 and ``negative`` would."""
+    for inverted, fill in (mul.inputs, reversed(mul.inputs)):
+        negative = constant_array(fill)
+        sub = inverted.producer() if inverted is not None else None
+        if negative is None or negative.size != 1 or not negative.item() <= _MASKED:
+            continue
+        if sub is None or sub.op_type != "Sub" or not _scalar(sub.inputs[0]):
+            continue
+        one = constant_array(sub.inputs[0])
+        cast = sub.inputs[1].producer() if sub.inputs[1] is not None else None
+        if one is None or one.item() != 1 or cast is None or cast.op_type != "Cast":
+            continue
+        source = cast.inputs[0]
+        if source is not None and source.dtype in _INTEGERS:
+            return True
     return False
 
 
