@@ -43,6 +43,38 @@ _GRANITE = {
 }
 _MOE = {"num_experts": 4, "num_experts_per_tok": 2}
 _GEMMA3 = {"head_dim": HEAD_DIM, "sliding_window": 8, "query_pre_attn_scalar": HEAD_DIM}
+_IDS = dict(vocab_size=256, initializer_range=0.05, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_NEO = dict(
+    _IDS,
+    hidden_size=256,
+    num_layers=2,
+    num_heads=8,
+    max_position_embeddings=128,
+    attention_types=[[["global", "local"], 1]],
+    window_size=8,
+)
+_OPT = dict(
+    _IDS,
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    ffn_dim=512,
+    max_position_embeddings=128,
+    word_embed_proj_dim=256,
+)
+_XGLM = dict(
+    _IDS, d_model=256, num_layers=2, attention_heads=8, ffn_dim=512, max_position_embeddings=128
+)
+_BIOGPT = dict(
+    _IDS,
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    intermediate_size=512,
+    max_position_embeddings=128,
+)
+_BLOOM = dict(_IDS, hidden_size=256, n_layer=2, n_head=8)
+_CODEGEN = dict(_IDS, n_embd=256, n_layer=2, n_head=8, n_positions=128, n_ctx=128, rotary_dim=16)
 _F = fam.Family
 UNSEEN = {  # family -> (Family, what sets it apart)
     "olmo2": (
@@ -149,6 +181,31 @@ UNSEEN = {  # family -> (Family, what sets it apart)
             experts="batched_mm",
         ),
         "top-2 of 4 experts by sparsemixer (no plain softmax router)",
+    ),
+    # issue 24, stop 35: spellings of the mask, the scale and K^T rather than of the heads
+    "gpt_neo": (
+        _F("GPTNeoConfig", "GPTNeoForCausalLM", {}, base=_NEO, attn="eager"),
+        "no scale at all, masked_fill of the scores, local attention every other layer",
+    ),
+    "opt": (
+        _F("OPTConfig", "OPTForCausalLM", {}, base=_OPT),
+        "the query projection scaled, learned positions, biases",
+    ),
+    "xglm": (
+        _F("XGLMConfig", "XGLMForCausalLM", {}, base=_XGLM, attn="eager"),
+        "the query projection scaled, sinusoidal positions",
+    ),
+    "biogpt": (
+        _F("BioGptConfig", "BioGptForCausalLM", {}, base=_BIOGPT),
+        "the query projection scaled, learned positions",
+    ),
+    "bloom": (
+        _F("BloomConfig", "BloomForCausalLM", {}, base=_BLOOM, attn="eager"),
+        "ALiBi, q, k and v from one [B, S, N, 3, H] projection, 3-D heads (baddbmm)",
+    ),
+    "codegen": (
+        _F("CodeGenConfig", "CodeGenForCausalLM", {}, base=_CODEGEN),
+        "q, k and v from one projection in 4 model-parallel blocks, partial interleaved rotary",
     ),
 }
 KINDS = {
