@@ -11,12 +11,16 @@ running them before every round (a fusion may expose a spelling) changes nothing
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``heads_in_batch`` (``_heads_in_batch.py``): a batched MatMul or Softmax between a
+  fold of the heads into the batch (``[B * N, S, H]``, bmm: XGLM, BART-era exports) and
+  the unfold after it is computed over ``[B, N, S, H]``;
 * ``scale_to_scores`` (``_scales.py``): SDPA's scale split over Q and K^T multiplies
   the scores instead, as in the eager attention;
 * ``unit_scale`` (``_scales.py``): scores no scale multiplies are multiplied by 1;
 * ``mask_as_bias`` (``_masks.py``): a mask applied in any of the usual ways (a blocked
   condition, the float mask ``(1 - m) * lowest``, masked_fill of the scores) is
   ``Where(allowed, 0, negative)`` added to the scores;
+* ``mask_clamp`` (``_masks.py``): ``Max(scores + finite mask, lowest)`` (XGLM) is no op;
 * ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
   added to the scores one after the other are summed first, so the scores take one;
 * ``repeat_kv`` (``_repeats.py``): KV heads repeated by Tile, Concat or a Gather are
@@ -65,12 +69,13 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
+from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
 )
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
-from autofusion.fusion_core.canonical._masks import masks_as_bias, undo_fills
+from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._packed import packed_heads
 from autofusion.fusion_core.canonical._picks import (
     compose_transposes,
@@ -117,9 +122,11 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "heads_in_batch": heads_unfolded,
+    "mask_as_bias": masks_as_bias,
+    "mask_clamp": clamps_dropped,
     "scale_to_scores": scales_to_scores,
     "unit_scale": unit_scales,
-    "mask_as_bias": masks_as_bias,
     "one_bias": biases_summed,
     "repeat_kv": repeats_as_expand,
     "identity_reshape": drop_identity_reshapes,
@@ -143,6 +150,8 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
+    "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
+    "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
     "one_bias": "a mask and another bias added to the scores one after the other summed first",
@@ -167,13 +176,22 @@ _WORDS = {
 }
 
 
+_PASSES = 4  # rules open the way for earlier ones (a clamp gone lets scores read as such)
+
+
 def canonical_form(graph: ir.Graph, fresh_name: Callable[[str], str]) -> Counter[str]:
-    """Apply every rule to ``graph`` (not its subgraphs); how often each applied."""
+    """Apply every rule to ``graph`` (not its subgraphs) until none applies (at most a
+    few passes: the rules are idempotent); how often each applied."""
     done: Counter[str] = Counter()
-    for name, rule in RULES.items():
-        count = rule(graph, fresh_name, MARK)
-        if count:
-            done[name] += count
+    for _ in range(_PASSES):
+        changed = False
+        for name, rule in RULES.items():
+            count = rule(graph, fresh_name, MARK)
+            if count:
+                done[name] += count
+                changed = True
+        if not changed:
+            break
     return done
 
 

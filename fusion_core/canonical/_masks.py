@@ -32,9 +32,11 @@ from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["RULE", "masks_as_bias", "undo_fills"]
+__all__ = ["CLAMP", "RULE", "clamps_dropped", "masks_as_bias", "undo_fills"]
 
 RULE = "mask_as_bias"
+CLAMP = "mask_clamp"
+_LOWEST = float(np.finfo(np.float32).min)
 _ONNX = ("", "ai.onnx")
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 _INTEGERS = frozenset(
@@ -77,6 +79,49 @@ def masks_as_bias(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) 
         _drop_unread(graph, producers)
         done += 1
     return done
+
+
+def clamps_dropped(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
+    """Bypass every ``Max(scores + mask, lowest)`` whose mask is finite; how many.
+
+    XGLM clamps its masked scores at float32's lowest so that -inf never reaches the
+    Softmax. Every finite float32 is at least that, and scores plus a finite mask
+    ``Where(c, 0, negative)`` are finite, so the Max returns its input unchanged."""
+    del fresh_name, mark  # it inserts nothing
+    done = 0
+    for node in list(graph):
+        if node.op_type != "Max" or node.domain not in _ONNX or len(node.inputs) != 2:
+            continue
+        out = node.outputs[0]
+        if out.is_graph_output() or out.dtype != ir.DataType.FLOAT or not reads_into_softmax(out):
+            continue
+        for value, bound in (node.inputs, reversed(node.inputs)):
+            lowest = constant_array(bound)
+            if lowest is None or lowest.size != 1 or float(lowest.item()) != _LOWEST:
+                continue
+            if value is not None and _finite_masked(value):
+                out.replace_all_uses_with(value)
+                graph.remove(node, safe=True)
+                done += 1
+                break
+    return done
+
+
+def _finite_masked(value: ir.Value) -> bool:
+    """Whether ``value`` is ``Add(scores, Where(c, 0, negative))`` with finite constants."""
+    add = value.producer()
+    if add is None or add.op_type != "Add" or add.domain not in _ONNX:
+        return False
+    for bias in add.inputs:
+        where = bias.producer() if bias is not None else None
+        if where is None or where.op_type != "Where":
+            continue
+        zero, negative = (constant_array(v) for v in where.inputs[1:3])
+        if zero is None or negative is None:
+            continue
+        if np.all(zero == 0) and np.all(np.isfinite(negative)):
+            return True
+    return False
 
 
 def undo_fills(graph: ir.Graph, mark: str) -> int:

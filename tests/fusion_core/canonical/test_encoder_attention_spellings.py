@@ -16,6 +16,9 @@ ModernBERT and both torch exporters write them:
 * the mask: none, a padding mask ``Where(keep, 0, lowest)`` added, the float mask
   ``(1 - keep) * lowest`` added (BERT), ``masked_fill`` of the scores, and with or
   without T5's relative position bias added before it;
+* the heads in their own axis, or folded into the batch for the products and the
+  Softmax (``[B * N, S, H]``, bmm: XGLM, BART-era exports), the finitely masked scores
+  clamped at the lowest float (XGLM);
 * the heads, head size and batch.
 
 Every block must come out as one attention op on the onnxruntime target
@@ -53,6 +56,10 @@ class Spelling:
     scale_at: str  # "scores_mul", "scores_div", "split", "projection", "none"
     mask: str  # "none", "where", "additive", "masked_fill"
     position_bias: bool  # T5: a per-head bias added before the mask
+    # the heads folded into the batch for the products and the Softmax ([B * N, S, H],
+    # bmm: XGLM and BART-era exports, the query projection scaled or nothing), the mask
+    # added on the unfolded scores and clamped at the lowest float (XGLM)
+    in_batch: bool = False
 
 
 @st.composite
@@ -63,6 +70,9 @@ def spellings(draw) -> Spelling:
     if scale_at == "projection" and projection != "separate":
         scale_at = "scores_mul"  # a packed projection is scaled on its q part: "split"
     mask = draw(st.sampled_from(["none", "where", "additive", "masked_fill"]))
+    in_batch = draw(st.booleans())
+    if in_batch:  # bmm: the scale before the fold, on the projection, or none
+        scale_at = "projection" if projection == "separate" else "none"
     return Spelling(
         heads=draw(st.sampled_from([2, 4])),
         projection=projection,
@@ -71,6 +81,7 @@ def spellings(draw) -> Spelling:
         mask=mask,
         # T5 adds its position bias with the mask; without a mask it is the one bias
         position_bias=mask != "none" and draw(st.booleans()),
+        in_batch=in_batch,
     )
 
 
@@ -153,6 +164,42 @@ def _scores(s: Spelling) -> list[str]:
     return [*body, "scaled = Identity (qk)"]  # on the projection already, or nowhere
 
 
+def _in_batch(s: Spelling, inits: dict) -> list[str]:
+    """``context``: ``[B, N, S, H]``, with the products and the Softmax over ``[B * N, S,
+    H]`` as bmm writes them; the scores unfolded for the mask (and clamped, XGLM)."""
+    n, h = s.heads, HIDDEN // s.heads
+    inits["fold"] = np.array([-1, 5, h], np.int64)
+    inits["fold_scores"] = np.array([-1, 5, 5], np.int64)
+    inits["unfold_tail"] = np.array([n, 5, 5], np.int64)
+    inits["unfold_context_tail"] = np.array([n, 5, h], np.int64)
+    inits["batch_axis"] = np.array([0], np.int64)
+    body = [
+        "kt = Transpose <perm = [0, 2, 1, 3]> (kh)",
+        "q3 = Reshape (qt, fold)",
+        "k3 = Reshape (kt, fold)",
+        "v3 = Reshape (vt, fold)",
+        "kT3 = Transpose <perm = [0, 2, 1]> (k3)",
+        "scores3 = MatMul (q3, kT3)",
+        "x_shape = Shape (x)",
+        "batch = Gather (x_shape, batch_axis)",
+        "unfold = Concat <axis = 0> (batch, unfold_tail)",
+        "scaled = Reshape (scores3, unfold)",
+        *_masked(s),
+    ]
+    clamped = "masked"
+    if s.mask == "where":  # XGLM: its finite Where mask, which the clamp cannot change
+        body.append("clamped = Max (masked, lowest)")
+        clamped = "clamped"
+    return [
+        *body,
+        f"masked3 = Reshape ({clamped}, fold_scores)",
+        "probs3 = Softmax <axis = -1> (masked3)",
+        "context3 = MatMul (probs3, v3)",
+        "unfold_context = Concat <axis = 0> (batch, unfold_context_tail)",
+        "context = Reshape (context3, unfold_context)",
+    ]
+
+
 def _masked(s: Spelling) -> list[str]:
     """``masked``: the scores with the position bias and the padding mask."""
     body, scores = [], "scaled"
@@ -197,15 +244,24 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         # T5's relative position bias for 5 positions, one row per head
         "position": rng.standard_normal((1, n, 5, 5)) * 0.5,
     }
-    body = [
+    heads = [
         *_heads(s, rng, inits),
         "qt = Transpose <perm = [0, 2, 1, 3]> (qh)",
         "vt = Transpose <perm = [0, 2, 1, 3]> (vh)",
-        *_kt(s, inits),
-        *_scores(s),
-        *_masked(s),
-        "probs = Softmax <axis = -1> (masked)",
-        "context = MatMul (probs, vt)",
+    ]
+    if s.in_batch:
+        attention = _in_batch(s, inits)
+    else:
+        attention = [
+            *_kt(s, inits),
+            *_scores(s),
+            *_masked(s),
+            "probs = Softmax <axis = -1> (masked)",
+            "context = MatMul (probs, vt)",
+        ]
+    body = [
+        *heads,
+        *attention,
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
         "merged = Reshape (ct, merge)",
         "y = MatMul (merged, wo)",

@@ -1,5 +1,5 @@
-"""The rules ``mask_as_bias``, ``unit_scale``, ``one_bias``, ``repeat_kv``, ``packed_heads``
-and ``kt_of_heads`` on small graphs: what each
+"""The rules ``mask_as_bias``, ``mask_clamp``, ``unit_scale``, ``one_bias``, ``repeat_kv``,
+``packed_heads``, ``kt_of_heads`` and ``heads_in_batch`` on small graphs: what each
 rewrites into the one spelling the attention rewriters read, what it leaves alone (a
 look-alike that computes something else), that it changes no value (onnxruntime,
 optimizations off, rtol = atol = 0) and that a second run changes nothing. The
@@ -15,7 +15,7 @@ import onnx_ir as ir
 import pytest
 
 from autofusion.fusion_core.canonical import canonical_form, undo_unused
-from autofusion.fusion_core.testing import build_model, op_sequence, run_both
+from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
 
 EXACT = dict(rtol=0, atol=0)
 LOWEST = np.finfo(np.float32).min
@@ -446,3 +446,91 @@ def test_a_transpose_no_attention_reads_stays() -> None:
         y = Transpose <perm = [0, 2, 3, 1]> (k)
     }"""
     assert _canonical(build_model(text, {}))[1] == {}
+
+
+IN_BATCH = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[batch, 2, 5, 4] q, float[batch, 2, 5, 4] k, float[batch, 2, 5, 4] v,
+   bool[batch, 1, 5, 5] keep) => (float[batch, 2, 5, 4] y) {{
+    q3 = Reshape (q, fold)
+    k3 = Reshape (k, fold)
+    v3 = Reshape (v, fold)
+    kT3 = Transpose <perm = [0, 2, 1]> (k3)
+    scores3 = MatMul (q3, kT3)
+    shape = Shape (q)
+    batch = Slice (shape, zero, one)
+    unfold = Concat <axis = 0> (batch, scores_tail)
+    scores = Reshape (scores3, unfold)
+    bias = Where (keep, zero_f, {fill})
+    masked = Add (scores, bias)
+    clamped = Max (masked, lowest)
+    masked3 = Reshape (clamped, fold_scores)
+    probs3 = Softmax <axis = -1> (masked3)
+    context3 = MatMul (probs3, v3)
+    unfold_context = Concat <axis = 0> (batch, context_tail)
+    context = Reshape (context3, unfold_context)
+    y = Neg (context)
+}}"""
+IN_BATCH_INTS = {
+    "fold": np.array([-1, 5, 4], np.int64),
+    "fold_scores": np.array([-1, 5, 5], np.int64),
+    "scores_tail": np.array([2, 5, 5], np.int64),
+    "context_tail": np.array([2, 5, 4], np.int64),
+    "zero": np.array([0], np.int64),
+    "one": np.array([1], np.int64),
+    "zero_f": np.array(0.0, np.float32),
+    "lowest": np.array(LOWEST, np.float32),
+    "minus_inf": np.array(-np.inf, np.float32),
+}
+
+
+def _in_batch_feeds() -> dict:
+    rng = np.random.default_rng(7)
+    keep = rng.random((3, 1, 5, 5)) < 0.7
+    keep[2, :, 1] = False  # a row with nothing to attend to
+    shapes = {"q": (3, 2, 5, 4), "k": (3, 2, 5, 4), "v": (3, 2, 5, 4)}
+    return {
+        **{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()},
+        "keep": keep,
+    }
+
+
+def _in_batch_canonical(fill: str):
+    """The graph through the pre-passes' shape inference (ORT's symbolic one names the
+    folded batch ``2*batch``), then the canonical form."""
+    model = build_model(IN_BATCH.format(fill=fill), IN_BATCH_INTS)
+    result = optimize_quiet(model, target="onnxruntime", patterns=[])
+    return model, result
+
+
+def test_attention_over_heads_folded_into_the_batch_is_computed_per_head() -> None:
+    """XGLM: bmm over [B * N, S, H], the mask on the unfolded scores, clamped at lowest."""
+    model, result = _in_batch_canonical("lowest")
+    canonical = result.to_proto()
+    ops = _ops(canonical)
+    # both products and the Softmax 4-D; the folds gone with them; the clamp gone
+    assert ops.count("Reshape") == 0 and "Max" not in ops, ops
+    assert [
+        list(n.attribute[0].ints) for n in canonical.graph.node if n.op_type == "Transpose"
+    ] == [[0, 1, 3, 2]]
+    run_both(model, canonical, feeds=_in_batch_feeds(), **EXACT)
+
+
+def test_a_clamp_of_a_mask_that_may_be_minus_inf_stays() -> None:
+    """``Max(s + -inf, lowest)`` is lowest, not -inf: a fully masked row softmaxes to a
+    uniform row with the clamp and to NaN without it."""
+    model, result = _in_batch_canonical("minus_inf")
+    canonical = result.to_proto()
+    assert "Max" in _ops(canonical)
+    run_both(model, canonical, feeds=_in_batch_feeds(), **EXACT)
+
+
+def test_a_split_that_is_a_graph_output_stays() -> None:
+    """The graph's output keeps its producer: the rule rewrites only inner values."""
+    text = IN_BATCH.format(fill="lowest").replace(
+        "context = Reshape (context3, unfold_context)\n    y = Neg (context)",
+        "y = Reshape (context3, unfold_context)",
+    )
+    model = build_model(text, IN_BATCH_INTS)
+    fused = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    assert fused.graph.node[-1].op_type == "Reshape"
+    run_both(model, fused, feeds=_in_batch_feeds(), **EXACT)
