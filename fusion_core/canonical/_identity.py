@@ -23,15 +23,44 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = ["drop_identity_reshapes", "drop_identity_slices"]
 
+_ONNX = ("", "ai.onnx")
+
 
 def drop_identity_reshapes(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
-    """Bypass every Reshape proven to keep its input's shape; how many."""
-    del fresh_name, mark  # it inserts nothing
-    return _bypass(graph, lambda node: node.op_type == "Reshape")
+    """Bypass every Reshape proven to keep its input's shape, and every Reshape of a
+    Reshape that gives back the first one's input shape; how many."""
+    del fresh_name  # it inserts nothing
+    return _bypass(graph, lambda node: node.op_type == "Reshape") + _bypass_pairs(graph, mark)
+
+
+def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
+    """A Reshape keeps the row-major order of the elements, so two in a row that end in
+    the first one's input shape (a fold of the heads into the batch and its unfold,
+    ``heads_in_batch``) give back that input. The merge/split pairs ``head_split``
+    inserts on purpose (marked) stay."""
+    dropped = 0
+    for node in list(graph):
+        if node.graph is not graph or node.op_type != "Reshape" or node.domain not in _ONNX:
+            continue
+        inner = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if inner is None or inner.op_type != "Reshape" or inner.domain not in _ONNX:
+            continue
+        if {node.metadata_props.get(mark), inner.metadata_props.get(mark)} & {MERGE, SPLIT}:
+            continue
+        source, out = inner.inputs[0], node.outputs[0]
+        if source is None or out.is_graph_output() or not _same_known_dims(source, out):
+            continue
+        out.replace_all_uses_with(source)
+        graph.remove(node, safe=True)
+        if not inner.outputs[0].uses() and not inner.outputs[0].is_graph_output():
+            graph.remove(inner, safe=True)
+        dropped += 1
+    return dropped
 
 
 def drop_identity_slices(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -52,7 +81,7 @@ def _forward_slice(node: ir.Node) -> bool:
 def _bypass(graph: ir.Graph, kind: Callable[[ir.Node], bool]) -> int:
     dropped = 0
     for node in list(graph):
-        if node.domain not in ("", "ai.onnx") or not kind(node):
+        if node.domain not in _ONNX or not kind(node):
             continue
         source, out = node.inputs[0], node.outputs[0]
         if source is None or out.is_graph_output() or not _same_known_dims(source, out):

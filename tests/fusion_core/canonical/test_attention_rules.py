@@ -534,3 +534,30 @@ def test_a_split_that_is_a_graph_output_stays() -> None:
     fused = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
     assert fused.graph.node[-1].op_type == "Reshape"
     run_both(model, fused, feeds=_in_batch_feeds(), **EXACT)
+
+
+def test_a_fold_and_its_unfold_in_a_row_are_no_op() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[batch, 2, 5, 4] x) => (float[batch, 2, 5, 4] y) {
+        folded = Reshape (x, fold)
+        shape = Shape (x)
+        unfolded = Reshape (folded, shape)
+        y = Neg (unfolded)
+    }"""
+    model = build_model(text, {"fold": np.array([-1, 5, 4], np.int64)})
+    fused = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    assert _ops(fused) == ["Neg"]
+    run_both(model, fused, feeds={"x": _in_batch_feeds()["q"]}, **EXACT)
+
+
+def test_two_reshapes_that_end_in_another_shape_stay() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[batch, 2, 5, 4] x) => (float[batch, 5, 2, 4] y) {
+        folded = Reshape (x, fold)
+        unfolded = Reshape (folded, other)
+        y = Neg (unfolded)
+    }"""
+    inits = {"fold": np.array([-1, 5, 4], np.int64), "other": np.array([-1, 5, 2, 4], np.int64)}
+    model = build_model(text, inits)
+    fused = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    assert _ops(fused).count("Reshape") >= 1

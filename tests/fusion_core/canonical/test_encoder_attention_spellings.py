@@ -60,6 +60,9 @@ class Spelling:
     # bmm: XGLM and BART-era exports, the query projection scaled or nothing), the mask
     # added on the unfolded scores and clamped at the lowest float (XGLM)
     in_batch: bool = False
+    # bmm: the probabilities unfolded and folded again after the Softmax (XGLM's
+    # attention weights as the model returns them)
+    probs_unfolded: bool = False
 
 
 @st.composite
@@ -82,6 +85,7 @@ def spellings(draw) -> Spelling:
         # T5 adds its position bias with the mask; without a mask it is the one bias
         position_bias=mask != "none" and draw(st.booleans()),
         in_batch=in_batch,
+        probs_unfolded=in_batch and draw(st.booleans()),
     )
 
 
@@ -193,7 +197,12 @@ def _in_batch(s: Spelling, inits: dict) -> list[str]:
     return [
         *body,
         f"masked3 = Reshape ({clamped}, fold_scores)",
-        "probs3 = Softmax <axis = -1> (masked3)",
+        "softmax3 = Softmax <axis = -1> (masked3)",
+        *(
+            ["probs4 = Reshape (softmax3, unfold)", "probs3 = Reshape (probs4, fold_scores)"]
+            if s.probs_unfolded
+            else ["probs3 = Identity (softmax3)"]
+        ),
         "context3 = MatMul (probs3, v3)",
         "unfold_context = Concat <axis = 0> (batch, unfold_context_tail)",
         "context = Reshape (context3, unfold_context)",
