@@ -40,9 +40,11 @@ def drop_identity_reshapes(graph: ir.Graph, fresh_name: Callable[[str], str], ma
 
 def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
     """A Reshape keeps the row-major order of the elements, so two in a row that end in
-    the first one's input shape (a fold of the heads into the batch and its unfold,
-    ``heads_in_batch``) give back that input. The merge/split pairs ``head_split``
-    inserts on purpose (marked) stay."""
+    the first one's input shape give back that input: here the fold of the heads into
+    the batch and its unfold (``[B, N, S, H]`` to ``[B * N, S, H]`` and back, what
+    ``heads_in_batch`` leaves between a Softmax and a product). Other pairs stay: the
+    merge/split pairs ``head_split`` inserts on purpose (marked), and the steps of
+    spellings later rules read whole (dynamo's K^T through a 3-D Reshape)."""
     dropped = 0
     for node in list(graph):
         if node.graph is not graph or node.op_type != "Reshape" or node.domain not in _ONNX:
@@ -54,6 +56,10 @@ def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
             continue
         source, out = inner.inputs[0], node.outputs[0]
         if source is None or out.is_graph_output() or not _same_known_dims(source, out):
+            continue
+        if len(source.shape) != 4 or inner.outputs[0].shape is None:  # type: ignore[arg-type]
+            continue  # only the heads' fold [B, N, S, H] -> [B * N, S, H] and its unfold:
+        if len(inner.outputs[0].shape) != 3:  # other pairs are steps later rules read
             continue
         out.replace_all_uses_with(source)
         graph.remove(node, safe=True)
