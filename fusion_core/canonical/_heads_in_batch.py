@@ -111,8 +111,8 @@ def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
         return None
     da = known_dims(a)
     db = known_dims(b if b is not None else swapped)
-    if da is None or db is None or da[:2] != db[:2]:
-        return None
+    if da is None or db is None or None in da or None in db or da[:2] != db[:2]:
+        return None  # unknown leading dimensions prove no fold (nor which unfold)
     last = db[3] if b is not None else db[2]
     if want != [*da[:3], last]:
         return None
