@@ -37,6 +37,7 @@ __all__ = [
     "assert_no_fusion",
     "bn_params",
     "build_model",
+    "canonical_twice",
     "conv_bn_relu",
     "deep_conv_net",
     "misses",
@@ -46,6 +47,28 @@ __all__ = [
 ]
 
 _F32 = onnx.TensorProto.FLOAT
+
+
+def canonical_twice(model: onnx.ModelProto):
+    """``model`` after onnx's shape inference and the canonical form: (the model, the
+    rules that applied with their counts, how many applied on a second run, the graph in
+    onnx-ir for ``undo_unused``). A rule is idempotent when the third is 0."""
+    import itertools
+
+    import onnx_ir as ir
+
+    from autofusion.fusion_core.canonical import canonical_form
+
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    work = ir.from_proto(inferred)
+    counter = itertools.count()
+
+    def fresh(hint: str) -> str:
+        return f"{hint}__{next(counter)}"
+
+    done = canonical_form(work.graph, fresh)
+    again = sum(canonical_form(work.graph, fresh).values())
+    return ir.to_proto(work), dict(done), again, work
 
 
 def conv_bn_relu(

@@ -7,15 +7,19 @@ generated attention blocks of test_attention_spellings.py combine them with the 
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 
-from autofusion.fusion_core.canonical import canonical_form, undo_unused
-from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.canonical import undo_unused
+from autofusion.fusion_core.testing import (
+    build_model,
+    canonical_twice,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 
 EXACT = dict(rtol=0, atol=0)
 LOWEST = np.finfo(np.float32).min
@@ -46,18 +50,7 @@ INTS = {
 }
 
 
-def _canonical(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, int, ir.Model]:
-    """The model in canonical form, the rules that applied, what a second run did, and
-    the graph in onnx-ir (for undo_unused)."""
-    work = ir.from_proto(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
-    counter = itertools.count()
-
-    def fresh(hint: str) -> str:
-        return f"{hint}__{next(counter)}"
-
-    done = canonical_form(work.graph, fresh)
-    again = sum(canonical_form(work.graph, fresh).values())
-    return ir.to_proto(work), dict(done), again, work
+_canonical = canonical_twice  # (model, rules applied, second run's count, onnx-ir graph)
 
 
 def _masked(body: list[str], inputs: str = MASK_INPUTS) -> onnx.ModelProto:

@@ -13,7 +13,13 @@ import onnx_ir as ir
 import pytest
 
 from autofusion.fusion_core.canonical import MARK, canonical_form, undo_unused
-from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.testing import (
+    build_model,
+    canonical_twice,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 
 EXACT = dict(rtol=0, atol=0)
 INTS = {
@@ -26,15 +32,7 @@ INTS = {
 
 def _canonical(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, int]:
     """The model in canonical form, the rules that applied, and what a second run did."""
-    work = ir.from_proto(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
-    counter = itertools.count()
-
-    def fresh(hint: str) -> str:
-        return f"{hint}__{next(counter)}"
-
-    done = canonical_form(work.graph, fresh)
-    again = sum(canonical_form(work.graph, fresh).values())
-    return ir.to_proto(work), dict(done), again
+    return canonical_twice(model)[:3]
 
 
 def _model(
