@@ -13,6 +13,7 @@ and what is applied are asserted, never a time.
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from autofusion.fusion_core import (
     load_model,
     optimize,
 )
+from autofusion.fusion_core.canonical import canonical_form
 from autofusion.fusion_core.cost import CostModel, load_target_profile, rewrite_effect
 from autofusion.fusion_core.patterns import Match, Matcher
 from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
@@ -50,9 +52,12 @@ def _dims(name: str, estimate: str) -> dict[str, int]:
 
 @functools.cache
 def _candidates(path: Path, target: str = "onnxruntime") -> tuple[Match, ...]:
-    """Every candidate of the built-in patterns for ``target`` after the pre-passes."""
+    """Every candidate of the built-in patterns for ``target`` after the pre-passes and
+    the canonical form, as the first round of optimize() finds them."""
     model = load_model(path)
     run_prepasses(model, PrepassOptions())
+    names = itertools.count()
+    canonical_form(model.graph, lambda hint: f"{hint}__{next(names)}")
     specs = [p.spec for p in builtin_patterns() if target in p.spec.targets]
     return tuple(Matcher(specs).find(model.graph).candidates)
 
