@@ -39,6 +39,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``packed_heads`` (``_packed.py``): q, k and v picked from one projection viewed as
   ``[B, S, P, N, H]`` (ModernBERT) by Split and Squeeze, Gather or Slice are head splits
   of their own slices of it;
+* ``one_kv_head`` (``_unsqueezed.py``): GPTBigCode's ``qkv.unsqueeze(1).split(...)``:
+  the Split before the Unsqueeze, the query's Reshape through it, and the one KV head
+  that repeat_kv repeats read as a one-head split;
 * ``gather_nd_as_slice``, ``slice_before_transpose_of_one`` and ``transposes_composed``
   (``_picks.py``): one head picked out of a permuted projection (dynamo's Falcon) is a
   Slice of the head split;
@@ -103,6 +106,7 @@ from autofusion.fusion_core.canonical._transposes import (
     transpose_after_norms,
     transpose_after_rotaries,
 )
+from autofusion.fusion_core.canonical._unsqueezed import one_kv_heads, undo_one_head_splits
 
 __all__ = [
     "MARK",
@@ -134,6 +138,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "copied_dims": copy_reshape_dims,
     "packed_part": packed_parts_as_slices,
     "packed_heads": packed_heads,
+    "one_kv_head": one_kv_heads,
     "sequence_first_heads": sequence_first_heads,
     "sequence_first_merge": sequence_first_merges,
     "kt_by_reshape": kt_by_reshapes,
@@ -161,6 +166,7 @@ _WORDS = {
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
     "packed_part": "parts picked from a packed projection made Slices",
     "packed_heads": "parts picked from a [.., P, N, H] view of one projection made head splits",
+    "one_kv_head": "a split after an Unsqueeze and its repeated KV head made head splits",
     "sequence_first_heads": "sequence-first head splits made batch-first",
     "sequence_first_merge": "sequence-first head merges made batch-first",
     "kt_by_reshape": "K^T written Reshape, Transpose, Reshape made one Transpose",
@@ -225,6 +231,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
             "kt_of_heads": undo_kt_splits(graph, MARK),
+            "one_kv_head": undo_one_head_splits(graph, MARK),
         }
     )
 

@@ -554,3 +554,66 @@ def test_two_reshapes_that_end_in_another_shape_stay() -> None:
     model = build_model(text, inits)
     fused = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
     assert _ops(fused).count("Reshape") >= 1
+
+
+BIGCODE = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[batch, seq, 8] x) => ({q_out} q, float[batch, 2, seq, 4] k) {{
+    p = MatMul (x, w)
+    pu = Unsqueeze (p, axis_1)
+    qp, kp, vp = Split <axis = 3> (pu, parts)
+    shape = Shape (x)
+    b = Gather <axis = 0> (shape, zero)
+    s = Gather <axis = 0> (shape, one)
+    target = Concat <axis = 0> ({lead})
+    qr = Reshape (qp, target)
+    q = Transpose <perm = [0, 2, 1, 3]> (qr)
+    ku = Unsqueeze (kp, axis_2)
+    ke = Expand (ku, repeat)
+    k = Reshape (ke, merge)
+    vo = Neg (vp)
+}}"""
+BIGCODE_INTS = {
+    "w": np.random.default_rng(8).standard_normal((8, 16)).astype(np.float32),
+    "axis_1": np.array([1], np.int64),
+    "axis_2": np.array([2], np.int64),
+    "parts": np.array([8, 4, 4], np.int64),
+    "zero": np.array([0], np.int64),
+    "one": np.array([1], np.int64),
+    "heads_tail": np.array([2, 4], np.int64),
+    "repeat": np.array([1, 1, 2, 1, 1], np.int64),
+    "merge": np.array([0, 2, -1, 4], np.int64),
+    "copy_1": np.array([0], np.int64),
+    "rest": np.array([-1, 4], np.int64),
+}
+
+
+def _bigcode(lead: str, q_out: str = "float[batch, 2, seq, 4]") -> onnx.ModelProto:
+    text = BIGCODE.format(lead=lead, q_out=q_out)
+    text = text.replace("=> (", "=> (float[batch, 1, seq, 4] vo, ")
+    return build_model(text, BIGCODE_INTS)
+
+
+def test_gpt_bigcodes_unsqueezed_split_becomes_head_splits() -> None:
+    """``qkv.unsqueeze(1).split(...)``: q's Reshape reads the part itself, the key's one
+    head is a one-head split that repeat_kv repeats; put back where no fusion took it."""
+    model = _bigcode("b, s, heads_tail")
+    canonical, done, again, work = _canonical(model)
+    # the split, q's Reshape, k's and v's one-head splits; then q's target copies the
+    # part's batch and sequence (copied_dims)
+    assert done == {"one_kv_head": 4, "copied_dims": 1} and again == 0
+    ops = _ops(canonical)
+    assert ops[:2] == ["MatMul", "Split"] and ops.count("Unsqueeze") == 1, ops  # repeat_kv's
+    feeds = {"x": np.random.default_rng(9).standard_normal((2, 3, 8)).astype(np.float32)}
+    run_both(model, canonical, feeds=feeds, **EXACT)
+    assert undo_unused(work.graph)["one_kv_head"] == 2
+    run_both(model, ir.to_proto(work), feeds=feeds, **EXACT)
+
+
+def test_a_reshape_that_copies_a_dimension_of_the_unsqueezed_part_stays_on_it() -> None:
+    """A 0 entry copies a dimension of the Unsqueeze's output (its 1), not of the part."""
+    # [B, 1, S, 8] -> [B, 1, 2 S, 4]: the 0 copies the 1, which the part does not have
+    model = _bigcode("b, copy_1, rest", q_out="float[batch, q2, 1, 4]")
+    canonical, done, _, _ = _canonical(model)
+    assert done.get("one_kv_head", 0) == 3  # the split and the two one-head splits only
+    feeds = {"x": np.random.default_rng(9).standard_normal((2, 3, 8)).astype(np.float32)}
+    run_both(model, canonical, feeds=feeds, **EXACT)

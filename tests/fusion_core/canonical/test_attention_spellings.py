@@ -4,7 +4,8 @@ A generator (hypothesis) writes one causal attention block with ``onnx`` text, d
 independently how each part is spelled, the ways the families and exporters of issue 24
 write them:
 
-* the projections: three MatMuls; one fused ``query_key_value`` split per head
+* the projections: three MatMuls; GPTBigCode's ``qkv.unsqueeze(1).split(...)`` with
+  one KV head ``[B, 1, S, H]`` repeated by repeat_kv; one fused ``query_key_value`` split per head
   (GPT-NeoX: ``[B, S, N, 3H]``, transposed, then sliced on the last axis, by ``Slice``
   or one ``Split``); one fused projection split by heads (Falcon: ``[B, S, N + 2 KV, H]``
   sliced on the heads axis, one KV head by ``Gather``);
@@ -89,12 +90,16 @@ class Spelling:
 def spellings(draw) -> Spelling:
     heads = draw(st.sampled_from([2, 4]))
     size = draw(st.sampled_from([8, 16]))
-    projection = draw(st.sampled_from(["separate", "per_head", "by_heads"]))
+    projection = draw(st.sampled_from(["separate", "per_head", "by_heads", "unsqueezed"]))
     if projection == "per_head":  # one head's q, k and v side by side: as many KV heads
         repeat = "none"
+    elif projection == "unsqueezed":  # GPTBigCode: one KV head, repeated by repeat_kv
+        repeat = "repeat_kv"
     else:
         repeat = draw(st.sampled_from(["none", "repeat_kv", "broadcast"]))
     kv_heads = {"none": heads, "repeat_kv": heads // 2, "broadcast": 1}[repeat]
+    if projection == "unsqueezed":
+        kv_heads = 1
     sdpa = draw(st.booleans())  # SDPA cannot soft-cap: transformers runs Gemma-2 eager
     repeat_by = draw(st.sampled_from(["expand", "tile", "concat", "gather"]))
     return Spelling(
@@ -103,7 +108,8 @@ def spellings(draw) -> Spelling:
         size=size,
         projection=projection,
         per_head_split=draw(st.sampled_from(["slice", "split"])),
-        qk_norm=projection != "per_head" and draw(st.booleans()),  # GPT-NeoX has none
+        # GPT-NeoX and GPTBigCode have none
+        qk_norm=projection in ("separate", "by_heads") and draw(st.booleans()),
         norm_after_transpose=draw(st.booleans()),
         partial_rotary=draw(st.booleans()),
         interleaved=draw(st.booleans()),
@@ -114,7 +120,7 @@ def spellings(draw) -> Spelling:
         softcap_by_mul=draw(st.booleans()),
         repeat=repeat,
         cache=draw(st.booleans()),
-        repeat_by=repeat_by if repeat == "repeat_kv" else "expand",
+        repeat_by=repeat_by if repeat == "repeat_kv" and projection != "unsqueezed" else "expand",
         mask=draw(st.sampled_from(["where", "where_blocked", "masked_fill", "additive"])),
         scale_at="scores" if sdpa else draw(st.sampled_from(["scores", "projection", "none"])),
     )
@@ -151,6 +157,20 @@ def _projections(s: Spelling, rng: np.random.Generator, inits: dict) -> list[str
             inits[f"{p}_to"] = np.array([(index + 1) * h], np.int64)
             body.append(f"{p}t = Slice (qkv_t, {p}_from, {p}_to, axis_last)")
         return body
+    if s.projection == "unsqueezed":  # GPTBigCode: qkv.unsqueeze(1).split(..., dim=3)
+        inits["wqkv"] = rng.standard_normal((HIDDEN, (n + 2) * h)) * 0.3
+        inits["parts"] = np.array([n * h, h, h], np.int64)
+        inits["q_heads_tail"] = np.array([n, h], np.int64)
+        return [
+            "qkv = MatMul (x, wqkv)",
+            "qkv_u = Unsqueeze (qkv, axis_1)",
+            "qu, kt, vt = Split <axis = 3> (qkv_u, parts)",
+            "xs = Shape (x)",
+            "xb = Gather <axis = 0> (xs, zero)",
+            "xq = Gather <axis = 0> (xs, one)",
+            "q_target = Concat <axis = 0> (xb, xq, q_heads_tail)",
+            "qr = Reshape (qu, q_target)",
+        ]
     total = n + 2 * kv  # by_heads: Falcon's [B, S, N + 2 KV, H]
     inits["wqkv"] = rng.standard_normal((HIDDEN, total * h)) * 0.3
     inits["qkv_split"] = np.array([0, 0, total, h], np.int64)
@@ -249,7 +269,9 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "sin_u = Unsqueeze (sin, axis_1)",
         *_projections(s, rng, inits),
     ]
-    if s.projection != "per_head":  # GPT-NeoX's parts are transposed already
+    if s.projection == "unsqueezed":  # its one KV head is [B, 1, S, H] already
+        body.append("qt = Transpose <perm = [0, 2, 1, 3]> (qr)")
+    elif s.projection != "per_head":  # GPT-NeoX's parts are transposed already
         for p in "qkv":
             normed = s.qk_norm and p != "v"
             if normed and s.norm_after_transpose:
