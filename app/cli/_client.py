@@ -103,6 +103,14 @@ def with_client(args: argparse.Namespace, command: str, work: Callable[[Client],
         return exc.code
 
 
+# (connect, read, write, pool) seconds: a tuple, which httpx takes and so does any client
+# built like it (starlette's TestClient builds on httpx2 where huggingface_hub installed it,
+# and rejects an httpx.Timeout)
+_TIMEOUT = (10.0, 60.0, 60.0, 60.0)
+_UPLOAD_TIMEOUT = (10.0, 600.0, None, 600.0)  # a large model may take long to send
+_DOWNLOAD_TIMEOUT = (10.0, 600.0, 600.0, 600.0)
+
+
 class Client:
     """httpx with the errors mapped to exit codes and transient failures retried."""
 
@@ -111,9 +119,7 @@ class Client:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.server = server.rstrip("/")
-        self.http = httpx.Client(
-            base_url=self.server, headers=headers, timeout=httpx.Timeout(60.0, connect=10.0)
-        )
+        self.http = httpx.Client(base_url=self.server, headers=headers, timeout=_TIMEOUT)
 
     def close(self) -> None:
         self.http.close()
@@ -172,7 +178,7 @@ class Client:
                 attempts=3,
                 body=body,
                 headers={"Idempotency-Key": key},
-                timeout=httpx.Timeout(600.0, connect=10.0, write=None),
+                timeout=_UPLOAD_TIMEOUT,
             )
         finally:
             for f in files_opened:
@@ -182,7 +188,7 @@ class Client:
         destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + ".part")
         try:
-            with self.http.stream("GET", url, timeout=httpx.Timeout(600.0, connect=10.0)) as r:
+            with self.http.stream("GET", url, timeout=_DOWNLOAD_TIMEOUT) as r:
                 _raise_for_problem(r, streamed=True)
                 with open(partial, "wb") as f:
                     for chunk in r.iter_bytes(_CHUNK):
