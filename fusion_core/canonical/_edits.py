@@ -1,14 +1,15 @@
-"""The graph edits every canonical rule makes: a small int64 constant, and new nodes in
-the place of old ones, marked with the rule that wrote them."""
+"""The graph edits every canonical rule makes: a small int64 constant, new nodes in the
+place of old ones, marked with the rule that wrote them, and the one node an undo puts
+back in their place."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["int64s", "replace"]
+__all__ = ["by_op_type", "int64s", "put_back", "replace"]
 
 
 def int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
@@ -42,3 +43,27 @@ def replace(graph: ir.Graph, old: ir.Node, new: list[ir.Node], mark: str, rule: 
     for value, node in zip(old.outputs, new[-len(old.outputs) :], strict=True):
         value.replace_all_uses_with(node.outputs[0])
     graph.remove(old, safe=True)
+
+
+def put_back(graph: ir.Graph, node: ir.Node, last: ir.Node, written: list[ir.Node]) -> None:
+    """Put ``node`` (the spelling the graph had) where a rule's ``written`` nodes stand:
+    it takes the place, type and readers of ``last``'s output, and ``written`` (``last``
+    among them) go. The undo of every rule that no fusion took."""
+    out, again = last.outputs[0], node.outputs[0]
+    again.dtype, again.shape = out.dtype, out.shape
+    again.name = f"{out.name}_{node.op_type.lower()}"
+    node.name = node.name or f"{last.name}_{node.op_type}"
+    graph.insert_before(last, [node])
+    out.replace_all_uses_with(again)
+    graph.remove(written, safe=True)
+
+
+def by_op_type(graph: ir.Graph, steps: Mapping[str, Callable[[ir.Node], int]]) -> int:
+    """Run each ONNX-domain node still in ``graph`` through the step for its op type;
+    how many the steps rewrote (nodes a step adds wait for the next pass)."""
+    done = 0
+    for node in list(graph):
+        step = steps.get(node.op_type)
+        if step is not None and node.graph is graph and node.domain in ("", "ai.onnx"):
+            done += step(node)
+    return done

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import replace
+from autofusion.fusion_core.canonical._edits import by_op_type, replace
 from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -40,15 +40,13 @@ _ONNX = ("", "ai.onnx")
 def heads_unfolded(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Unfold every batched Softmax of a merge, and every batched MatMul of merges that a
     split reads; how many."""
-    done = 0
-    for node in list(graph):
-        if node.graph is not graph or node.domain not in _ONNX:
-            continue
-        if node.op_type == "Softmax":
-            done += _softmax(graph, node, fresh_name, mark)
-        elif _is_reshape(node):
-            done += _split_matmul(graph, node, fresh_name, mark)
-    return done
+    return by_op_type(
+        graph,
+        {
+            "Softmax": lambda node: _softmax(graph, node, fresh_name, mark),
+            "Reshape": lambda node: _split_matmul(graph, node, fresh_name, mark),
+        },
+    )
 
 
 def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import replace
+from autofusion.fusion_core.canonical._edits import put_back, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -67,15 +67,8 @@ def undo_kt_splits(graph: ir.Graph, mark: str) -> int:
             continue
         if len(heads.outputs[0].uses()) != 1 or heads.outputs[0].is_graph_output():
             continue
-        one = ir.Node(
-            "", "Transpose", [heads.inputs[0]], [ir.AttrInt64s("perm", _DIRECT)],
-            name=f"{swap.name}_direct",
-        )  # fmt: skip
-        one.outputs[0].dtype, one.outputs[0].shape = swap.outputs[0].dtype, swap.outputs[0].shape
-        one.outputs[0].name = f"{swap.outputs[0].name}_direct"
-        graph.insert_before(swap, [one])
-        swap.outputs[0].replace_all_uses_with(one.outputs[0])
-        graph.remove([swap, heads], safe=True)
+        one = ir.Node("", "Transpose", [heads.inputs[0]], [ir.AttrInt64s("perm", _DIRECT)])
+        put_back(graph, one, swap, [swap, heads])
         undone += 1
     return undone
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import replace
+from autofusion.fusion_core.canonical._edits import put_back, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -136,15 +136,8 @@ def undo_fills(graph: ir.Graph, mark: str) -> int:
         if bias is None or bias.op_type != "Where" or len(biased.uses()) != 1:  # type: ignore[union-attr]
             continue
         allowed, _, negative = bias.inputs
-        fill = ir.Node("", "Where", [allowed, scores, negative], name=f"{added.name}_fill")
-        fill.outputs[0].dtype, fill.outputs[0].shape = (
-            added.outputs[0].dtype,
-            added.outputs[0].shape,
-        )
-        fill.outputs[0].name = f"{added.outputs[0].name}_fill"
-        graph.insert_before(added, [fill])
-        added.outputs[0].replace_all_uses_with(fill.outputs[0])
-        graph.remove([added, bias], safe=True)
+        fill = ir.Node("", "Where", [allowed, scores, negative])
+        put_back(graph, fill, added, [added, bias])
         undone += 1
     return undone
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import int64s, replace
+from autofusion.fusion_core.canonical._edits import int64s, put_back, replace
 from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -82,15 +82,8 @@ def undo_gathers(graph: ir.Graph, mark: str) -> int:
         )
         constant.dtype = ir.DataType.INT64
         graph.register_initializer(constant)
-        gather = ir.Node(
-            "", "Gather", [unsqueeze.inputs[0], constant], [ir.AttrInt64("axis", 1)],
-            name=f"{reshape.name}_Gather",
-        )  # fmt: skip
-        _typed_like(gather.outputs[0], reshape.outputs[0])
-        graph.insert_before(reshape, [gather])
-        reshape.outputs[0].replace_all_uses_with(gather.outputs[0])
-        for node in (reshape, expand, unsqueeze):
-            graph.remove(node, safe=True)
+        gather = ir.Node("", "Gather", [unsqueeze.inputs[0], constant], [ir.AttrInt64("axis", 1)])
+        put_back(graph, gather, reshape, [reshape, expand, unsqueeze])
         undone += 1
     return undone
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import int64s, replace
+from autofusion.fusion_core.canonical._edits import by_op_type, int64s, put_back, replace
 from autofusion.fusion_core.canonical._shape_values import axes_of, dim_entries, known_dims
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -36,17 +36,14 @@ _ONNX = ("", "ai.onnx")
 
 def one_kv_heads(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Apply the three steps wherever they hold; how many."""
-    done = 0
-    for node in list(graph):
-        if node.graph is not graph or node.domain not in _ONNX:
-            continue
-        if node.op_type == "Split":
-            done += _split_first(graph, node, fresh_name, mark)
-        elif node.op_type == "Reshape":
-            done += _reshape_through(node, mark)
-        elif node.op_type == "Unsqueeze":
-            done += _one_head(graph, node, fresh_name, mark)
-    return done
+    return by_op_type(
+        graph,
+        {
+            "Split": lambda node: _split_first(graph, node, fresh_name, mark),
+            "Reshape": lambda node: _reshape_through(node, mark),
+            "Unsqueeze": lambda node: _one_head(graph, node, fresh_name, mark),
+        },
+    )
 
 
 def undo_one_head_splits(graph: ir.Graph, mark: str) -> int:
@@ -62,15 +59,7 @@ def undo_one_head_splits(graph: ir.Graph, mark: str) -> int:
         )
         axes.dtype, axes.shape = ir.DataType.INT64, ir.Shape([1])
         graph.register_initializer(axes)
-        again = ir.Node("", "Unsqueeze", [split.inputs[0], axes], name=f"{turn.name}_unsqueeze")
-        again.outputs[0].dtype, again.outputs[0].shape = (
-            turn.outputs[0].dtype,
-            turn.outputs[0].shape,
-        )
-        again.outputs[0].name = f"{turn.outputs[0].name}_unsqueezed"
-        graph.insert_before(turn, [again])
-        turn.outputs[0].replace_all_uses_with(again.outputs[0])
-        graph.remove([turn, split], safe=True)
+        put_back(graph, ir.Node("", "Unsqueeze", [split.inputs[0], axes]), turn, [turn, split])
         undone += 1
     return undone
 
