@@ -43,6 +43,13 @@ class CompiledPattern:
     def name(self) -> str:
         return self.spec.name
 
+    def params_for(self, pattern: PatternSpec) -> Params:
+        """The rewriter's params for a match of ``pattern``: this pattern, or one of its
+        variants without some optional group (whose params name no absent node)."""
+        if pattern is self.spec:
+            return self.params
+        return self.rewriter.validate_params(pattern.rewriter.params, pattern)
+
 
 def compile_pattern(
     raw: dict[str, Any] | PatternSpec, registry: RewriterRegistry | None = None
@@ -78,6 +85,8 @@ def compile_pattern(
         )
     try:
         params = rewriter.validate_params(spec.rewriter.params, spec)
+        for variant in spec.variants()[1:]:  # a rewriter may need a node a group holds
+            rewriter.validate_params(variant.rewriter.params, variant)
     except ValidationError as exc:
         errors = [(f"rewriter.params.{path}", msg) for path, msg in _field_errors(exc)]
         raise PatternError(f"pattern {spec.name!r} is invalid", errors=errors) from None

@@ -74,9 +74,15 @@ class TargetProfile(BaseModel):
             raise ValueError(f"kernel factors must be positive: {bad}")
         return factors
 
-    def kernel_factor(self, rewriter: str, pattern: str | None = None) -> float:
-        """The pattern's own factor where the profile has one (a kernel that is slow in
-        one of its modes only: soft-capped GroupQueryAttention), else the rewriter's."""
+    def kernel_factor(
+        self, rewriter: str, pattern: str | None = None, groups: tuple[str, ...] = ()
+    ) -> float:
+        """The factor of one of the pattern's optional groups where the profile has one
+        (``attention+softcap``: a kernel slow in one of its modes only, soft-capped
+        GroupQueryAttention), else the pattern's own, else the rewriter's."""
+        for group in groups:
+            if f"{pattern}+{group}" in self.kernel_factors:
+                return self.kernel_factors[f"{pattern}+{group}"]
         if pattern is not None and pattern in self.kernel_factors:
             return self.kernel_factors[pattern]
         return self.kernel_factors.get(rewriter, 1.0)

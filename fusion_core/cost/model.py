@@ -193,7 +193,9 @@ class CostModel:
         before = sum(
             seconds(bytes_moved=c.bytes, flops=c.flops, launches=1) for c in known.values()
         )
-        factor = self.profile.kernel_factor(match.pattern.rewriter.name, match.pattern.name)
+        factor = self.profile.kernel_factor(
+            match.pattern.rewriter.name, match.pattern.name, match.pattern.groups
+        )
         after = factor * seconds(
             bytes_moved=sum(c.bytes for c in known.values()) - traffic.bytes_saved,
             flops=sum(c.flops for c in known.values()) - removed,
@@ -245,7 +247,9 @@ class CostModel:
         if fractions:
             speedup = min(1.0 / max(1.0 - max(fractions), 1e-9), MAX_HINT_SPEEDUP)
         gain_s = launches_saved * self.profile.launch_overhead_s
-        factor = self.profile.kernel_factor(match.pattern.rewriter.name, match.pattern.name)
+        factor = self.profile.kernel_factor(
+            match.pattern.rewriter.name, match.pattern.name, match.pattern.groups
+        )
         if factor != 1.0:  # a measured kernel factor divides the hinted speedup (1 if none)
             speedup = (speedup or 1.0) / factor
             if speedup < 1:  # the kernel is measured to lose more than the fusion saves

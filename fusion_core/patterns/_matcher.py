@@ -114,7 +114,7 @@ class Matcher:
     def __init__(self, patterns: Sequence[PatternSpec], *, max_matches: int = 100_000) -> None:
         self.patterns = list(patterns)
         self.max_matches = max_matches
-        self._plans: dict[tuple[str, str], _Plan] = {}
+        self._plans: dict[tuple[str, tuple[str, ...], str], _Plan] = {}
 
     def find(self, graph: ir.Graph) -> MatchResult:
         index: dict[str, list[ir.Node]] = defaultdict(list)
@@ -126,10 +126,20 @@ class Matcher:
         search = _Search(index, node_positions(graph))
         result = MatchResult()
         for pattern in self.patterns:
-            plan = self._plan(pattern, index)
-            if plan is not None:
-                search.run(plan, result, self.max_matches)
-        explained = [self._explain_plan(p) for p in self.patterns if p.explain is not None]
+            found = MatchResult()
+            for variant in pattern.variants():
+                plan = self._plan(variant, index)
+                if plan is not None:
+                    search.run(plan, found, self.max_matches)
+            _largest_variants(found, result)
+        # the fewest optional steps first: at equal depth the first variant names the near
+        # miss, and a step every spelling has is the one to name
+        explained = [
+            self._explain_plan(v)
+            for p in self.patterns
+            if p.explain is not None
+            for v in reversed(p.variants())
+        ]
         if explained:
             explain_unmatched(search, explained, result)
         result.candidates.sort(key=lambda m: min(search.positions[id(n)] for n in m.nodes.values()))
@@ -138,7 +148,7 @@ class Matcher:
     def _explain_plan(self, pattern: PatternSpec) -> _Plan:
         """The plan grown from the pattern's ``explain.node``, whatever the graph holds."""
         assert pattern.explain is not None
-        key = (pattern.name, f"explain:{pattern.explain.node}")
+        key = (pattern.name, pattern.groups, f"explain:{pattern.explain.node}")
         if key not in self._plans or self._plans[key].pattern is not pattern:
             self._plans[key] = _Plan(pattern, pattern.explain.node)
         return self._plans[key]
@@ -148,10 +158,28 @@ class Matcher:
         if min(counts.values()) == 0:
             return None  # some op type of the pattern does not occur at all
         anchor = min(pattern.nodes, key=lambda n: counts[n.id]).id
-        key = (pattern.name, anchor)
+        key = (pattern.name, pattern.groups, anchor)
         if key not in self._plans or self._plans[key].pattern is not pattern:
             self._plans[key] = _Plan(pattern, anchor)
         return self._plans[key]
+
+
+def _largest_variants(found: MatchResult, result: MatchResult) -> None:
+    """Add ``found`` (one pattern's variants, the most nodes first) to ``result``, but a
+    candidate binding a subset of another's nodes (the block without its optional steps
+    found inside the block with them) and a near miss among a candidate's nodes."""
+    if len({m.pattern.groups for m in found.candidates}) <= 1:
+        result.candidates.extend(found.candidates)
+        result.near_misses.extend(found.near_misses)
+        return
+    kept: list[Match] = []
+    for match in found.candidates:
+        nodes = match.node_ids()
+        if not any(nodes < other.node_ids() for other in found.candidates):
+            kept.append(match)
+    names = {name for match in kept for name in match.node_names()}
+    result.candidates.extend(kept)
+    result.near_misses.extend(m for m in found.near_misses if not set(m.nodes) <= names)
 
 
 def _key(spec: NodeSpec, op: str) -> str:

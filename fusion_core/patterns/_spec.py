@@ -23,9 +23,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from autofusion.fusion_core.patterns._constraints import Constraint, constraint_ref_nodes
+from autofusion.fusion_core.patterns._optional import check_optional_groups, pattern_variants
 from autofusion.fusion_core.patterns._probes import PROBES
 from autofusion.fusion_core.patterns._refs import parse_edge, parse_ref
 from autofusion.fusion_core.targets import TARGET_NAMES, TargetName
@@ -62,6 +63,11 @@ class NodeSpec(BaseModel):
     op: tuple[str, ...]
     inputs: dict[int, str] = Field(default_factory=dict)
     commutative: bool | None = None  # None: by the matched op type (Add, Mul, ...)
+    # A node of an optional group (``_optional.py``): the pattern also matches without
+    # every node of the group, and then whatever read this node's output reads its input
+    # ``through`` instead (a NaN guard Where(IsNaN(p), 0, p) passes p, its input 2, on).
+    optional: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    through: int = Field(default=0, ge=0)
 
     @field_validator("op", mode="before")
     @classmethod
@@ -158,6 +164,10 @@ class PatternSpec(BaseModel):
     # value of its own (a SkipLayerNormalization's sum), so that nodes outside the match
     # may still read them: no escape. The rewriter must replace each (``missing_output``).
     exposes: list[str] = Field(default_factory=list, max_length=8)
+    # Built on first use: the plain variants of a pattern with optional groups, and for a
+    # variant the groups it holds (the cost profile may price one group: "attention+softcap").
+    _variants: list[PatternSpec] | None = PrivateAttr(default=None)
+    _groups: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("name")
     @classmethod
@@ -204,7 +214,20 @@ class PatternSpec(BaseModel):
                 )
         _check_acyclic(self.nodes)
         _check_connected(self.nodes)
+        check_optional_groups(self)
         return self
+
+    def variants(self) -> list[PatternSpec]:
+        """The plain patterns this one stands for: itself, or one per subset of its
+        optional groups, the most nodes first (``_optional.py``)."""
+        if self._variants is None:
+            self._variants = pattern_variants(self)
+        return self._variants
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The optional groups this variant holds (none for a pattern without any)."""
+        return self._groups
 
     def node(self, node_id: str) -> NodeSpec:
         for node in self.nodes:

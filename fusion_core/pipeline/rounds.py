@@ -223,7 +223,7 @@ def _try_rewrite(
     reason = check_match(match) or quantized_unit(match)
     if reason is not None:
         return reason
-    rewrite = compiled.rewriter.rewrite(match, compiled.params, ctx)
+    rewrite = compiled.rewriter.rewrite(match, compiled.params_for(match.pattern), ctx)
     if isinstance(rewrite, str):
         return f"rewriter {compiled.rewriter.name!r}: {rewrite}"
     if (reason := missing_output(match, rewrite)) is not None:
