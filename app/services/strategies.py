@@ -105,7 +105,7 @@ _OPTIONAL_FIELDS = (
 
 
 _NLP_PREFIXES = (
-    "attention_",
+    "attention",
     "qkv_",
     "kv_",
     "layer_norm",
@@ -168,14 +168,33 @@ def strategy_etag(strategy: Strategy) -> str:
 
 
 def seed_strategies(session: Session) -> int:
-    """Insert the presets that are missing (all of them on the first start)."""
+    """Insert the presets that are missing (all of them on the first start), and bring
+    a preset nobody changed (still at version 1) to this release's: its pattern list
+    follows the built-ins (one ``attention`` pattern replaced ten). A preset changed
+    through the API (version 2 on) stays the user's. Returns how many were written."""
     seeded = 0
     for preset in PRESETS:
-        if session.get(Strategy, preset.name) is None:
+        stored = session.get(Strategy, preset.name)
+        if stored is None:
             _store(session, Strategy(name=preset.name, version=1), preset)
+            seeded += 1
+        elif stored.version == 1 and stored.data != preset.model_dump(mode="json"):
+            _refresh_first_version(session, stored, preset)
             seeded += 1
     session.flush()
     return seeded
+
+
+def _refresh_first_version(session: Session, stored: Strategy, preset: StrategySpec) -> None:
+    data = preset.model_dump(mode="json")
+    stored.data, stored.updated_at = data, utcnow()
+    first = session.scalars(
+        select(StrategyVersion).where(
+            StrategyVersion.name == stored.name, StrategyVersion.version == 1
+        )
+    ).first()
+    if first is not None:
+        first.data = data
 
 
 def list_strategies(session: Session) -> list[Strategy]:

@@ -30,15 +30,21 @@ import onnx
 import yaml
 
 BUILTIN = Path(__file__).resolve().parents[2] / "fusion_core" / "patterns" / "builtin"
-KINDS = {  # kind -> name prefixes of its builtin patterns
-    "attention": ("attention_mha",),
-    "rms_norm": ("rms_norm",),
-    "skip_layer_norm": ("skip_layer_norm",),
-    "skip_rms_norm": ("skip_rms_norm",),
-    "gelu": ("gelu_",),
-    "qkv": ("qkv_merge", "qkv_bias_merge"),
-    "rotary_interleaved": ("rotary_embedding_interleaved",),
+KINDS = {  # kind -> its builtin patterns: names, or name prefixes ending in "*"
+    "attention": ("attention",),
+    "rms_norm": ("rms_norm*",),
+    "skip_layer_norm": ("skip_layer_norm*",),
+    "skip_rms_norm": ("skip_rms_norm*",),
+    "gelu": ("gelu_*",),
+    "qkv": ("qkv_merge*", "qkv_bias_merge*"),
+    "rotary_interleaved": ("rotary_embedding_interleaved*",),
 }
+
+
+def _of_kind(name: str, kind: str) -> bool:
+    return any(
+        name.startswith(spec[:-1]) if spec.endswith("*") else name == spec for spec in KINDS[kind]
+    )
 
 
 @cache
@@ -59,7 +65,7 @@ PRICED_AS_LOSS = ("skip_layer_norm", "skip_rms_norm", "qkv")
 def any_of(kind: str) -> str:
     """The ``a|b|...`` key of every builtin pattern of ``kind`` (``?a|b|...`` for a
     kind the default profile may leave out as a predicted loss, ``meta.py``)."""
-    names = [n for n in builtin_names() if n.startswith(KINDS[kind])]
+    names = [n for n in builtin_names() if _of_kind(n, kind)]
     if not names:
         raise RuntimeError(f"no builtin pattern of kind {kind!r} in {BUILTIN}")
     return ("?" if kind in PRICED_AS_LOSS else "") + "|".join(names)

@@ -87,7 +87,7 @@ def there(info: meta.ModelMeta, path: Path) -> dict[str, int | None]:
     graph = onnx.load(str(path), load_external_data=False).graph
     layer_norms = sum(n.op_type == "LayerNormalization" for n in graph.node)
     return {
-        "attention": pattern_count("attention_mha") or None,
+        "attention": pattern_count("attention") or None,
         "rotary": pattern_count("rotary_embedding") or None,
         "norms": (layer_norms + pattern_count("rms_norm")) or None,
         "moe": None,

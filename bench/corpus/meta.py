@@ -103,6 +103,17 @@ def models_dir(cache: Path) -> Path:
     return cache / "models"
 
 
+# Built-in patterns a release folded into one (optional groups, fusion_core/patterns/
+# _optional.py): an expectation a cached model's meta.json wrote with the old names counts
+# the new one, so a cache built before the change stays valid (a rebuild writes the new).
+_ATTENTION = ("attention_mha", "attention_mha_no_mask", "attention_mha_sdpa_kt",
+              "attention_mha_sdpa_kt_no_mask", "attention_gqa_sdpa_kt",
+              "attention_gqa_sdpa_kt_repeat_kv", "attention_gqa_eager",
+              "attention_gqa_eager_repeat_kv", "attention_gqa_eager_softcap",
+              "attention_gqa_eager_softcap_repeat_kv")  # fmt: skip
+MERGED_INTO = dict.fromkeys(_ATTENTION, "attention")
+
+
 @dataclass
 class ModelMeta:
     """One corpus model's description (see the module docstring for each key)."""
@@ -166,6 +177,7 @@ class ModelMeta:
         counts = {}
         for key, minimum in self.expected.get(target, {}).items():
             names = key.removeprefix(OR_LEFT_OUT).split("|")
+            names += sorted({MERGED_INTO[n] for n in names if n in MERGED_INTO} - set(names))
             found = sum(fusions.get(name, 0) for name in names)
             if key.startswith(OR_LEFT_OUT):
                 found += sum(

@@ -23,6 +23,7 @@ from autofusion.fusion_core.rewriters._base import (
 )
 from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
 from autofusion.fusion_core.rewriters.attention import FuseAttention
+from autofusion.fusion_core.rewriters.attention_block import AttentionBlock
 from autofusion.fusion_core.rewriters.fold_affine import FoldAffine
 from autofusion.fusion_core.rewriters.fold_batchnorm import FoldBatchNorm
 from autofusion.fusion_core.rewriters.fold_layer_norm_affine import FoldLayerNormAffine
@@ -84,6 +85,7 @@ _BUILTIN: tuple[type[Rewriter], ...] = (
     RotaryEmbedding,
     GroupQueryAttention,
     FuseAttention,
+    AttentionBlock,
     PackedAttention,
     MixtureOfExperts,
     FusedRegion,

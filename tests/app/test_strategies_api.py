@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
+from autofusion.app.core.models import Strategy
 from autofusion.app.main import create_app
 from autofusion.app.services.auth import create_key
 from autofusion.app.services.strategies import PRESETS, StrategySpec, seed_strategies
@@ -73,7 +74,7 @@ def test_presets_are_seeded(client):
     assert by_name["vision"]["patterns"] == VISION
     nlp = by_name["nlp"]["patterns"]
     # every transformer fusion, none of the convolutional ones
-    assert {"attention_mha_sdpa_kt", "qkv_bias_merge", "skip_layer_norm", "matmul_add"} <= set(nlp)
+    assert {"attention", "qkv_bias_merge", "skip_layer_norm", "matmul_add"} <= set(nlp)
     assert "gelu_erf_half_inner_bias" in nlp and not any(p.startswith("conv") for p in nlp)
     assert all(s["version"] == 1 and s["exclude"] == [] for s in body["data"])
     # Presets choose among overlapping fusions with the cost model.
@@ -86,6 +87,20 @@ def test_presets_are_seeded(client):
     registry = {p["name"] for p in client.get("/v1/patterns").json()["data"]}
     for preset in PRESETS:
         assert set(preset.patterns or []) <= registry
+
+
+def test_seeding_brings_an_unchanged_preset_to_this_release(client):
+    """A preset at version 1 that an older release wrote (here: naming a pattern this
+    release retired) follows the built-ins; its version and history stay one."""
+    with session_scope(db_url(client)) as session:
+        stored = session.get(Strategy, "nlp")
+        stored.data = {**stored.data, "patterns": ["attention_mha", "matmul_add"]}
+        session.flush()
+        assert seed_strategies(session) == 1
+        assert seed_strategies(session) == 0
+    nlp = client.get("/v1/strategies/nlp").json()
+    assert nlp["version"] == 1 and "attention" in nlp["patterns"]
+    assert "attention_mha" not in nlp["patterns"]
 
 
 def test_seeding_again_keeps_changed_presets(client):

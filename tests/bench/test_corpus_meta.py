@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "corpus"))
+import _torch_expect
 import meta
 
 LOSS = "priority selection: the cost model predicts a loss on target profile 'cpu' (...)"
@@ -30,7 +31,7 @@ def test_a_question_key_also_counts_predicted_losses_of_its_patterns() -> None:
         {"pattern": "qkv_bias_merge", "reason": LOSS},
         {"pattern": "qkv_bias_merge", "reason": LOSS},
         {"pattern": "qkv_merge", "reason": "constraint failed: weights not constant"},
-        {"pattern": "attention_mha", "reason": LOSS},  # another pattern: not counted
+        {"pattern": "attention", "reason": LOSS},  # another pattern: not counted
     ]
     counts = info.expected_counts("onnxruntime", {"qkv_merge": 1}, misses)
     assert counts == {"?qkv_merge|qkv_bias_merge": (4, 3)}
@@ -67,3 +68,16 @@ def test_expected_ops_question_keys_allow_up_to_the_count() -> None:
         "op ?RotaryEmbedding: at most 4, got 5"
     ]
     assert info.op_problems("generic", {"X": 1}) == []
+
+
+def test_a_key_written_with_patterns_a_release_merged_counts_the_merged_one() -> None:
+    """A cache built before the ten attention patterns became one still checks: its
+    key names the old patterns, the report the new one (and no other pattern counts)."""
+    old = "attention_mha|attention_mha_no_mask|attention_mha_sdpa_kt"
+    info = _info({old: 2})
+    fusions = {"attention": 2, "attention_packed_merged": 2}
+    counts = info.expected_counts("onnxruntime", fusions)
+    assert counts == {old: (2, 2)}
+    # every old name is gone from the built-ins, every new one is there
+    assert not set(meta.MERGED_INTO) & set(_torch_expect.builtin_names())
+    assert set(meta.MERGED_INTO.values()) <= set(_torch_expect.builtin_names())

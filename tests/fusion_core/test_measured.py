@@ -36,7 +36,7 @@ RATIOS = {
 
 # what those ratios keep on BERT: attention (MultiHeadAttention, then packed with its
 # projection into Attention) and the Q/K/V merge
-KEPT = {"attention_mha", "attention_packed_merged", "qkv_bias_merge"}
+KEPT = {"attention", "attention_packed_merged", "qkv_bias_merge"}
 
 
 def ratio_of(value: float):
@@ -89,14 +89,14 @@ def test_only_the_groups_that_measure_faster_are_kept(tmp_path) -> None:
 
     result = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
     proposed = {g["pattern"] for g in result.measurement["groups"]}
-    assert {"skip_layer_norm_bias", "attention_mha", "qkv_bias_merge"} <= proposed
+    assert {"skip_layer_norm_bias", "attention", "qkv_bias_merge"} <= proposed
     assert set(result.counts) == KEPT
     assert result.check.passed
     groups = {g["pattern"]: g for g in result.measurement["groups"]}
     assert groups["skip_layer_norm_bias"]["kept"] is False
     assert groups["skip_layer_norm_bias"]["ratio"]["verdict"] == "slower"
     assert groups["gelu_erf_half_last_bias"]["ratio"]["verdict"] == "no measurable change"
-    assert groups["attention_mha"]["kept"] is True
+    assert groups["attention"]["kept"] is True
     # BiasGelu left out lets the bias-less Gelu fuse instead: measured in a second pass
     assert groups["gelu_erf_half_last"]["ratio"] is not None
     assert groups["gelu_erf_half_last"]["kept"] is False
@@ -148,7 +148,7 @@ def test_a_final_model_slower_than_the_original_keeps_no_fusion(tmp_path) -> Non
     assert "measured slower than the original" in result.measurement["fallback"]
     assert not any(g["kept"] for g in result.measurement["groups"])
     reasons = {m.pattern: m.reason for m in result.near_misses}
-    assert "as a whole measured slower" in reasons["attention_mha"]
+    assert "as a whole measured slower" in reasons["attention"]
     assert read_report(build_report(result)).speed.verdict == "slower"
 
 
@@ -223,7 +223,7 @@ def test_a_batch_the_budget_cannot_afford_is_not_started(tmp_path) -> None:
     groups = result.measurement["groups"]
     assert groups and all(g["ratio"] is None and not g["kept"] for g in groups)
     assert all("time budget" in g["reason"] or "unmeasured" in g["reason"] for g in groups)
-    assert groups[0]["group"].startswith("attention_mha") and "time budget" in groups[0]["reason"]
+    assert groups[0]["group"].startswith("attention") and "time budget" in groups[0]["reason"]
 
 
 def test_groups_the_budget_does_not_reach_are_left_out(tmp_path) -> None:

@@ -59,7 +59,7 @@ def test_onnxruntime_target(name: str) -> None:
     result = optimize(FOLDER / f"{name}.onnx", config)
 
     assert result.check is not None and result.check.passed, result.check
-    assert _count(result.counts, "attention_mha") == LAYERS, result.near_misses
+    assert result.counts.get("attention", 0) == LAYERS, result.near_misses
     # then packed with its merged projection into one Attention (GPT-2's projection is
     # a Gemm and a Reshape before its Split, which the packing does not read through)
     attention = "MultiHeadAttention" if _family(name) == "gpt2" else "Attention"
@@ -82,7 +82,7 @@ def test_fully_masked_and_left_padded_rows(name: str) -> None:
     unless the rewrite keeps the guard's meaning."""
     original = onnx.load(FOLDER / f"{name}.onnx")
     result = optimize(FOLDER / f"{name}.onnx", OptimizeConfig(target="onnxruntime"))
-    assert _count(result.counts, "attention_mha") == LAYERS
+    assert result.counts.get("attention", 0) == LAYERS
     fused = ir.serde.serialize_model(result.model)
     rng = np.random.default_rng(0)
     batch, sequence = 3, 7
@@ -107,8 +107,8 @@ def test_an_unfused_block_is_explained() -> None:
             attr.i = 1
     result = optimize(model, OptimizeConfig(target="onnxruntime"))
     assert result.check is not None and result.check.passed
-    assert result.counts.get("attention_mha") == LAYERS - 1
-    (miss,) = [m for m in result.near_misses if m.pattern == "attention_mha"]
+    assert result.counts.get("attention") == LAYERS - 1
+    (miss,) = [m for m in result.near_misses if m.pattern == "attention"]
     assert softmaxes[1].name in miss.nodes
     assert "softmax" in miss.reason and "axis" in miss.reason, miss.reason
 
@@ -125,24 +125,21 @@ def test_generic_target_folds_the_scale_and_explains_the_attention(name: str) ->
     result = optimize(FOLDER / f"{name}.onnx", config)
     assert result.check is not None and result.check.passed, result.check
     refusals = [m for m in result.near_misses if "ONNX Attention needs opset 23" in m.reason]
-    # Every block is refused by each attention pattern that matched it: the encoder
-    # patterns (attention_mha*) and the decoders' group_query_attention, which matches an
-    # encoder's attention too (with one query group per key head; its patterns are
-    # attention_gqa*). One refusal each.
+    # Every block is refused once by the attention pattern, which tried MultiHeadAttention
+    # and GroupQueryAttention (ONNX Attention for both on this target).
     softmaxes = {
         n.name for n in onnx.load(FOLDER / f"{name}.onnx").graph.node if n.op_type == "Softmax"
     }
     assert len(softmaxes) == LAYERS
     for softmax in softmaxes:
         patterns = [m.pattern for m in refusals if softmax in m.nodes]
-        assert any(p.startswith("attention_mha") for p in patterns), (softmax, refusals)
+        assert any(p.startswith("attention") for p in patterns), (softmax, refusals)
         assert len(patterns) == len(set(patterns)), (softmax, patterns)
-    attention = ("attention_mha", "attention_gqa")
-    assert all(m.pattern.startswith(attention) for m in refusals), refusals
+    assert all(m.pattern == "attention" for m in refusals), refusals
     # After the fold, the last round's probe also explains each Softmax (the scale it
     # looks for is gone); nothing else is reported for attention.
     others = [
-        m for m in result.near_misses if m.pattern.startswith("attention_mha") and m not in refusals
+        m for m in result.near_misses if m.pattern.startswith("attention") and m not in refusals
     ]
     # (an unmasked ViT's: the masked pattern gets furthest, and says the mask is absent)
     missing = ("'scale'", "'q_scale'", "'mask'") if _family(name) == "vit" else ("'scale'",)
@@ -183,9 +180,9 @@ def test_an_attention_no_pattern_binds_is_explained() -> None:
     model.graph.node.insert(position, sub)
     result = optimize(model, OptimizeConfig(target="onnxruntime"))
     assert result.check is not None and result.check.passed
-    assert _count(result.counts, "attention_mha") == LAYERS - 1
-    (miss,) = [m for m in result.near_misses if m.pattern.startswith("attention_")]
-    assert miss.pattern == "attention_mha"
+    assert result.counts.get("attention", 0) == LAYERS - 1
+    (miss,) = [m for m in result.near_misses if m.pattern == "attention"]
+    assert miss.pattern == "attention"
     assert miss.nodes == (mask_add.name, softmax.name)
     assert miss.reason == (
         f"expected Mul or Div 'scale' computing input 0 of mask (Add {mask_add.name!r}); "

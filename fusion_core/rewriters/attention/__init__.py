@@ -59,6 +59,10 @@ NaN guard in ``_attention_mask.py`` (``group_query_attention`` shares both).
 
 from __future__ import annotations
 
-from autofusion.fusion_core.rewriters.attention._rewriter import FuseAttention
+from autofusion.fusion_core.rewriters.attention._rewriter import (
+    AttentionParams,
+    FuseAttention,
+    multi_head_attention,
+)
 
-__all__ = ["FuseAttention"]
+__all__ = ["AttentionParams", "FuseAttention", "multi_head_attention"]

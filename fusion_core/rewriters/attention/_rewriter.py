@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx_ir as ir
 
 from autofusion.fusion_core.patterns import Match
@@ -25,7 +27,7 @@ from autofusion.fusion_core.rewriters._base import (
 )
 from autofusion.fusion_core.targets import MS_DOMAIN
 
-__all__ = ["FuseAttention"]
+__all__ = ["FuseAttention", "multi_head_attention"]
 
 ATTENTION_OPSET = 23  # https://onnx.ai/onnx/operators/onnx__Attention.html
 
@@ -51,53 +53,63 @@ class FuseAttention(Rewriter):
     Params = AttentionParams
 
     def rewrite(self, match: Match, params: AttentionParams, ctx: RewriteContext) -> Rewrite | str:
-        contrib = ctx.target.can_emit(MS_DOMAIN)
-        if not contrib and ctx.opset < ATTENTION_OPSET:
-            instead = "the generic target folds the attention scale into the projection instead"
-            return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx, instead)
         splits = [
             match.node(params.q_reshape_node),
             match.node(params.k_reshape_node),
             match.node(params.v_reshape_node),
         ]
-        heads = heads_of(splits)
-        if isinstance(heads, str):
-            return heads
-        output = match.node(params.output_node)
-        # MultiHeadAttention's [B, S, N * H] is out_t's [B, S, N, H] with the heads merged,
-        # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
-        # from past the second (a 0 entry without allowzero)
-        reshape_after = merges_heads(output, splits[0].inputs[0], heads) is not None
-        failure = layout_failure(match, params, output if reshape_after else None)
-        if failure is not None:
-            return failure
-        scale = matched_scale(match, params)
-        if isinstance(scale, str):
-            return scale
-        masked = _mask(match, params, ctx)
-        if isinstance(masked, str):
-            return masked
-        mask, keep_rows, nodes = masked
-        inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
-        if mask is not None:
-            inputs += [None, None, mask]
-        nodes.append(_attention_node(contrib, inputs, heads[0], scale, ctx))
-        q = splits[0].inputs[0]
+        return multi_head_attention(match, params, splits, ctx)
+
+
+def multi_head_attention(
+    match: Match, params: Any, splits: list[ir.Node], ctx: RewriteContext
+) -> Rewrite | str:
+    """The matched attention as MultiHeadAttention (ONNX Attention on the generic
+    target), ``splits`` the Reshapes of q, k and v into heads (in the match or not:
+    ``attention_block`` reads k's and v's before the match), or why not. ``params``
+    names the matched nodes as ``AttentionParams`` does."""
+    contrib = ctx.target.can_emit(MS_DOMAIN)
+    if not contrib and ctx.opset < ATTENTION_OPSET:
+        instead = "the generic target folds the attention scale into the projection instead"
+        return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx, instead)
+    heads = heads_of(splits)
+    if isinstance(heads, str):
+        return heads
+    output = match.node(params.output_node)
+    # MultiHeadAttention's [B, S, N * H] is out_t's [B, S, N, H] with the heads merged,
+    # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
+    # from past the second (a 0 entry without allowzero)
+    reshape_after = merges_heads(output, splits[0].inputs[0], heads) is not None
+    failure = layout_failure(match, params, output if reshape_after else None)
+    if failure is not None:
+        return failure
+    scale = matched_scale(match, params)
+    if isinstance(scale, str):
+        return scale
+    masked = _mask(match, params, ctx)
+    if isinstance(masked, str):
+        return masked
+    mask, keep_rows, nodes = masked
+    inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
+    if mask is not None:
+        inputs += [None, None, mask]
+    nodes.append(_attention_node(contrib, inputs, heads[0], scale, ctx))
+    q = splits[0].inputs[0]
+    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
+    if keep_rows is not None:
+        nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
         nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
-        if keep_rows is not None:
-            nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
-            nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
-        if reshape_after:
-            reshape = [nodes[-1].outputs[0], output.inputs[1]]
-            nodes.append(ir.Node("", "Reshape", reshape, output.attributes.values()))
-        old = output.outputs[0]
-        new = nodes[-1].outputs[0]
-        new.type, new.shape = old.type, old.shape
-        return Rewrite(nodes, [(old, new)])
+    if reshape_after:
+        reshape = [nodes[-1].outputs[0], output.inputs[1]]
+        nodes.append(ir.Node("", "Reshape", reshape, output.attributes.values()))
+    old = output.outputs[0]
+    new = nodes[-1].outputs[0]
+    new.type, new.shape = old.type, old.shape
+    return Rewrite(nodes, [(old, new)])
 
 
 def _mask(
-    match: Match, params: AttentionParams, ctx: RewriteContext
+    match: Match, params: Any, ctx: RewriteContext
 ) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]] | str:
     """(the additive mask, the rows to zero after, the nodes that compute them), or why
     the mask cannot be given to the fused op."""

@@ -76,6 +76,10 @@ term's in ``_padding``, the bias and lengths built in ``_bias``.
 
 from __future__ import annotations
 
-from autofusion.fusion_core.rewriters.group_query_attention._rewriter import GroupQueryAttention
+from autofusion.fusion_core.rewriters.group_query_attention._inputs import head_split
+from autofusion.fusion_core.rewriters.group_query_attention._rewriter import (
+    GQAParams,
+    GroupQueryAttention,
+)
 
-__all__ = ["GroupQueryAttention"]
+__all__ = ["GQAParams", "GroupQueryAttention", "head_split"]

@@ -16,7 +16,7 @@ from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
 
-__all__ = ["KVSide", "kv_side", "repeats_heads", "split_source"]
+__all__ = ["KVSide", "head_split", "kv_side", "repeats_heads", "split_source"]
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class KVSide:
     size: int
 
 
-def split_source(heads: ir.Value, what: str) -> tuple[ir.Value, tuple[int, int]] | str:
-    """``x`` and (heads, head size) of ``heads = Transpose(Reshape(x, [B, S, N, H]),
-    [0, 2, 1, 3])``."""
+def head_split(heads: ir.Value, what: str) -> tuple[ir.Node, ir.Node] | str:
+    """The Transpose and the Reshape of ``heads = Transpose(Reshape(x), [0, 2, 1, 3])``,
+    or why ``heads`` is not that."""
     transpose = heads.producer()
     if transpose is None or transpose.op_type != "Transpose":
         return f"the {what} {heads.name!r} is not a head split (Transpose of a Reshape)"
@@ -43,6 +43,16 @@ def split_source(heads: ir.Value, what: str) -> tuple[ir.Value, tuple[int, int]]
     reshape = transpose.inputs[0].producer() if transpose.inputs[0] is not None else None
     if reshape is None or reshape.op_type != "Reshape":
         return f"the {what} heads are not Transpose(Reshape(x)) ({transpose.name!r})"
+    return transpose, reshape
+
+
+def split_source(heads: ir.Value, what: str) -> tuple[ir.Value, tuple[int, int]] | str:
+    """``x`` and (heads, head size) of ``heads = Transpose(Reshape(x, [B, S, N, H]),
+    [0, 2, 1, 3])``."""
+    split = head_split(heads, what)
+    if isinstance(split, str):
+        return split
+    reshape = split[1]
     found = heads_of([reshape])
     if isinstance(found, str):
         return found

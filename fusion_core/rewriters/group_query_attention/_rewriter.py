@@ -350,7 +350,7 @@ def _causal_or_not(
     if key.past is None and why is not None and key.heads == heads:  # no decoder's sign
         return (
             f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
-            "attention, which attention_mha* fuses as MultiHeadAttention"
+            "attention: MultiHeadAttention's"
         )
     if key.past is None or not need_causal:
         return masked

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.catalog import compile_pattern
+from autofusion.fusion_core.cost import load_target_profile
 from autofusion.fusion_core.errors import PatternError
 from autofusion.fusion_core.patterns import Matcher, PatternSpec
 
@@ -134,6 +135,31 @@ def test_variants_drop_what_names_an_absent_group() -> None:
     assert all(v.name == "block" for v in variants)
 
 
+def test_rewriter_params_naming_an_absent_node_are_none() -> None:
+    compiled = compile_pattern(
+        {
+            "name": "attention_like",
+            "priority": 1,
+            "nodes": [
+                {"id": "q_reshape", "op": "Reshape", "inputs": {0: "$q"}},
+                {"id": "q_t", "op": "Transpose", "inputs": {0: "q_reshape"}},
+                {"id": "k_t", "op": "Transpose", "inputs": {0: "$k"}},
+                {"id": "qk", "op": "MatMul", "inputs": {0: "q_t", 1: "k_t"}},
+                {"id": "scale", "op": "Mul", "inputs": {0: "qk"}},
+                {"id": "mask", "op": "Add", "inputs": {0: "scale", 1: "$m"}, "optional": "mask"},
+                {"id": "softmax", "op": "Softmax", "inputs": {0: "mask"}},
+                {"id": "context", "op": "MatMul", "inputs": {0: "softmax", 1: "$v"}},
+                {"id": "out_t", "op": "Transpose", "inputs": {0: "context"}},
+                {"id": "out_reshape", "op": "Reshape", "inputs": {0: "out_t"}},
+            ],
+            "rewriter": {"name": "attention_block", "params": {"mask_node": "mask"}},
+        }
+    )
+    full, bare = compiled.spec.variants()
+    assert compiled.params_for(full).mask_node == "mask"
+    assert compiled.params_for(bare).mask_node is None
+
+
 @pytest.mark.parametrize(
     ("change", "field", "words"),
     [
@@ -171,3 +197,14 @@ def test_more_than_four_groups_are_refused() -> None:
     with pytest.raises(PatternError) as caught:
         compile_pattern(raw)
     assert "at most 4" in str(caught.value.errors)
+
+
+def test_a_target_profile_prices_one_group() -> None:
+    cpu = load_target_profile("cpu")
+    factors = dict(cpu.kernel_factors)
+    assert factors["attention+softcap"] > 1
+    assert (
+        cpu.kernel_factor("attention_block", "attention", ("softcap",))
+        == factors["attention+softcap"]
+    )
+    assert cpu.kernel_factor("attention_block", "attention", ("mask",)) == 1.0

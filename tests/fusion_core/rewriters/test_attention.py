@@ -1,4 +1,4 @@
-"""``attention`` (attention_mha, attention_mha_no_mask, attention_mha_sdpa_kt): the
+"""``attention`` (attention, attention, attention): the
 scaled-dot-product core of multi-head attention, after ``qkv_bias_merge``, as
 com.microsoft MultiHeadAttention (the SDPA form is at the end of this file). On the
 onnxruntime target these tests stop there: the packing of the merged projection and
@@ -159,7 +159,7 @@ def test_attention_becomes_multi_head_attention(case):
     model = attention_model(**case)
     result = optimize_mha(model)
     mask = case.get("mask", "") is not None
-    pattern = "attention_mha" if mask else "attention_mha_no_mask"
+    pattern = "attention" if mask else "attention"
     fused = assert_fusion(
         model,
         result,
@@ -186,7 +186,7 @@ def test_generic_target_keeps_the_block_and_folds_the_scale():
     fused = result.to_proto()
     assert "Mul" not in op_sequence(fused)
     run_both(model, fused, **TOL)
-    reasons = misses(result, "attention_mha")
+    reasons = misses(result, "attention")
     assert any("needs opset 23" in r for r in reasons), reasons
 
 
@@ -194,7 +194,7 @@ def test_generic_target_keeps_the_block_and_folds_the_scale():
 def test_generic_target_at_opset_23_emits_onnx_attention(mask):
     model = attention_model(mask=mask, scale_value=0.3, opset=23)
     result = optimize_quiet(model, target="generic")
-    pattern = "attention_mha" if mask else "attention_mha_no_mask"
+    pattern = "attention" if mask else "attention"
     assert result.counts == {"qkv_bias_merge": 1, pattern: 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
@@ -272,7 +272,7 @@ def test_no_fusion(case, reason):
     model = attention_model(**case)
     result = optimize_mha(model)
     masked = case.get("mask", "") is not None
-    pattern = "attention_mha" if masked else "attention_mha_no_mask"
+    pattern = "attention" if masked else "attention"
     ops = UNFUSED if masked else UNFUSED_NO_MASK
     assert_no_fusion(model, result, pattern=pattern, reason=reason, ops=ops, **TOL)
 
@@ -286,7 +286,7 @@ def test_a_mask_with_one_row_for_every_query_is_expanded_to_each():
     fused = assert_fusion(
         model,
         result,
-        counts={"qkv_bias_merge": 1, "attention_mha": 1},
+        counts={"qkv_bias_merge": 1, "attention": 1},
         ops=["Where", "MatMul", "Add", "Split", "Shape", "Gather", "Concat", "Expand", MHA],
         **TOL,
     )
@@ -298,8 +298,8 @@ def test_no_fusion_when_the_target_is_computed():
     """The heads cannot be read from a Reshape target the model computes at run time."""
     model = attention_model(target_input=True)
     result = optimize_mha(model)
-    assert "attention_mha" not in result.counts
-    reasons = misses(result, "attention_mha")
+    assert "attention" not in result.counts
+    reasons = misses(result, "attention")
     assert any("is neither a constant nor a Concat" in r for r in reasons), reasons
     fused = result.to_proto()
     assert op_sequence(fused) == UNFUSED
@@ -313,7 +313,7 @@ def test_no_fusion_when_the_target_is_computed():
 
 
 # ---------------------------------------------------------------------------------------
-# attention_mha_sdpa_kt: the same block as dynamo exports scaled_dot_product_attention
+# attention: the same block as dynamo exports scaled_dot_product_attention
 # (its K^T by a 3-D Reshape/Transpose/Reshape is one Transpose after kt_by_reshape).
 
 
@@ -384,7 +384,7 @@ def test_sdpa_attention_becomes_multi_head_attention():
     model = sdpa_model()
     result = optimize_mha(model)
     # dynamo's K^T (Reshape, Transpose, Reshape) is one Transpose by then (kt_by_reshape)
-    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa_kt": 1}
+    assert result.counts == {"qkv_bias_merge": 1, "attention": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == merged_ops(mask=True)
     onnx.checker.check_model(fused, full_check=True)
@@ -401,7 +401,7 @@ def test_sdpa_infinite_mask_keeps_the_guard():
     has no guard, so the mask becomes finite and such rows are multiplied by 0."""
     model = sdpa_model(lowest=-np.inf)
     result = optimize_mha(model)
-    assert result.counts == {"qkv_bias_merge": 1, "attention_mha_sdpa_kt": 1}
+    assert result.counts == {"qkv_bias_merge": 1, "attention": 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
     assert op_sequence(fused)[-6:] == ["Where", "Cast", "ReduceMax", "Transpose", MHA, "Mul"]
@@ -432,8 +432,8 @@ def test_sdpa_infinite_mask_per_head_is_refused():
     """A row may be fully masked for one head only: a per-row factor cannot express it."""
     model = sdpa_model(lowest=-np.inf, keep_heads=HEADS)
     result = optimize_mha(model)
-    assert "attention_mha_sdpa_kt" not in result.counts
-    reasons = misses(result, "attention_mha_sdpa_kt")
+    assert "attention" not in result.counts
+    reasons = misses(result, "attention")
     assert any("is not known to be [B or 1, 1, S, L]" in r for r in reasons), reasons
     keep = np.random.default_rng(1).random((B, HEADS, S, S)) < 0.7
     keep[1, 2] = False
@@ -449,7 +449,7 @@ def test_two_dimensional_merge_keeps_a_reshape():
     assert_fusion(
         model,
         result,
-        counts={"qkv_bias_merge": 1, "attention_mha": 1},
+        counts={"qkv_bias_merge": 1, "attention": 1},
         ops=merged_ops(mask=True) + ["Reshape"],
         **TOL,
     )
@@ -460,8 +460,8 @@ def test_merge_that_copies_a_head_dimension_is_refused():
     hidden size (16) from MultiHeadAttention's output."""
     model = attention_model(merge_target=(0, 0, 0, -1), out_shape=f"[{B}, {S}, {HEADS}, 4]")
     result = optimize_mha(model)
-    assert "attention_mha" not in result.counts
-    reasons = misses(result, "attention_mha")
+    assert "attention" not in result.counts
+    reasons = misses(result, "attention")
     assert any("may copy a dimension past the second" in r for r in reasons), reasons
     run_both(model, result.to_proto(), **TOL)
 
@@ -476,7 +476,7 @@ def test_k_transposed_twice_becomes_multi_head_attention(mask):
     model = attention_model(mask=mask, k_two_transposes=True)
     result = optimize_mha(model)
     # one spelling of K^T, two Transposes, for this and the one-Transpose form (kt_of_heads)
-    pattern = "attention_mha" if mask else "attention_mha_no_mask"
+    pattern = "attention" if mask else "attention"
     fused = assert_fusion(
         model,
         result,
@@ -494,9 +494,9 @@ def test_k_transposed_twice_in_another_order_stays():
     k_heads.attribute[0].ints[:] = [0, 1, 3, 2]
     k_t.attribute[0].ints[:] = [0, 2, 1, 3]
     result = optimize_mha(model)
-    assert "attention_mha" not in result.counts
-    reasons = misses(result, "attention_mha")
-    assert any("k_heads.perm" in r and "expected eq [0, 2, 1, 3]" in r for r in reasons), reasons
+    assert "attention" not in result.counts
+    reasons = misses(result, "attention")
+    assert any("k_t.perm" in r and "expected eq [0, 1, 3, 2]" in r for r in reasons), reasons
 
 
 def test_attention_softmax_no_pattern_reaches_is_explained():
@@ -504,11 +504,11 @@ def test_attention_softmax_no_pattern_reaches_is_explained():
     near miss names the closest pattern, the step (its node id and op) and what is there."""
     model = attention_model(extra_step="Sub")
     result = optimize_mha(model)
-    assert not any(p.startswith("attention_mha") for p in result.counts), result.counts
+    assert not any(p.startswith("attention") for p in result.counts), result.counts
     fused = result.to_proto()
     assert op_sequence(fused).count("Softmax") == 1
-    (miss,) = [m for m in result.near_misses if m.pattern.startswith("attention_mha")]
-    assert miss.pattern == "attention_mha"
+    (miss,) = [m for m in result.near_misses if m.pattern.startswith("attention")]
+    assert miss.pattern == "attention"
     assert miss.nodes == ("<Add>", "<Softmax>")  # the partial binding: mask, softmax
     assert miss.reason == (
         "expected Mul or Div 'scale' computing input 0 of mask (an unnamed Add); "
@@ -536,9 +536,9 @@ def test_softmax_that_is_not_attention_is_not_explained():
 @pytest.mark.parametrize(
     ("case", "pattern", "scale"),
     [
-        (dict(scale=None), "attention_mha", 1.0),
-        (dict(scale=None, mask=None), "attention_mha_no_mask", 1.0),
-        (dict(scale=None, mask=None, prescale_q=True), "attention_mha_no_mask", 1.0),
+        (dict(scale=None), "attention", 1.0),
+        (dict(scale=None, mask=None), "attention", 1.0),
+        (dict(scale=None, mask=None, prescale_q=True), "attention", 1.0),
     ],
     ids=["t5-unscaled-with-bias", "unscaled-no-mask", "whisper-query-scaled-first"],
 )

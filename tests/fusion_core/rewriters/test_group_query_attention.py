@@ -332,7 +332,7 @@ def decode_ops() -> list[str]:
 def test_decode_step_with_cache_becomes_group_query_attention(opset):
     model = decoder_attention(opset=opset)
     result = optimize_quiet(model, **ORT)
-    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
+    assert result.counts == {"rotary_embedding": 2, "attention": 1}
     fused = result.to_proto()
     assert op_sequence(fused) == decode_ops()
     onnx.checker.check_model(fused, full_check=True)
@@ -366,7 +366,7 @@ def test_dynamo_spelling_with_cache_becomes_group_query_attention():
     repeated key) is one Transpose in the canonical form (``kt_by_reshape``), so the
     TorchScript spelling's pattern takes it; its query positions ``Range(0, S) + P``
     prove the mask causal as ``Range(P, P + S)`` does."""
-    _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention_gqa_sdpa_kt_repeat_kv")
+    _, ops = fuse_exactly(decoder_attention(dynamo=True), "attention")
     # the rotary's two Slices and the rows' one: none of K^T's shape arithmetic is left
     assert "Softmax" not in ops and ops.count("Slice") == 3 and "Concat" in ops, ops
     assert ops.count("Shape") == 6, ops  # the bias's, the rows', the lengths'
@@ -377,7 +377,7 @@ def test_dynamo_spelling_with_a_finite_mask_becomes_group_query_attention():
     bias, and a row with nothing to attend to (left padding) gets the cache's mean
     value, as the graph's uniform softmax gives it."""
     model = decoder_attention(dynamo=True, lowest=float(np.finfo(np.float32).min))
-    _, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
+    _, ops = fuse_exactly(model, "attention")
     assert ops.count("ReduceMean") == 1 and "LessOrEqual" not in ops, ops
 
 
@@ -386,7 +386,7 @@ def test_a_padding_term_gathered_per_batch_and_key_reads_the_mask_itself():
     flattened mask) is shown to be ``attention_mask[b, j]``: the bias reads the mask
     input, and none of the gather is left."""
     model = decoder_attention(gathered_padding=True)
-    _, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
+    _, ops = fuse_exactly(model, "attention")
     assert "Flatten" not in ops and "LessOrEqual" not in ops, ops
     assert ops.count("Gather") == 0 and ops.count("Range") == 1, ops  # the rotary's
 
@@ -396,7 +396,7 @@ def test_a_sliding_window_keeps_the_whole_mask_as_the_bias(opset):
     """A term that varies with the query (Mistral's window) is no padding term: the
     graph's own [B, 1, S, L] mask is the bias, its rows to keep a ReduceMax over it."""
     model = decoder_attention(window=3, opset=opset)
-    fused, ops = fuse_exactly(model, "attention_gqa_sdpa_kt_repeat_kv")
+    fused, ops = fuse_exactly(model, "attention")
     assert "CumSum" not in ops and "LessOrEqual" in ops and "Greater" in ops, ops
     (reduce,) = [n for n in fused.graph.node if n.op_type == "ReduceMax"]
     assert len(reduce.input) == (2 if opset >= 18 else 1)
@@ -441,7 +441,7 @@ def test_prefill_without_cache_finite_mask_is_not_causal():
     graph's mask as its bias."""
     model = decoder_attention(cache=False, eager=True, lowest=float(np.finfo(np.float32).min))
     result = optimize_quiet(model, **ORT)
-    assert result.counts == {"rotary_embedding": 2, "attention_gqa_eager_repeat_kv": 1}
+    assert result.counts == {"rotary_embedding": 2, "attention": 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
     (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
@@ -458,7 +458,7 @@ def test_mask_without_causal_term_with_cache_is_refused():
     model = decoder_attention(causal=False)
     result = optimize_quiet(model, **ORT)
     assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
-    reasons = misses(result, "attention_gqa_sdpa_kt_repeat_kv")
+    reasons = misses(result, "attention")
     assert any("must be causal, and" in r and "along the key axis" in r for r in reasons), reasons
     assert result.near_misses[-1].kind in ("rewriter", "constraint", "escape", "selection")
     run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
@@ -470,7 +470,7 @@ def test_infinite_mask_without_nan_guard_is_refused():
     model = decoder_attention(eager=True)
     result = optimize_quiet(model, **ORT)
     assert not any(p.startswith("attention_gqa") for p in result.counts), result.counts
-    reasons = misses(result, "attention_gqa_eager_repeat_kv")
+    reasons = misses(result, "attention")
     assert any("no NaN guard follows the Softmax" in r for r in reasons), reasons
 
 
@@ -479,7 +479,7 @@ def test_finite_mask_with_cache_averages_the_rows_with_nothing_to_attend_to():
     causal kernel a cache needs would average only the earlier ones: those rows are
     picked from the mean of the cache's values instead (exact on every padding)."""
     model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min))
-    fused, ops = fuse_exactly(model, "attention_gqa_eager_repeat_kv")
+    fused, ops = fuse_exactly(model, "attention")
     gqa_at = ops.index(GQA)
     assert ops[gqa_at:] == [GQA, "ReduceMean", "Unsqueeze", "Expand", "Reshape", "Where"], ops
     (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
@@ -490,7 +490,7 @@ def test_finite_mask_with_a_sliding_window_and_a_cache_keeps_the_whole_mask():
     """A window term varies with the query, so the whole finite mask is the bias; its
     rows with nothing to attend to take the cache's mean value all the same."""
     model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min), window=3)
-    _, ops = fuse_exactly(model, "attention_gqa_eager_repeat_kv")
+    _, ops = fuse_exactly(model, "attention")
     assert "Greater" in ops and "ReduceMax" in ops and "ReduceMean" in ops, ops
 
 
@@ -517,7 +517,7 @@ def test_generic_target_at_opset_23_becomes_onnx_attention():
     Attention (not causal: the mask says everything; the cache appended by the op)."""
     model = decoder_attention()
     result = optimize_quiet(model, target="generic", upgrade_opset=23, exclude=ORT["exclude"])
-    assert result.counts == {"rotary_embedding": 2, "attention_gqa_sdpa_kt_repeat_kv": 1}
+    assert result.counts == {"rotary_embedding": 2, "attention": 1}
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
     ops = op_sequence(fused)

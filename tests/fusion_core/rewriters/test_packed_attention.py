@@ -92,7 +92,7 @@ def test_the_generic_target_has_no_packed_attention():
 
 def merged_model(sizes=(16, 16, 16), *, axis: int = -1, sequence: int = 5) -> onnx.ModelProto:
     """The projections as qkv_bias_merge leaves them: one MatMul by [Wq | Wk | Wv], one
-    Add, a Split (the form BERT has by the round attention_mha ran in)."""
+    Add, a Split (the form BERT has by the round attention ran in)."""
     rng = np.random.default_rng(12)
     width = sum(sizes)
     inits = {
@@ -140,7 +140,7 @@ def test_a_merged_split_on_another_axis_is_a_near_miss():
 
 @pytest.mark.parametrize("name", ["bert_eager_dynamo", "bert_eager_torchscript"])
 def test_a_bert_export_is_packed_after_the_default_merge(name: str):
-    """End to end, in the order the defaults run: attention_mha and qkv_bias_merge in
+    """End to end, in the order the defaults run: attention and qkv_bias_merge in
     round 1, then the packed Attention over the merged projection in round 2."""
     # the default profile (cpu), the CLI's and the service's
     config = OptimizeConfig(target="onnxruntime", check=CheckOptions(rtol=0.0, atol=1e-4))

@@ -1,0 +1,117 @@
+"""``attention_block``: the one attention recognizer. The ``attention`` pattern binds
+the block in the canonical form (its repeat_kv, soft-cap, mask and NaN guard each
+optional); this rewriter decides what the block is and emits the best op the target
+has for it:
+
+* ``GroupQueryAttention`` (com.microsoft; ONNX ``Attention`` on the generic target at
+  opset 23) where a decoder's attention reads it: query heads sharing KV heads
+  (repeat_kv, or one KV head broadcast), a KV cache (the heads are a
+  ``Concat(past, new)``), a soft-cap, or a mask proven causal
+  (``group_query_attention``, which proves each);
+* ``MultiHeadAttention`` (com.microsoft; ONNX ``Attention``) for the rest: an encoder's
+  attention, or a decoder's without a cache where its mask rides along as the bias
+  (``attention``), when the key and value heads are head splits of ``[B, L, N * H]``
+  that nothing else reads;
+* else a near miss naming, for each op, the step that failed.
+
+Without grouped heads, a soft-cap or a cache, MultiHeadAttention is tried first (the
+mask stays the bias, exact for any mask) and GroupQueryAttention after.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.ir import consumers
+from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters.attention import AttentionParams, multi_head_attention
+from autofusion.fusion_core.rewriters.group_query_attention import (
+    GQAParams,
+    GroupQueryAttention,
+    head_split,
+)
+
+__all__ = ["AttentionBlock"]
+
+
+class AttentionBlockParams(Params):
+    q_reshape_node: str = "q_reshape"
+    q_transpose_node: str = "q_t"
+    k_unsqueeze_node: str | None = None  # repeat_kv of the key: Unsqueeze, Expand, Reshape
+    k_expand_node: str | None = None
+    k_repeat_node: str | None = None
+    v_unsqueeze_node: str | None = None  # and of the value
+    v_expand_node: str | None = None
+    v_repeat_node: str | None = None
+    k_transpose_node: str = "k_t"  # K^T
+    qk_node: str = "qk"  # MatMul(Q, K^T)
+    scale_node: str = "scale"  # Mul or Div of the scores by a constant
+    softcap_in_node: str | None = None  # c * tanh(s / c): Div (or Mul by 1 / c), Tanh, Mul
+    softcap_out_node: str | None = None
+    mask_node: str | None = None  # Add of the additive mask
+    nan_guard_node: str | None = None  # Where(IsNaN(P), 0, P)
+    context_node: str = "context"  # P @ V
+    output_node: str = "out_reshape"
+
+
+_GQA_FIELDS = set(GQAParams.model_fields)
+_MHA_FIELDS = set(AttentionParams.model_fields)
+
+
+class AttentionBlock(Rewriter):
+    name = "attention_block"
+    targets = frozenset({"onnxruntime", "generic"})
+    Params = AttentionBlockParams
+
+    def rewrite(
+        self, match: Match, params: AttentionBlockParams, ctx: RewriteContext
+    ) -> Rewrite | str:
+        grouped = params.k_repeat_node is not None
+        capped = params.softcap_out_node is not None
+        tried = []
+        if not grouped and not capped:
+            splits = _head_splits(match, params)
+            if isinstance(splits, str):
+                tried.append(f"not MultiHeadAttention: {splits}")
+            else:
+                mha_params = AttentionParams(**params.model_dump(include=_MHA_FIELDS))
+                mha = multi_head_attention(match, mha_params, splits, ctx)
+                if not isinstance(mha, str):
+                    # k's and v's head splits go with the block (only it reads them): what
+                    # a later round matches around the projections sees no reader left
+                    mha.absorbed += [n for s in splits[1:] for n in (_reader(s), s)]
+                    return mha
+                tried.append(f"not MultiHeadAttention: {mha}")
+        if params.mask_node is None:
+            tried.append("not GroupQueryAttention: the scores have no mask")
+            return "; ".join(tried)
+        gqa_params = GQAParams(**params.model_dump(include=_GQA_FIELDS))
+        gqa = GroupQueryAttention().rewrite(match, gqa_params, ctx)
+        if not isinstance(gqa, str):
+            return gqa
+        return "; ".join([*tried, f"not GroupQueryAttention: {gqa}"])
+
+
+def _head_splits(match: Match, params: AttentionBlockParams) -> list[ir.Node] | str:
+    """The Reshapes of q, k and v into heads, or why k and v are not plain head splits
+    of ``[B, L, N * H]`` read by this attention alone (a cache, or heads read
+    elsewhere, are GroupQueryAttention's)."""
+    splits = [match.node(params.q_reshape_node)]
+    readers = {"key": match.node(params.k_transpose_node), "value": match.node(params.context_node)}
+    for what, ref in (("key", "$k"), ("value", "$v")):
+        heads = match.value(ref)
+        split = "no value" if heads is None else head_split(heads, what)
+        if isinstance(split, str):
+            return split
+        transpose, reshape = split
+        for value, reader in ((heads, readers[what]), (reshape.outputs[0], transpose)):
+            if value.is_graph_output() or any(c is not reader for c in consumers(value)):
+                return f"the {what} heads {value.name!r} are also read outside the attention"
+        splits.append(reshape)
+    return splits
+
+
+def _reader(reshape: ir.Node) -> ir.Node:
+    """The head Transpose that alone reads ``reshape`` (``_head_splits`` proved it)."""
+    return consumers(reshape.outputs[0])[0]
