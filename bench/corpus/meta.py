@@ -111,7 +111,10 @@ _ATTENTION = ("attention_mha", "attention_mha_no_mask", "attention_mha_sdpa_kt",
               "attention_gqa_sdpa_kt_repeat_kv", "attention_gqa_eager",
               "attention_gqa_eager_repeat_kv", "attention_gqa_eager_softcap",
               "attention_gqa_eager_softcap_repeat_kv")  # fmt: skip
-MERGED_INTO = dict.fromkeys(_ATTENTION, "attention")
+MERGED_INTO = dict.fromkeys(_ATTENTION, "attention") | {
+    "rotary_embedding_partial": "rotary_embedding",
+    "rotary_embedding_interleaved_partial": "rotary_embedding_interleaved",
+}
 
 
 @dataclass

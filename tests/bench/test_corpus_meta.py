@@ -74,10 +74,10 @@ def test_a_key_written_with_patterns_a_release_merged_counts_the_merged_one() ->
     """A cache built before the ten attention patterns became one still checks: its
     key names the old patterns, the report the new one (and no other pattern counts)."""
     old = "attention_mha|attention_mha_no_mask|attention_mha_sdpa_kt"
-    info = _info({old: 2})
-    fusions = {"attention": 2, "attention_packed_merged": 2}
+    info = _info({old: 2, "rotary_embedding_partial": 4})
+    fusions = {"attention": 2, "attention_packed_merged": 2, "rotary_embedding": 4}
     counts = info.expected_counts("onnxruntime", fusions)
-    assert counts == {old: (2, 2)}
+    assert counts == {old: (2, 2), "rotary_embedding_partial": (4, 4)}
     # every old name is gone from the built-ins, every new one is there
     assert not set(meta.MERGED_INTO) & set(_torch_expect.builtin_names())
     assert set(meta.MERGED_INTO.values()) <= set(_torch_expect.builtin_names())
