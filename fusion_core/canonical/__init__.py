@@ -80,6 +80,7 @@ from autofusion.fusion_core.canonical._identity import (
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._packed import packed_heads
+from autofusion.fusion_core.canonical._per_head_norms import per_head_norms
 from autofusion.fusion_core.canonical._picks import (
     compose_transposes,
     gather_nd_as_slices,
@@ -148,6 +149,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "slice_before_transpose_of_one": slices_before_transposes,
     "transposes_composed": compose_transposes,
     "heads_by_slice": heads_by_slice,
+    "per_head_norm": per_head_norms,
     "transpose_after_norm": transpose_after_norms,
     "transpose_after_rotary": transpose_after_rotaries,
     "head_split": split_heads_last,
@@ -176,6 +178,7 @@ _WORDS = {
     "transposes_composed": "Transposes of Transposes made one",
     "slice_before_transpose": "slices of a fused projection moved before the head Transpose",
     "heads_by_slice": "slices of heads made head splits of their own",
+    "per_head_norm": "a LayerNorm of each head with its own weights made one LayerNorm of all",
     "transpose_after_norm": "head Transposes moved after the norm of each head",
     "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
     "head_split": "head splits moved after their per-head ops",
