@@ -19,6 +19,13 @@ unmerged values, so::
 exactly. A merge is proven from the shapes: rank 4 to rank 3 with the last two
 dimensions known and equal, so the first is the product of the two leading ones; a
 split the other way round, to the very shape the product has unmerged.
+
+Between the MatMul and the split, the scores may be scaled and a folded bias added
+(BLOOM's ALiBi: ``baddbmm(alibi, Q, K^T, alpha=1 / sqrt(H))``, the bias ``[B * N, 1, L]``):
+a scale by a scalar constant is the same after the split, and since a Reshape only
+renumbers elements, ``split(s + c) = split(s) + unfold(c)`` for any ``c: [B * N or 1, 1 or
+S, L]`` unfolded by the same rule, ``Reshape(Unsqueeze(c, 1), [-1, N, 0, 0])``; so they
+move after the split too (opset 13 on, where Unsqueeze takes its axes as an input).
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import by_op_type, replace
+from autofusion.fusion_core.canonical._edits import by_op_type, int64s, replace
 from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["RULE", "heads_unfolded"]
@@ -50,24 +58,119 @@ def heads_unfolded(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
 
 
 def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int:
-    inner = split.inputs[0].producer() if split.inputs[0] is not None else None
-    if inner is None or inner.op_type != "MatMul" or inner.domain not in _ONNX:
+    if split.outputs[0].is_graph_output() or split.inputs[0] is None:
         return 0
-    if split.outputs[0].is_graph_output():
+    want = known_dims(split.outputs[0])
+    found = _scaled_scores(graph, split.inputs[0], want)
+    if found is None:
         return 0
-    if len(split.inputs[0].uses()) != 1:  # type: ignore[union-attr]
+    inner, steps = found
+    new = _matmul(inner, want)
+    if new is None or (steps and (want is None or not isinstance(want[1], int))):
         return 0
-    new = _matmul(inner, known_dims(split.outputs[0]))
-    if new is None:
-        return 0
+    scores = new[-1].outputs[0]
+    a, b = new[-1].inputs
+    if a is not None and b is not None and a.shape is not None and b.shape is not None:
+        # [B, N, S, L] from the operands: the split's own shape may name L otherwise
+        scores.shape = ir.Shape([*a.shape[:3], b.shape[3]])
+    shape = scores.shape
+    for step, other in reversed(steps):  # the scale and the bias, after the split
+        if step.op_type == "Add":
+            new += _unfolded(graph, other, want, fresh_name)  # type: ignore[arg-type]
+            other = new[-1].outputs[0]
+        new.append(ir.Node("", step.op_type, [scores, other]))
+        scores = new[-1].outputs[0]
+        scores.shape = shape
     _named(new, fresh_name)
+    for node in new:
+        node.outputs[0].dtype = split.outputs[0].dtype
     out = new[-1].outputs[0]
-    out.dtype, out.shape = split.outputs[0].dtype, split.outputs[0].shape
+    out.dtype, out.shape = split.outputs[0].dtype, shape or split.outputs[0].shape
     merges = [v.producer() for v in inner.inputs if v is not None]
     replace(graph, split, new, mark, RULE)
-    graph.remove(inner, safe=True)
+    graph.remove([*(s for s, _ in steps), inner], safe=True)
     _drop_unread(graph, merges)
     return 1
+
+
+_UNSQUEEZE_AXES_INPUT = 13  # opset from which Unsqueeze reads its axes as an input
+
+
+def _scaled_scores(graph: ir.Graph, value: ir.Value, want: list | None):
+    """(the MatMul, the steps from it to ``value`` outermost first: (node, its other
+    operand)) where ``value`` is the batched MatMul, scaled by scalar constants and with
+    folded biases added, each read once; None otherwise."""
+    steps = []
+    node = value.producer()
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+    while node is not None and node.op_type in ("Mul", "Div", "Add") and len(steps) < 4:
+        if node.domain not in _ONNX or len(value.uses()) != 1 or value.is_graph_output():
+            return None
+        step = _step(node, opset, want)
+        if step is None:
+            return None
+        steps.append((node, step[1]))
+        value = step[0]
+        node = value.producer()
+    if node is None or node.op_type != "MatMul" or node.domain not in _ONNX:
+        return None
+    if len(value.uses()) != 1 or value.is_graph_output():
+        return None
+    return node, steps
+
+
+def _step(node: ir.Node, opset: int, want: list | None) -> tuple[ir.Value, ir.Value] | None:
+    """(the scores operand, the other) of a scale by a scalar constant or an Add of a
+    ``[B * N or 1, 1 or S, L]`` bias to ``[B * N, S, L]`` scores (``want``: the unfolded
+    ``[B, N, S, L]``); None otherwise."""
+    out = known_dims(node.outputs[0])
+    if out is None or len(out) != 3:
+        return None
+    orders = [(0, 1)] if node.op_type == "Div" else [(0, 1), (1, 0)]
+    for mine, other in orders:
+        scores, operand = node.inputs[mine], node.inputs[other]
+        if scores is None or operand is None or known_dims(scores) != out:
+            continue
+        if node.op_type != "Add":
+            array = constant_array(operand)
+            if array is not None and array.size == 1:
+                return scores, operand
+        elif opset >= _UNSQUEEZE_AXES_INPUT and _foldable(operand, out, want):
+            return scores, operand
+    return None
+
+
+def _foldable(bias: ir.Value, scores: list, want: list | None) -> bool:
+    """The bias is one row for every batch and head (a leading 1), or the fold of a
+    ``[B, N, ...]`` value by a Reshape: then its rows are the scores' rows. (A leading
+    size merely inferred equal to the scores' may be 1 at run time, where the Add
+    broadcasts and an unfold to N heads would not.)"""
+    dims = known_dims(bias)
+    if dims is None or len(dims) != 3 or want is None or None in dims:
+        return False
+    if not (dims[1] in (1, scores[1]) and dims[2] in (1, scores[2])):
+        return False
+    if dims[0] == 1:
+        return True
+    fold = bias.producer()
+    source = fold.inputs[0] if fold is not None and _is_reshape(fold) else None
+    leading = known_dims(source)
+    return dims[0] == scores[0] and leading is not None and leading[:2] == want[:2]
+
+
+def _unfolded(graph: ir.Graph, bias: ir.Value, want: list, fresh_name) -> list[ir.Node]:
+    """``bias: [B * N or 1, s, l]`` as ``[B or 1, N or 1, s, l]``, folded as the scores
+    (``want``: their ``[B, N, S, L]``)."""
+    dims = known_dims(bias)
+    assert dims is not None
+    unsqueeze = ir.Node("", "Unsqueeze", [bias, int64s(graph, fresh_name, [1])])
+    unsqueeze.outputs[0].shape = ir.Shape([bias.shape[0], 1, *bias.shape[1:]])  # type: ignore[index]
+    if dims[0] == 1:  # the same for every batch and head: a leading 1 more
+        return [unsqueeze]
+    target = int64s(graph, fresh_name, [-1, want[1], 0, 0])
+    reshape = ir.Node("", "Reshape", [unsqueeze.outputs[0], target])
+    reshape.outputs[0].shape = ir.Shape([want[0], want[1], *bias.shape[1:]])  # type: ignore[index]
+    return [unsqueeze, reshape]
 
 
 def _softmax(graph: ir.Graph, node: ir.Node, fresh_name, mark: str) -> int:
@@ -111,8 +214,9 @@ def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
     db = known_dims(b if b is not None else swapped)
     if da is None or db is None or None in da or None in db or da[:2] != db[:2]:
         return None  # unknown leading dimensions prove no fold (nor which unfold)
-    last = db[3] if b is not None else db[2]
-    if want != [*da[:3], last]:
+    # The split must give [B, N, S, L]: its first three dimensions proven, the last then
+    # follows from the element count (a Reshape keeps it), whatever symbol names it.
+    if want is None or len(want) != 4 or want[:3] != da[:3]:
         return None
     nodes = []
     if swapped is not None:

@@ -556,6 +556,68 @@ def test_two_reshapes_that_end_in_another_shape_stay() -> None:
     assert _ops(fused).count("Reshape") >= 1
 
 
+ALIBI = """    scaled3 = Mul (scores3, alpha)
+    alibi_shape = Concat <axis = 0> (batch, heads_keys)
+    alibi_b = Expand (slopes, alibi_shape)
+    alibi3 = Reshape (alibi_b, alibi_fold)
+    biased3 = Add (scaled3, alibi3)
+    scores = Reshape (biased3, unfold)"""
+ALIBI_INTS = {
+    **IN_BATCH_INTS,
+    "alpha": np.array(0.5, np.float32),
+    "heads_keys": np.array([2, 5], np.int64),
+    "alibi_fold": np.array([-1, 1, 5], np.int64),
+    # ALiBi: each head's slope times the key position
+    "slopes": (np.array([[0.5], [0.25]]) * np.arange(5)).astype(np.float32),
+}
+
+
+def test_a_scale_and_a_folded_bias_between_the_product_and_the_unfold_move_after_it() -> None:
+    """BLOOM: ``baddbmm(alibi, Q, K^T, alpha)`` on the folded heads, ALiBi ``[B * N, 1,
+    L]``: the scale and the bias (unfolded the same way) come after the unfold, exactly
+    (the unseen-families survey fuses BLOOM's whole block: docs/benchmarks.md)."""
+    text = IN_BATCH.format(fill="lowest").replace("    scores = Reshape (scores3, unfold)", ALIBI)
+    model = build_model(text, ALIBI_INTS)
+    canonical = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    ops = _ops(canonical)
+    # the products and the Softmax 4-D; the Reshapes left fold the ALiBi bias (the
+    # model's) and unfold it for the scores (the rule's)
+    assert ops.count("Reshape") == 2 and ops.count("MatMul") == 2, ops
+    producer = {o: n for n in canonical.graph.node for o in n.output}
+    softmax = next(n for n in canonical.graph.node if n.op_type == "Softmax")
+    chain, node = [], producer[softmax.input[0]]
+    while node.op_type != "MatMul":
+        chain.append(node.op_type)
+        node = producer[node.input[0]]
+    # the scale and then one bias on the 4-D scores: ALiBi and the mask summed (one_bias)
+    assert chain == ["Add", "Mul"], chain
+    assert producer[producer[softmax.input[0]].input[1]].op_type == "Add"
+    run_both(model, canonical, feeds=_in_batch_feeds(), **EXACT)
+
+
+def test_a_folded_bias_whose_rows_are_not_proven_the_scores_stays() -> None:
+    """A bias read from an input of unknown leading size may hold one row for all: the
+    unfold would not be the scores' (the Add stays between the product and the unfold)."""
+    text = (
+        IN_BATCH.format(fill="lowest")
+        .replace(
+            "bool[batch, 1, 5, 5] keep)", "bool[batch, 1, 5, 5] keep, float[rows, 1, 5] alibi3)"
+        )
+        .replace(
+            "    scores = Reshape (scores3, unfold)",
+            "    biased3 = Add (scores3, alibi3)\n    scores = Reshape (biased3, unfold)",
+        )
+    )
+    model = build_model(text, IN_BATCH_INTS)
+    canonical = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    add = next(n for n in canonical.graph.node if "alibi3" in n.input)
+    assert add.op_type == "Add"
+    producer = {o: n for n in canonical.graph.node for o in n.output}[add.input[0]]
+    assert producer.op_type == "MatMul"
+    feeds = {**_in_batch_feeds(), "alibi3": np.ones((6, 1, 5), np.float32)}
+    run_both(model, canonical, feeds=feeds, **EXACT)
+
+
 BIGCODE = """<ir_version: 8, opset_import: ["" : 18]>
 g (float[batch, seq, 8] x) => ({q_out} q, float[batch, 2, seq, 4] k) {{
     p = MatMul (x, w)
