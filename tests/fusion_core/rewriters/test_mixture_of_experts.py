@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
@@ -334,3 +334,49 @@ def test_dense_experts_out_of_order_are_not_fused(experts) -> None:
     result = optimize_quiet(model, target="onnxruntime")
     assert "MoE" not in _ops(result.to_proto())
     assert _near_misses(result)
+
+
+ROUTER_WITHOUT_TOPK = """<ir_version: 8, opset_import: ["" : 18]>
+g (float[tokens, 16] x) => (float[tokens, 1] picked, float[tokens, 4] {probs}) {{
+    logits = Gemm <transB = 1> (x, router)
+    top = ReduceMax <keepdims = 1> (logits, last)
+    gap = Sub (top, logits)
+    far = Greater (gap, threshold)
+    masked = Where (far, lowest, logits)
+    probs = Softmax <axis = -1> (masked)
+    {read}
+}}"""
+ROUTER_INITS = {
+    "router": np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32),
+    "last": np.array([-1], np.int64),
+    "threshold": np.array(0.5, np.float32),
+    "lowest": np.array(np.finfo(np.float32).min, np.float32),
+    "choice": np.zeros((1, 1), np.int64),
+}
+
+
+def test_a_router_no_pattern_binds_gets_a_near_miss() -> None:
+    """PhiMoE's sparsemixer picks its experts without a TopK: the router's Softmax, read
+    by a GatherElements of the chosen weight, is named with the step that found no TopK."""
+    text = ROUTER_WITHOUT_TOPK.format(
+        probs="unused",
+        read="picked = GatherElements <axis = 1> (probs, choice)\n    unused = Neg (probs)",
+    )
+    result = optimize_quiet(build_model(text, ROUTER_INITS), target="onnxruntime")
+    misses = [m for m in result.near_misses if m.pattern.startswith("moe_")]
+    assert misses, result.near_misses
+    assert any(
+        "expected TopK 'topk' reading output 0 of softmax" in m.reason
+        and "found an unnamed GatherElements" in m.reason
+        for m in misses
+    ), [m.reason for m in misses]
+
+
+def test_a_classifier_softmax_gets_no_router_near_miss() -> None:
+    """The same Softmax returned as the model's probabilities, nothing selecting from it:
+    not a router, no mixture-of-experts near miss."""
+    text = ROUTER_WITHOUT_TOPK.format(
+        probs="probs", read="picked = ReduceMax <keepdims = 1> (probs, last)"
+    )
+    result = optimize_quiet(build_model(text, ROUTER_INITS), target="onnxruntime")
+    assert not [m for m in result.near_misses if m.pattern.startswith("moe_")]
