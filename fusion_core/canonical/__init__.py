@@ -71,6 +71,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
+from autofusion.fusion_core.canonical._blocked import blocked_projections
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
 from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
@@ -139,6 +140,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "copied_dims": copy_reshape_dims,
     "packed_part": packed_parts_as_slices,
     "packed_heads": packed_heads,
+    "blocked_projection": blocked_projections,
     "one_kv_head": one_kv_heads,
     "sequence_first_heads": sequence_first_heads,
     "sequence_first_merge": sequence_first_merges,
@@ -168,6 +170,7 @@ _WORDS = {
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
     "packed_part": "parts picked from a packed projection made Slices",
     "packed_heads": "parts picked from a [.., P, N, H] view of one projection made head splits",
+    "blocked_projection": "parts cut from a projection in model-parallel blocks made projections",
     "one_kv_head": "a split after an Unsqueeze and its repeated KV head made head splits",
     "sequence_first_heads": "sequence-first head splits made batch-first",
     "sequence_first_merge": "sequence-first head merges made batch-first",
