@@ -224,6 +224,23 @@ def _with(**changes) -> dict:
             id="rewriter-param-names-no-node",
         ),
         pytest.param(_with(name="bad name"), "name", "not a pattern name", id="bad-name"),
+        pytest.param(
+            _with(
+                nodes=[
+                    {"id": "conv", "op": "Conv"},
+                    {
+                        "id": "act",
+                        "op": "Relu",
+                        "inputs": {"0": "conv"},
+                        "optional": "act",
+                        "through": 1,
+                    },
+                ]
+            ),
+            "nodes.1.through",
+            "has no input 1",
+            id="optional-node-passes-on-no-input",
+        ),  # fmt: skip
     ],
 )
 def test_invalid_spec_is_rejected_naming_the_field(client, spec, field, message):
@@ -452,6 +469,30 @@ def test_test_endpoint_works_on_a_disabled_pattern_and_a_tiny_model(client, tmp_
     assert body["enabled"] is False
     assert body["match_count"] == 1
     assert body["matches"][0]["nodes"] == ["<Conv>", "<Relu>"]  # unnamed nodes
+
+
+def test_a_pattern_with_an_optional_group_matches_with_and_without_it(client):
+    """An ML engineer's pattern whose Relu may be absent: the Conv alone matches a model
+    without it, the Conv and the Relu a model with it, one match each."""
+    spec = _with(
+        name="acme.conv_maybe_relu",
+        nodes=[
+            {"id": "conv", "op": "Conv"},
+            {"id": "act", "op": "Relu", "inputs": {"0": "conv"}, "optional": "act"},
+        ],
+    )
+    create(client, spec)
+    assert client.get("/v1/patterns/acme.conv_maybe_relu").json()["spec"] == spec
+    w = np.ones((2, 2, 3, 3), dtype=np.float32)
+    with_relu = onnx.parser.parse_model(TINY_CONV)
+    without = onnx.parser.parse_model(
+        TINY_CONV.replace("c = Conv", "y = Conv").replace("    y = Relu (c)\n", "")
+    )
+    for model, nodes in ((with_relu, ["<Conv>", "<Relu>"]), (without, ["<Conv>"])):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+        body = upload(client, "acme.conv_maybe_relu", model.SerializeToString()).json()
+        assert body["match_count"] == 1, body
+        assert body["matches"][0]["nodes"] == nodes
 
 
 def test_test_endpoint_rejects_a_bad_model(client):
