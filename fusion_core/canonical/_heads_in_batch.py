@@ -198,10 +198,11 @@ def _named(nodes: list[ir.Node], fresh_name) -> None:
 
 
 def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
-    a, b = (_unmerged(v) for v in node.inputs[:2])
+    (left, left_scale), (right, right_scale) = (_scaled(v) for v in node.inputs[:2])
+    a, b = _unmerged(left), _unmerged(right)
     swapped = None
     if b is None:  # K^T: Transpose(merge(k), [0, 2, 1])
-        transpose = node.inputs[1].producer() if node.inputs[1] is not None else None
+        transpose = right.producer() if right is not None else None
         if (
             transpose is not None
             and transpose.op_type == "Transpose"
@@ -225,8 +226,36 @@ def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
         turn.outputs[0].shape = ir.Shape([swapped.shape[i] for i in (0, 1, 3, 2)])  # type: ignore[index]
         nodes.append(turn)
         b = turn.outputs[0]
+    a, b = _scale_again(a, left_scale, nodes), _scale_again(b, right_scale, nodes)  # type: ignore[arg-type]
     nodes.append(ir.Node("", "MatMul", [a, b]))
     return nodes
+
+
+def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, ir.Node | None]:
+    """(what a Mul or Div by a scalar constant scales, that node) for ``value`` read
+    only by the product (DeBERTa scales its folded K^T), else (``value``, None)."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type not in ("Mul", "Div") or node.domain not in _ONNX:
+        return value, None
+    if len(value.uses()) != 1 or value.is_graph_output():  # type: ignore[union-attr]
+        return value, None
+    for mine, other in [(0, 1)] if node.op_type == "Div" else [(0, 1), (1, 0)]:
+        factor = constant_array(node.inputs[other])
+        if factor is not None and factor.size == 1:
+            return node.inputs[mine], node
+    return value, None
+
+
+def _scale_again(operand: ir.Value, scale: ir.Node | None, nodes: list[ir.Node]) -> ir.Value:
+    """``operand`` (unfolded) scaled as ``scale`` scaled its fold: the same op by the same
+    scalar, elementwise, so the same values."""
+    if scale is None:
+        return operand
+    factor = next(v for v in scale.inputs if constant_array(v) is not None)
+    again = ir.Node("", scale.op_type, [operand, factor])
+    again.outputs[0].dtype, again.outputs[0].shape = operand.dtype, operand.shape
+    nodes.append(again)
+    return again.outputs[0]
 
 
 def _unmerged(value: ir.Value | None) -> ir.Value | None:
@@ -249,11 +278,12 @@ def _is_reshape(node: ir.Node) -> bool:
 
 
 def _drop_unread(graph: ir.Graph, nodes: list[ir.Node | None]) -> None:
-    """Remove the merges (and a K^T's Transpose of one) the rewrite left unread."""
+    """Remove the merges (and a K^T's Transpose of one, and a scale of either) the rewrite
+    left unread."""
     pending = [n for n in nodes if n is not None]
     while pending:
         node = pending.pop()
-        if node.graph is not graph or node.op_type not in ("Reshape", "Transpose"):
+        if node.graph is not graph or node.op_type not in ("Reshape", "Transpose", "Mul", "Div"):
             continue
         if any(o.uses() or o.is_graph_output() for o in node.outputs):
             continue

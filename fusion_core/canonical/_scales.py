@@ -7,7 +7,8 @@ attention multiplies the scores. Every attention pattern reads the second form, 
 
     MatMul(Mul(Q, a), Mul(K^T, b))  ->  Mul(MatMul(Q, K^T), a * b)
 
-for scalar constants ``a`` and ``b`` (either may be absent), where the product is
+for scalar constants ``a`` and ``b`` (either may be absent; a Div by ``c`` is a Mul by
+``1 / c``: DeBERTa divides its K^T by ``sqrt(H * scale_factor)``), where the product is
 attention scores: rank 4 and read, through the mask and the soft-cap, by a Softmax. In
 real arithmetic the two are equal; in floating point the product is rounded once
 instead of per operand (exact where ``a`` and ``b`` are powers of two, as for head sizes
@@ -60,7 +61,7 @@ def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
         if found is None:
             continue
         (q, a), (k, b) = found
-        product = np.float32(a if a is not None else 1.0) * np.float32(b if b is not None else 1.0)
+        product = np.float32(_factor(a)) * np.float32(_factor(b))
         scale = ir.Value(
             name=fresh_name(f"{RULE}_scale"),
             shape=ir.Shape([]),
@@ -85,7 +86,7 @@ def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
         for producer in operands:
             if (
                 producer is not None
-                and producer.op_type == "Mul"
+                and producer.op_type in ("Mul", "Div")
                 and not producer.outputs[0].uses()
             ):
                 graph.remove(producer, safe=True)
@@ -110,14 +111,15 @@ def undo_scales(graph: ir.Graph, mark: str) -> int:
             if factor is None:
                 operands.append(value)
                 continue
+            op, number = factor if isinstance(factor, list) else ("Mul", factor)
             constant = ir.Value(
                 name=f"{scaled.name}_{len(nodes)}_factor",
                 shape=ir.Shape([]),
-                const_value=ir.tensor(np.array(factor, np.float32)),
+                const_value=ir.tensor(np.array(number, np.float32)),
             )
             constant.dtype = ir.DataType.FLOAT
             graph.register_initializer(constant)
-            nodes.append(ir.Node("", "Mul", [value, constant], name=f"{scaled.name}_{len(nodes)}"))
+            nodes.append(ir.Node("", op, [value, constant], name=f"{scaled.name}_{len(nodes)}"))
             nodes[-1].outputs[0].dtype = value.dtype  # type: ignore[union-attr]
             nodes[-1].outputs[0].shape = value.shape  # type: ignore[union-attr]
             operands.append(nodes[-1].outputs[0])
@@ -153,13 +155,29 @@ def _split_scales(matmul: ir.Node):
     return sides[0], sides[1]
 
 
-def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float | None]:
-    """(the operand, the scalar) of ``Mul(operand, scalar constant)`` read only here."""
+def _factor(scale: float | list | None) -> float:
+    """What a side's recorded scale multiplies by: 1 without one, ``1 / c`` for a Div."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, list):  # ["Div", c]
+        return float(np.float32(1.0) / np.float32(scale[1]))
+    return scale
+
+
+def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float | list | None]:
+    """(the operand, the scalar) of ``Mul(operand, scalar constant)`` read only here; for
+    ``Div(operand, c)`` (DeBERTa's K^T) the scalar is ``["Div", c]``, so that the undo
+    writes the Div back."""
     producer = value.producer() if value is not None else None
-    if producer is None or producer.op_type != "Mul" or producer.domain not in _ONNX:
+    if producer is None or producer.op_type not in ("Mul", "Div") or producer.domain not in _ONNX:
         return value, None
     if len(value.uses()) != 1 or value.dtype != ir.DataType.FLOAT:  # type: ignore[union-attr]
         return value, None
+    if producer.op_type == "Div":
+        divisor = constant_array(producer.inputs[1])
+        if divisor is None or divisor.size != 1 or float(divisor.reshape(-1)[0]) == 0:
+            return value, None
+        return producer.inputs[0], ["Div", float(divisor.reshape(-1)[0])]
     for index in (1, 0):
         factor = constant_array(producer.inputs[index])
         other = producer.inputs[1 - index]

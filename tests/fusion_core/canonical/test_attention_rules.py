@@ -618,6 +618,31 @@ def test_a_folded_bias_whose_rows_are_not_proven_the_scores_stays() -> None:
     run_both(model, canonical, feeds=feeds, **EXACT)
 
 
+def test_a_scale_of_the_folded_key_moves_with_the_product_and_onto_the_scores() -> None:
+    """DeBERTa: ``bmm(q3, Transpose(k3) / sqrt(H * f))`` over folded heads. The Div of
+    the folded K^T is the same Div of the unfolded one (``heads_in_batch``), and a Div
+    by ``c`` is a Mul of the scores by ``1 / c`` (``scale_to_scores``, which rounds the
+    factor once: rtol 1e-6); with no fusion to take it, the Div comes back as written."""
+    text = IN_BATCH.format(fill="lowest").replace(
+        "    scores3 = MatMul (q3, kT3)",
+        "    kT3s = Div (kT3, root)\n    scores3 = MatMul (q3, kT3s)",
+    )
+    model = build_model(text, {**IN_BATCH_INTS, "root": np.array(2.5, np.float32)})
+    canonical, done, again, work = _canonical(model)
+    assert done.get("heads_in_batch", 0) >= 2 and done.get("scale_to_scores") == 1, done
+    assert again == 0
+    ops = _ops(canonical)
+    assert "Div" not in ops and ops.count("MatMul") == 2, ops
+    mul = next(n for n in canonical.graph.node if n.op_type == "Mul")
+    factor = next(i for i in canonical.graph.initializer if i.name == mul.input[1])
+    assert onnx.numpy_helper.to_array(factor) == np.float32(1 / np.float32(2.5))
+    run_both(model, canonical, feeds=_in_batch_feeds(), rtol=1e-6, atol=1e-6)
+    assert undo_unused(work.graph)["scale_to_scores"] == 1
+    back = ir.to_proto(work)
+    assert "Div" in _ops(back), _ops(back)
+    run_both(model, back, feeds=_in_batch_feeds(), **EXACT)
+
+
 BIGCODE = """<ir_version: 8, opset_import: ["" : 18]>
 g (float[batch, seq, 8] x) => ({q_out} q, float[batch, 2, seq, 4] k) {{
     p = MatMul (x, w)
