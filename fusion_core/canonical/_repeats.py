@@ -34,6 +34,7 @@ __all__ = ["RULE", "repeats_as_expand", "undo_gathers"]
 RULE = "repeat_kv"
 _GATHER = "autofusion.canonical.repeat_gather"  # the Gather's indices, to put it back
 _ONNX = ("", "ai.onnx")
+_UNSQUEEZE_INPUT = 13  # opset from which Unsqueeze reads its axes as an input
 
 
 def repeats_as_expand(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -118,7 +119,10 @@ def _concat_as_expand(node: ir.Node, fresh_name, graph: ir.Graph) -> list[ir.Nod
 
 def _gather_as_repeat(node: ir.Node, fresh_name, graph: ir.Graph) -> list[ir.Node] | None:
     """repeat_kv's three ops for a Gather of heads ``[0]*G + [1]*G + ...`` on axis 1 of a
-    ``[B, KV, L, H]`` value (KV and H known numbers, G > 1)."""
+    ``[B, KV, L, H]`` value (KV and H known numbers, G > 1), from opset 13 on (where
+    Unsqueeze takes its axes as an input, as written here)."""
+    if graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0)) < _UNSQUEEZE_INPUT:
+        return None
     source = node.inputs[0]
     indices = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
     dims = known_dims(source) if source is not None else None

@@ -306,6 +306,17 @@ def test_a_gather_of_heads_in_another_order_stays(heads) -> None:
     assert _canonical(model)[1] == {}
 
 
+def test_a_gather_of_heads_below_opset_13_stays() -> None:
+    """Below opset 13 Unsqueeze takes its axes as an attribute: the rule, which writes
+    them as an input, leaves the Gather (an Unsqueeze it wrote would not load)."""
+    text = REPEAT.format(body="g = Gather <axis = 1> (kv, heads)\n    y = Identity (g)")
+    text = text.replace('opset_import: ["" : 18]', 'opset_import: ["" : 12]')
+    model = build_model(text, {"heads": np.array([0, 0, 0, 1, 1, 1])})
+    canonical, done, _, _ = _canonical(model)
+    assert done == {} and _ops(canonical) == ["Gather", "Identity"]
+    onnx.checker.check_model(canonical, full_check=True)
+
+
 def test_a_masked_fill_no_fusion_took_is_put_back() -> None:
     model = _masked([CAUSAL_BLOCKED, "masked = Where (blocked, lowest, qk)"])
     canonical, done, _, work = _canonical(model)
