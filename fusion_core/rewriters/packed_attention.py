@@ -9,7 +9,7 @@ MultiHeadAttention as one com.microsoft.Attention with the packed weight inside
 The weights are concatenated along their output axis (``[hidden, 3 * hidden]``), the
 biases likewise; MultiHeadAttention's additive mask (its input 5) is Attention's input 5.
 Where ``qkv_bias_merge`` ran first (it is a default and fuses in the same round as
-``attention_mha``), the projections are already one MatMul by ``[Wq | Wk | Wv]``, one
+``attention``), the projections are already one MatMul by ``[Wq | Wk | Wv]``, one
 Add and a Split into three equal parts on the last axis (``merged_nodes``): that weight
 and bias go in as they are.
 A MultiHeadAttention with a packed bias (input 3), a key padding mask (input 4) or a

@@ -34,8 +34,9 @@ kernel takes it only as rank 4 ``[B or 1, N or 1, S, L]`` and rejects a
 sequence_length"), so the mask's last two dimensions must be known equal to those of
 the scores.
 
-The SDPA form (``attention_mha_sdpa.yaml``, PyTorch's ``scaled_dot_product_attention``
-exported by dynamo) differs in three places, each named by a parameter:
+The SDPA form (PyTorch's ``scaled_dot_product_attention`` exported by dynamo; the
+``attention`` pattern's ``nan_guard`` group) differs in three places, each named by a
+parameter:
 
 * the scale is split into ``Mul(Q, s_q)`` and ``Mul(K^T, s_k)`` before the MatMul
   (``q_scale_node``, ``k_scale_node`` in place of ``scale_node``): ``scale = s_q * s_k``;
