@@ -21,25 +21,45 @@ def _activation(value: ir.Value | None) -> bool:
     return value is not None and constant_array(value) is None
 
 
+def _reaches(
+    start: ir.Value | None,
+    found: Callable[[ir.Node], bool],
+    through: Callable[[ir.Node], list[ir.Value | None]],
+    depth: int,
+) -> bool:
+    """Whether a producer ``found`` accepts computes ``start``, walking back through the
+    inputs ``through`` gives of each other producer, at most ``depth`` steps."""
+    todo, seen = [(start, 0)], set()
+    while todo:
+        value, steps = todo.pop()
+        producer = value.producer() if value is not None else None
+        if producer is None or id(producer) in seen or steps > depth:
+            continue
+        seen.add(id(producer))
+        if found(producer):
+            return True
+        todo += [(v, steps + 1) for v in through(producer)]
+    return False
+
+
+def _score_steps(node: ir.Node) -> list[ir.Value | None]:
+    if node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast"):
+        return [v for v in node.inputs if _activation(v)]
+    if node.op_type in ("Reshape", "Squeeze", "Unsqueeze") and node.inputs:
+        return [node.inputs[0]]
+    return []
+
+
 def attention_softmax(node: ir.Node) -> bool:
     """A Softmax of scores: its input comes from a MatMul of two activations, possibly
     through a few elementwise steps (scale, mask, Where, Cast) and reshapes (DeBERTa
     reshapes its scores between the relative-position Add and the mask's Where)."""
-    todo, seen = [(node.inputs[0] if node.inputs else None, 0)], set()
-    while todo:
-        value, depth = todo.pop()
-        producer = value.producer() if value is not None else None
-        if producer is None or id(producer) in seen or depth > 6:
-            continue
-        seen.add(id(producer))
-        if producer.op_type == "MatMul":
-            if all(_activation(v) for v in producer.inputs[:2]):
-                return True
-        elif producer.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast"):
-            todo += [(v, depth + 1) for v in producer.inputs if _activation(v)]
-        elif producer.op_type in ("Reshape", "Squeeze", "Unsqueeze") and producer.inputs:
-            todo.append((producer.inputs[0], depth + 1))
-    return False
+    return _reaches(
+        node.inputs[0] if node.inputs else None,
+        lambda n: n.op_type == "MatMul" and all(_activation(v) for v in n.inputs[:2]),
+        _score_steps,
+        depth=6,
+    )
 
 
 # What a router's probabilities are read by: the choice of experts (TopK, or a gather of
@@ -58,20 +78,20 @@ def router_softmax(node: ir.Node) -> bool:
     out = node.outputs[0]
     if out.is_graph_output() or not any(u.node.op_type in _SELECTIONS for u in out.uses()):
         return False
-    todo, seen = [(node.inputs[0] if node.inputs else None, 0)], set()
-    while todo:
-        value, depth = todo.pop()
-        producer = value.producer() if value is not None else None
-        if producer is None or id(producer) in seen or depth > 8:
-            continue
-        seen.add(id(producer))
-        if producer.op_type in ("MatMul", "Gemm") and len(producer.inputs) > 1:
-            weight = constant_array(producer.inputs[1])
-            if weight is not None and weight.ndim == 2:
-                return True
-        elif producer.op_type in _ROUTER_STEPS:
-            todo += [(v, depth + 1) for v in producer.inputs if _activation(v)]
-    return False
+    return _reaches(
+        node.inputs[0] if node.inputs else None,
+        _a_router,
+        lambda n: [v for v in n.inputs if _activation(v)] if n.op_type in _ROUTER_STEPS else [],
+        depth=8,
+    )
+
+
+def _a_router(node: ir.Node) -> bool:
+    """A MatMul or Gemm by a constant 2-D weight."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
+        return False
+    weight = constant_array(node.inputs[1])
+    return weight is not None and weight.ndim == 2
 
 
 PROBES: dict[str, Callable[[ir.Node], bool]] = {
