@@ -61,7 +61,8 @@ def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int
     if split.outputs[0].is_graph_output() or split.inputs[0] is None:
         return 0
     want = known_dims(split.outputs[0])
-    found = _scaled_scores(graph, split.inputs[0], want)
+    shape_reads = _shape_reads(graph, split)
+    found = _scaled_scores(graph, split.inputs[0], want, {id(n) for n in shape_reads})
     if found is None:
         return 0
     inner, steps = found
@@ -88,23 +89,70 @@ def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int
     out.dtype, out.shape = split.outputs[0].dtype, shape or split.outputs[0].shape
     merges = [v.producer() for v in inner.inputs if v is not None]
     replace(graph, split, new, mark, RULE)
+    for read in shape_reads:  # the folded shape, from the unfolded product's
+        _fold_shape(graph, read, out, fresh_name, mark)
     graph.remove([*(s for s, _ in steps), inner], safe=True)
     _drop_unread(graph, merges)
     return 1
 
 
+_SLICE_INPUTS = 10  # opset from which Slice takes its bounds as inputs
+
+
+def _shape_reads(graph: ir.Graph, split: ir.Node) -> list[ir.Node]:
+    """The whole-shape ``Shape`` reads of the value the split unfolds, besides the split
+    (TorchScript builds Reshape targets from them), from opset 10 on."""
+    value = split.inputs[0]
+    if graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0)) < _SLICE_INPUTS:
+        return []
+    return [
+        u.node
+        for u in value.uses()  # type: ignore[union-attr]
+        if u.node is not split
+        and u.node.op_type == "Shape"
+        and u.node.domain in _ONNX
+        and not u.node.attributes  # no start or end: the whole shape
+        and not u.node.outputs[0].is_graph_output()
+    ]
+
+
+def _fold_shape(graph: ir.Graph, read: ir.Node, unfolded: ir.Value, fresh_name, mark) -> None:
+    """``Shape(fold(y))`` as ``[B * N, S, X]`` from ``Shape(y)`` of ``y: [B, N, S, X]``."""
+    shape = ir.Node("", "Shape", [unfolded])
+    parts = []
+    for start, end in ((0, 1), (1, 2), (2, 4)):
+        bounds = [int64s(graph, fresh_name, [start]), int64s(graph, fresh_name, [end])]
+        parts.append(ir.Node("", "Slice", [shape.outputs[0], *bounds]))
+    rows = ir.Node("", "Mul", [parts[0].outputs[0], parts[1].outputs[0]])
+    folded = ir.Node(
+        "", "Concat", [rows.outputs[0], parts[2].outputs[0]], [ir.AttrInt64("axis", 0)]
+    )
+    nodes = [shape, *parts, rows, folded]
+    _named(nodes, fresh_name)
+    for node in nodes:
+        node.outputs[0].dtype = ir.DataType.INT64
+    folded.outputs[0].shape = ir.Shape([3])
+    replace(graph, read, nodes, mark, RULE)
+
+
 _UNSQUEEZE_AXES_INPUT = 13  # opset from which Unsqueeze reads its axes as an input
 
 
-def _scaled_scores(graph: ir.Graph, value: ir.Value, want: list | None):
+def _scaled_scores(graph: ir.Graph, value: ir.Value, want: list | None, shape_reads: set[int]):
     """(the MatMul, the steps from it to ``value`` outermost first: (node, its other
     operand)) where ``value`` is the batched MatMul, scaled by scalar constants and with
-    folded biases added, each read once; None otherwise."""
+    folded biases added, each read once (``value`` also by its ``shape_reads``); None
+    otherwise."""
     steps = []
     node = value.producer()
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
+
+    def read_once(value: ir.Value) -> bool:
+        readers = [u.node for u in value.uses() if id(u.node) not in shape_reads]
+        return len(readers) == 1 and not value.is_graph_output()
+
     while node is not None and node.op_type in ("Mul", "Div", "Add") and len(steps) < 4:
-        if node.domain not in _ONNX or len(value.uses()) != 1 or value.is_graph_output():
+        if node.domain not in _ONNX or not read_once(value):
             return None
         step = _step(node, opset, want)
         if step is None:
@@ -114,7 +162,7 @@ def _scaled_scores(graph: ir.Graph, value: ir.Value, want: list | None):
         node = value.producer()
     if node is None or node.op_type != "MatMul" or node.domain not in _ONNX:
         return None
-    if len(value.uses()) != 1 or value.is_graph_output():
+    if not read_once(value) or (steps and shape_reads):  # shape reads of the top value only
         return None
     return node, steps
 
@@ -153,9 +201,20 @@ def _foldable(bias: ir.Value, scores: list, want: list | None) -> bool:
     if dims[0] == 1:
         return True
     fold = bias.producer()
+    for _ in range(3):  # through a scale by a scalar (TorchScript's baddbmm beta) or a Cast
+        if fold is None or fold.op_type not in ("Mul", "Div", "Cast") or not fold.inputs:
+            break
+        if fold.op_type != "Cast" and not _scalar(fold.inputs[1]):
+            break
+        fold = fold.inputs[0].producer() if fold.inputs[0] is not None else None
     source = fold.inputs[0] if fold is not None and _is_reshape(fold) else None
     leading = known_dims(source)
     return dims[0] == scores[0] and leading is not None and leading[:2] == want[:2]
+
+
+def _scalar(value: ir.Value | None) -> bool:
+    array = constant_array(value)
+    return array is not None and array.size == 1
 
 
 def _unfolded(graph: ir.Graph, bias: ir.Value, want: list, fresh_name) -> list[ir.Node]:

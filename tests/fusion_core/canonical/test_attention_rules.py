@@ -654,6 +654,66 @@ def test_a_scale_of_the_folded_key_moves_with_the_product_and_onto_the_scores() 
     run_both(model, back, feeds=_in_batch_feeds(), **EXACT)
 
 
+def test_shape_reads_of_the_folded_context_read_the_unfolded_one() -> None:
+    """TorchScript's BLOOM: the context product ``[B * N, S, H]`` is also read by Shape
+    nodes that build its unfold's target and another Reshape's. They read the shape of
+    the unfolded product folded back (``[B * N, S, H]`` from ``[B, N, S, H]``), and the
+    product is computed per head: no fold is left on the context."""
+    text = (
+        IN_BATCH.format(fill="lowest")
+        .replace(
+            "    unfold_context = Concat <axis = 0> (batch, context_tail)\n",
+            "    context_shape = Shape (context3)\n"
+            "    rows = Gather <axis = 0> (context_shape, zero_i)\n"
+            "    heads_n = Div (rows, batch_scalar)\n"
+            "    heads_u = Unsqueeze (heads_n, zero)\n"
+            "    unfold_context = Concat <axis = 0> (batch, heads_u, tail)\n"
+            "    other_shape = Shape (context3)\n",
+        )
+        .replace(
+            "    y = Neg (context)",
+            "    y = Neg (context)\n    other_f = Cast <to = 1> (other_shape)\n"
+            "    z = Mul (other_f, two_f)",
+        )
+        .replace("=> (float[batch, 2, 5, 4] y)", "=> (float[batch, 2, 5, 4] y, float[3] z)")
+        .replace(
+            "    batch = Slice (shape, zero, one)",
+            "    batch = Slice (shape, zero, one)\n    batch_scalar = Squeeze (batch, zero)",
+        )
+    )
+    ints = {
+        **IN_BATCH_INTS,
+        "zero_i": np.array(0, np.int64),
+        "tail": np.array([5, 4], np.int64),
+        "two_f": np.array(2.0, np.float32),
+    }
+    model = build_model(text, ints)
+    canonical = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    producer = {o: n for n in canonical.graph.node for o in n.output}
+    context = producer[producer["y"].input[0]]
+    assert context.op_type == "MatMul", context.op_type  # per head, no unfold after it
+    run_both(model, canonical, feeds=_in_batch_feeds(), **EXACT)
+
+
+def test_a_folded_bias_scaled_by_a_scalar_is_still_a_fold() -> None:
+    """TorchScript writes baddbmm's ``beta * alibi``: a scalar scale of the fold keeps
+    its rows the fold's."""
+    text = IN_BATCH.format(fill="lowest").replace(
+        "    scores = Reshape (scores3, unfold)",
+        ALIBI.replace(
+            "    biased3 = Add (scaled3, alibi3)",
+            "    beta3 = Mul (alibi3, beta)\n    biased3 = Add (scaled3, beta3)",
+        ),
+    )
+    model = build_model(text, {**ALIBI_INTS, "beta": np.array(1.0, np.float32)})
+    canonical = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
+    assert _ops(canonical).count("MatMul") == 2
+    producer = {o: n for n in canonical.graph.node for o in n.output}
+    softmax = next(n for n in canonical.graph.node if n.op_type == "Softmax")
+    assert producer[softmax.input[0]].op_type == "Add"  # 4-D scores, no unfold before it
+    run_both(model, canonical, feeds=_in_batch_feeds(), **EXACT)
+
+
 BIGCODE = """<ir_version: 8, opset_import: ["" : 18]>
 g (float[batch, seq, 8] x) => ({q_out} q, float[batch, 2, seq, 4] k) {{
     p = MatMul (x, w)
