@@ -89,14 +89,19 @@ def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int
     out.dtype, out.shape = split.outputs[0].dtype, shape or split.outputs[0].shape
     merges = [v.producer() for v in inner.inputs if v is not None]
     replace(graph, split, new, mark, RULE)
-    for read in shape_reads:  # the folded shape, from the unfolded product's
-        _fold_shape(graph, read, out, fresh_name, mark)
+    for read in shape_reads:  # gone with the split's target, or the folded shape again
+        dead = _dead_from(read)
+        if dead:
+            graph.remove(dead, safe=True)
+        else:
+            _fold_shape(graph, read, out, fresh_name, mark)
     graph.remove([*(s for s, _ in steps), inner], safe=True)
     _drop_unread(graph, merges)
     return 1
 
 
 _SLICE_INPUTS = 10  # opset from which Slice takes its bounds as inputs
+_PLUMBING_LIMIT = 24  # nodes a shape read feeds, at most, to be dropped with the split
 
 
 def _shape_reads(graph: ir.Graph, split: ir.Node) -> list[ir.Node]:
@@ -114,6 +119,26 @@ def _shape_reads(graph: ir.Graph, split: ir.Node) -> list[ir.Node]:
         and not u.node.attributes  # no start or end: the whole shape
         and not u.node.outputs[0].is_graph_output()
     ]
+
+
+def _dead_from(read: ir.Node) -> list[ir.Node]:
+    """``read`` and what it feeds, readers first, where all of it feeds nothing else (the
+    target of the split just replaced); empty where any of it is still read."""
+    found: dict[int, ir.Node] = {}
+    pending = [read]
+    while pending:
+        node = pending.pop()
+        if id(node) in found:
+            continue
+        if len(found) == _PLUMBING_LIMIT:
+            return []
+        found[id(node)] = node
+        for out in node.outputs:
+            if out.is_graph_output():
+                return []
+            pending += [u.node for u in out.uses()]
+    order = {id(n): i for i, n in enumerate(read.graph or [])}
+    return sorted(found.values(), key=lambda n: -order.get(id(n), 0))
 
 
 def _fold_shape(graph: ir.Graph, read: ir.Node, unfolded: ir.Value, fresh_name, mark) -> None:

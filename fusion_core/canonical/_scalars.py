@@ -23,7 +23,9 @@ from autofusion.fusion_core.ir import constant_array
 __all__ = ["fold_known_scalars"]
 
 _MAX_SIZE = 16  # entries of a value this rule makes constant, at most
-_INTEGER_OPS = frozenset({"Shape", "Gather", "Slice", "Concat", "Add", "Sub", "Mul", "Div"})
+_INTEGER_OPS = frozenset(
+    {"Shape", "Gather", "Slice", "Concat", "Add", "Sub", "Mul", "Div", "Squeeze", "Unsqueeze"}
+)  # Squeeze and Unsqueeze: DeBERTa's head size, sliced from a shape and squeezed
 _UNARY = {"Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Neg": np.negative}
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-# TorchScript's DeBERTa-v2 builds its fold targets and K^T's divisor from Shape reads
-# whose sizes its graph leaves unknown, so the heads folded into the batch are not proven
-_DEBERTA_TS = "attention: DeBERTa-v2's TorchScript folds are not proven (unknown sizes)"
 # optimum's Falcon: a float mask built by Trilu and ScatterND, with -inf where masked,
 # which the causal proof does not read
 _FALCON_KV = "attention: Falcon's Trilu/ScatterND -inf mask is not proven causal (issue 24)"
 
 MODEL_FAILURES: dict[tuple[str, str], str] = {
-    # the torch exports (bench/corpus/export_torch.py, _torch_expect.py)
-    ("deberta_v2_eager_torchscript", "onnxruntime"): _DEBERTA_TS,
     # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
     # architecture has (_llm_expect.py) and autofusion does not fuse yet
     ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,

@@ -220,6 +220,31 @@ def test_a_scale_from_the_head_size_becomes_a_constant() -> None:
     run_both(model, canonical, **EXACT)
 
 
+def test_a_head_size_sliced_and_squeezed_becomes_a_constant() -> None:
+    """DeBERTa's TorchScript export: ``sqrt(float(Squeeze(Slice(Shape(q), -1))))``."""
+    model = _model(
+        [
+            "s = Shape (q)",
+            "tail_dim = Slice (s, minus_one, end)",
+            "size = Squeeze (tail_dim, axis0)",
+            "size_f = Cast <to = 1> (size)",
+            "root = Sqrt (size_f)",
+            "y = Div (q, root)",
+        ],
+        "float[batch, 4, seq, 16] q",
+        "float[batch, 4, seq, 16] y",
+        {
+            "minus_one": np.array([-1], np.int64),
+            "end": np.array([4], np.int64),
+            "axis0": np.array([0], np.int64),
+        },
+    )
+    canonical, done, again = _canonical(model)
+    assert done.get("known_scalars", 0) >= 3 and again == 0, done
+    assert op_sequence(canonical) == ["Div"]
+    run_both(model, canonical, **EXACT)
+
+
 def test_a_size_that_depends_on_the_batch_stays() -> None:
     model = _model(
         ["s = Shape (q)", "b = Gather <axis = 0> (s, first)", "y = Cast <to = 1> (b)"],
