@@ -25,7 +25,15 @@ Between the MatMul and the split, the scores may be scaled and a folded bias add
 a scale by a scalar constant is the same after the split, and since a Reshape only
 renumbers elements, ``split(s + c) = split(s) + unfold(c)`` for any ``c: [B * N or 1, 1 or
 S, L]`` unfolded by the same rule, ``Reshape(Unsqueeze(c, 1), [-1, N, 0, 0])``; so they
-move after the split too (opset 13 on, where Unsqueeze takes its axes as an input).
+move after the split too (opset 13 on, where Unsqueeze takes its axes as an input). The
+bias must be proven a fold (a Reshape of ``[B, N, ...]``, perhaps scaled): a leading size
+merely inferred equal to the scores' may be 1 at run time. A scalar scale of either
+operand of the product (DeBERTa divides its folded K^T) is the same scale of the unfolded
+operand.
+
+TorchScript also reads the folded product's shape (``Shape``) to build Reshape targets:
+the reads that only built the split's own target go with it; any other whole-shape read
+reads the unfolded product's shape folded back, ``[B * N, S, X]`` from ``[B, N, S, X]``.
 """
 
 from __future__ import annotations
