@@ -14,7 +14,21 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
-from autofusion.fusion_core.rewriters._base import scale_factor
+from autofusion.fusion_core.rewriters._base import Params, scale_factor
+
+
+class HeadNodes(Params):
+    """The pattern nodes of the query's head split and of repeat_kv that the attention
+    rewriters (``group_query_attention``, ``attention_block``) both name."""
+
+    q_reshape_node: str = "q_reshape"
+    q_transpose_node: str = "q_t"
+    k_unsqueeze_node: str | None = None  # repeat_kv of the key: Unsqueeze, Expand, Reshape
+    k_expand_node: str | None = None
+    k_repeat_node: str | None = None
+    v_unsqueeze_node: str | None = None  # and of the value
+    v_expand_node: str | None = None
+    v_repeat_node: str | None = None
 
 
 def target_entries(reshape: ir.Node) -> list[int | None] | str:
@@ -155,6 +169,23 @@ def layout_failure(match: Match, params: Any, reshape: ir.Node | None) -> str | 
         flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
         return swaps_last_axes(flat, unflat)
     return None
+
+
+def merged_layout(
+    match: Match, params: Any, query: ir.Value, heads: tuple[int, int]
+) -> tuple[bool, float] | str:
+    """(whether a Reshape must follow the fused op, the scale) of the matched block, or
+    why its layout or scale is not the fused op's. The op's ``[B, S, N * H]`` is
+    ``out_t``'s ``[B, S, N, H]`` with the heads merged, so any Reshape of ``out_t`` is the
+    same Reshape of it, unless it copies a dimension past the second (a 0 entry without
+    allowzero)."""
+    output = match.node(params.output_node)
+    reshape_after = merges_heads(output, query, heads) is not None
+    failure = layout_failure(match, params, output if reshape_after else None)
+    if failure is not None:
+        return failure
+    scale = matched_scale(match, params)
+    return scale if isinstance(scale, str) else (reshape_after, scale)
 
 
 def matched_scale(match: Match, params: Any) -> float | str:

@@ -24,7 +24,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import consumers
 from autofusion.fusion_core.patterns import Match
-from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._attention_shapes import HeadNodes
+from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext, Rewriter
 from autofusion.fusion_core.rewriters.attention import AttentionParams, multi_head_attention
 from autofusion.fusion_core.rewriters.group_query_attention import (
     GQAParams,
@@ -35,15 +36,7 @@ from autofusion.fusion_core.rewriters.group_query_attention import (
 __all__ = ["AttentionBlock"]
 
 
-class AttentionBlockParams(Params):
-    q_reshape_node: str = "q_reshape"
-    q_transpose_node: str = "q_t"
-    k_unsqueeze_node: str | None = None  # repeat_kv of the key: Unsqueeze, Expand, Reshape
-    k_expand_node: str | None = None
-    k_repeat_node: str | None = None
-    v_unsqueeze_node: str | None = None  # and of the value
-    v_expand_node: str | None = None
-    v_repeat_node: str | None = None
+class AttentionBlockParams(HeadNodes):
     k_transpose_node: str = "k_t"  # K^T
     qk_node: str = "qk"  # MatMul(Q, K^T)
     scale_node: str = "scale"  # Mul or Div of the scores by a constant

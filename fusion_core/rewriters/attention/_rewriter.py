@@ -12,12 +12,7 @@ from autofusion.fusion_core.rewriters._attention_mask import (
     expand_queries,
     guarded_mask,
 )
-from autofusion.fusion_core.rewriters._attention_shapes import (
-    heads_of,
-    layout_failure,
-    matched_scale,
-    merges_heads,
-)
+from autofusion.fusion_core.rewriters._attention_shapes import heads_of, merged_layout
 from autofusion.fusion_core.rewriters._base import (
     Params,
     Rewrite,
@@ -76,16 +71,10 @@ def multi_head_attention(
     if isinstance(heads, str):
         return heads
     output = match.node(params.output_node)
-    # MultiHeadAttention's [B, S, N * H] is out_t's [B, S, N, H] with the heads merged,
-    # so any Reshape of out_t is the same Reshape of it, unless it copies a dimension
-    # from past the second (a 0 entry without allowzero)
-    reshape_after = merges_heads(output, splits[0].inputs[0], heads) is not None
-    failure = layout_failure(match, params, output if reshape_after else None)
-    if failure is not None:
-        return failure
-    scale = matched_scale(match, params)
-    if isinstance(scale, str):
-        return scale
+    layout = merged_layout(match, params, splits[0].inputs[0], heads)
+    if isinstance(layout, str):
+        return layout
+    reshape_after, scale = layout
     masked = _mask(match, params, ctx)
     if isinstance(masked, str):
         return masked

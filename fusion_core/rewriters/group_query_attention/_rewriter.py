@@ -12,13 +12,8 @@ from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
-from autofusion.fusion_core.rewriters._attention_shapes import (
-    layout_failure,
-    matched_scale,
-    merges_heads,
-)
+from autofusion.fusion_core.rewriters._attention_shapes import HeadNodes, merged_layout
 from autofusion.fusion_core.rewriters._base import (
-    Params,
     Rewrite,
     RewriteContext,
     Rewriter,
@@ -49,15 +44,7 @@ _BIAS_INPUT = 10  # attention_bias
 _QUERY_SEQLENS_INPUT = 16  # query_seqlens
 
 
-class GQAParams(Params):
-    q_reshape_node: str = "q_reshape"
-    q_transpose_node: str = "q_t"
-    k_unsqueeze_node: str | None = None  # repeat_kv of the key: Unsqueeze, Expand, Reshape
-    k_expand_node: str | None = None
-    k_repeat_node: str | None = None
-    v_unsqueeze_node: str | None = None  # and of the value
-    v_expand_node: str | None = None
-    v_repeat_node: str | None = None
+class GQAParams(HeadNodes):
     k_flat_node: str | None = None  # dynamo: K^T as Reshape, Transpose, Reshape
     k_unflat_node: str | None = None
     qk_node: str = "qk"  # MatMul(Q, K^T)
@@ -89,13 +76,10 @@ class GroupQueryAttention(Rewriter):
             return sides
         key, value = sides
         output = match.node(params.output_node)
-        reshape_after = merges_heads(output, q, (heads, size)) is not None
-        failure = layout_failure(match, params, output if reshape_after else None)
-        if failure is not None:
-            return failure
-        scale = matched_scale(match, params)
-        if isinstance(scale, str):
-            return scale
+        layout = merged_layout(match, params, q, (heads, size))
+        if isinstance(layout, str):
+            return layout
+        reshape_after, scale = layout
         softcap = _softcap(match, params)
         if isinstance(softcap, str):
             return softcap
