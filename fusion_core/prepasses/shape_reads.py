@@ -29,6 +29,7 @@ _Source = int | tuple[ir.Value, int]  # a known size, or (graph input, axis)
 class ShapeReadsFromInputsPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
+        self._opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
         self._names = (
             {v.name for v in graph.initializers.values()}
             | {v.name for n in graph for v in n.outputs}
@@ -99,21 +100,39 @@ class ShapeReadsFromInputsPass(ir.passes.InPlacePass):
             value, axis = source
             key = (value.name or "", axis)
             if key not in shapes_of_inputs:
-                read = ir.Node(
-                    "",
-                    "Shape",
-                    [value],
-                    [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)],
-                )
-                read.outputs[0].name = self._fresh(f"{value.name}_dim{axis}")
-                read.outputs[0].dtype = ir.DataType.INT64
-                read.outputs[0].shape = ir.Shape([1])
+                reads = self._read_dim(graph, value, axis)
                 # at the top of the graph, so every later read can share it
-                graph.insert_before(next(iter(graph)), read)
-                shapes_of_inputs[key] = read.outputs[0]
+                graph.insert_before(next(iter(graph)), reads)
+                shapes_of_inputs[key] = reads[-1].outputs[0]
             parts.append(shapes_of_inputs[key])
         flush()
         return parts
+
+    def _read_dim(self, graph: ir.Graph, value: ir.Value, axis: int) -> list[ir.Node]:
+        """``Shape(value)[axis:axis + 1]``: Shape's start and end from opset 15, a Gather
+        of the whole shape before (the model's own opset: never an op it lacks)."""
+        if self._opset >= 15:
+            attributes = [ir.AttrInt64("start", axis), ir.AttrInt64("end", axis + 1)]
+            reads = [ir.Node("", "Shape", [value], attributes)]
+        else:
+            shape = ir.Node("", "Shape", [value])
+            shape.outputs[0].name = self._fresh(f"{value.name}_shape")
+            shape.outputs[0].dtype = ir.DataType.INT64
+            shape.outputs[0].shape = ir.Shape([len(value.shape or ())])
+            index = ir.Value(
+                name=self._fresh(f"{value.name}_axis{axis}"),
+                shape=ir.Shape([1]),
+                const_value=ir.tensor(np.array([axis], dtype=np.int64)),
+            )
+            index.dtype = ir.DataType.INT64
+            graph.register_initializer(index)
+            gather = ir.Node("", "Gather", [shape.outputs[0], index], [ir.AttrInt64("axis", 0)])
+            reads = [shape, gather]
+        out = reads[-1].outputs[0]
+        out.name = self._fresh(f"{value.name}_dim{axis}")
+        out.dtype = ir.DataType.INT64
+        out.shape = ir.Shape([1])
+        return reads
 
 
 def _input_symbols(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
