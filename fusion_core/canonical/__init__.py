@@ -66,7 +66,8 @@ What the rules inserted and no fusion consumed is taken out after the last round
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 import onnx_ir as ir
 
@@ -113,6 +114,7 @@ from autofusion.fusion_core.canonical._unsqueezed import one_kv_heads, undo_one_
 __all__ = [
     "MARK",
     "RULES",
+    "RuleGuard",
     "Dim",
     "axes_of",
     "canonical_form",
@@ -191,17 +193,42 @@ _WORDS = {
 _PASSES = 4  # rules open the way for earlier ones (a clamp gone lets scores read as such)
 
 
-def canonical_form(graph: ir.Graph, fresh_name: Callable[[str], str]) -> Counter[str]:
+class RuleGuard(Protocol):
+    """What watches the rules (``fusion_core.pipeline.transaction.StepGuard``): told of
+    each rule that changed the graph, and of each that raised (it returns what to raise)."""
+
+    def changed(self, name: str) -> None: ...
+
+    def raised(self, name: str, exc: Exception) -> Exception: ...
+
+
+def canonical_form(
+    graph: ir.Graph,
+    fresh_name: Callable[[str], str],
+    *,
+    disabled: Collection[str] = (),
+    guard: RuleGuard | None = None,
+) -> Counter[str]:
     """Apply every rule to ``graph`` (not its subgraphs) until none applies (at most a
-    few passes: the rules are idempotent); how often each applied."""
+    few passes: the rules are idempotent); how often each applied. ``disabled`` rules do
+    not run; ``guard`` checks each rule's changes as they are made."""
     done: Counter[str] = Counter()
     for _ in range(_PASSES):
         changed = False
         for name, rule in RULES.items():
-            count = rule(graph, fresh_name, MARK)
+            if name in disabled:
+                continue
+            try:
+                count = rule(graph, fresh_name, MARK)
+            except Exception as exc:  # a bug of the rule: the guard says what to do
+                if guard is None:
+                    raise
+                raise guard.raised(name, exc) from exc
             if count:
                 done[name] += count
                 changed = True
+                if guard is not None:
+                    guard.changed(name)
         if not changed:
             break
     return done

@@ -9,8 +9,9 @@ __all__ = ["NEAR_MISS_KINDS", "NearMiss"]
 
 # Why a place did not fuse, by who said no: a constraint of the pattern, a value the
 # fusion would remove that is needed outside it (escape), the rewriter, the selection
-# (the cost model, a limit, measured selection) or progressive validation's rollback.
-NEAR_MISS_KINDS = ("constraint", "escape", "rewriter", "selection", "rollback")
+# (the cost model, a limit, measured selection), progressive validation's rollback, or a
+# bug: the rewrite raised or broke the graph and was taken back (Result.rejected).
+NEAR_MISS_KINDS = ("constraint", "escape", "rewriter", "selection", "rollback", "bug")
 
 
 @dataclass(frozen=True)

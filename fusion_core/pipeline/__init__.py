@@ -5,7 +5,10 @@ stages (``progressive.py``) or measured selection (``measured/``), as the config
 says. The one pass runs the rounds as a pass that returns what it did (``rounds.py``)
 and the check against the original (``check.py``) into a ``Result`` (``result.py``);
 ``switches.py`` turns patterns on or off by input shapes and ``left_alone.py`` names what
-the engine leaves as it is (quantized units, unknown domains).
+the engine leaves as it is (quantized units, unknown domains). Every step is a
+transaction (``transaction.py``: a step that breaks the graph is taken back, with a
+reproducer of its region, ``reproducer.py``) and a failed check falls back to the
+largest set of fusions that passes (``fallback.py``).
 """
 
 from autofusion.fusion_core.pipeline.check import check_against_original
@@ -17,7 +20,8 @@ from autofusion.fusion_core.pipeline.progressive import (
     Rollback,
     optimize_progressive,
 )
-from autofusion.fusion_core.pipeline.result import AppliedFusion, Result
+from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
+from autofusion.fusion_core.pipeline.result import AppliedFusion, Rejection, Result
 from autofusion.fusion_core.pipeline.rounds import RewriteRounds, RoundsResult, subgraphs
 from autofusion.fusion_core.profiling import PairedTimer  # measured selection's, as before
 
@@ -26,6 +30,7 @@ __all__ = [
     "AppliedFusion",
     "FusionGroup",
     "PairedTimer",
+    "Rejection",
     "Result",
     "RewriteRounds",
     "Rollback",
@@ -36,6 +41,8 @@ __all__ = [
     "optimize_measured",
     "optimize_once",
     "optimize_progressive",
+    "reproducer_names",
+    "reproducers_zip",
     "select_patterns",
     "subgraphs",
 ]

@@ -4,7 +4,10 @@ load -> pre-passes -> rounds of match, select and rewrite (``rounds.py``) -> cle
 -> check (``check.py``)
 
 This is the whole of a plain run, and what progressive validation and measured
-selection build each of their variants with.
+selection build each of their variants with. Every step is a transaction
+(``transaction.py``): a pre-pass or canonical rule that breaks the graph makes the pass
+start again from the model as loaded, without that step, and say so in
+``Result.rejected``.
 """
 
 from __future__ import annotations
@@ -26,15 +29,21 @@ from autofusion.fusion_core.errors import ConfigError, PatternError
 from autofusion.fusion_core.ir import load_model, model_from_proto
 from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.left_alone import left_alone
-from autofusion.fusion_core.pipeline.result import Result
+from autofusion.fusion_core.pipeline.result import Rejection, Result
 from autofusion.fusion_core.pipeline.rounds import RewriteRounds, subgraphs
 from autofusion.fusion_core.pipeline.switches import resolve_switches
+from autofusion.fusion_core.pipeline.transaction import (
+    MAX_RETRIES,
+    StepFailed,
+    StepGuard,
+    describe_exception,
+)
 from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
 from autofusion.fusion_core.prepasses.opset import upgrade_opset
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 from autofusion.fusion_core.targets import get_target
 
-__all__ = ["optimize_once", "select_patterns"]
+__all__ = ["optimize_once", "original_of", "select_patterns", "unchanged"]
 
 
 def optimize_once(
@@ -54,6 +63,40 @@ def optimize_once(
     the cost model prices as a loss: ``fusion_core.strategies.pricing``). ``on_phase``
     hears each phase as it starts: ``load``, ``prepasses``, ``fuse``, ``check``."""
     registry, phase = registry or builtin_rewriters(), on_phase or _no_phase
+    rejected: list[Rejection] = []
+    left_out: set[tuple[str, str]] = set()  # (step, name) a failed run leaves out
+    skip = dict(skip or {})
+    while True:
+        try:
+            result = _one_pass(
+                model, config, registry, patterns, skip, skip_kind, feeds, phase, left_out
+            )
+        except StepFailed as failure:
+            rejection = failure.rejection
+            rejected.append(rejection)
+            if len(rejected) > MAX_RETRIES:
+                raise
+            if rejection.step == "rewrite":  # this fusion is left out of the next run
+                key = (rejection.name, frozenset(rejection.nodes))
+                skip[key] = f"rolled back as a bug: {rejection.failed}"
+            else:
+                left_out.add((rejection.step, rejection.name))
+            continue
+        result.rejected = rejected + result.rejected
+        return result
+
+
+def _one_pass(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig,
+    registry: RewriterRegistry,
+    patterns: Sequence[CompiledPattern] | None,
+    skip: Mapping[tuple[str, frozenset[str]], str],
+    skip_kind: str,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None,
+    phase: Callable[[str], None],
+    left_out: set[tuple[str, str]],
+) -> Result:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     phase("load")
@@ -68,17 +111,22 @@ def optimize_once(
 
     start = time.perf_counter()
     phase("prepasses")
-    work, result.prepasses = _prepasses(work, config)
+    disabled = {name for step, name in left_out if step == "pre-pass"}
+    work, result.prepasses = _prepasses(work, config, disabled)
     result.model = work
     timings["prepasses"] = time.perf_counter() - start
 
     phase("fuse")
     result.left_alone = left_alone(work, len(subgraphs(work.graph)))  # before our contrib ops
-    fused = RewriteRounds(chosen, config, skip=skip, skip_kind=skip_kind)(work)
+    rules = frozenset(name for step, name in left_out if step == "canonical")
+    fused = RewriteRounds(chosen, config, skip=skip, skip_kind=skip_kind, disabled_rules=rules)(
+        work
+    )
     timings["match"], timings["rewrite"] = fused.match_s, fused.rewrite_s
     result.applied, result.near_misses = fused.applied, fused.near_misses
     result.rounds, result.structure = fused.rounds, fused.structure
     result.selections = fused.selections
+    result.rejected = fused.rejected
     result.prepasses += describe_canonical(fused.canonical)
 
     _cleanup(work, timings)
@@ -97,8 +145,12 @@ def optimize_once(
 def _cleanup(work: ir.Model, timings: dict[str, float]) -> None:
     """What the rewrites left unused goes; the nodes are sorted again."""
     start = time.perf_counter()
-    common.RemoveUnusedNodesPass()(work)
-    common.TopologicalSortPass()(work)
+    try:
+        common.RemoveUnusedNodesPass()(work)
+        common.TopologicalSortPass()(work)
+    except Exception as exc:  # every step was checked: this is a bug of ours, not the model's
+        failed = describe_exception("the clean-up after the rounds", exc)
+        raise StepFailed(Rejection("pre-pass", "cleanup", (), failed)) from exc
     timings["cleanup"] = time.perf_counter() - start
 
 
@@ -106,11 +158,15 @@ def _no_phase(_name: str) -> None:
     pass
 
 
-def _prepasses(work: ir.Model, config: OptimizeConfig) -> tuple[ir.Model, list[str]]:
+def _prepasses(
+    work: ir.Model, config: OptimizeConfig, disabled: set[str]
+) -> tuple[ir.Model, list[str]]:
     """The opt-in opset upgrade (fusion_core/prepasses/opset.py), then the other
-    pre-passes; what they did, in the report's words."""
+    pre-passes but ``disabled``, each checked as a step; what they did, in the report's
+    words."""
     work, upgrade = upgrade_opset(work, config.upgrade_opset)
-    prepasses = run_prepasses(work, _prepass_options(config))
+    guard = StepGuard(work, config.target, "pre-pass")
+    prepasses = run_prepasses(work, _prepass_options(config), disabled=disabled, guard=guard)
     if upgrade is not None:  # the report says what the upgrade did
         prepasses.insert(0, upgrade.describe())
     return work, prepasses
@@ -133,6 +189,29 @@ def _load(
         return model, model_from_proto(model)
     original = ir.to_proto(model)
     return original, ir.serde.deserialize_model(original)
+
+
+def original_of(model: ir.Model | onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+    """The model as the caller gave it, as a proto with its weights: what every verdict
+    is measured against (never a copy after the pre-passes)."""
+    original, _ = _load(model, keep_original=True)
+    assert original is not None
+    return original
+
+
+def unchanged(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Result:
+    """The model as it came, no pre-pass and no fusion, checked like any result: what
+    a run hands back when not even the model without fusions passes its check."""
+    original, work = _load(model, keep_original=True)
+    result = Result(model=work, target=config.target, patterns_used=[])
+    result.ops_before = result.ops_after = _op_counts(work)
+    if config.check.enabled and original is not None:
+        check_against_original(result, original, config, set(), feeds)
+    return result
 
 
 def select_patterns(

@@ -15,7 +15,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.patterns import NearMiss
 from autofusion.fusion_core.validate import CheckResult, PrecisionReport, RegionReport
 
-__all__ = ["AppliedFusion", "Result"]
+__all__ = ["AppliedFusion", "Rejection", "Result"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,30 @@ class AppliedFusion:
         }
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """A step that broke the graph or raised, rolled back (or skipped) while the run went
+    on (``fusion_core.pipeline.transaction``): always a bug of ours, never the model's."""
+
+    step: str  # "rewrite", "canonical" (a canonical-form rule) or "pre-pass"
+    name: str  # the pattern, the rule or the pre-pass
+    nodes: tuple[str, ...]  # the matched nodes (a rewrite) or the nodes the step wrote
+    failed: str  # what failed, in words
+    kind: str = "bug"
+    # The matched region cut out as a model of its own (pipeline/reproducer.py), for a
+    # bug report: written beside the report, not inside it
+    reproducer: onnx.ModelProto | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "name": self.name,
+            "nodes": list(self.nodes),
+            "failed": self.failed,
+            "kind": self.kind,
+        }
+
+
 @dataclass
 class Result:
     """What one optimization did. ``model`` is the fused model (onnx-ir)."""
@@ -60,6 +84,9 @@ class Result:
     regions: RegionReport | None = None  # set when the check fails: which fusion drifts
     rollbacks: list[dict] = field(default_factory=list)  # progressive validation took back
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (empty: nothing)
+    rejected: list[Rejection] = field(default_factory=list)  # steps rolled back as bugs
+    # A failed check fell back (fallback.py): why, fusions kept, which were dropped
+    fallback: dict | None = None
     precision: PrecisionReport | None = None  # fp16 range analysis, when asked for
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
     switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired

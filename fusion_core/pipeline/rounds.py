@@ -31,8 +31,17 @@ from autofusion.fusion_core.cost import CostModel
 from autofusion.fusion_core.ir import node_positions
 from autofusion.fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from autofusion.fusion_core.pipeline.left_alone import quantized_unit
-from autofusion.fusion_core.pipeline.result import AppliedFusion
+from autofusion.fusion_core.pipeline.reproducer import cut_region
+from autofusion.fusion_core.pipeline.result import AppliedFusion, Rejection
+from autofusion.fusion_core.pipeline.transaction import (
+    StepFailed,
+    StepGuard,
+    cycle_problem,
+    describe_exception,
+    step_problems,
+)
 from autofusion.fusion_core.rewriters import (
+    AppliedRewrite,
     RewriteContext,
     RewriterRegistry,
     apply_rewrite,
@@ -41,7 +50,12 @@ from autofusion.fusion_core.rewriters import (
 )
 from autofusion.fusion_core.strategies.pricing import selection_for
 from autofusion.fusion_core.targets import get_target
-from autofusion.fusion_core.validate import OutputSignature, output_signature, structure_problems
+from autofusion.fusion_core.validate import (
+    OutputSignature,
+    cycle_members,
+    output_signature,
+    structure_problems,
+)
 
 __all__ = ["RewriteRounds", "RoundsResult", "subgraphs"]
 
@@ -56,6 +70,7 @@ class RoundsResult(ir.passes.PassResult):
     near_misses: list[NearMiss] = field(default_factory=list)
     rounds: int = 0  # the most rounds any graph took
     structure: list[str] = field(default_factory=list)  # what a rewrite broke (a bug)
+    rejected: list[Rejection] = field(default_factory=list)  # rewrites taken back (bugs)
     selections: list[dict] = field(default_factory=list)  # cost-based selection, per round
     # The canonical form's rewrites that fusions used (fusion_core.canonical), per rule.
     canonical: Counter = field(default_factory=Counter)
@@ -69,6 +84,11 @@ class RewriteRounds(ir.passes.InPlacePass):
     reason, reported as near misses of ``skip_kind`` (progressive's rollbacks,
     measured selection's left-out groups).
 
+    Every rewrite is a transaction (``transaction.py``): one that emits what the model
+    cannot load, makes a cycle or raises is undone and listed in
+    ``RoundsResult.rejected``; a canonical rule that does raises ``StepFailed`` (the
+    caller runs again without ``disabled_rules``).
+
     Postcondition: every graph is sorted; when a round leaves the model structurally
     broken (``fusion_core.validate.structure_problems``), the rounds stop there and
     ``RoundsResult.structure`` says what broke."""
@@ -80,11 +100,13 @@ class RewriteRounds(ir.passes.InPlacePass):
         *,
         skip: Mapping[_Key, str] | None = None,
         skip_kind: str = "rollback",
+        disabled_rules: frozenset[str] = frozenset(),
     ) -> None:
         self.patterns = list(patterns)
         self.config = config
         self.skip = dict(skip or {})
         self.skip_kind = skip_kind
+        self.disabled_rules = disabled_rules
 
     def call(self, model: ir.Model) -> RoundsResult:
         result = RoundsResult(model, modified=False)
@@ -128,15 +150,20 @@ class _GraphRounds:
         op_count = sum(1 for _ in graph)
         self.strategy = selection_for(config, op_count=op_count, rewriters=rewriters)
         self.skip_kind = rounds.skip_kind
+        self.disabled_rules = rounds.disabled_rules
         self.skipped = set(rounds.skip)
         self.refused = dict(rounds.skip)  # and what a rewriter said no to: do not retry
+        self.bugs: set[_Key] = set()  # refused because the rewrite broke the graph
 
     def run(self, signature: OutputSignature) -> None:
         result = self.result
         canonical: Counter[str] = Counter()
         for round_number in range(1, self.max_rounds + 1):
             start = time.perf_counter()
-            changed = canonical_form(self.graph, self.ctx.fresh_name)
+            guard = StepGuard(result.model, self.ctx.target.name, "canonical", self.graph)
+            changed = canonical_form(
+                self.graph, self.ctx.fresh_name, disabled=self.disabled_rules, guard=guard
+            )
             canonical += changed
             if changed:  # what a rewriter refused may hold in the new spelling (a norm
                 # moved before the Transpose makes the heads a rotary reads transposed)
@@ -145,8 +172,11 @@ class _GraphRounds:
             candidates = [m for m in found.candidates if _key(m) not in self.refused]
             result.match_s += time.perf_counter() - start
             start = time.perf_counter()
+            rejected = len(result.rejected)
             applied, refusals = self._round(candidates, round_number)
             if applied:
+                applied -= self._undo_cycles()
+            if applied or len(result.rejected) > rejected:  # an undo puts nodes back unsorted
                 self.graph.sort()
                 broken = structure_problems(result.model, signature)
                 if broken:  # a rewriter bug: stop here rather than build on it
@@ -161,7 +191,12 @@ class _GraphRounds:
                 break
         result.near_misses += self.strategy.dropped  # also when max_rounds ran out
         result.selections += self.strategy.records
-        canonical -= undo_unused(self.graph)  # what no fusion took goes again
+        try:
+            canonical -= undo_unused(self.graph)  # what no fusion took goes again
+        except Exception as exc:
+            raise StepGuard(result.model, self.ctx.target.name, "canonical").raised(
+                "undo_unused", exc
+            ) from exc
         result.canonical += canonical
 
     def _round(self, candidates: list[Match], round_number: int) -> tuple[int, int]:
@@ -169,6 +204,7 @@ class _GraphRounds:
         self.ctx.positions = node_positions(self.graph)
         self.strategy.positions = self.ctx.positions
         applied = refusals = 0
+        self.journal: list[tuple[AppliedFusion, AppliedRewrite, Match]] = []
         waiting: set[int] = set()  # nodes of candidates a refused one had blocked
         by_node: dict[int, list[Match]] = {}  # built on the first refusal of the round
         for match in self.strategy.select(candidates):
@@ -178,10 +214,15 @@ class _GraphRounds:
             outcome = _try_rewrite(
                 match, compiled, self.ctx, self.strategy.cost, round_number, waiting
             )
-            if isinstance(outcome, AppliedFusion):
-                self.result.applied.append(outcome)
+            if isinstance(outcome, tuple):
+                self.result.applied.append(outcome[0])
+                self.journal.append((*outcome, match))
                 applied += 1
                 continue
+            if isinstance(outcome, Rejection):
+                self.result.rejected.append(outcome)
+                self.bugs.add(_key(match))
+                outcome = f"rolled back as a bug: {outcome.failed}"
             self.refused[_key(match)] = outcome
             refusals += 1
             if not by_node:
@@ -190,6 +231,32 @@ class _GraphRounds:
                         by_node.setdefault(node_id, []).append(other)
             waiting |= _blocked_by(match, by_node)
         return applied, refusals
+
+    def _undo_cycles(self) -> int:
+        """Undo this round's rewrites whose new nodes lie on a cycle (a fused op that
+        reads what its own output feeds); how many. The cycle names the rewrite: the
+        graph was acyclic before the round and each rewrite alone replaces its match."""
+        cyclic = cycle_members(self.graph)
+        if not cyclic:
+            return 0
+        undone = 0
+        for fusion, applied, match in reversed(self.journal):
+            if not any(id(n) in cyclic for n in applied.new_nodes):
+                continue
+            failed = cycle_problem(self.graph) or "the graph has a cycle"
+            applied.undo()
+            self.result.applied.remove(fusion)
+            rejection = _rejection(match, self.ctx, failed)
+            self.result.rejected.append(rejection)
+            self.bugs.add(_key(match))
+            self.refused[_key(match)] = f"rolled back as a bug: {failed}"
+            undone += 1
+            cyclic = cycle_members(self.graph)
+            if not cyclic:
+                break
+        if cyclic:  # not a rewrite's doing: the rules' (checked each) cannot have made it
+            raise StepFailed(Rejection("canonical", "rounds", (), cycle_problem(self.graph) or ""))
+        return undone
 
     def _last_near_misses(self, found: list[NearMiss]) -> list[NearMiss]:
         """The matcher's near misses of the last round, and every refusal (or skip) of any
@@ -206,6 +273,8 @@ class _GraphRounds:
         ]
 
     def _kind_of(self, key: _Key) -> str:
+        if key in self.bugs:
+            return "bug"
         return self.skip_kind if key in self.skipped else "rewriter"
 
 
@@ -216,32 +285,58 @@ def _try_rewrite(
     cost: CostModel,
     round_number: int,
     gone: set[int],
-) -> AppliedFusion | str:
-    """Rewrite ``match``: the fusion applied, or why it cannot be (nothing changed then).
-    The nodes a rewrite absorbed beyond its match go into ``gone``: a candidate of this
-    round that holds one of them is stale and waits for the next round's matching."""
+) -> tuple[AppliedFusion, AppliedRewrite] | Rejection | str:
+    """Rewrite ``match``: the fusion applied (with what undoes it), why it cannot be
+    (nothing changed then), or a ``Rejection`` when the rewriter raised or wrote what the
+    model cannot load (undone: nothing changed either). The nodes a rewrite absorbed
+    beyond its match go into ``gone``: a candidate of this round that holds one of them
+    is stale and waits for the next round's matching."""
     reason = check_match(match) or quantized_unit(match)
     if reason is not None:
         return reason
-    rewrite = compiled.rewriter.rewrite(match, compiled.params_for(match.pattern), ctx)
+    name, nodes = match.pattern.name, tuple(match.node_names())
+    try:
+        rewrite = compiled.rewriter.rewrite(match, compiled.params_for(match.pattern), ctx)
+    except Exception as exc:  # a bug of the rewriter: this match stays as it is
+        failed = describe_exception(f"rewriter {compiled.rewriter.name!r}", exc)
+        return _rejection(match, ctx, failed)
     if isinstance(rewrite, str):
         return f"rewriter {compiled.rewriter.name!r}: {rewrite}"
     if (reason := missing_output(match, rewrite)) is not None:
         discard(rewrite)
         return reason
     predicted = cost.candidate_gain(match).prediction()  # before the rewrite
-    apply_rewrite(ctx, match, rewrite)
+    try:
+        applied = apply_rewrite(ctx, match, rewrite)
+    except Exception as exc:  # half applied: only a run without it is sure to be whole
+        failed = describe_exception("applying the rewrite", exc)
+        raise StepFailed(Rejection("rewrite", name, nodes, failed)) from exc
+    failed = step_problems(rewrite.new_nodes, ctx.model, ctx.target.name)
+    if failed is not None:
+        applied.undo()
+        return _rejection(match, ctx, failed)
     gone.update(id(n) for n in rewrite.absorbed)
     new_nodes = rewrite.new_nodes
-    return AppliedFusion(
-        pattern=match.pattern.name,
-        replaced_nodes=tuple(match.node_names()),
+    fusion = AppliedFusion(
+        pattern=name,
+        replaced_nodes=nodes,
         new_nodes=tuple(n.name or "" for n in new_nodes),
         new_ops=tuple(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in new_nodes),
         round=round_number,
         rewriter=compiled.rewriter.name,
         predicted_gain=predicted,
     )
+    return fusion, applied
+
+
+def _rejection(match: Match, ctx: RewriteContext, failed: str) -> Rejection:
+    """A rewrite of ``match`` taken back as a bug, with its region as a reproducer (the
+    matched nodes are in the graph again, as they were)."""
+    matched = match.node_ids()
+    in_order = [n for n in ctx.graph if id(n) in matched]
+    reproducer = cut_region(ctx.model, in_order)
+    nodes = tuple(match.node_names())
+    return Rejection("rewrite", match.pattern.name, nodes, failed, reproducer=reproducer)
 
 
 def _blocked_by(match: Match, by_node: dict[int, list[Match]]) -> set[int]:

@@ -18,7 +18,9 @@ This module holds the options and the order the passes run in.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common
@@ -33,7 +35,7 @@ from autofusion.fusion_core.prepasses._shape_inference import SymbolicShapeInfer
 from autofusion.fusion_core.prepasses.broadcasts import BroadcastingExpandPass
 from autofusion.fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
 
-__all__ = ["PrepassOptions", "run_prepasses"]
+__all__ = ["PassGuard", "PrepassOptions", "run_prepasses"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,21 +63,47 @@ def _fold_constant_of_shape(node: ir.Node) -> bool | None:
     return None
 
 
-def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
-    """Run the pre-passes in place; return the names of those that changed the model."""
+class PassGuard(Protocol):
+    """What watches the passes (``fusion_core.pipeline.transaction.StepGuard``): told of
+    each pass that changed the model, and of each that raised (it returns what to raise)."""
+
+    def changed(self, name: str) -> None: ...
+
+    def raised(self, name: str, exc: Exception) -> Exception: ...
+
+
+def run_prepasses(
+    model: ir.Model,
+    options: PrepassOptions,
+    *,
+    disabled: Collection[str] = (),
+    guard: PassGuard | None = None,
+) -> list[str]:
+    """Run the pre-passes in place; return the names of those that changed the model.
+    ``disabled`` passes do not run; ``guard`` checks each pass's changes as they are made."""
     changed = []
 
-    def run(name: str, pass_: ir.passes.PassBase) -> None:
-        if pass_(model).modified:
+    def run(name: str, pass_: Callable[[ir.Model], bool]) -> None:
+        if name in disabled:
+            return
+        try:
+            modified = pass_(model)
+        except Exception as exc:
+            if guard is None:
+                raise
+            raise guard.raised(name, exc) from exc
+        if modified:
             changed.append(name)
+            if guard is not None:
+                guard.changed(name)
 
-    run("initializer_inputs", InitializerInputsToConstantsPass())
-    run("dropout_elimination", DropoutEliminationPass())
-    run("identity_elimination", IdentityEliminationPass())
-    if options.fold_constants:
+    def ir_pass(pass_: ir.passes.PassBase) -> Callable[[ir.Model], bool]:
+        return lambda m: pass_(m).modified
+
+    def fold(m: ir.Model) -> bool:
         try:
             result = fold_constants(
-                model,
+                m,
                 onnx_shape_inference=options.shape_inference,
                 input_size_limit=options.fold_input_size_limit,
                 output_size_limit=options.fold_output_size_limit,
@@ -85,26 +113,29 @@ def run_prepasses(model: ir.Model, options: PrepassOptions) -> list[str]:
             # What it folded before failing is folded correctly; the check still runs.
             logger.warning("constant folding stopped: %s: %s", type(exc).__name__, exc)
             changed.append(f"constant_folding: stopped early ({type(exc).__name__})")
-        else:
-            if result.modified:
-                changed.append("constant_folding")
-        run(
-            "lift_constants",
-            common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
-        )
-        run("identity_elimination", IdentityEliminationPass())
-    run("remove_unused", common.RemoveUnusedNodesPass())
-    run("topological_sort", common.TopologicalSortPass())
+            if guard is not None:  # what it folded before it stopped is checked all the same
+                guard.changed("constant_folding")
+            return False
+        return result.modified
+
+    run("initializer_inputs", ir_pass(InitializerInputsToConstantsPass()))
+    run("dropout_elimination", ir_pass(DropoutEliminationPass()))
+    run("identity_elimination", ir_pass(IdentityEliminationPass()))
+    if options.fold_constants:
+        run("constant_folding", fold)
+        lift = common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)
+        run("lift_constants", ir_pass(lift))
+        run("identity_elimination", ir_pass(IdentityEliminationPass()))
+    run("remove_unused", ir_pass(common.RemoveUnusedNodesPass()))
+    run("topological_sort", ir_pass(common.TopologicalSortPass()))
     # Constant folding infers each node's shape on its own, which loses symbolic dims
     # computed at run time (Shape -> Concat -> Reshape); a whole-graph inference with
     # data propagation keeps them. Not onnx-ir's ShapeInferencePass: it is quadratic in
     # the number of initializers in onnx-ir 1.1 (docs/benchmarks.md).
     if options.shape_inference:
-        run(
-            "shape_inference",
-            SymbolicShapeInferencePass(initializer_limit=options.shape_inference_initializer_limit),
-        )
-        run("shape_reads_from_inputs", ShapeReadsFromInputsPass())
-        run("broadcasting_expand", BroadcastingExpandPass())
-        run("remove_unused", common.RemoveUnusedNodesPass())
+        limit = options.shape_inference_initializer_limit
+        run("shape_inference", ir_pass(SymbolicShapeInferencePass(initializer_limit=limit)))
+        run("shape_reads_from_inputs", ir_pass(ShapeReadsFromInputsPass()))
+        run("broadcasting_expand", ir_pass(BroadcastingExpandPass()))
+        run("remove_unused", ir_pass(common.RemoveUnusedNodesPass()))
     return changed

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from autofusion.fusion_core.rewriters._base import (
+    AppliedRewrite,
     Params,
     Rewrite,
     RewriteContext,
@@ -54,6 +55,7 @@ __all__ = [
     "RewriteEffect",
     "Rewriter",
     "RewriterRegistry",
+    "AppliedRewrite",
     "apply_rewrite",
     "builtin_rewriters",
     "discard",

@@ -29,6 +29,7 @@ __all__ = [
     "Rewrite",
     "RewriteContext",
     "Rewriter",
+    "AppliedRewrite",
     "apply_rewrite",
     "discard",
     "missing_output",
@@ -223,8 +224,50 @@ def discard(rewrite: Rewrite) -> None:
             node.replace_input_with(index, None)
 
 
-def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
-    """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance."""
+@dataclass
+class AppliedRewrite:
+    """What ``apply_rewrite`` changed, so that ``undo`` can put it back: the removed nodes
+    with what they read, and every reader and graph output it moved to a new value."""
+
+    graph: ir.Graph
+    new_nodes: list[ir.Node]
+    old_nodes: list[tuple[ir.Node, tuple[ir.Value | None, ...]]]
+    moved: list[tuple[ir.Value, ir.Value, list[tuple[ir.Node, int]], list[int]]]
+
+    def undo(self) -> None:
+        """The graph as it was before the rewrite (up to node order: sort it after).
+        Readers that later rewrites gave the new values read the old ones again."""
+        graph, made = self.graph, {id(n) for n in self.new_nodes}
+        for old, new, readers, outputs in self.moved:
+            if new.producer() is not None and id(new.producer()) in made:
+                # only this rewrite made it: every reader, graph outputs too, reads the old
+                ir.convenience.replace_all_uses_with(new, old, replace_graph_outputs=True)
+            else:  # a value that was there before: move back only the readers moved
+                for node, index in readers:
+                    if index < len(node.inputs) and node.inputs[index] is new:
+                        node.replace_input_with(index, old)
+            for index in outputs:
+                graph.outputs[index] = old
+        anchor = next((n for n in self.new_nodes if n.graph is graph), None)
+        restored = [node for node, _ in self.old_nodes if node.graph is None]
+        if anchor is not None:
+            graph.insert_before(anchor, restored)
+        else:
+            graph.extend(restored)
+        for node, inputs in self.old_nodes:
+            for index, value in enumerate(inputs):
+                if node.inputs[index] is not value:
+                    node.replace_input_with(index, value)
+        present = [n for n in self.new_nodes if n.graph is graph]
+        for node in present:  # stop reading, so nothing points at what goes
+            for index in range(len(node.inputs)):
+                node.replace_input_with(index, None)
+        graph.remove(present, safe=False)
+
+
+def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> AppliedRewrite:
+    """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance;
+    returns what was changed, which ``AppliedRewrite.undo`` puts back."""
     graph = ctx.graph
     # the shape arithmetic that only fed the match goes with it (Match.shape_plumbing)
     removed = list(
@@ -256,9 +299,24 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> None:
             node.name = ctx.fresh_name(f"{match.pattern.name}_{node.op_type}")
     old_values = [old for old, _ in rewrite.replaced]
     new_values = [new for _, new in rewrite.replaced]
+    applied = AppliedRewrite(
+        graph,
+        list(rewrite.new_nodes),
+        [(node, tuple(node.inputs)) for node in old_nodes],
+        [
+            (
+                old,
+                new,
+                [(use.node, use.idx) for use in old.uses()],
+                [k for k, out in enumerate(graph.outputs) if out is old],
+            )
+            for old, new in rewrite.replaced
+        ],
+    )
     ir.convenience.replace_nodes_and_values(
         graph, old_nodes[-1], old_nodes, rewrite.new_nodes, old_values, new_values
     )
+    return applied
 
 
 def copy_attributes(node: ir.Node, *, drop: Iterable[str] = ()) -> list[ir.Attr]:
