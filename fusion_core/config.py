@@ -171,8 +171,12 @@ class OptimizeConfig(BaseModel):
     # the model's opset (fusion_core/prepasses/opset.py).
     upgrade_opset: int | None = Field(default=None, ge=1)
     check: CheckOptions = Field(default_factory=CheckOptions)
-    # Write (and, in the service, store) the fused model even when the check fails; by
-    # default a model that failed its check is never handed out.
+    # A failed check fails the run (no fallback): by default it falls back to the
+    # largest set of fusions that passes, or the model as it came
+    # (fusion_core/pipeline/fallback.py; docs/validation.md).
+    strict: bool = False
+    # With strict: write (and, in the service, store) the fused model even when the
+    # check fails; by default a model that failed its check is never handed out.
     keep_failed: bool = False
     # Fuse in checked stages and roll back only the fusions that break the check
     # (fusion_core.pipeline.progressive; docs/validation.md).

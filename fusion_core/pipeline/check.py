@@ -18,6 +18,7 @@ from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.validate import (
     CANNOT_LOAD,
+    INVALID_GRAPH,
     ORIGINAL_CANNOT_RUN,
     FloatDistribution,
     check_fp16,
@@ -59,9 +60,10 @@ def check_against_original(
     # checker by design; the generic target must pass it in full.
     if config.target == "generic" and fused.ByteSize() <= PROTOBUF_LIMIT_BYTES:
         result.structure += _new_checker_problems(original, fused)
-    if result.structure:
+    if result.structure:  # an invalid graph, whatever the outputs say
         result.check.passed = False
-        result.check.error = result.check.error or "; ".join(result.structure)
+        result.check.failure = INVALID_GRAPH
+        result.check.error = "; ".join(result.structure)
     if result.check.failure in (ORIGINAL_CANNOT_RUN, CANNOT_LOAD):
         return  # nothing ran: no region or range can be compared either
     if feeds is None and (not result.check.passed or config.precision == "fp16"):

@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.pipeline.fallback import fall_back, falls_back
 from autofusion.fusion_core.pipeline.measured import optimize_measured
 from autofusion.fusion_core.pipeline.once import optimize_once
 from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
@@ -41,13 +42,25 @@ def optimize(
     snapshot); ``registry`` adds rewriters beyond the built-in ones. ``skip`` names
     fusions not to apply, as (pattern, matched node names) -> reason (progressive
     validation rolls back a fusion this way); they are reported as near misses.
-    When the check fails, ``Result.regions`` names the fused region that drifts first.
+    When the check fails, the run falls back to the largest set of fusions that passes
+    (``fallback.py``; ``Result.fallback`` says what was dropped) unless ``config.strict``;
+    then ``Result.regions`` names the fused region that drifts first.
     ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
     generated check samples. ``on_phase`` hears each phase by name as it starts (``load``,
     ``prepasses``, ``fuse``, ``check``; ``measure`` or ``progressive`` for those modes,
     which run many passes), for a caller that shows progress.
     """
     config = config or OptimizeConfig()
+    result = _in_mode(model, config, registry, patterns, skip, feeds, on_phase)
+    if falls_back(result, config):
+        result = fall_back(
+            model, config, result, registry=registry, patterns=patterns, feeds=feeds,
+            on_phase=on_phase,
+        )  # fmt: skip
+    return result
+
+
+def _in_mode(model, config, registry, patterns, skip, feeds, on_phase) -> Result:
     mode = config.mode
     if mode == "measured":
         if on_phase:

@@ -12,7 +12,9 @@ costs about log2(fusions) extra runs of the stage.
 The default stages put the memory-bound fusions first (folds into weights, normalizations,
 activations: cheap to verify, rarely wrong) and the compute-bound ones (fused convolutions
 and GEMMs, merged projections, attention) after; any list of globs can replace them.
-The verdict compares the final model with the original.
+The verdict compares the final model with the original as the caller gave it (not the
+copy after the pre-passes the stages start from). This is also what a failed check
+falls back to (``fallback.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.check import check_against_original
-from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
+from autofusion.fusion_core.pipeline.once import optimize_once, original_of, select_patterns
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
@@ -79,13 +81,12 @@ def optimize_progressive(
     registry = registry or builtin_rewriters()
     check = config.check.model_copy(update={"enabled": True})
     no_fusion = {"patterns": [], "switches": [], "check": check}
-    first = optimize_once(model, config.model_copy(update=no_fusion))
+    first = optimize_once(model, config.model_copy(update=no_fusion), registry=registry)
     config, switched = resolve_switches(config, first.model)  # every stage sees the same
     chosen = select_patterns(config, registry, patterns)  # once: every stage takes from it
     available = [p.name for p in chosen]
     keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
-    original = first.to_proto()  # after loading and the pre-passes, before any fusion
-    current: ir.Model = first.model
+    current: ir.Model = first.model  # after loading and the pre-passes, before any fusion
     done: list[Result] = []
     rollbacks: list[Rollback] = []
     skip: dict[_Key, str] = {}  # rolled back in an earlier stage stays rolled back
@@ -108,6 +109,7 @@ def optimize_progressive(
             continue
         done.append(result)
         current = result.model
+    original = original_of(model) if config.check.enabled else None
     final = _combined(first, done, rollbacks, original, config, keep_fp32, feeds)
     final.switches = [s.to_dict() for s in switched]
     return final
@@ -144,7 +146,7 @@ def _combined(
     first: Result,
     stages: list[Result],
     rollbacks: list[Rollback],
-    original: onnx.ModelProto,
+    original: onnx.ModelProto | None,
     config: OptimizeConfig,
     keep_fp32: set[str],
     feeds: Sequence[Mapping[str, np.ndarray]] | None,
@@ -156,9 +158,10 @@ def _combined(
     final.prepasses = first.prepasses
     final.rounds = sum(stage.rounds for stage in stages)
     final.rollbacks = [r.to_dict() for r in rollbacks]
+    final.rejected = list(dict.fromkeys(r for s in [first, *stages] for r in s.rejected))
     final.regions = None
     final.check = None
-    if config.check.enabled:
+    if original is not None:
         check_against_original(final, original, config, keep_fp32, feeds)
     return final
 

@@ -2,13 +2,16 @@
 
 from autofusion.fusion_core.validate._compare import (
     CANNOT_LOAD,
+    FAILURE_WORDS,
     FUSED_CANNOT_RUN,
+    INVALID_GRAPH,
     MISMATCH,
     ORIGINAL_CANNOT_RUN,
     CheckResult,
     OutputCheck,
     ProfileCheck,
     compare_models,
+    describe_failure,
     make_session,
 )
 from autofusion.fusion_core.validate._dims import CANDIDATES, candidate_dims, input_dims
@@ -31,6 +34,7 @@ from autofusion.fusion_core.validate._stats import (
     Tolerance,
     default_tolerance,
 )
+from autofusion.fusion_core.validate._steps import cycle_members, emitted_problems
 from autofusion.fusion_core.validate._structure import (
     OutputSignature,
     checker_problems,
@@ -42,8 +46,10 @@ from autofusion.fusion_core.validate._user_inputs import check_feeds, load_input
 __all__ = [
     "CANDIDATES",
     "CANNOT_LOAD",
+    "FAILURE_WORDS",
     "FUSED_CANNOT_RUN",
     "HISTOGRAM_EDGES",
+    "INVALID_GRAPH",
     "MISMATCH",
     "ORIGINAL_CANNOT_RUN",
     "CheckResult",
@@ -57,6 +63,9 @@ __all__ = [
     "RegionReport",
     "Tolerance",
     "candidate_dims",
+    "cycle_members",
+    "describe_failure",
+    "emitted_problems",
     "check_feeds",
     "check_fp16",
     "checker_problems",

@@ -35,7 +35,15 @@ from autofusion.fusion_core.validate._stats import (
     default_tolerance,
 )
 
-__all__ = ["CheckResult", "OutputCheck", "ProfileCheck", "compare_models", "make_session"]
+__all__ = [
+    "FAILURE_WORDS",
+    "CheckResult",
+    "OutputCheck",
+    "ProfileCheck",
+    "compare_models",
+    "describe_failure",
+    "make_session",
+]
 
 
 @dataclass(frozen=True)
@@ -92,8 +100,33 @@ class ProfileCheck:
 # Why a check that did not pass failed (CheckResult.failure):
 ORIGINAL_CANNOT_RUN = "original_cannot_run"  # the inputs are wrong for the model, not the fusion
 FUSED_CANNOT_RUN = "fused_cannot_run"
-CANNOT_LOAD = "cannot_load"
+CANNOT_LOAD = "cannot_load"  # onnxruntime refuses the fused graph
+INVALID_GRAPH = "invalid_graph"  # the fused graph breaks onnx's rules or the interface
 MISMATCH = "mismatch"
+# Each failure in the words every consumer uses (CLI, worker, CI client): "does not
+# match" only where outputs were compared and differ.
+FAILURE_WORDS = {
+    ORIGINAL_CANNOT_RUN: "the check could not run",
+    CANNOT_LOAD: "the fused graph is invalid: onnxruntime cannot load it",
+    INVALID_GRAPH: "the fused graph is invalid",
+    FUSED_CANNOT_RUN: "the fused model fails to run",
+    MISMATCH: "the fused model does not match the original",
+}
+
+
+def describe_failure(check: CheckResult) -> str:
+    """One sentence on why ``check`` failed, in its failure kind's words."""
+    words = FAILURE_WORDS.get(check.failure or "", "the check failed")
+    if check.failure == MISMATCH:
+        worst = max(check.outputs, key=lambda o: o.max_abs_diff, default=None)
+        detail = f"output {worst.name!r}: {worst.detail}" if worst and worst.detail else None
+        return f"{words} ({detail})" if detail else words
+    if check.failure == ORIGINAL_CANNOT_RUN:
+        return check.error or words
+    error = check.error or ""
+    for prefix in ("onnxruntime cannot load the fused model: ", "the fused model fails to run: "):
+        error = error.removeprefix(prefix)
+    return f"{words}: {error}" if error else words
 
 
 @dataclass
@@ -103,7 +136,8 @@ class CheckResult:
     seed: int
     outputs: list[OutputCheck] = field(default_factory=list)  # over all profiles
     error: str | None = None
-    # None when passed; else ORIGINAL_CANNOT_RUN, FUSED_CANNOT_RUN, CANNOT_LOAD or MISMATCH
+    # None when passed; else ORIGINAL_CANNOT_RUN, FUSED_CANNOT_RUN, CANNOT_LOAD,
+    # INVALID_GRAPH or MISMATCH (FAILURE_WORDS)
     failure: str | None = None
     # The dynamic dims of the inputs (free names: "batch", "x[2]" for an unnamed one)
     dynamic_dims: list[str] = field(default_factory=list)
@@ -121,6 +155,7 @@ class CheckResult:
     def to_dict(self) -> dict:
         """JSON-ready: plain types only, infinities and NaNs as None."""
         extra = {"max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff}
+        extra["reason"] = None if self.passed else describe_failure(self)
         return _jsonable(asdict(self) | extra)
 
 
