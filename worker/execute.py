@@ -333,6 +333,7 @@ class _Attempt:
                     sandbox.REPORT_MARKDOWN_FILE,
                     sandbox.PROFILE_TRACE_FILE,
                     sandbox.REGIONS_FILE,
+                    sandbox.REPRODUCERS_FILE,
                 )
                 if (output / name).is_file()
             }
@@ -448,5 +449,5 @@ def _failed_check(report_file: Path) -> str | None:
     check = json.loads(report_file.read_text(encoding="utf-8")).get("check") or {}
     if check.get("passed") is not False:
         return None
-    error = check.get("error") or "the fused model does not match the original"
-    return f"the fused model failed its check: {error}; see the report"
+    reason = check.get("reason") or check.get("error") or "the check failed"
+    return f"{reason}; see the report"

@@ -143,7 +143,16 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
             "max_abs_diff": _finite(facts.max_abs_diff),
             "failure": facts.check_failure,
             "error": facts.check_error,
+            "reason": facts.check_reason,
         }
+    if facts.fallback_reason is not None:
+        summary["fallback"] = {
+            "reason": facts.fallback_reason,
+            "dropped": facts.fallback_dropped,
+            "unchanged": facts.fallback_unchanged,
+        }
+    if facts.rejected:
+        summary["rejected"] = facts.rejected
     if plan.snapshot.skipped:
         summary["skipped_patterns"] = sorted(plan.snapshot.skipped)
     return summary

@@ -64,6 +64,7 @@ __all__ = [
     "REPORT_HTML_FILE",
     "REPORT_MARKDOWN_FILE",
     "REGIONS_FILE",
+    "REPRODUCERS_FILE",
     "TEST_CRASH_ENV",
     "USER_ERROR_KINDS",
     "describe_validation_error",
@@ -80,6 +81,7 @@ REPORT_MARKDOWN_FILE = "report.md"
 PROFILE_TRACE_FILE = "profile_trace.json"
 # The fused regions' nodes, for the dashboard to draw without loading the models.
 REGIONS_FILE = "regions.json"
+REPRODUCERS_FILE = "reproducers.zip"  # only when a step was taken back as a bug
 ERROR_FILE = "error.json"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
@@ -92,6 +94,7 @@ OPTIMIZE_STAGES = {
     "check": ("checking", 0.6),
     "measure": ("measuring", 0.3),
     "progressive": ("progressive", 0.3),
+    "fallback": ("falling_back", 0.65),  # after a failed check, unless strict
 }
 
 
@@ -130,6 +133,7 @@ def _optimize(folder: Path, job: dict[str, Any], progress: Progress) -> None:
         html=output / REPORT_HTML_FILE,
         regions=output / REGIONS_FILE,
         trace=output / PROFILE_TRACE_FILE,
+        reproducers=output / REPRODUCERS_FILE,
     )
     outcome = run(
         folder / INPUT_DIR / job["model"],
@@ -151,16 +155,10 @@ class CheckFailed(Exception):
 
 
 def _check_message(check: Any, *, kept: bool) -> str:
-    if check.failure == "original_cannot_run":
-        text = check.error  # names the dims to give: the job's config.check.dims
-    elif check.failure == "mismatch":
-        worst = max(check.outputs, key=lambda o: o.max_abs_diff, default=None)
-        where = f" (output {worst.name!r}: {worst.detail})" if worst and worst.detail else ""
-        text = f"the fused model does not match the original{where}"
-    else:
-        text = f"the fused model failed its check: {check.error}"
+    from autofusion.fusion_core.validate import describe_failure
+
     tail = "; the fused model is kept (keep_failed)" if kept else ""
-    return f"{text}; see the report{tail}"
+    return f"{describe_failure(check)}; see the report{tail}"
 
 
 def _test_crash() -> None:

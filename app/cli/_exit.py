@@ -43,13 +43,14 @@ TABLE: tuple[tuple[int, str, str], ...] = (
     (
         EXIT_OK,
         "ok",
-        "success (optimize: the fused model passed the check; submit: every gate passed)",
+        "success (optimize: the model written passed the check, after a fallback if one "
+        "was needed; submit: every gate passed)",
     ),
     (
         EXIT_GATE_FAILED,
         "gate-failed",
-        "the result failed a quality gate: the numerical check (optimize, or the server's "
-        "for submit), --max-abs-diff or --min-speedup",
+        "the result failed a quality gate: the numerical check (optimize --strict, or the "
+        "server's for submit), --max-abs-diff or --min-speedup",
     ),
     (
         EXIT_USAGE,

@@ -23,6 +23,7 @@ PHASES = {
     "check": "checking against the original (onnxruntime)",
     "measure": "measured selection (timing fusion groups in onnxruntime)",
     "progressive": "progressive stages (fuse, check, roll back)",
+    "fallback": "the check failed: finding the largest set of fusions that passes",
     "saving": "saving the fused model",
     "profiling": "profiling both models (onnxruntime)",
     "report": "writing the report",

@@ -44,9 +44,10 @@ _BAR = 24
 _CHECK_FAILURES = {
     "original_cannot_run": "the original model cannot run on the generated inputs "
     "(set check dims or profiles in --strategy; this says nothing about the fusion)",
-    "fused_cannot_run": "the fused model cannot run in onnxruntime",
-    "cannot_load": "onnxruntime cannot load the models",
-}
+    "fused_cannot_run": "the fused model fails to run in onnxruntime",
+    "cannot_load": "the fused graph is invalid: onnxruntime cannot load it",
+    "invalid_graph": "the fused graph is invalid",
+}  # for reports from servers that did not write check.reason
 
 
 def job_failure(job: Mapping[str, Any]) -> tuple[str, str]:
@@ -86,6 +87,8 @@ def speed_dict(speed: Speed | None) -> dict[str, Any] | None:
 
 
 def _check_failed(summary: ReportSummary) -> str:
+    if summary.check_reason and summary.check_failure != "original_cannot_run":
+        return f"the check failed: {summary.check_reason}"
     words = _CHECK_FAILURES.get(summary.check_failure or "")
     if words:
         return f"the check failed: {words}"
@@ -123,7 +126,10 @@ def evaluate_gates(
     summary = read_report(report)
     gates = []
     if summary.check_passed is True:
-        gates.append(Gate("check", True, "the fused model matches the original"))
+        matches = "the fused model matches the original"
+        if summary.fallback_reason:  # it passes because the failing fusions were dropped
+            matches += f" after falling back ({fallback_words(summary)})"
+        gates.append(Gate("check", True, matches))
     elif summary.check_passed is False:
         gates.append(Gate("check", False, _check_failed(summary)))
     if max_abs_diff is not None:
@@ -209,11 +215,22 @@ def _fusions(summary: ReportSummary, job_summary: JobSummary | None) -> str:
     return f"{summary.fusions} (" + ", ".join(f"{n} {c}" for n, c in ranked) + ")"
 
 
+def fallback_words(summary: ReportSummary) -> str:
+    """What the fallback did, for one line: why the check failed, what was dropped."""
+    if summary.fallback_unchanged:
+        done = "no set of fusions passed: the model is as it came"
+    else:
+        done = f"{summary.fallback_dropped} fusion(s) dropped"
+    return f"{summary.fallback_reason}; {done}"
+
+
 def _check(summary: ReportSummary) -> str:
     if summary.check_passed is None:
         return "skipped"
     diff = summary.max_abs_diff
     shown = f", max abs diff {diff:.3g}" if diff is not None else ""
+    if summary.check_passed and summary.fallback_reason:
+        return f"passed{shown}, after falling back: {fallback_words(summary)}"
     if summary.check_passed:
         return "passed" + shown
     words = _CHECK_FAILURES.get(summary.check_failure or "")
@@ -266,6 +283,14 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
         job_summary = _job_summary(job)
         yield "fusions", _fusions(summary, job_summary)
         yield "check", _check(summary)
+        if summary.rejected:
+            yield (
+                "bugs",
+                (
+                    f"{summary.rejected} step(s) taken back as bugs of autofusion (the report's "
+                    "'rejected'; please report them)"
+                ),
+            )
         before, after = summary.nodes_before, summary.nodes_after
         yield "nodes", f"{'?' if before is None else before} -> {'?' if after is None else after}"
         yield "speedup", speed_line(summary.speed, outcome.profiled)
@@ -348,6 +373,10 @@ def github_outputs(outcome: Any | None, code: int) -> dict[str, str]:
         "speedup": f"{speed.speedup:.4g}" if speed and math.isfinite(speed.speedup) else "",
         "max-abs-diff": f"{diff:.6g}" if diff is not None else "",
         "check": _CHECK_WORDS[summary.check_passed if summary else None],
+        # the fusions a fallback dropped after a failed check; empty when it did not
+        "fallback-dropped": (
+            str(summary.fallback_dropped) if summary and summary.fallback_reason else ""
+        ),
         "job-url": outcome.url if outcome is not None else "",
         "page-url": urls(outcome)["page"] if outcome is not None else "",
     }

@@ -24,9 +24,9 @@ from autofusion.fusion_core.config import (
     read_strategy_file,
 )
 from autofusion.fusion_core.errors import ConfigError, ModelLoadError, PatternError
-from autofusion.fusion_core.report import format_summary
+from autofusion.fusion_core.report import fallback_line, format_summary
 from autofusion.fusion_core.targets import TARGET_NAMES
-from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN, load_inputs
+from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN, describe_failure, load_inputs
 
 # Measured selection's decisions, per machine class and model structure (fusion_core
 # reads no environment, so the CLI picks the folder).
@@ -61,9 +61,15 @@ def _files_and_patterns(p: argparse.ArgumentParser) -> None:
         help="show the phases on stderr as they run (default: when stderr is a terminal)",
     )
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a failed check fails the run (exit 1, nothing written); by default it falls "
+        "back to the largest set of fusions that passes and exits 0 with a warning",
+    )
+    p.add_argument(
         "--keep-failed",
         action="store_true",
-        help="write the fused model even when the check fails (by default nothing is written)",
+        help="with --strict: write the fused model even when the check fails",
     )
 
 
@@ -181,6 +187,7 @@ _CONFIG_OPTIONS = {
     "exclude": "exclude",
     "no_check": "check.enabled",
     "keep_failed": "keep_failed",
+    "strict": "strict",
     "rtol": "check.rtol",
     "atol": "check.atol",
     "samples": "check.samples",
@@ -247,7 +254,11 @@ def run(args: argparse.Namespace) -> int:
     if args.inputs:
         feeds = load_inputs(args.inputs, _graph_only(args.model))
     files = RunFiles(
-        report=_path(args.report), markdown=_path(args.markdown), html=_path(args.html)
+        report=_path(args.report),
+        markdown=_path(args.markdown),
+        html=_path(args.html),
+        # written only when a step was taken back as a bug: its region, for the bug report
+        reproducers=Path(args.output).with_suffix(".reproducers.zip"),
     )
     # --profile, or a strategy file that sets profile: fusion_core.run measures it
     progress = PhaseProgress() if wanted(args.progress, sys.stderr) else None
@@ -256,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
             args.model, args.output, config, files=files, feeds=feeds, on_phase=progress
         )
     print(format_summary(outcome.report))
+    fallback = outcome.result.fallback
+    if fallback and not outcome.failed:  # the summary says it too; stderr is what CI shows
+        sys.stderr.write(f"autofusion: {fallback_line(fallback)} (--strict fails instead)\n")
     if not outcome.failed:
         return EXIT_OK
     check = outcome.result.check
@@ -265,11 +279,8 @@ def run(args: argparse.Namespace) -> int:
         if outcome.written
         else ("; nothing was written to the output path (--keep-failed writes it)")
     )
-    if check.failure == ORIGINAL_CANNOT_RUN:
-        sys.stderr.write(f"autofusion: {check.error}{note}\n")
-        return EXIT_USAGE
-    sys.stderr.write(f"autofusion: the fused model does not match the original{note}\n")
-    return EXIT_GATE_FAILED
+    sys.stderr.write(f"autofusion: {describe_failure(check)}{note}\n")
+    return EXIT_USAGE if check.failure == ORIGINAL_CANNOT_RUN else EXIT_GATE_FAILED
 
 
 def _path(value: str | None) -> Path | None:

@@ -109,6 +109,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="with --measure: seconds of timed runs (the server's default: 60)",
     )  # fmt: skip
     p.add_argument(
+        "--strict", action="store_true",
+        help="a failed check fails the job; by default the server falls back to the "
+        "largest set of fusions that passes (docs/validation.md)",
+    )  # fmt: skip
+    p.add_argument(
         "--min-speedup", type=_positive, metavar="X",
         help="gate: the measured speedup >= X (implies --profile)",
     )  # fmt: skip
@@ -193,6 +198,8 @@ def build_upload(args: argparse.Namespace) -> Upload:
         given["target"] = args.target
     if args.profile or args.min_speedup is not None:
         given["profile"] = True
+    if args.strict:
+        given["strict"] = True
     if args.measure_budget is not None and not args.measure:
         raise ClientError("--measure-budget needs --measure", EXIT_USAGE)
     if args.measure:

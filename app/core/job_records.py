@@ -104,8 +104,19 @@ class CheckSummary(BaseModel):
     failure: str | None = Field(
         default=None,
         description="Why it did not pass: original_cannot_run, fused_cannot_run, "
-        "cannot_load or mismatch",
+        "cannot_load, invalid_graph or mismatch",
     )
+    reason: str | None = Field(
+        default=None, description="Why it did not pass, in one sentence in its kind's words"
+    )
+
+
+class FallbackSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    reason: str = Field(description="Why the check of all the fusions failed")
+    dropped: int = Field(description="Fusions taken out so that the rest passes")
+    unchanged: bool = Field(description="No set of fusions passed: the model as it came")
 
 
 class NodesSummary(BaseModel):
@@ -140,6 +151,15 @@ class JobSummary(BaseModel):
         default=None, description="The measured speed; null when the job was not profiled"
     )
     skipped_patterns: list[str] | None = None
+    fallback: FallbackSummary | None = Field(
+        default=None,
+        description="The check failed and the job fell back to the largest set of fusions "
+        "that passes (the report's 'fallback' lists them); absent when it did not",
+    )
+    rejected: int | None = Field(
+        default=None,
+        description="Steps taken back as bugs of autofusion (the report's 'rejected')",
+    )
     artifacts: dict[str, str] | None = Field(
         default=None, description="The report's renderings stored: name -> digest"
     )

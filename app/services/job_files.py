@@ -42,6 +42,8 @@ ARTIFACT_TYPES = {
     "report.md": "text/markdown; charset=utf-8",
     "profile_trace.json": "application/json",
     "regions.json": "application/json",  # the fused regions' nodes, for the dashboard
+    # the regions of steps taken back as bugs, one ONNX file each, for a bug report
+    "reproducers.zip": "application/zip",
 }
 # report.html is self-contained: no scripts, its styles inline.
 ARTIFACT_CSP = "default-src 'none'; style-src 'unsafe-inline'"

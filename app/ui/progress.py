@@ -47,6 +47,7 @@ STAGE_LABELS = {
     "checking": "the numerical check: both models run in onnxruntime",
     "measuring": "measured selection: timing groups of fusions",
     "progressive": "progressive validation: fusing and checking stage by stage",
+    "falling_back": "the check failed: finding the largest set of fusions that passes",
     "saving": "saving the fused model",
     "profiling": "timing both models in onnxruntime",
     "report": "writing the report and its pictures",

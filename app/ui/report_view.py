@@ -224,6 +224,27 @@ def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _fallback(fallback: dict[str, Any]) -> dict[str, Any] | None:
+    """The fallback after a failed check: why, what was kept, what was dropped."""
+    if not fallback:
+        return None
+    dropped = [
+        {
+            "pattern": str(r.get("pattern")),
+            "nodes": [str(n) for n in _list(r.get("nodes"))],
+            "error": str(r.get("error")),
+        }
+        for r in map(_dict, _list(fallback.get("dropped")))
+    ]
+    unchanged = bool(fallback.get("unchanged"))
+    kept = (
+        "no set of fusions passed, so the model is stored as it came"
+        if unchanged
+        else f"{fallback.get('kept')} fusion(s) passed and are kept; {len(dropped)} dropped"
+    )
+    return {"reason": str(fallback.get("reason")), "kept": kept, "dropped": dropped}
+
+
 def report_view(
     report: dict[str, Any],
     *,
@@ -246,7 +267,16 @@ def report_view(
         "measurement": _measurement(_dict(report.get("measurement"))),
         "checked": summary.check_passed is not None,
         "check_passed": bool(summary.check_passed),
-        "check_error": summary.check_error,
+        "check_error": summary.check_reason or summary.check_error,
+        "fallback": _fallback(_dict(report.get("fallback"))),
+        "rejected": [
+            {
+                "step": str(r.get("step")),
+                "name": str(r.get("name")),
+                "failed": str(r.get("failed")),
+            }
+            for r in map(_dict, _list(report.get("rejected")))
+        ],
         "max_abs": fmt(summary.max_abs_diff),
         "nodes_before": summary.nodes_before,
         "nodes_after": summary.nodes_after,

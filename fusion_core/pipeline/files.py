@@ -25,6 +25,7 @@ from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import save_model
 from autofusion.fusion_core.pipeline.modes import optimize
+from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.profiling import (
     ProfileOptions,
@@ -55,6 +56,8 @@ class RunFiles:
     html: Path | None = None  # report.html (pictures of the fused regions)
     regions: Path | None = None  # the regions' nodes, for a viewer without the models
     trace: Path | None = None  # onnxruntime's profiler trace, when profiling
+    # reproducers.zip: each step taken back as a bug, its region as an ONNX file
+    reproducers: Path | None = None
 
 
 @dataclass
@@ -114,7 +117,17 @@ def run(
     )
     stage("report", 0.85)
     _write_files(report, files, model_path, output_path if written else None)
+    _write_reproducers(result, files.reproducers)
     return RunOutcome(result, report, written, failed)
+
+
+def _write_reproducers(result: Result, path: Path | None) -> None:
+    """``reproducers.zip`` when a step was taken back with a region to show; else none."""
+    names = reproducer_names(result.rejected)
+    found = [(n, r.reproducer) for n, r in zip(names, result.rejected, strict=True) if n]
+    if path is not None and found:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(reproducers_zip(found))
 
 
 def _measure(model_path, output_path, config, result, feeds, trace_path):

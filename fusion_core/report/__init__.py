@@ -29,6 +29,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "regions_from_data",
         ],
         "_schema": ["report_schema"],
-        "_text": ["format_summary"],
+        "_text": ["fallback_line", "format_summary"],
     },
 )

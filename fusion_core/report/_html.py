@@ -49,7 +49,9 @@ def render_html(
         _profile(report.get("profile")),
         _memory(report.get("memory")),
         _fusions(report),
+        _fallback(report.get("fallback")),
         _rollbacks(report.get("rollbacks")),
+        _rejected(report.get("rejected") or []),
         _check(report.get("check")),
         _near_misses(report.get("near_misses") or []),
         _left_alone(report.get("left_alone") or []),
@@ -244,6 +246,33 @@ def _rollbacks(rollbacks: list[dict[str, Any]] | None) -> str:
     rows = [[r.get("stage"), r.get("pattern"), r.get("nodes"), r.get("error")] for r in rollbacks]
     headers = ["stage", "pattern", "nodes", "error"]
     return '<h2 id="rollbacks">Rolled back</h2>' + _table(headers, rows)
+
+
+def _fallback(fallback: dict[str, Any] | None) -> str:
+    if not fallback:
+        return ""
+    if fallback.get("unchanged"):
+        kept = "no set of fusions passed, so the model is written as it came"
+    else:
+        kept = f"{fallback.get('kept')} of the fusions passed and are kept"
+    dropped = fallback.get("dropped") or []
+    rows = [[r.get("pattern"), r.get("nodes"), r.get("error")] for r in dropped]
+    table = _table(["pattern", "nodes", "error"], rows) if rows else ""
+    return (
+        '<h2 id="fallback">Fell back after a failed check</h2>'
+        f"<p>{escape(str(fallback.get('reason')))}: {escape(kept)}.</p>{table}"
+    )
+
+
+def _rejected(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return ""
+    rows = [[r.get("step"), r.get("name"), r.get("nodes"), r.get("failed")] for r in records]
+    return (
+        '<h2 id="rejected">Taken back as bugs of autofusion</h2>'
+        "<p>The run went on without these steps; please report them with the model.</p>"
+        + _table(["step", "name", "nodes", "what failed"], rows)
+    )
 
 
 def _check(check: dict[str, Any] | None) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autofusion.fusion_core.config import OptimizeConfig
-from autofusion.fusion_core.pipeline import Result
+from autofusion.fusion_core.pipeline import Result, reproducer_names
 from autofusion.fusion_core.report._footprint import memory_section, size_section
 from autofusion.fusion_core.report._provenance import fusion_entries
 from autofusion.fusion_core.report._reader import measured_speed, speed_section
@@ -124,6 +124,8 @@ def _what_was_seen(
         "measurement": result.measurement,
         "memory": memory_section(memory, profile),
         "rollbacks": _rollbacks(result, rollbacks),
+        "rejected": _rejected(getattr(result, "rejected", [])),
+        "fallback": getattr(result, "fallback", None),
         "regions": result.regions.to_dict() if result.regions is not None else None,
         "structure": list(result.structure),
         "selections": list(result.selections),
@@ -131,6 +133,12 @@ def _what_was_seen(
         "precision": result.precision.to_dict() if result.precision is not None else None,
         "left_alone": list(getattr(result, "left_alone", [])),
     }
+
+
+def _rejected(rejected: list) -> list[dict[str, Any]]:
+    """Each step taken back, with the name of its reproducer in ``reproducers.zip``."""
+    names = reproducer_names(rejected)
+    return [r.to_dict() | {"reproducer": name} for r, name in zip(rejected, names, strict=True)]
 
 
 def _rollbacks(result: Result, given: list[dict[str, Any]] | None) -> list[dict] | None:

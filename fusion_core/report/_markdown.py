@@ -29,7 +29,9 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines += _fusions(report)
     lines += _measurement(report.get("measurement"))
     lines += _ratios(report.get("profile"))
+    lines += _fallback(report.get("fallback"))
     lines += _rollbacks(report.get("rollbacks"))
+    lines += _rejected(report.get("rejected") or [])
     lines += _near_misses(report.get("near_misses") or [])
     lines += _left_alone(report.get("left_alone") or [])
     return "\n".join(lines).rstrip() + "\n"
@@ -139,11 +141,11 @@ def _measurement(record: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
-def _rollbacks(rollbacks: list[dict[str, Any]] | None) -> list[str]:
+def _rollbacks(rollbacks: list[dict[str, Any]] | None, title: str = "Rolled back") -> list[str]:
     if not rollbacks:
         return []
     lines = [
-        f"### Rolled back: {len(rollbacks)}",
+        f"### {title}: {len(rollbacks)}",
         "",
         "| pattern | nodes | error |",
         "|---|---|---|",
@@ -151,6 +153,41 @@ def _rollbacks(rollbacks: list[dict[str, Any]] | None) -> list[str]:
     for r in rollbacks:
         nodes = ", ".join(r.get("nodes") or [])
         lines.append(f"| {_md(r.get('pattern'))} | {_md(nodes)} | {_md(r.get('error'))} |")
+    return lines + [""]
+
+
+def _fallback(fallback: dict[str, Any] | None) -> list[str]:
+    if not fallback:
+        return []
+    if fallback.get("unchanged"):
+        kept = "no set of fusions passed, so the model is written as it came"
+    else:
+        kept = f"{fallback.get('kept')} of the fusions passed and are kept"
+    lines = [
+        "### Fell back after a failed check",
+        "",
+        f"{_md(fallback.get('reason'))}: {kept}.",
+        "",
+    ]
+    dropped = fallback.get("dropped") or []
+    if dropped:
+        lines += _rollbacks(dropped, title="Dropped")
+    return lines
+
+
+def _rejected(records: list[dict[str, Any]]) -> list[str]:
+    if not records:
+        return []
+    lines = [
+        f"### Taken back as bugs of autofusion: {len(records)}",
+        "",
+        "The run went on without these steps; please report them with the model.",
+        "",
+        "| step | name | what failed |",
+        "|---|---|---|",
+    ]
+    for r in records:
+        lines.append(f"| {_md(r.get('step'))} | {_md(r.get('name'))} | {_md(r.get('failed'))} |")
     return lines + [""]
 
 

@@ -82,6 +82,7 @@ class ReportSummary:
     check_passed: bool | None  # None: the check was skipped
     check_failure: str | None  # fusion_core.validate's failure kind, when it failed
     check_error: str | None  # the check's own words, when it failed
+    check_reason: str | None  # why it failed in its kind's words (fusion_core.validate)
     max_abs_diff: float | None
     speed: Speed | None
     size_before_bytes: int | None
@@ -89,6 +90,11 @@ class ReportSummary:
     peak_memory_before_bytes: int | None
     peak_memory_after_bytes: int | None
     timings_s: dict[str, float]  # seconds per phase of optimize
+    # The check failed and the run fell back (the report's ``fallback``): why, in words
+    fallback_reason: str | None = None
+    fallback_dropped: int = 0  # fusions the fallback took out
+    fallback_unchanged: bool = False  # no set of fusions passed: the model as it came
+    rejected: int = 0  # steps taken back as bugs of autofusion (the report's ``rejected``)
 
 
 def speed_section(profile: Mapping[str, Any] | None, threads: int | None = None) -> dict | None:
@@ -153,6 +159,7 @@ def read_report(report: Mapping[str, Any]) -> ReportSummary:
     if not isinstance(speed, Mapping):  # a report from before the speed entry
         speed = speed_section(_map(report.get("profile")) or None)
     size, memory = _map(report.get("size")), _map(report.get("memory"))
+    fallback = _map(report.get("fallback"))
     counts = {k: v for k, v in _map(report.get("fusions")).items() if _int(v) is not None}
     timings = {k: float(v) for k, v in _map(report.get("timings_s")).items() if _num(v) is not None}
     return ReportSummary(
@@ -165,12 +172,17 @@ def read_report(report: Mapping[str, Any]) -> ReportSummary:
         check_passed=bool(check.get("passed")) if check else None,
         check_failure=check.get("failure") if isinstance(check.get("failure"), str) else None,
         check_error=check.get("error") if isinstance(check.get("error"), str) else None,
+        check_reason=check.get("reason") if isinstance(check.get("reason"), str) else None,
         max_abs_diff=_num(check.get("max_abs_diff")),
         speed=_speed(speed),
         size_before_bytes=_int(size.get("before_bytes")),
         size_after_bytes=_int(size.get("after_bytes")),
         peak_memory_before_bytes=_int(memory.get("before_bytes")),
         peak_memory_after_bytes=_int(memory.get("after_bytes")),
+        fallback_reason=fallback.get("reason") if isinstance(fallback.get("reason"), str) else None,
+        fallback_dropped=len(fallback.get("dropped") or []) if fallback else 0,
+        fallback_unchanged=bool(fallback.get("unchanged")),
+        rejected=len(report.get("rejected") or []),
     )
 
 

@@ -93,11 +93,12 @@ class NearMiss(BaseModel):
     pattern: str
     nodes: list[str]
     reason: str = Field(description="Why it did not fuse, naming the value or the numbers")
-    kind: Literal["constraint", "escape", "rewriter", "selection", "rollback"] = Field(
+    kind: Literal["constraint", "escape", "rewriter", "selection", "rollback", "bug"] = Field(
         default="constraint",
         description="Who said no: a constraint of the pattern, a value needed outside the "
         "fusion (escape), the rewriter, the selection (cost model, limits, measured "
-        "selection) or progressive validation's rollback",
+        "selection), progressive validation's rollback, or a bug (the rewrite raised or "
+        "broke the graph and was taken back: see 'rejected')",
     )
 
 
@@ -126,12 +127,22 @@ class Check(BaseModel):
     max_abs_diff: float | None = None
     error: str | None = None
     failure: (
-        Literal["original_cannot_run", "fused_cannot_run", "cannot_load", "mismatch"] | None
+        Literal[
+            "original_cannot_run", "fused_cannot_run", "cannot_load", "invalid_graph", "mismatch"
+        ]
+        | None
     ) = Field(
         default=None,
-        description="Why it did not pass: the original cannot run on the generated inputs "
-        "(give shapes or inputs; says nothing of the fusion), the fused model cannot run "
-        "or load, or the outputs differ",
+        description="Why it did not pass: the check could not run (the original cannot run "
+        "on the generated inputs: give shapes or inputs; says nothing of the fusion), the "
+        "fused model fails to run, the fused graph is invalid (onnxruntime cannot load it: "
+        "cannot_load; it breaks onnx's rules or the model's interface: invalid_graph), or "
+        "the outputs differ (mismatch, the only 'does not match')",
+    )
+    reason: str | None = Field(
+        default=None,
+        description="Why it did not pass, in one sentence in its failure kind's words "
+        "(what the CLI, the worker and the CI client print); null when it passed",
     )
     dynamic_dims: list[str] = Field(
         default_factory=list,
@@ -316,6 +327,31 @@ class Rollback(BaseModel):
     error: str = Field(description="Why the fusion was rolled back (the failed check)")
 
 
+class Rejected(BaseModel):
+    model_config = _OPEN
+    step: Literal["rewrite", "canonical", "pre-pass"]
+    name: str = Field(description="The pattern, canonical-form rule or pre-pass")
+    nodes: list[str] = Field(description="The matched nodes, or the nodes the step wrote")
+    failed: str = Field(description="What failed: the op, attribute, type or cycle, or the "
+        "exception the step raised")  # fmt: skip
+    kind: Literal["bug"] = "bug"
+    reproducer: str | None = Field(
+        default=None,
+        description="The matched region as an ONNX file of its own, by its name in "
+        "reproducers.zip (beside the report; a job's artifact); null: none could be cut",
+    )
+
+
+class Fallback(BaseModel):
+    model_config = _OPEN
+    failure: str | None = Field(description="The failed check's kind (check.failure)")
+    reason: str = Field(description="Why the check failed, in its kind's words")
+    fusions_tried: int
+    kept: int = Field(description="Fusions in the model written (0 with unchanged)")
+    dropped: list[Rollback] = Field(description="The fusions taken out, each with its error")
+    unchanged: bool = Field(description="No set of fusions passed: the model as it came")
+
+
 class LeftAlone(BaseModel):
     model_config = _OPEN
     what: str = Field(description="The kind of part: 'domain X', 'quantized ops', ...")
@@ -363,6 +399,17 @@ class Report(BaseModel):
     )
     rollbacks: list[Rollback] | None = Field(
         description="Fusions undone by progressive validation; null when it did not run"
+    )
+    rejected: list[Rejected] = Field(
+        default_factory=list,
+        description="Steps taken back as bugs of autofusion while the run went on (a "
+        "rewrite, canonical rule or pre-pass that raised, emitted an op or attribute the "
+        "model's opset lacks, wrote types that do not infer, or made a cycle); empty: none",
+    )
+    fallback: Fallback | None = Field(
+        default=None,
+        description="The check failed and the run fell back to the largest set of fusions "
+        "that passes (or the model as it came); null when it did not (it passed, or strict)",
     )
     regions: dict[str, Any] | None = Field(
         description=(

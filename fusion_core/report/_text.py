@@ -7,7 +7,7 @@ from typing import Any
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._reader import read_report
 
-__all__ = ["format_summary"]
+__all__ = ["fallback_line", "format_summary"]
 
 _MAX_NEAR_MISSES = 10
 
@@ -96,10 +96,18 @@ def _validation_extras(report: dict[str, Any]) -> list[str]:
             f"first fused region that drifts: {drift['pattern']} (replaced "
             f"{', '.join(drift['replaced_nodes'][:5])}), max abs diff {drift['max_abs_diff']}"
         )
-    for rollback in report.get("rollbacks") or []:
+    fallback = report.get("fallback")
+    if fallback:
+        lines.append(fallback_line(fallback))
+    for rollback in report.get("rollbacks") or (fallback or {}).get("dropped") or []:
         lines.append(
             f"rolled back: {rollback['pattern']} at {', '.join(rollback['nodes'][:5])}: "
             f"{rollback['error']}"
+        )
+    for step in report.get("rejected") or []:
+        lines.append(
+            f"rejected as a bug: {step['step']} {step['name']!r}: {step['failed']} "
+            "(please report it)"
         )
     lines += [f"structure: {problem}" for problem in report.get("structure") or []]
     precision = report.get("precision")
@@ -113,6 +121,16 @@ def _validation_extras(report: dict[str, Any]) -> list[str]:
     lines += _speed(report)
     lines += _footprint(report)
     return lines
+
+
+def fallback_line(fallback: dict[str, Any]) -> str:
+    """One line on a fallback: what failed, and what the model written holds instead."""
+    if fallback.get("unchanged"):
+        kept = "no set of fusions passed: the model is written as it came"
+    else:
+        dropped = len(fallback.get("dropped") or [])
+        kept = f"kept {fallback.get('kept')} fusion(s), dropped {dropped}"
+    return f"warning: {fallback.get('reason')}; fell back: {kept}"
 
 
 def _footprint(report: dict[str, Any]) -> list[str]:

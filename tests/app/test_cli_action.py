@@ -117,6 +117,7 @@ def test_the_action_against_a_live_server(server, tmp_path):
         "speedup": f"{report.speed.speedup:.4g}",
         "max-abs-diff": f"{report.max_abs_diff:.6g}",
         "check": "passed",
+        "fallback-dropped": "",
         "job-url": f"{server.url}/v1/jobs/{job['id']}",
         "page-url": f"{server.url}/ui/jobs/{job['id']}",
     }

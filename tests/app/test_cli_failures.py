@@ -86,19 +86,94 @@ def test_keep_failed_writes_the_unchecked_model(capsys, tmp_path, rigid_model):
     assert "written anyway" in err
 
 
-def test_a_mismatch_exits_1_and_writes_nothing(capsys, tmp_path):
+def test_a_mismatch_with_strict_exits_1_and_writes_nothing(capsys, tmp_path):
     # Folding BN into the conv changes the last bits: zero tolerance sees it.
     out_path = tmp_path / "fused.onnx"
-    code, out, err = run_cli(
-        capsys, "optimize", RESNET, "-o", out_path, "--rtol", "0", "--atol", "0"
-    )
+    zero = ("--rtol", "0", "--atol", "0", "--strict")
+    code, out, err = run_cli(capsys, "optimize", RESNET, "-o", out_path, *zero)
     assert code == 1
     assert "does not match the original" in err and "nothing was written" in err
     assert not out_path.exists()
-    code, _, err = run_cli(
-        capsys, "optimize", RESNET, "-o", out_path, "--rtol", "0", "--atol", "0", "--keep-failed"
-    )
+    code, _, err = run_cli(capsys, "optimize", RESNET, "-o", out_path, *zero, "--keep-failed")
     assert code == 1 and out_path.exists()
+
+
+def test_a_mismatch_falls_back_to_the_fusions_that_pass_and_exits_0(capsys, tmp_path):
+    """Without --strict the failed check falls back: the Conv+BN fold (whose last bits
+    differ at zero tolerance) is dropped in each form progressive validation tries, the
+    model written is the one that passes, exit 0 and a warning."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {
+        c = Conv<pads = [1, 1, 1, 1]>(x, w)
+        b = BatchNormalization(c, gamma, beta, mean, var)
+        y = Relu(b)
+    }"""
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(5)
+    params = {
+        "w": rng.normal(0, 0.3, (4, 3, 3, 3)),
+        "gamma": rng.uniform(0.5, 1.5, 4),
+        "beta": rng.normal(0, 0.1, 4),
+        "mean": rng.normal(0, 0.1, 4),
+        "var": rng.uniform(0.5, 2.0, 4),
+    }
+    for name, array in params.items():
+        model.graph.initializer.append(
+            onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
+        )
+    path, out_path, report = tmp_path / "m.onnx", tmp_path / "fused.onnx", tmp_path / "r.json"
+    onnx.save(model, path)
+    code, out, err = run_cli(
+        capsys, "optimize", path, "-o", out_path, "--rtol", "0", "--atol", "0",
+        "--target", "generic", "--report", report,
+    )  # fmt: skip
+    assert code == 0, err
+    assert out_path.exists()
+    assert "warning: the fused model does not match the original" in err
+    assert "fell back" in err and "--strict" in err
+    fallback = json.loads(report.read_text())["fallback"]
+    assert fallback["failure"] == "mismatch" and fallback["fusions_tried"] == 1
+    assert {d["pattern"] for d in fallback["dropped"]} == {"conv_bn", "conv_bn_relu"}
+    assert json.loads(report.read_text())["check"]["passed"] is True
+    fused = onnx.load(out_path)
+    assert [n.op_type for n in fused.graph.node] == ["Conv", "BatchNormalization", "Relu"]
+
+
+def test_a_rewrite_that_raises_is_taken_back_with_a_reproducer(capsys, tmp_path, monkeypatch):
+    """A rewriter bug costs its match only: exit 0, the rest fused, the report's rejected
+    names it and reproducers.zip holds the matched region as a model onnxruntime runs."""
+    import zipfile
+
+    from autofusion.fusion_core.rewriters.silu import FuseSiLU
+    from autofusion.fusion_core.validate import make_session
+
+    def broken(self, match, params, ctx):
+        raise IndexError("a rewriter with a bug")
+
+    monkeypatch.setattr(FuseSiLU, "rewrite", broken)
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 8] x) => (float[2, 8] y) {
+        s = Sigmoid(x)
+        m = Mul(x, s)
+        y = Relu(m)
+    }"""
+    path, out_path, report = tmp_path / "m.onnx", tmp_path / "fused.onnx", tmp_path / "r.json"
+    onnx.save(onnx.parser.parse_model(text), path)
+    code, out, err = run_cli(
+        capsys, "optimize", path, "-o", out_path, "--target", "onnxruntime", "--report", report
+    )
+    assert code == 0, err
+    assert "rejected as a bug: rewrite 'silu'" in out and "IndexError" in out
+    [rejected] = json.loads(report.read_text())["rejected"]
+    assert rejected["reproducer"] == "reproducer-1-silu.onnx"
+    with zipfile.ZipFile(tmp_path / "fused.reproducers.zip") as archive:
+        assert archive.namelist() == ["reproducer-1-silu.onnx"]
+        region = onnx.load_from_string(archive.read("reproducer-1-silu.onnx"))
+    assert [n.op_type for n in region.graph.node] == ["Sigmoid", "Mul"]
+    onnx.checker.check_model(region, full_check=True)
+    x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
+    (got,) = make_session(region).run(None, {"x": x})
+    np.testing.assert_allclose(got, x / (1 + np.exp(-x)), rtol=1e-6, atol=1e-6)
 
 
 def test_an_internal_error_is_one_line_with_exit_internal(capsys, tmp_path, monkeypatch):

@@ -132,7 +132,7 @@ def test_optimize_profile_records_the_peak_memory(capsys, tmp_path, model_path):
 
 def test_a_failed_check_records_the_serialized_size(capsys, tmp_path, model_path):
     # Folding BN into the conv changes the last bits, which a zero tolerance sees.
-    code, report, fused = _optimize(tmp_path, model_path, "--rtol", "0", "--atol", "0")
+    code, report, fused = _optimize(tmp_path, model_path, "--rtol", "0", "--atol", "0", "--strict")
     out, _ = capsys.readouterr()
 
     assert code != 0 and not Path(fused).exists()
@@ -141,7 +141,7 @@ def test_a_failed_check_records_the_serialized_size(capsys, tmp_path, model_path
     kept_dir = tmp_path / "kept"
     kept_dir.mkdir()
     code, kept, fused = _optimize(kept_dir, model_path, "--rtol", "0", "--atol", "0",
-                                  "--keep-failed")  # fmt: skip
+                                  "--strict", "--keep-failed")  # fmt: skip
     capsys.readouterr()
     assert kept["size"]["after_measured_from"] == "file"
     # The size it was said to have unwritten is the size it has once written.

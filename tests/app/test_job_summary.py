@@ -22,7 +22,8 @@ PLAN = Plan(CompiledSnapshot(7, [], [], skipped={"old.pattern": "gone"}), {}, No
         pytest.param({}, id="unprofiled"),
         pytest.param({"profile": True}, id="profiled"),
         pytest.param({"paired": paired("slower")}, id="slower"),
-        pytest.param({"check": {"rtol": 0, "atol": 0}}, id="check-failed"),
+        pytest.param({"check": {"rtol": 0, "atol": 0}, "strict": True}, id="check-failed"),
+        pytest.param({"check": {"rtol": 0, "atol": 0}}, id="fell-back"),
         pytest.param({"check": {"enabled": False}}, id="unchecked"),
     ],
 )
@@ -43,6 +44,13 @@ def test_the_summary_holds_what_the_reader_reads(tmp_path, options):
         assert summary["check"]["passed"] is facts.check_passed
         assert summary["check"]["max_abs_diff"] == facts.max_abs_diff
         assert summary["check"]["failure"] == facts.check_failure
+        assert summary["check"]["reason"] == facts.check_reason
+    if facts.fallback_reason is None:
+        assert "fallback" not in summary
+    else:  # zero tolerance fails the BN fold: the run fell back to what passes
+        assert summary["fallback"]["reason"] == facts.fallback_reason
+        assert summary["fallback"]["dropped"] == facts.fallback_dropped >= 1
+        assert facts.check_passed is True
     speed = facts.speed
     if speed is None:
         assert summary["speed"] is None

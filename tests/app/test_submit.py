@@ -40,6 +40,7 @@ from autofusion.app.cli._exit import (
     EXIT_BAD_INPUT,
     EXIT_GATE_FAILED,
     EXIT_JOB_FAILED,
+    EXIT_OK,
     EXIT_SERVER,
     EXIT_TIMEOUT,
     EXIT_USAGE,
@@ -67,11 +68,13 @@ def reports(tmp_path_factory) -> dict[str, dict]:
         "plain": real_report(folder / "plain"),
         "profiled": real_report(folder / "profiled", profile=True),
         "slower": real_report(folder / "slower", paired=paired("slower")),
-        "mismatch": real_report(folder / "mismatch", check={"rtol": 0, "atol": 0}),
+        "mismatch": real_report(folder / "mismatch", check={"rtol": 0, "atol": 0}, strict=True),
+        "fell-back": real_report(folder / "fell-back", check={"rtol": 0, "atol": 0}),
         "unchecked": real_report(folder / "unchecked", check={"enabled": False}),
     }
     assert read_report(built["plain"]).max_abs_diff > 0  # the gates below compare to it
     assert read_report(built["mismatch"]).check_failure == "mismatch"
+    assert read_report(built["fell-back"]).fallback_reason is not None
     assert read_report(built["unchecked"]).check_passed is None
     assert read_report(built["profiled"]).speed.runs > 0
     # A report written before the `speed` entry: the reader takes the profile's ratio.
@@ -689,6 +692,23 @@ def test_a_failed_job_exits_as_its_cause_does_locally(
     detail = error["detail"] if isinstance(error, dict) else error
     slug = (error["type"] if isinstance(error, dict) else PROBLEM + error_type).rpartition("/")[2]
     assert f"job job-1 failed ({slug}): {detail}" in err
+
+
+def test_a_job_that_fell_back_passes_its_check_and_says_what_was_dropped(
+    capsys, fake, reports, model_file, tmp_path
+):
+    api, url = fake
+    api.report = reports["fell-back"]
+    github = tmp_path / "github_output"
+    code, out, err = cli(
+        capsys, "submit", model_file, "--server", url, "--wait", "--github-output", github
+    )
+    assert code == EXIT_OK, err
+    assert "passed, max abs diff" in out and "after falling back" in out
+    assert "the fused model does not match the original" in out
+    dropped = read_report(reports["fell-back"]).fallback_dropped
+    assert f"{dropped} fusion(s) dropped" in out
+    assert f"fallback-dropped={dropped}\n" in github.read_text()
 
 
 @pytest.mark.parametrize(

@@ -274,8 +274,9 @@ def test_cancelling_a_running_job_kills_its_child(make_env, monkeypatch) -> None
 
 
 def test_a_failed_check_fails_the_job_and_keeps_the_report(env: WorkerEnv, tmp_path) -> None:
-    # Folding BN into a conv changes the last bits, which a zero tolerance sees.
-    strict = {"check": {"rtol": 0, "atol": 0}}
+    # Folding BN into a conv changes the last bits, which a zero tolerance sees; strict
+    # fails the job instead of falling back (tests/app/test_fallback_jobs.py).
+    strict = {"check": {"rtol": 0, "atol": 0}, "strict": True}
     failed = env.submit(config=strict)
     kept = env.submit(config=strict | {"keep_failed": True})
     for job_id in (failed, kept):

@@ -195,12 +195,14 @@ def test_a_report_with_a_failed_check_never_ends_succeeded(env: WorkerEnv, monke
         return ChildRun("exited", 0, run.seconds, run.log_tail)
 
     monkeypatch.setattr("autofusion.worker.execute.run_child", lying_child)
-    job_id = env.submit(config={"check": {"rtol": 0, "atol": 0}, "keep_failed": True})
+    job_id = env.submit(
+        config={"check": {"rtol": 0, "atol": 0}, "strict": True, "keep_failed": True}
+    )
     # keep_failed writes the fused model: the child's output looks complete
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
     job = env.job(job_id)
     assert (job.status, job.error_type) == ("failed", "check-failed")
-    assert job.error.startswith("the fused model failed its check")
+    assert job.error.startswith("the fused model does not match the original")
     assert job.report_digest and job.summary["check"]["passed"] is False
 
 
@@ -255,7 +257,7 @@ def _submit(client: TestClient, model: bytes, config: dict | None = None) -> dic
         ),
         pytest.param(
             "resnet",
-            {"check": {"rtol": 0, "atol": 0}},
+            {"check": {"rtol": 0, "atol": 0}, "strict": True},
             "check-failed",
             "mismatch",
             "does not match the original",
