@@ -6,7 +6,8 @@ every target, this runs ``autofusion optimize MODEL -o OUT --target T --report R
 user does (a subprocess, the check on) and records:
 
 1. the exit code and, when not 0, the CLI's last line;
-2. the fusions by pattern, and the check's max abs diff;
+2. the fusions by pattern, and the check's max abs diff; the steps taken back as bugs
+   (issue 25's transactions; goal 0) and whether the failed check fell back;
 3. the optimize time, wall clock and per phase (the report's ``timings_s``);
 4. the latency of the fused model against the original at ORT_ENABLE_ALL, on the
    inputs the check used (the dims of its first shape profile, seed 0), both sessions
@@ -82,6 +83,8 @@ def optimize(src: Path, info: meta.ModelMeta, target: str, tmp: Path, timeout: i
             fusions=data.get("fusions") or {},
             max_abs_diff=max(diffs) if diffs else None,
             check_passed=check.get("passed"),
+            rejected=len(data.get("rejected") or []),
+            fallback=bool(data.get("fallback")),
             timings_s=data.get("timings_s") or {},
             dims=profiles[0].get("dims") or {},
         )
@@ -153,10 +156,10 @@ def _latency(record: dict) -> tuple[str, str, str]:
 
 def markdown(results: dict) -> str:
     lines = [
-        "| model | target | exit | fusions | max abs diff | optimize s (wall) | "
-        f"per phase s ({' / '.join(PHASES)}) | original ms | fused ms | "
+        "| model | target | exit | fusions | max abs diff | rolled back (bugs) | fell back | "
+        f"optimize s (wall) | per phase s ({' / '.join(PHASES)}) | original ms | fused ms | "
         "paired ratio [p10-p90] |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results.items():
         for target, rec in entry["targets"].items():
@@ -169,7 +172,8 @@ def markdown(results: dict) -> str:
             orig, fused, ratio = _latency(rec)
             lines.append(
                 f"| {name} | {target} | {exit_text} | {_fusions(rec)} | "
-                f"{'-' if diff is None else f'{diff:.2e}'} | {rec['wall_s']} | "
+                f"{'-' if diff is None else f'{diff:.2e}'} | {rec.get('rejected', '-')} | "
+                f"{'yes' if rec.get('fallback') else 'no'} | {rec['wall_s']} | "
                 f"{_phases(rec)} | {orig} | {fused} | {ratio} |"
             )
     return "\n".join(lines) + "\n"

