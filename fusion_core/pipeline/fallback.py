@@ -80,6 +80,7 @@ def fall_back(
             feeds=feeds,
         )
         if result.check is not None and result.check.passed:
+            result.rejected = list(dict.fromkeys([*failed.rejected, *result.rejected]))
             result.fallback = why | {
                 "kept": len(result.applied),
                 "dropped": result.rollbacks,

@@ -25,7 +25,7 @@ import onnx_ir.passes.common as common
 from autofusion.fusion_core.canonical import describe as describe_canonical
 from autofusion.fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from autofusion.fusion_core.config import OptimizeConfig
-from autofusion.fusion_core.errors import ConfigError, PatternError
+from autofusion.fusion_core.errors import ConfigError, FusionError, PatternError
 from autofusion.fusion_core.ir import load_model, model_from_proto
 from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.left_alone import left_alone
@@ -74,13 +74,17 @@ def optimize_once(
         except StepFailed as failure:
             rejection = failure.rejection
             rejected.append(rejection)
-            if len(rejected) > MAX_RETRIES:
-                raise
+            step = (rejection.step, rejection.name)
+            if failure.fatal or step in left_out or len(rejected) > MAX_RETRIES:
+                # nothing left to leave out: the model as it came, checked, never a crash
+                result = unchanged(model, config, feeds)
+                result.rejected = rejected
+                return result
             if rejection.step == "rewrite":  # this fusion is left out of the next run
                 key = (rejection.name, frozenset(rejection.nodes))
                 skip[key] = f"rolled back as a bug: {rejection.failed}"
             else:
-                left_out.add((rejection.step, rejection.name))
+                left_out.add(step)
             continue
         result.rejected = rejected + result.rejected
         return result
@@ -119,9 +123,14 @@ def _one_pass(
     phase("fuse")
     result.left_alone = left_alone(work, len(subgraphs(work.graph)))  # before our contrib ops
     rules = frozenset(name for step, name in left_out if step == "canonical")
-    fused = RewriteRounds(chosen, config, skip=skip, skip_kind=skip_kind, disabled_rules=rules)(
-        work
-    )
+    rounds = RewriteRounds(chosen, config, skip=skip, skip_kind=skip_kind, disabled_rules=rules)
+    try:
+        fused = rounds(work)
+    except (StepFailed, FusionError):
+        raise
+    except Exception as exc:  # outside any one step (matching, selection): no fusion at all
+        failed = describe_exception("matching and rewriting", exc)
+        raise StepFailed(Rejection("rounds", "rounds", (), failed), fatal=True) from exc
     timings["match"], timings["rewrite"] = fused.match_s, fused.rewrite_s
     result.applied, result.near_misses = fused.applied, fused.near_misses
     result.rounds, result.structure = fused.rounds, fused.structure

@@ -47,7 +47,9 @@ class Rejection:
     """A step that broke the graph or raised, rolled back (or skipped) while the run went
     on (``fusion_core.pipeline.transaction``): always a bug of ours, never the model's."""
 
-    step: str  # "rewrite", "canonical" (a canonical-form rule) or "pre-pass"
+    # "rewrite", "canonical" (a canonical-form rule), "pre-pass", or "rounds" (matching
+    # and selection themselves: no fusion at all then)
+    step: str
     name: str  # the pattern, the rule or the pre-pass
     nodes: tuple[str, ...]  # the matched nodes (a rewrite) or the nodes the step wrote
     failed: str  # what failed, in words

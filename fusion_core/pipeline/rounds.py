@@ -241,8 +241,9 @@ class _GraphRounds:
             return 0
         undone = 0
         for fusion, applied, match in reversed(self.journal):
-            if not any(id(n) in cyclic for n in applied.new_nodes):
-                continue
+            moved = [node for _, _, readers, _ in applied.moved for node, _ in readers]
+            if not any(id(n) in cyclic for n in [*applied.new_nodes, *moved]):
+                continue  # neither what it wrote nor a reader it moved is on the cycle
             failed = cycle_problem(self.graph) or "the graph has a cycle"
             applied.undo()
             self.result.applied.remove(fusion)
@@ -254,8 +255,9 @@ class _GraphRounds:
             cyclic = cycle_members(self.graph)
             if not cyclic:
                 break
-        if cyclic:  # not a rewrite's doing: the rules' (checked each) cannot have made it
-            raise StepFailed(Rejection("canonical", "rounds", (), cycle_problem(self.graph) or ""))
+        if cyclic:  # no rewrite's doing, and each rule was checked: give up on fusing
+            failed = cycle_problem(self.graph) or "the graph has a cycle"
+            raise StepFailed(Rejection("rounds", "rounds", (), failed), fatal=True)
         return undone
 
     def _last_near_misses(self, found: list[NearMiss]) -> list[NearMiss]:

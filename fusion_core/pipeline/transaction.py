@@ -37,11 +37,14 @@ MAX_RETRIES = 8  # steps left out of one run before it gives up on fusing at all
 
 
 class StepFailed(Exception):
-    """A step that cannot be undone in place failed: run again without it."""
+    """A step that cannot be undone in place failed: run again without it. ``fatal``:
+    no step can be left out (the rounds themselves raised): the model comes back as it
+    came, checked."""
 
-    def __init__(self, rejection: Rejection) -> None:
+    def __init__(self, rejection: Rejection, *, fatal: bool = False) -> None:
         super().__init__(f"{rejection.step} {rejection.name!r}: {rejection.failed}")
         self.rejection = rejection
+        self.fatal = fatal
 
 
 def step_problems(nodes: Iterable[ir.Node], model: ir.Model, target: str) -> str | None:

@@ -329,7 +329,10 @@ class Rollback(BaseModel):
 
 class Rejected(BaseModel):
     model_config = _OPEN
-    step: Literal["rewrite", "canonical", "pre-pass"]
+    step: Literal["rewrite", "canonical", "pre-pass", "rounds"] = Field(
+        description="What was taken back: a rewrite, a canonical-form rule, a pre-pass, or "
+        "the rounds of matching and rewriting as a whole (the model then comes unfused)"
+    )
     name: str = Field(description="The pattern, canonical-form rule or pre-pass")
     nodes: list[str] = Field(description="The matched nodes, or the nodes the step wrote")
     failed: str = Field(description="What failed: the op, attribute, type or cycle, or the "

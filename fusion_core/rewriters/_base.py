@@ -233,11 +233,16 @@ class AppliedRewrite:
     new_nodes: list[ir.Node]
     old_nodes: list[tuple[ir.Node, tuple[ir.Value | None, ...]]]
     moved: list[tuple[ir.Value, ir.Value, list[tuple[ir.Node, int]], list[int]]]
+    # What replace_nodes_and_values overwrote on each new value (its name, type, shape
+    # and constant): a value that was there before must get them back
+    overwritten: list[tuple[ir.Value, str | None, object, object, object]]
 
     def undo(self) -> None:
         """The graph as it was before the rewrite (up to node order: sort it after).
         Readers that later rewrites gave the new values read the old ones again."""
         graph, made = self.graph, {id(n) for n in self.new_nodes}
+        for value, name, type_, shape, const in self.overwritten:
+            value.name, value.type, value.shape, value.const_value = name, type_, shape, const
         for old, new, readers, outputs in self.moved:
             if new.producer() is not None and id(new.producer()) in made:
                 # only this rewrite made it: every reader, graph outputs too, reads the old
@@ -312,6 +317,7 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> Applie
             )
             for old, new in rewrite.replaced
         ],
+        [(new, new.name, new.type, new.shape, new.const_value) for new in new_values],
     )
     ir.convenience.replace_nodes_and_values(
         graph, old_nodes[-1], old_nodes, rewrite.new_nodes, old_values, new_values

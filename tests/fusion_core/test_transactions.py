@@ -271,12 +271,16 @@ def test_undo_puts_back_exactly_what_a_rewrite_changed(ops: list[str], data) -> 
     end = data.draw(st.integers(start, len(nodes) - 1), label="end")
     matched = nodes[start : end + 1]
     old = matched[-1].outputs[0]
-    new = ir.Node("", "Abs", [matched[0].inputs[0]])
     ctx = RewriteContext(model, target=_target())
     ctx.positions = {id(n): k for k, n in enumerate(nodes)}
     match = _FakeMatch(matched)
-    applied = apply_rewrite(ctx, match, Rewrite([new], [(old, new.outputs[0])]))
-    assert [n.op_type for n in model.graph].count("Abs") >= 1 and matched[0].graph is None
+    if data.draw(st.booleans(), label="to a value that was there"):  # renamed, retyped
+        rewrite = Rewrite([], [(old, matched[0].inputs[0])])
+    else:
+        new = ir.Node("", "Abs", [matched[0].inputs[0]])
+        rewrite = Rewrite([new], [(old, new.outputs[0])])
+    applied = apply_rewrite(ctx, match, rewrite)
+    assert matched[0].graph is None
     applied.undo()
     model.graph.sort()
     np.testing.assert_equal(ir.to_proto(model).SerializeToString(), before)
@@ -297,3 +301,52 @@ class _FakeMatch:
 
     def shape_plumbing(self, new_nodes=()) -> list[ir.Node]:
         return []
+
+
+def test_when_the_rounds_themselves_raise_the_model_comes_back_as_it_was(monkeypatch) -> None:
+    """Matching is no one step that can be left out: the model comes back unfused and
+    checked, with the failure as a rejection, never an exception."""
+    from autofusion.fusion_core.patterns import Matcher
+
+    def broken(self, graph):
+        raise ZeroDivisionError("a matcher with a bug")
+
+    monkeypatch.setattr(Matcher, "find", broken)
+    model = build_model(MODEL)
+    result = _optimize(model, "onnxruntime")
+
+    [rejected] = result.rejected
+    assert (rejected.step, rejected.name) == ("rounds", "rounds")
+    assert "ZeroDivisionError" in rejected.failed and "a matcher with a bug" in rejected.failed
+    assert result.applied == [] and result.check.passed
+    fused = result.to_proto()
+    assert [n.op_type for n in fused.graph.node] == [n.op_type for n in model.graph.node]
+
+
+class _ReroutesBack(Rewriter):
+    """Replaces Relu, Neg by ``c`` (a value their output feeds): no new node on the
+    cycle, only the readers it moves."""
+
+    name = "reroutes_back"
+    targets = frozenset({"generic", "onnxruntime"})
+
+    def rewrite(self, match: Match, params: Params, ctx: RewriteContext) -> Rewrite:
+        old = match.nodes["neg"].outputs[0]
+        reader = next(u.node for u in old.uses() if u.node.op_type == "Add")
+        return Rewrite([], [(old, reader.outputs[0])])
+
+
+def test_a_cycle_through_a_moved_reader_names_its_rewrite() -> None:
+    registry = _registry()
+    registry.register(_ReroutesBack())
+    config = OptimizeConfig(
+        target="generic", target_profile="cpu-roofline", extra_patterns=[_relu_neg("reroutes_back")]
+    )
+    model = build_model(MODEL)
+    result = optimize(model, config, registry=registry)
+
+    [rejected] = result.rejected
+    assert (rejected.step, rejected.name) == ("rewrite", "test.reroutes_back")
+    assert "cycle" in rejected.failed
+    assert result.check.passed
+    run_both(model, result.to_proto(), **TOL)
