@@ -81,61 +81,71 @@ def run_prepasses(
 ) -> list[str]:
     """Run the pre-passes in place; return the names of those that changed the model.
     ``disabled`` passes do not run; ``guard`` checks each pass's changes as they are made."""
-    changed = []
-
-    def run(name: str, pass_: Callable[[ir.Model], bool]) -> None:
-        if name in disabled:
-            return
-        try:
-            modified = pass_(model)
-        except Exception as exc:
-            if guard is None:
-                raise
-            raise guard.raised(name, exc) from exc
-        if modified:
-            changed.append(name)
-            if guard is not None:
-                guard.changed(name)
-
-    def ir_pass(pass_: ir.passes.PassBase) -> Callable[[ir.Model], bool]:
-        return lambda m: pass_(m).modified
-
-    def fold(m: ir.Model) -> bool:
-        try:
-            result = fold_constants(
-                m,
-                onnx_shape_inference=options.shape_inference,
-                input_size_limit=options.fold_input_size_limit,
-                output_size_limit=options.fold_output_size_limit,
-                should_fold=_fold_constant_of_shape,
-            )
-        except Exception as exc:  # onnxscript's folder on an op it mishandles: go on
-            # What it folded before failing is folded correctly; the check still runs.
-            logger.warning("constant folding stopped: %s: %s", type(exc).__name__, exc)
-            changed.append(f"constant_folding: stopped early ({type(exc).__name__})")
-            if guard is not None:  # what it folded before it stopped is checked all the same
-                guard.changed("constant_folding")
-            return False
-        return result.modified
-
-    run("initializer_inputs", ir_pass(InitializerInputsToConstantsPass()))
-    run("dropout_elimination", ir_pass(DropoutEliminationPass()))
-    run("identity_elimination", ir_pass(IdentityEliminationPass()))
+    run = _Runner(model, disabled, guard)
+    run("initializer_inputs", _ir(InitializerInputsToConstantsPass()))
+    run("dropout_elimination", _ir(DropoutEliminationPass()))
+    run("identity_elimination", _ir(IdentityEliminationPass()))
     if options.fold_constants:
-        run("constant_folding", fold)
+        run("constant_folding", lambda m: _fold(m, options, run))
         lift = common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)
-        run("lift_constants", ir_pass(lift))
-        run("identity_elimination", ir_pass(IdentityEliminationPass()))
-    run("remove_unused", ir_pass(common.RemoveUnusedNodesPass()))
-    run("topological_sort", ir_pass(common.TopologicalSortPass()))
+        run("lift_constants", _ir(lift))
+        run("identity_elimination", _ir(IdentityEliminationPass()))
+    run("remove_unused", _ir(common.RemoveUnusedNodesPass()))
+    run("topological_sort", _ir(common.TopologicalSortPass()))
     # Constant folding infers each node's shape on its own, which loses symbolic dims
     # computed at run time (Shape -> Concat -> Reshape); a whole-graph inference with
     # data propagation keeps them. Not onnx-ir's ShapeInferencePass: it is quadratic in
     # the number of initializers in onnx-ir 1.1 (docs/benchmarks.md).
     if options.shape_inference:
         limit = options.shape_inference_initializer_limit
-        run("shape_inference", ir_pass(SymbolicShapeInferencePass(initializer_limit=limit)))
-        run("shape_reads_from_inputs", ir_pass(ShapeReadsFromInputsPass()))
-        run("broadcasting_expand", ir_pass(BroadcastingExpandPass()))
-        run("remove_unused", ir_pass(common.RemoveUnusedNodesPass()))
-    return changed
+        run("shape_inference", _ir(SymbolicShapeInferencePass(initializer_limit=limit)))
+        run("shape_reads_from_inputs", _ir(ShapeReadsFromInputsPass()))
+        run("broadcasting_expand", _ir(BroadcastingExpandPass()))
+        run("remove_unused", _ir(common.RemoveUnusedNodesPass()))
+    return run.changed
+
+
+class _Runner:
+    """Runs one named pass as a step: skipped when disabled, its changes checked."""
+
+    def __init__(self, model: ir.Model, disabled: Collection[str], guard: PassGuard | None) -> None:
+        self.model, self.disabled, self.guard = model, disabled, guard
+        self.changed: list[str] = []
+
+    def __call__(self, name: str, pass_: Callable[[ir.Model], bool]) -> None:
+        if name in self.disabled:
+            return
+        try:
+            modified = pass_(self.model)
+        except Exception as exc:
+            if self.guard is None:
+                raise
+            raise self.guard.raised(name, exc) from exc
+        if modified:
+            self.changed.append(name)
+            if self.guard is not None:
+                self.guard.changed(name)
+
+
+def _ir(pass_: ir.passes.PassBase) -> Callable[[ir.Model], bool]:
+    return lambda model: pass_(model).modified
+
+
+def _fold(model: ir.Model, options: PrepassOptions, run: _Runner) -> bool:
+    """onnxscript's constant folding with the size limits; whether it changed anything."""
+    try:
+        result = fold_constants(
+            model,
+            onnx_shape_inference=options.shape_inference,
+            input_size_limit=options.fold_input_size_limit,
+            output_size_limit=options.fold_output_size_limit,
+            should_fold=_fold_constant_of_shape,
+        )
+    except Exception as exc:  # onnxscript's folder on an op it mishandles: go on
+        # What it folded before failing is folded correctly; the check still runs.
+        logger.warning("constant folding stopped: %s: %s", type(exc).__name__, exc)
+        run.changed.append(f"constant_folding: stopped early ({type(exc).__name__})")
+        if run.guard is not None:  # what it folded before it stopped is checked all the same
+            run.guard.changed("constant_folding")
+        return False
+    return result.modified

@@ -32,8 +32,11 @@ def emitted_problems(nodes: Iterable[ir.Node], model: ir.Model, *, target: str) 
     """Why ``nodes`` (what one step wrote into ``model``) cannot stay, as sentences;
     empty when they can."""
     problems: list[str] = []
+    inferred: dict[str, onnx.TypeProto] = {}  # what earlier nodes of the step compute
     for node in nodes:
-        problem = _schema_problem(node, model, target) or _inference_problem(node, model)
+        problem = _schema_problem(node, model, target) or _inference_problem(
+            node, model, inferred
+        )
         if problem:
             problems.append(f"{node.op_type} {node.name!r}: {problem}")
     return problems
@@ -124,8 +127,12 @@ def _schema_problem(node: ir.Node, model: ir.Model, target: str) -> str | None:
     return None
 
 
-def _inference_problem(node: ir.Node, model: ir.Model) -> str | None:
-    """onnx's type and shape inference of ``node`` alone, against what the graph says."""
+def _inference_problem(
+    node: ir.Node, model: ir.Model, inferred: dict[str, onnx.TypeProto]
+) -> str | None:
+    """onnx's type and shape inference of ``node`` alone, against what the graph says;
+    an input the graph has no type for takes what ``inferred`` (the step's earlier
+    nodes) found, and this node's outputs go into it."""
     domain = "" if node.domain in _STANDARD else node.domain
     if domain != "" or any(a.type in _GRAPH_ATTRS for a in node.attributes.values()):
         return None  # contrib ops have no onnx schema; a body needs its outer scope
@@ -138,6 +145,9 @@ def _inference_problem(node: ir.Node, model: ir.Model) -> str | None:
     for value in node.inputs:
         if value is None:
             continue
+        if value.name and value.type is None and value.name in inferred:
+            types[value.name] = inferred[value.name]
+            continue
         if not value.name or value.type is None:
             return None  # what it reads is not typed yet: nothing to infer from
         types[value.name] = ir.serde.serialize_value(value).type
@@ -145,7 +155,7 @@ def _inference_problem(node: ir.Node, model: ir.Model) -> str | None:
         if const is not None and const.size <= _SMALL_CONSTANT:
             data[value.name] = ir.serde.serialize_tensor(const)
     try:
-        inferred = onnx.shape_inference.infer_node_outputs(
+        outputs = onnx.shape_inference.infer_node_outputs(
             schema,
             ir.serde.serialize_node(node),
             types,
@@ -155,9 +165,10 @@ def _inference_problem(node: ir.Node, model: ir.Model) -> str | None:
     except Exception as exc:  # InferenceError and schema errors: what they say is the point
         return f"types do not infer: {str(exc).strip().splitlines()[0]}"
     for value in node.outputs:
-        found = inferred.get(value.name or "")
+        found = outputs.get(value.name or "")
         if found is None or not found.HasField("tensor_type"):
             continue
+        inferred[value.name or ""] = found
         tensor = found.tensor_type
         if value.dtype is not None and tensor.elem_type and tensor.elem_type != value.dtype.value:
             onnx_name = onnx.TensorProto.DataType.Name(tensor.elem_type)

@@ -117,8 +117,18 @@ SITUATIONS: dict[int, list[tuple[str, Callable[[Path, str], tuple]]]] = {
     EXIT_OK: [("optimize fuses and checks", lambda t, s: ("optimize", _model(t), "-o", t / "f"))],
     EXIT_GATE_FAILED: [
         (
-            "optimize: zero tolerance sees the folded BN's last bits",
-            lambda t, s: ("optimize", RESNET, "-o", t / "f", "--rtol", "0", "--atol", "0"),
+            "optimize --strict: zero tolerance sees the folded BN's last bits",
+            lambda t, s: (
+                "optimize",
+                RESNET,
+                "-o",
+                t / "f",
+                "--rtol",
+                "0",
+                "--atol",
+                "0",
+                "--strict",
+            ),
         )
     ],
     EXIT_USAGE: [

@@ -103,11 +103,13 @@ class _WrongEpsilonFold(FoldBatchNorm):
 def test_check_catches_a_wrong_rewrite() -> None:
     registry = builtin_rewriters()
     registry.register(_WrongEpsilonFold())
-    config = OptimizeConfig(patterns=["conv_bn"], check=CheckOptions(rtol=1e-4, atol=1e-5))
+    config = OptimizeConfig(
+        patterns=["conv_bn"], check=CheckOptions(rtol=1e-4, atol=1e-5), strict=True
+    )  # strict: the failure itself, no fallback (tests/fusion_core/test_fallback.py)
     result = optimize(_conv_bn_act("Relu"), config, registry=registry)
     assert result.counts == {"conv_bn": 1}
     assert result.check is not None
-    assert not result.check.passed
+    assert not result.check.passed and result.fallback is None
     (output,) = result.check.outputs
     assert output.name == "y" and not output.passed
     assert output.max_abs_diff > 1e-3

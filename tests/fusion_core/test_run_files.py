@@ -46,7 +46,7 @@ def test_run_writes_the_model_the_report_its_renderings_and_the_trace(tmp_path) 
 def test_a_failed_check_writes_the_report_but_not_the_model(tmp_path) -> None:
     # a small ResNet with zero tolerance: its folded BatchNormalizations differ in the
     # last bits (as tests/app/test_cli_failures.py relies on)
-    config = OptimizeConfig(check={"rtol": 0.0, "atol": 0.0}, profile=True)
+    config = OptimizeConfig(check={"rtol": 0.0, "atol": 0.0}, profile=True, strict=True)
     outcome = run(RESNET, tmp_path / "fused.onnx", config, files=_files(tmp_path))
     assert outcome.failed and not outcome.written
     assert not (tmp_path / "fused.onnx").exists()

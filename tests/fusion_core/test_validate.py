@@ -288,6 +288,7 @@ def test_to_dict_is_plain_json_without_infinities() -> None:
         "max_abs_diff",
         "max_rel_diff",
         "failure",
+        "reason",
         "dynamic_dims",
     }
     assert set(json.loads(text)) == expected_keys
