@@ -86,7 +86,9 @@ def run_prepasses(
     run("dropout_elimination", _ir(DropoutEliminationPass()))
     run("identity_elimination", _ir(IdentityEliminationPass()))
     if options.fold_constants:
-        run("constant_folding", lambda m: _fold(m, options, run))
+        # one step with the lifting: onnxscript writes its results as Constant nodes in
+        # the latest spelling (value_ints: opset 12), which become initializers next
+        run("constant_folding", lambda m: _fold(m, options, run), check_after="lift_constants")
         lift = common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)
         run("lift_constants", _ir(lift))
         run("identity_elimination", _ir(IdentityEliminationPass()))
@@ -106,25 +108,34 @@ def run_prepasses(
 
 
 class _Runner:
-    """Runs one named pass as a step: skipped when disabled, its changes checked."""
+    """Runs one named pass as a step: skipped when disabled, its changes checked (after
+    the pass ``check_after`` names, when the two are one step)."""
 
     def __init__(self, model: ir.Model, disabled: Collection[str], guard: PassGuard | None) -> None:
         self.model, self.disabled, self.guard = model, disabled, guard
         self.changed: list[str] = []
+        self.pending: str | None = None  # a changed pass whose check waits for the next
 
-    def __call__(self, name: str, pass_: Callable[[ir.Model], bool]) -> None:
+    def __call__(
+        self, name: str, pass_: Callable[[ir.Model], bool], *, check_after: str | None = None
+    ) -> None:
         if name in self.disabled:
             return
+        step = self.pending or name  # what a failure names: the pass that wrote it
         try:
             modified = pass_(self.model)
         except Exception as exc:
             if self.guard is None:
                 raise
             raise self.guard.raised(name, exc) from exc
-        if modified:
-            self.changed.append(name)
-            if self.guard is not None:
-                self.guard.changed(name)
+        if modified and not any(c.startswith(f"{name}:") for c in self.changed):
+            self.changed.append(name)  # (a pass that stopped early said so itself)
+        if check_after is not None and modified:
+            self.pending = name
+            return
+        if (modified or self.pending) and self.guard is not None:
+            self.guard.changed(step)
+        self.pending = None
 
 
 def _ir(pass_: ir.passes.PassBase) -> Callable[[ir.Model], bool]:
@@ -145,7 +156,5 @@ def _fold(model: ir.Model, options: PrepassOptions, run: _Runner) -> bool:
         # What it folded before failing is folded correctly; the check still runs.
         logger.warning("constant folding stopped: %s: %s", type(exc).__name__, exc)
         run.changed.append(f"constant_folding: stopped early ({type(exc).__name__})")
-        if run.guard is not None:  # what it folded before it stopped is checked all the same
-            run.guard.changed("constant_folding")
-        return False
+        return True  # what it folded before it stopped is checked all the same
     return result.modified

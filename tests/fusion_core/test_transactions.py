@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
+import onnx.parser
 import onnx_ir as ir
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -350,3 +352,27 @@ def test_a_cycle_through_a_moved_reader_names_its_rewrite() -> None:
     assert "cycle" in rejected.failed
     assert result.check.passed
     run_both(model, result.to_proto(), **TOL)
+
+
+def test_constant_folding_and_its_lifting_are_one_step() -> None:
+    """onnxscript writes folded shapes as Constant(value_ints), an attribute Constant has
+    from opset 12; lifting makes them initializers right after. Checked as one step, an
+    opset-11 model keeps its folding (the corpus's PP-OCR classifiers lost it to a
+    rejection when each pass was checked alone)."""
+    text = """<ir_version: 6, opset_import: ["" : 11]>
+    g (float[1, 8] x) => (float[1, 2, 4] y) {
+        s = Shape(w)
+        one = Constant<value = int64[1] {1}>()
+        t = Concat<axis = 0>(one, s)
+        y = Reshape(x, t)
+    }"""
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((2, 4), np.float32), "w"))
+    result = optimize(model, OptimizeConfig())
+
+    assert result.rejected == [], result.rejected
+    assert {"constant_folding", "lift_constants"} <= set(result.prepasses)
+    fused = result.to_proto()
+    assert [n.op_type for n in fused.graph.node] == ["Reshape"]
+    onnx.checker.check_model(fused, full_check=True)
+    run_both(model, fused, rtol=0, atol=0)
