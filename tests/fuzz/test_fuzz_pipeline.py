@@ -11,7 +11,8 @@ A graph is a chain of blocks drawn from what exporters write: convolutions with 
 without bias, BatchNormalization with random statistics, activations written as ops and
 written out (SiLU, HardSwish as x * Clip(x + 3, 0, 6) / 6, HardSigmoid), residual adds,
 scales; or, for sequences, linear layers (MatMul + Add), LayerNorm and RMSNorm written
-out or as the op, GELU (erf and tanh forms), Softmax and residual adds. Weights are
+out or as the op, GELU (erf and tanh forms), Softmax, residual adds, and a flatten undone
+by the tensor's own Shape (folded to a constant where the dims are fixed). Weights are
 seeded and not degenerate. ``AUTOFUSION_FUZZ_EXAMPLES`` sets the example budget (20 in
 ``make test``, 200 in the corpus tier).
 """
@@ -40,7 +41,7 @@ _F = onnx.TensorProto.FLOAT
 IMAGE_BLOCKS = ("conv", "conv_bn", "bn", "relu", "sigmoid", "silu", "hard_swish", "clip6",
                 "hard_sigmoid", "residual", "scale", "pool")  # fmt: skip
 SEQUENCE_BLOCKS = ("linear", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh", "softmax",
-                   "residual", "scale", "silu", "relu")  # fmt: skip
+                   "residual", "scale", "silu", "relu", "reshape")  # fmt: skip
 
 
 @functools.cache
@@ -178,6 +179,9 @@ class _Builder:
             return self.node("Mul", [self.node("Mul", [x, self.scalar(0.5)]), one]), width
         if kind == "softmax":
             return self.node("Softmax", [x], axis=-1), width
+        if kind == "reshape":  # flattened and back by its own Shape: folded where static
+            flat = self.node("Reshape", [x, self.const(np.array([-1, width], np.int64), "s")])
+            return self.node("Reshape", [self.node("Relu", [flat]), self.node("Shape", [x])]), width
         if kind == "residual":
             y = self.node("MatMul", [x, self.weights(width, width)])
             return self.node("Add", [x, self.node("Add", [y, self.weights(width)])]), width
@@ -202,7 +206,9 @@ class _Builder:
 
 @st.composite
 def graphs(draw) -> onnx.ModelProto:
-    opset = draw(st.integers(11, newest_opset()), label="opset")
+    # half of them at 11-13: old opsets are where an op or attribute goes missing
+    opsets = st.one_of(st.integers(11, 13), st.integers(11, newest_opset()))
+    opset = draw(opsets, label="opset")
     image = draw(st.booleans(), label="image")
     dynamic = draw(st.booleans(), label="dynamic")
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
