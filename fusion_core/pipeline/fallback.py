@@ -25,7 +25,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.once import unchanged
-from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from autofusion.fusion_core.pipeline.progressive import progressive_as_configured
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.rewriters import RewriterRegistry
 from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN, describe_failure
@@ -63,21 +63,9 @@ def fall_back(
         "fusions_tried": len(failed.applied),
     }
     if config.mode != "progressive":  # progressive validation has bisected already
-        stepwise = config.model_copy(
-            update={
-                "progressive": False,
-                "stages": None,
-                "measure": False,
-                "selection": config.proposer,
-            }
-        )
-        result = optimize_progressive(
-            model,
-            stepwise,
-            stages=config.stages or DEFAULT_STAGES,
-            registry=registry,
-            patterns=patterns,
-            feeds=feeds,
+        plain = config.model_copy(update={"measure": False, "selection": config.proposer})
+        result = progressive_as_configured(
+            model, plain, registry=registry, patterns=patterns, feeds=feeds
         )
         if result.check is not None and result.check.passed:
             result.rejected = list(dict.fromkeys([*failed.rejected, *result.rejected]))

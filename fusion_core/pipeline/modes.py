@@ -19,7 +19,7 @@ from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.fallback import fall_back, falls_back
 from autofusion.fusion_core.pipeline.measured import optimize_measured
 from autofusion.fusion_core.pipeline.once import optimize_once
-from autofusion.fusion_core.pipeline.progressive import DEFAULT_STAGES, optimize_progressive
+from autofusion.fusion_core.pipeline.progressive import progressive_as_configured
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
@@ -69,14 +69,8 @@ def _in_mode(model, config, registry, patterns, skip, feeds, on_phase) -> Result
     if mode == "progressive":
         if on_phase:
             on_phase("progressive")
-        stepwise = config.model_copy(update={"progressive": False, "stages": None})
-        return optimize_progressive(
-            model,
-            stepwise,
-            stages=config.stages or DEFAULT_STAGES,
-            registry=registry,
-            patterns=patterns,
-            feeds=feeds,
+        return progressive_as_configured(
+            model, config, registry=registry, patterns=patterns, feeds=feeds
         )
     return optimize_once(
         model, config, registry=registry, patterns=patterns, skip=skip, feeds=feeds,

@@ -36,7 +36,7 @@ from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 
-__all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive"]
+__all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive", "progressive_as_configured"]
 
 DEFAULT_STAGES: tuple[tuple[str, ...], ...] = (
     (
@@ -113,6 +113,28 @@ def optimize_progressive(
     final = _combined(first, done, rollbacks, original, config, keep_fp32, feeds)
     final.switches = [s.to_dict() for s in switched]
     return final
+
+
+def progressive_as_configured(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+    config: OptimizeConfig,
+    *,
+    registry: RewriterRegistry | None = None,
+    patterns: Sequence[CompiledPattern] | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> Result:
+    """Progressive validation in the config's stages (the default ones when it names
+    none), each stage a plain pass: progressive mode, and the fallback after a failed
+    check."""
+    stepwise = config.model_copy(update={"progressive": False, "stages": None})
+    return optimize_progressive(
+        model,
+        stepwise,
+        stages=config.stages or DEFAULT_STAGES,
+        registry=registry,
+        patterns=patterns,
+        feeds=feeds,
+    )
 
 
 def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:

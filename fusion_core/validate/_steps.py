@@ -34,9 +34,7 @@ def emitted_problems(nodes: Iterable[ir.Node], model: ir.Model, *, target: str) 
     problems: list[str] = []
     inferred: dict[str, onnx.TypeProto] = {}  # what earlier nodes of the step compute
     for node in nodes:
-        problem = _schema_problem(node, model, target) or _inference_problem(
-            node, model, inferred
-        )
+        problem = _schema_problem(node, model, target) or _inference_problem(node, model, inferred)
         if problem:
             problems.append(f"{node.op_type} {node.name!r}: {problem}")
     return problems

@@ -105,7 +105,7 @@ def test_without_a_fusion_that_passes_the_model_comes_back_as_it_was(monkeypatch
         failed = _optimize(build_model(MODEL), strict=True)
         return failed
 
-    monkeypatch.setattr(fallback, "optimize_progressive", nothing_passes)
+    monkeypatch.setattr(fallback, "progressive_as_configured", nothing_passes)
     model = build_model(MODEL)
     result = _optimize(model)
 
