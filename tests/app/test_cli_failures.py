@@ -29,18 +29,10 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture
-def rigid_model(tmp_path) -> Path:
-    """A Conv+BN whose input height must be 6: no generated size fits it."""
-    text = """<ir_version: 8, opset_import: ["" : 17]>
-    g (float[1, 3, H, 8] x) => (float[1, 4, 6, 8] y) {
-        c = Conv<pads = [1, 1, 1, 1]>(x, w)
-        b = BatchNormalization(c, gamma, beta, mean, var)
-        s = Constant<value = int64[4] {1, 4, 6, 8}>()
-        y = Reshape(b, s)
-    }"""
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(3)
+def _with_conv_bn_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """A 3->4 channel 3x3 Conv's weight and a BatchNormalization's statistics, seeded
+    and not degenerate, as initializers w, gamma, beta, mean, var."""
+    rng = np.random.default_rng(seed)
     params = {
         "w": rng.normal(0, 0.3, (4, 3, 3, 3)),
         "gamma": rng.uniform(0.5, 1.5, 4),
@@ -51,6 +43,20 @@ def rigid_model(tmp_path) -> Path:
     for name, array in params.items():
         tensor = onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
         model.graph.initializer.append(tensor)
+    return model
+
+
+@pytest.fixture
+def rigid_model(tmp_path) -> Path:
+    """A Conv+BN whose input height must be 6: no generated size fits it."""
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, H, 8] x) => (float[1, 4, 6, 8] y) {
+        c = Conv<pads = [1, 1, 1, 1]>(x, w)
+        b = BatchNormalization(c, gamma, beta, mean, var)
+        s = Constant<value = int64[4] {1, 4, 6, 8}>()
+        y = Reshape(b, s)
+    }"""
+    model = _with_conv_bn_weights(onnx.parser.parse_model(text), seed=3)
     path = tmp_path / "rigid.onnx"
     onnx.save(model, path)
     return path
@@ -108,19 +114,7 @@ def test_a_mismatch_falls_back_to_the_fusions_that_pass_and_exits_0(capsys, tmp_
         b = BatchNormalization(c, gamma, beta, mean, var)
         y = Relu(b)
     }"""
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(5)
-    params = {
-        "w": rng.normal(0, 0.3, (4, 3, 3, 3)),
-        "gamma": rng.uniform(0.5, 1.5, 4),
-        "beta": rng.normal(0, 0.1, 4),
-        "mean": rng.normal(0, 0.1, 4),
-        "var": rng.uniform(0.5, 2.0, 4),
-    }
-    for name, array in params.items():
-        model.graph.initializer.append(
-            onnx.numpy_helper.from_array(np.asarray(array, np.float32), name)
-        )
+    model = _with_conv_bn_weights(onnx.parser.parse_model(text), seed=5)
     path, out_path, report = tmp_path / "m.onnx", tmp_path / "fused.onnx", tmp_path / "r.json"
     onnx.save(model, path)
     code, out, err = run_cli(

@@ -23,32 +23,9 @@ from autofusion.fusion_core.rewriters import (
 )
 from autofusion.fusion_core.testing import build_model, run_both
 from autofusion.fusion_core.validate import MISMATCH, describe_failure
+from tests.fusion_core.test_transactions import MODEL, TOL, _relu_neg
 
-TOL = {"rtol": 1e-5, "atol": 1e-6}
-
-MODEL = """
-<ir_version: 7, opset_import: ["" : 13]>
-g (float[2, 8] x, float[2, 8] z) => (float[2, 8] y, float[2, 8] s) {
-    a = Relu (x)
-    b = Neg (a)
-    c = Add (b, x)
-    y = Sigmoid (c)
-    g = Sigmoid (z)
-    s = Mul (z, g)
-}
-"""
-
-WRONG = {
-    "name": "test.wrong",
-    "description": "Relu then Neg, rewritten as Relu alone (a wrong fusion)",
-    "priority": 90,
-    "targets": ["generic", "onnxruntime"],
-    "nodes": [
-        {"id": "relu", "op": "Relu", "inputs": {"0": "$x"}},
-        {"id": "neg", "op": "Neg", "inputs": {"0": "relu"}},
-    ],
-    "rewriter": {"name": "forgets_neg"},
-}
+WRONG = _relu_neg("forgets_neg")  # Relu then Neg, rewritten as Relu alone
 
 
 class _ForgetsNeg(Rewriter):
@@ -84,7 +61,7 @@ def test_a_failed_check_keeps_the_fusions_that_pass_and_names_the_dropped(progre
         assert fallback["reason"].startswith("the fused model does not match the original")
         assert (fallback["kept"], fallback["unchanged"], fallback["fusions_tried"]) == (1, False, 2)
         dropped = fallback["dropped"]
-    assert [d["pattern"] for d in dropped] == ["test.wrong"], dropped
+    assert [d["pattern"] for d in dropped] == ["test.forgets_neg"], dropped
     assert "output 'y'" in dropped[0]["error"]
     run_both(model, result.to_proto(), **TOL)
 
@@ -95,7 +72,7 @@ def test_strict_keeps_the_failure() -> None:
     assert result.fallback is None
     assert not result.check.passed and result.check.failure == MISMATCH
     assert describe_failure(result.check).startswith("the fused model does not match")
-    assert result.counts == {"silu": 1, "test.wrong": 1}
+    assert result.counts == {"silu": 1, "test.forgets_neg": 1}
 
 
 def test_without_a_fusion_that_passes_the_model_comes_back_as_it_was(monkeypatch) -> None:
