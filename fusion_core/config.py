@@ -22,6 +22,8 @@ from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
+    "FOLD_GROWTH_FLOOR_BYTES",
+    "FOLD_GROWTH_RATIO",
     "MODES",
     "SELECTIONS",
     "STRATEGY_ONLY_FIELDS",
@@ -49,6 +51,15 @@ MODES: tuple[str, ...] = get_args(Mode)
 # A named strategy's document carries these beside the config fields it sets.
 STRATEGY_ONLY_FIELDS = ("name", "description")
 _SECTIONS = ("check", "measure_options")  # merged key by key
+
+# What constant folding may add beyond the model's own constants: the ratio lets every
+# weight take a form as large again (a Cast of fp16 weights to fp32 adds their size once);
+# the floor is one float32 tensor at the per-tensor limit (fold_output_size_limit, 8M
+# elements), and fits the masks and tables small models fold. Issue 26's 6 KB model of
+# 100 ConstantOfShape (1024x2048, 800 MiB folded) folds 4 of them; the exporters' models
+# of tests/data grow by under 0.02 MiB.
+FOLD_GROWTH_RATIO = 1.0
+FOLD_GROWTH_FLOOR_BYTES = 32 << 20
 
 
 class CheckOptions(BaseModel):
@@ -165,6 +176,20 @@ class OptimizeConfig(BaseModel):
     fold_constants: bool = True
     fold_input_size_limit: int = Field(default=1 << 22, ge=0)
     fold_output_size_limit: int = Field(default=1 << 23, ge=0)
+    # The bytes the whole fold may add (net: the constants a folded node alone read go
+    # with it): fold_growth_ratio x the input's constant bytes + fold_growth_floor_bytes.
+    # A value that would pass it stays as the nodes that make it, never computed; the
+    # report's ``folding`` lists what was left and why (fusion_core/prepasses/_fold_budget.py).
+    fold_growth_ratio: float = Field(default=FOLD_GROWTH_RATIO, ge=0)
+    fold_growth_floor_bytes: int = Field(default=FOLD_GROWTH_FLOOR_BYTES, ge=0)
+    # The fused model may hold at most output_size_ratio x the input's constant bytes +
+    # output_size_floor_bytes of constants (initializers and Constant nodes, external
+    # data included); a run past it fails with UnsafeModelError before anything is
+    # written (fusion_core/pipeline/size_cap.py). Fused models come out within a few
+    # percent of their input; the defaults leave room for the fold budget's growth (at
+    # most 2x + 32 MiB) and for a weight a rewrite copies while the original stays read.
+    output_size_ratio: float = Field(default=4.0, ge=1)
+    output_size_floor_bytes: int = Field(default=64 << 20, ge=0)
     shape_inference: bool = True
     # Convert the model to this opset (default domain) before the pre-passes, so that
     # fusions may emit ops of newer opsets (HardSwish: 14); never downgrades. None: keep

@@ -38,6 +38,7 @@ __all__ = [
     "bn_params",
     "build_model",
     "canonical_twice",
+    "constant_fills",
     "conv_bn_relu",
     "deep_conv_net",
     "misses",
@@ -150,6 +151,31 @@ def deep_conv_net(
         [oh.make_tensor_value_info("x", _F32, shape)],
         [oh.make_tensor_value_info("y", _F32, shape)],
         [nh.from_array(np.asarray(a, np.float32), name) for name, a in arrays.items()],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def constant_fills(count: int, shape: tuple[int, ...] = (1024, 2048)) -> onnx.ModelProto:
+    """``y = Sum(x, fill_0, ..., fill_{count-1})``, each ``fill_i`` a float32
+    ``ConstantOfShape`` of ``shape`` (value ``i + 1``, nodes named ``fill{i}``): a model of
+    a few kilobytes whose folded constants are ``count`` x ``shape`` floats. With 100 of
+    1024x2048, the model that made one job store 839 MB (issue 26)."""
+    dims = oh.make_tensor("dims", onnx.TensorProto.INT64, [len(shape)], list(shape))
+    nodes = [oh.make_node("Constant", [], ["shape"], name="shape", value=dims)]
+    for i in range(count):
+        value = oh.make_tensor(f"value{i}", _F32, [1], [float(i + 1)])
+        nodes.append(
+            oh.make_node("ConstantOfShape", ["shape"], [f"c{i}"], name=f"fill{i}", value=value)
+        )
+    nodes.append(oh.make_node("Sum", ["x", *(f"c{i}" for i in range(count))], ["y"], name="sum"))
+    graph = oh.make_graph(
+        nodes,
+        "constant_fills",
+        [oh.make_tensor_value_info("x", _F32, [1] * (len(shape) - 1) + [shape[-1]])],
+        [oh.make_tensor_value_info("y", _F32, list(shape))],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8

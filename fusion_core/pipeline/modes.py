@@ -21,6 +21,7 @@ from autofusion.fusion_core.pipeline.measured import optimize_measured
 from autofusion.fusion_core.pipeline.once import optimize_once
 from autofusion.fusion_core.pipeline.progressive import progressive_as_configured
 from autofusion.fusion_core.pipeline.result import Result
+from autofusion.fusion_core.pipeline.size_cap import check_output_size
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["optimize"]
@@ -45,6 +46,8 @@ def optimize(
     When the check fails, the run falls back to the largest set of fusions that passes
     (``fallback.py``; ``Result.fallback`` says what was dropped) unless ``config.strict``;
     then ``Result.regions`` names the fused region that drifts first.
+    A fused model holding more constants than ``config.output_size_ratio`` x the
+    input's + ``config.output_size_floor_bytes`` raises UnsafeModelError (``size_cap.py``).
     ``feeds`` (the user's inputs, ``fusion_core.validate.load_inputs``) replace the
     generated check samples. ``on_phase`` hears each phase by name as it starts (``load``,
     ``prepasses``, ``fuse``, ``check``; ``measure`` or ``progressive`` for those modes,
@@ -57,6 +60,9 @@ def optimize(
             model, config, result, registry=registry, patterns=patterns, feeds=feeds,
             on_phase=on_phase,
         )  # fmt: skip
+    # Each pass checked its own input; progressive stages start from the previous
+    # stage's model, so the whole run is checked against the model as given too.
+    check_output_size(result, config)
     return result
 
 

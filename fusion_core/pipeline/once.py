@@ -1,7 +1,7 @@
 """One pass of the pipeline: ``optimize_once(model, config) -> Result``.
 
 load -> pre-passes -> rounds of match, select and rewrite (``rounds.py``) -> clean up
--> check (``check.py``)
+-> size cap (``size_cap.py``) -> check (``check.py``)
 
 This is the whole of a plain run, and what progressive validation and measured
 selection build each of their variants with. Every step is a transaction
@@ -31,6 +31,7 @@ from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.left_alone import left_alone
 from autofusion.fusion_core.pipeline.result import Rejection, Result
 from autofusion.fusion_core.pipeline.rounds import RewriteRounds, subgraphs
+from autofusion.fusion_core.pipeline.size_cap import check_output_size
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.pipeline.transaction import (
     MAX_RETRIES,
@@ -38,7 +39,12 @@ from autofusion.fusion_core.pipeline.transaction import (
     StepGuard,
     describe_exception,
 )
-from autofusion.fusion_core.prepasses import PrepassOptions, run_prepasses
+from autofusion.fusion_core.prepasses import (
+    FoldRecord,
+    PrepassOptions,
+    constant_bytes,
+    run_prepasses,
+)
 from autofusion.fusion_core.prepasses.opset import upgrade_opset
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 from autofusion.fusion_core.targets import get_target
@@ -111,12 +117,12 @@ def _one_pass(
     chosen = select_patterns(config, registry, patterns)
     result = Result(model=work, target=config.target, patterns_used=[p.name for p in chosen])
     result.switches = [s.to_dict() for s in switched]
-    result.ops_before = _op_counts(work)
+    result.ops_before, result.input_bytes = _op_counts(work), constant_bytes(work)
 
     start = time.perf_counter()
     phase("prepasses")
     disabled = {name for step, name in left_out if step == "pre-pass"}
-    work, result.prepasses = _prepasses(work, config, disabled)
+    work, result.prepasses, result.folding = _prepasses(work, config, disabled)
     result.model = work
     timings["prepasses"] = time.perf_counter() - start
 
@@ -139,6 +145,7 @@ def _one_pass(
     result.prepasses += describe_canonical(fused.canonical)
 
     _cleanup(work, timings)
+    check_output_size(result, config)  # before onnxruntime loads a model past the cap
     result.ops_after = _op_counts(work)
 
     if config.check.enabled and original is not None:
@@ -169,16 +176,19 @@ def _no_phase(_name: str) -> None:
 
 def _prepasses(
     work: ir.Model, config: OptimizeConfig, disabled: set[str]
-) -> tuple[ir.Model, list[str]]:
+) -> tuple[ir.Model, list[str], FoldRecord | None]:
     """The opt-in opset upgrade (fusion_core/prepasses/opset.py), then the other
     pre-passes but ``disabled``, each checked as a step; what they did, in the report's
-    words."""
+    words, and what constant folding was allowed and left (None: it did not run)."""
     work, upgrade = upgrade_opset(work, config.upgrade_opset)
     guard = StepGuard(work, config.target, "pre-pass")
-    prepasses = run_prepasses(work, _prepass_options(config), disabled=disabled, guard=guard)
+    folding: list[FoldRecord] = []
+    prepasses = run_prepasses(
+        work, _prepass_options(config), disabled=disabled, guard=guard, folding=folding
+    )
     if upgrade is not None:  # the report says what the upgrade did
         prepasses.insert(0, upgrade.describe())
-    return work, prepasses
+    return work, prepasses, folding[-1] if folding else None
 
 
 def _load(
@@ -217,6 +227,7 @@ def unchanged(
     a run hands back when not even the model without fusions passes its check."""
     original, work = _load(model, keep_original=True)
     result = Result(model=work, target=config.target, patterns_used=[])
+    result.input_bytes = constant_bytes(work)
     result.ops_before = result.ops_after = _op_counts(work)
     if config.check.enabled and original is not None:
         check_against_original(result, original, config, set(), feeds)
@@ -262,6 +273,8 @@ def _prepass_options(config: OptimizeConfig) -> PrepassOptions:
         fold_constants=config.fold_constants,
         fold_input_size_limit=config.fold_input_size_limit,
         fold_output_size_limit=config.fold_output_size_limit,
+        fold_growth_ratio=config.fold_growth_ratio,
+        fold_growth_floor_bytes=config.fold_growth_floor_bytes,
         shape_inference=config.shape_inference,
     )
 

@@ -94,7 +94,8 @@ def optimize_progressive(
         names = [n for n in available if any(fnmatch.fnmatch(n, g) for g in globs)]
         if not names:
             continue
-        stage_config = config.model_copy(update={"patterns": names, "exclude": [], "check": check})
+        update = {"patterns": names, "exclude": [], "check": check}
+        stage_config = config.model_copy(update=update | _fold_left(first, done))
 
         def run(
             skip: dict[_Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
@@ -178,6 +179,7 @@ def _combined(
     final.near_misses = [m for stage in stages for m in stage.near_misses]
     final.ops_before = first.ops_before
     final.prepasses = first.prepasses
+    final.folding, final.input_bytes = first.folding, first.input_bytes
     final.rounds = sum(stage.rounds for stage in stages)
     final.rollbacks = [r.to_dict() for r in rollbacks]
     final.rejected = list(dict.fromkeys(r for s in [first, *stages] for r in s.rejected))
@@ -186,6 +188,19 @@ def _combined(
     if original is not None:
         check_against_original(final, original, config, keep_fp32, feeds)
     return final
+
+
+def _fold_left(first: Result, done: Sequence[Result]) -> dict[str, object]:
+    """Config fields giving a stage's constant folding what the fold budget has left.
+    Each stage starts from the previous one's model: a budget of its own, relative to
+    that model, would let every stage add as much again."""
+    if first.folding is None:
+        return {}
+    grown = first.folding.grown_bytes + sum(r.folding.grown_bytes for r in done if r.folding)
+    return {
+        "fold_growth_ratio": 0.0,
+        "fold_growth_floor_bytes": max(first.folding.budget_bytes - grown, 0),
+    }
 
 
 def _key(pattern: str, nodes: Sequence[str]) -> _Key:

@@ -13,6 +13,7 @@ import onnx
 import onnx_ir as ir
 
 from autofusion.fusion_core.patterns import NearMiss
+from autofusion.fusion_core.prepasses import FoldRecord
 from autofusion.fusion_core.validate import CheckResult, PrecisionReport, RegionReport
 
 __all__ = ["AppliedFusion", "Rejection", "Result"]
@@ -94,6 +95,11 @@ class Result:
     switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
     left_alone: list[dict] = field(default_factory=list)  # parts no rule rewrites, and why
     measurement: dict | None = None  # measured selection: groups, decisions, final ratio
+    # Constant folding's growth budget and what it left unfolded; None: no folding ran
+    folding: FoldRecord | None = None
+    # Bytes of constants in the model as given (prepasses.constant_bytes): what the
+    # fused model's size is capped against (size_cap.py); None: not measured
+    input_bytes: int | None = None
 
     @property
     def counts(self) -> dict[str, int]:

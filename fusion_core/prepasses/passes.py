@@ -26,11 +26,13 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.optimizer import fold_constants
 
+from autofusion.fusion_core.config import FOLD_GROWTH_FLOOR_BYTES, FOLD_GROWTH_RATIO
 from autofusion.fusion_core.prepasses._cleanups import (
     DropoutEliminationPass,
     IdentityEliminationPass,
     InitializerInputsToConstantsPass,
 )
+from autofusion.fusion_core.prepasses._fold_budget import FoldBudget, FoldRecord
 from autofusion.fusion_core.prepasses._shape_inference import SymbolicShapeInferencePass
 from autofusion.fusion_core.prepasses.broadcasts import BroadcastingExpandPass
 from autofusion.fusion_core.prepasses.shape_reads import ShapeReadsFromInputsPass
@@ -47,6 +49,10 @@ class PrepassOptions:
     # common CNNs (ResNet-50's fc is 2M) without materialising giant embedding tables.
     fold_input_size_limit: int = 1 << 22
     fold_output_size_limit: int = 1 << 23
+    # Bytes, net, of constants the whole fold may add: ratio x the model's constant
+    # bytes + floor (``_fold_budget.py``; OptimizeConfig documents the defaults).
+    fold_growth_ratio: float = FOLD_GROWTH_RATIO
+    fold_growth_floor_bytes: int = FOLD_GROWTH_FLOOR_BYTES
     shape_inference: bool = True
     # Initializers above this many elements reach onnx's shape inference as typed graph
     # inputs without data (keeps the proto small and models over 2 GB inferable); the
@@ -57,7 +63,8 @@ class PrepassOptions:
 def _fold_constant_of_shape(node: ir.Node) -> bool | None:
     # onnxscript keeps ConstantOfShape to keep files small, but weights written as
     # ConstantOfShape (as in the ONNX model zoo's light models) must become constants
-    # for BatchNorm folding. The output size limit still bounds what is materialised.
+    # for BatchNorm folding. The output size limit and the growth budget still bound
+    # what is materialised (``_fold_budget.py``).
     if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
         return True
     return None
@@ -78,9 +85,11 @@ def run_prepasses(
     *,
     disabled: Collection[str] = (),
     guard: PassGuard | None = None,
+    folding: list[FoldRecord] | None = None,
 ) -> list[str]:
     """Run the pre-passes in place; return the names of those that changed the model.
-    ``disabled`` passes do not run; ``guard`` checks each pass's changes as they are made."""
+    ``disabled`` passes do not run; ``guard`` checks each pass's changes as they are made;
+    ``folding`` receives what constant folding was allowed and what it left unfolded."""
     run = _Runner(model, disabled, guard)
     run("initializer_inputs", _ir(InitializerInputsToConstantsPass()))
     run("dropout_elimination", _ir(DropoutEliminationPass()))
@@ -88,7 +97,11 @@ def run_prepasses(
     if options.fold_constants:
         # one step with the lifting: onnxscript writes its results as Constant nodes in
         # the latest spelling (value_ints: opset 12), which become initializers next
-        run("constant_folding", lambda m: _fold(m, options, run), check_after="lift_constants")
+        run(
+            "constant_folding",
+            lambda m: _fold(m, options, run, folding),
+            check_after="lift_constants",
+        )
         lift = common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)
         run("lift_constants", _ir(lift))
         run("identity_elimination", _ir(IdentityEliminationPass()))
@@ -142,19 +155,34 @@ def _ir(pass_: ir.passes.PassBase) -> Callable[[ir.Model], bool]:
     return lambda model: pass_(model).modified
 
 
-def _fold(model: ir.Model, options: PrepassOptions, run: _Runner) -> bool:
-    """onnxscript's constant folding with the size limits; whether it changed anything."""
+def _fold(
+    model: ir.Model, options: PrepassOptions, run: _Runner, folding: list[FoldRecord] | None
+) -> bool:
+    """onnxscript's constant folding with the size limits and the growth budget;
+    whether it changed anything."""
+    budget = FoldBudget(
+        ratio=options.fold_growth_ratio,
+        floor=options.fold_growth_floor_bytes,
+        input_size_limit=options.fold_input_size_limit,
+        output_size_limit=options.fold_output_size_limit,
+        decide=_fold_constant_of_shape,
+    )
+    budget.begin(model)
     try:
         result = fold_constants(
             model,
             onnx_shape_inference=options.shape_inference,
             input_size_limit=options.fold_input_size_limit,
             output_size_limit=options.fold_output_size_limit,
-            should_fold=_fold_constant_of_shape,
+            should_fold=budget,
         )
     except Exception as exc:  # onnxscript's folder on an op it mishandles: go on
         # What it folded before failing is folded correctly; the check still runs.
         logger.warning("constant folding stopped: %s: %s", type(exc).__name__, exc)
         run.changed.append(f"constant_folding: stopped early ({type(exc).__name__})")
-        return True  # what it folded before it stopped is checked all the same
-    return result.modified
+        modified = True  # what it folded before it stopped is checked all the same
+    else:
+        modified = result.modified
+    if folding is not None:
+        folding.append(budget.record())
+    return modified

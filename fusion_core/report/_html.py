@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 
 from autofusion.fusion_core.report._charts import grouped_bars
+from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import bytes_text, memory_line, size_line
 from autofusion.fusion_core.report._graph import GraphIndex, region_svg
 from autofusion.fusion_core.report._provenance import final_nodes
@@ -54,7 +55,7 @@ def render_html(
         _rejected(report.get("rejected") or []),
         _check(report.get("check")),
         _near_misses(report.get("near_misses") or []),
-        _left_alone(report.get("left_alone") or []),
+        _left_alone(left_alone_records(report)),
         _regions(report, original, fused),
         _config(report.get("config")),
     ]

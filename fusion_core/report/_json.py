@@ -96,6 +96,7 @@ def _what_was_fused(result: Result, profile: dict[str, Any] | None) -> dict[str,
         "target": result.target,
         "patterns_used": result.patterns_used,
         "prepasses": result.prepasses,
+        "folding": _folding(result),
         "rounds": result.rounds,
         "fusions": result.counts,
         "applied": fusion_entries([f.to_dict() for f in result.applied], profile),
@@ -133,6 +134,11 @@ def _what_was_seen(
         "precision": result.precision.to_dict() if result.precision is not None else None,
         "left_alone": list(getattr(result, "left_alone", [])),
     }
+
+
+def _folding(result: Result) -> dict[str, Any] | None:
+    record = getattr(result, "folding", None)
+    return record.to_dict() if record is not None else None
 
 
 def _rejected(rejected: list) -> list[dict[str, Any]]:

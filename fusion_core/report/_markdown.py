@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._reader import read_report
 
@@ -33,7 +34,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines += _rollbacks(report.get("rollbacks"))
     lines += _rejected(report.get("rejected") or [])
     lines += _near_misses(report.get("near_misses") or [])
-    lines += _left_alone(report.get("left_alone") or [])
+    lines += _left_alone(left_alone_records(report))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -362,6 +362,32 @@ class LeftAlone(BaseModel):
     reason: str
 
 
+class UnfoldedValue(BaseModel):
+    model_config = _OPEN
+    name: str = Field(description="The node that would have been folded")
+    op_type: str
+    bytes: int | None = Field(description="What its value would have held; null: unknown")
+    reason: Literal["fold_budget", "tensor_limit"] = Field(
+        description="fold_budget: past the growth budget; tensor_limit: more elements "
+        "than fold_output_size_limit"
+    )
+
+
+class Folding(BaseModel):
+    model_config = _OPEN
+    budget_bytes: int = Field(
+        description="What folding could add: fold_growth_ratio x the input's constant "
+        "bytes + fold_growth_floor_bytes"
+    )
+    grown_bytes: int = Field(
+        description="Net bytes of constants folding added (negative: it shrank them)"
+    )
+    unfolded_count: int = Field(description="Values left as the nodes that make them")
+    unfolded_bytes: int = Field(description="Bytes those values would have held")
+    reasons: dict[str, int] = Field(description="How many were left for each reason")
+    unfolded: list[UnfoldedValue] = Field(description="The first few of them, in graph order")
+
+
 class Report(BaseModel):
     """What one ``optimize`` run did: the contract of ``report.json``."""
 
@@ -381,6 +407,11 @@ class Report(BaseModel):
     target: str
     patterns_used: list[str]
     prepasses: list[str]
+    folding: Folding | None = Field(
+        default=None,
+        description="Constant folding's growth budget and the values it left unfolded, "
+        "never computed; null when folding did not run (absent from older reports)",
+    )
     rounds: int
     fusions: dict[str, int] = Field(description="Number of fusions per pattern")
     applied: list[Fusion]

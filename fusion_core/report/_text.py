@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._reader import read_report
 
@@ -23,7 +24,7 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _near_misses(report["near_misses"])
     lines += [
         f"left alone: {r['what']} ({r['nodes']} nodes): {r['reason']}"
-        for r in report.get("left_alone", [])
+        for r in left_alone_records(report)
     ]
     timings = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in report["timings_s"].items())
     lines.append(f"time per phase: {timings}")
