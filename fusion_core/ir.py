@@ -5,7 +5,9 @@ This module adds what a service that accepts untrusted models needs on top of it
 
 * loading never follows an external-data location outside the model's folder
   (no absolute paths, no ``..``, no symlinks), so a hostile model cannot make us read
-  ``/etc/passwd``;
+  ``/etc/passwd``, nor one onnxruntime reads as a memory address (``*/_ORT_MEM_ADDR_/*``);
+* loading refuses a model with a string field that is not UTF-8 (protobuf's parser keeps
+  it as bytes; onnx-ir would fail writing it back, far from the cause);
 * saving switches to an external-data file when the weights would not fit in one
   protobuf (2 GB), and never keeps a reference to the source's data files: every tensor
   of the saved model is in it or in the data file it names beside it, function bodies
@@ -24,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from autofusion.fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
 
@@ -58,7 +61,10 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     if not path.is_file():
         raise ModelLoadError(f"{str(path)!r} is not a file", hint="pass the path of a .onnx file")
     try:
-        model = ir.load(path)
+        # What ir.load does, with the text check between the parse and the conversion.
+        proto = onnx.load(str(path), load_external_data=False)
+        _check_text(proto, str(path))
+        model = ir.serde.deserialize_model(proto)
     except (DecodeError, ValueError, TypeError, RuntimeError) as exc:
         raise ModelLoadError(
             f"{str(path)!r} is not a valid ONNX model: {exc}",
@@ -75,6 +81,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
 
 def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -> ir.Model:
     """Convert an in-memory ModelProto, checking external data against ``base_dir``."""
+    _check_text(proto, "the model")
     try:
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -85,6 +92,42 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -
             tensor.base_dir = str(base_dir)
     check_external_data(model, Path(base_dir or "."))
     return model
+
+
+def _check_text(proto: onnx.ModelProto, origin: str) -> None:
+    """ModelLoadError naming the first string field, at any depth, that is not UTF-8.
+
+    ONNX's schema is proto2: protobuf's parser keeps such a field as bytes instead of
+    refusing the file. The service's upload check refuses these too
+    (``app.services.model_data_checks.check_text_fields``); this is the line that holds
+    for every other way in (the CLI, a job stored before that check).
+    """
+    pending: list[tuple[Message, str]] = [(proto, "")]
+    while pending:  # iterative: subgraphs nest as deep as protobuf allows
+        message, place = pending.pop()
+        for field, value in message.ListFields():
+            repeated = _is_repeated(field)
+            if field.type == FieldDescriptor.TYPE_STRING:
+                for index, text in enumerate(value if repeated else [value]):
+                    if isinstance(text, bytes):
+                        where = f"{place}{field.name}" + (f"[{index}]" if repeated else "")
+                        raise ModelLoadError(
+                            f"{origin} is not a valid ONNX model: its field {where} is not "
+                            f"valid UTF-8 text (it starts {text[:40]!r})",
+                            hint="fix that string where the model is made and export it again",
+                        )
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
+                items = enumerate(value) if repeated else [(None, value)]
+                for index, item in items:
+                    suffix = "" if index is None else f"[{index}]"
+                    pending.append((item, f"{place}{field.name}{suffix}."))
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    # protobuf 6 added ``is_repeated`` and later releases dropped ``label``.
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == FieldDescriptor.LABEL_REPEATED
 
 
 def _check_is_a_model(model: ir.Model, origin: str) -> None:
@@ -180,6 +223,13 @@ def _check_location(tensor_name: str, location: str, root: Path) -> None:
             f"tensor {tensor_name!r} has an empty external-data location {location!r}",
             hint=hint,
         )
+    if _is_runtime_marker(location):
+        raise UnsafeModelError(
+            f"tensor {tensor_name!r} refers to external data at {location!r}, named like the "
+            "markers onnxruntime reserves (it reads */_ORT_MEM_ADDR_/* as a memory address, "
+            "not a file)",
+            hint="rename the data file",
+        )
     if rel.is_absolute() or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
         raise UnsafeModelError(
             f"tensor {tensor_name!r} refers to external data at absolute path {location!r}",
@@ -216,6 +266,18 @@ def _check_location(tensor_name: str, location: str, root: Path) -> None:
             f"{location!r}",
             hint=hint,
         )
+
+
+# onnxruntime reads some locations as something other than a file: "*/_ORT_MEM_ADDR_/*"
+# and "*/_ORT_NATIVE_ENDIAN_MEM_ADDR_/*" make it read the tensor from the memory address
+# in ``offset`` (core/framework/tensorprotoutils.h). Any part named like its markers is
+# refused, so a marker a later release adds is too.
+_RUNTIME_MARKER_PREFIX = "_ORT_"
+
+
+def _is_runtime_marker(location: str) -> bool:
+    parts = location.replace("\\", "/").split("/")
+    return any(part.strip().upper().startswith(_RUNTIME_MARKER_PREFIX) for part in parts)
 
 
 def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:

@@ -21,7 +21,9 @@ Refused, each as a 422 problem:
 * more than ``max_model_nodes`` nodes in all graphs and functions together
   (``too-many-nodes``), or subgraphs nested deeper than ``max_graph_depth``
   (``nesting-too-deep``);
-* a name, domain or external-data entry that is not valid UTF-8 (``invalid-model``).
+* a string field anywhere in the model (a name, a domain, a doc string, a metadata key
+  or value, an external-data entry) that is not valid UTF-8 (``invalid-model``, naming
+  the field).
 
 Whatever the bytes, only ``ProblemError`` comes out (tests/fuzz/test_fuzz_validators.py
 fuzzes it; bench/fuzz_validators.py runs longer).
@@ -46,8 +48,10 @@ from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.model_data_checks import (
     check_external,
     check_stored_size,
+    check_text_fields,
     element_count,
     invalid_model,
+    not_text,
     text_of,
 )
 
@@ -57,6 +61,7 @@ __all__ = ["inspect_model"]
 def inspect_model(model_path: Path, data_names: Collection[str], settings: Settings) -> None:
     """Raise a 422 ProblemError unless the uploaded model is safe to hand to a worker."""
     model = _parse(model_path)
+    check_text_fields(model)
     inventory = _Inventory.of(model, settings.max_model_nodes, settings.max_graph_depth)
     limit = settings.max_tensor_elements
     for where, tensor in inventory.tensors:
@@ -79,6 +84,8 @@ def inspect_model(model_path: Path, data_names: Collection[str], settings: Setti
 def _parse(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
+    except UnicodeDecodeError as exc:  # protobuf's pure-Python parser checks UTF-8 itself
+        raise not_text(str(exc).rpartition("in field: ")[2] or "(a string field)") from exc
     except (DecodeError, ValueError, TypeError, RuntimeError, RecursionError) as exc:
         raise invalid_model(
             f"the uploaded model is not a valid ONNX file ({type(exc).__name__}: {exc}); "

@@ -4,7 +4,8 @@ External data: the location (a plain uploaded file, no link, no climbing out), t
 entries (only ``location``, ``offset``, ``length``, ``checksum``, each once) and the
 range (inside the file, of the size the tensor needs). Data stored in the model: its
 size (``raw_data`` bytes or the typed field's count) against the dims and data type.
-Every refusal is a 422 ProblemError.
+Text: every string field of the model is UTF-8 (``check_text_fields``). Every refusal is
+a 422 ProblemError.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from onnx import TensorProto
 
 from autofusion.app.core.errors import ProblemError
@@ -22,8 +25,10 @@ from autofusion.app.core.errors import ProblemError
 __all__ = [
     "check_external",
     "check_stored_size",
+    "check_text_fields",
     "element_count",
     "invalid_model",
+    "not_text",
     "text_of",
     "unsafe",
 ]
@@ -59,6 +64,64 @@ def text_of(value: str | bytes, what: str) -> str:
             f"{what} is not valid UTF-8 text ({value[:40]!r}); export the model again"
         )
     return value
+
+
+# A field's place in the model: (parent place, field name, index or None), () at the top.
+_Place = tuple
+
+
+def check_text_fields(model: onnx.ModelProto) -> None:
+    """Refuse the model when any string field, at any depth, is not UTF-8 text.
+
+    ONNX's schema is proto2, and protobuf's parser keeps such a field as bytes instead of
+    refusing the file; the job would then fail deep in the optimizer (onnx-ir cannot
+    write the field back) as an internal error. The walk goes by the schema, every field
+    that is set, so a doc string, a metadata entry or a field a later ONNX adds is
+    covered as well as the names the other checks read.
+    """
+    pending: list[tuple[Message, _Place]] = [(model, ())]
+    while pending:  # iterative: subgraphs nest as deep as protobuf allows
+        message, place = pending.pop()
+        for descriptor, value in message.ListFields():
+            repeated = _is_repeated(descriptor)
+            if descriptor.type == FieldDescriptor.TYPE_STRING:
+                values = enumerate(value) if repeated else [(None, value)]
+                for index, text in values:
+                    if isinstance(text, bytes):
+                        raise _not_text((place, descriptor.name, index), text)
+            elif descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+                if repeated:
+                    pending.extend((m, (place, descriptor.name, i)) for i, m in enumerate(value))
+                else:
+                    pending.append((value, (place, descriptor.name, None)))
+
+
+def _is_repeated(descriptor: FieldDescriptor) -> bool:
+    # protobuf 6 added ``is_repeated`` and later releases dropped ``label``.
+    if hasattr(descriptor, "is_repeated"):
+        return descriptor.is_repeated
+    return descriptor.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _not_text(place: _Place, value: bytes) -> ProblemError:
+    parts = []
+    while place:
+        place, name, index = place
+        parts.append(name if index is None else f"{name}[{index}]")
+    return not_text(".".join(reversed(parts)), value)
+
+
+def not_text(field: str, value: bytes | None = None) -> ProblemError:
+    """The 422 for a string field of the model that is not UTF-8 (``at``: the field)."""
+    start = f" (it starts {value[:40]!r})" if value is not None else ""
+    return ProblemError(
+        422,
+        "invalid-model",
+        "Invalid model",
+        f"the model's field {field} is not valid UTF-8 text{start}; fix that string where "
+        "the model is made (onnx.save writes only UTF-8) and export the model again",
+        at=field,
+    )
 
 
 def invalid_model(detail: str) -> ProblemError:
@@ -184,6 +247,12 @@ def _nbytes_or_count(tensor: TensorProto, where: str) -> int:
 def _check_location(location: str, where: str, folder: Path, data_names: set[str]) -> Path:
     if location.strip() in ("", "."):
         raise unsafe(f"{where} has an empty external-data location", where)
+    if _is_runtime_marker(location):
+        raise unsafe(
+            f"{where} refers to external data at {location!r}, named like the markers "
+            f"onnxruntime reserves ({_MARKER_MEANING}); rename the data file",
+            where,
+        )
     windows = PureWindowsPath(location)
     if location.startswith(("/", "\\")) or windows.is_absolute() or windows.drive:
         raise unsafe(f"{where} refers to external data at absolute path {location!r}", where)
@@ -208,6 +277,19 @@ def _check_location(location: str, where: str, folder: Path, data_names: set[str
     if not current.resolve().is_relative_to(folder.resolve()):
         raise unsafe(f"{where} refers to external data outside the upload: {location!r}", where)
     return current
+
+
+# onnxruntime reads some locations as something other than a file: "*/_ORT_MEM_ADDR_/*"
+# and "*/_ORT_NATIVE_ENDIAN_MEM_ADDR_/*" make it read the tensor from the memory address
+# in ``offset`` (core/framework/tensorprotoutils.h, kTensorProtoMemoryAddressTag). Any
+# part named like its markers is refused, so a marker a later release adds is too.
+_MARKER_PREFIX = "_ORT_"
+_MARKER_MEANING = "it reads */_ORT_MEM_ADDR_/* as a memory address, not a file"
+
+
+def _is_runtime_marker(location: str) -> bool:
+    parts = location.replace("\\", "/").split("/")
+    return any(part.strip().upper().startswith(_MARKER_PREFIX) for part in parts)
 
 
 def _int_entry(info: dict[str, str], key: str, where: str) -> int | None:

@@ -288,3 +288,88 @@ def test_an_upload_with_a_non_utf8_domain_is_a_422_problem_not_a_500(service, pr
     content = _with_bytes(_model([node]), b"PLACEHOLD", b"ai.\xff\xfe\xfdxxx")
     problem(service.submit(content), 422, "invalid-model")
     assert service.job_count() == 0
+
+
+# --- issue 26: every string field is checked, not only names --------------------------------
+
+# Nine bytes that are not UTF-8, as long as the placeholder they replace.
+NOT_UTF8 = b"bad\xff\xfe\xc3\x28xx"
+
+
+def _set_text(field: str, model: onnx.ModelProto) -> None:
+    graph = model.graph
+    targets = {
+        "doc_string": (model, "doc_string"),
+        "producer_name": (model, "producer_name"),
+        "producer_version": (model, "producer_version"),
+        "domain": (model, "domain"),
+        "graph.name": (graph, "name"),
+        "graph.doc_string": (graph, "doc_string"),
+        "graph.node[0].name": (graph.node[0], "name"),
+        "graph.node[0].doc_string": (graph.node[0], "doc_string"),
+        "graph.input[0].doc_string": (graph.input[0], "doc_string"),
+    }
+    if field.startswith("metadata_props"):
+        key, value = ("PLACEHOLD", "v") if field.endswith("key") else ("k", "PLACEHOLD")
+        helper.set_model_props(model, {key: value})
+        return
+    owner, name = targets[field]
+    setattr(owner, name, "PLACEHOLD")
+
+
+TEXT_FIELDS = [
+    "doc_string",
+    "producer_name",
+    "producer_version",
+    "domain",
+    "graph.name",
+    "graph.doc_string",
+    "graph.node[0].name",
+    "graph.node[0].doc_string",
+    "graph.input[0].doc_string",
+    "metadata_props[0].key",
+    "metadata_props[0].value",
+]
+
+
+def _not_utf8_in(field: str) -> bytes:
+    model = _model([helper.make_node("Relu", ["x"], ["y"])])
+    _set_text(field, model)
+    return _with_bytes(model, b"PLACEHOLD", NOT_UTF8)
+
+
+@pytest.mark.parametrize("field", TEXT_FIELDS)
+def test_any_string_field_that_is_not_utf8_is_refused_naming_the_field(tmp_path, field):
+    error = _refused(_write(tmp_path, _not_utf8_in(field)), "invalid-model")
+    assert f"the model's field {field} is not valid UTF-8" in error.detail, error.detail
+    assert "export the model again" in error.detail
+    assert error.extra["at"] == field
+
+
+def test_an_upload_with_a_non_utf8_doc_string_is_a_422_naming_the_field(service, problem):
+    body = problem(service.submit(_not_utf8_in("producer_name")), 422, "invalid-model")
+    assert "producer_name is not valid UTF-8" in body["detail"] and body["at"] == "producer_name"
+    assert service.job_count() == 0
+
+
+# --- issue 26: locations onnxruntime gives a meaning of its own ------------------------------
+
+RUNTIME_MARKERS = ["_ORT_MEM_ADDR_", "*/_ORT_MEM_ADDR_/*", "_ORT_NATIVE_ENDIAN_MEM_ADDR_"]
+
+
+@pytest.mark.parametrize("location", RUNTIME_MARKERS)
+def test_an_onnxruntime_marker_location_is_refused_even_when_uploaded(tmp_path, location):
+    path = _write(tmp_path, _external([("location", location)]))
+    data = path.parent / location  # the file is there and listed: only the name is wrong
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_bytes(WEIGHTS.tobytes())
+    error = _refused(path, "unsafe-external-data", [location])
+    assert "memory address" in error.detail and "rename the data file" in error.detail
+
+
+def test_a_data_file_named_ort_mem_addr_is_a_422(service, problem):
+    model = _external([("location", "_ORT_MEM_ADDR_")]).SerializeToString()
+    response = service.submit(model, data=[("_ORT_MEM_ADDR_", WEIGHTS.tobytes())])
+    body = problem(response, 422, "unsafe-external-data")
+    assert "_ORT_MEM_ADDR_" in body["detail"]
+    assert service.job_count() == 0

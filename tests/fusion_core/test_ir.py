@@ -359,3 +359,58 @@ def test_optimize_a_model_with_external_data_from_another_directory(tmp_path, mo
     assert result.check is not None and result.check.error is None
     assert result.check.passed
     assert result.ops_after.get("BatchNormalization", 0) == 0
+
+
+# --- issue 26: text that is not UTF-8, onnxruntime's marker locations -------------------
+
+
+def _not_utf8(field: str) -> bytes:
+    """``small_model`` serialized with ``field`` holding bytes that are not UTF-8 (onnx's
+    Python API refuses to set them: a placeholder of the same length is replaced)."""
+    model = small_model()
+    owner, name = {
+        "doc_string": (model, "doc_string"),
+        "producer_name": (model, "producer_name"),
+        "graph.name": (model.graph, "name"),
+        "graph.node[1].doc_string": (model.graph.node[1], "doc_string"),
+    }[field]
+    setattr(owner, name, "PLACEHOLD")
+    content = model.SerializeToString()
+    assert content.count(b"PLACEHOLD") == 1
+    return content.replace(b"PLACEHOLD", b"bad\xff\xfe\xc3\x28xx")
+
+
+@pytest.mark.parametrize(
+    "field", ["doc_string", "producer_name", "graph.name", "graph.node[1].doc_string"]
+)
+def test_a_string_field_that_is_not_utf8_is_a_model_load_error(tmp_path, field):
+    """Before: the model loaded, and the job failed later, writing it back, as an internal
+    error (onnx-ir's SerdeError)."""
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_not_utf8(field))
+
+    with pytest.raises(ModelLoadError) as info:
+        load_model(path)
+    assert f"its field {field} is not valid UTF-8" in str(info.value)
+    assert info.value.code == "invalid-model"
+    with pytest.raises(ModelLoadError, match="not valid UTF-8"):
+        model_from_proto(onnx.load_from_string(_not_utf8(field)))
+
+
+@pytest.mark.parametrize(
+    "location", ["_ORT_MEM_ADDR_", "*/_ORT_MEM_ADDR_/*", "*/_ORT_NATIVE_ENDIAN_MEM_ADDR_/*"]
+)
+def test_an_onnxruntime_marker_location_is_refused(tmp_path, data_loads, location):
+    """onnxruntime reads ``*/_ORT_MEM_ADDR_/*`` as "the tensor is at the memory address in
+    offset"; a file of that name is there, so only the name can be refused."""
+    folder = tmp_path / "model"
+    path = save_with_external_data(folder)
+    target = folder / location
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes((folder / "weights.bin").read_bytes())
+    tamper(path, "w", location=location)
+
+    with pytest.raises(UnsafeModelError, match="memory address") as info:
+        load_model(path)
+    assert "'w'" in str(info.value)
+    assert data_loads == []

@@ -230,6 +230,26 @@ def test_user_errors_fail_at_once(env: WorkerEnv) -> None:
     assert "strategy 'gone' does not exist" in env.job(no_strategy).error
 
 
+def test_a_model_with_text_that_is_not_utf8_fails_as_a_model_error(env: WorkerEnv) -> None:
+    """Issue 26: a doc string that is not UTF-8 (protobuf parses it, as bytes) used to fail
+    the job as an internal error, when onnx-ir wrote the model back; it is the model's
+    fault, and the message names the field."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.doc_string = "PLACEHOLD"
+    content = model.SerializeToString().replace(b"PLACEHOLD", b"bad\xff\xfe\xc3\x28xx")
+    job_id = env.submit(content, model_name="text.onnx", max_attempts=3)
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert (job.status, job.attempts, job.error_type) == ("failed", 1, "invalid-model")
+    assert "its field doc_string is not valid UTF-8" in job.error
+
+
 def test_a_strategy_is_merged_under_the_job_config(env: WorkerEnv) -> None:
     from autofusion.app.services.strategies import StrategySpec, create_strategy
 
