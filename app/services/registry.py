@@ -245,12 +245,15 @@ def change_pattern(
     ``update`` and ``delete`` need ``if_match`` (428 without it). The write is a
     compare-and-swap on the version that was read and matched: of two changes sent with
     the same ETag, one succeeds and the other is a 412. Enabling an enabled pattern (or
-    disabling a disabled one) changes nothing and makes no new version.
+    disabling a disabled one) changes nothing and makes no new version; without If-Match
+    (or with ``*``) it applies to whatever version is current (``_set_state``).
     """
     record = get_pattern(session, name)
     PATTERNS.check_if_match(record, if_match, required=change in _NEEDS_IF_MATCH)
     if change in ("enable", "disable") and record.enabled == (change == "enable"):
         return record
+    if change in ("enable", "disable") and (if_match is None or if_match.strip() == "*"):
+        return _set_state(session, record, change, actor)
     values = _change_values(name, change, spec)
 
     def write(session: Session) -> PatternRecord | None:
@@ -260,6 +263,45 @@ def change_pattern(
         return record
 
     return PATTERNS.write_after_read(session, name, write, if_match=if_match)
+
+
+def _set_state(
+    session: Session, record: PatternRecord, change: str, actor: str | None
+) -> PatternRecord:
+    """Enable or disable, naming no version: never a 412 (issue 26).
+
+    The caller named no version, so a change someone committed since the read is no
+    conflict. One conditional UPDATE (``WHERE enabled <> wanted``, ``version + 1`` in
+    SQL) has nothing to lose a race to: the database orders concurrent writers on the row
+    (PostgreSQL re-checks the condition on the row the other committed; SQLite has one
+    writer at a time), and a writer that finds the state already set writes nothing.
+    """
+    wanted = change == "enable"
+
+    def write(session: Session) -> PatternRecord | None:
+        written = session.execute(
+            update(PatternRecord)
+            .where(
+                PatternRecord.name == record.name,
+                PatternRecord.deleted.is_(False),
+                PatternRecord.enabled.is_not(wanted),
+            )
+            .values(enabled=wanted, version=PatternRecord.version + 1, updated_at=utcnow())
+            .returning(PatternRecord.version, PatternRecord.spec)
+            .execution_options(synchronize_session=False)
+        ).first()
+        if written is None:
+            return None
+        for key, value in {"enabled": wanted, "version": written[0], "spec": written[1]}.items():
+            set_committed_value(record, key, value)
+        _record_version(session, record, change, _bump(session), actor)
+        return record
+
+    changed = PATTERNS.write_current(session, write)
+    if changed is None:  # already in that state, or deleted meanwhile (a 404)
+        PATTERNS.reread(session, record.name)
+        return get_pattern(session, record.name)
+    return changed
 
 
 def _change_values(name: str, change: str, spec: dict[str, Any] | None) -> dict[str, Any]:

@@ -124,6 +124,20 @@ class VersionedKind:
             raise
         return result
 
+    def write_current(self, session: Session, write: Callable[[Session], T]) -> T:
+        """Commit the read, run ``write`` in a transaction of its own, commit it: for a
+        change that names no version (it applies to the current one in one statement, so
+        it has no race to lose and no 412). The read ends first as in ``write_after_read``.
+        """
+        session.commit()
+        try:
+            result = write(session)
+            session.commit()
+        except Exception:
+            session.rollback()
+            raise
+        return result
+
     def reread(self, session: Session, name: str) -> Any:
         """The row as the database has it now (after a lost swap)."""
         return session.get(self.model, name, populate_existing=True)

@@ -178,6 +178,56 @@ def test_two_puts_with_one_etag_are_one_200_and_one_412(server_url, problem):
         assert [v["version"] for v in history] == list(range(1, 2 + ROUNDS))
 
 
+def _each_once(url: str, actions: list[str]) -> Callable[[httpx.Client], httpx.Response]:
+    """A sender that POSTs ``url/<action>``, each action of ``actions`` by one thread."""
+    picks = iter(actions)
+    lock = threading.Lock()
+
+    def send(client: httpx.Client) -> httpx.Response:
+        with lock:
+            action = next(picks)
+        return client.post(f"{url}/{action}")
+
+    return send
+
+
+@pytest.mark.slow
+def test_enable_and_disable_without_if_match_never_answer_412(server_url):
+    """Issue 26: without If-Match, enable and disable apply to whatever version is current.
+    Before: the loser of each overlapping pair answered 412 (about half the requests)."""
+    with httpx.Client(base_url=server_url) as client:
+        assert client.post("/v1/patterns", json=_pattern("race.toggle")).status_code == 201
+    url = "/v1/patterns/race.toggle"
+    rounds = []
+    for k in range(ROUNDS):
+        # Two of one kind (one of them finds nothing to do) and one of the other.
+        actions = (
+            ["disable", "disable", "enable"] if k % 2 == 0 else ["enable", "enable", "disable"]
+        )
+        rounds.append(_at_once(server_url, _each_once(url, actions), n=len(actions)))
+    answers = [(r.status_code, r.text[:200]) for answers in rounds for r in answers]
+    assert all(status == 200 for status, _ in answers), answers
+    with httpx.Client(base_url=server_url) as client:
+        history = client.get(f"{url}/versions").json()["data"]
+        current = client.get(url).json()
+    # Each version is one real change, versions have no gap, states alternate.
+    assert [v["version"] for v in history] == list(range(1, len(history) + 1))
+    states = [v["enabled"] for v in history]
+    assert all(a != b for a, b in zip(states, states[1:], strict=False)), history
+    assert current["version"] == len(history) and current["enabled"] == states[-1]
+
+
+def test_enable_with_a_stale_if_match_is_still_412(service, problem):
+    client = service.client
+    assert client.post("/v1/patterns", json=_pattern("acme.guarded")).status_code == 201
+    assert client.post("/v1/patterns/acme.guarded/disable").status_code == 200
+    stale = client.post(
+        "/v1/patterns/acme.guarded/enable", headers={"If-Match": '"acme.guarded@1"'}
+    )
+    problem(stale, 412, "precondition-failed")
+    assert client.get("/v1/patterns/acme.guarded").json()["enabled"] is False
+
+
 def test_a_put_or_delete_without_if_match_is_428_and_says_to_send_the_etag(service, problem):
     client = service.client
     assert client.post("/v1/patterns", json=_pattern("acme.nomatch")).status_code == 201
