@@ -29,6 +29,8 @@ from autofusion.app.core.queue import publish_job, queue_app
 from autofusion.app.migrate import upgrade
 from autofusion.app.services.artifacts import make_store
 from autofusion.app.services.registry import sync_builtins
+from autofusion.app.services.runtime_versions import check_runtime_versions
+from autofusion.app.services.sandbox_policy import prepare_data_dir
 from autofusion.app.services.scratch import ScratchSweeper
 from autofusion.app.services.strategies import seed_strategies
 from autofusion.app.services.uploads import UploadSlots
@@ -72,6 +74,7 @@ def create_app(settings: Settings | None = None, *, companion: Companion | None 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        check_runtime_versions()  # an onnx(runtime) too old: one log line, and no start
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         # Upload folders, download copies and half-written blobs of a killed process: now
         # and every scratch_sweep_interval_s (embedded and distributed alike).

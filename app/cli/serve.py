@@ -29,6 +29,7 @@ from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
 from autofusion.app.cli._protobuf import python_protobuf_refusal
 from autofusion.app.core.config import Settings
 from autofusion.app.core.logs import configure_logging
+from autofusion.app.services.runtime_versions import runtime_version_refusal
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -189,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
     # worker's, uvicorn's own and its access lines: log_config=None below), JSON or
     # text, each line with its request id.
     configure_logging(args.log_level, settings.log_format)
+    refusal = runtime_version_refusal()  # an older onnx or onnxruntime fails jobs obscurely
+    if refusal:
+        logger.error("autofusion serve: %s", refusal)
+        return EXIT_USAGE
     if not settings.embedded_worker and settings.is_embedded_broker:
         logger.warning(
             "autofusion serve: no in-process worker: jobs wait until an `autofusion worker` "

@@ -17,6 +17,7 @@ from autofusion.app.cli._exit import EXIT_USAGE
 from autofusion.app.cli._protobuf import python_protobuf_refusal
 from autofusion.app.core.config import Settings, redact_url
 from autofusion.app.core.logs import configure_logging
+from autofusion.app.services.runtime_versions import runtime_version_refusal
 from autofusion.fusion_core.errors import describe_fields, field_errors
 
 __all__ = ["add_parser", "run"]
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # JSON or text (AUTOFUSION_LOG_FORMAT), each line of a job with its request id and job id.
     configure_logging(args.loglevel, settings.log_format)
+    refusal = runtime_version_refusal()  # an older onnx or onnxruntime fails jobs obscurely
+    if refusal:
+        logger.error("autofusion worker: %s", refusal)
+        return EXIT_USAGE
     return _start(settings, args)
 
 

@@ -224,6 +224,22 @@ class Settings(BaseSettings):
     max_model_nodes: int = Field(default=1_000_000, ge=1)
     max_graph_depth: int = Field(default=64, ge=1)
 
+    # --- Startup and smaller checks (issue 26) ---
+    # The reaper sends a queued job again when its message may be lost: untouched for a
+    # minute while nothing runs (idle workers would have taken it), but while jobs run
+    # (the workers are busy, the job waits its turn) only after this long.
+    queued_resend_busy_s: float = Field(default=1800.0, gt=0)
+    # The dashboard's cookie is a session token signed with this secret (HMAC-SHA256),
+    # never the API key. Unset: a random secret kept in data_dir/ui_session.key (made at
+    # first use); set it (e.g. as a secret file) where several API processes share no
+    # data_dir. Changing it signs everyone out.
+    ui_session_secret: SecretStr | None = None
+    # How long a dashboard sign-in lasts.
+    ui_session_max_age_s: int = Field(default=12 * 3600, ge=60)
+    # The cookie is Secure when the request came over https (behind a TLS proxy, run
+    # uvicorn with its proxy headers trusted); true: always, whatever the request says.
+    ui_cookie_secure: bool = False
+
 
 @lru_cache
 def get_settings() -> Settings:

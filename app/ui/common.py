@@ -1,8 +1,9 @@
 """What every dashboard page shares: templates, the principal from the cookie, errors.
 
-Authentication is the API's: the key a user pasted on /ui/login is kept in the
-``af_key`` cookie (HttpOnly, SameSite=Strict, path /ui) and resolved on every request by
-``app.api.deps.principal_for_token``, exactly as the API resolves a header.
+Authentication is the API's keys: the key a user pasted on /ui/login is checked as the
+API checks it, and the ``af_key`` cookie (HttpOnly, SameSite=Strict, path /ui, Secure
+over https) then holds a signed session token naming that key, never the key
+(``app.services.ui_sessions``); every request checks the token and the key's row.
 
 CSRF: every form that changes state is a POST, and the cookie is SameSite=Strict, so a
 browser never sends it with a request another site starts. Without API keys there is no
@@ -24,6 +25,7 @@ from jinja2 import Environment, FileSystemLoader
 from autofusion.app.api.deps import SettingsDep, check_scope, principal_for_token
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.auth import Principal
+from autofusion.app.services.ui_sessions import session_principal
 
 __all__ = [
     "COOKIE",
@@ -61,12 +63,17 @@ class LoginRequired(Exception):
 
 
 def ui_principal(request: Request, settings: SettingsDep) -> Principal:
-    token = request.cookies.get(COOKIE)
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        principal = session_principal(settings, cookie)
+        if principal is None:  # forged, altered, expired, or its key was revoked
+            raise LoginRequired("invalid")
+        return principal
     try:
-        return principal_for_token(settings, token)
+        return principal_for_token(settings, None)
     except ProblemError as exc:
         if exc.status == 401:
-            raise LoginRequired("invalid" if token else "required") from None
+            raise LoginRequired("required") from None
         raise
 
 

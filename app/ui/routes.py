@@ -9,7 +9,9 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse
 
 from autofusion.app.api.deps import WWW_AUTHENTICATE, SessionDep, SettingsDep
+from autofusion.app.core.config import Settings
 from autofusion.app.services.auth import authenticate
+from autofusion.app.services.ui_sessions import issue_session
 from autofusion.app.ui import jobs, patterns, strategies, submit
 from autofusion.app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
 
@@ -31,7 +33,7 @@ def home() -> RedirectResponse:
 def login_page(
     request: Request, settings: SettingsDep, reason: str | None = None, next: str | None = None
 ):
-    """Paste an API key; it is kept in an HttpOnly cookie for this dashboard only."""
+    """Paste an API key; the sign-in is kept in an HttpOnly cookie for this dashboard."""
     context = {
         "message": LOGIN_REASONS.get(reason or ""),
         "next": safe_next(next),
@@ -49,9 +51,10 @@ def login(
     key: Annotated[str, Form(max_length=500)] = "",
     next: Annotated[str | None, Form()] = None,
 ):
-    """Check the key as the API would; on success keep it in the cookie."""
+    """Check the key as the API would; on success sign in (a cookie naming the key)."""
     key = key.strip()
-    if not key or authenticate(session, key) is None:
+    principal = authenticate(session, key) if key else None
+    if principal is None:
         message = "Paste an API key." if not key else "This API key is unknown or was revoked."
         context = {
             "message": None,
@@ -64,18 +67,27 @@ def login(
     response = RedirectResponse(safe_next(next), status_code=303)
     response.set_cookie(
         COOKIE,
-        key,
+        issue_session(settings, session, principal),  # a signed token, not the key
+        max_age=settings.ui_session_max_age_s,
         path="/ui",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request, settings),
     )
     return response
 
 
+def _secure(request: Request, settings: Settings) -> bool:
+    """Secure over https (as uvicorn saw it, proxy headers included), or always when
+    the operator says so (a TLS proxy whose headers uvicorn does not trust)."""
+    return settings.ui_cookie_secure or request.url.scheme == "https"
+
+
 @router.api_route("/ui/logout", methods=["GET", "POST"])
-def logout() -> RedirectResponse:
-    """Forget the key (the cookie); the key itself stays valid."""
+def logout(request: Request, settings: SettingsDep) -> RedirectResponse:
+    """Forget the sign-in (the cookie); the key itself stays valid."""
     response = RedirectResponse("/ui/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+    response.delete_cookie(
+        COOKIE, path="/ui", httponly=True, samesite="strict", secure=_secure(request, settings)
+    )
     return response

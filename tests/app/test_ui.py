@@ -228,6 +228,13 @@ def _key(service, scopes: list[str], tenant: str = "acme") -> str:
         return create_key(session, tenant, scopes)
 
 
+def _sign_in(service, token: str) -> str:
+    """Sign in on the dashboard with ``token``; the cookie's value."""
+    response = service.client.post("/ui/login", data={"key": token}, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    return service.client.cookies["af_key"]
+
+
 @pytest.fixture
 def keyed(make_service):
     return make_service(require_api_keys=True)
@@ -265,7 +272,7 @@ def test_a_good_key_sets_the_cookie_and_pages_work(keyed, tiny_model):
     assert out.status_code == 303 and 'af_key=""' in out.headers["set-cookie"]
     assert keyed.client.get("/ui/jobs", follow_redirects=False).status_code == 303
     # Another tenant's key sees none of it.
-    keyed.client.cookies.set("af_key", _key(keyed, ["jobs:write"], tenant="other"), path="/ui")
+    _sign_in(keyed, _key(keyed, ["jobs:write"], tenant="other"))
     assert f'data-job-id="{job_id}"' not in keyed.client.get("/ui/jobs").text
     assert keyed.client.get(f"/ui/jobs/{job_id}").status_code == 404
 
@@ -281,7 +288,7 @@ def test_an_unknown_cookie_sends_to_login_with_a_reason(keyed):
 
 
 def test_a_key_without_patterns_write_cannot_create_patterns(keyed):
-    keyed.client.cookies.set("af_key", _key(keyed, ["jobs:write"]), path="/ui")
+    _sign_in(keyed, _key(keyed, ["jobs:write"]))
     text = "name: acme.nope\nnodes: [{id: a, op: Relu}]\nrewriter: {name: fused_region}\n"
     response = keyed.client.post("/ui/patterns/new", data={"yaml": text})
     html = assert_page(response, "error", status=403)
@@ -294,7 +301,7 @@ def test_a_key_without_patterns_write_cannot_create_patterns(keyed):
 def test_a_key_without_jobs_write_cannot_submit_or_cancel(keyed, tiny_model):
     writer = _key(keyed, ["jobs:write"])
     job_id = keyed.submit(tiny_model, headers={"X-API-Key": writer}).json()["id"]
-    keyed.client.cookies.set("af_key", _key(keyed, ["patterns:write"]), path="/ui")
+    _sign_in(keyed, _key(keyed, ["patterns:write"]))
     model = conv_bn_relu().SerializeToString()
     assert keyed.client.post("/ui/submit", **multipart(model)).status_code == 403
     assert keyed.client.post(f"/ui/jobs/{job_id}/cancel").status_code == 403
