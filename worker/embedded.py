@@ -79,8 +79,12 @@ class EmbeddedWorker:
 
     def _run(self) -> None:
         # The solo pool runs tasks in this thread and looks them up on the thread's
-        # current app: make that ours, not Celery's default app.
+        # current app: make that ours, not Celery's default app. A task due later (a
+        # held job's countdown: worker/turns.py) runs in the timer's own thread, which
+        # has no current app and takes the default: ours too (one embedded worker a
+        # process).
         self.celery.set_current()
+        self.celery.set_default()
         assert self._controller is not None
         self._controller.start()
 

@@ -49,6 +49,7 @@ from autofusion.app.core.logs import bind, resolve_format, set_context
 from autofusion.app.core.models import Job, JobStatus, utcnow
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.db_retry import is_transient_db_error, retry_transient
+from autofusion.app.services.job_claims import hold_job, is_held
 from autofusion.app.services.job_phases import next_phases
 from autofusion.app.services.jobs import (
     claim_job,
@@ -84,6 +85,9 @@ class Outcome(enum.StrEnum):
     requeued = "requeued"  # the attempt crashed; the job is queued again
     deferred = "deferred"  # the worker is stopping; the job is queued again
     lost = "lost"  # the lease went to another worker; nothing was written
+    # Not claimed: its tenant runs max_running_jobs_per_tenant jobs; it stays queued and
+    # the caller sends it again after held_job_retry_s (app/services/job_claims.py).
+    held = "held"
 
     @property
     def needs_enqueue(self) -> bool:
@@ -120,8 +124,13 @@ def _execute(
     cache: SnapshotCache | None,
 ) -> Outcome:
     with session_scope(settings.resolved_database_url) as session:
-        job = claim_job(session, job_id, worker_id, settings.lease_s)
+        limit = settings.max_running_jobs_per_tenant
+        job = claim_job(session, job_id, worker_id, settings.lease_s, max_running=limit)
         if job is None:
+            if is_held(session, job_id, max_running=limit):
+                hold_job(session, job_id)
+                logger.info("job %s: held, its tenant runs %d jobs already", job_id, limit)
+                return Outcome.held
             logger.info("job %s: not claimed (running elsewhere, or over)", job_id)
             return Outcome.skipped
         attempt = _Attempt(settings, job, worker_id, store, stop or threading.Event())
@@ -152,6 +161,7 @@ class _Attempt:
         self.registry_version: int | None = job.registry_version
         self.stage = "starting"  # the last stage reported: where a crash happened
         self.phases: list[dict[str, str]] = list(job.phases or [])  # claim_job began them
+        self.stored: dict[str, int] = {}  # digest -> size of what this attempt stored
 
     @contextmanager
     def _db(self) -> Iterator[Session]:
@@ -320,14 +330,14 @@ class _Attempt:
         """Put the fused model (if written), report and renderings in the store."""
         fused_file = output / sandbox.FUSED_FILE
         try:
-            fused = self.store.put_file(fused_file) if fused_file.is_file() else None
+            fused = self._put(fused_file) if fused_file.is_file() else None
             data_files = [
-                {"name": p.name, "digest": self.store.put_file(p)}
+                {"name": p.name, "digest": self._put(p)}
                 for p in sorted(output.glob(sandbox.FUSED_FILE + ".data"))
             ]
-            report_digest = self.store.put_file(output / sandbox.REPORT_FILE)
+            report_digest = self._put(output / sandbox.REPORT_FILE)
             artifacts = {
-                name: self.store.put_file(output / name)
+                name: self._put(output / name)
                 for name in (
                     sandbox.REPORT_HTML_FILE,
                     sandbox.REPORT_MARKDOWN_FILE,
@@ -345,6 +355,13 @@ class _Attempt:
             summary["fused_data_files"] = data_files
         summary["artifacts"] = artifacts  # GET /v1/jobs/{id}/artifacts/{name}
         return fused, report_digest, summary
+
+    def _put(self, path: Path) -> str:
+        """Store a result file; its size goes on the job's row with the outcome (what
+        the tenant stores: app/services/quotas.py)."""
+        digest = self.store.put_file(path)
+        self.stored[digest] = path.stat().st_size
+        return digest
 
     def _crashed(self, crash: Crash) -> Outcome:
         what = str(crash)
@@ -412,6 +429,7 @@ class _Attempt:
                     self.worker_id,
                     status=status,
                     registry_version=self.registry_version,
+                    stored=self.stored,
                     **fields,
                 )
                 final = session.get(Job, self.job_id)

@@ -1,4 +1,5 @@
-"""Celery tasks: thin adapters that take a job id and hand it to ``execute_job``.
+"""Celery tasks: thin adapters that take a job id and hand it to ``take_turn``
+(``worker.turns``: the message is a turn, the job run is the one the fair order picks).
 
 The task is registered under ``RUN_JOB`` (``app.core.queue``, where the API publishes it
 by name) on every app ``make_celery`` builds (it includes this module);
@@ -17,7 +18,7 @@ from celery import shared_task
 
 from autofusion.app.core.queue import RUN_JOB, publish_job
 from autofusion.app.services.artifacts import make_store
-from autofusion.worker.execute import execute_job
+from autofusion.worker.turns import take_turn
 
 __all__ = ["RUN_JOB", "enqueue_job", "run_job"]
 
@@ -33,15 +34,15 @@ enqueue_job = publish_job
     ignore_result=True,
 )
 def run_job(self, job_id: str) -> str:
-    """One attempt at a job; the row, not this message, says whether there is work."""
+    """One attempt at a job; the rows, not this message, say whether there is work."""
     conf = self.app.conf
     settings = conf.autofusion_settings
     store = conf.get("autofusion_store") or make_store(settings)
-    outcome = execute_job(
+    outcome, sends = take_turn(
         settings, job_id, _worker_id(self.request), store, stop=conf.get("autofusion_stop")
     )
-    if outcome.needs_enqueue:
-        enqueue_job(self.app, job_id)
+    for send in sends:
+        enqueue_job(self.app, send.job_id, countdown=send.countdown)
     return outcome.value
 
 

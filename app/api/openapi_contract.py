@@ -112,6 +112,7 @@ _JOB = {
     "GetJob": ("get", "/v1/jobs/{job_id}"),
     "FollowJob": ("get", "/v1/jobs/{job_id}/events"),
     "CancelJob": ("post", "/v1/jobs/{job_id}/cancel"),
+    "DeleteJob": ("delete", "/v1/jobs/{job_id}"),
     "DownloadModel": ("get", "/v1/jobs/{job_id}/model"),
     "DownloadReport": ("get", "/v1/jobs/{job_id}/report"),
 }
@@ -163,7 +164,13 @@ _SHARED = {
     "after Retry-After.",
 }
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
-_STATUS_HEADERS = {"401": ("WWW-Authenticate",), "429": ("Retry-After",), "503": ("Retry-After?",)}
+# 507: Retry-After when retention will free room (app/services/quotas.py).
+_STATUS_HEADERS = {
+    "401": ("WWW-Authenticate",),
+    "429": ("Retry-After",),
+    "503": ("Retry-After?",),
+    "507": ("Retry-After?",),
+}
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -204,18 +204,20 @@ def _raise_for_problem(response: httpx.Response, *, streamed: bool = False) -> h
         return response
     if streamed:
         response.read()
+    problem_type = ""
     try:
         problem = response.json()
         if not isinstance(problem, dict):
             raise ValueError("not a problem document")
         message = f"{problem.get('title', 'error')}: {problem.get('detail', '')}".rstrip(": ")
+        problem_type = str(problem.get("type") or "")
     except ValueError:
         message = response.text.strip()[:500] or response.reason_phrase
     where = f"{response.request.method} {response.request.url.path}"
     status = response.status_code
     raise ClientError(
         f"the server refused {where} ({status}): {message}",
-        for_http_status(status),
+        for_http_status(status, problem_type),
         status=status,
     )
 

@@ -17,6 +17,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_JOB_FAILED",
     "EXIT_OK",
+    "EXIT_QUOTA",
     "EXIT_SERVER",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
@@ -36,6 +37,7 @@ EXIT_SERVER = 5
 EXIT_TIMEOUT = 6
 EXIT_CONFLICT = 7
 EXIT_INTERNAL = 8  # a bug of ours: one line, the traceback only with AUTOFUSION_DEBUG=1
+EXIT_QUOTA = 9  # the tenant's quota: wait, or delete jobs (not a server error to page on)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 # (code, name, meaning): what --help prints and the documentation repeats.
@@ -89,6 +91,13 @@ TABLE: tuple[tuple[int, str, str], ...] = (
         "exists (409): get it again, redo the change, retry",
     ),
     (EXIT_INTERNAL, "internal", "a bug in autofusion (AUTOFUSION_DEBUG=1 shows the traceback)"),
+    (
+        EXIT_QUOTA,
+        "quota",
+        "the server refused for this tenant's quota: too many queued jobs (429) or stored "
+        "bytes over its limit (507); wait (Retry-After), or delete jobs you no longer need "
+        "(autofusion jobs delete ID)",
+    ),
     (EXIT_INTERRUPTED, "interrupted", "interrupted (Ctrl-C)"),
 )
 
@@ -101,8 +110,15 @@ _BY_STATUS = {
 }
 
 
-def for_http_status(status: int) -> int:
-    """The exit code of a request the server answered with this error status."""
+# Problem types that are the tenant's quota (app/services/quotas.py), whatever the status.
+_QUOTA_PROBLEMS = ("too-many-queued-jobs", "storage-quota-exceeded")
+
+
+def for_http_status(status: int, problem_type: str = "") -> int:
+    """The exit code of a request the server answered with this error status (and this
+    problem ``type``, a URI or a slug, when it sent one)."""
+    if status == 507 or problem_type.rsplit("/", 1)[-1] in _QUOTA_PROBLEMS:
+        return EXIT_QUOTA
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if status == 429 or status >= 500:

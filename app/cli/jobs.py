@@ -4,6 +4,7 @@
   autofusion jobs status ID                      one job: status, stage, progress, error
   autofusion jobs wait ID [--timeout S]          until it ends; exits with its outcome
   autofusion jobs cancel ID                      ask it to stop
+  autofusion jobs delete ID                      delete an ended (or queued) job and its files
   autofusion jobs download ID [-o FILE]          the fused model
   autofusion jobs report ID [--format F] [-o F]  the report: json, html or markdown
 
@@ -62,6 +63,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     cancel = _action(actions, "cancel", "ask a job to stop", _run_cancel)
     cancel.add_argument("job_id", metavar="ID")
+    remove = _action(
+        actions, "delete", "delete a job that is not running, and its files", _run_delete
+    )
+    remove.add_argument("job_id", metavar="ID")
     download = _action(actions, "download", "download a succeeded job's fused model", _run_download)
     download.add_argument("job_id", metavar="ID")
     download.add_argument("-o", "--output", type=Path, help="default: MODEL.fused.onnx here")
@@ -176,6 +181,16 @@ def _run_cancel(client: Client, args: argparse.Namespace) -> int:
             f"autofusion jobs: cancel asked; the job stops at its next step "
             f"(autofusion jobs wait {job.get('id')} follows it)\n"
         )
+    return EXIT_OK
+
+
+def _run_delete(client: Client, args: argparse.Namespace) -> int:
+    # A running job answers 409 (exit 7): cancel it, wait for it, then delete it.
+    client.send("DELETE", _job_url(args.job_id))
+    sys.stderr.write(
+        f"autofusion jobs: deleted job {args.job_id}; its files no longer count towards "
+        "this tenant's stored bytes\n"
+    )
     return EXIT_OK
 
 

@@ -224,6 +224,26 @@ class Settings(BaseSettings):
     max_model_nodes: int = Field(default=1_000_000, ge=1)
     max_graph_depth: int = Field(default=64, ge=1)
 
+    # --- Quotas and retention (issue 26) ---
+    # Per tenant, checked when a job is submitted (app/services/quotas.py): queued jobs
+    # (429 too-many-queued-jobs) and the bytes its jobs' artifacts take in the store
+    # (507 storage-quota-exceeded); 0 turns a limit off. The defaults keep one machine
+    # safe: 20 queued jobs are hours of work for one worker, 10 GiB is a dozen large models.
+    max_queued_jobs_per_tenant: int = Field(default=20, ge=0)
+    max_stored_bytes_per_tenant: int = Field(default=10 * 1024**3, ge=0)
+    # Running jobs per tenant, enforced where a worker claims a job (app/services/
+    # job_claims.py): a tenant at its limit leaves its next job queued and a worker takes
+    # another tenant's job instead; the held job is tried again after held_job_retry_s.
+    max_running_jobs_per_tenant: int = Field(default=2, ge=0)
+    held_job_retry_s: float = Field(default=5.0, gt=0)
+    # Retention (app/services/retention.py), swept by the reaper every
+    # scratch_sweep_interval_s: a job that ended job_retention_s ago is deleted with its
+    # artifacts, and while all jobs' artifacts take more than max_stored_bytes_total the
+    # oldest ended jobs go first. Never a queued or running job. 0 keeps jobs for ever /
+    # sets no total cap.
+    job_retention_s: float = Field(default=30 * 86400.0, ge=0)
+    max_stored_bytes_total: int = Field(default=50 * 1024**3, ge=0)
+
     # --- Startup and smaller checks (issue 26) ---
     # The reaper sends a queued job again when its message may be lost: untouched for a
     # minute while nothing runs (idle workers would have taken it), but while jobs run

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -25,6 +26,7 @@ __all__ = [
     "Base",
     "IdempotencyReservation",
     "Job",
+    "JobArtifact",
     "JobStatus",
     "PatternRecord",
     "PatternVersion",
@@ -132,6 +134,22 @@ class Job(Base):
     # When each phase of the current attempt began: [{"stage", "at"}] (app/services/
     # job_phases.py); the dashboard shows the time per phase and estimates what is left.
     phases: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class JobArtifact(Base):
+    """A blob of the artifact store that a job refers to (its model and data files, the
+    fused model, the report and its renderings) and the blob's size. Blobs are shared by
+    content, so a blob has a row per job that refers to it. What a tenant stores is the
+    sum of its jobs' distinct blobs (app/services/quotas.py); a blob no row refers to is
+    removed by retention (app/services/retention.py)."""
+
+    __tablename__ = "job_artifacts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    # None: not known yet (a job stored before this table); the retention sweep asks the
+    # store and fills it in.
+    size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class IdempotencyReservation(Base):

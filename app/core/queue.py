@@ -24,9 +24,10 @@ QUEUE = "autofusion"
 RUN_JOB = "autofusion.run_job"
 
 
-def publish_job(celery: Celery, job_id: str) -> None:
-    """Send the job id (never model bytes) to the queue; call after the commit."""
-    celery.send_task(RUN_JOB, args=[job_id])
+def publish_job(celery: Celery, job_id: str, *, countdown: float | None = None) -> None:
+    """Send the job id (never model bytes) to the queue; call after the commit.
+    ``countdown``: not before this many seconds (a job held by its tenant's running limit)."""
+    celery.send_task(RUN_JOB, args=[job_id], countdown=countdown)
 
 
 def queue_app(settings: Settings) -> Celery:

@@ -3,6 +3,11 @@
 ``LocalStore`` keeps files under a directory (embedded mode, or a shared volume);
 ``S3Store`` uses any S3-compatible service (endpoint URL configurable) for a cluster.
 Both store each blob once, however many jobs refer to it.
+
+Retention (``app/services/retention.py``) removes a blob once no job refers to it and it
+was last stored ``scratch_max_age_s`` ago: storing a blob that is already there
+refreshes its time (``put_file``), so a blob an upload or a finishing attempt is about
+to refer to again is never taken from under it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
@@ -20,6 +26,7 @@ from autofusion.app.core.config import Settings
 
 __all__ = [
     "ArtifactStore",
+    "StoredBlob",
     "LocalStore",
     "S3Store",
     "download_headers",
@@ -77,6 +84,29 @@ class ArtifactStore(Protocol):
 
     def exists(self, digest: str) -> bool: ...
 
+    def blobs(self) -> Iterator[StoredBlob]:
+        """Every blob in the store, with when it was last stored."""
+
+    def delete(self, digest: str, *, stored_before: float) -> bool:
+        """Remove the blob if it was last stored before ``stored_before`` (epoch
+        seconds); whether it was removed."""
+
+
+class StoredBlob:
+    """A blob in a store: its digest, size, and when it was last stored (epoch seconds)."""
+
+    __slots__ = ("digest", "size", "stored_at")
+
+    def __init__(self, digest: str, size: int, stored_at: float) -> None:
+        self.digest, self.size, self.stored_at = digest, size, stored_at
+
+
+_DIGEST_CHARS = frozenset("0123456789abcdef")
+
+
+def _is_digest(name: str) -> bool:
+    return len(name) == 64 and not set(name) - _DIGEST_CHARS
+
 
 def _check_digest(digest: str) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
@@ -96,13 +126,17 @@ class LocalStore:
     def put_file(self, path: Path) -> str:
         digest = file_digest(path)
         target = self._path(digest)
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # Copy to a temporary name, then rename: readers never see half a blob.
-            fd, tmp = tempfile.mkstemp(dir=target.parent)
-            os.close(fd)
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, target)
+        try:
+            os.utime(target)  # stored again: retention leaves a fresh blob alone
+            return digest
+        except FileNotFoundError:
+            pass
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Copy to a temporary name, then rename: readers never see half a blob.
+        fd, tmp = tempfile.mkstemp(dir=target.parent)
+        os.close(fd)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
         return digest
 
     def put_bytes(self, data: bytes) -> str:
@@ -127,6 +161,35 @@ class LocalStore:
     def exists(self, digest: str) -> bool:
         return self._path(digest).exists()
 
+    def blobs(self) -> Iterator[StoredBlob]:
+        for folder in sorted(self.root.iterdir()):
+            if not folder.is_dir() or len(folder.name) != 2:
+                continue
+            for entry in os.scandir(folder):
+                if not _is_digest(entry.name) or not entry.is_file(follow_symlinks=False):
+                    continue  # a temporary file of a put in progress, or not ours
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                yield StoredBlob(entry.name, stat.st_size, stat.st_mtime)
+
+    def delete(self, digest: str, *, stored_before: float) -> bool:
+        # Moved aside first, then judged: a put that refreshed the blob a moment before
+        # the move shows in the moved file's time (and the blob goes back); a put after
+        # the move finds no blob and stores it anew.
+        path = self._path(digest)
+        aside = path.with_name(f"tmp-delete-{digest}-{os.getpid()}")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return False
+        if aside.stat().st_mtime >= stored_before:
+            os.replace(aside, path)
+            return False
+        aside.unlink()
+        return True
+
 
 class S3Store:
     def __init__(
@@ -145,15 +208,34 @@ class S3Store:
 
     def put_file(self, path: Path) -> str:
         digest = file_digest(path)
-        if not self.exists(digest):
+        if not self._refresh(digest):
             self.client.upload_file(str(path), self.bucket, self._key(digest))
         return digest
 
     def put_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
-        if not self.exists(digest):
+        if not self._refresh(digest):
             self.client.put_object(Bucket=self.bucket, Key=self._key(digest), Body=data)
         return digest
+
+    def _refresh(self, digest: str) -> bool:
+        """Whether the blob is there; if it is, its LastModified becomes now (a copy onto
+        itself), so that retention leaves a blob stored again alone. False when it is
+        not there, or cannot be refreshed (over S3's 5 GB copy limit): then the caller
+        uploads it, which refreshes it as well."""
+        if not self.exists(digest):
+            return False
+        key = self._key(digest)
+        try:
+            self.client.copy_object(
+                Bucket=self.bucket,
+                Key=key,
+                CopySource={"Bucket": self.bucket, "Key": key},
+                MetadataDirective="REPLACE",
+            )
+        except self.client.exceptions.ClientError:
+            return False
+        return True
 
     def fetch(self, digest: str, destination: Path) -> Path:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +254,26 @@ class S3Store:
             self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
         except self.client.exceptions.ClientError:
             return False
+        return True
+
+    def blobs(self) -> Iterator[StoredBlob]:
+        pages = self.client.get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.bucket, Prefix="sha256/"):
+            for item in page.get("Contents", []):
+                digest = item["Key"].removeprefix("sha256/")
+                if _is_digest(digest):
+                    stored_at = item["LastModified"].timestamp()
+                    yield StoredBlob(digest, int(item["Size"]), stored_at)
+
+    def delete(self, digest: str, *, stored_before: float) -> bool:
+        key = self._key(digest)
+        try:  # asked again just before: a put since the listing refreshed it
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except self.client.exceptions.ClientError:
+            return False
+        if head["LastModified"].timestamp() >= stored_before:
+            return False
+        self.client.delete_object(Bucket=self.bucket, Key=key)
         return True
 
 

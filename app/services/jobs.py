@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,7 +28,9 @@ from autofusion.app.core.errors import JOB_PROBLEMS, ProblemError
 from autofusion.app.core.logs import current_request_id
 from autofusion.app.core.models import Job, JobStatus, PatternRecord, utcnow
 from autofusion.app.services.auth import Principal
+from autofusion.app.services.job_claims import running_limit
 from autofusion.app.services.job_phases import first_phase
+from autofusion.app.services.quotas import Quotas, check_new_job, lock_tenant, record_artifacts
 
 __all__ = [
     "JOB_PROBLEMS",
@@ -67,24 +70,21 @@ def create_job(
     strategy: str | None,
     idempotency_key: str | None,
     max_attempts: int,
+    sizes: Mapping[str, int] | None = None,
+    quotas: Quotas | None = None,
 ) -> tuple[Job, bool]:
-    """Create a queued job, or return the job an identical earlier request created."""
+    """Create a queued job, or return the job an identical earlier request created.
+
+    ``sizes``: the uploaded blobs' sizes by digest (recorded as the job's artifacts; one
+    not given is filled in by the retention sweep). ``quotas``: refuse a new job that
+    would put the tenant over its queued or stored limit (``app/services/quotas.py``);
+    the caller rolls back."""
+    if quotas is not None:  # before the insert: see quotas.py on why the lock comes first
+        lock_tenant(session, principal.tenant_id)
     digest = request_hash(model_digest, data_files, config, strategy)
     if idempotency_key:
-        existing = session.scalars(
-            select(Job).where(
-                Job.tenant_id == principal.tenant_id, Job.idempotency_key == idempotency_key
-            )
-        ).first()
+        existing = _job_of_key(session, principal.tenant_id, idempotency_key, digest)
         if existing is not None:
-            if existing.request_hash != digest:
-                raise ProblemError(
-                    422,
-                    "idempotency-key-reused",
-                    "Idempotency key reused",
-                    f"Idempotency-Key {idempotency_key!r} was used for a different request "
-                    f"(job {existing.id}); send a new key for a new request",
-                )
             return existing, False
     job = Job(
         id=str(uuid.uuid4()),
@@ -103,7 +103,29 @@ def create_job(
     )
     session.add(job)
     session.flush()
+    sizes = sizes or {}
+    uploaded = [model_digest, *(f["digest"] for f in data_files)]
+    record_artifacts(session, job.id, {d: sizes.get(d) for d in uploaded})
+    if quotas is not None:
+        check_new_job(session, quotas, job, sum(sizes.get(d) or 0 for d in set(uploaded)))
     return job, True
+
+
+def _job_of_key(session: Session, tenant_id: str, key: str, digest: str) -> Job | None:
+    """The job an earlier request with this Idempotency-Key made; 422 if that request
+    was a different one."""
+    existing = session.scalars(
+        select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
+    ).first()
+    if existing is not None and existing.request_hash != digest:
+        raise ProblemError(
+            422,
+            "idempotency-key-reused",
+            "Idempotency key reused",
+            f"Idempotency-Key {key!r} was used for a different request "
+            f"(job {existing.id}); send a new key for a new request",
+        )
+    return existing
 
 
 def check_pattern_names(session: Session, config: dict[str, Any]) -> None:
@@ -167,20 +189,33 @@ def cancel_job(session: Session, job: Job) -> Job:
     return job
 
 
-def claim_job(session: Session, job_id: str, worker_id: str, lease_s: int) -> Job | None:
-    """Compare-and-set: take a queued job (or one whose lease expired). None if taken."""
+def claim_job(
+    session: Session, job_id: str, worker_id: str, lease_s: int, *, max_running: int = 0
+) -> Job | None:
+    """Compare-and-set: take a queued job (or one whose lease expired). None if taken.
+
+    ``max_running`` (0: no limit): None too while the job's tenant runs that many jobs
+    (``job_claims``); the tenant's row is locked first, so that two workers cannot both
+    take its last place."""
     now = utcnow()
+    conditions = [
+        Job.id == job_id,
+        Job.attempts < Job.max_attempts,
+        Job.cancel_requested.is_(False),
+        or_(
+            Job.status == JobStatus.queued.value,
+            and_(Job.status == JobStatus.running.value, Job.lease_until < now),
+        ),
+    ]
+    if max_running:
+        tenant_id = session.scalar(select(Job.tenant_id).where(Job.id == job_id))
+        if tenant_id is None:
+            return None
+        lock_tenant(session, tenant_id)
+        conditions.append(running_limit(max_running, now))
     result = session.execute(
         update(Job)
-        .where(
-            Job.id == job_id,
-            Job.attempts < Job.max_attempts,
-            Job.cancel_requested.is_(False),
-            or_(
-                Job.status == JobStatus.queued.value,
-                and_(Job.status == JobStatus.running.value, Job.lease_until < now),
-            ),
-        )
+        .where(*conditions)
         .values(
             status=JobStatus.running.value,
             stage="starting",
@@ -257,11 +292,14 @@ def finish_job(
     registry_version: int | None = None,
     error_type: str | None = None,
     attempt_entry: dict[str, Any] | None = None,
+    stored: Mapping[str, int] | None = None,
 ) -> bool:
     """Write the outcome, if this worker still owns the job.
 
     ``error_type``: a failed job's problem slug (``JOB_PROBLEMS``); ``attempt_entry``:
-    this attempt's outcome, appended to ``Job.attempt_log`` when it ended without a result.
+    this attempt's outcome, appended to ``Job.attempt_log`` when it ended without a result;
+    ``stored``: the blobs the attempt stored (digest -> size), recorded as the job's
+    artifacts (what its tenant stores, and what retention keeps while the job exists).
     """
     job = session.get(Job, job_id, populate_existing=True)
     if job is None or job.worker_id != worker_id or job.status != JobStatus.running.value:
@@ -280,6 +318,8 @@ def finish_job(
         job.registry_version = registry_version
     _touch(job)
     session.flush()
+    if stored:
+        record_artifacts(session, job_id, stored)
     return True
 
 
@@ -328,11 +368,16 @@ def release_job(
     return result.rowcount == 1
 
 
-def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int = 60) -> list[str]:
+def reap_jobs(
+    session: Session,
+    now: datetime | None = None,
+    stale_queued_s: int = 60,
+    busy_resend_s: float = 1800.0,
+) -> list[str]:
     """Requeue jobs whose worker died (lease expired); fail those out of attempts.
 
-    Returns the ids to enqueue again. Jobs queued for long with no taker are returned
-    too, in case their message was lost.
+    Returns the ids to enqueue again. Queued jobs whose message was plausibly lost are
+    returned too (``_lost_queued``).
     """
     now = now or utcnow()
     expired = session.scalars(
@@ -357,19 +402,38 @@ def reap_jobs(session: Session, now: datetime | None = None, stale_queued_s: int
             requeue.append(job.id)
         job.lease_until = None
         _touch(job)
+    session.flush()
+    stale = _lost_queued(session, now, stale_queued_s, busy_resend_s)
+    return requeue + [j for j in stale if j not in requeue]
+
+
+def _lost_queued(
+    session: Session, now: datetime, stale_queued_s: float, busy_resend_s: float
+) -> list[str]:
+    """Queued jobs to send again, in case their message was lost (issue 26).
+
+    While a job runs under a live lease the workers are busy, and a queued job waits
+    behind them with its message in the broker: sending it every pass only piles up
+    duplicates. So a job untouched (not sent, not changed) for ``stale_queued_s`` is
+    sent again only when nothing runs (idle workers would have taken it); while the
+    workers are busy, only after ``busy_resend_s``, so that a message lost then is
+    still found. Each send stamps ``updated_at``: the wait starts over.
+    """
+    running = (Job.status == JobStatus.running.value, Job.lease_until >= now)
+    busy = session.scalar(select(Job.id).where(*running).limit(1))
+    wait_s = busy_resend_s if busy is not None else stale_queued_s
     stale = session.scalars(
         select(Job.id).where(
             Job.status == JobStatus.queued.value,
-            Job.updated_at < now - timedelta(seconds=stale_queued_s),
+            Job.updated_at < now - timedelta(seconds=wait_s),
         )
     ).all()
     if stale:
-        # Sent again at most once per stale_queued_s, not on every pass of every reaper.
         session.execute(
             update(Job)
             .where(Job.id.in_(stale), Job.status == JobStatus.queued.value)
             .values(updated_at=now)
             .execution_options(synchronize_session=False)
         )
-    session.flush()
-    return requeue + [j for j in stale if j not in requeue]
+        session.flush()
+    return list(stale)

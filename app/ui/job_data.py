@@ -42,7 +42,9 @@ def speed_of(job: Job, store: ArtifactStore) -> Speed | None:
         try:
             report = json.loads(store.read_bytes(digest))
             speed = read_report(report).speed if isinstance(report, dict) else None
-        except (OSError, ValueError) as exc:
+        # Any store's error (S3's is not an OSError): retention may have removed the
+        # job and its report since the list was read; the row shows without a speed.
+        except Exception as exc:
             logger.warning("job %s: cannot read its report: %s", job.id, exc)
             return None
         if len(_SPEEDS) >= _MAX_CACHED:

@@ -1,5 +1,5 @@
 """Dashboard pages: the jobs list, one job (live while it runs, its report once done),
-cancel, and downloads authenticated by the dashboard's cookie."""
+cancel, delete, and downloads authenticated by the dashboard's cookie."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from autofusion.app.services import job_files
 from autofusion.app.services.job_pages import decode_page_token, encode_page_token, list_jobs
 from autofusion.app.services.job_phases import recent_phases
 from autofusion.app.services.jobs import cancel_job, get_job
+from autofusion.app.services.retention import delete_job
 from autofusion.app.ui.common import UIPrincipal, render, require
 from autofusion.app.ui.job_data import LIVE, job_problem, job_row, load_report_view
 from autofusion.app.ui.progress import history_for, progress_view
@@ -132,6 +133,15 @@ def job_cancel(job_id: str, principal: UIPrincipal, session: SessionDep):
         cancel_job(session, job)
         session.commit()
     return RedirectResponse(f"/ui/jobs/{job.id}", status_code=303)
+
+
+@router.post("/{job_id}/delete")
+def job_delete(job_id: str, principal: UIPrincipal, session: SessionDep):
+    """Delete a finished job and its files (frees the tenant's quota), then the list."""
+    require(principal, "jobs:write")
+    delete_job(session, get_job(session, principal.tenant_id, job_id))  # 409 while it runs
+    session.commit()
+    return RedirectResponse("/ui/jobs", status_code=303)
 
 
 @router.api_route("/{job_id}/download/{what}", methods=["GET", "HEAD"])

@@ -16,6 +16,7 @@ from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
 from autofusion.app.api.uploads import incoming
 from autofusion.app.core.db import session_factory
 from autofusion.app.core.errors import ProblemError
+from autofusion.app.services.quotas import Quotas, check_before_upload
 from autofusion.app.services.strategies import list_strategies
 from autofusion.app.services.uploads import (
     Upload,
@@ -90,6 +91,9 @@ async def submit(
     require(principal, "jobs:write")
     values: dict = {"target": ""}
     try:
+        # The tenant's quotas, before the body streams (as POST /v1/optimize).
+        length = request.headers.get("content-length")
+        await run_in_threadpool(_check_quotas, settings, principal, length)
         body = incoming(request, settings)
         upload = await receive_upload(
             body, settings, text_fields=FORM_FIELDS, tenant=principal.tenant_id
@@ -119,10 +123,21 @@ async def submit(
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
 
 
+def _check_quotas(settings, principal, length: str | None) -> None:
+    with session_factory(settings.resolved_database_url)() as session:
+        quotas = Quotas.from_settings(settings)
+        check_before_upload(session, quotas, principal.tenant_id, length)
+
+
 def _create_job(settings, principal, stored) -> tuple[str, bool]:
     with session_factory(settings.resolved_database_url)() as session:
         job, created = create_job_for_upload(
-            session, principal, stored, idempotency_key=None, max_attempts=settings.max_attempts
+            session,
+            principal,
+            stored,
+            idempotency_key=None,
+            max_attempts=settings.max_attempts,
+            quotas=Quotas.from_settings(settings),
         )
         return job.id, created
 

@@ -18,6 +18,7 @@ from autofusion.app.cli._exit import (
     EXIT_GATE_FAILED,
     EXIT_JOB_FAILED,
     EXIT_OK,
+    EXIT_QUOTA,
     EXIT_SERVER,
     EXIT_TIMEOUT,
     EXIT_USAGE,
@@ -130,6 +131,38 @@ def test_cancel_a_queued_job_then_wait_exits_job_failed(capsys, idle):
     assert code != EXIT_OK and "(409)" in err
     code, _, err = cli(capsys, "jobs", "download", job_id, "--server", idle.url)
     assert code == EXIT_USAGE and "only a succeeded job has a fused model" in err
+
+
+@pytest.mark.slow
+def test_delete_a_queued_job_then_it_is_gone(capsys, idle):
+    job_id = _submitted(capsys, idle, "delete-me")
+    code, _, err = cli(capsys, "jobs", "delete", job_id, "--server", idle.url)
+    assert code == EXIT_OK, err
+    assert f"deleted job {job_id}" in err
+    code, _, err = cli(capsys, "jobs", "status", job_id, "--server", idle.url)
+    assert code == EXIT_USAGE and "(404)" in err
+    code, _, err = cli(capsys, "jobs", "delete", job_id, "--server", idle.url)
+    assert code == EXIT_USAGE and "(404)" in err
+
+
+@pytest.mark.slow
+def test_a_tenant_at_its_queued_limit_exits_quota_with_the_servers_words(
+    capsys, tmp_path_factory
+):
+    limited = {"AUTOFUSION_MAX_QUEUED_JOBS_PER_TENANT": "1"}
+    srv = Server(tmp_path_factory.mktemp("limited") / "data", "--no-embedded-worker", env=limited)
+    try:
+        srv.wait_healthy()
+        first = _submitted(capsys, srv, "first")
+        code, _, err = cli(capsys, "submit", RESNET, "--server", srv.url)
+        assert code == EXIT_QUOTA, err
+        assert "(429): Too many queued jobs: this tenant has 1 job queued" in err
+        assert "max_queued_jobs_per_tenant" in err
+        # Deleting the queued job frees the place.
+        assert cli(capsys, "jobs", "delete", first, "--server", srv.url)[0] == EXIT_OK
+        assert cli(capsys, "submit", RESNET, "--server", srv.url)[0] == EXIT_OK
+    finally:
+        srv.stop()
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from autofusion.app.cli._exit import (
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_OK,
+    EXIT_QUOTA,
     EXIT_SERVER,
     EXIT_TIMEOUT,
     EXIT_USAGE,
@@ -45,7 +46,8 @@ def _job(job_id: str) -> dict:
 
 
 class _Stub(BaseHTTPRequestHandler):
-    """GET /v1/jobs/{queued,cancelled}; PUT /v1/patterns/* answers 412."""
+    """GET /v1/jobs/{queued,cancelled}; PUT /v1/patterns/* answers 412; POST /v1/optimize
+    answers 429 too-many-queued-jobs (the tenant's quota)."""
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -64,6 +66,16 @@ class _Stub(BaseHTTPRequestHandler):
             self._send(200, _job(job_id))
         else:
             self._send(404, {"title": "Not Found", "status": 404}, "application/problem+json")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        problem = {
+            "type": "https://autofusion.dev/problems/too-many-queued-jobs",
+            "title": "Too many queued jobs",
+            "status": 429,
+            "detail": "this tenant has 20 jobs queued, its limit",
+        }
+        self._send(429, problem, "application/problem+json")
 
     def do_PUT(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -156,6 +168,7 @@ SITUATIONS: dict[int, list[tuple[str, Callable[[Path, str], tuple]]]] = {
             lambda t, s: ("jobs", "wait", "queued", "--timeout", "0.3", "--server", s),
         )
     ],
+    EXIT_QUOTA: [("the tenant's queued jobs", lambda t, s: ("submit", _model(t), "--server", s))],
     EXIT_CONFLICT: [
         (
             "someone changed it in between (412)",

@@ -32,6 +32,7 @@ PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 WRITES = {
     ("post", "/v1/optimize"): "jobs:write",
     ("post", "/v1/jobs/{job_id}/cancel"): "jobs:write",
+    ("delete", "/v1/jobs/{job_id}"): "jobs:write",
     ("post", "/v1/patterns"): "patterns:write",
     ("put", "/v1/patterns/{name}"): "patterns:write",
     ("delete", "/v1/patterns/{name}"): "patterns:write",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,9 +112,13 @@ def test_each_blob_is_stored_once_by_its_digest(s3: S3, tmp_path: Path) -> None:
     first = s3.client().head_object(Bucket=s3.bucket, Key=f"sha256/{digest}")
     source = tmp_path / "model.onnx"
     source.write_bytes(data)
-    assert store.put_file(source) == digest  # already there: not uploaded again
+    upload_file = store.client.upload_file
+    store.client.upload_file = None  # already there: not uploaded again (it would raise)
+    assert store.put_file(source) == digest
+    store.client.upload_file = upload_file
     again = s3.client().head_object(Bucket=s3.bucket, Key=f"sha256/{digest}")
-    assert again["LastModified"] == first["LastModified"] and again["ContentLength"] == 2000
+    # Refreshed in place (retention leaves a blob stored again alone), same bytes.
+    assert again["LastModified"] >= first["LastModified"] and again["ContentLength"] == 2000
     assert s3.keys() == {f"sha256/{digest}"}
 
     assert store.exists(digest) and store.read_bytes(digest) == data
@@ -126,6 +131,26 @@ def test_each_blob_is_stored_once_by_its_digest(s3: S3, tmp_path: Path) -> None:
     assert len(s3.keys()) == 2
     with pytest.raises(ValueError, match="not a sha256 digest"):
         store.exists("../../etc/passwd")
+
+
+def test_retention_lists_and_removes_only_blobs_stored_before_its_cutoff(
+    s3: S3, tmp_path: Path
+) -> None:
+    """``blobs()`` lists the bucket's blobs with when each was last stored; ``delete``
+    removes one stored before the cutoff and leaves one stored (or stored again) since."""
+    s3.client().create_bucket(Bucket=s3.bucket)
+    store = make_store(s3.settings(tmp_path))
+    old, fresh = store.put_bytes(b"old blob"), store.put_bytes(b"fresh blob")
+    s3.client().put_object(Bucket=s3.bucket, Key="elsewhere/not-ours", Body=b"x")
+    listed = {blob.digest: blob for blob in store.blobs()}
+    assert set(listed) == {old, fresh} and listed[old].size == len(b"old blob")
+    assert abs(listed[old].stored_at - time.time()) < 60
+
+    assert not store.delete(fresh, stored_before=listed[fresh].stored_at)  # not before
+    assert store.delete(old, stored_before=time.time() + 5)
+    assert not store.exists(old) and store.exists(fresh)
+    assert not store.delete(old, stored_before=time.time() + 5)  # gone already: no error
+    assert {"elsewhere/not-ours", f"sha256/{fresh}"} == s3.keys()
 
 
 @pytest.mark.slow

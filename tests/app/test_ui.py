@@ -70,7 +70,8 @@ def _rows(html: str) -> list[tuple[str, str]]:
     return re.findall(r'<tr data-job-id="([^"]+)" data-status="([^"]+)">', html)
 
 
-def test_jobs_list_filters_by_status_and_paginates(service, tiny_model):
+def test_jobs_list_filters_by_status_and_paginates(make_service, tiny_model):
+    service = make_service(max_queued_jobs_per_tenant=0)  # 23 queued: past the default 20
     ids = _submit_jobs(service, tiny_model, 23)
     for job_id in ids[:3]:
         service.update_job(job_id, status="failed", stage="failed")

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from autofusion.app.core.models import JobStatus
+from autofusion.app.services.jobs import claim_job, finish_job
 from autofusion.worker.celery_app import QUEUE, make_celery
 from autofusion.worker.sandbox import TEST_CRASH_ENV
 from autofusion.worker.tasks import enqueue_job
@@ -189,3 +191,29 @@ def test_the_worker_refuses_a_visibility_timeout_shorter_than_the_job_limit(
         "must exceed job_time_limit_s (900), or Redis re-delivers running jobs"
     )
     assert not (tmp_path / "jobs").exists()
+
+
+def test_a_held_job_comes_back_after_its_countdown_and_runs_once_a_place_is_free(
+    cluster, redis_db: redis.Redis, tmp_path: Path
+) -> None:
+    """The running limit over Redis with a prefork worker (worker/turns.py): the turn of
+    a job whose tenant is at its limit is sent again with a countdown until it can run."""
+    env, variables = cluster
+    limits = {"AUTOFUSION_MAX_RUNNING_JOBS_PER_TENANT": "1", "AUTOFUSION_HELD_JOB_RETRY_S": "0.5"}
+    worker = WorkerProcess({**variables, **limits}, tmp_path / "worker.log")
+    try:
+        running, held = env.submit(), env.submit()  # both of the test tenant
+        with env.db() as session:  # the first runs on a worker elsewhere, for a long lease
+            assert claim_job(session, running, "elsewhere", 600) is not None
+        enqueue_job(make_celery(env.settings), held)
+        before = env.job(held)
+        env.wait_for(held, lambda j: j.updated_at > before.updated_at, timeout=30)
+        time.sleep(1.5)  # several countdowns: still queued, not a single attempt
+        assert (env.job(held).status, env.job(held).attempts) == ("queued", 0)
+        with env.db() as session:
+            assert finish_job(session, running, "elsewhere", status=JobStatus.succeeded)
+        job = env.wait_final(held, timeout=60)
+        assert (job.status, job.attempts) == ("succeeded", 1), worker.log_text()
+        assert queue_is_drained(redis_db), (sorted(redis_db.keys()), worker.log_text())
+    finally:
+        worker.stop()

@@ -7,7 +7,7 @@ import threading
 from datetime import timedelta
 
 from autofusion.app.core.models import Job, utcnow
-from autofusion.app.services.jobs import claim_job
+from autofusion.app.services.jobs import claim_job, reap_jobs
 from autofusion.worker.execute import Outcome, execute_job
 from autofusion.worker.reaper import Reaper
 from autofusion.worker.sandbox import TEST_CRASH_ENV
@@ -45,6 +45,56 @@ def test_a_stale_queued_job_is_sent_again_once_per_period(env: WorkerEnv) -> Non
     reaper.run_once()
     reaper.run_once()
     assert sent == [job_id]
+
+
+def _untouched_for(env: WorkerEnv, job_id: str, minutes: float) -> None:
+    with env.db() as session:
+        session.get(Job, job_id).updated_at = utcnow() - timedelta(minutes=minutes)
+
+
+def test_a_job_waiting_behind_busy_workers_is_not_sent_every_pass(make_env) -> None:
+    """Issue 26: while a job runs, a queued job waits its turn with its message in the
+    broker. Before: it was sent again every minute, by every reaper."""
+    env = make_env(queued_resend_busy_s=600)
+    busy = env.submit()
+    with env.db() as session:
+        assert claim_job(session, busy, "busy-worker", 3600) is not None
+    waiting = env.submit()
+    _untouched_for(env, waiting, 5)
+    sent: list[str] = []
+    reaper = Reaper(env.settings, sent.append)
+    reaper.run_once()
+    reaper.run_once()
+    assert sent == []
+    with env.db() as session:  # a pass a minute for 20 minutes: never
+        start = utcnow()
+        passes = [
+            reap_jobs(session, now=start + timedelta(minutes=m), busy_resend_s=1800)
+            for m in range(1, 21)
+        ]
+    assert passes == [[]] * 20
+    # Busy for longer than queued_resend_busy_s: its message may be lost, send it once.
+    _untouched_for(env, waiting, 11)
+    reaper.run_once()
+    reaper.run_once()
+    assert sent == [waiting]
+
+
+def test_a_lost_job_is_sent_again_a_minute_after_the_workers_went_idle(env: WorkerEnv) -> None:
+    busy = env.submit()
+    with env.db() as session:
+        assert claim_job(session, busy, "busy-worker", 3600) is not None
+    lost = env.submit()
+    _untouched_for(env, lost, 2)
+    sent: list[str] = []
+    reaper = Reaper(env.settings, sent.append)
+    reaper.run_once()
+    assert sent == []  # busy: it waits its turn
+    with env.db() as session:
+        session.get(Job, busy).status = "succeeded"
+    reaper.run_once()  # nothing runs, yet it is still queued: no worker holds its message
+    reaper.run_once()
+    assert sent == [lost]
 
 
 def test_a_worker_that_lost_its_lease_stops_without_writing(make_env, monkeypatch) -> None:

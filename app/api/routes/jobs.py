@@ -39,6 +39,8 @@ from autofusion.app.services.job_pages import (
     page_size_of,
 )
 from autofusion.app.services.jobs import cancel_job, get_job
+from autofusion.app.services.quotas import Quotas, check_before_upload
+from autofusion.app.services.retention import delete_job
 from autofusion.app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
 
 __all__ = ["router"]
@@ -87,7 +89,9 @@ def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None
     openapi_extra=_optimize_body(),
     # 503: a big model's check waited api_sandbox_queue_s for a free model child.
     # 409: a request with the same Idempotency-Key is still being received.
-    responses=problem_responses(401, 403, 408, 409, 413, 415, 422, 429, 503),
+    # 429: too many uploads at once, or too many queued jobs; 507: the tenant's stored
+    # bytes (app/services/quotas.py).
+    responses=problem_responses(401, 403, 408, 409, 413, 415, 422, 429, 503, 507),
 )
 async def optimize(
     request: Request,
@@ -106,6 +110,9 @@ async def optimize(
     if idempotency_key:
         token = await run_in_threadpool(_reserve, settings, principal, idempotency_key)
     try:
+        # The quotas, before a byte of the body is read; checked again with the insert.
+        length = request.headers.get("content-length")
+        await run_in_threadpool(_check_quotas, settings, principal, length, idempotency_key)
         stored = await accept_upload(
             incoming(request, settings), settings, store, tenant=principal.tenant_id
         )
@@ -136,8 +143,17 @@ def _create_job(
             stored,
             idempotency_key=idempotency_key,
             max_attempts=settings.max_attempts,
+            quotas=Quotas.from_settings(settings),
         )
         return JobPublic.from_job(job), created
+
+
+def _check_quotas(
+    settings: Settings, principal: Principal, length: str | None, key: str | None
+) -> None:
+    with session_factory(settings.resolved_database_url)() as session:
+        quotas = Quotas.from_settings(settings)
+        check_before_upload(session, quotas, principal.tenant_id, length, key)
 
 
 def _reservation_stale_s(settings: Settings) -> float:
@@ -289,6 +305,19 @@ def cancel(job_id: str, response: Response, principal: WriterDep, session: Sessi
     public = JobPublic.from_job(job)
     response.headers["ETag"] = public.etag
     return public
+
+
+@router.delete(
+    "/v1/jobs/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses=problem_responses(401, 403, 404, 409, 422),
+)
+def delete(job_id: str, principal: WriterDep, session: SessionDep) -> Response:
+    """Delete a job that is not running, and its files: frees the tenant's quota."""
+    delete_job(session, get_job(session, principal.tenant_id, job_id))
+    session.commit()
+    return Response(status_code=204)
 
 
 @router.get(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +23,7 @@ from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.auth import Principal
 from autofusion.app.services.jobs import check_pattern_names, create_job
 from autofusion.app.services.model_work import inspect_upload
+from autofusion.app.services.quotas import Quotas
 from autofusion.app.services.uploads._form import Upload, invalid_config
 from autofusion.app.services.uploads._receive import IncomingBody, receive_upload, remove_folder
 from autofusion.fusion_core.errors import describe_fields, field_errors
@@ -45,6 +46,8 @@ class StoredUpload:
     model_digest: str
     data_files: list[dict[str, str]]
     options: OptimizeOptions
+    # Each stored blob's size by digest: what the job adds to its tenant's stored bytes.
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 def parse_options(text: str | None) -> OptimizeOptions:
@@ -66,14 +69,19 @@ def parse_options(text: str | None) -> OptimizeOptions:
         raise ProblemError(422, "invalid-config", "Invalid config", detail, errors=errors) from None
 
 
-def store_upload(upload: Upload, store: ArtifactStore) -> tuple[str, list[dict[str, str]]]:
-    """Put the model and data files in the store: ``(model digest, [{name, digest}])``."""
-    model_digest = store.put_file(upload.model_path)
+def store_upload(
+    upload: Upload, store: ArtifactStore
+) -> tuple[str, list[dict[str, str]], dict[str, int]]:
+    """Put the model and data files in the store: ``(model digest, [{name, digest}],
+    {digest: size})``."""
+    paths = [upload.model_path, *(upload.folder / name for name in sorted(upload.data_names))]
+    digests = [store.put_file(path) for path in paths]
+    sizes = {digest: path.stat().st_size for digest, path in zip(digests, paths, strict=True)}
     data_files = [
-        {"name": name, "digest": store.put_file(upload.folder / name)}
-        for name in sorted(upload.data_names)
+        {"name": path.name, "digest": digest}
+        for path, digest in zip(paths[1:], digests[1:], strict=True)
     ]
-    return model_digest, data_files
+    return digests[0], data_files, sizes
 
 
 async def accept_upload(
@@ -90,10 +98,10 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
         options = parse_options(upload.config_text)
         # Past api_inline_check_bytes, in a child with a memory limit (model_work).
         await inspect_upload(upload.model_path, upload.data_names, settings)
-        model_digest, data_files = await asyncio.to_thread(store_upload, upload, store)
+        model_digest, data_files, sizes = await asyncio.to_thread(store_upload, upload, store)
     finally:
         await asyncio.to_thread(remove_folder, upload.folder)
-    return StoredUpload(upload.model_path.name, model_digest, data_files, options)
+    return StoredUpload(upload.model_path.name, model_digest, data_files, options, sizes)
 
 
 def create_job_for_upload(
@@ -103,8 +111,10 @@ def create_job_for_upload(
     *,
     idempotency_key: str | None,
     max_attempts: int,
+    quotas: Quotas | None = None,
 ) -> tuple[Job, bool]:
-    """Create (and commit) the job, or find the one this Idempotency-Key made before."""
+    """Create (and commit) the job, or find the one this Idempotency-Key made before.
+    ``quotas``: the tenant's limits, checked with the insert (429 or 507, nothing kept)."""
     strategy = stored.options.strategy
     if strategy is not None and session.get(Strategy, strategy) is None:
         raise invalid_config("config.strategy", f"there is no strategy named {strategy!r}")
@@ -118,6 +128,8 @@ def create_job_for_upload(
         "strategy": strategy,
         "idempotency_key": idempotency_key,
         "max_attempts": max_attempts,
+        "sizes": stored.sizes,
+        "quotas": quotas,
     }
     try:
         job, created = create_job(session, principal, **arguments)
