@@ -89,6 +89,9 @@ def create_app(settings: Settings | None = None, *, companion: Companion | None 
         celery = queue_app(settings)
         app.state.celery = celery
         app.state.enqueue = lambda job_id: publish_job(celery, job_id)
+        # Last: the database file and the broker's folder exist by now. Sandboxes of their
+        # own user may pass through data_dir to their folder, and see nothing else.
+        prepare_data_dir(settings, "api")
         with ExitStack() as beside:
             if companion is not None:
                 beside.enter_context(companion())

@@ -95,6 +95,29 @@ def test_api_requires_keys_on_all_interfaces(services):
     assert command[command.index("--host") + 1] == "0.0.0.0"
 
 
+@pytest.mark.parametrize("name", ["api", "worker", "migrate"])
+def test_the_services_are_bounded(services, name):
+    """Memory, processes, a read-only image, no capability beyond what starting a
+    sandbox as nobody in its own network namespace takes, no new privileges."""
+    service = services[name]
+    assert service["mem_limit"] and service["pids_limit"] > 0
+    assert service["read_only"] is True and "/tmp" in service["tmpfs"]
+    assert service["cap_drop"] == ["ALL"]
+    assert set(service["cap_add"]) <= {
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "SETUID",
+        "SETGID",
+        "KILL",
+        "SYS_ADMIN",
+    }
+    assert "no-new-privileges:true" in service["security_opt"]
+    # Root in the container only to start sandboxes as the (default) sandbox user.
+    assert service["user"] == "0:0"
+    assert "AUTOFUSION_SANDBOX_USER" not in service["environment"]
+
+
 def test_environment_names_are_settings(services):
     """A misspelt AUTOFUSION_* variable would be silently ignored: catch it here."""
     known = {f"AUTOFUSION_{name.upper()}" for name in Settings.model_fields}

@@ -18,7 +18,9 @@ __all__ = [
     "KIND_PROBLEMS",
     "Crash",
     "UserError",
+    "TIME_LIMIT_ADVICE",
     "crashed_twice_message",
+    "hung_message",
     "same_crash_before",
     "signal_name",
 ]
@@ -64,16 +66,28 @@ def same_crash_before(
     return None
 
 
+TIME_LIMIT_ADVICE = (
+    "raise the worker's time limit (AUTOFUSION_JOB_TIME_LIMIT_S), or make the job "
+    'lighter: fewer patterns (the config\'s "exclude" list), selection "priority" '
+    "rather than measured, no profile"
+)
+
+
+def hung_message(limit_s: int, cpu_s: float, seconds: float, stage: str) -> str:
+    """Why a job that computed until its time limit is not tried again."""
+    return (
+        f"the optimization ran past the time limit of {limit_s} s (stage {stage}), computing "
+        f"all along ({cpu_s:.0f} CPU seconds in {seconds:.0f} s): another attempt would do "
+        f"the same, so it is not tried again; {TIME_LIMIT_ADVICE}"
+    )
+
+
 def crashed_twice_message(
     what: str, earlier: int, attempt: int, stage: str, outcome: str | None
 ) -> str:
     """Why a job stops after its second identical crash, and what to try instead."""
     if outcome == "timeout":
-        advice = (
-            "raise the worker's time limit (AUTOFUSION_JOB_TIME_LIMIT_S), or make the job "
-            'lighter: fewer patterns (the config\'s "exclude" list), selection "priority" '
-            "rather than measured, no profile"
-        )
+        advice = TIME_LIMIT_ADVICE
     elif outcome == "memory":
         advice = (
             "raise the worker's memory limit (AUTOFUSION_JOB_MEMORY_LIMIT_MB), or fold fewer "

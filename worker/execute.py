@@ -57,6 +57,12 @@ from autofusion.app.services.jobs import (
     release_job,
     report_progress,
 )
+from autofusion.app.services.sandbox_policy import (
+    isolation_request,
+    job_cpu_limit_s,
+    sandbox_identity,
+    share_measured_cache,
+)
 from autofusion.app.services.scratch import write_owner
 from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN
 from autofusion.worker import sandbox
@@ -65,6 +71,7 @@ from autofusion.worker.attempts import (
     Crash,
     UserError,
     crashed_twice_message,
+    hung_message,
     same_crash_before,
     signal_name,
 )
@@ -182,6 +189,7 @@ class _Attempt:
                 heartbeat_s=max(0.5, self.settings.lease_s / 3),
                 report=self.report,
                 should_stop=self.stop.is_set,
+                identity=sandbox_identity(self.settings),
             )
             return self._after_child(child, plan)
         except UserError as exc:
@@ -235,6 +243,8 @@ class _Attempt:
             "model": Path(self.job.model_name).name,
             "config": plan.config,
             "memory_limit_mb": self.settings.job_memory_limit_mb,
+            "cpu_limit_s": job_cpu_limit_s(self.settings),
+            **isolation_request(self.settings, file_size_limit_mb=self._file_size_limit_mb()),
             "parent_pid": os.getpid(),
             "registry_version": plan.snapshot.version,
             # The child's log lines: the worker's format, the job's ids.
@@ -245,6 +255,7 @@ class _Attempt:
         (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
         patterns = json.dumps(plan.snapshot.specs)
         (self.folder / sandbox.PATTERNS_FILE).write_text(patterns, encoding="utf-8")
+        share_measured_cache(self.settings)  # plan.py points measured selection there
 
     def _after_child(self, child: ChildRun, plan: Plan) -> Outcome:
         if child.status == "abandoned":
@@ -253,6 +264,12 @@ class _Attempt:
             return self._release(error=None, count_attempt=False)
         if child.status == "timeout":
             limit = self.settings.job_time_limit_s
+            if child.busy:  # a hang is not a crash: it would compute the same way again
+                error = hung_message(limit, child.cpu_seconds, child.seconds, self.stage)
+                entry = self._attempt_entry("timeout")
+                return self._finish(
+                    JobStatus.failed, error=error, error_type="time-limit", attempt_entry=entry
+                )
             raise Crash(
                 f"the optimization ran past the time limit of {limit} s",
                 outcome="timeout",
@@ -363,15 +380,28 @@ class _Attempt:
         self.stored[digest] = path.stat().st_size
         return digest
 
-    def _crashed(self, crash: Crash) -> Outcome:
-        what = str(crash)
-        logger.warning("job %s: attempt %d: %s", self.job_id, self.number, what)
-        entry = {
+    def _file_size_limit_mb(self) -> int:
+        """The largest file the sandbox may write: the setting, and never more than the
+        inputs four times over plus 1 GiB, whatever the job's config allows the fused
+        model to grow to (its size cap is the job's to set; the disk is the server's)."""
+        inputs = self.folder / sandbox.INPUT_DIR
+        size = sum(path.stat().st_size for path in inputs.iterdir() if path.is_file())
+        relative_mb = -(-(4 * size + 1024**3) // 1024**2)
+        return min(self.settings.job_file_size_limit_mb, relative_mb)
+
+    def _attempt_entry(self, outcome: str) -> dict[str, Any]:
+        """This attempt's line of ``Job.attempt_log``."""
+        return {
             "attempt": self.number,
-            "outcome": crash.outcome or "error",
+            "outcome": outcome,
             "stage": self.stage,
             "model_digest": self.job.model_digest,
         }
+
+    def _crashed(self, crash: Crash) -> Outcome:
+        what = str(crash)
+        logger.warning("job %s: attempt %d: %s", self.job_id, self.number, what)
+        entry = self._attempt_entry(crash.outcome or "error")
         earlier = same_crash_before(self.job.attempt_log, crash.outcome, self.job.model_digest)
         if earlier is not None:
             error = crashed_twice_message(what, earlier, self.number, self.stage, crash.outcome)

@@ -27,13 +27,15 @@ when the worker that started it dies (a ``kill -9`` of the worker leaves no orph
 behind), the progress stream and the error file. ``worker.supervise`` starts it.
 
 For tests only, ``AUTOFUSION_SANDBOX_TEST_CRASH`` makes the sandbox misbehave just before
-it optimizes: ``segv`` (a segmentation fault) or ``sleep:SECONDS``. The worker sets it
+it optimizes: ``segv`` (a segmentation fault), ``sleep:SECONDS`` (waiting) or
+``spin:SECONDS`` (computing) or ``write:MB`` (a file that big). The worker sets it
 nowhere; a job's config cannot reach it.
 """
 
 from __future__ import annotations
 
 # Only the standard library before the memory limit is in place.
+import errno
 import json
 import logging
 import os
@@ -167,6 +169,14 @@ def _test_crash() -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
     elif mode.startswith("sleep:"):
         time.sleep(float(mode.partition(":")[2]))
+    elif mode.startswith("write:"):  # a file of that many MB, as a model that grows
+        with open("grown.bin", "wb") as f:
+            for _ in range(int(mode.partition(":")[2])):
+                f.write(b"\0" * 1024 * 1024)
+    elif mode.startswith("spin:"):  # computing, as a model that hangs constant folding
+        end = time.monotonic() + float(mode.partition(":")[2])
+        while time.monotonic() < end:
+            pass
 
 
 def _kind_of(exc: BaseException) -> str:
@@ -174,6 +184,8 @@ def _kind_of(exc: BaseException) -> str:
         return "check"
     if is_out_of_memory(exc):
         return "memory"
+    if _too_big_a_file(exc):
+        return "model"
     try:
         from pydantic import ValidationError
 
@@ -195,6 +207,16 @@ def _kind_of(exc: BaseException) -> str:
     return "internal"
 
 
+def _too_big_a_file(exc: BaseException | None) -> bool:
+    """A write past RLIMIT_FSIZE (``job_file_size_limit_mb``): EFBIG, here or as a cause."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def describe_validation_error(exc: Any) -> str:
     """A pydantic ValidationError in one line: ``field: message; ...``."""
     from autofusion.fusion_core.errors import describe_fields, field_errors
@@ -205,6 +227,13 @@ def describe_validation_error(exc: Any) -> str:
 def _message(kind: str, exc: BaseException) -> str:
     if kind == "memory":
         return "ran out of memory"
+    if _too_big_a_file(exc):
+        return (
+            "the optimization wrote a file past the largest this server allows "
+            "(AUTOFUSION_JOB_FILE_SIZE_LIMIT_MB): the model grows too much as it is "
+            'optimized; fold fewer constants ("fold_constants": false) or ask the operator '
+            "to raise the limit"
+        )
     if kind == "config" and hasattr(exc, "errors") and callable(exc.errors):
         return f"invalid options: {describe_validation_error(exc)}"
     if kind in USER_ERROR_KINDS:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from autofusion.app.services.sandbox import Report, SandboxRun, run_sandbox
+from autofusion.app.services.sandbox import Report, SandboxIdentity, SandboxRun, run_sandbox
 from autofusion.worker.sandbox import OPTIMIZE
 
 __all__ = ["ChildRun", "run_child"]
@@ -29,10 +29,12 @@ def run_child(
     heartbeat_s: float,
     report: Report,
     should_stop: Callable[[], bool] = lambda: False,
+    identity: SandboxIdentity | None = None,
 ) -> ChildRun:
     """Run ``python -P -m autofusion.worker.sandbox folder`` until it exits or must be
     killed: past ``time_limit_s``, when ``report`` (called with each progress line and
-    at least every ``heartbeat_s``) returns False, or once ``should_stop()``."""
+    at least every ``heartbeat_s``) returns False, or once ``should_stop()``. With an
+    ``identity``, the sandbox drops to that user (the job file says so too)."""
     return run_sandbox(
         OPTIMIZE,
         folder,
@@ -40,4 +42,5 @@ def run_child(
         heartbeat_s=heartbeat_s,
         report=report,
         should_stop=should_stop,
+        identity=identity,
     )

@@ -23,6 +23,8 @@ def incoming(request: Request, settings: Settings) -> IncomingBody:
         content_length=request.headers.get("content-length"),
         chunks=_chunks(request),
         slots=_slots(request, settings),
+        gone=request.is_disconnected,
+        client=request.client.host if request.client else None,
     )
 
 

@@ -86,11 +86,17 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
 
     from autofusion.app.core.db import get_engine
     from autofusion.app.services.artifacts import make_store
+    from autofusion.app.services.sandbox_policy import prepare_data_dir
     from autofusion.worker.celery_app import QUEUE, make_celery
     from autofusion.worker.reaper import Reaper
     from autofusion.worker.tasks import enqueue_job
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare_data_dir(settings, "worker")  # sandboxes of their own user see their folder only
+    except ValueError as exc:
+        sys.stderr.write(f"autofusion worker: error: {exc}\n")
+        return 2
     celery = make_celery(settings)
     celery.conf.autofusion_store = make_store(settings)
     reaper = Reaper(settings, lambda job_id: enqueue_job(celery, job_id))

@@ -180,10 +180,11 @@ class Settings(BaseSettings):
     # streams. The dashboard's login form needs a few hundred bytes.
     max_form_bytes: int = Field(default=4 * 1024**2, ge=1)
     max_login_bytes: int = Field(default=8 * 1024, ge=1)
-    # Slow clients: a body must arrive at min_body_rate_bytes_s once the first
+    # Slow clients: a body must arrive at min_body_rate_bytes_s (16 KiB/s: a 2 GiB upload
+    # may take 36 h at that rate; a trickle meant to hold a slot is cut) once the first
     # body_rate_grace_s have passed, with no gap over body_idle_timeout_s and in
     # body_total_timeout_s at most; otherwise 408 (and an upload's folder is removed).
-    min_body_rate_bytes_s: int = Field(default=1024, ge=0)
+    min_body_rate_bytes_s: int = Field(default=16 * 1024, ge=0)
     body_rate_grace_s: float = Field(default=10.0, ge=0)
     body_idle_timeout_s: float = Field(default=30.0, gt=0)
     body_total_timeout_s: float = Field(default=3600.0, gt=0)
@@ -203,8 +204,8 @@ class Settings(BaseSettings):
     scratch_max_age_s: float = Field(default=3600.0, gt=0)
     scratch_sweep_interval_s: float = Field(default=300.0, gt=0)
 
-    # Model work the API hands to a child process (issue 15, item 1): upload checks of
-    # models over api_inline_check_bytes, and every pattern trial
+    # Model work the API hands to a child process (issue 15, item 1; issue 26): every
+    # upload check and every pattern trial
     # (app/services/model_work.py). Each child gets this wall clock (then its process
     # group is killed), CPU time and address space; at most api_sandbox_concurrency run
     # at once per API process, a request waits api_sandbox_queue_s for a free slot and
@@ -214,9 +215,6 @@ class Settings(BaseSettings):
     api_sandbox_memory_limit_mb: int = Field(default=6144, ge=256)
     api_sandbox_concurrency: int = Field(default=2, ge=1)
     api_sandbox_queue_s: float = Field(default=10.0, ge=0)
-    # Uploaded models up to this size are checked in the API process (a few times this
-    # in memory, no child to start); bigger ones in a child. 0: always in a child.
-    api_inline_check_bytes: int = Field(default=64 * 1024**2, ge=0)
 
     # Upload validation caps (issue 15, item 5; app/services/model_checks.py): nodes in
     # all graphs, subgraphs and functions together, and how deep subgraphs (If/Loop/Scan
@@ -243,6 +241,26 @@ class Settings(BaseSettings):
     # sets no total cap.
     job_retention_s: float = Field(default=30 * 86400.0, ge=0)
     max_stored_bytes_total: int = Field(default=50 * 1024**3, ge=0)
+
+    # --- Sandbox identity and limits (issue 26) ---
+    # A service running as root starts each sandbox as this unprivileged user (its own
+    # folder writable, nothing else of data_dir readable), in a network namespace of its
+    # own when sandbox_isolate_network; "" keeps the service's user (not advised).
+    # A service that is not root cannot switch: it says so at start.
+    sandbox_user: str = "nobody"
+    sandbox_isolate_network: bool = True
+    # Processes and threads of the sandbox user, all sandboxes together (RLIMIT_NPROC).
+    sandbox_max_processes: int = Field(default=1024, ge=16)
+    # The largest file a job's sandbox may write (RLIMIT_FSIZE; the fused model, its
+    # data file, the report), and an API sandbox's (it writes only small results).
+    job_file_size_limit_mb: int = Field(default=16384, ge=16)
+    api_sandbox_file_size_limit_mb: int = Field(default=64, ge=1)
+    # Pattern trials (POST /v1/patterns/{name}/test) one tenant may run at once, per API
+    # process; over it, 429 too-many-trials with Retry-After.
+    max_concurrent_trials_per_tenant: int = Field(default=1, ge=1)
+    # CPU seconds of a job's sandbox (RLIMIT_CPU), a backstop to job_time_limit_s;
+    # unset: the time limit times this machine's cores.
+    job_cpu_limit_s: int | None = Field(default=None, ge=1)
 
     # --- Startup and smaller checks (issue 26) ---
     # The reaper sends a queued job again when its message may be lost: untouched for a

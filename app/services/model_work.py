@@ -8,7 +8,8 @@ to the ``api_sandbox_*`` settings:
 * ``api_sandbox_cpu_limit_s``: its CPU seconds (RLIMIT_CPU), should the wall clock fail;
 * ``api_sandbox_time_limit_s``: wall clock, after which its whole process group is
   killed (it runs in a session of its own);
-* ``api_sandbox_concurrency``: sandboxes at once in this process; a request waits up to
+* ``api_sandbox_concurrency``: sandboxes at once in this process (upload checks and
+  trials together); a request waits up to
   ``api_sandbox_queue_s`` for a free slot, then answers 503 with ``Retry-After``.
 
 A limit it runs into is a 422 problem that names the limit and its setting, never a
@@ -29,20 +30,26 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.api_sandbox import MODEL_WORK
-from autofusion.app.services.sandbox import SandboxRun, run_sandbox
+from autofusion.app.services.sandbox import SandboxIdentity, SandboxRun, run_sandbox, share_read
+from autofusion.app.services.sandbox_policy import isolation_request, sandbox_identity
 
 __all__ = ["child_settings", "inspect_upload", "run_model_child"]
 
 logger = logging.getLogger(__name__)
 
+# Whether the client that asked for the work has left.
+ClientCheck = Callable[[], Awaitable[bool]]
+
 _SLOT_POLL_S = 0.05
+# How often a running sandbox asks whether its client is still there.
+_GONE_POLL_S = 0.5
 # A cancelled request stops its sandbox within a poll; the kill waits this long at most.
 _STOP_WAIT_S = 15
 # Settings a sandbox never needs and must not see: connection strings carry passwords.
@@ -84,39 +91,36 @@ def child_settings(settings: Settings) -> dict[str, Any]:
 
 
 async def inspect_upload(model_path: Path, data_names: Collection[str], settings: Settings) -> None:
-    """``model_checks.inspect_model`` on an upload, in a sandbox unless the model is small.
+    """``model_checks.inspect_model`` on an upload, in a sandbox whatever its size.
 
-    Parsing a ModelProto takes a few times its size in memory: a model up to
-    ``api_inline_check_bytes`` is checked in a thread of the API process (no sandbox to
-    start), a bigger one in a sandbox under ``api_sandbox_memory_limit_mb``.
+    Parsing a ModelProto takes a few times its size in memory, and a small file can
+    hold a million nodes: the API process parses none (eight 26 MB uploads at once took
+    it from 253 MB to 5.5 GB when small models were checked in its threads). The cost is
+    a sandbox's start, about a second, on each upload.
     """
-    try:
-        size = await asyncio.to_thread(lambda: model_path.stat().st_size)
-    except OSError:  # no model at all: inspect_model says so
-        size = 0
-    if size <= settings.api_inline_check_bytes:
-        # Imported here: the checks parse with onnx, which an API that has not been sent a
-        # small model never loads (tests/app/test_api_imports.py).
-        from autofusion.app.services.model_checks import inspect_model
-
-        await asyncio.to_thread(inspect_model, model_path, data_names, settings)
-        return
     request = {"model": str(model_path.resolve()), "data_names": sorted(data_names)}
     await run_model_child("inspect", request, settings, what="the model check")
 
 
 async def run_model_child(
-    task: str, request: dict[str, Any], settings: Settings, *, what: str
+    task: str,
+    request: dict[str, Any],
+    settings: Settings,
+    *,
+    what: str,
+    client_gone: ClientCheck | None = None,
 ) -> dict[str, Any]:
     """Run ``task`` in a sandbox; its result, or the ProblemError that says why not.
 
-    ``what`` names the work in messages ("the pattern trial", "the model check").
+    ``what`` names the work in messages ("the pattern trial", "the model check");
+    ``client_gone`` is asked every ``_GONE_POLL_S``: once the client has left, the
+    sandbox is killed (its slot is free for someone who waits for an answer).
     """
     await _take_slot(settings, what)
     try:
         folder = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_scratch_root(settings)))
         try:
-            return await _run_in(folder, task, request, settings, what)
+            return await _run_in(folder, task, request, settings, what, client_gone)
         finally:
             await asyncio.to_thread(shutil.rmtree, folder, True)
     finally:
@@ -149,18 +153,26 @@ async def _take_slot(settings: Settings, what: str) -> None:
 
 
 async def _run_in(
-    folder: Path, task: str, request: dict[str, Any], settings: Settings, what: str
+    folder: Path,
+    task: str,
+    request: dict[str, Any],
+    settings: Settings,
+    what: str,
+    client_gone: ClientCheck | None,
 ) -> dict[str, Any]:
     payload = {
         **request,
         "task": task,
         "memory_limit_mb": settings.api_sandbox_memory_limit_mb,
         "cpu_limit_s": settings.api_sandbox_cpu_limit_s,
+        **isolation_request(settings, file_size_limit_mb=settings.api_sandbox_file_size_limit_mb),
         "parent_pid": os.getpid(),
         "settings": child_settings(settings),
     }
     (folder / MODEL_WORK.request_file).write_text(json.dumps(payload), encoding="utf-8")
-    run = await _watched(folder, settings.api_sandbox_time_limit_s)
+    identity = sandbox_identity(settings)
+    await asyncio.to_thread(_share_upload, Path(request["model"]), identity)
+    run = await _watched(folder, settings.api_sandbox_time_limit_s, identity, client_gone)
     if run.failure is None:
         with contextlib.suppress(OSError, ValueError):  # unreadable: it failed, below
             return json.loads((folder / MODEL_WORK.result_file).read_text(encoding="utf-8"))
@@ -186,15 +198,45 @@ async def _run_in(
     raise _failed_problem(what, run)
 
 
-async def _watched(folder: Path, time_limit_s: float) -> SandboxRun:
-    """``run_sandbox`` in a watcher thread; a cancelled request stops the sandbox (its
-    group is killed) before the folder is removed."""
+def _share_upload(model: Path, identity: SandboxIdentity | None) -> None:
+    """The upload's folder (the model and its data files) readable by the sandbox's user,
+    never writable: a sandbox sees the one upload it checks."""
+    folder = model.parent
+    share_read([folder, *(p for p in folder.iterdir() if p.is_file())], identity)
+
+
+async def _watched(
+    folder: Path,
+    time_limit_s: float,
+    identity: SandboxIdentity | None,
+    client_gone: ClientCheck | None,
+) -> SandboxRun:
+    """``run_sandbox`` in a watcher thread; a cancelled request, or one whose client has
+    left, stops the sandbox (its group is killed) before the folder is removed."""
     stop = threading.Event()
     watch = functools.partial(
-        run_sandbox, MODEL_WORK, folder, time_limit_s=time_limit_s, should_stop=stop.is_set
+        run_sandbox,
+        MODEL_WORK,
+        folder,
+        time_limit_s=time_limit_s,
+        should_stop=stop.is_set,
+        identity=identity,
     )
     running = asyncio.wrap_future(_in_thread(watch))
     try:
+        while client_gone is not None:
+            done, _ = await asyncio.wait({running}, timeout=_GONE_POLL_S)
+            if done:
+                break
+            if await client_gone():
+                stop.set()
+                await asyncio.wait([running], timeout=_STOP_WAIT_S)
+                raise ProblemError(
+                    400,
+                    "upload-incomplete",
+                    "Upload incomplete",
+                    "the client disconnected before the model work ended; it was stopped",
+                )
         return await asyncio.shield(running)
     except asyncio.CancelledError:
         stop.set()

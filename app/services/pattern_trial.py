@@ -18,6 +18,10 @@ reason) come back; a model that hangs or explodes there fails its own request wi
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from autofusion.app.core.config import Settings
@@ -47,6 +51,41 @@ class PatternTrial:
     pictures: list[str] = field(default_factory=list)
 
 
+class _TenantTrials:
+    """How many trials each tenant runs at once in this process: a tenant that sends
+    hanging models keeps its own trials busy, not everyone's ``/test``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: Counter[str] = Counter()
+
+    @contextmanager
+    def hold(self, tenant: str | None, settings: Settings) -> Iterator[None]:
+        key = tenant or ""
+        limit = settings.max_concurrent_trials_per_tenant
+        with self._lock:
+            if self._running[key] >= limit:
+                retry = max(1, round(settings.api_sandbox_time_limit_s / 4))
+                busy = ProblemError(
+                    429,
+                    "too-many-trials",
+                    "Too many pattern trials",
+                    f"this tenant has {limit} pattern trial(s) running, the limit per tenant "
+                    f"(max_concurrent_trials_per_tenant); retry in {retry} s",
+                )
+                busy.headers = {"Retry-After": str(retry)}
+                raise busy
+            self._running[key] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running[key] -= 1
+
+
+_trials = _TenantTrials()
+
+
 def read_pattern(settings: Settings, name: str) -> PatternRecord:
     """The pattern, read in a session held only for the read: a trial holds none."""
     with session_factory(settings.resolved_database_url)() as session:
@@ -64,6 +103,13 @@ async def trial_upload(
     """Receive the multipart upload (one ``model`` part) and try ``record`` on it in a
     sandbox; ``pictures`` asks for SVGs of that many first matches. The upload
     holds one of ``tenant``'s upload slots while it streams."""
+    with _trials.hold(tenant, settings):
+        return await _try_upload(body, settings, record, pictures, tenant)
+
+
+async def _try_upload(
+    body: IncomingBody, settings: Settings, record: PatternRecord, pictures: int, tenant: str | None
+) -> PatternTrial:
     upload = await receive_upload(body, settings, tenant=tenant)
     try:
         if upload.data_names or upload.config_text is not None:
@@ -84,7 +130,9 @@ async def trial_upload(
             "pattern": pattern,
             "pictures": pictures,
         }
-        found = await run_model_child("trial", request_body, settings, what="the pattern trial")
+        found = await run_model_child(
+            "trial", request_body, settings, what="the pattern trial", client_gone=body.gone
+        )
     finally:
         await asyncio.to_thread(remove_folder, upload.folder)
     return PatternTrial(

@@ -15,6 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnx
+from onnx import TensorProto, helper
+
 REPO = Path(__file__).resolve().parents[2]
 # Modules of model work: the runtime, the optimizer, the engine's running stages, the worker.
 MODEL_WORK = (
@@ -36,13 +39,24 @@ from autofusion.app.main import create_app
 settings = Settings(data_dir=Path(sys.argv[1]), embedded_worker=False)
 with TestClient(create_app(settings)) as client:
     code = client.get("/v1/strategies").status_code
-print("\\n" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
+    files = {"model": ("model.onnx", Path(sys.argv[2]).read_bytes(), "application/octet-stream")}
+    accepted = client.post("/v1/optimize", files=files).status_code
+print("\\n" + json.dumps({"code": code, "accepted": accepted, "modules": sorted(sys.modules)}))
 """
 
 
 def test_the_api_process_loads_no_worker_and_no_runtime(tmp_path: Path) -> None:
+    """Not even once it has checked an upload: the check parses in a sandbox."""
+    model = tmp_path / "model.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(tmp_path / "data")],
+        [sys.executable, "-c", _PROBE, str(tmp_path / "data"), str(model)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -51,7 +65,7 @@ def test_the_api_process_loads_no_worker_and_no_runtime(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["code"] == 200
+    assert (result["code"], result["accepted"]) == (200, 202)
     loaded = sorted(
         name
         for name in result["modules"]

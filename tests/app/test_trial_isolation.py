@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from autofusion.app.services import model_work
 from autofusion.app.services.model_checks import inspect_model
 from autofusion.app.services.model_work import child_settings, inspect_upload
 from autofusion.app.services.sandbox import sandbox_environment
+from tests.app.cli_server import Server
 
 PROBLEM = "application/problem+json"
 BASE = "https://autofusion.dev/problems/"
@@ -75,8 +77,10 @@ def make_client(tmp_path: Path, **options) -> TestClient:
         "api_sandbox_memory_limit_mb": 1024,
         "api_sandbox_concurrency": 2,
         "api_sandbox_queue_s": 0,
-        # Ten uploads at once from one tenant: past the upload limit's default of four.
+        # Ten uploads at once from one tenant: past the upload limit's default of four,
+        # and past the default of one trial per tenant.
         "max_concurrent_uploads_per_tenant": 16,
+        "max_concurrent_trials_per_tenant": 16,
         **options,
     }
     settings = Settings(data_dir=tmp_path / "data", embedded_worker=False, **limits)
@@ -344,7 +348,7 @@ def big_model(path: Path, megabytes: int) -> Path:
 
 
 def check_settings(tmp_path: Path, **options) -> Settings:
-    return Settings(data_dir=tmp_path / "data", **{"api_inline_check_bytes": 0, **options})
+    return Settings(data_dir=tmp_path / "data", **options)
 
 
 def test_a_big_upload_is_checked_in_a_child_not_in_the_api(tmp_path):
@@ -375,8 +379,7 @@ def test_a_model_too_big_for_the_child_is_a_problem_naming_the_limit(tmp_path):
     assert "api_sandbox_memory_limit_mb" in problem.detail
 
 
-@pytest.mark.parametrize("inline", [True, False], ids=["inline", "child"])
-def test_the_child_refuses_what_the_inline_check_refuses(tmp_path, inline):
+def test_the_child_refuses_what_inspect_model_refuses(tmp_path):
     node = helper.make_node("Launch", ["x"], ["y"], domain="evil.ops")
     graph = helper.make_graph(
         [node],
@@ -387,24 +390,89 @@ def test_the_child_refuses_what_the_inline_check_refuses(tmp_path, inline):
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("evil.ops", 1)]
     path = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=opsets), path)
-    settings = check_settings(tmp_path, api_inline_check_bytes=1 << 30 if inline else 0)
-    with pytest.raises(ProblemError) as caught:
+    settings = check_settings(tmp_path)
+    with pytest.raises(ProblemError) as in_process:
+        inspect_model(path, (), settings)
+    with pytest.raises(ProblemError) as in_child:
         asyncio.run(inspect_upload(path, (), settings))
-    assert (caught.value.status, caught.value.slug) == (422, "op-domain-not-allowed")
-    assert "evil.ops" in caught.value.detail
+    for caught in (in_process, in_child):
+        assert (caught.value.status, caught.value.slug) == (422, "op-domain-not-allowed")
+        assert "evil.ops" in caught.value.detail
 
 
-def test_optimize_checks_an_upload_over_the_inline_size_in_the_child(tmp_path):
+def test_even_a_tiny_upload_is_checked_in_the_child(tmp_path):
     """A child given too little time to even start refuses the upload: the check ran
-    there. (Not memory: how much a child needs to start depends on what it imports.)"""
+    there, even for a model of a few bytes (the API used to check those in its own
+    threads). With the time to start, the same upload is accepted."""
     tiny = _model(
         helper.make_node("Relu", ["x"], ["y"]), helper.make_tensor("x", TensorProto.FLOAT, [1], [1])
     ).SerializeToString()
     files = {"model": ("model.onnx", tiny, "application/octet-stream")}
-    starved = {"api_sandbox_time_limit_s": 0.05}
-    with make_client(tmp_path / "child", api_inline_check_bytes=0, **starved) as client:
+    with make_client(tmp_path / "starved", api_sandbox_time_limit_s=0.05) as client:
         refused = client.post("/v1/optimize", files=files)
     body = assert_problem(refused, 422, "model-work-limit")
     assert body["limit"] == "time" and "the model check" in body["detail"]
-    with make_client(tmp_path / "inline", **starved) as client:  # 64 MiB: checked inline
+    with make_client(tmp_path / "fed") as client:
         assert client.post("/v1/optimize", files=files).status_code == 202
+
+
+def test_a_tenant_runs_one_trial_at_a_time_by_default(tmp_path):
+    """Two hanging trials a minute kept /test at 503 for everyone: now one tenant's
+    second trial is its own 429, and the shared sandbox slots stay free for others."""
+    with make_client(tmp_path, max_concurrent_trials_per_tenant=1) as client:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(trial, client, hanging_model())
+            deadline = time.monotonic() + ANSWER_WITHIN_S
+            while not children_of(tmp_path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            second = trial(client, hanging_model())
+            body = assert_problem(second, 429, "too-many-trials")
+            assert int(second.headers["Retry-After"]) >= 1
+            assert "max_concurrent_trials_per_tenant" in body["detail"]
+            assert first.result().status_code == 422
+        # Its trial over, the tenant may try again.
+        assert trial(client, hanging_model()).status_code == 422
+
+
+def _multipart(content: bytes) -> tuple[bytes, str]:
+    boundary = "autofusionboundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="model"; '
+            f'filename="model.onnx"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+        + content
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def test_a_trial_whose_client_leaves_is_killed(tmp_path):
+    """The child used to run to its time limit after its client had left."""
+    server = Server(
+        tmp_path / "data",
+        "--no-embedded-worker",
+        env={
+            "AUTOFUSION_API_SANDBOX_TIME_LIMIT_S": "60",
+        },
+    )
+    try:
+        server.wait_healthy()
+        body, content_type = _multipart(hanging_model())
+        head = (
+            f"POST /v1/patterns/conv_bn/test HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as conn:
+            conn.sendall(head + body)
+            deadline = time.monotonic() + ANSWER_WITHIN_S
+            while not children_of(tmp_path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert children_of(tmp_path), "the trial's sandbox never started"
+        left = time.monotonic()
+        while children_of(tmp_path) and time.monotonic() - left < 10:
+            time.sleep(0.1)
+        assert children_of(tmp_path) == [], "the sandbox outlived its client"
+        assert time.monotonic() - left < 10
+    finally:
+        server.stop()

@@ -123,9 +123,26 @@ def assert_refused(service, response, problem, status: int, slug: str, opened: l
     assert service.job_count() == 0 and service.enqueued == []
     assert service.uploads_left() == []
     uploads = str(service.settings.uploads_dir.resolve())
-    outside = [p for p in opened if not p.startswith(uploads + os.sep)]
+    # The checks parse in a sandbox (model_work): the API process itself opens only the
+    # upload, and what starting and watching a child takes (/dev/null, its /proc files).
+    machinery = (os.devnull, "/proc/")
+    outside = [p for p in opened if not p.startswith((uploads + os.sep, *machinery))]
     assert outside == [], f"read outside the upload folder: {outside}"
     return body
+
+
+def assert_reads_only_its_folder(model: onnx.ModelProto, tmp_path: Path, opened: list[str]):
+    """``inspect_model`` itself (what the sandbox runs) opens nothing outside the model's
+    folder while it refuses ``model``."""
+    folder = tmp_path / "upload"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(WEIGHTS.tobytes())
+    onnx.save(model, folder / "model.onnx")
+    opened.clear()
+    with pytest.raises(ProblemError):
+        inspect_model(folder / "model.onnx", ["w.bin"], Settings(data_dir=tmp_path / "data"))
+    outside = [p for p in opened if not p.startswith(str(folder.resolve()) + os.sep)]
+    assert outside == [], f"read outside the model's folder: {outside}"
 
 
 @pytest.mark.parametrize(
@@ -140,12 +157,15 @@ def assert_refused(service, response, problem, status: int, slug: str, opened: l
         pytest.param("sub/w.bin", "not one of the uploaded", id="subfolder"),
     ],
 )
-def test_external_data_outside_the_upload_is_refused(service, problem, opened, location, words):
+def test_external_data_outside_the_upload_is_refused(
+    service, problem, opened, location, words, tmp_path
+):
     model = external_model(location).SerializeToString()
     response = service.submit(model, data=[("w.bin", WEIGHTS.tobytes())])
     body = assert_refused(service, response, problem, 422, "unsafe-external-data", opened)
     assert words in body["detail"]
     assert not any("passwd" in p or "win.ini" in p for p in opened)
+    assert_reads_only_its_folder(external_model(location), tmp_path, opened)
 
 
 def test_external_data_shorter_than_its_tensor_is_refused(service, problem, opened):
@@ -159,7 +179,8 @@ def test_external_data_beside_the_model_is_accepted_and_stored(service, opened):
     model = external_model("w.bin", offset="0", length="16").SerializeToString()
     response = service.submit(model, data=[("w.bin", WEIGHTS.tobytes()), ("extra.txt", b"hi")])
     assert response.status_code == 202, response.text
-    # The recorder sees the upload being written and parsed (so its silence elsewhere counts).
+    # The recorder sees the upload being written and stored (so its silence elsewhere
+    # counts); the parse itself is the sandbox's.
     uploads = str(service.settings.uploads_dir.resolve())
     assert any(p.startswith(uploads) and p.endswith("model.onnx") for p in opened)
     files = {f["name"]: f["digest"] for f in response.json()["data_files"]}

@@ -44,16 +44,47 @@ def test_the_same_signal_twice_fails_the_job_after_the_second_attempt(
 
 
 def test_the_time_limit_twice_fails_the_job_after_the_second_attempt(make_env, monkeypatch) -> None:
-    env = make_env(job_time_limit_s=1)
+    """An attempt that waited (not computing) until its time limit may do better next
+    time: it is tried again, and seen twice, it is poison. The limit leaves the sandbox's
+    start (computing, about a second) well under half of it."""
+    env = make_env(job_time_limit_s=5)
     monkeypatch.setenv(TEST_CRASH_ENV, "sleep:60")
     job_id = env.submit(max_attempts=3)
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.requeued
     assert execute_job(env.settings, job_id, "w2", env.store) == Outcome.failed
     job = env.job(job_id)
     assert (job.status, job.attempts, job.error_type) == ("failed", 2, "crashed-twice")
-    assert "ran past the time limit of 1 s, the same way on attempts 1 and 2" in job.error
+    assert "ran past the time limit of 5 s, the same way on attempts 1 and 2" in job.error
     assert "AUTOFUSION_JOB_TIME_LIMIT_S" in job.error
     assert [e["outcome"] for e in job.attempt_log] == ["timeout", "timeout"]
+
+
+def test_a_job_that_computes_until_its_time_limit_is_not_tried_again(make_env, monkeypatch) -> None:
+    """A hang is not a crash: an attempt that used its CPU all the way to the limit (a
+    model that hangs constant folding) would do the same again."""
+    env = make_env(job_time_limit_s=2)
+    monkeypatch.setenv(TEST_CRASH_ENV, "spin:60")
+    job_id = env.submit(max_attempts=3)
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert (job.status, job.attempts, job.error_type) == ("failed", 1, "time-limit")
+    assert "ran past the time limit of 2 s" in job.error
+    assert "computing all along" in job.error and "not tried again" in job.error
+    assert [e["outcome"] for e in job.attempt_log] == ["timeout"]
+
+
+def test_a_job_that_writes_past_the_file_size_limit_fails_at_once(make_env, monkeypatch) -> None:
+    """RLIMIT_FSIZE: the write fails (EFBIG, not a SIGXFSZ death), the job fails as the
+    model's doing, with the setting named, and no attempt is spent on a retry."""
+    env = make_env(job_file_size_limit_mb=16)
+    monkeypatch.setenv(TEST_CRASH_ENV, "write:40")
+    job_id = env.submit(max_attempts=3)
+    assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.failed
+    job = env.job(job_id)
+    assert (job.status, job.attempts, job.error_type) == ("failed", 1, "invalid-model")
+    assert "AUTOFUSION_JOB_FILE_SIZE_LIMIT_MB" in job.error
+    grown = list(env.settings.jobs_dir.rglob("grown.bin"))
+    assert all(path.stat().st_size <= 16 * 1024 * 1024 for path in grown)
 
 
 def _lose_the_worker(env: WorkerEnv, job_id: str, worker_id: str) -> None:

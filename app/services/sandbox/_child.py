@@ -3,7 +3,11 @@
 In this order, before the work imports anything big:
 
 1. the limits the request names: address space (RLIMIT_AS, ``memory_limit_mb``), CPU
-   seconds (RLIMIT_CPU, ``cpu_limit_s`` where given), no core files, the kind's niceness;
+   seconds (RLIMIT_CPU, ``cpu_limit_s`` where given), the size of any file it writes
+   (RLIMIT_FSIZE, ``file_size_limit_mb``), no core files, the kind's niceness; then,
+   when the request names an ``identity`` (the parent is root), a network namespace of
+   its own (unless ``isolate_network`` is false), at most ``process_limit`` processes of
+   that user (RLIMIT_NPROC) and the drop to that user for good (``_identity``);
 2. a thread that exits the sandbox (``EXIT_ORPHANED``) once the process that started it
    (``parent_pid``) is gone, so a ``kill -9`` of the worker or the API leaves no orphan;
 3. stdout kept for progress lines, and fd 1 (C libraries, ``print``) sent to stderr, the
@@ -22,6 +26,7 @@ import json
 import logging
 import os
 import resource
+import signal
 import sys
 import threading
 import time
@@ -29,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from autofusion.app.services.sandbox._identity import drop_to, leave_network
 from autofusion.app.services.sandbox._kind import Progress, SandboxKind
 
 __all__ = ["EXIT_ERROR", "EXIT_ORPHANED", "sandbox_main"]
@@ -51,7 +57,7 @@ def sandbox_main(kind: SandboxKind, argv: list[str] | None = None) -> int:
     error_file.parent.mkdir(exist_ok=True)
     try:
         request = json.loads((folder / kind.request_file).read_text(encoding="utf-8"))
-        _limit(request, kind.niceness)
+        _limit(request, kind.niceness, made=error_file.parent)
         _exit_with_parent(int(request["parent_pid"]))
         result = kind.work(folder, request, _progress(_progress_stream()))
     except BaseException as exc:  # every failure becomes the error file, then an exit code
@@ -64,16 +70,37 @@ def sandbox_main(kind: SandboxKind, argv: list[str] | None = None) -> int:
     return 0
 
 
-def _limit(request: dict[str, Any], niceness: int) -> None:
+def _limit(request: dict[str, Any], niceness: int, made: Path) -> None:
     memory = int(request["memory_limit_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     if request.get("cpu_limit_s") is not None:
         cpu_s = int(request["cpu_limit_s"])
         # SIGXCPU at the soft limit, SIGKILL a second later should it be caught.
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    if request.get("file_size_limit_mb") is not None:
+        size = int(request["file_size_limit_mb"]) * 1024 * 1024
+        # A write past it fails with EFBIG (an error the work reports) instead of the
+        # default SIGXFSZ, which would kill the sandbox with nothing said.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if niceness:
         os.nice(niceness)
+    identity = request.get("identity")
+    if identity is None:
+        return
+    if request.get("isolate_network", True):
+        why_not = leave_network()
+        if why_not is not None:
+            logging.getLogger(__name__).warning("sandbox: network not isolated: %s", why_not)
+    # Counted per user: the sandbox user's processes and threads, all sandboxes together
+    # (a fork bomb stops here); meaningless for the service's own user, so only here.
+    processes = int(request.get("process_limit") or 0)
+    if processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+    # ``made`` (the error file's folder) was made before the request was read, as root.
+    os.chown(made, identity["uid"], identity["gid"])
+    drop_to(identity)
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autofusion.app.services.sandbox._environment import SANDBOX_UMASK, sandbox_environment
+from autofusion.app.services.sandbox._identity import SandboxIdentity, grant
 from autofusion.app.services.sandbox._kind import SandboxKind
 from autofusion.app.services.sandbox._memory import says_out_of_memory
 
@@ -65,6 +66,17 @@ class SandboxRun:
     log_tail: str
     error: dict[str, Any] | None = None
     finished: bool = False
+    # CPU seconds it used (user + system, its reaped children included): a run killed at
+    # its wall clock that computed all along would do the same again; one that waited
+    # (a busy machine, a stall) might not.
+    cpu_seconds: float = 0.0
+    # Seconds its threads were ready to run but waited for a CPU (a loaded machine).
+    runnable_seconds: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        """It computed, or wanted to, for at least half of its wall clock."""
+        return self.cpu_seconds + self.runnable_seconds >= 0.5 * self.seconds
 
     @property
     def failure(self) -> Failure | None:
@@ -94,10 +106,14 @@ def run_sandbox(
     heartbeat_s: float = math.inf,
     report: Report = lambda stage, progress: True,
     should_stop: Callable[[], bool] = lambda: False,
+    identity: SandboxIdentity | None = None,
 ) -> SandboxRun:
     """Run ``kind`` on ``folder`` (its request already written) until it exits or must be
-    killed: past ``time_limit_s``, when ``report`` returns False, or once ``should_stop()``."""
+    killed: past ``time_limit_s``, when ``report`` returns False, or once ``should_stop()``.
+    With an ``identity`` (the request names it too), ``folder`` becomes that user's."""
     start = time.monotonic()
+    (folder / kind.work_dir).mkdir(parents=True, exist_ok=True)
+    grant(folder, identity)
     with open(folder / kind.log_file, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", kind.module, str(folder)],
@@ -112,7 +128,8 @@ def run_sandbox(
     try:
         status = _watch(proc, start + time_limit_s, heartbeat_s, report, should_stop)
     finally:
-        _kill(proc)  # the group too: whatever the sandbox started goes with it
+        runnable_seconds = _runnable_seconds(proc.pid)
+        cpu_seconds = _kill(proc)  # the group too: whatever the sandbox started goes with it
         proc.stdout.close()
     return SandboxRun(
         status,
@@ -121,6 +138,8 @@ def run_sandbox(
         _log_tail(folder / kind.log_file, _LOG_TAIL_BYTES),
         error=_read_json(folder / kind.error_file),
         finished=(folder / kind.result_file).is_file(),
+        cpu_seconds=cpu_seconds,
+        runnable_seconds=runnable_seconds,
     )
 
 
@@ -155,7 +174,7 @@ def _watch(
                 if not report(lines.stage, lines.fraction):
                     return "abandoned"
                 last_report = time.monotonic()
-            if (lines.eof or not ready) and proc.poll() is not None:
+            if (lines.eof or not ready) and _exited(proc):
                 return "exited"
             if lines.eof:
                 time.sleep(0.05)  # stdout is closed: the process is on its way out
@@ -207,15 +226,48 @@ def _progress_line(line: bytes) -> tuple[str, float] | None:
         return None
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen) -> float:
+    """Kill the sandbox's group and reap it; the CPU seconds it used."""
     # The sandbox leads its own group (start_new_session): the group id is its pid, kept
     # while any member lives even once the sandbox itself has exited.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while proc.returncode is None:
+        try:  # wait4, not Popen.wait: its resource usage is the point
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else: its usage is lost
+            break
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() >= deadline:  # unkillable (stuck in the kernel): leave it
+            logger.error("sandbox process %d did not die after SIGKILL", proc.pid)
+            break
+        time.sleep(0.02)
+    return 0.0
+
+
+def _runnable_seconds(pid: int) -> float:
+    """How long the threads of ``pid`` waited on a run queue (``/proc/PID/task/*/schedstat``,
+    its second field, in ns); 0 where the kernel does not say."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            path = f"/proc/{pid}/task/{task}/schedstat"
+            with contextlib.suppress(OSError, ValueError, IndexError), open(path) as f:
+                total += int(f.read().split()[1])
+    return total / 1e9
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the sandbox has exited, leaving it to be reaped by ``_kill`` (which reads
+    its resource usage then): ``waitid`` with WNOWAIT, where Popen.poll would reap it."""
     try:
-        proc.wait(timeout=_KILL_WAIT_S)
-    except subprocess.TimeoutExpired:  # unkillable (stuck in the kernel): leave it
-        logger.error("sandbox process %d did not die after SIGKILL", proc.pid)
+        found = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return found is not None
 
 
 def _log_tail(path: Path, size: int) -> str:

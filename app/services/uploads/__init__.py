@@ -7,9 +7,8 @@
    in memory is ``config``, bounded to ``MAX_CONFIG_BYTES``.
 2. ``parse_options`` (``_accept.py``, as are steps 3 and 4) validates ``config`` against
    ``OptimizeOptions``.
-3. ``inspect_upload`` (``model_work``) parses the ModelProto alone and refuses what a
-   hostile model could abuse, before anything in ``fusion_core`` loads it; a model over
-   ``api_inline_check_bytes`` is parsed in a child process.
+3. ``inspect_upload`` (``model_work``) parses the ModelProto alone, in a sandbox, and
+   refuses what a hostile model could abuse, before anything in ``fusion_core`` loads it.
 4. ``store_upload`` puts the model and data files in the artifact store.
 
 The upload folder is removed whatever happens; ``accept_upload`` runs steps 1-4.

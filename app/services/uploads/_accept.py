@@ -96,7 +96,7 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
     """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards."""
     try:
         options = parse_options(upload.config_text)
-        # Past api_inline_check_bytes, in a child with a memory limit (model_work).
+        # In a sandbox with its own limits (model_work): the API process parses no model.
         await inspect_upload(upload.model_path, upload.data_names, settings)
         model_digest, data_files, sizes = await asyncio.to_thread(store_upload, upload, store)
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +49,11 @@ class IncomingBody:
     content_length: str | None
     chunks: AsyncIterator[bytes]
     slots: UploadSlots
+    # Whether the client has left (once its body has arrived): work done for it, such as
+    # a pattern trial's sandbox, stops then.
+    gone: Callable[[], Awaitable[bool]] | None = None
+    # The client's address, where known: whose slots an anonymous upload takes.
+    client: str | None = None
 
 
 def _boundary(content_type: str | None) -> bytes:
@@ -94,8 +99,18 @@ async def receive_upload(
     limit = settings.max_upload_bytes
     boundary = _boundary(body.content_type)
     _check_declared_length(body.content_length, limit)
-    with body.slots.hold(tenant):
+    with body.slots.hold(_slot_owner(tenant, body, settings)):
         return await _stream_upload(body.chunks, settings, boundary, text_fields)
+
+
+def _slot_owner(tenant: str | None, body: IncomingBody, settings: Settings) -> str | None:
+    """Whose upload slots an upload takes: its tenant's; on a server without keys, where
+    every request is the default tenant, its client address's (four slow uploads from
+    one client no longer hold everyone's slots)."""
+    anonymous = not settings.require_api_keys and tenant == settings.default_tenant
+    if anonymous and body.client is not None:
+        return f"{tenant}@{body.client}"
+    return tenant
 
 
 async def _stream_upload(
