@@ -11,9 +11,14 @@ with no taker, as before).
 The fair order, among the queued jobs whose tenant is below its running limit:
 
 1. the tenant with the fewest running jobs;
-2. among equals, the tenant whose latest job started longest ago (never first): with
+2. among equals, the tenant that used the workers least in the last hour
+   (``USAGE_WINDOW_S``: the seconds its jobs that started in it ran, or have run so
+   far): a tenant that sends a small job now and then goes before tenants whose hostile
+   or heavy jobs take the time limit each, so it waits behind the running jobs and its
+   own work, not behind every other tenant's queue;
+3. among equals, the tenant whose latest job started longest ago (never first): with
    one worker and nothing running, the tenants take turns;
-3. that tenant's oldest job.
+4. that tenant's oldest job.
 
 The running limit (``max_running_jobs_per_tenant``) is enforced by the claim itself
 (``running_limit``, used by ``jobs.claim_job``) in the same statement as the
@@ -26,14 +31,17 @@ row, so the reaper does not send it too) and the worker takes another message.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from autofusion.app.core.models import Job, JobStatus, utcnow
 
-__all__ = ["Pick", "hold_job", "is_held", "pick_job", "running_limit"]
+__all__ = ["USAGE_WINDOW_S", "Pick", "hold_job", "is_held", "pick_job", "running_limit"]
+
+# How far back a tenant's use of the workers counts in the fair order.
+USAGE_WINDOW_S = 3600
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,25 @@ def _running_count(tenant: ColumnElement[str], now: datetime, exclude: ColumnEle
             other.status == JobStatus.running.value,
             other.lease_until > now,
             other.id != exclude,
+        )
+        .scalar_subquery()
+    )
+
+
+def _recent_usage(now: datetime, dialect: str):
+    """For a statement over ``Job``: the seconds the job's tenant's jobs that started in
+    the last ``USAGE_WINDOW_S`` have run (a running one: so far)."""
+    other = aliased(Job)
+    end = func.coalesce(other.finished_at, now)
+    if dialect == "postgresql":
+        seconds = func.extract("epoch", end - other.started_at)
+    else:  # SQLite keeps times as text; julianday reads them
+        seconds = (func.julianday(end) - func.julianday(other.started_at)) * 86400.0
+    return (
+        select(func.coalesce(func.sum(seconds), 0.0))
+        .where(
+            other.tenant_id == Job.tenant_id,
+            other.started_at >= now - timedelta(seconds=USAGE_WINDOW_S),
         )
         .scalar_subquery()
     )
@@ -92,7 +119,8 @@ def pick_job(
     query = select(Job.id).where(*_claimable())
     if max_running:
         query = query.where(running < max_running)
-    order = (running, latest_start.asc().nulls_first(), Job.created_at, Job.id)
+    usage = _recent_usage(now, session.get_bind().dialect.name)
+    order = (running, usage, latest_start.asc().nulls_first(), Job.created_at, Job.id)
     chosen = session.scalar(query.order_by(*order).limit(1))
     if chosen is not None or not max_running:
         return Pick(chosen)

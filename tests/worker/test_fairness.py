@@ -108,6 +108,32 @@ def test_tenants_take_turns_on_one_worker(make_env) -> None:
     assert _pick(env, a[2], 2) == Pick(a[1])  # A's oldest, not the message's own
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_light_tenant_goes_before_tenants_that_used_the_workers_longer(
+    make_env, database, request
+) -> None:
+    """Goal of issue 26: a normal job waits behind at most its own tenant's work (and
+    what runs). Heavy tenants whose jobs each took ten minutes, and started longer ago,
+    used to go first on their turn; the light tenant's two-second job goes first now."""
+    overrides = {}
+    if database == "postgresql":
+        overrides["database_url"] = request.getfixturevalue("postgres_url")
+    env = make_env(max_running_jobs_per_tenant=2, **overrides)
+    now = datetime.now(UTC)
+    heavy = [_submit(env, f"heavy{i}", now - timedelta(minutes=50)) for i in range(2)]
+    light = _submit(env, "light", now - timedelta(minutes=1))
+    queued = {t: _submit(env, t, now - timedelta(seconds=30)) for t in ("heavy0", "heavy1")}
+    queued["light"] = _submit(env, "light", now - timedelta(seconds=20))
+    ran = {heavy[0]: (40, 10 * 60), heavy[1]: (30, 10 * 60), light: (1, 2)}
+    with env.db() as session:
+        for job_id, (minutes_ago, seconds) in ran.items():
+            job = session.get(Job, job_id)
+            job.status = JobStatus.succeeded.value
+            job.started_at = now - timedelta(minutes=minutes_ago)
+            job.finished_at = job.started_at + timedelta(seconds=seconds)
+    assert _pick(env, queued["heavy0"], 2) == Pick(queued["light"])
+
+
 def test_the_second_job_of_a_tenant_stays_queued_while_another_tenants_runs(limited) -> None:
     a1, a2 = _submit(limited, "a"), _submit(limited, "a")
     b1 = _submit(limited, "b")
