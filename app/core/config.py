@@ -213,7 +213,10 @@ class Settings(BaseSettings):
     api_sandbox_time_limit_s: float = Field(default=60.0, gt=0)
     api_sandbox_cpu_limit_s: int = Field(default=60, ge=1)
     api_sandbox_memory_limit_mb: int = Field(default=6144, ge=256)
-    api_sandbox_concurrency: int = Field(default=2, ge=1)
+    api_sandbox_concurrency: int = Field(default=4, ge=1)
+    # Of those, what one tenant (or, without keys, one client address) may hold at once;
+    # trials may hold half of them: hostile trials and big uploads cannot take them all.
+    api_sandbox_per_tenant: int = Field(default=1, ge=1)
     api_sandbox_queue_s: float = Field(default=10.0, ge=0)
 
     # Upload validation caps (issue 15, item 5; app/services/model_checks.py): nodes in

@@ -30,6 +30,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -62,22 +63,40 @@ _LIMIT_SETTINGS = {
 
 
 class _Slots:
-    """How many sandboxes run in this process; shared by every app in it."""
+    """How many sandboxes run in this process, in all, per owner (a tenant, or an
+    anonymous client's address) and for trials; shared by every app in it. Without the
+    last two, hostile tenants' trials and big uploads held every slot and a normal
+    upload's check answered 503."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.running = 0
+        self.trials = 0
+        self.by_owner: Counter[str] = Counter()
 
-    def try_take(self, capacity: int) -> bool:
+    def try_take(self, settings: Settings, owner: str | None, trial: bool) -> str | None:
+        """Take a slot: None, or the setting whose limit is reached."""
         with self._lock:
-            if self.running >= capacity:
-                return False
+            if self.running >= settings.api_sandbox_concurrency:
+                return "api_sandbox_concurrency"
+            if trial and self.trials >= max(1, settings.api_sandbox_concurrency // 2):
+                return "api_sandbox_concurrency (half of it for trials)"
+            if owner is not None and self.by_owner[owner] >= settings.api_sandbox_per_tenant:
+                return "api_sandbox_per_tenant"
             self.running += 1
-            return True
+            self.trials += trial
+            if owner is not None:
+                self.by_owner[owner] += 1
+            return None
 
-    def give_back(self) -> None:
+    def give_back(self, owner: str | None, trial: bool) -> None:
         with self._lock:
             self.running -= 1
+            self.trials -= trial
+            if owner is not None:
+                self.by_owner[owner] -= 1
+                if self.by_owner[owner] <= 0:
+                    del self.by_owner[owner]
 
 
 _slots = _Slots()
@@ -90,16 +109,19 @@ def child_settings(settings: Settings) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not any(w in k for w in _SECRET_WORDS)}
 
 
-async def inspect_upload(model_path: Path, data_names: Collection[str], settings: Settings) -> None:
+async def inspect_upload(
+    model_path: Path, data_names: Collection[str], settings: Settings, *, owner: str | None = None
+) -> None:
     """``model_checks.inspect_model`` on an upload, in a sandbox whatever its size.
 
     Parsing a ModelProto takes a few times its size in memory, and a small file can
     hold a million nodes: the API process parses none (eight 26 MB uploads at once took
     it from 253 MB to 5.5 GB when small models were checked in its threads). The cost is
-    a sandbox's start, about a second, on each upload.
+    a sandbox's start, about a second, on each upload. ``owner``: whose sandbox slots it
+    takes (``run_model_child``).
     """
     request = {"model": str(model_path.resolve()), "data_names": sorted(data_names)}
-    await run_model_child("inspect", request, settings, what="the model check")
+    await run_model_child("inspect", request, settings, what="the model check", owner=owner)
 
 
 async def run_model_child(
@@ -109,14 +131,17 @@ async def run_model_child(
     *,
     what: str,
     client_gone: ClientCheck | None = None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """Run ``task`` in a sandbox; its result, or the ProblemError that says why not.
 
     ``what`` names the work in messages ("the pattern trial", "the model check");
     ``client_gone`` is asked every ``_GONE_POLL_S``: once the client has left, the
-    sandbox is killed (its slot is free for someone who waits for an answer).
+    sandbox is killed (its slot is free for someone who waits for an answer); ``owner``
+    holds at most ``api_sandbox_per_tenant`` slots, and trials at most half of them.
     """
-    await _take_slot(settings, what)
+    trial = task == "trial"
+    await _take_slot(settings, what, owner, trial)
     try:
         folder = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_scratch_root(settings)))
         try:
@@ -124,7 +149,7 @@ async def run_model_child(
         finally:
             await asyncio.to_thread(shutil.rmtree, folder, True)
     finally:
-        _slots.give_back()
+        _slots.give_back(owner, trial)
 
 
 def _scratch_root(settings: Settings) -> Path:
@@ -133,19 +158,18 @@ def _scratch_root(settings: Settings) -> Path:
     return root
 
 
-async def _take_slot(settings: Settings, what: str) -> None:
+async def _take_slot(settings: Settings, what: str, owner: str | None, trial: bool) -> None:
     deadline = time.monotonic() + settings.api_sandbox_queue_s
-    while not _slots.try_take(settings.api_sandbox_concurrency):
+    while (limit := _slots.try_take(settings, owner, trial)) is not None:
         if time.monotonic() >= deadline:
             retry = max(1, round(settings.api_sandbox_time_limit_s / 2))
             busy = ProblemError(
                 503,
                 "sandbox-busy",
                 "Too much model work at once",
-                f"{settings.api_sandbox_concurrency} model checks or pattern trials are "
-                f"already running, the most this server runs at once "
-                f"(api_sandbox_concurrency), so {what} could not start; try again in "
-                f"{retry} s",
+                f"{_slots.running} model checks or pattern trials are running, the most "
+                f"this server runs at once for this request ({limit}), so {what} could "
+                f"not start; try again in {retry} s",
             )
             busy.headers = {"Retry-After": str(retry)}  # the problem handler sends them
             raise busy

@@ -131,7 +131,12 @@ async def _try_upload(
             "pictures": pictures,
         }
         found = await run_model_child(
-            "trial", request_body, settings, what="the pattern trial", client_gone=body.gone
+            "trial",
+            request_body,
+            settings,
+            what="the pattern trial",
+            client_gone=body.gone,
+            owner=upload.owner,
         )
     finally:
         await asyncio.to_thread(remove_folder, upload.folder)

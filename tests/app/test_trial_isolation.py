@@ -81,6 +81,7 @@ def make_client(tmp_path: Path, **options) -> TestClient:
         # and past the default of one trial per tenant.
         "max_concurrent_uploads_per_tenant": 16,
         "max_concurrent_trials_per_tenant": 16,
+        "api_sandbox_per_tenant": 16,
         **options,
     }
     settings = Settings(data_dir=tmp_path / "data", embedded_worker=False, **limits)
@@ -476,3 +477,23 @@ def test_a_trial_whose_client_leaves_is_killed(tmp_path):
         assert time.monotonic() - left < 10
     finally:
         server.stop()
+
+
+def test_hostile_trials_and_uploads_cannot_take_every_sandbox_slot(tmp_path):
+    """The soak bench found it: three tenants' hanging trials and big uploads held both
+    slots and a normal tenant's upload check answered 503. Trials hold at most half the
+    slots, and each tenant (or anonymous client) one."""
+    settings = Settings(data_dir=tmp_path, api_sandbox_concurrency=4, api_sandbox_per_tenant=1)
+    slots = model_work._Slots()
+    assert slots.try_take(settings, "hostile0", trial=True) is None
+    assert slots.try_take(settings, "hostile1", trial=True) is None
+    # A third tenant's trial: trials already hold half of the slots.
+    assert "half of it for trials" in slots.try_take(settings, "hostile2", trial=True)
+    # A tenant already holding one: its upload's check waits for its own slot.
+    assert slots.try_take(settings, "hostile0", trial=False) == "api_sandbox_per_tenant"
+    assert slots.try_take(settings, "hostile2", trial=False) is None
+    assert slots.try_take(settings, "normal", trial=False) is None  # still a slot for it
+    assert slots.try_take(settings, "late", trial=False) == "api_sandbox_concurrency"
+    slots.give_back("hostile0", trial=True)
+    assert slots.try_take(settings, "late", trial=False) is None
+    assert (slots.running, slots.trials) == (4, 1)

@@ -97,7 +97,7 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
     try:
         options = parse_options(upload.config_text)
         # In a sandbox with its own limits (model_work): the API process parses no model.
-        await inspect_upload(upload.model_path, upload.data_names, settings)
+        await inspect_upload(upload.model_path, upload.data_names, settings, owner=upload.owner)
         model_digest, data_files, sizes = await asyncio.to_thread(store_upload, upload, store)
     finally:
         await asyncio.to_thread(remove_folder, upload.folder)

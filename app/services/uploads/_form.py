@@ -47,6 +47,9 @@ class Upload:
     config_text: str | None = None
     # Small text parts a caller asked for by name (the dashboard's form fields).
     fields: dict[str, str] = field(default_factory=dict)
+    # Whose slots its work takes: its tenant, or on a server without keys its client's
+    # address (``_receive._slot_owner``).
+    owner: str | None = None
 
     @property
     def model_path(self) -> Path:

@@ -99,8 +99,11 @@ async def receive_upload(
     limit = settings.max_upload_bytes
     boundary = _boundary(body.content_type)
     _check_declared_length(body.content_length, limit)
-    with body.slots.hold(_slot_owner(tenant, body, settings)):
-        return await _stream_upload(body.chunks, settings, boundary, text_fields)
+    owner = _slot_owner(tenant, body, settings)
+    with body.slots.hold(owner):
+        upload = await _stream_upload(body.chunks, settings, boundary, text_fields)
+    upload.owner = owner
+    return upload
 
 
 def _slot_owner(tenant: str | None, body: IncomingBody, settings: Settings) -> str | None:
