@@ -13,9 +13,8 @@ import onnx
 import pytest
 
 from autofusion.app.core.models import Job, JobStatus
-from autofusion.app.services.auth import SCOPES, Principal, ensure_tenant
 from autofusion.app.services.job_claims import Pick, is_held, pick_job
-from autofusion.app.services.jobs import claim_job, create_job, finish_job
+from autofusion.app.services.jobs import claim_job, finish_job
 from autofusion.app.services.quotas import stored_bytes
 from autofusion.fusion_core.testing import conv_bn_relu
 from autofusion.worker.celery_app import make_celery
@@ -29,24 +28,11 @@ MODEL = conv_bn_relu(width=8).SerializeToString()
 
 
 def _submit(env: WorkerEnv, tenant: str, at: datetime | None = None) -> str:
-    digest = env.store.put_bytes(MODEL)
-    with env.db() as session:
-        ensure_tenant(session, tenant)
-        job, _ = create_job(
-            session,
-            Principal(tenant, frozenset(SCOPES)),
-            model_name="net.onnx",
-            model_digest=digest,
-            data_files=[],
-            config={"target": "generic"},
-            strategy=None,
-            idempotency_key=None,
-            max_attempts=3,
-            sizes={digest: len(MODEL)},
-        )
-        if at is not None:
-            job.created_at = at
-        return job.id
+    job_id = env.submit(MODEL, tenant=tenant, model_name="net.onnx", max_attempts=3)
+    if at is not None:
+        with env.db() as session:
+            session.get(Job, job_id).created_at = at
+    return job_id
 
 
 def _claim(env: WorkerEnv, job_id: str, worker: str, limit: int = 0) -> bool:

@@ -15,8 +15,8 @@ from sqlalchemy import insert, select, update
 
 from autofusion.app.core.models import Job, JobArtifact, JobStatus
 from autofusion.app.migrate import downgrade, upgrade
-from autofusion.app.services.auth import SCOPES, Principal, ensure_tenant
-from autofusion.app.services.jobs import claim_job, create_job, finish_job
+from autofusion.app.services.auth import ensure_tenant
+from autofusion.app.services.jobs import claim_job, finish_job
 from autofusion.app.services.quotas import stored_bytes
 from autofusion.app.services.retention import sweep_retention
 from autofusion.worker.reaper import Reaper
@@ -59,22 +59,7 @@ _JOB_0006 = {
 def _job(env: WorkerEnv, model: bytes, *, tenant: str = "acme", outputs: bytes = b"") -> str:
     """A queued job of ``model``; with ``outputs``, claimed and succeeded, having stored
     them as its fused model."""
-    digest = env.store.put_bytes(model)
-    with env.db() as session:
-        ensure_tenant(session, tenant)
-        job, _ = create_job(
-            session,
-            Principal(tenant, frozenset(SCOPES)),
-            model_name="m.onnx",
-            model_digest=digest,
-            data_files=[],
-            config={},
-            strategy=None,
-            idempotency_key=None,
-            max_attempts=3,
-            sizes={digest: len(model)},
-        )
-        job_id = job.id
+    job_id = env.submit(model, tenant=tenant, model_name="m.onnx", config={}, max_attempts=3)
     if outputs:
         fused = env.store.put_bytes(outputs)
         with env.db() as session:

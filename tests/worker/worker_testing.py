@@ -62,17 +62,21 @@ class WorkerEnv:
         max_attempts: int | None = None,
         model_name: str = "resnet.onnx",
         data_files: tuple[Path, ...] = (),
+        tenant: str = TENANT,
     ) -> str:
-        """Store the model (and its external-data files) and create a queued job for it,
-        as the upload route does."""
+        """Store the model (and its external-data files) and create a queued job for it
+        for ``tenant``, as the upload route does (its sizes counted for the quotas)."""
         data = model if isinstance(model, bytes) else model.read_bytes()
         digest = self.store.put_bytes(data)
-        files = [{"name": f.name, "digest": self.store.put_file(f)} for f in data_files]
+        files, sizes = [], {digest: len(data)}
+        for path in data_files:
+            files.append({"name": path.name, "digest": self.store.put_file(path)})
+            sizes[files[-1]["digest"]] = path.stat().st_size
         with self.db() as session:
-            ensure_tenant(session, TENANT)
+            ensure_tenant(session, tenant)
             job, _ = create_job(
                 session,
-                Principal(TENANT, frozenset(SCOPES)),
+                Principal(tenant, frozenset(SCOPES)),
                 model_name=model_name,
                 model_digest=digest,
                 data_files=files,
@@ -80,6 +84,7 @@ class WorkerEnv:
                 strategy=strategy,
                 idempotency_key=None,
                 max_attempts=max_attempts or self.settings.max_attempts,
+                sizes=sizes,
             )
             return job.id
 
