@@ -22,6 +22,7 @@ from autofusion.fusion_core.report import (
     ReportSummary,
     Speed,
     grouped_bars,
+    left_alone_records,
     read_report,
 )
 
@@ -288,7 +289,8 @@ def report_view(
         "near_miss_count": len(misses),
         "left_alone": [
             {"what": str(r.get("what")), "nodes": r.get("nodes"), "reason": str(r.get("reason"))}
-            for r in map(_dict, _list(report.get("left_alone")))
+            # What folding left unfolded is one more part, as in report.md and .html.
+            for r in map(_dict, left_alone_records(report))
         ],
         "rollbacks": [
             {

@@ -15,6 +15,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "_charts": ["grouped_bars", "histogram", "timeline"],
+        "_folding": ["FOLDING_PART", "left_alone_records", "unfolded_text"],
         "_graph": ["GraphIndex", "region_svg"],
         "_html": ["render_html"],
         "_json": ["REPORT_VERSION", "build_report", "file_sha256"],

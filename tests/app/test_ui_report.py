@@ -202,3 +202,20 @@ def test_user_strings_never_render_as_markup(service):
     assert f"{ESCAPED_XSS}conv" in _section(job_page, "fusions")
     assert ESCAPED_XSS in _section(job_page, "regions")
     assert f"<mark>{ESCAPED_XSS}conv</mark>" in pages["trial"].text
+
+
+def test_what_folding_left_unfolded_is_on_the_job_page(service):
+    """Issue 26: the report's ``folding`` (values left as the nodes that make them, past
+    the fold budget) is one more part under "Left as it is", as in report.md."""
+    from autofusion.fusion_core.testing import constant_fills
+
+    model = constant_fills(4, (64, 256)).SerializeToString()  # 64 kB per fill
+    budget = {"fold_growth_ratio": 0, "fold_growth_floor_bytes": 100_000}
+    response = service.submit(model, config=budget)
+    assert response.status_code == 202, response.text
+    job = run_job(service, response.json()["id"])
+    report = service.client.get(f"/v1/jobs/{job.id}/report").json()
+    assert report["folding"]["unfolded_count"] == 3  # one fill fits the 100 kB budget
+    left = _section(service.client.get(f"/ui/jobs/{job.id}").text, "left-alone")
+    assert "constant folding (3 nodes)" in left
+    assert "past the fold budget" in left and "fold_growth_ratio" in left
