@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autofusion.fusion_core.report._footprint import bytes_text
+from autofusion.fusion_core.report._units import bytes_text
 
 __all__ = ["FOLDING_PART", "left_alone_records", "unfolded_text"]
 

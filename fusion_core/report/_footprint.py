@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.profiling.footprint import model_size, serialized_size
 from autofusion.fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._units import bytes_text
 
 __all__ = [
     "bytes_text",
@@ -126,16 +127,6 @@ def change_text(before: int | None, after: int | None) -> str | None:
     if not before:
         return f"{bytes_text(before)} -> {bytes_text(after)}"
     return f"{bytes_text(before)} -> {bytes_text(after)} ({(after - before) / before:+.1%})"
-
-
-def bytes_text(value: int) -> str:
-    """Bytes in binary units: ``812 B``, ``3.4 KiB``, ``98.4 MiB``, ``1.20 GiB``."""
-    if value < 1024:
-        return f"{value} B"
-    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):
-        if value < scale * 1024:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value / (1 << 30):.2f} GiB"
 
 
 def _ratio(after: int | None, before: int | None) -> float | None:
