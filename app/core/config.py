@@ -217,7 +217,9 @@ class Settings(BaseSettings):
     # Of those, what one tenant (or, without keys, one client address) may hold at once;
     # trials may hold half of them: hostile trials and big uploads cannot take them all.
     api_sandbox_per_tenant: int = Field(default=1, ge=1)
-    api_sandbox_queue_s: float = Field(default=10.0, ge=0)
+    # 60 s: a burst of eight million-node uploads checks four at a time, about 20 s each;
+    # with 10 s, half of them were refused with 503.
+    api_sandbox_queue_s: float = Field(default=60.0, ge=0)
 
     # Upload validation caps (issue 15, item 5; app/services/model_checks.py): nodes in
     # all graphs, subgraphs and functions together, and how deep subgraphs (If/Loop/Scan
