@@ -112,13 +112,19 @@ _BY_STATUS = {
 
 # Problem types that are the tenant's quota (app/services/quotas.py), whatever the status.
 _QUOTA_PROBLEMS = ("too-many-queued-jobs", "storage-quota-exceeded")
+# A 422 about the config (an unknown strategy, pattern or option) is a usage error, as
+# the same mistake is for `autofusion optimize`; a 422 about the model stays bad input.
+_USAGE_PROBLEMS = ("invalid-config",)
 
 
 def for_http_status(status: int, problem_type: str = "") -> int:
     """The exit code of a request the server answered with this error status (and this
     problem ``type``, a URI or a slug, when it sent one)."""
-    if status == 507 or problem_type.rsplit("/", 1)[-1] in _QUOTA_PROBLEMS:
+    slug = problem_type.rsplit("/", 1)[-1]
+    if status == 507 or slug in _QUOTA_PROBLEMS:
         return EXIT_QUOTA
+    if slug in _USAGE_PROBLEMS:
+        return EXIT_USAGE
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if status == 429 or status >= 500:

@@ -166,6 +166,15 @@ def test_a_tenant_at_its_queued_limit_exits_quota_with_the_servers_words(
 
 
 @pytest.mark.slow
+def test_an_unknown_strategy_exits_usage_as_optimize_does(capsys, idle):
+    """The server refuses it as 422 invalid-config; the table (and `optimize --strategy`)
+    say 2, where a 422 about the model says 3 (issue 27, item 4)."""
+    code, _, err = cli(capsys, "submit", RESNET, "--strategy", "nosuch", "--server", idle.url)
+    assert code == EXIT_USAGE, err
+    assert "there is no strategy named 'nosuch'" in err
+
+
+@pytest.mark.slow
 def test_list_follows_every_page(capsys, idle):
     ids = {_submitted(capsys, idle, f"page-{n}") for n in range(3)}
     code, out, _ = cli(capsys, "jobs", "list", "--limit", "1", "--server", idle.url, "--json")
