@@ -113,6 +113,9 @@ def render(
 ) -> HTMLResponse:
     context = {"request": request, **(context or {})}
     context.setdefault("signed_in", COOKIE in request.cookies)
+    # A server that needs no key offers no sign-in in the header (/ui/login still works).
+    settings = getattr(request.app.state, "settings", None)
+    context.setdefault("keys_required", bool(getattr(settings, "require_api_keys", True)))
     return templates.TemplateResponse(
         request, name, context, status_code=status_code, headers=headers
     )

@@ -241,6 +241,12 @@ def keyed(make_service):
     return make_service(require_api_keys=True)
 
 
+def test_the_header_offers_sign_in_only_where_keys_are_required(service, keyed):
+    """Issue 27, item 6: a server that needs no key offered "Sign in" anyway."""
+    assert 'id="nav-login"' not in service.client.get("/ui/jobs").text
+    assert 'id="nav-login"' in keyed.client.get("/ui/login").text
+
+
 def test_without_a_cookie_pages_send_to_login(keyed):
     response = keyed.client.get("/ui/jobs?status=queued", follow_redirects=False)
     assert response.status_code == 303
