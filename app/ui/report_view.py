@@ -47,8 +47,15 @@ def _num(value: Any) -> float | None:
 
 
 def fmt(value: Any, digits: int = 4) -> str:
+    """``digits`` significant digits, never an exponent: 126,000 µs/run reads as
+    ``126000``, not ``1.26e+05`` (issue 27); tiny values (errors such as 4.2e-07) keep
+    theirs."""
     number = _num(value)
-    return DASH if number is None else f"{number:.{digits}g}"
+    if number is None:
+        return DASH
+    if abs(number) >= 10**digits:
+        return f"{number:.0f}"
+    return f"{number:.{digits}g}"
 
 
 def _dict(value: Any) -> dict[str, Any]:

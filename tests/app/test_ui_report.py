@@ -219,3 +219,14 @@ def test_what_folding_left_unfolded_is_on_the_job_page(service):
     left = _section(service.client.get(f"/ui/jobs/{job.id}").text, "left-alone")
     assert "constant folding (3 nodes)" in left
     assert "past the fold budget" in left and "fold_growth_ratio" in left
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(126000.4, "126000"), (-1581.2, "-1581"), (12.3456, "12.35"), (4.2e-07, "4.2e-07")],
+)
+def test_numbers_read_without_an_exponent_where_they_are_large(value, shown):
+    """The job page printed 1.26e+05 µs/run (issue 27, item 6); errors stay as 4.2e-07."""
+    from autofusion.app.ui.report_view import fmt
+
+    assert fmt(value) == shown
