@@ -64,6 +64,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "autofusion.app.cli.keys",
         "create, list and revoke API keys (directly in the database)",
     ),
+    "config": (
+        "autofusion.app.cli.config",
+        "print the settings a service here would run with, secrets masked",
+    ),
     "migrate": (
         "autofusion.app.cli.migrate",
         "apply database migrations (and create the S3 bucket), then exit",
