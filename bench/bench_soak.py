@@ -84,6 +84,9 @@ def fills_model(count: int, megabytes: int) -> bytes:
 
 
 def hanging_model() -> bytes:
+    """The issue's 222-byte TfIdfVectorizer that loops in constant folding; the same as
+    tests/app/test_trial_isolation.py's, built here so the bench runs against releases
+    whose test code differs."""
     node = helper.make_node(
         "TfIdfVectorizer",
         ["x"],

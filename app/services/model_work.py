@@ -170,8 +170,8 @@ async def _take_slot(settings: Settings, what: str, owner: str | None, trial: bo
                 f"{_slots.running} model checks or pattern trials are running, the most "
                 f"this server runs at once for this request ({limit}), so {what} could "
                 f"not start; try again in {retry} s",
+                headers={"Retry-After": str(retry)},  # the problem handler sends them
             )
-            busy.headers = {"Retry-After": str(retry)}  # the problem handler sends them
             raise busy
         await asyncio.sleep(_SLOT_POLL_S)
 

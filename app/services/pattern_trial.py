@@ -72,8 +72,8 @@ class _TenantTrials:
                     "Too many pattern trials",
                     f"this tenant has {limit} pattern trial(s) running, the limit per tenant "
                     f"(max_concurrent_trials_per_tenant); retry in {retry} s",
+                    headers={"Retry-After": str(retry)},
                 )
-                busy.headers = {"Retry-After": str(retry)}
                 raise busy
             self._running[key] += 1
         try:

@@ -63,11 +63,10 @@ class UploadSlots:
                         del self._by_tenant[tenant]
 
     def _busy(self, detail: str) -> ProblemError:
-        error = ProblemError(
+        return ProblemError(
             429,
             "too-many-uploads",
             "Too many uploads",
             f"{detail}; retry in {self.retry_after_s} s",
+            headers={"Retry-After": str(self.retry_after_s)},
         )
-        error.headers = {"Retry-After": str(self.retry_after_s)}
-        return error
