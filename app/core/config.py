@@ -283,6 +283,12 @@ class Settings(BaseSettings):
     # uvicorn with its proxy headers trusted); true: always, whatever the request says.
     ui_cookie_secure: bool = False
 
+    # --- Liveness: worker heartbeats (issue 27) ---
+
+    # --- Webhooks (issue 27) ---
+
+    # --- Tracing (issue 27) ---
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -228,3 +228,9 @@ class StrategyVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# --- Liveness: worker heartbeats (issue 27) ---
+
+
+# --- Webhooks (issue 27) ---
