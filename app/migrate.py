@@ -7,15 +7,27 @@ repository root. Nothing depends on the current directory.
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine
 
-__all__ = ["alembic_config", "check", "downgrade", "migrations_dir", "upgrade"]
+__all__ = [
+    "alembic_config",
+    "check",
+    "current_revision",
+    "downgrade",
+    "migrations_dir",
+    "upgrade",
+]
 
 MIGRATIONS_PACKAGE = "autofusion.migrations"
+
+logger = logging.getLogger(__name__)
 
 
 def migrations_dir() -> Path:
@@ -42,8 +54,25 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+def current_revision(url: str) -> str | None:
+    """The revision the database is at; None for an empty database."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
 def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate, and say so in one line (Alembic's own line per migration is at debug)."""
+    before = current_revision(url)
     command.upgrade(alembic_config(url), revision)
+    after = current_revision(url)
+    if before == after:
+        logger.info("database: schema %s, up to date", after)
+    else:
+        logger.info("database: schema migrated from %s to %s", before or "empty", after)
 
 
 def downgrade(url: str, revision: str = "base") -> None:

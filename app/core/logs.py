@@ -31,6 +31,7 @@ from typing import Literal, TextIO
 __all__ = [
     "REQUEST_ID_HEADER",
     "ContextFilter",
+    "QuietStartFilter",
     "LogFormat",
     "bind",
     "clean_request_id",
@@ -139,10 +140,44 @@ def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "text"]:
     return "text" if isatty is not None and isatty() else "json"
 
 
+# Lines other libraries log at start and stop that say nothing a user acts on: Alembic's
+# plugin setup and per-migration messages (app/migrate.py logs one line instead),
+# uvicorn's lifecycle lines (serve logs the URL itself), Celery's broker connection and
+# kombu's warning that a filesystem:// URL has no host. Shown at debug level only.
+_NOISE_PREFIXES = ("alembic.",)
+_NOISE_MESSAGES = {
+    "uvicorn.error": (
+        "Started server process",
+        "Waiting for application startup",
+        "Application startup complete",
+        "Uvicorn running on",
+        "Waiting for application shutdown",
+        "Application shutdown complete",
+        "Finished server process",
+    ),
+    "celery.worker.consumer.connection": ("Connected to",),
+    "kombu.connection": ("No hostname was supplied",),
+}
+
+
+class QuietStartFilter(logging.Filter):
+    """Drops the start and stop noise above unless the root logger is at debug level;
+    a warning or an error from the same loggers always passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+            return True
+        if record.name.startswith(_NOISE_PREFIXES):
+            return record.levelno > logging.INFO
+        prefixes = _NOISE_MESSAGES.get(record.name)
+        return prefixes is None or not str(record.msg).startswith(prefixes)
+
+
 def make_handler(fmt: LogFormat, stream: TextIO | None = None) -> logging.Handler:
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
     handler.addFilter(ContextFilter())
+    handler.addFilter(QuietStartFilter())
     if resolve_format(fmt, stream) == "json":
         handler.setFormatter(_json_formatter())
     else:
