@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 from pydantic import ValidationError
 
@@ -106,6 +107,10 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
         get_engine(settings.resolved_database_url).dispose(close=False)
 
     worker_process_init.connect(fresh_connections, weak=False)
+    # Celery warns about any worker running as root. Here root is by design: it is what lets
+    # each sandbox drop to its own unprivileged user (sandbox_policy says which, above),
+    # and the queue accepts JSON only, never pickle, which is what the warning is about.
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser")
     worker_ready.connect(lambda **_: reaper.start(), weak=False)
     worker = celery.Worker(
         pool=args.pool,
@@ -114,6 +119,8 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
         queues=[QUEUE],
         without_mingle=True,
         without_gossip=True,
+        # Celery's banner only at debug level: the line below says what a user needs.
+        quiet=str(args.loglevel).upper() != "DEBUG",
     )
     logger.info(
         "worker: broker %s, %s pool x%d, time limit %d s, memory limit %d MB",
