@@ -20,6 +20,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``mask_as_bias`` (``_masks.py``): a mask applied in any of the usual ways (a blocked
   condition, the float mask ``(1 - m) * lowest``, masked_fill of the scores) is
   ``Where(allowed, 0, negative)`` added to the scores;
+* ``whole_scatter``, ``causal_fill``, ``padding_fill`` and ``identity_mask_expand``
+  (``_fill_masks.py``): the
+  float causal mask of transformers' older mask converter (``triu`` of the lowest float,
+  the padding written in place by a ScatterND) read as ``Where(allowed, 0, lowest)``;
 * ``mask_clamp`` (``_masks.py``): ``Max(scores + finite mask, lowest)`` (XGLM) is no op;
 * ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
   added to the scores one after the other are summed first, so the scores take one;
@@ -73,6 +77,12 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
+from autofusion.fusion_core.canonical._fill_masks import (
+    causal_fills,
+    identity_mask_expands,
+    padding_fills,
+    whole_scatters,
+)
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
 from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
@@ -131,6 +141,10 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
     "heads_in_batch": heads_unfolded,
+    "whole_scatter": whole_scatters,
+    "causal_fill": causal_fills,
+    "padding_fill": padding_fills,
+    "identity_mask_expand": identity_mask_expands,
     "mask_as_bias": masks_as_bias,
     "mask_clamp": clamps_dropped,
     "scale_to_scores": scales_to_scores,
@@ -163,6 +177,10 @@ _WORDS = {
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
     "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
+    "whole_scatter": "ScatterNDs that write their whole data once replaced by their updates",
+    "causal_fill": "float causal masks (Trilu of the lowest float times key > query) made Wheres",
+    "padding_fill": "padding written into a float mask (mask + m == 0) made a condition of it",
+    "identity_mask_expand": "Expands of a mask to its own shape removed",
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
     "one_bias": "a mask and another bias added to the scores one after the other summed first",

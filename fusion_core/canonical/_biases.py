@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import replace
+from autofusion.fusion_core.canonical._edits import INTEGER_TYPES, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.ir import constant_array
 
@@ -32,16 +32,7 @@ RULE = "one_bias"
 _ONNX = ("", "ai.onnx")
 _MASKED = -1e30
 _THROUGH = frozenset({"Expand", "Identity", "Slice", "Unsqueeze"})
-_INTEGERS = frozenset(
-    {
-        ir.DataType.BOOL,
-        ir.DataType.INT64,
-        ir.DataType.INT32,
-        ir.DataType.INT16,
-        ir.DataType.INT8,
-        ir.DataType.UINT8,
-    }
-)
+_INTEGERS = INTEGER_TYPES
 
 
 def biases_summed(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:

@@ -9,7 +9,19 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["by_op_type", "int64s", "put_back", "replace"]
+__all__ = ["INTEGER_TYPES", "by_op_type", "drop_unread", "int64s", "put_back", "replace"]
+
+# The element types of the masks exporters compute (attention_mask and its comparisons).
+INTEGER_TYPES = frozenset(
+    {
+        ir.DataType.BOOL,
+        ir.DataType.INT64,
+        ir.DataType.INT32,
+        ir.DataType.INT16,
+        ir.DataType.INT8,
+        ir.DataType.UINT8,
+    }
+)
 
 
 def int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int]) -> ir.Value:
@@ -67,3 +79,15 @@ def by_op_type(graph: ir.Graph, steps: Mapping[str, Callable[[ir.Node], int]]) -
         if step is not None and node.graph is graph and node.domain in ("", "ai.onnx"):
             done += step(node)
     return done
+
+
+def drop_unread(graph: ir.Graph, nodes: list[ir.Node | None]) -> None:
+    """Remove the nodes a rewrite left unread, and what only they read."""
+    pending = [n for n in nodes if n is not None]
+    while pending:
+        node = pending.pop()
+        if node.graph is not graph or any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        inputs = [v.producer() for v in node.inputs if v is not None]
+        graph.remove(node, safe=True)
+        pending += [p for p in inputs if p is not None]

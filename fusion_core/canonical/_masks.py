@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import put_back, replace
+from autofusion.fusion_core.canonical._edits import drop_unread, put_back, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -76,7 +76,7 @@ def masks_as_bias(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) 
         new[-1].outputs[0].dtype, new[-1].outputs[0].shape = out.dtype, out.shape
         producers = [v.producer() for v in node.inputs if v is not None]
         replace(graph, node, new, mark, RULE)
-        _drop_unread(graph, producers)
+        drop_unread(graph, producers)
         done += 1
     return done
 
@@ -271,18 +271,6 @@ def _without_not(condition: ir.Value, nodes: list[ir.Node]) -> ir.Value:
 def _is_zero(value: ir.Value | None) -> bool:
     constant = constant_array(value)
     return constant is not None and constant.size == 1 and constant.item() == 0
-
-
-def _drop_unread(graph: ir.Graph, nodes: list[ir.Node | None]) -> None:
-    """Remove the nodes the rewrite left unread, and what only they read."""
-    pending = [n for n in nodes if n is not None]
-    while pending:
-        node = pending.pop()
-        if node.graph is not graph or any(o.uses() or o.is_graph_output() for o in node.outputs):
-            continue
-        inputs = [v.producer() for v in node.inputs if v is not None]
-        graph.remove(node, safe=True)
-        pending += [p for p in inputs if p is not None]
 
 
 _NUMPY = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}

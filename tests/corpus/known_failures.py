@@ -11,15 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-# optimum's Falcon: a float mask built by Trilu and ScatterND, with -inf where masked,
-# which the causal proof does not read
-_FALCON_KV = "attention: Falcon's Trilu/ScatterND -inf mask is not proven causal (issue 24)"
-
-MODEL_FAILURES: dict[tuple[str, str], str] = {
-    # issue 24's decoder families (bench/corpus/_llm_families.py NEW_FAMILIES): what the
-    # architecture has (_llm_expect.py) and autofusion does not fuse yet
-    ("llm_falcon_optimum_kv", "onnxruntime"): _FALCON_KV,
-}
+MODEL_FAILURES: dict[tuple[str, str], str] = {}
 
 # an LLM whose optimized model is not written cannot decode either
 DECODE_FAILURES: dict[tuple[str, str], str] = {}

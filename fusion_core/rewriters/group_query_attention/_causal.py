@@ -191,6 +191,8 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
             if axes is None:
                 return f"Unsqueeze {producer.name!r} has axes that are not constant"
             unsqueezes.append(axes)
+        elif producer.op_type == "Reshape" and _as_unsqueeze(producer) is not None:
+            unsqueezes.append(_as_unsqueeze(producer))  # type: ignore[arg-type]
         elif producer.op_type not in ("Cast", "Expand", "Identity"):
             break
         value = producer.inputs[0]
@@ -211,6 +213,20 @@ def _shifted_range(node: ir.Node) -> tuple[Dim] | str:
             return f"Add {node.name!r} does not add a scalar to its Range"
         return (dim_of(offset),)
     return f"Add {node.name!r} does not shift a Range"
+
+
+def _as_unsqueeze(node: ir.Node) -> list[int] | None:
+    """The axes of the Unsqueeze a Reshape of a 1-D value is (a target of ones but for
+    one ``-1``: ``Reshape(Range(P, P + S), [-1, 1])``, the query positions as a column),
+    or None."""
+    source = node.inputs[0]
+    target = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
+    if source is None or source.shape is None or len(source.shape) != 1 or target is None:
+        return None
+    entries = [int(t) for t in target.reshape(-1)]
+    if entries.count(-1) != 1 or any(t not in (-1, 1) for t in entries):
+        return None
+    return [k for k, t in enumerate(entries) if t == 1]
 
 
 def _axis_after(unsqueezes: list[list[int]]) -> int:

@@ -79,7 +79,9 @@ class Spelling:
     repeat_by: str = "expand"
     # the mask: Where(allowed, 0, lowest) added to the scores; Where(blocked, lowest, 0)
     # added; masked_fill of the scores themselves, Where(allowed, scores, lowest) (GPT-2,
-    # GPT-J, Falcon eager); or the float mask (1 - allowed) * lowest added (BERT-era)
+    # GPT-J, Falcon eager); the float mask (1 - allowed) * lowest added (BERT-era); or
+    # "converter": transformers' older AttentionMaskConverter (optimum's Falcon), a Trilu
+    # of the lowest float times key > query, the padding written in by a ScatterND
     mask: str = "where"
     # eager: where the scale is, on the scores, on Q's projection (OPT, BART, Whisper:
     # q_proj(x) * scaling) or nowhere (T5: folded into the weights at training)
@@ -121,7 +123,9 @@ def spellings(draw) -> Spelling:
         repeat=repeat,
         cache=draw(st.booleans()),
         repeat_by=repeat_by if repeat == "repeat_kv" and projection != "unsqueezed" else "expand",
-        mask=draw(st.sampled_from(["where", "where_blocked", "masked_fill", "additive"])),
+        mask=draw(
+            st.sampled_from(["where", "where_blocked", "masked_fill", "additive", "converter"])
+        ),
         scale_at="scores" if sdpa else draw(st.sampled_from(["scores", "projection", "none"])),
     )
 
@@ -223,6 +227,10 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "axes_kv": np.array([0, 1, 2], np.int64),
         "axes_q": np.array([0, 1, 3], np.int64),
         "axes_pad": np.array([1, 2], np.int64),
+        "column": np.array([-1, 1], np.int64),
+        "index_0": np.array(0, np.int64),
+        # the index grid of the converter's mask: Range(0, dims[k]) viewed on axis k
+        **{f"grid_view_{k}": np.array([-1] + [1] * (3 - k), np.int64) for k in range(4)},
         "index_1": np.array(1, np.int64),
         "index_2": np.array(2, np.int64),
         "index_3": np.array(3, np.int64),
@@ -234,7 +242,9 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "zero_f": np.array(0.0, np.float32),
         # (1 - allowed) * -inf is NaN where allowed: the float mask takes the lowest
         "masked": np.array(
-            -np.inf if s.sdpa and s.mask != "additive" else np.finfo(np.float32).min,
+            -np.inf
+            if s.sdpa and s.mask not in ("additive", "converter")
+            else np.finfo(np.float32).min,
             np.float32,
         ),
         "scale": np.array(h**-0.5, np.float32),
@@ -429,6 +439,8 @@ def _repeat_kv(s: Spelling, p: str, source: str, inits: dict) -> list[str]:
 
 def _masked(s: Spelling, scores: str, out: str) -> list[str]:
     """``out``: ``scores`` with the mask ``allowed`` applied, spelled as ``s.mask`` says."""
+    if s.mask == "converter":
+        return [*_converter_mask(), f"{out} = Add ({scores}, bias)"]
     if s.mask == "where":
         return ["bias = Where (allowed, zero_f, masked)", f"{out} = Add ({scores}, bias)"]
     if s.mask == "where_blocked":
@@ -444,6 +456,51 @@ def _masked(s: Spelling, scores: str, out: str) -> list[str]:
         "inverted = Sub (one_f, allowed_f)",
         "bias = Mul (inverted, masked)",
         f"{out} = Add ({scores}, bias)",
+    ]
+
+
+def _converter_mask() -> list[str]:
+    """``bias``, as transformers' older AttentionMaskConverter builds it (and optimum's
+    TorchScript export of Falcon writes it): ``triu(full((S, L), lowest), 1) * (kv_pos >
+    q_pos)``, expanded to ``[B, 1, S, L]``, then ``mask[:, :, :, :L] =
+    mask.masked_fill(mask + attention_mask == 0, lowest)`` as a ScatterND over the grid
+    of every index."""
+    lowest = float(np.finfo(np.float32).min)
+    lines = [
+        "seq_1 = Unsqueeze (seq_len, zero)",
+        "total_1 = Unsqueeze (total_len, zero)",
+        "square = Concat <axis = 0> (seq_1, total_1)",
+        f"full = ConstantOfShape <value = float[1] {{{lowest!r}}}> (square)",
+        "above = Trilu <upper = 1> (full, index_1)",
+        "q_column = Reshape (q_pos, column)",
+        "later = Greater (kv_pos, q_column)",
+        "later_f = Cast <to = 1> (later)",
+        "causal_f = Mul (above, later_f)",
+        "causal_2 = Unsqueeze (causal_f, zero)",
+        "causal_3 = Unsqueeze (causal_2, one)",
+        "batch_1 = Gather <axis = 0> (x_shape, zero)",
+        "four = Concat <axis = 0> (batch_1, one, seq_1, total_1)",
+        "expanded = Expand (causal_3, four)",
+        "am_f = Cast <to = 1> (mask_u)",
+        "summed = Add (expanded, am_f)",
+        "empty = Equal (summed, zero_f)",
+        "padded = Where (empty, masked, expanded)",
+        "grid = Shape (expanded)",
+    ]
+    parts = []
+    for axis in range(4):
+        lines += [
+            f"n_{axis} = Gather <axis = 0> (grid, index_{axis})",
+            f"r_{axis} = Range (start, n_{axis}, step)",
+            f"c_{axis} = Reshape (r_{axis}, grid_view_{axis})",
+            f"e_{axis} = Expand (c_{axis}, grid)",
+            f"u_{axis} = Unsqueeze (e_{axis}, axis_last)",
+        ]
+        parts.append(f"u_{axis}")
+    return [
+        *lines,
+        f"indices = Concat <axis = -1> ({', '.join(parts)})",
+        "bias = ScatterND (expanded, indices, padded)",
     ]
 
 
