@@ -159,15 +159,16 @@ def service_app(settings: Settings) -> FastAPI:
 
 
 @contextmanager
-def _embedded_worker(settings: Settings) -> Iterator[None]:
-    """A Celery worker thread and the reaper in this process, from start to shutdown."""
+def _embedded_worker(settings: Settings) -> Iterator[object]:
+    """A Celery worker thread and the reaper in this process, from start to shutdown;
+    yields the worker, which answers ``/readyz`` for itself (``problem()``)."""
     from autofusion.worker.celery_app import make_celery
     from autofusion.worker.embedded import EmbeddedWorker
 
     embedded = EmbeddedWorker(settings, make_celery(settings))
     embedded.start()
     try:
-        yield
+        yield embedded
     finally:
         embedded.stop()
 

@@ -18,13 +18,16 @@ needs the value asks for it (``resolved_database_url``, ``s3_client_options()``)
 
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from autofusion.app.core.webhook_secrets import is_webhook_secret
 
 __all__ = ["DEFAULT_SECRETS_DIR", "Settings", "get_settings", "redact_url"]
 
@@ -284,10 +287,83 @@ class Settings(BaseSettings):
     ui_cookie_secure: bool = False
 
     # --- Liveness: worker heartbeats (issue 27) ---
+    # Every worker process (the embedded thread, each `autofusion worker`) rewrites its
+    # row in worker_heartbeats this often; a row older than worker_stale_after_s is a
+    # worker that died or lost the database (app/services/worker_health.py).
+    worker_heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    worker_stale_after_s: float = Field(default=30.0, gt=0)
+    # /readyz answers 503 while no worker is alive. Off: an API whose load balancer
+    # reads /readyz keeps taking jobs (they wait, queued) while the workers are down.
+    readyz_requires_worker: bool = True
+    # The embedded worker starts again after its thread died: the first time after
+    # the min, each next time after twice as long, at most the max (a worker that then
+    # ran for the max starts from the min again).
+    embedded_worker_restart_min_s: float = Field(default=1.0, gt=0)
+    embedded_worker_restart_max_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _liveness_bounds(self) -> Settings:
+        if self.worker_stale_after_s <= self.worker_heartbeat_interval_s:
+            raise ValueError(
+                f"worker_stale_after_s ({self.worker_stale_after_s:g}) must exceed "
+                f"worker_heartbeat_interval_s ({self.worker_heartbeat_interval_s:g}), or "
+                "live workers look dead between two heartbeats"
+            )
+        if self.embedded_worker_restart_max_s < self.embedded_worker_restart_min_s:
+            raise ValueError(
+                "embedded_worker_restart_max_s must be at least embedded_worker_restart_min_s"
+            )
+        return self
 
     # --- Webhooks (issue 27) ---
+    # The hosts a job's callback_url may name (app/services/webhooks): "ci.example.com"
+    # (any port), "ci.example.com:8443" (that port), "*.example.com" (its subdomains).
+    # Empty: webhooks are off and a callback_url is refused (422). The environment takes
+    # a JSON list or a comma-separated one.
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Signs the webhooks of a tenant that has no secret of its own (a keyless server's
+    # one tenant): "whsec_" and base64. Unset: each tenant's secret is made on first use.
+    webhook_secret: SecretStr | None = None
+    # One delivery attempt: connect and answer within this; then up to
+    # webhook_max_attempts in all, the n-th retry webhook_retry_s * 2**(n-1) after the
+    # one before (15, 30, 60, 120 s: five attempts over about four minutes).
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    webhook_max_attempts: int = Field(default=5, ge=1, le=20)
+    webhook_retry_s: float = Field(default=15.0, gt=0)
+    # How often each worker process looks for deliveries that are due.
+    webhook_poll_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_list(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the environment: JSON, or "a.example.com,b.example.com"
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+        if isinstance(value, list):
+            value = [h.strip().lower() for h in value if isinstance(h, str) and h.strip()]
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _whsec(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not is_webhook_secret(value.get_secret_value()):
+            raise ValueError(
+                'must be "whsec_" followed by base64 of 24 to 64 random bytes, e.g. '
+                "python -c \"import base64,os; print('whsec_'+base64.b64encode(os.urandom(32))"
+                '.decode())"'
+            )
+        return value
 
     # --- Tracing (issue 27) ---
+    # No settings of its own: OpenTelemetry's standard OTEL_* variables turn it on and
+    # configure it (app/core/tracing.py; docs/service.md, "Tracing").
+
+    # --- Honest reuse (issue 27) ---
+    # How long an Idempotency-Key replays the job it made (from the job's creation): a
+    # request with the key after that makes a new job, run on today's registry and
+    # server, and the key moves to it (app/services/jobs.py). A retried CI step comes
+    # within minutes; a result a day old is not one to hand back unasked.
+    idempotency_key_ttl_s: float = Field(default=24 * 3600.0, gt=0)
 
 
 @lru_cache

@@ -10,6 +10,7 @@ and fields are the published contract (docs/openapi.json).
 
 from __future__ import annotations
 
+import zlib
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -36,6 +37,15 @@ class OptimizeOptions(OptimizeConfig):
     """The ``config`` form field: an ``OptimizeConfig`` plus an optional named strategy."""
 
     strategy: str | None = Field(default=None, min_length=1, max_length=200)
+    # Not an optimizer option: kept out of the job's config, like strategy.
+    callback_url: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="Where the service POSTs the job's summary, signed (Standard "
+        "Webhooks), when the job ends; its host must be one of the server's "
+        "webhook_allowed_hosts. Absent: the tenant's default, if it set one",
+    )
 
     @field_validator("measure_options")
     @classmethod
@@ -164,6 +174,17 @@ class JobSummary(BaseModel):
         default=None, description="The report's renderings stored: name -> digest"
     )
     fused_data_files: list[DataFilePublic] | None = None
+    measured: dict[str, dict[str, int]] | None = Field(
+        default=None,
+        description="Measured selection's groups per pattern: kept, dropped, and how they "
+        "measured (faster, level, slower); absent when it did not run",
+    )
+    profile_error: str | None = Field(
+        default=None,
+        description="Why the job has no profile although it asked for one (profiling did "
+        "not finish within the time limit): the fused model passed its check and is kept, "
+        "its speed is unknown",
+    )
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -209,6 +230,12 @@ class JobPublic(BaseModel):
         description="error.type, for clients written before error was a problem object",
     )
     links: JobLinks
+    waiting: str | None = Field(
+        default=None,
+        description="While the job is queued, why it waits: no worker is alive, its "
+        "tenant is at its running limit, or the jobs ahead of it; null otherwise (and in "
+        "lists and events, which do not compute it)",
+    )
 
     @field_serializer("summary")
     def _summary_as_stored(self, summary: JobSummary | None):
@@ -221,7 +248,7 @@ class JobPublic(BaseModel):
         return _as_utc(value)
 
     @classmethod
-    def from_job(cls, job: Job) -> JobPublic:
+    def from_job(cls, job: Job, *, waiting: str | None = None) -> JobPublic:
         base = f"/v1/jobs/{job.id}"
         status = JobStatus(job.status)
         links = JobLinks(
@@ -235,13 +262,17 @@ class JobPublic(BaseModel):
                 for name in ((job.summary or {}).get("artifacts") or {})
             },
         )
-        skip = ("links", "error", "error_type")
+        skip = ("links", "error", "error_type", "waiting")
         fields = {name: getattr(job, name) for name in cls.model_fields if name not in skip}
         if job.error:
             fields["error"] = job_problem(job.error_type, job.error)
             fields["error_type"] = fields["error"]["type"]
-        return cls.model_validate({**fields, "links": links})
+        return cls.model_validate({**fields, "links": links, "waiting": waiting})
 
     @property
     def etag(self) -> str:
-        return f'"{self.revision}"'
+        if self.waiting is None:
+            return f'"{self.revision}"'
+        # The reason changes while the row does not (a worker died, the queue moved): a
+        # poll must not be told 304 then.
+        return f'"{self.revision}-{zlib.crc32(self.waiting.encode()):08x}"'

@@ -28,12 +28,16 @@ __all__ = [
     "Job",
     "JobArtifact",
     "JobStatus",
+    "JobWebhook",
     "PatternRecord",
     "PatternVersion",
     "RegistryState",
     "Strategy",
     "StrategyVersion",
     "Tenant",
+    "TenantWebhook",
+    "WebhookDelivery",
+    "WorkerHeartbeat",
     "utcnow",
 ]
 
@@ -231,6 +235,69 @@ class StrategyVersion(Base):
 
 
 # --- Liveness: worker heartbeats (issue 27) ---
+class WorkerHeartbeat(Base):
+    """A worker process says it is alive: its row is rewritten every
+    ``worker_heartbeat_interval_s`` (``app.services.worker_health``). A row older than
+    ``worker_stale_after_s`` is a worker that died or lost the database."""
+
+    __tablename__ = "worker_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # node/pid
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))  # embedded, distributed
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    running: Mapped[int] = mapped_column(Integer)  # jobs it runs now
+    slots: Mapped[int] = mapped_column(Integer)  # jobs it runs at once at most
 
 
 # --- Webhooks (issue 27) ---
+class TenantWebhook(Base):
+    """A tenant's webhook settings: its signing secret (``whsec_``; the service signs
+    with it, so it is kept as it is, unlike an API key) and the callback URL its jobs
+    use when they name none (``app.services.webhooks``)."""
+
+    __tablename__ = "tenant_webhooks"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    secret: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    default_url: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobWebhook(Base):
+    """A job's callback: ``waiting`` until the job ends, then ``due`` (``next_attempt_at``)
+    until a delivery succeeds (``delivered``) or the attempts run out (``failed``).
+    ``claimed_until``: a worker process is sending it (a compare-and-set takes it)."""
+
+    __tablename__ = "job_webhooks"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    state: Mapped[str] = mapped_column(String(16), default="waiting", index=True)
+    # The webhook-id header: one per message, the same on each retry (the receiver's
+    # key to drop duplicates).
+    message_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True, index=True
+    )
+    claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class WebhookDelivery(Base):
+    """One delivery attempt of a job's webhook: the delivery log."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    duration_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    # When the next attempt is due; None: this one was the last.
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -1,5 +1,5 @@
 """Readiness: can this process reach what a request needs (database, broker, artifact
-store)?
+store), and can a worker take the job it queues (``app.services.worker_health``)?
 
 Each check returns ``None`` when healthy or a short reason; ``/readyz`` answers 503 with
 the reasons when any fails. Checks are quick and bounded by short timeouts.
@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import get_engine
+from autofusion.app.services.worker_health import LocalWorker, check_worker
 
 __all__ = ["check_artifacts", "check_broker", "check_database", "readiness"]
 
@@ -93,10 +94,16 @@ def _check_folder_writable(folder: os.PathLike, what: str = "broker") -> str | N
     return None
 
 
-def readiness(settings: Settings) -> dict[str, str | None]:
-    """``{check name: None or reason}`` for every dependency."""
-    return {
+def readiness(settings: Settings, local: LocalWorker | None = None) -> dict[str, str | None]:
+    """``{check name: None or reason}`` for every dependency; ``worker`` too unless
+    ``readyz_requires_worker`` is off (``local``: the embedded worker beside this process)."""
+    results = {
         "database": check_database(settings),
         "broker": check_broker(settings),
         "artifacts": check_artifacts(settings),
     }
+    if settings.readyz_requires_worker:
+        # Without the database no heartbeat can be read: say so, without a second timeout.
+        unreadable = "unknown: the database is unreachable"
+        results["worker"] = unreadable if results["database"] else check_worker(settings, local)
+    return results

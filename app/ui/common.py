@@ -20,12 +20,14 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, FileSystemLoader
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader
 
 from autofusion.app.api.deps import SettingsDep, check_scope, principal_for_token
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.auth import Principal
 from autofusion.app.services.ui_sessions import session_principal
+from autofusion.app.services.worker_health import check_worker
+from autofusion.fusion_core.report import REPORT_TEMPLATES
 
 __all__ = [
     "COOKIE",
@@ -43,10 +45,10 @@ _TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 # Autoescape everywhere: every string a user controls (model and node names, doc
 # strings, pattern text, error messages) renders as text. Only SVG made by
-# fusion_core.report's helpers (which escape every label) is marked safe.
-templates = Jinja2Templates(
-    env=Environment(loader=FileSystemLoader(_TEMPLATES), autoescape=True, auto_reload=False)
-)
+# fusion_core.report's helpers (which escape every label) is marked safe. The job page's
+# report section (_report.html) is fusion_core.report's, the template report.html renders.
+_LOADER = ChoiceLoader([FileSystemLoader(_TEMPLATES), FileSystemLoader(REPORT_TEMPLATES)])
+templates = Jinja2Templates(env=Environment(loader=_LOADER, autoescape=True, auto_reload=False))
 
 LOGIN_REASONS = {
     "required": "This server requires an API key: paste yours to continue.",
@@ -116,9 +118,21 @@ def render(
     # A server that needs no key offers no sign-in in the header (/ui/login still works).
     settings = getattr(request.app.state, "settings", None)
     context.setdefault("keys_required", bool(getattr(settings, "require_api_keys", True)))
+    if not name.startswith("_"):  # a whole page, not a polled fragment: one query more
+        context.setdefault("worker_banner", worker_banner(request))
     return templates.TemplateResponse(
         request, name, context, status_code=status_code, headers=headers
     )
+
+
+def worker_banner(request: Request) -> str | None:
+    """What the banner says while no worker can take a job (None: no banner)."""
+    settings = getattr(request.app.state, "settings", None)
+    if settings is None:
+        return None
+    local = getattr(request.app.state, "local_worker", None)
+    reason = check_worker(settings, local)
+    return None if reason is None else f"No worker is taking jobs: {reason}. Queued jobs wait."
 
 
 def form_errors(exc: Exception, default_field: str) -> tuple[int, list[dict[str, str]]]:

@@ -116,7 +116,14 @@ def make_service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     with ExitStack() as stack:
 
         def make(**overrides: Any) -> Service:
-            options = {"embedded_worker": False, "events_poll_s": 0.02, **overrides}
+            # No worker runs here: /readyz asks for one only where a test says so
+            # (tests/app/test_liveness.py).
+            options = {
+                "embedded_worker": False,
+                "events_poll_s": 0.02,
+                "readyz_requires_worker": False,
+                **overrides,
+            }
             settings = Settings(data_dir=tmp_path / f"service{next(counter)}", **options)
             app = create_app(settings)
             client = stack.enter_context(TestClient(app))

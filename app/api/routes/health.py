@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from autofusion.app.api.deps import SettingsDep
 from autofusion.app.api.problems import ProblemError, problem_responses
@@ -14,7 +14,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=HealthPublic)
+@router.get("/healthz", response_model=HealthPublic, operation_id="getHealth")
 def healthz() -> HealthPublic:
     """The process is up and answering."""
     return HealthPublic()
@@ -23,11 +23,12 @@ def healthz() -> HealthPublic:
 @router.get(
     "/readyz",
     response_model=ReadinessPublic,
+    operation_id="getReadiness",
     responses=problem_responses(503),
 )
-def readyz(settings: SettingsDep) -> ReadinessPublic:
-    """The database, the broker and the artifact store are reachable (503 problem if not)."""
-    results = readiness(settings)
+def readyz(request: Request, settings: SettingsDep) -> ReadinessPublic:
+    """Database, broker and artifact store reachable, a worker alive (503 problem if not)."""
+    results = readiness(settings, getattr(request.app.state, "local_worker", None))
     failures = {name: reason for name, reason in results.items() if reason is not None}
     if failures:
         raise ProblemError(
