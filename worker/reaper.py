@@ -6,6 +6,8 @@ It also sweeps the scratch folders of killed workers (``app.services.scratch``) 
 applies retention (``app.services.retention``: ended jobs past ``job_retention_s`` or
 over ``max_stored_bytes_total``, and the blobs no job refers to): on its first pass,
 when the worker starts, and every ``scratch_sweep_interval_s`` after.
+
+A thread beside it delivers the webhooks of ended jobs (``app.services.webhooks``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from autofusion.app.services.artifacts import ArtifactStore, make_store
 from autofusion.app.services.jobs import reap_jobs
 from autofusion.app.services.retention import RetentionSweep, sweep_retention
 from autofusion.app.services.scratch import PeriodicThread, ScratchSweeper, sweep_worker_scratch
+from autofusion.app.services.webhooks import deliver_due
 
 __all__ = ["Reaper"]
 
@@ -41,6 +44,13 @@ class Reaper:
         )
         self._retention = ScratchSweeper(self._retain_due, settings.scratch_sweep_interval_s)
         self._thread = PeriodicThread(self._turn, settings.reaper_interval_s, "autofusion-reaper")
+        # Webhooks go out from a thread of their own: a slow receiver delays neither the
+        # reaper's pass nor a job (app/services/webhooks). With webhooks off it only
+        # closes callbacks left from before, so it looks less often.
+        poll_s = settings.webhook_poll_s if settings.webhook_allowed_hosts else 30.0
+        self._webhooks = PeriodicThread(
+            lambda: deliver_due(settings), poll_s, "autofusion-webhooks"
+        )
 
     def sweep_once(self) -> list[Path]:
         """Remove the attempt folders of workers that are gone; returns what went."""
@@ -71,9 +81,11 @@ class Reaper:
     def start(self) -> None:
         """Start the thread; a second call (a consumer that reconnected) does nothing."""
         self._thread.start()
+        self._webhooks.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._thread.stop(timeout)
+        self._webhooks.stop(timeout)
 
     def _turn(self) -> None:
         try:

@@ -22,6 +22,12 @@ from autofusion.app.cli.migrate import add_database_options, prepare_database, s
 from autofusion.app.core.db import session_scope
 from autofusion.app.core.models import ApiKey, utcnow
 from autofusion.app.services.auth import SCOPES, create_key
+from autofusion.app.services.webhooks import (
+    rotate_secret,
+    set_default_url,
+    tenant_settings,
+    url_problem,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -57,6 +63,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     revoke.add_argument("key_id", type=int, metavar="ID")
     add_database_options(revoke)
     revoke.set_defaults(run=run, keys_action=_revoke)
+
+    hook = actions.add_parser(
+        "webhook",
+        help="a tenant's webhook secret (printed) and default callback URL",
+        description="Print the secret that signs the tenant's webhooks (made if it has "
+        "none), on stdout alone; --rotate replaces it, --url sets the callback URL of its "
+        "jobs that name none (its host must be in AUTOFUSION_WEBHOOK_ALLOWED_HOSTS).",
+    )
+    hook.add_argument("--tenant", required=True, help="the tenant (created if new)")
+    url = hook.add_mutually_exclusive_group()
+    url.add_argument("--url", help="the default callback URL of the tenant's jobs")
+    url.add_argument("--no-url", action="store_true", help="remove the default callback URL")
+    hook.add_argument("--rotate", action="store_true", help="make a new secret")
+    add_database_options(hook)
+    hook.set_defaults(run=run, keys_action=_webhook)
 
 
 def _fail(message: str) -> int:
@@ -150,4 +171,30 @@ def _revoke(args: argparse.Namespace, url: str) -> int:
             key.revoked_at = utcnow()
         tenant, prefix = key.tenant_id, key.prefix
     sys.stderr.write(f"autofusion: revoked key {args.key_id} ({prefix}...) of tenant {tenant!r}\n")
+    return EXIT_OK
+
+
+def _webhook(args: argparse.Namespace, url: str) -> int:
+    if not _TENANT.fullmatch(args.tenant):
+        return _fail(
+            f"invalid tenant {args.tenant!r}: use up to 64 letters, digits, '.', '_' or '-'"
+        )
+    settings = settings_from_args(args)
+    if args.url is not None and (why := url_problem(args.url, settings.webhook_allowed_hosts)):
+        return _fail(f"--url {why}")
+    with session_scope(url) as session:
+        if args.rotate:
+            rotate_secret(session, args.tenant)
+        if args.url is not None or args.no_url:
+            set_default_url(session, args.tenant, None if args.no_url else args.url)
+        public = tenant_settings(session, args.tenant, settings)
+    where = public.default_url or "none (jobs name their callback_url)"
+    sys.stderr.write(f"autofusion: tenant {args.tenant!r}: default callback URL {where}\n")
+    if public.secret is None:
+        sys.stderr.write(
+            "autofusion: its webhooks are signed with the server's AUTOFUSION_WEBHOOK_SECRET\n"
+        )
+        return EXIT_OK
+    sys.stderr.write("autofusion: its webhooks are signed with this secret:\n")
+    sys.stdout.write(public.secret + "\n")
     return EXIT_OK

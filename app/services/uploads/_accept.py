@@ -26,6 +26,7 @@ from autofusion.app.services.model_work import inspect_upload
 from autofusion.app.services.quotas import Quotas
 from autofusion.app.services.uploads._form import Upload, invalid_config
 from autofusion.app.services.uploads._receive import IncomingBody, receive_upload, remove_folder
+from autofusion.app.services.webhooks import attach_callback, check_callback_url
 from autofusion.fusion_core.errors import describe_fields, field_errors
 
 __all__ = [
@@ -96,6 +97,7 @@ async def accept_received(upload: Upload, settings: Settings, store: ArtifactSto
     """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards."""
     try:
         options = parse_options(upload.config_text)
+        check_callback_url(options.callback_url, settings, "config.callback_url")
         # In a sandbox with its own limits (model_work): the API process parses no model.
         await inspect_upload(upload.model_path, upload.data_names, settings, owner=upload.owner)
         model_digest, data_files, sizes = await asyncio.to_thread(store_upload, upload, store)
@@ -112,13 +114,17 @@ def create_job_for_upload(
     idempotency_key: str | None,
     max_attempts: int,
     quotas: Quotas | None = None,
+    key_ttl_s: float | None = None,
 ) -> tuple[Job, bool]:
-    """Create (and commit) the job, or find the one this Idempotency-Key made before.
-    ``quotas``: the tenant's limits, checked with the insert (429 or 507, nothing kept)."""
+    """Create (and commit) the job, or find the one this Idempotency-Key made before
+    (less than ``key_ttl_s`` ago). ``quotas``: the tenant's limits, checked with the
+    insert (429 or 507, nothing kept)."""
     strategy = stored.options.strategy
     if strategy is not None and session.get(Strategy, strategy) is None:
         raise invalid_config("config.strategy", f"there is no strategy named {strategy!r}")
-    config = stored.options.model_dump(mode="json", exclude_unset=True, exclude={"strategy"})
+    config = stored.options.model_dump(
+        mode="json", exclude_unset=True, exclude={"strategy", "callback_url"}
+    )
     check_pattern_names(session, config)  # a 422 now, not a job that fails in the worker
     arguments = {
         "model_name": stored.model_name,
@@ -130,9 +136,12 @@ def create_job_for_upload(
         "max_attempts": max_attempts,
         "sizes": stored.sizes,
         "quotas": quotas,
+        "key_ttl_s": key_ttl_s,
     }
     try:
         job, created = create_job(session, principal, **arguments)
+        if created:  # its callback (or the tenant's default), committed with the job
+            attach_callback(session, job, stored.options.callback_url)
         session.commit()
     except IntegrityError:
         if not idempotency_key:
