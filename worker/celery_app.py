@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings
 from autofusion.app.core.queue import QUEUE, queue_app
 
@@ -28,4 +29,7 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     app.conf.autofusion_settings = settings
+    # Decided as the worker starts, so that its log says at once whether it traces (and
+    # which extra to install when it cannot); forked pool processes inherit the choice.
+    tracing.setup()
     return app

@@ -16,6 +16,7 @@ import uuid
 
 from celery import shared_task
 
+from autofusion.app.core import tracing
 from autofusion.app.core.queue import RUN_JOB, publish_job
 from autofusion.app.services.artifacts import make_store
 from autofusion.worker.turns import take_turn
@@ -38,12 +39,27 @@ def run_job(self, job_id: str) -> str:
     conf = self.app.conf
     settings = conf.autofusion_settings
     store = conf.get("autofusion_store") or make_store(settings)
+    trace = _trace_headers(self.request)
     outcome, sends = take_turn(
-        settings, job_id, _worker_id(self.request), store, stop=conf.get("autofusion_stop")
+        settings,
+        job_id,
+        _worker_id(self.request),
+        store,
+        stop=conf.get("autofusion_stop"),
+        trace=trace,
     )
     for send in sends:
-        enqueue_job(self.app, send.job_id, countdown=send.countdown)
+        # The job sent again stays in its request's trace (only this message's job's).
+        with tracing.attached(trace if send.job_id == job_id else None):
+            enqueue_job(self.app, send.job_id, countdown=send.countdown)
     return outcome.value
+
+
+def _trace_headers(request) -> dict[str, str]:
+    """The trace context the publisher sent in the message's headers (``publish_job``);
+    empty when it sent none (tracing off there, or the reaper's re-send)."""
+    headers = getattr(request, "headers", None) or {}
+    return {k: v for k, v in headers.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _worker_id(request) -> str:

@@ -40,8 +40,10 @@ def take_turn(
     *,
     stop: threading.Event | None = None,
     cache: SnapshotCache | None = None,
+    trace: dict[str, str] | None = None,
 ) -> tuple[Outcome, list[Send]]:
-    """Run the job this message's turn is for; the outcome and the messages to send."""
+    """Run the job this message's turn is for; the outcome and the messages to send.
+    ``trace``: the message's trace context, which belongs to the message's own job."""
     limit = settings.max_running_jobs_per_tenant
     with session_scope(settings.resolved_database_url) as session:
         pick = pick_job(session, job_id, max_running=limit)
@@ -52,7 +54,8 @@ def take_turn(
         # Nothing can run now: the held job's turn comes again (the message's own job's
         # claim would only be refused).
         return Outcome.held, [Send(pick.held, settings.held_job_retry_s)]
-    outcome = execute_job(settings, target, worker_id, store, stop=stop, cache=cache)
+    trace = trace if target == job_id else None
+    outcome = execute_job(settings, target, worker_id, store, stop=stop, cache=cache, trace=trace)
     if outcome.needs_enqueue:
         return outcome, [Send(target)]
     if outcome == Outcome.held:

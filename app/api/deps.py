@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import POOL_CONNECTIONS, retry_stale, session_factory
 from autofusion.app.core.errors import ProblemError
@@ -99,9 +100,10 @@ async def get_principal(
     token = bearer.credentials.strip() if bearer is not None else x_api_key
     # Most requests (every poll) are answered here, in the event loop, with no I/O.
     known = _known_principal(settings, token)
-    if known is not None:
-        return known
-    return await run_in_threadpool(principal_for_token, settings, token)
+    if known is None:
+        known = await run_in_threadpool(principal_for_token, settings, token)
+    tracing.annotate(tenant=known.tenant_id)  # the request's span, when tracing
+    return known
 
 
 def _known_principal(settings: Settings, token: str | None) -> Principal | None:

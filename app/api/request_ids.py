@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autofusion.app.core import tracing
 from autofusion.app.core.logs import (
     REQUEST_ID_HEADER,
     clean_request_id,
@@ -44,6 +45,7 @@ class RequestIdMiddleware:
         request_id = request_id_of(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         set_context(request_id=request_id)
+        tracing.annotate(request_id=request_id)  # the request's span, when tracing
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

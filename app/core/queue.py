@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings
 
 __all__ = ["QUEUE", "RUN_JOB", "publish_job", "queue_app"]
@@ -26,8 +27,13 @@ RUN_JOB = "autofusion.run_job"
 
 def publish_job(celery: Celery, job_id: str, *, countdown: float | None = None) -> None:
     """Send the job id (never model bytes) to the queue; call after the commit.
-    ``countdown``: not before this many seconds (a job held by its tenant's running limit)."""
-    celery.send_task(RUN_JOB, args=[job_id], countdown=countdown)
+    ``countdown``: not before this many seconds (a job held by its tenant's running limit).
+    While tracing, the message's headers carry this send's span context (W3C
+    ``traceparent``), so the worker's spans for the job join the request's trace."""
+    tracing.annotate(job_id=job_id)  # the request that created the job names it too
+    with tracing.span("autofusion.enqueue", kind="producer", job_id=job_id):
+        headers = tracing.carrier() or None
+        celery.send_task(RUN_JOB, args=[job_id], countdown=countdown, headers=headers)
 
 
 def queue_app(settings: Settings) -> Celery:

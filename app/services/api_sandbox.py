@@ -89,7 +89,7 @@ def _trial(path: Path, settings: Any, pattern: dict[str, Any], pictures: int) ->
         "pictures": [],
     }
     if pictures and matches:
-        # The dashboard's match pictures (app/ui/report_view.py draws them the same way).
+        # The dashboard's match pictures (fusion_core.report draws them the same way).
         from autofusion.fusion_core.report import GraphIndex, region_svg
 
         index = GraphIndex(ir.to_proto(model))

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.api_sandbox import MODEL_WORK
@@ -145,7 +146,8 @@ async def run_model_child(
     try:
         folder = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_scratch_root(settings)))
         try:
-            return await _run_in(folder, task, request, settings, what, client_gone)
+            with tracing.span("autofusion.api_sandbox", task=task):  # the request's own
+                return await _run_in(folder, task, request, settings, what, client_gone)
         finally:
             await asyncio.to_thread(shutil.rmtree, folder, True)
     finally:
