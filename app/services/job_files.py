@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from autofusion.app.services.artifacts import ArtifactStore, download_headers
 __all__ = [
     "ARTIFACT_CSP",
     "ARTIFACT_TYPES",
+    "REPORT_PAGE_CSP",
     "JobFile",
     "artifact_digest",
     "artifact_file",
@@ -33,6 +34,7 @@ __all__ = [
     "not_available",
     "original_model_file",
     "report_file",
+    "report_page_file",
     "temporary_copy",
 ]
 
@@ -47,6 +49,10 @@ ARTIFACT_TYPES = {
 }
 # report.html is self-contained: no scripts, its styles inline.
 ARTIFACT_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+# The report page, opened in the browser (inline): its charts are inline SVG (data:
+# images at most), and ``sandbox`` gives it an opaque origin with scripts off, so even a
+# hostile report.html can neither run script nor read the dashboard's cookies.
+REPORT_PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; sandbox"
 
 
 def not_available(job_id: str, status: str, what: str) -> ProblemError:
@@ -78,6 +84,7 @@ class JobFile:
     modified: datetime  # when the job finished (its files were written then)
     csp: str | None = None  # a Content-Security-Policy of its own (the renderings)
     stream: bool = False  # sent from a temporary copy, never held in memory (the model)
+    inline: bool = False  # shown in the browser, not saved (the report page only)
 
     @property
     def etag(self) -> str:
@@ -92,7 +99,7 @@ class JobFile:
     def headers(self) -> dict[str, str]:
         """The headers of a download of this file (a GET, a HEAD, a 304 takes some)."""
         headers = {
-            **download_headers(self.filename),
+            **download_headers(self.filename, "inline" if self.inline else "attachment"),
             "ETag": self.etag,
             "Repr-Digest": self.repr_digest,
             "Last-Modified": format_datetime(self.modified.astimezone(UTC), usegmt=True),
@@ -149,6 +156,12 @@ def artifact_file(job: Job, name: str) -> JobFile:
     return JobFile(
         digest, ARTIFACT_TYPES[name], f"{_stem(job)}.{name}", _finished(job), csp=ARTIFACT_CSP
     )
+
+
+def report_page_file(job: Job) -> JobFile:
+    """report.html to open in the browser: ``inline``, under ``REPORT_PAGE_CSP``."""
+    file = artifact_file(job, "report.html")
+    return replace(file, csp=REPORT_PAGE_CSP, inline=True)
 
 
 def temporary_copy(file: JobFile, store: ArtifactStore, folder: Path) -> Path:

@@ -17,6 +17,8 @@ from autofusion.app.services.job_pages import decode_page_token, encode_page_tok
 from autofusion.app.services.job_phases import recent_phases
 from autofusion.app.services.jobs import cancel_job, get_job
 from autofusion.app.services.retention import delete_job
+from autofusion.app.services.webhooks import job_webhooks
+from autofusion.app.services.worker_health import job_with_waiting
 from autofusion.app.ui.common import UIPrincipal, render, require
 from autofusion.app.ui.job_data import LIVE, job_problem, job_row, load_report_view
 from autofusion.app.ui.progress import history_for, progress_view
@@ -104,22 +106,34 @@ def _job_context(job: Job, session: SessionDep) -> dict:
 
 @router.get("/{job_id}")
 def job_page(
-    job_id: str, request: Request, principal: UIPrincipal, session: SessionDep, store: StoreDep
+    job_id: str,
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    store: StoreDep,
+    settings: SettingsDep,
 ):
     """One job: its state (live while queued or running), then its report."""
-    job = get_job(session, principal.tenant_id, job_id)
-    context = _job_context(job, session)
+    job, waiting = job_with_waiting(session, principal.tenant_id, job_id, settings)
+    context = {**_job_context(job, session), "waits_for": waiting}
     context["report"] = None if context["live"] else load_report_view(job, store)
     context["artifacts"] = sorted((job.summary or {}).get("artifacts") or {})
     context["problem"] = job_problem(job)
+    context["webhooks"] = job_webhooks(session, job)  # the _webhooks.html partial
     return render(request, "job.html", context)
 
 
 @router.get("/{job_id}/live")
-def job_live(job_id: str, request: Request, principal: UIPrincipal, session: SessionDep):
+def job_live(
+    job_id: str,
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+):
     """The live section; once the job has finished, HX-Refresh loads the whole page."""
-    job = get_job(session, principal.tenant_id, job_id)
-    context = _job_context(job, session)
+    job, waiting = job_with_waiting(session, principal.tenant_id, job_id, settings)
+    context = {**_job_context(job, session), "waits_for": waiting}
     headers = {} if context["live"] else {"HX-Refresh": "true"}
     return render(request, "_job_live.html", context, headers=headers)
 
@@ -164,6 +178,21 @@ def job_download(
         file = job_files.original_model_file(job)
     elif what == "report":
         file = job_files.report_file(job)
-    else:  # report.html too: a job's HTML is never rendered in the dashboard's origin
+    else:  # report.html too, as an attachment: its page is /report.html, sandboxed
         file = job_files.artifact_file(job, "profile_trace.json" if what == "trace" else what)
+    return download_response(request, file, store, settings.data_dir / "downloads")
+
+
+@router.api_route("/{job_id}/report.html", methods=["GET", "HEAD"])
+def job_report_page(
+    job_id: str,
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> Response:
+    """report.html opened in the browser (inline) under a CSP with ``sandbox``: a job's
+    HTML never runs script in the dashboard's origin. The download stays a download."""
+    file = job_files.report_page_file(get_job(session, principal.tenant_id, job_id))
     return download_response(request, file, store, settings.data_dir / "downloads")

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import save_model
 from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
-from autofusion.fusion_core.pipeline.result import Result
+from autofusion.fusion_core.pipeline.result import PROFILE_UNFINISHED, Result
 from autofusion.fusion_core.profiling import (
     ProfileOptions,
     measure_memory,
@@ -99,12 +100,9 @@ def run(
     written = not failed or config.keep_failed
     if written:
         save_model(result.model, output_path)
-    profile = memory = None
-    if config.profile and not failed:
-        stage("profiling", 0.82)
-        profile, memory = _measure(model_path, output_path, config, result, feeds, files.trace)
     model_name, output_name = names or (str(model_path), str(output_path))
-    report = build_report(
+    report_with = partial(
+        build_report,
         result,
         model=model_name,
         output=output_name if written else None,
@@ -112,13 +110,26 @@ def run(
         output_file=output_path if written else None,
         config=config,
         registry_version=registry_version,
-        profile=profile,
-        memory=memory,
     )
+    profile = memory = None
+    if config.profile and not failed:
+        if files.report is not None:
+            _write_unfinished(report_with(), files.report)
+        stage("profiling", 0.82)
+        profile, memory = _measure(model_path, output_path, config, result, feeds, files.trace)
+    report = report_with(profile=profile, memory=memory)
     stage("report", 0.85)
     _write_files(report, files, model_path, output_path if written else None)
     _write_reproducers(result, files.reproducers)
     return RunOutcome(result, report, written, failed)
+
+
+def _write_unfinished(report: dict[str, Any], path: Path) -> None:
+    """The report as it stands before profiling, its profile saying it did not finish.
+    Profiling may take longer than the run is given (a worker's time limit): the checked
+    model is saved by then, and this report goes with it until the finished one replaces
+    it (worker/execute.py keeps both when only profiling ran out of time)."""
+    _write(path, json.dumps({**report, "profile": {"error": PROFILE_UNFINISHED}}, indent=2) + "\n")
 
 
 def _write_reproducers(result: Result, path: Path | None) -> None:
@@ -160,10 +171,12 @@ def _write_files(report: dict, files: RunFiles, model_path, fused_path) -> None:
     # The pictures need the graphs only: the weights stay on disk.
     original = onnx.load(model_path, load_external_data=False)
     fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
-    if files.html is not None:
-        _write(files.html, render_html(report, original=original, fused=fused))
-    if files.regions is not None and fused is not None and report.get("applied"):
+    pictures = None  # drawn once (shape inference on both graphs), for both files
+    if fused is not None and report.get("applied"):
         pictures = region_pictures(report["applied"], original, fused)
+    if files.html is not None:
+        _write(files.html, render_html(report, pictures=pictures))
+    if files.regions is not None and pictures is not None:
         _write(files.regions, json.dumps(pictures) + "\n")
 
 

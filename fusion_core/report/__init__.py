@@ -2,7 +2,9 @@
 
 ``build_report`` makes the document, valid against ``report_schema()`` (published as
 ``docs/report.schema.json``); ``format_summary`` (terminal), ``format_markdown`` (CI)
-and ``render_html`` (one self-contained page) render it. ``read_report`` is the one
+and ``render_html`` (one self-contained page) render it, all stating the one speed
+verdict of ``speed_verdict``. ``report_view`` and the templates in ``REPORT_TEMPLATES``
+are what report.html and the dashboard's job page both render. ``read_report`` is the one
 typed reader every consumer (worker, dashboard, CI client) takes its facts from.
 
 The names load on first use (``lazy_loader``): ``read_report`` needs none of the
@@ -17,7 +19,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "_charts": ["grouped_bars", "histogram", "timeline"],
         "_folding": ["FOLDING_PART", "left_alone_records", "unfolded_text"],
         "_graph": ["GraphIndex", "region_svg"],
-        "_html": ["render_html"],
+        "_growth": ["GROWTH_FLOORS", "GROWTH_LIMITS", "Growth", "growth"],
+        "_page": ["REPORT_TEMPLATES", "render_html"],
         "_json": ["REPORT_VERSION", "build_report", "file_sha256"],
         "_markdown": ["format_markdown"],
         "_provenance": ["final_nodes"],
@@ -31,5 +34,16 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         ],
         "_schema": ["report_schema"],
         "_text": ["fallback_line", "format_summary"],
+        "_units": [
+            "bytes_text",
+            "change_of",
+            "change_words",
+            "duration_text",
+            "percent_text",
+            "saved_text",
+        ],
+        "_verdict": ["MEDIANS_NOTE", "PAIRED_WHY", "SpeedVerdict", "speed_verdict"],
+        "_view": ["DASH", "MAX_MATCH_PICTURES", "fmt", "fmt_bytes", "report_view", "speed_class"],
+        "_view_groups": ["EXAMPLES_SHOWN", "OPEN_GROUPS", "reason_template"],
     },
 )

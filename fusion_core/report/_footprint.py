@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.profiling.footprint import model_size, serialized_size
 from autofusion.fusion_core.report._reader import read_report
-from autofusion.fusion_core.report._units import bytes_text
+from autofusion.fusion_core.report._units import bytes_text, change_of
 
 __all__ = [
     "bytes_text",
@@ -124,9 +124,9 @@ def memory_line(report: Mapping[str, Any]) -> str | None:
 def change_text(before: int | None, after: int | None) -> str | None:
     if before is None or after is None:
         return None
-    if not before:
-        return f"{bytes_text(before)} -> {bytes_text(after)}"
-    return f"{bytes_text(before)} -> {bytes_text(after)} ({(after - before) / before:+.1%})"
+    change = change_of(before, after)
+    shown = f"{bytes_text(before)} -> {bytes_text(after)}"
+    return f"{shown} ({change})" if change else shown
 
 
 def _ratio(after: int | None, before: int | None) -> float | None:

@@ -7,7 +7,10 @@ from typing import Any
 
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
+from autofusion.fusion_core.report._growth import growth
 from autofusion.fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._units import saved_text
+from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
 
 __all__ = ["format_markdown"]
 
@@ -23,8 +26,10 @@ def format_markdown(report: dict[str, Any]) -> str:
         f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}  ",
         f"**Check:** {_verdict(report.get('check'))}  ",
         f"**Speed:** {_speed(report)}  ",
+        *_medians(report),
         f"**Size:** {_size(report)}  ",
-        f"**Peak memory:** {_memory(report)}",
+        f"**Peak memory:** {_memory(report)}  ",
+        *_grew(report),
         "",
     ]
     lines += _fusions(report)
@@ -76,6 +81,24 @@ def _speed(report: dict[str, Any]) -> str:
     return _md(speed.describe())
 
 
+def _medians(report: dict[str, Any]) -> list[str]:
+    """Each model's median run: detail under the verdict, and why it may disagree."""
+    verdict = speed_verdict(report)
+    if verdict is None or verdict.medians is None:
+        return []
+    why = f"; {verdict.medians_differ} ({PAIRED_WHY})" if verdict.medians_differ else ""
+    return [f"**Each model's median run:** {_md(verdict.medians + why)}  "]
+
+
+def _grew(report: dict[str, Any]) -> list[str]:
+    """Growth the speed did not pay for, each on a line of its own."""
+    return [
+        f"**Grew:** {_md(f'{g.what} {g.before} -> {g.after} ({g.change}): {g.note}')}  "
+        for g in growth(report)
+        if g.flagged
+    ]
+
+
 def _size(report: dict[str, Any]) -> str:
     return _md(size_line(report) or "not measured")
 
@@ -90,14 +113,14 @@ def _fusions(report: dict[str, Any]) -> list[str]:
     lines = [f"### Fusions: {total} in {report.get('rounds')} round(s)", ""]
     if not fusions:
         return lines + ["none", ""]
-    predicted: dict[str, float] = {}  # the cost model's µs saved per run, per pattern
+    predicted: dict[str, float] = {}  # the cost model's time saved per run (µs), per pattern
     for fusion in report.get("applied") or []:
         saved = (fusion.get("predicted_gain") or {}).get("saved_us")
         if isinstance(saved, (int, float)):
             predicted[fusion["pattern"]] = predicted.get(fusion["pattern"], 0.0) + saved
-    lines += ["| pattern | count | predicted µs saved |", "|---|---:|---:|"]
+    lines += ["| pattern | count | predicted time per run |", "|---|---:|---:|"]
     for name, count in sorted(fusions.items(), key=lambda kv: (-kv[1], kv[0])):
-        saved = f"{predicted[name]:.3g}" if name in predicted else "n/a"
+        saved = saved_text(predicted[name]) if name in predicted else "n/a"
         lines.append(f"| {_md(name)} | {count} | {saved} |")
     return lines + [""]
 

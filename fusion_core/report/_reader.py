@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofusion.fusion_core.profiling.stats import VERDICTS
+from autofusion.fusion_core.report._units import change_words
 
 __all__ = [
     "DEPLOYMENT_LEVEL",
@@ -52,12 +53,10 @@ class Speed:
         return 1.0 / self.ratio if self.ratio > 0 else math.inf
 
     def describe(self) -> str:
-        """One plain line, e.g. ``1.23x faster: fused/original 0.813 (95% interval
-        0.801-0.826, 20 paired runs, ORT_ENABLE_ALL, 1 thread)``."""
-        head = f"{self.speedup:.2f}x"
-        if self.verdict:
-            head += f" ({self.verdict})" if self.verdict != "faster" else " faster"
-        detail = f"fused/original {self.ratio:.3f}"
+        """The one line every rendering states (fusion_core/report/_verdict.py), e.g.
+        ``20% faster (1.25x): fused/original 0.800 (95% interval 0.780-0.830, 20 paired
+        runs, ORT_ENABLE_ALL, 1 thread)``."""
+        head = f"{change_words(self.ratio, self.verdict)} ({self.speedup:.2f}x)"
         extras = []
         if self.low is not None and self.high is not None:
             share = f"{self.confidence:.0%} " if self.confidence else ""
@@ -67,7 +66,7 @@ class Speed:
         extras.append(self.level)
         if self.threads:
             extras.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
-        return f"{head}: {detail} ({', '.join(extras)})"
+        return f"{head}: fused/original {self.ratio:.3f} ({', '.join(extras)})"
 
 
 @dataclass(frozen=True)

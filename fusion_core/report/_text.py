@@ -6,7 +6,9 @@ from typing import Any
 
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
+from autofusion.fusion_core.report._growth import growth
 from autofusion.fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
 
 __all__ = ["fallback_line", "format_summary"]
 
@@ -137,7 +139,12 @@ def fallback_line(fallback: dict[str, Any]) -> str:
 def _footprint(report: dict[str, Any]) -> list[str]:
     """Size on disk, and peak memory when profiled, before -> after."""
     size, memory = size_line(report), memory_line(report)
-    return ([f"size: {size}"] if size else []) + ([f"peak memory: {memory}"] if memory else [])
+    lines = ([f"size: {size}"] if size else []) + ([f"peak memory: {memory}"] if memory else [])
+    return lines + [
+        f"warning: {g.note}: {g.before} -> {g.after} ({g.change})"
+        for g in growth(report)
+        if g.flagged
+    ]
 
 
 def _speed(report: dict[str, Any]) -> list[str]:
@@ -146,6 +153,10 @@ def _speed(report: dict[str, Any]) -> list[str]:
     if speed is None:
         return []
     lines = [f"speed: {speed.describe()}"]
+    verdict = speed_verdict(report)
+    if verdict is not None and verdict.medians:
+        why = f"; {verdict.medians_differ} ({PAIRED_WHY})" if verdict.medians_differ else ""
+        lines.append(f"  each model's median run: {verdict.medians}{why}")
     if speed.verdict == "no measurable change":
         lines.append("  the fused model is not measurably faster than the original on this machine")
     elif speed.verdict == "slower":

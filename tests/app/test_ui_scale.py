@@ -18,8 +18,12 @@ from ui_testing import assert_page, multipart, run_job
 from autofusion.app.core.models import JobStatus, utcnow
 from autofusion.app.services.job_phases import PastJob, Span, next_phases, phase_spans
 from autofusion.app.ui.progress import estimate_remaining, fmt_seconds, job_kind
-from autofusion.app.ui.report_groups import EXAMPLES_SHOWN, OPEN_GROUPS, reason_template
-from autofusion.fusion_core.report import EXAMPLES_PER_PATTERN
+from autofusion.fusion_core.report import (
+    EXAMPLES_PER_PATTERN,
+    EXAMPLES_SHOWN,
+    OPEN_GROUPS,
+    reason_template,
+)
 from autofusion.fusion_core.testing import deep_conv_net
 
 BLOCKS = 60

@@ -17,6 +17,7 @@ from autofusion.fusion_core.profiling import ProfileOptions, profile_models
 from autofusion.fusion_core.profiling.footprint import measure_memory, model_size, serialized_size
 from autofusion.fusion_core.report import (
     build_report,
+    change_of,
     format_markdown,
     format_summary,
     read_report,
@@ -216,18 +217,19 @@ def test_the_renderings_show_before_after_and_the_change(fused_files) -> None:
     report = build_report(result, model=str(model_path), output=str(fused_path), memory=memory)
     validate(report)
     before, after = report["size"]["before_bytes"], report["size"]["after_bytes"]
-    change = f"{(after - before) / before:+.1%}"
+    change = change_of(before, after)  # +12% past 10%, one decimal below (fusion_core units)
     size = f"{before / 1024:.1f} KiB -> {after / 1024:.1f} KiB ({change})"
 
     summary, markdown = format_summary(report), format_markdown(report)
     html = render_html(report)
 
     assert f"size: {size}" in summary
-    assert "peak memory: 10.0 MiB -> 8.0 MiB (-20.0%)" in summary
+    assert "peak memory: 10.0 MiB -> 8.0 MiB (-20%)" in summary
     assert summary.index("size:") > summary.index("check:")
     assert f"**Size:** {size}" in markdown
-    assert "**Peak memory:** 10.0 MiB -> 8.0 MiB (-20.0%)" in markdown
-    assert '<h2 id="memory">Memory</h2>' in html
-    assert "10.0 MiB -&gt; 8.0 MiB (-20.0%)" in html  # the summary row
-    assert "<td>10.0 MiB</td><td>8.0 MiB</td><td>-20.0%</td>" in html  # the memory table
+    assert "**Peak memory:** 10.0 MiB -> 8.0 MiB (-20%)" in markdown
+    assert '<details id="memory">' in html
+    # the summary row: it shrank, so nothing is flagged
+    assert '<td id="peak-memory" data-flagged="false">10.0 MiB → 8.0 MiB (-20%)' in html
+    assert "<th>process peak</th><td>10.0 MiB</td><td>8.0 MiB</td><td>-20%</td>" in html
     assert "<td>9.0 MiB</td><td>9.0 MiB</td><td>+0.0%</td>" in html  # resident 9 -> 9

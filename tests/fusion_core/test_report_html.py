@@ -91,8 +91,10 @@ def svgs(html: str) -> list[ET.Element]:
 
 def assert_self_contained(html: str) -> None:
     lowered = html.lower()
-    for marker in ("<script", "<link", "<iframe", "<img", "@import", "url(", "src=", "href="):
+    for marker in ("<script", "<link", "<iframe", "<img", "@import", "url(", "src="):
         assert marker not in lowered, marker
+    # Links only within the page (a fusion's row to its group and picture).
+    assert all(link.startswith("#") for link in re.findall(r"href=\"([^\"]*)\"", html))
     assert re.findall(r"https?://[^\"']+", html) == ["http://www.w3.org/2000/svg"] * len(
         SVG.findall(html)
     )
@@ -105,9 +107,11 @@ def test_renders_without_profile_or_models(hostile):
     assert_self_contained(html)
     for chart in CHARTS:
         assert chart not in html
-    assert 'id="regions"' not in html
-    assert svgs(html) == []
-    assert 'id="fusions"' in html and 'id="check"' in html
+    assert 'class="region"' not in html
+    # Only the check's error histograms: one per compared output, as on the job page.
+    outputs = len(report["check"]["outputs"])
+    assert [svg.get("id") for svg in svgs(html)] == [f"chart-error-{k}" for k in range(outputs)]
+    assert 'id="fusions"' in html and 'id="validation"' in html
 
 
 def test_renders_charts_and_regions_with_profile_and_models(hostile):
@@ -120,7 +124,8 @@ def test_renders_charts_and_regions_with_profile_and_models(hostile):
     parsed = svgs(html)
     regions = [svg for svg in parsed if svg.get("class") == "region"]
     assert len(regions) == 2 * len(report["applied"])  # before and after of each
-    assert len(parsed) == len(regions) + 2
+    histograms = [svg for svg in parsed if (svg.get("id") or "").startswith("chart-error-")]
+    assert len(parsed) == len(regions) + 2 + len(histograms)
 
 
 def test_only_the_charts_with_data_are_drawn(hostile):
@@ -171,9 +176,11 @@ def test_region_pictures_are_a_few_examples_of_each_pattern():
     html = render_html(report, original=model, fused=result.to_proto())
     regions = [svg for svg in svgs(html) if svg.get("class") == "region"]
     assert len(regions) == 2 * EXAMPLES_PER_PATTERN
-    assert f"conv_bn_relu: {MAX_REGION_PICTURES + 3} fusion(s)" in html
-    left = MAX_REGION_PICTURES + 3 - EXAMPLES_PER_PATTERN
-    assert f"{left} more regions not drawn (conv_bn_relu {left})" in html
+    count = MAX_REGION_PICTURES + 3
+    assert f'data-pattern="conv_bn_relu" data-count="{count}"' in html
+    # Every fusion is listed by its nodes, the pictured ones linking to their picture.
+    rows = re.findall(r'<tr id="fusion-(\d+)"><td>(<a href="#region-\d+">)?', html)
+    assert len(rows) == count and sum(bool(link) for _, link in rows) == EXAMPLES_PER_PATTERN
 
 
 def test_region_pictures_show_shapes_and_key_attributes(hostile):

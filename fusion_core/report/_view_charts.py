@@ -2,7 +2,7 @@
 histogram (``check.outputs[].histogram`` over ``check.histogram_edges``) and the
 slowest nodes of each model (``profile.nodes.{original,fused}.nodes``).
 
-The SVG comes from fusion_core.report's chart helpers, which escape every label (node
+The SVG comes from the chart helpers (_charts.py), which escape every label (node
 and output names come from the model): it is the only markup marked safe here.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from autofusion.fusion_core.report import grouped_bars, histogram
+from autofusion.fusion_core.report._charts import grouped_bars, histogram
 
 __all__ = ["MAX_HISTOGRAMS", "TOP_NODES", "error_histograms", "slowest_nodes"]
 

@@ -2,11 +2,11 @@
 fusions makes a page of a few screens.
 
 Fusions group by pattern (most fusions first): each group has its count and gains, the
-pictured examples (``regions.json`` holds a few of each pattern: fusion_core.report.
-example_fusions), and every fusion as a row that names its nodes in the original model
-and in the fused model, the names a graph viewer (Netron) finds them by. Near misses
-group by pattern, kind and reason, the names in the reason (``'block4_y'``) set aside,
-so 43 times "op.in1 (...) is not a constant initializer" is one line with a count.
+pictured examples (``regions.json`` holds a few of each pattern: ``example_fusions``),
+and every fusion as a row that names its nodes in the original model and in the fused
+model, the names a graph viewer (Netron) finds them by. Near misses group by pattern,
+kind and reason, the names in the reason (``'block4_y'``) set aside, so 43 times
+"op.in1 (...) is not a constant initializer" is one line with a count.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _names(value: Any) -> list[str]:
 
 def final_names(applied: list[dict[str, Any]]) -> list[list[str]]:
     """For each fusion, the nodes of the fused model that stand for its new nodes: a
-    later fusion that replaced one of them stands in with its own (as fusion_core.
-    report.final_nodes, in one pass from the last fusion back)."""
+    later fusion that replaced one of them stands in with its own (as ``final_nodes``,
+    in one pass from the last fusion back)."""
     replaced_by: dict[str, list[int]] = {}
     for position, fusion in enumerate(applied):
         for name in _names(fusion.get("replaced_nodes")):
