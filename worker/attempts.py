@@ -4,9 +4,11 @@ that makes a crash poison.
 A ``Crash`` with an ``outcome`` (``signal:N``, ``timeout``, ``memory``) is one the model
 itself brings about: onnx, onnxruntime or the optimizer dies on it, or it needs more
 time or memory than the worker gives, every time. Seen a second time on the same model
-digest (``Job.attempt_log``), the job fails with ``crashed-twice`` instead of costing a
-third attempt. Crashes that say nothing about the model (the artifact store, a bug in
-the worker, a worker killed from outside: ``lost``) cost attempts as before.
+digest (``Job.attempt_log``), the job fails instead of costing a third attempt, typed
+by what happened: ``crashed-twice`` for a signal, ``time-limit`` (``profile-time-limit``
+when profiling ran out of it) or ``memory-limit`` for a limit, which is no crash.
+Crashes that say nothing about the model (the artifact store, a bug in the worker, a
+worker killed from outside: ``lost``) cost attempts as before.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ __all__ = [
     "KIND_PROBLEMS",
     "Crash",
     "UserError",
+    "PROFILE_TIME_LIMIT_ADVICE",
     "TIME_LIMIT_ADVICE",
     "crashed_twice_message",
     "hung_message",
+    "profile_unfinished_message",
+    "repeated_problem",
     "same_crash_before",
     "signal_name",
 ]
@@ -73,13 +78,39 @@ TIME_LIMIT_ADVICE = (
 )
 
 
+# Profiling is the one phase a job can do without: its time is the model's run time.
+PROFILE_TIME_LIMIT_ADVICE = (
+    "raise the worker's time limit (job_time_limit_s, AUTOFUSION_JOB_TIME_LIMIT_S), or "
+    'turn profiling off (submit without --profile, or "profile": false in the config)'
+)
+
+
+def _advice(stage: str) -> str:
+    return PROFILE_TIME_LIMIT_ADVICE if stage == "profiling" else TIME_LIMIT_ADVICE
+
+
 def hung_message(limit_s: int, cpu_s: float, seconds: float, stage: str) -> str:
     """Why a job that computed until its time limit is not tried again."""
     return (
         f"the optimization ran past the time limit of {limit_s} s (stage {stage}), computing "
         f"all along ({cpu_s:.0f} CPU seconds in {seconds:.0f} s): another attempt would do "
-        f"the same, so it is not tried again; {TIME_LIMIT_ADVICE}"
+        f"the same, so it is not tried again; {_advice(stage)}"
     )
+
+
+def profile_unfinished_message(limit_s: int, *, checked: bool) -> str:
+    """What a job whose profiling ran out of time says: its model is kept, no speed."""
+    model = "passed its check and is kept" if checked else "is kept (its check was skipped)"
+    return (
+        f"Profiling did not finish within the time limit of {limit_s} s: the fused model "
+        f"{model}, its speed is unknown; {PROFILE_TIME_LIMIT_ADVICE}"
+    )
+
+
+def repeated_problem(outcome: str | None, problem: str) -> str:
+    """The problem type of a job ended by the same outcome twice: a signal is a crash, a
+    time or memory limit keeps its own type (a limit is not a crash)."""
+    return "crashed-twice" if outcome is None or outcome.startswith("signal:") else problem
 
 
 def crashed_twice_message(
@@ -87,7 +118,7 @@ def crashed_twice_message(
 ) -> str:
     """Why a job stops after its second identical crash, and what to try instead."""
     if outcome == "timeout":
-        advice = TIME_LIMIT_ADVICE
+        advice = _advice(stage)
     elif outcome == "memory":
         advice = (
             "raise the worker's memory limit (AUTOFUSION_JOB_MEMORY_LIMIT_MB), or fold fewer "

@@ -17,8 +17,11 @@ with a problem type (``Job.error_type``, ``app.core.errors.JOB_PROBLEMS``). A cr
 back to queued for another worker, or fails once it has had ``max_attempts``. Each
 attempt's outcome is kept in ``Job.attempt_log`` with the model's digest; a
 deterministic one (the same signal, the time limit or the memory limit) seen a second
-time on the same model fails the job then (``crashed-twice``): a third try would only
-cost another ``job_time_limit_s`` of a worker.
+time on the same model fails the job then (``crashed-twice`` for a signal, the limit's
+own type for a limit): a third try would only cost another ``job_time_limit_s`` of a
+worker. A time limit reached while profiling a model that was saved and checked is no
+failure: the job succeeds with that model and a report without a profile, and its
+summary's ``profile_error`` says why (the speed is unknown).
 
 The final write (result, artifacts and status, or the release of a crashed attempt) is
 retried with backoff while the database is unreachable, for ``final_write_retry_s``:
@@ -35,7 +38,7 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
 from autofusion.app.core.logs import bind, resolve_format, set_context
@@ -64,6 +68,7 @@ from autofusion.app.services.sandbox_policy import (
     share_measured_cache,
 )
 from autofusion.app.services.scratch import write_owner
+from autofusion.fusion_core.pipeline import PROFILE_UNFINISHED
 from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN
 from autofusion.worker import sandbox
 from autofusion.worker.attempts import (
@@ -72,6 +77,8 @@ from autofusion.worker.attempts import (
     UserError,
     crashed_twice_message,
     hung_message,
+    profile_unfinished_message,
+    repeated_problem,
     same_crash_before,
     signal_name,
 )
@@ -109,17 +116,27 @@ def execute_job(
     *,
     stop: threading.Event | None = None,
     cache: SnapshotCache | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Run one attempt at ``job_id``; the row says what happened, the outcome repeats it.
 
     ``stop`` set means the worker is shutting down: the child is killed and the job
     queued again without costing an attempt. ``Outcome.needs_enqueue`` tells the
-    caller to send the job id to the queue again.
+    caller to send the job id to the queue again. ``trace``: the W3C trace context the
+    job's message carried; the attempt's spans join that trace (``app.core.tracing``).
     """
     if stop is not None and stop.is_set():
         return Outcome.deferred
-    with bind(job_id=job_id):  # every line logged for the job carries its ids
-        return _execute(settings, job_id, worker_id, store, stop, cache)
+    # Every line logged, and every span, for the job carries its ids.
+    with (
+        bind(job_id=job_id),
+        tracing.attached(trace),
+        tracing.ids(job_id=job_id),
+        tracing.span("autofusion.job", kind="consumer", worker_id=worker_id),
+    ):
+        outcome = _execute(settings, job_id, worker_id, store, stop, cache)
+        tracing.annotate(outcome=outcome.value)
+        return outcome
 
 
 def _execute(
@@ -130,7 +147,8 @@ def _execute(
     stop: threading.Event | None,
     cache: SnapshotCache | None,
 ) -> Outcome:
-    with session_scope(settings.resolved_database_url) as session:
+    claim = tracing.span("autofusion.job.claim")
+    with claim, session_scope(settings.resolved_database_url) as session:
         limit = settings.max_running_jobs_per_tenant
         job = claim_job(session, job_id, worker_id, settings.lease_s, max_running=limit)
         if job is None:
@@ -141,10 +159,14 @@ def _execute(
             logger.info("job %s: not claimed (running elsewhere, or over)", job_id)
             return Outcome.skipped
         attempt = _Attempt(settings, job, worker_id, store, stop or threading.Event())
+        tracing.annotate(request_id=job.request_id, tenant=job.tenant_id)  # the claim's span
     set_context(request_id=job.request_id, job_id=job_id)  # the request that created it
+    # The job's span: its request and tenant, known now.
+    tracing.annotate(request_id=job.request_id, tenant=job.tenant_id, attempt=attempt.number)
     logger.info("job %s: attempt %d of %d", job_id, attempt.number, attempt.max_attempts)
     try:
-        return attempt.run(cache or default_cache)
+        with tracing.ids(tenant=job.tenant_id):
+            return attempt.run(cache or default_cache)
     finally:
         shutil.rmtree(attempt.folder, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -177,12 +199,13 @@ class _Attempt:
 
     def run(self, cache: SnapshotCache) -> Outcome:
         try:
-            with self._db() as session:
+            with tracing.span("autofusion.job.plan"), self._db() as session:
                 plan = plan_job(session, self.job, cache, settings=self.settings)
             self.registry_version = plan.snapshot.version
             if not self.report("fetching", 0.02):
                 return self._abandoned()
-            self._prepare(plan)
+            with tracing.span("autofusion.job.fetch"):
+                self._prepare(plan)
             child = run_child(
                 self.folder,
                 time_limit_s=self.settings.job_time_limit_s,
@@ -251,6 +274,7 @@ class _Attempt:
             "log_format": resolve_format(self.settings.log_format, sys.stderr),
             "job_id": self.job_id,
             "request_id": self.job.request_id,
+            "trace_phases": tracing.enabled(),  # worker.supervise exports them as spans
         }
         (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
         patterns = json.dumps(plan.snapshot.specs)
@@ -263,18 +287,7 @@ class _Attempt:
         if child.status == "stopped":
             return self._release(error=None, count_attempt=False)
         if child.status == "timeout":
-            limit = self.settings.job_time_limit_s
-            if child.busy:  # a hang is not a crash: it would compute the same way again
-                error = hung_message(limit, child.cpu_seconds, child.seconds, self.stage)
-                entry = self._attempt_entry("timeout")
-                return self._finish(
-                    JobStatus.failed, error=error, error_type="time-limit", attempt_entry=entry
-                )
-            raise Crash(
-                f"the optimization ran past the time limit of {limit} s",
-                outcome="timeout",
-                problem="time-limit",
-            )
+            return self._timed_out(child, plan)
         output = self.folder / sandbox.OUTPUT_DIR
         error = child.error  # output/error.json
         if error is not None:
@@ -290,6 +303,29 @@ class _Attempt:
             return self._succeed(output, plan, child)
         logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
         raise self._exit_crash(child)
+
+    def _timed_out(self, child: ChildRun, plan: Plan) -> Outcome:
+        """Past the time limit: a job whose checked model was saved before profiling ran
+        out of time succeeds with it (no speed, and a summary that says why); otherwise
+        a hang fails the job now and a wait is a crash, typed by the phase."""
+        limit = self.settings.job_time_limit_s
+        output = self.folder / sandbox.OUTPUT_DIR
+        if self.stage == "profiling":
+            checked = _unfinished_profile(output)
+            if checked is not None:
+                (output / sandbox.PROFILE_TRACE_FILE).unlink(missing_ok=True)  # half written
+                message = profile_unfinished_message(limit, checked=checked)
+                logger.warning("job %s: %s", self.job_id, message)
+                return self._succeed(output, plan, child, profile_error=message)
+        problem = "profile-time-limit" if self.stage == "profiling" else "time-limit"
+        if child.busy:  # a hang is not a crash: it would compute the same way again
+            error = hung_message(limit, child.cpu_seconds, child.seconds, self.stage)
+            entry = self._attempt_entry("timeout")
+            return self._finish(
+                JobStatus.failed, error=error, error_type=problem, attempt_entry=entry
+            )
+        what = f"the optimization ran past the time limit of {limit} s"
+        raise Crash(what, outcome="timeout", problem=problem)
 
     def _raise_child_error(self, error: dict[str, Any], child: ChildRun) -> None:
         kind, message = error.get("kind"), str(error.get("message", ""))
@@ -317,10 +353,15 @@ class _Attempt:
             return Crash("the optimization process exited without writing a result")
         return Crash(f"the optimization process exited with code {code} without a result")
 
-    def _succeed(self, output: Path, plan: Plan, child: ChildRun) -> Outcome:
+    def _succeed(
+        self, output: Path, plan: Plan, child: ChildRun, *, profile_error: str | None = None
+    ) -> Outcome:
         if not self.report("storing", 0.9):
             return self._abandoned()
-        fused, report_digest, summary = self._store_results(output, plan, child)
+        with tracing.span("autofusion.job.store"):
+            fused, report_digest, summary = self._store_results(output, plan, child)
+        if profile_error is not None:  # the model is kept; its speed is unknown
+            summary["profile_error"] = profile_error
         return self._finish(
             JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
         )
@@ -330,7 +371,8 @@ class _Attempt:
         fused model is stored only when the config kept it)."""
         if not self.report("storing", 0.9):
             return self._abandoned()
-        fused, report_digest, summary = self._store_results(output, plan, child)
+        with tracing.span("autofusion.job.store"):
+            fused, report_digest, summary = self._store_results(output, plan, child)
         failure = (summary.get("check") or {}).get("failure")
         return self._finish(
             JobStatus.failed,
@@ -405,8 +447,9 @@ class _Attempt:
         earlier = same_crash_before(self.job.attempt_log, crash.outcome, self.job.model_digest)
         if earlier is not None:
             error = crashed_twice_message(what, earlier, self.number, self.stage, crash.outcome)
+            problem = repeated_problem(crash.outcome, crash.problem)
             return self._finish(
-                JobStatus.failed, error=error, error_type="crashed-twice", attempt_entry=entry
+                JobStatus.failed, error=error, error_type=problem, attempt_entry=entry
             )
         if self.number >= self.max_attempts:
             tries = f"{self.number} attempt{'s' if self.number > 1 else ''}"
@@ -469,7 +512,8 @@ class _Attempt:
                 landed = tries > 1 and final.worker_id == self.worker_id and final.finished_at
                 return Outcome(final.status) if done or landed else Outcome.lost
 
-        outcome = self._retrying(finish, f"finish ({status})")
+        with tracing.span("autofusion.job.finish", status=status.value):
+            outcome = self._retrying(finish, f"finish ({status})")
         logger.info("job %s: %s", self.job_id, outcome)
         return outcome
 
@@ -488,6 +532,25 @@ class _Attempt:
             return self._finish(JobStatus.cancelled)
         logger.warning("job %s: lost the lease to another worker; stopping", self.job_id)
         return Outcome.lost
+
+
+def _unfinished_profile(output: Path) -> bool | None:
+    """Whether the sandbox was stopped while profiling a model it had saved, with the
+    report it wrote before profiling (``fusion_core.run``): None when it was not (or the
+    model failed its check); else whether the model was checked (False: check skipped)."""
+    report_file, fused = output / sandbox.REPORT_FILE, output / sandbox.FUSED_FILE
+    if not (report_file.is_file() and fused.is_file()):
+        return None
+    try:
+        report = json.loads(report_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # cut off while written: nothing vouches for the model
+        return None
+    profile, check = report.get("profile"), report.get("check")
+    if not isinstance(profile, dict) or profile.get("error") != PROFILE_UNFINISHED:
+        return None
+    if isinstance(check, dict) and check.get("passed") is not True:
+        return None
+    return isinstance(check, dict)
 
 
 def _failed_check(report_file: Path) -> str | None:

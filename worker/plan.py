@@ -27,7 +27,14 @@ from autofusion.fusion_core.rewriters import builtin_rewriters
 from autofusion.worker.sandbox import describe_validation_error
 from autofusion.worker.snapshots import CompiledSnapshot, SnapshotCache
 
-__all__ = ["JobConfigError", "Plan", "merge_strategy", "plan_job", "summarize"]
+__all__ = [
+    "JobConfigError",
+    "Plan",
+    "measured_by_pattern",
+    "merge_strategy",
+    "plan_job",
+    "summarize",
+]
 
 
 class JobConfigError(Exception):
@@ -155,7 +162,34 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
         summary["rejected"] = facts.rejected
     if plan.snapshot.skipped:
         summary["skipped_patterns"] = sorted(plan.snapshot.skipped)
+    measured = measured_by_pattern(report)
+    if measured:
+        summary["measured"] = measured
     return summary
+
+
+# A group's paired verdict as the summary counts it ("no measurable change" is "level").
+_VERDICT_COUNTS = {"faster": "faster", "no measurable change": "level", "slower": "slower"}
+
+
+def measured_by_pattern(report: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Measured selection's groups per pattern: how many were kept and dropped, and how
+    each measured (faster, level, slower; a group decided by the cache counts too). The
+    patterns page sums these over a tenant's jobs, so the report is not read again."""
+    measurement = report.get("measurement")
+    groups = measurement.get("groups") if isinstance(measurement, dict) else None
+    counts: dict[str, dict[str, int]] = {}
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, dict) or not isinstance(group.get("pattern"), str):
+            continue
+        entry = counts.setdefault(group["pattern"], dict.fromkeys(("kept", "dropped"), 0))
+        key = "kept" if group.get("kept") else "dropped"
+        entry[key] += 1
+        ratio = group.get("ratio")
+        verdict = _VERDICT_COUNTS.get(ratio.get("verdict")) if isinstance(ratio, dict) else None
+        if verdict is not None:
+            entry[verdict] = entry.get(verdict, 0) + 1
+    return counts
 
 
 def _speed(speed: Speed | None) -> dict[str, Any] | None:

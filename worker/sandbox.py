@@ -4,7 +4,8 @@ Pure: no database, no broker, no settings. The worker prepares FOLDER::
 
     job.json        {"model": NAME, "config": {...OptimizeConfig...},
                      "memory_limit_mb": N, "parent_pid": PID,
-                     "job_id": ID, "request_id": ID or null, "log_format": "json"|"text"}
+                     "job_id": ID, "request_id": ID or null, "log_format": "json"|"text",
+                     "trace_phases": BOOL}
     patterns.json   [pattern spec, ...]   (the registry snapshot)
     input/NAME      the model, and its external-data files beside it
 
@@ -18,7 +19,8 @@ written, the fused model only with ``keep_failed``; these four fail the job at o
 ``memory`` (counts as a crash) or ``internal``. Progress goes to stdout as JSON lines
 ``{"stage": "prepasses", "progress": 0.1}``; everything else anyone prints goes to
 stderr, which the worker keeps in ``sandbox.log``: the sandbox's own log lines there are
-in the worker's format and carry the job's request id and job id.
+in the worker's format and carry the job's request id and job id. When the worker
+traces (``trace_phases``), ``output/phases.jsonl`` says when each phase began.
 
 This module is the optimization and its files; ``app.services.sandbox`` is the rest,
 shared with the API's sandbox: the memory limit set before anything big is imported (a
@@ -28,8 +30,9 @@ behind), the progress stream and the error file. ``worker.supervise`` starts it.
 
 For tests only, ``AUTOFUSION_SANDBOX_TEST_CRASH`` makes the sandbox misbehave just before
 it optimizes: ``segv`` (a segmentation fault), ``sleep:SECONDS`` (waiting) or
-``spin:SECONDS`` (computing) or ``write:MB`` (a file that big). The worker sets it
-nowhere; a job's config cannot reach it.
+``spin:SECONDS`` (computing) or ``write:MB`` (a file that big), or, as ``profiling:MODE``,
+any of these once profiling starts (the fused model saved and checked). The worker sets
+it nowhere; a job's config cannot reach it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,8 @@ __all__ = [
     "OPTIMIZE",
     "OUTPUT_DIR",
     "PATTERNS_FILE",
+    "PHASES_END",
+    "PHASES_FILE",
     "PROFILE_TRACE_FILE",
     "REPORT_FILE",
     "REPORT_HTML_FILE",
@@ -85,6 +91,9 @@ PROFILE_TRACE_FILE = "profile_trace.json"
 REGIONS_FILE = "regions.json"
 REPRODUCERS_FILE = "reproducers.zip"  # only when a step was taken back as a bug
 ERROR_FILE = "error.json"
+# The phases' start times, when the job is traced; the last line (PHASES_END) ends them.
+PHASES_FILE = "phases.jsonl"
+PHASES_END = "end"
 LOG_FILE = "sandbox.log"
 TEST_CRASH_ENV = "AUTOFUSION_SANDBOX_TEST_CRASH"
 USER_ERROR_KINDS = frozenset({"model", "config", "pattern", "check"})
@@ -98,14 +107,35 @@ OPTIMIZE_STAGES = {
     "progressive": ("progressive", 0.3),
     "fallback": ("falling_back", 0.65),  # after a failed check, unless strict
 }
+PhaseMark = Callable[[str], None]  # called with each phase's name as it begins
 
 
-def _on_phase(progress: Progress):
+def _on_phase(progress: Progress, mark: PhaseMark):
     def heard(name: str) -> None:
+        mark(name)
         if name in OPTIMIZE_STAGES:
             progress(*OPTIMIZE_STAGES[name])
 
     return heard
+
+
+def _phase_log(path: Path | None) -> PhaseMark:
+    """With ``trace_phases`` (the worker traces): each phase's name and start (ns since
+    the epoch) appended to ``output/phases.jsonl`` as it begins, for the worker to export
+    as spans (``worker.supervise``). The sandbox runs no OpenTelemetry of its own: it
+    may have no network, and imports only the standard library before its limits. A line
+    at a time, so that a crash keeps the phases before it."""
+    if path is None:
+        return lambda _name: None
+
+    def mark(name: str) -> None:
+        try:
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"phase": name, "at_ns": time.time_ns()}) + "\n")
+        except Exception:  # a lost line costs a span, never the job (nor hides its error)
+            pass
+
+    return mark
 
 
 def _start_logging(job: dict[str, Any]) -> None:
@@ -120,6 +150,15 @@ def _start_logging(job: dict[str, Any]) -> None:
 
 def _optimize(folder: Path, job: dict[str, Any], progress: Progress) -> None:
     _start_logging(job)
+    mark = _phase_log(folder / OUTPUT_DIR / PHASES_FILE if job.get("trace_phases") else None)
+    mark("setup")  # imports and the registry's patterns compiled
+    try:
+        _run(folder, job, progress, mark)
+    finally:
+        mark(PHASES_END)
+
+
+def _run(folder: Path, job: dict[str, Any], progress: Progress, mark: PhaseMark) -> None:
     progress("prepasses", 0.1)
     from autofusion.fusion_core import OptimizeConfig, RunFiles, run
     from autofusion.fusion_core.catalog import compile_all
@@ -145,8 +184,8 @@ def _optimize(folder: Path, job: dict[str, Any], progress: Progress) -> None:
         patterns=patterns,
         names=(job["model"], FUSED_FILE),
         registry_version=job.get("registry_version"),
-        on_stage=progress,
-        on_phase=_on_phase(progress),
+        on_stage=_misbehaving_while_profiling(progress),
+        on_phase=_on_phase(progress, mark),
     )
     if outcome.failed:  # the report stays: it says what the check saw
         raise CheckFailed(_check_message(outcome.result.check, kept=outcome.written))
@@ -163,8 +202,23 @@ def _check_message(check: Any, *, kept: bool) -> str:
     return f"{describe_failure(check)}; see the report{tail}"
 
 
-def _test_crash() -> None:
-    mode = os.environ.get(TEST_CRASH_ENV, "")
+def _misbehaving_while_profiling(progress: Progress) -> Progress:
+    """``progress``; for tests (``profiling:MODE``), ``_test_crash(MODE)`` once profiling
+    starts."""
+    when, _, mode = os.environ.get(TEST_CRASH_ENV, "").partition(":")
+    if when != "profiling":
+        return progress
+
+    def heard(stage: str, fraction: float) -> None:
+        progress(stage, fraction)
+        if stage == "profiling":
+            _test_crash(mode)
+
+    return heard
+
+
+def _test_crash(mode: str | None = None) -> None:
+    mode = os.environ.get(TEST_CRASH_ENV, "") if mode is None else mode
     if mode == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)
     elif mode.startswith("sleep:"):

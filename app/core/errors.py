@@ -26,6 +26,7 @@ JOB_PROBLEMS = {
     "invalid-config": "The job's options are invalid",
     "invalid-pattern": "A pattern of the registry snapshot is invalid",
     "time-limit": "The optimization ran past the time limit",
+    "profile-time-limit": "Profiling did not finish within the time limit",
     "memory-limit": "The optimization ran out of memory",
     "crashed": "The optimization process crashed",
     "crashed-twice": "The optimization crashed the same way twice on this model",

@@ -1,11 +1,12 @@
-"""Dashboard pages of the pattern registry: list, view (with history), create and edit as
+"""Dashboard pages of the pattern registry: list (searched, grouped by family, with each
+pattern's usage in the tenant's recent jobs), view (with history), create and edit as
 YAML, enable/disable, and try a pattern on an uploaded model (no job is created)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Path, Request
+from fastapi import APIRouter, Form, Path, Query, Request
 from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 
@@ -16,7 +17,9 @@ from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import PatternRecord
 from autofusion.app.services import registry
 from autofusion.app.services.pattern_trial import trial_upload
+from autofusion.app.services.pattern_usage import pattern_usage
 from autofusion.app.ui.common import UIPrincipal, form_errors, render, require
+from autofusion.app.ui.pattern_list import family_of, family_slug, group_patterns
 from autofusion.app.ui.report_view import MAX_MATCH_PICTURES
 from autofusion.app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
 from autofusion.fusion_core.errors import FusionError
@@ -41,12 +44,28 @@ rewriter: {name: fused_region, params: {domain: ai.acme}}
 """
 
 
+SearchQuery = Annotated[str, Query(max_length=200)]
+
+
 @router.get("")
-def patterns_page(request: Request, principal: UIPrincipal, session: SessionDep):
-    """Every pattern (deleted ones excluded) and the registry version."""
-    rows = [PatternSummary.from_record(r) for r in registry.list_patterns(session)]
-    context = {"patterns": rows, "registry_version": registry.registry_version(session)}
-    return render(request, "patterns.html", context)
+def patterns_page(
+    request: Request, principal: UIPrincipal, session: SessionDep, q: SearchQuery = ""
+):
+    """Every pattern (deleted ones excluded) that matches ``q``, by family, with how often
+    it fired in the tenant's recent jobs; htmx's live search asks for the results only."""
+    records = registry.list_patterns(session)
+    usage = pattern_usage(session, principal.tenant_id)
+    groups = group_patterns(records, usage, q)
+    context = {
+        "groups": groups,
+        "q": q,
+        "shown": sum(len(g.rows) for g in groups),
+        "total": len(records),
+        "usage": usage,
+        "registry_version": registry.registry_version(session),
+    }
+    live = request.headers.get("hx-request") and request.headers.get("hx-target") == "results"
+    return render(request, "_pattern_results.html" if live else "patterns.html", context)
 
 
 EDITOR = YamlEditor(
@@ -71,19 +90,26 @@ def create_pattern(request: Request, principal: UIPrincipal, session: SessionDep
     return EDITOR.save(request, session, yaml, write, name=None)
 
 
-def _pattern_context(session: SessionDep, record: PatternRecord) -> dict:
+def _pattern_context(session: SessionDep, record: PatternRecord, tenant_id: str) -> dict:
+    usage = pattern_usage(session, tenant_id)
+    summary = PatternSummary.from_record(record)
+    family = family_of(summary.rewriter)
     return {
         "pattern": record,
         "yaml": dump_yaml(record.spec),
         "versions": registry.pattern_history(session, record.name),
-        "summary": PatternSummary.from_record(record),
+        "summary": summary,
+        "family": family,
+        "family_slug": family_slug(family),
+        "usage": usage.of(record.name),
+        "usage_window": usage,
     }
 
 
 @router.get("/{name}")
 def pattern_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
     """A pattern: its YAML, history, enable/disable, edit, and try on a model."""
-    context = _pattern_context(session, registry.get_pattern(session, name))
+    context = _pattern_context(session, registry.get_pattern(session, name), principal.tenant_id)
     return render(request, "pattern.html", context)
 
 
@@ -151,7 +177,7 @@ async def try_pattern_page(
 ):
     """Match the pattern on an uploaded model (the API's /test): matches and near misses."""
     record = registry.get_pattern(session, name)
-    context = _pattern_context(session, record)
+    context = _pattern_context(session, record, principal.tenant_id)
     session.close()  # hold no connection while the upload streams and the trial runs
     try:
         # The model is drawn in the trial's child process too: the API never loads it.

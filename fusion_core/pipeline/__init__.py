@@ -21,12 +21,18 @@ from autofusion.fusion_core.pipeline.progressive import (
     optimize_progressive,
 )
 from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
-from autofusion.fusion_core.pipeline.result import AppliedFusion, Rejection, Result
+from autofusion.fusion_core.pipeline.result import (
+    PROFILE_UNFINISHED,
+    AppliedFusion,
+    Rejection,
+    Result,
+)
 from autofusion.fusion_core.pipeline.rounds import RewriteRounds, RoundsResult, subgraphs
 from autofusion.fusion_core.profiling import PairedTimer  # measured selection's, as before
 
 __all__ = [
     "DEFAULT_STAGES",
+    "PROFILE_UNFINISHED",
     "AppliedFusion",
     "FusionGroup",
     "PairedTimer",

@@ -16,7 +16,11 @@ from autofusion.fusion_core.patterns import NearMiss
 from autofusion.fusion_core.prepasses import FoldRecord
 from autofusion.fusion_core.validate import CheckResult, PrecisionReport, RegionReport
 
-__all__ = ["AppliedFusion", "Rejection", "Result"]
+__all__ = ["PROFILE_UNFINISHED", "AppliedFusion", "Rejection", "Result"]
+
+# The report's profile while profiling runs (``files.run`` writes that report first): what
+# a run stopped while profiling (a worker's time limit) leaves behind with its model.
+PROFILE_UNFINISHED = "profiling did not finish: the run was stopped while profiling"
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,8 @@ def take(out: Path, work: Path) -> list[Path]:
 
         page.goto("/ui/patterns")
         shot(page, "patterns")
+        page.goto("/ui/patterns?q=LayerNormalization")  # the search, as the plain form sends it
+        shot(page, "patterns-search")
         page.goto("/ui/patterns/conv_bn_relu")
         shot(page, "pattern")
 

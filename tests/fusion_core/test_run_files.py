@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import onnx
+import pytest
 
 from autofusion.fusion_core import OptimizeConfig, RunFiles, run
 from autofusion.fusion_core.testing import conv_bn_relu
@@ -53,3 +54,33 @@ def test_a_failed_check_writes_the_report_but_not_the_model(tmp_path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["check"]["passed"] is False and report.get("profile") is None
     assert (tmp_path / "report.html").exists() and not (tmp_path / "regions.json").exists()
+
+
+class _StoppedWhileProfiling(Exception):
+    """What a worker's time limit does to the sandbox, at the same point."""
+
+
+def _stop_at_profiling(stage: str, _progress: float) -> None:
+    if stage == "profiling":
+        raise _StoppedWhileProfiling
+
+
+def test_a_run_stopped_while_profiling_leaves_the_checked_model_and_a_report(tmp_path) -> None:
+    """Issue 27: the model is saved and checked before profiling, and the report written
+    then says that profiling did not finish (the finished run replaces it)."""
+    from autofusion.fusion_core.pipeline import PROFILE_UNFINISHED
+
+    model = tmp_path / "in.onnx"
+    onnx.save(conv_bn_relu(), model)
+    out = tmp_path / "out"
+    with pytest.raises(_StoppedWhileProfiling):
+        run(
+            model, out / "fused.onnx", OptimizeConfig(profile=True), files=_files(out),
+            names=("in.onnx", "fused.onnx"), on_stage=_stop_at_profiling,
+        )  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    assert report["profile"] == {"error": PROFILE_UNFINISHED} and report["speed"] is None
+    assert report["check"]["passed"] is True and report["output"] == "fused.onnx"
+    fused = onnx.load(out / "fused.onnx")
+    assert "BatchNormalization" not in {n.op_type for n in fused.graph.node}
+    assert not (out / "report.html").exists()  # renderings come with the finished report
