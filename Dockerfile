@@ -33,10 +33,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     AUTOFUSION_DATA_DIR=/var/lib/autofusion
 
 # The dependencies first, from pyproject.toml alone, so this layer survives source edits.
-# Only [project.dependencies]: no test tools and no torch (torch is an optional extra
-# for regenerating test models, never a runtime dependency).
+# The base dependencies (the client) and the server extra's, the engine's (core) with
+# them, and tracing's (OpenTelemetry: off until OTEL_* settings turn it on); its own
+# `autofusion[...]` lines name the extras taken here already. No test tools and no torch
+# (torch is an optional extra for regenerating test models).
 COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; x = p['optional-dependencies']; print('\n'.join(r for r in p['dependencies'] + x['core'] + x['server'] + x['tracing'] if not r.startswith('autofusion[')))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt /tmp/pyproject.toml
 

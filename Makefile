@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-corpus lint clean screenshots bench wheel
 
+# The service, the engine and the test tools (pyproject.toml's extras: server includes core;
+# a bare `pip install autofusion` is only the light client).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test]'
 	touch $(STAMP)
 
 # The service in embedded mode: the API on http://127.0.0.1:8000 (interactive docs at
@@ -38,7 +40,7 @@ test: lint
 CORPUS_STAMP := $(VENV)/.corpus-installed
 
 $(CORPUS_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test,corpus]'
+	$(BIN)/python -m pip install --quiet -e '.[server,test,corpus]'
 	touch $(CORPUS_STAMP)
 
 test-corpus: $(CORPUS_STAMP)
@@ -62,7 +64,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_OUT ?=
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m pip install --quiet -e '.[server,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -19,6 +17,7 @@ from pydantic import (
 )
 
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.options import STRATEGY_ONLY_FIELDS, merge_options, read_options_file
 from autofusion.fusion_core.targets import TargetName
 
 __all__ = [
@@ -48,9 +47,6 @@ Proposer = Literal["priority", "greedy", "dp", "genetic", "auto"]
 # How ``optimize`` runs (fusion_core/pipeline/modes.py): ``OptimizeConfig.mode``.
 Mode = Literal["plain", "progressive", "measured"]
 MODES: tuple[str, ...] = get_args(Mode)
-# A named strategy's document carries these beside the config fields it sets.
-STRATEGY_ONLY_FIELDS = ("name", "description")
-_SECTIONS = ("check", "measure_options")  # merged key by key
 
 # What constant folding may add beyond the model's own constants: the ratio lets every
 # weight take a form as large again (a Cast of fp16 weights to fp32 adds their size once);
@@ -258,36 +254,11 @@ class OptimizeConfig(BaseModel):
         return "priority" if self.selection == "measured" else self.selection
 
 
-def merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Config options in layers, each later one winning: a strategy's options under a
-    job's, or a strategy file's under the command line's. ``exclude`` lists add up (a
-    strategy that leaves a pattern out keeps it out); ``check`` and ``measure_options``
-    merge key by key. The one merge the CLI, the CI client and the worker all use."""
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            if key == "exclude" and isinstance(value, list):
-                merged[key] = list(dict.fromkeys([*(merged.get(key) or []), *value]))
-            elif key in _SECTIONS and isinstance(value, dict):
-                merged[key] = {**(merged.get(key) or {}), **value}
-            else:
-                merged[key] = value
-    return merged
-
-
 def read_strategy_file(path: str | os.PathLike) -> dict[str, Any]:
     """The config fields of a strategy file (YAML or JSON; a named strategy's document
-    too, its name and description dropped), validated so that an error names the file."""
-    try:
-        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # JSON is YAML
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the strategy file {str(path)!r}: {exc}") from None
-    if not isinstance(document, dict):
-        raise ConfigError(
-            f"{path} must hold a mapping of config fields (patterns, selection...)",
-            hint="see docs/cost.md, 'Strategy configs'",
-        )
-    fields = {k: v for k, v in document.items() if k not in STRATEGY_ONLY_FIELDS}
+    too, its name and description dropped), validated so that an error names the file.
+    The reading and the merge are ``fusion_core.options``, which the light client shares."""
+    fields = read_options_file(path)
     try:
         OptimizeConfig(**fields)
     except ValueError as exc:

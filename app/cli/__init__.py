@@ -3,7 +3,9 @@
 Only the command being run is imported: ``autofusion --help``, ``--version`` and the
 client commands (``submit``, ``jobs``, ``registry``) load no onnx, onnxruntime or fusion
 engine (tests/app/test_cli_imports.py holds them to it). A command's module is named in
-``COMMANDS`` and imported by ``main`` once the command line names it.
+``COMMANDS`` and imported by ``main`` once the command line names it. A command whose
+extra is not installed (the base install is the client: ``autofusion[core]`` adds the
+engine, ``autofusion[server]`` the service) says which one to install and exits 2.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from autofusion.app.cli._exit import (
     EXIT_USAGE,
     table_text,
 )
+from autofusion.app.cli._extras import is_missing_dependency, missing_extra
 
 __all__ = ["COMMANDS", "build_parser", "main", "version"]
 
@@ -132,7 +135,10 @@ class _Listed:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except ModuleNotFoundError as exc:  # the command's module needs an extra
+        return _missing_extra(_chosen(argv), exc)
     try:
         return args.run(args)
     except BrokenPipeError:
@@ -148,8 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "or --no-check to skip running the models\n"
         )
         return EXIT_INTERNAL
+    except ModuleNotFoundError as exc:  # a command that imports its extra when it runs
+        return _missing_extra(args.command, exc)
     except Exception as exc:
         return _known_error(exc)
+
+
+def _missing_extra(command: str | None, exc: ModuleNotFoundError) -> int:
+    """The extra to install, not a traceback; a module of autofusion missing is a bug."""
+    if command is None or not is_missing_dependency(exc):
+        return _internal_error(exc)
+    sys.stderr.write(missing_extra(command, exc) + "\n")
+    return EXIT_USAGE
 
 
 def _known_error(exc: Exception) -> int:

@@ -80,6 +80,26 @@ def test_light_commands_import_no_runtime(argv):
     assert _heavy(modules) == [], f"autofusion {' '.join(argv)} imported {_heavy(modules)}"
 
 
+# What the base install lacks (the light client: docs/service.md, "The light client"):
+# the client commands load none of it, tests/test_wheel_client.py runs them without it.
+SERVER = ("pydantic", "pydantic_settings", "fastapi", "starlette", "sqlalchemy", "celery")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["submit", "--help"], id="submit-help"),
+        pytest.param(["jobs", "status", "x", "--server", "http://127.0.0.1:9"], id="jobs-run"),
+        pytest.param(["registry", "patterns", "list", "--server", "http://127.0.0.1:9"], id="reg"),
+    ],
+)
+def test_client_commands_import_nothing_of_the_server(argv):
+    code, modules = loaded_by(*argv)
+    assert code in (0, 5)
+    assert sorted(name for name in SERVER if name in modules) == []
+    assert not [m for m in modules if m.startswith(("autofusion.app.core", "autofusion.worker"))]
+
+
 def test_submit_runs_to_the_end_without_the_runtime(tmp_path):
     """A whole submit, the request included, down to its error (nothing listens)."""
     model = tmp_path / "m.onnx"

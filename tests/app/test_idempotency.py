@@ -18,7 +18,7 @@ import pytest
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
-from autofusion.app.core.models import IdempotencyReservation, utcnow
+from autofusion.app.core.models import IdempotencyReservation, Job, utcnow
 from autofusion.app.services.auth import ensure_tenant
 from tests.app.conftest import relu_model
 from tests.app.test_races import _serve
@@ -141,8 +141,35 @@ def test_the_cli_client_waits_out_a_key_in_use_then_gets_the_job(monkeypatch):
         return answers[len(sent) - 1]
 
     slept: list[float] = []
-    monkeypatch.setattr("autofusion.app.cli._client.time.sleep", slept.append)
+    monkeypatch.setattr("autofusion.app.client._http.time.sleep", slept.append)
     client = Client("http://testserver", None)
     client.http = httpx.Client(base_url="http://testserver", transport=httpx.MockTransport(handler))
     response = client.send("POST", "/v1/optimize", headers={"Idempotency-Key": "k"})
     assert response.status_code == 202 and sent == ["k", "k"] and slept == [1.0]
+
+
+def _make_older(service, job_id: str, age: timedelta) -> None:
+    with service.db() as session:
+        session.get(Job, job_id).created_at = utcnow() - age
+
+
+def test_a_key_older_than_its_ttl_makes_a_new_job_and_moves_to_it(make_service, tiny_model):
+    """idempotency_key_ttl_s: past it the key is not replayed (issue 27: a day-old result
+    handed back as if fresh); within it, it is, and a different request is still a 422."""
+    service = make_service(idempotency_key_ttl_s=3600)
+    key = {"Idempotency-Key": "ci-step"}
+    first = service.submit(tiny_model, headers=key).json()
+    _make_older(service, first["id"], timedelta(minutes=59))
+    replay = service.submit(tiny_model, headers=key)
+    assert replay.json()["id"] == first["id"] and replay.headers["Idempotent-Replayed"] == "true"
+    other = service.submit(tiny_model, headers=key, config={"target": "onnxruntime"})
+    assert other.status_code == 422, other.text
+
+    _make_older(service, first["id"], timedelta(minutes=61))
+    fresh = service.submit(tiny_model, headers=key)
+    assert fresh.status_code == 202 and "Idempotent-Replayed" not in fresh.headers
+    assert fresh.json()["id"] != first["id"] and service.enqueued[-1] == fresh.json()["id"]
+    with service.db() as session:  # the old job stays, without the key
+        assert session.get(Job, first["id"]).idempotency_key is None
+    again = service.submit(tiny_model, headers=key)  # the key now replays the new job
+    assert again.json()["id"] == fresh.json()["id"] and service.job_count() == 2

@@ -1,0 +1,44 @@
+"""The typed Python client of an autofusion server, for scripts: the standard library and
+httpx only, so it comes with the base install (``pip install autofusion``; nothing of the
+engine or the server). The CLI's ``submit``, ``jobs`` and ``registry`` use the same HTTP.
+
+    from autofusion.app.client import Client
+
+    with Client("http://127.0.0.1:8000", api_key=None) as client:
+        job = client.submit("model.onnx", config={"target": "onnxruntime", "profile": True})
+        job = client.wait(job, timeout=600)
+        if job.succeeded:
+            client.download(job, "model", "model.fused.onnx")
+            speed = client.report(job).get("speed")
+
+Errors are exceptions (``AutofusionError``); a refusal carries the problem+json fields
+(``RequestRefused.status``, ``.type``, ``.title``, ``.detail``, ``.problem``).
+docs/service.md, "The light client", has more.
+"""
+
+from autofusion.app.client._client import Client
+from autofusion.app.client._errors import (
+    AutofusionError,
+    RequestRefused,
+    UnexpectedResponse,
+    Unreachable,
+    WaitTimeout,
+)
+from autofusion.app.client._http import Transport, Upload, read_json, retry_after
+from autofusion.app.client._jobs import FINAL, Job, poll
+
+__all__ = [
+    "FINAL",
+    "AutofusionError",
+    "Client",
+    "Job",
+    "RequestRefused",
+    "Transport",
+    "UnexpectedResponse",
+    "Unreachable",
+    "Upload",
+    "WaitTimeout",
+    "poll",
+    "read_json",
+    "retry_after",
+]

@@ -1,0 +1,129 @@
+"""``Client``: submit a model, wait for its job, download what it made, read its report."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autofusion.app.client._http import Transport, Upload, read_json
+from autofusion.app.client._jobs import Job, poll
+
+__all__ = ["Client"]
+
+_ARTIFACTS = ("model", "report")  # GET /v1/jobs/{id}/model, /report; the rest are artifacts
+
+
+class Client:
+    """An autofusion server, for scripts. Every call raises an ``AutofusionError`` when it
+    cannot do what it says: ``RequestRefused`` (with the problem+json fields) when the
+    server said no, ``Unreachable`` when it could not be reached, ``WaitTimeout`` when
+    a wait ran out. A failed job is not an error: ``wait`` returns it, ``Job.error`` says
+    why."""
+
+    def __init__(self, url: str, api_key: str | None = None, *, poll_interval: float = 1.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"the server's URL must be http(s), not {url!r}")
+        self._transport = Transport(url, api_key, user_agent="autofusion-client/1")
+        self.poll_interval = poll_interval
+
+    @property
+    def server(self) -> str:
+        return self._transport.server
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self,
+        model: str | PathLike[str],
+        *,
+        data: Iterable[str | PathLike[str]] = (),
+        config: Mapping[str, Any] | None = None,
+        callback_url: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Upload ``model`` (and its external-data files) with these config options
+        (target, strategy, profile, ...). The server answers at once with the queued
+        job. ``idempotency_key``: the same key again returns the job it first created;
+        by default each call makes a new job (its own retries stay safe)."""
+        options = dict(config or {})
+        if callback_url is not None:  # POSTed the job's summary when it ends
+            options["callback_url"] = callback_url
+        upload = Upload(Path(model), [Path(p) for p in data], options)
+        key = idempotency_key or f"autofusion-client-{uuid.uuid4().hex}"
+        response = self._transport.upload(upload, key)
+        resource = read_json(response)
+        location = response.headers.get("Location") or f"/v1/jobs/{resource['id']}"
+        return self._job(resource, httpx.URL(location).path)
+
+    def job(self, job: Job | str) -> Job:
+        """The job as it is now."""
+        path = self._path(job)
+        return self._job(read_json(self._transport.send("GET", path)), path)
+
+    def wait(
+        self,
+        job: Job | str,
+        *,
+        timeout: float = 3600.0,
+        on_update: Callable[[Job], Any] | None = None,
+    ) -> Job:
+        """Follow the job until it ends (succeeded, failed or cancelled) and return it;
+        ``WaitTimeout`` after ``timeout`` seconds (the job goes on)."""
+        current = job if isinstance(job, Job) else self.job(job)
+        path = self._path(current)
+
+        def seen(resource: dict) -> None:
+            if on_update is not None:
+                on_update(self._job(resource, path))
+
+        final = poll(self._transport, path, current.data, self.poll_interval, timeout, seen)
+        return self._job(final, path)
+
+    def cancel(self, job: Job | str) -> Job:
+        """Ask the job to stop; it does at its next step."""
+        path = self._path(job)
+        return self._job(read_json(self._transport.send("POST", f"{path}/cancel")), path)
+
+    def report(self, job: Job | str) -> dict:
+        """The job's JSON report (docs/report.schema.json)."""
+        return read_json(self._transport.send("GET", self._link(job, "report")))
+
+    def download(self, job: Job | str, what: str, dest: str | PathLike[str]) -> Path:
+        """Write ``what`` to ``dest``, whole or not at all: ``"model"`` (the fused model),
+        ``"report"`` (the JSON report) or an artifact's name (``"report.html"``,
+        ``"report.md"``, a fused model's data file...)."""
+        destination = Path(dest)
+        self._transport.download(self._link(job, what), destination)
+        return destination
+
+    def _job(self, resource: Mapping[str, Any], path: str) -> Job:
+        return Job.from_resource(resource, self.server + path)
+
+    def _path(self, job: Job | str) -> str:
+        if isinstance(job, Job):
+            return httpx.URL(job.url).path
+        if not job or "/" in job:
+            raise ValueError(f"not a job id: {job!r}")
+        return f"/v1/jobs/{job}"
+
+    def _link(self, job: Job | str, what: str) -> str:
+        """Where ``what`` of the job is: the link the job resource names, else the
+        documented route."""
+        path = self._path(job)
+        links = job.links if isinstance(job, Job) else {}
+        if what in _ARTIFACTS:
+            return links.get(what) or f"{path}/{what}"
+        artifacts = links.get("artifacts") if isinstance(links.get("artifacts"), dict) else {}
+        return artifacts.get(what) or f"{path}/artifacts/{what}"
