@@ -88,7 +88,9 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     from autofusion.app.core.db import get_engine
     from autofusion.app.services.artifacts import make_store
     from autofusion.app.services.sandbox_policy import prepare_data_dir
+    from autofusion.app.services.worker_health import WorkerIdentity
     from autofusion.worker.celery_app import QUEUE, make_celery
+    from autofusion.worker.heartbeat import Heartbeat
     from autofusion.worker.reaper import Reaper
     from autofusion.worker.tasks import enqueue_job
 
@@ -101,6 +103,8 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     celery = make_celery(settings)
     celery.conf.autofusion_store = make_store(settings)
     reaper = Reaper(settings, lambda job_id: enqueue_job(celery, job_id))
+    # /readyz and the dashboard see this worker alive while its row is fresh.
+    heartbeat = Heartbeat(settings, WorkerIdentity(mode="distributed", slots=args.concurrency))
 
     def fresh_connections(**_) -> None:
         # A forked pool process must not share the parent's database connections.
@@ -112,6 +116,7 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     # and the queue accepts JSON only, never pickle, which is what the warning is about.
     warnings.filterwarnings("ignore", message="You're running the worker with superuser")
     worker_ready.connect(lambda **_: reaper.start(), weak=False)
+    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     worker = celery.Worker(
         pool=args.pool,
         concurrency=args.concurrency,
@@ -133,5 +138,6 @@ def _start(settings: Settings, args: argparse.Namespace) -> int:
     try:
         worker.start()
     finally:
+        heartbeat.stop()
         reaper.stop()
     return worker.exitcode or 0
