@@ -47,14 +47,15 @@ def safe_filename(name: str, default: str = "download") -> str:
     return cleaned
 
 
-def download_headers(filename: str) -> dict[str, str]:
+def download_headers(filename: str, disposition: str = "attachment") -> dict[str, str]:
     """Headers of every stored file sent to a client: a download (``attachment``, so a
     browser never renders a job's HTML in the service's origin), never content-sniffed.
+    Only the report page is ``inline``, under a CSP that sandboxes it (job_files.py).
     ``filename`` (the user's file name, any characters) is sanitized for the plain
     parameter and percent-encoded (RFC 6266 / 8187) for ``filename*``."""
     plain = safe_filename(filename)
     encoded = quote("".join(c for c in filename if c.isprintable())[-_MAX_FILENAME:], safe="")
-    disposition = f'attachment; filename="{plain}"'
+    disposition = f'{disposition}; filename="{plain}"'
     if encoded and encoded != plain:
         disposition += f"; filename*=UTF-8''{encoded}"
     return {"Content-Disposition": disposition, "X-Content-Type-Options": "nosniff"}
