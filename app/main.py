@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -22,7 +23,16 @@ from autofusion.app.api.openapi_contract import install_openapi
 from autofusion.app.api.problems import install_problem_handlers
 from autofusion.app.api.request_ids import RequestIdMiddleware
 from autofusion.app.api.request_metrics import install_metrics
-from autofusion.app.api.routes import health, jobs, metrics, patterns, strategies
+from autofusion.app.api.routes import (
+    health,
+    info,
+    jobs,
+    metrics,
+    patterns,
+    strategies,
+    webhooks,
+)
+from autofusion.app.core import tracing
 from autofusion.app.core.config import Settings, get_settings
 from autofusion.app.core.db import session_scope
 from autofusion.app.core.queue import publish_job, queue_app
@@ -64,6 +74,23 @@ def _sync_builtins(url: str) -> None:
         )
 
 
+def _telemetry() -> dict[str, Any] | None:
+    """FastAPI's own request spans (the HTTP server span, which continues a client's W3C
+    ``traceparent``) on the service's tracer provider while tracing is on
+    (``app.core.tracing``); its metrics and logs stay off (Prometheus and the log lines
+    have them). Off: FastAPI's defaults, which trace nothing without a provider."""
+    provider = tracing.tracer_provider()
+    if provider is None:
+        return None
+    return {
+        "tracer_provider": provider,
+        "metrics": False,
+        "logs": False,
+        "operation_spans": False,  # one span a request: the trace reads as the job's story
+        "auto_configure": False,
+    }
+
+
 def create_app(settings: Settings | None = None, *, companion: Companion | None = None) -> FastAPI:
     settings = settings or get_settings()
     if settings.embedded_worker and companion is None:
@@ -93,8 +120,8 @@ def create_app(settings: Settings | None = None, *, companion: Companion | None 
         # own user may pass through data_dir to their folder, and see nothing else.
         prepare_data_dir(settings, "api")
         with ExitStack() as beside:
-            if companion is not None:
-                beside.enter_context(companion())
+            if companion is not None:  # what it yields may answer /readyz (LocalWorker)
+                app.state.local_worker = beside.enter_context(companion())
             sweeper.start()
             try:
                 yield
@@ -110,12 +137,13 @@ def create_app(settings: Settings | None = None, *, companion: Companion | None 
         lifespan=lifespan,
         redoc_url=None,
         static_url=DOCS_ASSETS,
+        telemetry=_telemetry(),
     )
     app.state.settings = settings
     app.state.store = make_store(settings)
     app.state.upload_slots = UploadSlots.from_settings(settings)
     install_problem_handlers(app)
-    for module in (health, metrics, jobs, patterns, strategies):
+    for module in (health, metrics, info, jobs, patterns, strategies, webhooks):
         app.include_router(module.router)
     install_openapi(app)  # the published contract: problems, headers, links
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)

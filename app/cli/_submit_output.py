@@ -3,8 +3,8 @@ Markdown for ``GITHUB_STEP_SUMMARY``).
 
 The result's facts come from ``fusion_core.report.read_report``, the one typed reader
 the worker and the dashboard use too, and the job's from its documented resource
-(``app.core.job_records``): a key an older or newer server does not send is shown as
-missing, never a crash."""
+(``app.core.job_records``, read here without pydantic: the client installs without the
+server): a key an older or newer server does not send is shown as missing, never a crash."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import IO, Any
-
-from pydantic import ValidationError
 
 from autofusion.app.cli._client import FINAL
 from autofusion.app.cli._exit import EXIT_JOB_FAILED, EXIT_OK, for_job_problem
-from autofusion.app.core.job_records import JobSummary
+from autofusion.app.cli._submit_json import speed_dict, submit_document, urls
 from autofusion.fusion_core.report import ReportSummary, Speed, read_report
 
 __all__ = [
@@ -32,6 +30,7 @@ __all__ = [
     "github_outputs",
     "job_exit_code",
     "job_failure",
+    "profile_error",
     "speed_dict",
     "speed_line",
     "urls",
@@ -78,14 +77,6 @@ class Gate:
     message: str
 
 
-def speed_dict(speed: Speed | None) -> dict[str, Any] | None:
-    """The speed as JSON: the reader's fields and the speedup (original / fused)."""
-    if speed is None:
-        return None
-    speedup = speed.speedup if math.isfinite(speed.speedup) else None
-    return {**asdict(speed), "speedup": speedup}
-
-
 def _check_failed(summary: ReportSummary) -> str:
     if summary.check_reason and summary.check_failure != "original_cannot_run":
         return f"the check failed: {summary.check_reason}"
@@ -97,9 +88,13 @@ def _check_failed(summary: ReportSummary) -> str:
     return f"the fused model does not match the original ({shown})"
 
 
-def _speed_gate(speed: Speed | None, minimum: float, profiled: bool) -> Gate:
+def _speed_gate(
+    speed: Speed | None, minimum: float, profiled: bool, unfinished: str | None = None
+) -> Gate:
     if speed is None:
-        if profiled:
+        if unfinished:  # the model is kept, but an unknown speed passes no gate
+            why = f"{unfinished}, so there is no speedup to gate on"
+        elif profiled:
             why = (
                 "the job was profiled but its report has no speed measurement (profiling "
                 "measured nothing: the report's profile section says what it ran); "
@@ -146,7 +141,7 @@ def evaluate_gates(
                 Gate("max-abs-diff", ok, f"max abs diff {diff:.3g} {sign} {max_abs_diff:g}")
             )
     if min_speedup is not None:
-        gates.append(_speed_gate(summary.speed, min_speedup, profiled))
+        gates.append(_speed_gate(summary.speed, min_speedup, profiled, profile_error(report)))
     return gates
 
 
@@ -179,36 +174,23 @@ class Progress:
             self.stream.flush()
 
 
-def _job_summary(job: Mapping[str, Any]) -> JobSummary | None:
-    """The job resource's summary, typed; None when absent or not what this client reads."""
-    try:
-        return JobSummary.model_validate(job.get("summary") or {})
-    except ValidationError:
-        return None
+def _summary_numbers(job: Mapping[str, Any], key: str, kind: type) -> dict[str, Any]:
+    """A name -> number mapping of the job's summary (``counts``: fusions per pattern,
+    ``timings``: seconds per phase); empty when absent or not numbers of ``kind``."""
+    summary = job.get("summary")
+    value = summary.get(key) if isinstance(summary, Mapping) else None
+    if not isinstance(value, Mapping):
+        return {}
+    numbers = {str(k): v for k, v in value.items() if not isinstance(v, bool)}
+    if not all(isinstance(v, kind | int) for v in numbers.values()):
+        return {}
+    return {k: kind(v) for k, v in numbers.items()}
 
 
-def urls(outcome: Any) -> dict[str, str]:
-    """Where to look: the job (API), its dashboard page, and its report once it has one."""
-    job = outcome.job
-    links = job.get("links") if isinstance(job.get("links"), dict) else {}
-
-    def absolute(path: str) -> str:
-        return path if path.startswith(("http://", "https://")) else outcome.server + path
-
-    found = {"job": outcome.url, "page": f"{outcome.server}/ui/jobs/{job.get('id')}"}
-    if isinstance(links.get("report"), str):
-        found["report"] = absolute(links["report"])
-    artifacts = links.get("artifacts") if isinstance(links.get("artifacts"), dict) else {}
-    html = artifacts.get("report.html")
-    if isinstance(html, str):
-        found["report_html"] = absolute(html)
-    return found
-
-
-def _fusions(summary: ReportSummary, job_summary: JobSummary | None) -> str:
+def _fusions(summary: ReportSummary, job: Mapping[str, Any]) -> str:
     if not summary.fusions:
         return "none"
-    counts = (job_summary.counts if job_summary else None) or {}
+    counts = _summary_numbers(job, "counts", int)
     if sum(counts.values()) != summary.fusions:  # another job's, or none: the total only
         return str(summary.fusions)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -237,9 +219,19 @@ def _check(summary: ReportSummary) -> str:
     return f"FAILED: {words}" if words else "FAILED: the outputs differ" + shown
 
 
-def speed_line(speed: Speed | None, profiled: bool) -> str:
+def profile_error(report: Mapping[str, Any] | None) -> str | None:
+    """Why the report has no profile although profiling ran: it did not finish (the job's
+    time limit; the worker kept the checked model)."""
+    profile = (report or {}).get("profile")
+    error = profile.get("error") if isinstance(profile, Mapping) else None
+    return error if isinstance(error, str) else None
+
+
+def speed_line(speed: Speed | None, profiled: bool, unfinished: str | None = None) -> str:
     """The speedup and the verdict in one line, or why there is none."""
     if speed is None:
+        if unfinished:
+            return f"UNKNOWN: {unfinished}"
         if profiled:
             return "not measured: the job was profiled but its report has no speed"
         return "not measured: the job was not profiled (--profile measures it)"
@@ -263,8 +255,8 @@ def _before_after(before: int | None, after: int | None) -> str | None:
     return f"{_bytes(before)} -> {_bytes(after)}"
 
 
-def _time(job_summary: JobSummary | None, elapsed: float) -> str:
-    timings = (job_summary.timings if job_summary else None) or {}
+def _time(job: Mapping[str, Any], elapsed: float) -> str:
+    timings = _summary_numbers(job, "timings", float)
     phases = sum(v for k, v in timings.items() if k != "sandbox" and v > 0)
     waited = f"{elapsed:.1f} s from upload to result"
     return f"{phases:.2f} s optimizing, {waited}" if phases else waited
@@ -276,12 +268,13 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
     status = job.get("status", "?")
     registry = job.get("registry_version")
     yield "job", f"{job.get('id')} {status}" + (f" (registry v{registry})" if registry else "")
+    if getattr(outcome, "reused", None):
+        yield "reused", outcome.reused["message"]
     where = urls(outcome)
     yield "job page", where["page"]
     if outcome.report is not None:
         summary = read_report(outcome.report)
-        job_summary = _job_summary(job)
-        yield "fusions", _fusions(summary, job_summary)
+        yield "fusions", _fusions(summary, job)
         yield "check", _check(summary)
         if summary.rejected:
             yield (
@@ -293,18 +286,22 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
             )
         before, after = summary.nodes_before, summary.nodes_after
         yield "nodes", f"{'?' if before is None else before} -> {'?' if after is None else after}"
-        yield "speedup", speed_line(summary.speed, outcome.profiled)
+        unfinished = profile_error(outcome.report)
+        yield "speedup", speed_line(summary.speed, outcome.profiled, unfinished)
+        warning = (job.get("summary") or {}).get("profile_error")
+        if unfinished and isinstance(warning, str):  # the server's words: limit, what to do
+            yield "warning", warning
         size = _before_after(summary.size_before_bytes, summary.size_after_bytes)
         if size:
             yield "file size", size
         memory = _before_after(summary.peak_memory_before_bytes, summary.peak_memory_after_bytes)
         if memory:
             yield "peak memory", memory
-        yield "time", _time(job_summary, outcome.elapsed_s)
+        yield "time", _time(job, outcome.elapsed_s)
     if "report" in where:
         yield "report", where["report"]
-    if "report_html" in where:
-        yield "report page", where["report_html"]
+    if "report_page" in where:
+        yield "report page", where["report_page"]
     for gate in outcome.gates:
         yield f"gate {gate.name}", ("passed: " if gate.passed else "FAILED: ") + gate.message
 
@@ -312,7 +309,9 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
 def _text(outcome: Any, model: str, args: Any) -> str:
     if outcome.job.get("status") not in FINAL:
         job = outcome.job
-        return f"autofusion: {model} -> job {job.get('id')} {job.get('status')}: {outcome.url}"
+        queued = f"autofusion: {model} -> job {job.get('id')} {job.get('status')}: {outcome.url}"
+        reused = getattr(outcome, "reused", None)
+        return queued + (f"\n  ({reused['message']})" if reused else "")
     lines = [f"autofusion: {model}"]
     lines += [f"  {label + ':':<20}{value}" for label, value in facts(outcome)]
     for label, path in (("wrote", args.output), ("report", args.report)):
@@ -321,34 +320,12 @@ def _text(outcome: Any, model: str, args: Any) -> str:
     return "\n".join(lines)
 
 
-def _json(outcome: Any) -> str:
-    document = dict(outcome.report or {})
-    document["job"] = outcome.job
-    summary = read_report(outcome.report) if outcome.report is not None else None
-    document["submit"] = {
-        "exit_code": outcome.code,
-        "message": outcome.message,
-        "gates": [asdict(g) for g in outcome.gates],
-        "idempotency_key": outcome.idempotency_key,
-        "url": outcome.url,
-        "urls": urls(outcome),
-        "profiled": outcome.profiled,
-        # The result's facts as read_report reads them, whatever the report's version.
-        "speed": speed_dict(summary.speed) if summary else None,
-        "size_bytes": {
-            "before": summary.size_before_bytes if summary else None,
-            "after": summary.size_after_bytes if summary else None,
-        },
-        "peak_memory_bytes": {
-            "before": summary.peak_memory_before_bytes if summary else None,
-            "after": summary.peak_memory_after_bytes if summary else None,
-        },
-    }
-    return json.dumps(document, indent=2)
-
-
 def emit(outcome: Any, model: str, args: Any) -> None:
-    print(_json(outcome) if args.json else _text(outcome, model, args))
+    full = getattr(args, "json_full", False)
+    if args.json or full:
+        print(json.dumps(submit_document(outcome, full=full), indent=2))
+    else:
+        print(_text(outcome, model, args))
     if outcome.message:
         sys.stderr.write(f"autofusion submit: {outcome.message}\n")
     write_step_summary(model, outcome, outcome.message)
@@ -379,6 +356,9 @@ def github_outputs(outcome: Any | None, code: int) -> dict[str, str]:
         ),
         "job-url": outcome.url if outcome is not None else "",
         "page-url": urls(outcome)["page"] if outcome is not None else "",
+        # the report page: the dashboard's, which opens in the browser (the API's
+        # report.html is a download); empty before the job has a report
+        "report-url": urls(outcome).get("report_page", "") if outcome is not None else "",
     }
 
 

@@ -1,15 +1,15 @@
 """`autofusion submit`: the CI client. Upload a model, follow the job, gate on the result.
 
 The upload carries an `Idempotency-Key` derived from the sha256 of the model, the data
-files and the config, so a retried CI step gets the job the first try created instead
-of a second one. Progress goes to stderr (a bar on a terminal, plain lines in a log),
-the summary or the JSON to stdout.
+files and the config, and of the server's version, registry snapshot and strategy
+version (``_reuse``), so a retried CI step gets the job the first try created instead
+of a second one, and a changed registry or server makes a new one. Progress goes to
+stderr (a bar on a terminal, plain lines in a log), the summary or the JSON to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -39,9 +39,11 @@ from autofusion.app.cli._exit import (
     EXIT_USAGE,
     epilog,
 )
+from autofusion.app.cli._extras import is_missing_dependency
+from autofusion.app.cli._reuse import idempotency_key, reuse_note, server_facts
 from autofusion.app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
-from autofusion.fusion_core.config import merge_options, read_strategy_file
 from autofusion.fusion_core.errors import ConfigError
+from autofusion.fusion_core.options import merge_options, read_options_file
 from autofusion.fusion_core.targets import TARGET_NAMES
 
 __all__ = [
@@ -51,8 +53,6 @@ __all__ = [
     "run",
 ]
 
-
-_CHUNK = 1 << 20
 
 _EPILOG = f"""\
 {epilog()}
@@ -69,9 +69,15 @@ the number of runs.
 
 --strategy takes a named strategy (see GET /v1/strategies) or a JSON/YAML file holding
 config fields (target, patterns, exclude, check: {{rtol, atol, samples, ...}}).
+
+The same model, data, config, server version, registry snapshot and strategy version
+give the same Idempotency-Key: the server hands back the job they made (for up to its
+idempotency_key_ttl_s) and the summary says "reused job X from <time>, ...".
+
 With GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file; with
 --github-output FILE (default: GITHUB_OUTPUT, as GitHub Actions sets it) the step's
-outputs are appended there: job-id, status, exit-code, speedup, max-abs-diff, job-url.
+outputs are appended there: job-id, status, exit-code, speedup, max-abs-diff, job-url,
+page-url, report-url.
 """
 
 
@@ -121,20 +127,42 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--max-abs-diff", type=_non_negative, metavar="Y",
         help="gate: the check's max abs diff <= Y",
     )  # fmt: skip
+    _add_callback_option(p)
+    _add_output_options(p)
+    p.add_argument(
+        "--idempotency-key", metavar="KEY",
+        help="override the key derived from the inputs (e.g. to force a new job)",
+    )  # fmt: skip
+    p.set_defaults(run=run)
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Where the result goes: files, stdout as JSON, the GitHub step outputs."""
     p.add_argument("-o", "--output", type=Path, help="with --wait: write the fused model here")
     p.add_argument("--report", type=Path, help="with --wait: write the JSON report here")
-    p.add_argument("--json", action="store_true", help="print JSON (report + job) on stdout")
+    p.add_argument(
+        "--json", action="store_true",
+        help="print JSON on stdout: status, verdict, speedup, fusions, gates, job id and "
+        "URLs first, then details (docs/service.md, \"submit --json\")",
+    )  # fmt: skip
+    p.add_argument(
+        "--json-full", action="store_true",
+        help="--json with the whole report and job resource added (large)",
+    )  # fmt: skip
     p.add_argument(
         "--github-output", type=Path, default=os.environ.get("GITHUB_OUTPUT") or None,
         metavar="FILE",
         help="append the step outputs (job-id, status, speedup, max-abs-diff...) to FILE "
         "(default: GITHUB_OUTPUT, set by GitHub Actions)",
     )  # fmt: skip
+
+
+def _add_callback_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--idempotency-key", metavar="KEY",
-        help="override the key derived from the inputs (e.g. to force a new job)",
+        "--callback-url", metavar="URL",
+        help="the server POSTs the job's summary here, signed (Standard Webhooks), when "
+        "the job ends; its host must be one the server allows (docs/service.md, Webhooks)",
     )  # fmt: skip
-    p.set_defaults(run=run)
 
 
 def _positive(text: str) -> float:
@@ -154,28 +182,17 @@ def _non_negative(text: str) -> float:
 # ----- building the request -------------------------------------------------------------
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def idempotency_key(upload: Upload) -> str:
-    """Stable for the same model, data (names and bytes, in order) and config."""
-    digest = hashlib.sha256(b"autofusion-submit/1\n")
-    digest.update(f"model {_file_sha256(upload.model)}\n".encode())
-    for path in upload.data:
-        digest.update(f"data {upload.data_name(path)} {_file_sha256(path)}\n".encode())
-    config = json.dumps(upload.config, sort_keys=True, separators=(",", ":"))
-    digest.update(f"config {config}\n".encode())
-    return "autofusion-" + digest.hexdigest()
-
-
 def _load_strategy_file(path: Path) -> dict[str, Any]:
+    read = read_options_file
+    try:  # the same reader as `autofusion optimize --strategy`, which validates each field
+        from autofusion.fusion_core.config import read_strategy_file as read
+    except ModuleNotFoundError as exc:
+        if not is_missing_dependency(exc):
+            raise
+        # The base install has no engine (pydantic) to check the fields with: the server
+        # checks them, and refuses an invalid one as an invalid-config 422 (exit 2 too).
     try:
-        return read_strategy_file(path)  # the same reader as `autofusion optimize --strategy`
+        return read(path)
     except ConfigError as exc:
         raise ClientError(str(exc), EXIT_USAGE) from None
 
@@ -200,6 +217,8 @@ def build_upload(args: argparse.Namespace) -> Upload:
         given["profile"] = True
     if args.strict:
         given["strict"] = True
+    if args.callback_url:
+        given["callback_url"] = args.callback_url
     if args.measure_budget is not None and not args.measure:
         raise ClientError("--measure-budget needs --measure", EXIT_USAGE)
     if args.measure:
@@ -241,6 +260,7 @@ class Outcome:
     idempotency_key: str
     profiled: bool = False  # the job asked to be profiled
     replayed: bool = False  # the job an earlier identical request created
+    reused: dict | None = None  # when replayed: what it was made with (_reuse.reuse_note)
     report: dict | None = None
     gates: list[Gate] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -299,7 +319,10 @@ def _profiled(job: dict, upload: Upload) -> bool:
 
 
 def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome:
-    key = args.idempotency_key or idempotency_key(upload)
+    # Before the upload: what a job made now would run with, part of the key.
+    strategy = upload.config.get("strategy")
+    facts = server_facts(client, strategy if isinstance(strategy, str) else None)
+    key = args.idempotency_key or idempotency_key(upload, facts)
     started = time.monotonic()
     response = client.upload(upload, key)
     job = read_json(response)
@@ -308,6 +331,8 @@ def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome
     outcome = Outcome(job, url=client.server + job_url, server=client.server, idempotency_key=key)
     outcome.profiled = _profiled(job, upload)
     outcome.replayed = response.headers.get("Idempotent-Replayed") == "true"
+    if outcome.replayed:
+        outcome.reused = reuse_note(job, facts)
     if not args.wait:
         return outcome
     progress = output.Progress(sys.stderr)

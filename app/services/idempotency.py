@@ -9,6 +9,9 @@ request with the same key meets the row: ``409 idempotency-key-in-use`` with
 replayed (or refused with 422 for other inputs) as before. A reservation older than the
 longest a request can take (its API process was killed mid-upload) is taken over.
 
+A key lasts ``idempotency_key_ttl_s`` from its job's creation (:func:`keyed_job`): after
+that the key makes a new job, run with the registry and server of now, and moves to it.
+
 Each function flushes; the caller commits (and answers the ``IntegrityError`` of a
 reservation made at the same moment with :func:`key_in_use`).
 """
@@ -24,7 +27,25 @@ from sqlalchemy.orm import Session
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import IdempotencyReservation, Job, utcnow
 
-__all__ = ["key_in_use", "release_key", "reserve_key"]
+__all__ = ["key_expired", "key_in_use", "keyed_job", "release_key", "reserve_key"]
+
+
+def key_expired(job: Job, ttl_s: float | None) -> bool:
+    """Whether ``job`` was made longer than ``ttl_s`` ago (never, without a ttl)."""
+    if ttl_s is None:
+        return False
+    created = job.created_at  # naive from SQLite: every timestamp stored is UTC
+    created = created if created.tzinfo else created.replace(tzinfo=UTC)
+    return created <= utcnow() - timedelta(seconds=ttl_s)
+
+
+def keyed_job(session: Session, tenant_id: str, key: str, ttl_s: float | None) -> Job | None:
+    """The job an earlier request with this key made, while the key lasts; None when no
+    job has it or that job is older than ``ttl_s`` (the request makes a new one)."""
+    job = session.scalars(
+        select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
+    ).first()
+    return None if job is None or key_expired(job, ttl_s) else job
 
 
 def key_in_use(key: str, retry_after_s: int) -> ProblemError:
@@ -39,14 +60,18 @@ def key_in_use(key: str, retry_after_s: int) -> ProblemError:
 
 
 def reserve_key(
-    session: Session, tenant_id: str, key: str, *, stale_s: float, retry_after_s: int
+    session: Session,
+    tenant_id: str,
+    key: str,
+    *,
+    stale_s: float,
+    retry_after_s: int,
+    ttl_s: float | None = None,
 ) -> str | None:
-    """A token for the reservation of ``key``, or None when a job already has the key.
-    409 while another request holds it (taken over once older than ``stale_s``)."""
-    made = session.scalar(
-        select(Job.id).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
-    )
-    if made is not None:
+    """A token for the reservation of ``key``, or None when a job already has the key
+    (and made it less than ``ttl_s`` ago). 409 while another request holds it (taken
+    over once older than ``stale_s``)."""
+    if keyed_job(session, tenant_id, key, ttl_s) is not None:
         return None
     token = str(uuid.uuid4())
     held = session.get(IdempotencyReservation, (tenant_id, key))

@@ -28,6 +28,7 @@ from autofusion.app.core.errors import JOB_PROBLEMS, ProblemError
 from autofusion.app.core.logs import current_request_id
 from autofusion.app.core.models import Job, JobStatus, PatternRecord, utcnow
 from autofusion.app.services.auth import Principal
+from autofusion.app.services.idempotency import key_expired
 from autofusion.app.services.job_claims import running_limit
 from autofusion.app.services.job_phases import first_phase
 from autofusion.app.services.quotas import Quotas, check_new_job, lock_tenant, record_artifacts
@@ -72,8 +73,10 @@ def create_job(
     max_attempts: int,
     sizes: Mapping[str, int] | None = None,
     quotas: Quotas | None = None,
+    key_ttl_s: float | None = None,
 ) -> tuple[Job, bool]:
-    """Create a queued job, or return the job an identical earlier request created.
+    """Create a queued job, or return the job an identical earlier request created
+    (less than ``key_ttl_s`` ago: an older one gives its key up to the new job).
 
     ``sizes``: the uploaded blobs' sizes by digest (recorded as the job's artifacts; one
     not given is filled in by the retention sweep). ``quotas``: refuse a new job that
@@ -83,7 +86,7 @@ def create_job(
         lock_tenant(session, principal.tenant_id)
     digest = request_hash(model_digest, data_files, config, strategy)
     if idempotency_key:
-        existing = _job_of_key(session, principal.tenant_id, idempotency_key, digest)
+        existing = _job_of_key(session, principal.tenant_id, idempotency_key, digest, key_ttl_s)
         if existing is not None:
             return existing, False
     job = Job(
@@ -111,12 +114,19 @@ def create_job(
     return job, True
 
 
-def _job_of_key(session: Session, tenant_id: str, key: str, digest: str) -> Job | None:
+def _job_of_key(
+    session: Session, tenant_id: str, key: str, digest: str, ttl_s: float | None
+) -> Job | None:
     """The job an earlier request with this Idempotency-Key made; 422 if that request
-    was a different one."""
+    was a different one. A key older than ``ttl_s`` is taken from its job (which stays
+    as it is) for the job this request makes: the unique key, and no stale replay."""
     existing = session.scalars(
         select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
     ).first()
+    if existing is not None and key_expired(existing, ttl_s):
+        existing.idempotency_key = None
+        session.flush()  # before the new job's insert takes the key
+        return None
     if existing is not None and existing.request_hash != digest:
         raise ProblemError(
             422,

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import Job, JobArtifact, JobStatus, Tenant, utcnow
+from autofusion.app.services.idempotency import keyed_job
 
 __all__ = [
     "MULTIPART_SLACK_BYTES",
@@ -137,14 +138,13 @@ def check_before_upload(
     tenant_id: str,
     content_length: str | int | None,
     idempotency_key: str | None = None,
+    key_ttl_s: float | None = None,
 ) -> None:
     """Refuse before the body is read: the tenant is at its queued limit, or what it
     stores plus this body (its ``Content-Length``, when sent) would pass its limit. A
-    request whose Idempotency-Key made a job already is a retry, answered with that job:
-    never refused."""
-    if idempotency_key and session.scalar(
-        select(Job.id).where(Job.tenant_id == tenant_id, Job.idempotency_key == idempotency_key)
-    ):
+    request whose Idempotency-Key made a job already (less than ``key_ttl_s`` ago) is a
+    retry, answered with that job: never refused."""
+    if idempotency_key and keyed_job(session, tenant_id, idempotency_key, key_ttl_s):
         return
     content_length = _length(content_length)
     if quotas.max_queued_jobs:

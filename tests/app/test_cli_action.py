@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -120,13 +121,30 @@ def test_the_action_against_a_live_server(server, tmp_path):
         "fallback-dropped": "",
         "job-url": f"{server.url}/v1/jobs/{job['id']}",
         "page-url": f"{server.url}/ui/jobs/{job['id']}",
+        "report-url": f"{server.url}/ui/jobs/{job['id']}/report.html",
     }
     assert (tmp_path / "fused.onnx").stat().st_size > 0
+    page = httpx.get(outputs["report-url"])  # the report page is there, as HTML, inline
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-disposition"].startswith("inline"), page.headers
 
     # A gate that fails fails the step with its code, and the outputs are still there.
     code, again, log = run_action({**inputs, "min-speedup": "1000"}, tmp_path)
     assert code == EXIT_GATE_FAILED, log
     assert again == {**outputs, "exit-code": str(EXIT_GATE_FAILED)}
+
+
+def test_report_url_is_the_report_page_when_the_job_has_one():
+    """report-url: the dashboard's report page (what a PR comment links to: it opens in
+    the browser), absolute; empty while the job has no report.html."""
+    base = "/v1/jobs/j1"
+    job = {"id": "j1", "status": "succeeded", "links": {"self": base, "report": f"{base}/report"}}
+    outcome = SimpleNamespace(
+        job=job, url=f"http://af{base}", server="http://af", report=None, gates=[]
+    )
+    assert github_outputs(outcome, 0)["report-url"] == ""
+    job["links"]["artifacts"] = {"report.html": f"{base}/artifacts/report.html"}
+    assert github_outputs(outcome, 0)["report-url"] == "http://af/ui/jobs/j1/report.html"
 
 
 def test_outputs_when_the_server_cannot_be_reached(capsys, tmp_path, monkeypatch):

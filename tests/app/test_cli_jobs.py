@@ -146,9 +146,7 @@ def test_delete_a_queued_job_then_it_is_gone(capsys, idle):
 
 
 @pytest.mark.slow
-def test_a_tenant_at_its_queued_limit_exits_quota_with_the_servers_words(
-    capsys, tmp_path_factory
-):
+def test_a_tenant_at_its_queued_limit_exits_quota_with_the_servers_words(capsys, tmp_path_factory):
     limited = {"AUTOFUSION_MAX_QUEUED_JOBS_PER_TENANT": "1"}
     srv = Server(tmp_path_factory.mktemp("limited") / "data", "--no-embedded-worker", env=limited)
     try:

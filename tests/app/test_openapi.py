@@ -41,6 +41,10 @@ WRITES = {
     ("post", "/v1/strategies"): "patterns:write",
     ("put", "/v1/strategies/{name}"): "patterns:write",
     ("get", "/metrics"): "metrics:read",
+    # The tenant's webhook settings hold its signing secret.
+    ("get", "/v1/webhooks"): "jobs:write",
+    ("put", "/v1/webhooks"): "jobs:write",
+    ("post", "/v1/webhooks/secret"): "jobs:write",
 }
 
 
@@ -134,6 +138,68 @@ def test_every_link_names_an_operation_and_its_parameters():
         "parameters": {"job_id": "$response.body#/id"},
     }
     assert links >= 20
+
+
+# Operation ids a generated client reads as method names: lower camelCase, a verb first.
+_OPERATION_ID = re.compile(r"^[a-z]+(?:[A-Z][a-z0-9]*)*$")
+# The published names: a client generated from them breaks when one changes, so each
+# stays as it is whatever the Python function is called (issue 27).
+PUBLISHED_OPERATION_IDS = {
+    ("get", "/healthz"): "getHealth",
+    ("get", "/readyz"): "getReadiness",
+    ("get", "/metrics"): "getMetrics",
+    ("post", "/v1/optimize"): "optimize",
+    ("get", "/v1/jobs"): "listJobs",
+    ("get", "/v1/jobs/{job_id}"): "getJob",
+    ("delete", "/v1/jobs/{job_id}"): "deleteJob",
+    ("post", "/v1/jobs/{job_id}/cancel"): "cancelJob",
+    ("get", "/v1/jobs/{job_id}/events"): "followJob",
+    ("get", "/v1/jobs/{job_id}/model"): "downloadJobModel",
+    ("head", "/v1/jobs/{job_id}/model"): "headJobModel",
+    ("get", "/v1/jobs/{job_id}/report"): "downloadJobReport",
+    ("head", "/v1/jobs/{job_id}/report"): "headJobReport",
+    ("get", "/v1/jobs/{job_id}/artifacts/{name}"): "downloadJobArtifact",
+    ("head", "/v1/jobs/{job_id}/artifacts/{name}"): "headJobArtifact",
+    ("get", "/v1/patterns"): "listPatterns",
+    ("post", "/v1/patterns"): "createPattern",
+    ("get", "/v1/patterns/{name}"): "getPattern",
+    ("put", "/v1/patterns/{name}"): "replacePattern",
+    ("delete", "/v1/patterns/{name}"): "deletePattern",
+    ("post", "/v1/patterns/{name}/enable"): "enablePattern",
+    ("post", "/v1/patterns/{name}/disable"): "disablePattern",
+    ("get", "/v1/patterns/{name}/versions"): "listPatternVersions",
+    ("get", "/v1/patterns/{name}/versions/{version}"): "getPatternVersion",
+    ("post", "/v1/patterns/{name}/test"): "testPattern",
+    ("get", "/v1/strategies"): "listStrategies",
+    ("post", "/v1/strategies"): "createStrategy",
+    ("get", "/v1/strategies/{name}"): "getStrategy",
+    ("put", "/v1/strategies/{name}"): "replaceStrategy",
+    ("get", "/v1/strategies/{name}/versions"): "listStrategyVersions",
+    ("get", "/v1/info"): "getServerInfo",
+}
+
+
+def test_every_operation_has_an_explicit_stable_unique_id(tmp_path):
+    from fastapi.routing import APIRoute
+    from fastapi.utils import generate_unique_id
+
+    from autofusion.app.core.config import Settings
+    from autofusion.app.main import create_app
+
+    # Set on the route itself, so renaming its function cannot change the contract.
+    app = create_app(Settings(data_dir=tmp_path))
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.include_in_schema:
+            assert route.operation_id, f"{sorted(route.methods)} {route.path}: no operation_id"
+            assert route.operation_id != generate_unique_id(route), route.path
+    ids = {
+        (method, path): op["operationId"] for method, path, op in _operations(openapi_document())
+    }
+    assert len(set(ids.values())) == len(ids), "operation ids must be unique"
+    for key, operation_id in ids.items():
+        assert _OPERATION_ID.match(operation_id), (key, operation_id)
+    published = {key: ids.get(key) for key in PUBLISHED_OPERATION_IDS}
+    assert published == PUBLISHED_OPERATION_IDS
 
 
 def test_found_by_schemathesis_undecodable_json_and_a_required_if_match():

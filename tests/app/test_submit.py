@@ -45,6 +45,7 @@ from autofusion.app.cli._exit import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
+from autofusion.app.cli._reuse import ServerFacts
 from autofusion.app.cli._submit_output import Progress, evaluate_gates, speed_dict
 from autofusion.app.cli.submit import Upload, idempotency_key
 from autofusion.app.core.db import session_scope
@@ -148,6 +149,24 @@ def test_idempotency_key_depends_on_content_only(tmp_path, model_file):
     model_file.write_bytes(b"changed")
     assert idempotency_key(Upload(model_file, [], {"target": "generic"})) != key
     assert key.startswith("autofusion-") and len(key) <= 200
+
+
+def test_idempotency_key_covers_the_server_registry_and_strategy(model_file):
+    """Issue 27: the same inputs after a registry change, a strategy change or an upgrade
+    are a new request, not a replay of a job those changes would not have made."""
+    upload = Upload(model_file, [], {"strategy": "vision"})
+    facts = ServerFacts("1.0", 7, "vision", 2)
+    key = idempotency_key(upload, facts)
+    assert key == idempotency_key(upload, ServerFacts("1.0", 7, "vision", 2))
+    assert key != idempotency_key(upload)  # the inputs alone
+    for changed in (
+        ServerFacts("1.0", 8, "vision", 2),  # a pattern disabled: registry v8
+        ServerFacts("1.0", 7, "vision", 3),  # the strategy edited
+        ServerFacts("1.1", 7, "vision", 2),  # the server upgraded
+    ):
+        assert idempotency_key(upload, changed) != key, changed
+    # A server without /v1/info tells nothing: the inputs' key, as before it.
+    assert idempotency_key(upload, ServerFacts(strategy="vision")) == idempotency_key(upload)
 
 
 @pytest.mark.parametrize(
@@ -330,7 +349,7 @@ def _diff(factor: float):
             {"check": True, "min-speedup": False}, "ORT_ENABLE_ALL", id="older-report",
         ),
         pytest.param(
-            "slower", None, 0.7, True, {"check": True, "min-speedup": True}, "(slower)",
+            "slower", None, 0.7, True, {"check": True, "min-speedup": True}, "+25% slower",
             id="slower-above-the-bar",
         ),
         pytest.param(
@@ -395,6 +414,9 @@ class FakeApi:
         self.post_answer: tuple[int, dict] | None = None
         self.post_raw: bytes | None = None
         self.not_modified = 0
+        # GET /v1/info (None: a server older than it, 404); its requests kept apart
+        self.info: dict | None = {"version": "9.9.9", "registry_version": 7, "strategies": {}}
+        self.info_requests = 0
 
     def job(self, job_id: str) -> dict:
         state = self.jobs[job_id]
@@ -409,6 +431,7 @@ class FakeApi:
             "progress": progress,
             "revision": revision,
             "registry_version": 1,
+            "created_at": "2026-12-06T07:00:00Z",
             "config": self.config(job_id),
             # What the worker writes, from the same report.
             "summary": summarize(self.report, PLAN, 1, 0.5) if status == "succeeded" else None,
@@ -469,6 +492,13 @@ class FakeApi:
                 self._json(202, api.job(job_id), **headers)
 
             def do_GET(self) -> None:
+                if self.path == "/v1/info":
+                    api.info_requests += 1
+                    if api.info is None:
+                        self._json(404, {"type": PROBLEM + "not-found", "title": "Not found"})
+                    else:
+                        self._json(200, api.info)
+                    return
                 api.requests.append(
                     {"method": "GET", "path": self.path, "headers": dict(self.headers)}
                 )
@@ -525,8 +555,9 @@ def test_submit_waits_downloads_and_summarises(capsys, fake, model_file, tmp_pat
     assert fused.read_bytes() == b"fused-model-bytes"
     assert json.loads(report.read_text()) == api.report
     post = api.requests[0]
+    assert api.info_requests == 1  # before the upload, for the key
     assert post["headers"]["Idempotency-Key"] == idempotency_key(
-        Upload(model_file, [], {"target": "onnxruntime"})
+        Upload(model_file, [], {"target": "onnxruntime"}), ServerFacts("9.9.9", 7)
     )
     assert post["headers"]["Authorization"] == "Bearer af_secret"
     assert b'name="model"; filename="m.onnx"' in post["body"]
@@ -547,7 +578,7 @@ def test_submit_waits_downloads_and_summarises(capsys, fake, model_file, tmp_pat
     assert "gate max-abs-diff:" in out and "passed" in out
     assert line("job page", f"{url}/ui/jobs/job-1") in out
     assert line("report", f"{url}/v1/jobs/job-1/report") in out
-    assert line("report page", f"{url}/v1/jobs/job-1/artifacts/report.html") in out
+    assert line("report page", f"{url}/ui/jobs/job-1/report.html") in out  # opens inline
     markdown = summary.read_text()
     assert markdown.startswith("earlier step\n### autofusion: `m.onnx` passed")
     assert "| fusions | 1 (conv_bn_relu 1) |" in markdown
@@ -555,28 +586,87 @@ def test_submit_waits_downloads_and_summarises(capsys, fake, model_file, tmp_pat
     assert "af_secret" not in out + err + markdown
 
 
-def test_submit_json_and_idempotent_retry(capsys, fake, model_file):
+LEADING = ["status", "exit_code", "message", "verdict", "speedup", "fusions", "check", "gate"]
+LEADING += ["gates", "job_id", "reused", "urls", "details"]
+
+
+def test_submit_json_leads_with_the_facts_and_is_short(capsys, fake, model_file):
+    """Issue 27: the facts a CI script reads come first, in a few kB; the report and job
+    resource (hundreds of kB for a real model) only with --json-full."""
     api, url = fake
-    first = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json")
-    second = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json")
-    assert first[0] == second[0] == 0
-    one, two = json.loads(first[1]), json.loads(second[1])
-    assert one["job"]["id"] == two["job"]["id"] == "job-1"
-    assert len(api.jobs) == 1
-    assert one["check"] == api.report["check"] and one["fusions"] == api.report["fusions"]
-    assert one["submit"]["exit_code"] == 0 and one["submit"]["url"] == f"{url}/v1/jobs/job-1"
-    assert one["submit"]["urls"]["page"] == f"{url}/ui/jobs/job-1"
-    assert one["submit"]["urls"]["report"] == f"{url}/v1/jobs/job-1/report"
-    assert one["submit"]["speed"] is None and one["submit"]["profiled"] is False
-    facts = read_report(api.report)
-    assert one["submit"]["size_bytes"] == {
+    code, out, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json")
+    assert code == 0, err
+    result, facts = json.loads(out), read_report(api.report)
+    assert list(result) == LEADING and len(out) < 4096
+    assert result["status"] == "succeeded" and result["exit_code"] == 0
+    assert result["job_id"] == "job-1" and result["reused"] is None
+    assert result["verdict"] is None and result["speedup"] is None  # not profiled
+    assert result["fusions"] == facts.fusions == 1
+    assert result["check"]["passed"] is True
+    assert result["check"]["max_abs_diff"] == facts.max_abs_diff
+    assert result["gate"] == "passed" and [g["name"] for g in result["gates"]] == ["check"]
+    base = f"{url}/v1/jobs/job-1"
+    assert result["urls"] == {
+        "job": base,
+        "page": f"{url}/ui/jobs/job-1",
+        "report": f"{base}/report",
+        "report_html": f"{base}/artifacts/report.html",
+        "report_page": f"{url}/ui/jobs/job-1/report.html",
+        "model": f"{base}/model",
+    }
+    details = result["details"]
+    assert details["fusions_by_pattern"] == facts.counts and details["profiled"] is False
+    assert details["nodes"] == {"before": facts.nodes_before, "after": facts.nodes_after}
+    assert details["size_bytes"] == {
         "before": facts.size_before_bytes,
         "after": facts.size_after_bytes,
     }
-    assert one["submit"]["peak_memory_bytes"] == {
+    assert details["peak_memory_bytes"] == {
         "before": facts.peak_memory_before_bytes,
         "after": facts.peak_memory_after_bytes,
     }
+    assert details["registry_version"] == 1 and details["speed"] is None
+
+    code, out, err = cli(capsys, "submit", model_file, "--server", url, "--wait", "--json-full")
+    full = json.loads(out)
+    assert list(full) == [*LEADING, "report", "job"]
+    assert full["report"] == api.report and full["job"]["id"] == "job-1"
+
+
+def test_a_reused_job_is_said_to_be_one_and_a_registry_change_makes_a_new_job(
+    capsys, fake, model_file
+):
+    """The retry of a step gets its job back, saying from when and with what; after a
+    change of the server's registry (a pattern disabled) the same inputs make a new job."""
+    api, url = fake
+    submit = ("submit", model_file, "--server", url, "--wait")
+    code, out, _ = cli(capsys, *submit)
+    assert code == 0 and "reused" not in out
+    code, out, _ = cli(capsys, *submit, "--json")
+    again = json.loads(out)
+    words = "reused job job-1 from 2026-12-06 07:00:00 UTC, same model, config and registry v7"
+    assert again["job_id"] == "job-1" and len(api.jobs) == 1
+    assert again["reused"]["message"] == words + ", server 9.9.9"
+    assert again["reused"]["registry_version"] == 7
+    assert again["reused"]["created_at"] == "2026-12-06T07:00:00Z"
+    code, out, _ = cli(capsys, *submit)
+    assert line("reused", words) in out
+
+    api.info["registry_version"] = 8  # as after POST /v1/patterns/conv_bn_relu/disable
+    code, out, _ = cli(capsys, *submit, "--json")
+    assert json.loads(out)["job_id"] == "job-2" and json.loads(out)["reused"] is None
+    assert len(api.jobs) == 2
+
+    # A server without /v1/info: the key of the inputs alone; the job's snapshot is named.
+    api.info = None
+    cli(capsys, *submit)
+    code, out, _ = cli(capsys, *submit, "--json")
+    reused = json.loads(out)["reused"]
+    assert code == 0 and len(api.jobs) == 3
+    assert (
+        reused["message"] == "reused job job-3 from 2026-12-06 07:00:00 UTC, same model, "
+        "config and registry v1"
+    )
 
 
 def test_a_profiled_submit_shows_and_gates_on_the_speed(
@@ -597,12 +687,16 @@ def test_a_profiled_submit_shows_and_gates_on_the_speed(
     assert api.jobs["job-1"]["polls"] > 0
     assert api.config("job-1") == {"profile": True}
     result = json.loads(out)
-    assert result["submit"]["profiled"] is True
-    assert result["submit"]["speed"] == speed_dict(speed)
-    assert result["submit"]["speed"]["verdict"] == speed.verdict
-    assert result["submit"]["speed"]["runs"] == speed.runs
-    assert result["submit"]["speed"]["speedup"] == pytest.approx(1 / speed.ratio)
-    (gate,) = [g for g in result["submit"]["gates"] if g["name"] == "min-speedup"]
+    assert result["details"]["profiled"] is True
+    assert result["details"]["speed"] == speed_dict(speed)
+    assert result["verdict"] == speed.verdict
+    assert result["speedup"]["runs"] == speed.runs
+    assert result["speedup"]["value"] == pytest.approx(1 / speed.ratio)
+    assert result["speedup"]["ratio_interval"] == [speed.low, speed.high]
+    assert result["speedup"]["interval"] == pytest.approx([1 / speed.high, 1 / speed.low])
+    assert result["speedup"]["words"] == speed.describe()
+    assert result["gate"] == "passed"
+    (gate,) = [g for g in result["gates"] if g["name"] == "min-speedup"]
     assert gate["passed"] and f"measured speedup {speed.speedup:.3f}x >=" in gate["message"]
     markdown = summary.read_text()
     # the measured verdict is this machine's: a slower one is called out in capitals
@@ -969,26 +1063,49 @@ def test_e2e_submit_fuses_and_gates(capsys, server, tmp_path):
     assert code == 0, err
     ops = {node.op_type for node in onnx.load(fused).graph.node}
     assert "BatchNormalization" not in ops and "Conv" in ops
-    assert first["job"]["status"] == "succeeded" and first["check"]["passed"]
-    assert sum(first["fusions"].values()) > 0
-    assert first["nodes"]["after"] < first["nodes"]["before"]
+    assert first["status"] == "succeeded" and first["check"]["passed"]
+    assert first["fusions"] == sum(first["details"]["fusions_by_pattern"].values()) > 0
+    assert first["details"]["nodes"]["after"] < first["details"]["nodes"]["before"]
     diff = first["check"]["max_abs_diff"]
     assert 0 <= diff <= 1e-3
 
     # The same inputs again (a retried CI step): the same job, nothing recomputed.
     code, again, err = _submit_json(capsys, server, "--max-abs-diff", repr(diff))
     assert code == 0, err  # the gate is inclusive: diff <= diff
-    assert again["job"]["id"] == first["job"]["id"]
+    assert again["job_id"] == first["job_id"] and again["reused"]["job_id"] == first["job_id"]
 
     # A gate tighter than what the check measured fails with 1. When the fused model
     # matches exactly (diff 0), nothing is tighter than 0 and the strictest gate passes.
     code, strict, err = _submit_json(capsys, server, "--max-abs-diff", repr(diff / 2))
-    assert strict["job"]["id"] == first["job"]["id"]
+    assert strict["job_id"] == first["job_id"]
     if diff > 0:
         assert code == EXIT_GATE_FAILED and "max abs diff" in err
-        assert strict["submit"]["gates"][-1]["passed"] is False
+        assert strict["gates"][-1]["passed"] is False and strict["gate"] == "failed"
     else:
-        assert code == 0 and strict["submit"]["gates"][-1]["passed"] is True
+        assert code == 0 and strict["gates"][-1]["passed"] is True
+
+
+@pytest.mark.slow
+def test_e2e_a_disabled_pattern_makes_the_same_submit_a_new_job(capsys, server):
+    """Issue 27: after a pattern was disabled on the server, submitting the same model
+    again handed back the old job, still listing those fusions. The key now covers the
+    registry: a new job, run without the pattern, on the next registry version."""
+    code, first, err = _submit_json(capsys, server)
+    assert code == 0, err
+    counts = first["details"]["fusions_by_pattern"]
+    fired = max(counts, key=counts.get)
+    code, again, err = _submit_json(capsys, server)
+    assert again["job_id"] == first["job_id"] and again["reused"], err  # nothing changed
+    disabled = httpx.post(f"{server.url}/v1/patterns/{fired}/disable")
+    assert disabled.status_code == 200, disabled.text
+    try:
+        code, after, err = _submit_json(capsys, server)
+        assert code == 0, err
+        assert after["job_id"] != first["job_id"] and after["reused"] is None
+        assert fired not in after["details"]["fusions_by_pattern"]
+        assert after["details"]["registry_version"] > first["details"]["registry_version"]
+    finally:
+        httpx.post(f"{server.url}/v1/patterns/{fired}/enable").raise_for_status()
 
 
 @pytest.mark.slow
@@ -1046,7 +1163,7 @@ def test_e2e_api_keys(capsys, tmp_path):
         assert code == 2 and "401" in err
         code, result, err = _submit_json(capsys, srv, "--api-key", token)
         assert code == 0, err
-        assert result["job"]["status"] == "succeeded"
+        assert result["status"] == "succeeded"
     finally:
         srv.stop()
 
@@ -1073,7 +1190,7 @@ def test_e2e_external_data(capsys, server, external_data_model, tmp_path):
     fused = tmp_path / "fused.onnx"
     code, out, err = cli(
         capsys, "submit", path, "--data", weights, "--server", server.url, "--wait",
-        "--timeout", "120", "-o", fused, "--json",
+        "--timeout", "120", "-o", fused, "--json-full",
     )  # fmt: skip
     result = json.loads(out)
     assert [d["name"] for d in result["job"]["data_files"]] == ["resnet.weights"]
@@ -1120,7 +1237,7 @@ def test_e2e_distributed(capsys, tmp_path, postgres_url, redis_url):
         worker = start_cli(["worker", "--pool", "solo"], tmp_path / "worker.log", worker_env)
         code, result, err = _submit_json(capsys, srv, "--api-key", key)
         assert code == 0, err + (tmp_path / "worker.log").read_text()[-3000:]
-        assert result["job"]["id"] == job["id"]
+        assert result["job_id"] == job["id"]
         assert result["check"]["passed"]
         # The downloaded fused model runs in onnxruntime and matches the original.
         model_url = f"{srv.url}/v1/jobs/{job['id']}/model"

@@ -42,6 +42,7 @@ from autofusion.app.services.jobs import cancel_job, get_job
 from autofusion.app.services.quotas import Quotas, check_before_upload
 from autofusion.app.services.retention import delete_job
 from autofusion.app.services.uploads import StoredUpload, accept_upload, create_job_for_upload
+from autofusion.app.services.worker_health import job_with_waiting
 
 __all__ = ["router"]
 
@@ -85,6 +86,7 @@ def _job_headers(response: Response, job: JobPublic, retry_after_s: int) -> None
 @router.post(
     "/v1/optimize",
     status_code=202,
+    operation_id="optimize",
     response_model=JobPublic,
     openapi_extra=_optimize_body(),
     # 503: a big model's check waited api_sandbox_queue_s for a free model child.
@@ -144,6 +146,7 @@ def _create_job(
             idempotency_key=idempotency_key,
             max_attempts=settings.max_attempts,
             quotas=Quotas.from_settings(settings),
+            key_ttl_s=settings.idempotency_key_ttl_s,
         )
         return JobPublic.from_job(job), created
 
@@ -153,7 +156,9 @@ def _check_quotas(
 ) -> None:
     with session_factory(settings.resolved_database_url)() as session:
         quotas = Quotas.from_settings(settings)
-        check_before_upload(session, quotas, principal.tenant_id, length, key)
+        check_before_upload(
+            session, quotas, principal.tenant_id, length, key, settings.idempotency_key_ttl_s
+        )
 
 
 def _reservation_stale_s(settings: Settings) -> float:
@@ -176,6 +181,7 @@ def _reserve(settings: Settings, principal: Principal, key: str) -> str | None:
                 key,
                 stale_s=_reservation_stale_s(settings),
                 retry_after_s=settings.retry_after_s,
+                ttl_s=settings.idempotency_key_ttl_s,
             )
             session.commit()
         except IntegrityError:  # reserved by a request of the same moment
@@ -224,7 +230,12 @@ Offset = Annotated[
 ]
 
 
-@router.get("/v1/jobs", response_model=JobsPublic, responses=problem_responses(400, 401, 422))
+@router.get(
+    "/v1/jobs",
+    response_model=JobsPublic,
+    operation_id="listJobs",
+    responses=problem_responses(400, 401, 422),
+)
 def read_jobs(
     principal: PrincipalDep,
     session: SessionDep,
@@ -262,6 +273,7 @@ _etag_matches = etag_matches  # If-None-Match: the same rule as the downloads'
 @router.get(
     "/v1/jobs/{job_id}",
     response_model=JobPublic,
+    operation_id="getJob",
     responses={304: {"description": "Not modified"}, **problem_responses(401, 404, 422)},
 )
 async def read_job(
@@ -273,7 +285,7 @@ async def read_job(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Any:
     """One job; send its ETag in If-None-Match to poll cheaply (304 while unchanged)."""
-    public = await run_in_threadpool(_read_job, session, principal.tenant_id, job_id)
+    public = await run_in_threadpool(_read_job, session, principal.tenant_id, job_id, settings)
     if _etag_matches(if_none_match, public.etag):
         not_modified = Response(status_code=304)
         _job_headers(not_modified, public, settings.retry_after_s)
@@ -282,12 +294,14 @@ async def read_job(
     return public
 
 
-def _read_job(session: Session, tenant_id: str, job_id: str) -> JobPublic:
+def _read_job(session: Session, tenant_id: str, job_id: str, settings: Settings) -> JobPublic:
     """A poll is one round trip: the key came from the cache (app/services/auth.py), the
-    connection is not pinged (app/core/db.py) and the read needs no transaction around it."""
+    connection is not pinged (app/core/db.py) and the read needs no transaction around it;
+    a queued job's waiting reason comes in the same statement."""
 
     def read(s: Session) -> JobPublic:
-        return JobPublic.from_job(get_job(autocommit_read(s), tenant_id, job_id))
+        job, waiting = job_with_waiting(autocommit_read(s), tenant_id, job_id, settings)
+        return JobPublic.from_job(job, waiting=waiting)
 
     return retry_stale(session, read)
 
@@ -295,6 +309,7 @@ def _read_job(session: Session, tenant_id: str, job_id: str) -> JobPublic:
 @router.post(
     "/v1/jobs/{job_id}/cancel",
     status_code=202,
+    operation_id="cancelJob",
     response_model=JobPublic,
     responses=problem_responses(401, 403, 404, 409, 422),
 )
@@ -310,6 +325,7 @@ def cancel(job_id: str, response: Response, principal: WriterDep, session: Sessi
 @router.delete(
     "/v1/jobs/{job_id}",
     status_code=204,
+    operation_id="deleteJob",
     response_class=Response,
     responses=problem_responses(401, 403, 404, 409, 422),
 )
@@ -323,6 +339,7 @@ def delete(job_id: str, principal: WriterDep, session: SessionDep) -> Response:
 @router.get(
     "/v1/jobs/{job_id}/events",
     response_class=StreamingResponse,
+    operation_id="followJob",
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
         **problem_responses(401, 404, 422),
@@ -363,20 +380,28 @@ _NOT_MODIFIED = {304: {"description": "Not modified: If-None-Match holds the ETa
 
 
 def _download_route(
-    path: str, content: dict[str, Any], description: str, problems: tuple[int, ...] = ()
+    path: str,
+    content: dict[str, Any],
+    description: str,
+    problems: tuple[int, ...] = (),
+    *,
+    name: str,
 ):
-    """Register a download endpoint for GET (the file) and HEAD (its headers)."""
+    """Register a download endpoint for GET (the file, operation ``download<name>``) and
+    HEAD (its headers, operation ``head<name>``)."""
 
     def register(endpoint):
         responses = {**_NOT_MODIFIED, **_DOWNLOAD_PROBLEMS, **problem_responses(*problems)}
         router.get(
             path,
             response_class=Response,
+            operation_id=f"download{name}",
             responses={200: {"content": content, "description": description}, **responses},
         )(endpoint)
         router.head(
             path,
             response_class=Response,
+            operation_id=f"head{name}",
             responses={200: {"description": f"{description}: its headers, no body"}, **responses},
         )(endpoint)
         return endpoint
@@ -420,6 +445,7 @@ DownloadDep = Annotated[_Download, Depends(_download)]
     {"application/octet-stream": {}},
     "The fused model",
     problems=(400, 416),  # a Range refused (the model answers Range requests)
+    name="JobModel",
 )
 def download_model(job_id: str, download: DownloadDep) -> Response:
     """The fused model (only once the job has succeeded)."""
@@ -430,6 +456,7 @@ def download_model(job_id: str, download: DownloadDep) -> Response:
     "/v1/jobs/{job_id}/report",
     {"application/json": {"schema": {"type": "object"}}},
     "The report (docs/report.schema.json)",
+    name="JobReport",
 )
 def download_report(job_id: str, download: DownloadDep) -> Response:
     """The job's JSON report (once it has finished with one)."""
@@ -442,6 +469,7 @@ def download_report(job_id: str, download: DownloadDep) -> Response:
     "report.html (self-contained, charts and region pictures), report.md, or "
     "profile_trace.json (onnxruntime's profiler trace of the fused model, when the job "
     "profiled)",
+    name="JobArtifact",
 )
 def download_artifact(job_id: str, name: str, download: DownloadDep) -> Response:
     """One of the job's stored files besides the model and report.json."""

@@ -24,6 +24,7 @@ router = APIRouter(tags=["metrics"])
 @router.get(
     "/metrics",
     response_class=Response,
+    operation_id="getMetrics",
     responses={
         200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"},
         **problem_responses(401, 403),

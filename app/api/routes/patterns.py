@@ -48,7 +48,7 @@ def _with_etag(response: Response, record: PatternRecord) -> PatternPublic:
     return PatternPublic.from_record(record)
 
 
-@router.get("", response_model=PatternsPublic)
+@router.get("", response_model=PatternsPublic, operation_id="listPatterns")
 def list_patterns(session: SessionDep, _: PrincipalDep) -> PatternsPublic:
     """List the patterns (deleted ones excluded) and the registry version."""
     records = registry.list_patterns(session)
@@ -56,7 +56,11 @@ def list_patterns(session: SessionDep, _: PrincipalDep) -> PatternsPublic:
 
 
 @router.post(
-    "", status_code=201, responses=problem_responses(409, 422), response_model=PatternPublic
+    "",
+    status_code=201,
+    responses=problem_responses(409, 422),
+    response_model=PatternPublic,
+    operation_id="createPattern",
 )
 def create_pattern(
     body: PatternCreate, session: SessionDep, principal: PatternWriter, response: Response
@@ -67,7 +71,12 @@ def create_pattern(
     return _with_etag(response, record)
 
 
-@router.get("/{name}", response_model=PatternPublic, responses=problem_responses(404))
+@router.get(
+    "/{name}",
+    response_model=PatternPublic,
+    responses=problem_responses(404),
+    operation_id="getPattern",
+)
 def get_pattern(
     name: str, session: SessionDep, _: PrincipalDep, response: Response
 ) -> PatternPublic:
@@ -75,7 +84,12 @@ def get_pattern(
     return _with_etag(response, registry.get_pattern(session, name))
 
 
-@router.put("/{name}", responses=_CHANGE_PROBLEMS, response_model=PatternPublic)
+@router.put(
+    "/{name}",
+    responses=_CHANGE_PROBLEMS,
+    response_model=PatternPublic,
+    operation_id="replacePattern",
+)
 def replace_pattern(
     name: str,
     body: PatternCreate,
@@ -91,7 +105,13 @@ def replace_pattern(
     return _with_etag(response, record)
 
 
-@router.delete("/{name}", status_code=204, response_model=None, responses=_CHANGE_PROBLEMS)
+@router.delete(
+    "/{name}",
+    status_code=204,
+    response_model=None,
+    responses=_CHANGE_PROBLEMS,
+    operation_id="deletePattern",
+)
 def delete_pattern(
     name: str, session: SessionDep, principal: PatternWriter, if_match: IfMatch = None
 ) -> None:
@@ -114,13 +134,16 @@ def _state_route(action: str, summary: str):
         )
         return _with_etag(response, record)
 
-    route.__name__ = route.__qualname__ = f"{action}_pattern"  # its OpenAPI operation id
+    route.__name__ = route.__qualname__ = f"{action}_pattern"
     route.__doc__ = summary
     # If-Match is honoured (412 when stale), not required: enabling is idempotent.
     responses = problem_responses(404, 412)
-    return router.post(f"/{{name}}/{action}", response_model=PatternPublic, responses=responses)(
-        route
-    )
+    return router.post(
+        f"/{{name}}/{action}",
+        response_model=PatternPublic,
+        responses=responses,
+        operation_id=f"{action}Pattern",  # enablePattern, disablePattern
+    )(route)
 
 
 enable_pattern = _state_route("enable", "Enable a pattern: the next jobs use it.")
@@ -128,7 +151,10 @@ disable_pattern = _state_route("disable", "Disable a pattern: the next jobs leav
 
 
 @router.get(
-    "/{name}/versions", response_model=PatternVersionsPublic, responses=problem_responses(404)
+    "/{name}/versions",
+    response_model=PatternVersionsPublic,
+    responses=problem_responses(404),
+    operation_id="listPatternVersions",
 )
 def list_pattern_versions(name: str, session: SessionDep, _: PrincipalDep) -> PatternVersionsPublic:
     """Every version of a pattern, oldest first, deleted patterns included."""
@@ -138,6 +164,7 @@ def list_pattern_versions(name: str, session: SessionDep, _: PrincipalDep) -> Pa
 @router.get(
     "/{name}/versions/{version}",
     response_model=PatternVersionPublic,
+    operation_id="getPatternVersion",
     responses=problem_responses(404),
 )
 def get_pattern_version(
@@ -154,6 +181,7 @@ def get_pattern_version(
 @router.post(
     "/{name}/test",
     response_model=PatternTestResult,
+    operation_id="testPattern",
     openapi_extra=_MODEL_UPLOAD,
     # 422 also when the model runs out of the trial's time or memory; 503 when too
     # many trials run at once (with Retry-After).

@@ -38,14 +38,18 @@ def _with_etag(response: Response, strategy: Strategy) -> StrategyPublic:
     return StrategyPublic.from_row(strategy)
 
 
-@router.get("", response_model=StrategiesPublic)
+@router.get("", response_model=StrategiesPublic, operation_id="listStrategies")
 def list_strategies(session: SessionDep, _: PrincipalDep) -> StrategiesPublic:
     """List the named strategies."""
     return StrategiesPublic.from_rows(strategies.list_strategies(session))
 
 
 @router.post(
-    "", status_code=201, responses=problem_responses(409, 422), response_model=StrategyPublic
+    "",
+    status_code=201,
+    responses=problem_responses(409, 422),
+    response_model=StrategyPublic,
+    operation_id="createStrategy",
 )
 def create_strategy(
     body: StrategyCreate, session: SessionDep, _: StrategyWriter, response: Response
@@ -56,7 +60,12 @@ def create_strategy(
     return _with_etag(response, strategy)
 
 
-@router.get("/{name}", response_model=StrategyPublic, responses=problem_responses(404))
+@router.get(
+    "/{name}",
+    response_model=StrategyPublic,
+    responses=problem_responses(404),
+    operation_id="getStrategy",
+)
 def get_strategy(
     name: str, session: SessionDep, _: PrincipalDep, response: Response
 ) -> StrategyPublic:
@@ -64,7 +73,12 @@ def get_strategy(
     return _with_etag(response, strategies.get_strategy(session, name))
 
 
-@router.put("/{name}", responses=_CHANGE_PROBLEMS, response_model=StrategyPublic)
+@router.put(
+    "/{name}",
+    responses=_CHANGE_PROBLEMS,
+    response_model=StrategyPublic,
+    operation_id="replaceStrategy",
+)
 def replace_strategy(
     name: str,
     body: StrategyCreate,
@@ -79,7 +93,10 @@ def replace_strategy(
 
 
 @router.get(
-    "/{name}/versions", response_model=StrategyVersionsPublic, responses=problem_responses(404)
+    "/{name}/versions",
+    response_model=StrategyVersionsPublic,
+    responses=problem_responses(404),
+    operation_id="listStrategyVersions",
 )
 def list_strategy_versions(
     name: str, session: SessionDep, _: PrincipalDep
