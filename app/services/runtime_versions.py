@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 DISTRIBUTION = "autofusion"
 # The packages whose minimum is checked: the model runtime and the format library.
 CHECKED = ("onnx", "onnxruntime")
+ENGINE_EXTRA = "core"  # the extra whose requirements these are
 # Specifiers that set a floor: ">=1.23", ">1.2", "~=1.23" (at least 1.23), "==1.23.*".
 # Only the floor is checked: a newer release is pip's to refuse, not a reason to stop.
 _FLOORS = (">=", ">", "~=", "==")
@@ -63,9 +64,17 @@ def required_versions() -> dict[str, Requirement]:
             requirement = Requirement(line)
         except InvalidRequirement:
             continue
-        if requirement.marker is None and requirement.name.lower() in CHECKED:
+        if requirement.name.lower() in CHECKED and _of_the_engine(requirement):
             found[requirement.name.lower()] = requirement
     return found
+
+
+def _of_the_engine(requirement: Requirement) -> bool:
+    """A requirement of the engine: unconditional, or of the ``core`` extra (where onnx
+    and onnxruntime are since the base install became the light client; the server extra
+    includes it)."""
+    marker = requirement.marker
+    return marker is None or marker.evaluate({"extra": ENGINE_EXTRA})
 
 
 def runtime_version_refusal() -> str | None:

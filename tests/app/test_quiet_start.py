@@ -55,6 +55,16 @@ def test_library_noise_shows_at_debug_level_only(level: str, passes: bool) -> No
     stream = io.StringIO()
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
+    # Other tests of this process ran uvicorn and Alembic, which set their loggers' own
+    # levels (or disabled them): let every record reach the root, as in a fresh process.
+    named = [
+        logging.getLogger(n)
+        for n in ("alembic.runtime.migration", "uvicorn.error", "kombu.connection")
+    ]
+    kept = [(logger, logger.level, logger.disabled) for logger in named]
+    for logger in named:
+        logger.setLevel(logging.NOTSET)
+        logger.disabled = False
     try:
         configure_logging(level, "text", stream)
         logging.getLogger("alembic.runtime.migration").info("Running upgrade 0001 -> 0002")
@@ -66,6 +76,9 @@ def test_library_noise_shows_at_debug_level_only(level: str, passes: bool) -> No
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+        for logger, level, disabled in kept:
+            logger.setLevel(level)
+            logger.disabled = disabled
     out = stream.getvalue()
     for noise in ("Running upgrade", "Started server process", "No hostname"):
         assert (noise in out) is passes, out

@@ -159,8 +159,9 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
     time_limit = env.settings.job_time_limit_s
     for attempt, crash, problem in ((1, "segv", "crashed"), (2, "sleep:60", "time-limit")):
         monkeypatch.setenv(TEST_CRASH_ENV, crash)
-        if attempt == 2:  # a different crash: the time limit, reached waiting
-            monkeypatch.setattr(env.settings, "job_time_limit_s", 4)
+        if attempt == 2:  # a different crash: the time limit, reached waiting (the
+            # sandbox's start, about 2 CPU seconds, well under half of it)
+            monkeypatch.setattr(env.settings, "job_time_limit_s", 8)
         assert execute_job(env.settings, job_id, f"w{attempt}", env.store) == Outcome.requeued
         job = env.job(job_id)
         assert (job.status, job.attempts, job.worker_id) == ("queued", attempt, None)
@@ -169,7 +170,7 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
     assert "time limit" in job.error
     monkeypatch.delenv(TEST_CRASH_ENV)  # a third kind: the memory limit
     monkeypatch.setattr(env.settings, "job_memory_limit_mb", 64)
-    # ... alone: with attempt 2's 4 s still set, the two limits race (a child that takes
+    # ... alone: with attempt 2's 8 s still set, the two limits race (a child that takes
     # more than 1 s to reach its first big allocation ends on the time limit instead)
     monkeypatch.setattr(env.settings, "job_time_limit_s", time_limit)
     assert execute_job(env.settings, job_id, "w3", env.store) == Outcome.failed
@@ -186,11 +187,12 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
     ("settings", "crash", "message"),
     [
         pytest.param(
-            # Waiting, not computing (the sandbox's start, about a second of CPU, is well
-            # under half of the limit): a crash, given up after its one attempt.
-            {"job_time_limit_s": 4},
+            # Waiting, not computing (the sandbox's start, about 2 s of CPU with onnx and
+            # onnxruntime imported, is well under half of the limit): a crash, given up
+            # after its one attempt.
+            {"job_time_limit_s": 8},
             "sleep:60",
-            "the optimization ran past the time limit of 4 s; gave up after 1 attempt",
+            "the optimization ran past the time limit of 8 s; gave up after 1 attempt",
             id="time-limit",
         ),
         pytest.param(
