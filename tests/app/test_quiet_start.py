@@ -56,15 +56,15 @@ def test_library_noise_shows_at_debug_level_only(level: str, passes: bool) -> No
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     # Other tests of this process ran uvicorn and Alembic, which set their loggers' own
-    # levels (or disabled them): let every record reach the root, as in a fresh process.
-    named = [
-        logging.getLogger(n)
-        for n in ("alembic.runtime.migration", "uvicorn.error", "kombu.connection")
-    ]
-    kept = [(logger, logger.level, logger.disabled) for logger in named]
+    # levels, disabled them or stopped their propagation (uvicorn's default config):
+    # let every record reach the root, as in a fresh process.
+    names = ["alembic.runtime.migration", "uvicorn.error", "kombu.connection"]
+    chain = {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 2)}
+    named = [logging.getLogger(n) for n in sorted(chain)]
+    kept = [(logger, logger.level, logger.disabled, logger.propagate) for logger in named]
     for logger in named:
         logger.setLevel(logging.NOTSET)
-        logger.disabled = False
+        logger.disabled, logger.propagate = False, True
     try:
         configure_logging(level, "text", stream)
         logging.getLogger("alembic.runtime.migration").info("Running upgrade 0001 -> 0002")
@@ -76,9 +76,9 @@ def test_library_noise_shows_at_debug_level_only(level: str, passes: bool) -> No
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
-        for logger, level, disabled in kept:
+        for logger, level, disabled, propagate in kept:
             logger.setLevel(level)
-            logger.disabled = disabled
+            logger.disabled, logger.propagate = disabled, propagate
     out = stream.getvalue()
     for noise in ("Running upgrade", "Started server process", "No hostname"):
         assert (noise in out) is passes, out
