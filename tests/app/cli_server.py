@@ -94,3 +94,13 @@ def run_cli(capsys, *args: str | Path) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def started_server(tmp_path_factory, name: str, *options: str):
+    """A live ``autofusion serve`` for a module's fixture (``yield from``), stopped after."""
+    srv = Server(tmp_path_factory.mktemp(name) / "data", *options, env=FAST_POLL)
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import onnx
 import pytest
-from cli_server import Server
+from cli_server import Server, started_server
 from cli_server import run_cli as cli
 
 from autofusion.app.cli._exit import (
@@ -36,24 +36,15 @@ def _clean_env(monkeypatch):
             monkeypatch.delenv(name)
 
 
-def _started(tmp_path_factory, name: str, *options: str) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp(name) / "data", *options, env=FAST_POLL)
-    try:
-        srv.wait_healthy()
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    yield from _started(tmp_path_factory, "jobs")
+    yield from started_server(tmp_path_factory, "jobs")
 
 
 @pytest.fixture(scope="module")
 def idle(tmp_path_factory) -> Iterator[Server]:
     """A server whose jobs stay queued: nothing works them."""
-    yield from _started(tmp_path_factory, "idle", "--no-embedded-worker")
+    yield from started_server(tmp_path_factory, "idle", "--no-embedded-worker")
 
 
 def _submitted(capsys, srv: Server, key: str) -> str:

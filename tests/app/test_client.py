@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import onnx
 import pytest
-from cli_server import FAST_POLL, Server
+from cli_server import Server, started_server
 
 from autofusion.app.client import (
     Client,
@@ -27,24 +27,15 @@ from autofusion.fusion_core.testing import conv_bn_relu
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _started(tmp_path_factory, name: str, *options: str) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp(name) / "data", *options, env=FAST_POLL)
-    try:
-        srv.wait_healthy()
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
-    yield from _started(tmp_path_factory, "client")
+    yield from started_server(tmp_path_factory, "client")
 
 
 @pytest.fixture(scope="module")
 def idle(tmp_path_factory) -> Iterator[Server]:
     """A server whose jobs stay queued: nothing works them."""
-    yield from _started(tmp_path_factory, "client-idle", "--no-embedded-worker")
+    yield from started_server(tmp_path_factory, "client-idle", "--no-embedded-worker")
 
 
 @pytest.fixture

@@ -8,8 +8,10 @@ Without chromium (or playwright) the tests skip with how to install them; with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +100,18 @@ def page(context) -> Iterator:
     page = context.new_page()
     yield page
     page.close()
+
+
+@pytest.fixture
+def shot(tmp_path: Path):
+    """``shot(page, name)``: a PNG of the viewport, checked to be a real picture."""
+    folder = Path(os.environ.get("AUTOFUSION_SCREENSHOT_DIR") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def take(page, name: str) -> Path:
+        path = folder / f"{name}.png"
+        page.screenshot(path=path)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+        return path
+
+    return take

@@ -6,9 +6,7 @@ test's temporary folder) of what a user saw."""
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import browser_support as support
 import pytest
@@ -17,21 +15,6 @@ from playwright.sync_api import Page, expect
 pytestmark = [pytest.mark.browser]
 
 ROWS = "table#patterns tr[data-pattern]"
-
-
-@pytest.fixture
-def shot(tmp_path: Path):
-    """``shot(page, name)``: a PNG of the viewport, checked to be a real picture."""
-    folder = Path(os.environ.get("AUTOFUSION_SCREENSHOT_DIR") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def take(page: Page, name: str) -> Path:
-        path = folder / f"{name}.png"
-        page.screenshot(path=path)
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-        return path
-
-    return take
 
 
 def _names(page: Page) -> list[str]:

@@ -6,7 +6,6 @@ browser (inline, sandboxed) from the job page. Each step leaves a screenshot
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -22,21 +21,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 JOB_URL = re.compile(r"/ui/jobs/(?P<id>[^/?#]+)$")
 HEADLINE = re.compile(r"^(\d+(\.\d)?% faster|\+\d+(\.\d)?% slower|no measurable change)$")
-
-
-@pytest.fixture
-def shot(tmp_path: Path):
-    """``shot(page, name)``: a PNG of the viewport, checked to be a real picture."""
-    folder = Path(os.environ.get("AUTOFUSION_SCREENSHOT_DIR") or tmp_path)
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def take(page: Page, name: str) -> Path:
-        path = folder / f"{name}.png"
-        page.screenshot(path=path)
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-        return path
-
-    return take
 
 
 def _finished_job(page: Page, model: Path, name: str, *, profile: bool) -> str:
