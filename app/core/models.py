@@ -36,14 +36,23 @@ __all__ = [
     "StrategyVersion",
     "Tenant",
     "TenantWebhook",
+    "Verdict",
+    "PatternClassRule",
     "WebhookDelivery",
     "WorkerHeartbeat",
+    "as_utc",
     "utcnow",
 ]
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def as_utc(value: datetime) -> datetime:
+    """A stored time as an aware UTC one: SQLite hands back naive datetimes, and every
+    timestamp the service stores is UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -301,3 +310,62 @@ class WebhookDelivery(Base):
     duration_ms: Mapped[float] = mapped_column(Float, default=0.0)
     # When the next attempt is due; None: this one was the last.
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# --- Verdicts: what measured selection learned (issue 28) ---
+class Verdict(Base):
+    """One measured decision on a group of fusions: a region signature (the pattern, its
+    spec's hash, the fused ops, the regions' op types, attributes and shape classes) timed
+    on a machine class (CPU, instruction set, onnxruntime version, threads, level). Rows
+    are never overwritten: measurements of one signature on one class are combined when
+    read (``app.services.verdicts``). ``job_id`` is the job that measured it (no foreign
+    key: retention deletes jobs, the evidence stays); ``tenant_id`` the job's tenant."""
+
+    __tablename__ = "verdicts"
+    __table_args__ = (
+        Index("ix_verdicts_lookup", "machine_key", "signature"),
+        Index("ix_verdicts_host", "onnxruntime", "cpu"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    signature: Mapped[str] = mapped_column(String(64))
+    pattern: Mapped[str] = mapped_column(String(200), index=True)
+    pattern_hash: Mapped[str] = mapped_column(String(64))
+    group_key: Mapped[str] = mapped_column(String(500))
+    region: Mapped[dict[str, Any]] = mapped_column(JSON)
+    machine_key: Mapped[str] = mapped_column(String(64))
+    machine: Mapped[dict[str, Any]] = mapped_column(JSON)
+    onnxruntime: Mapped[str] = mapped_column(String(40))
+    cpu: Mapped[str] = mapped_column(String(200))
+    target: Mapped[str] = mapped_column(String(40))
+    median: Mapped[float] = mapped_column(Float)
+    low: Mapped[float] = mapped_column(Float)
+    high: Mapped[float] = mapped_column(Float)
+    confidence: Mapped[float] = mapped_column(Float)
+    runs: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(32), index=True)
+    with_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    source: Mapped[str] = mapped_column(String(16), default="measured")  # or "imported"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PatternClassRule(Base):
+    """A pattern disabled on one machine class (its ``machine_key``), by a person from the
+    dashboard or automatically (``verdicts_auto_disable``), with the evidence: the
+    combined verdict it was decided on. Deleting the row enables it again."""
+
+    __tablename__ = "pattern_class_rules"
+    __table_args__ = (UniqueConstraint("pattern", "machine_key", name="uq_pattern_class_rules"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    pattern: Mapped[str] = mapped_column(String(200), index=True)
+    machine_key: Mapped[str] = mapped_column(String(64), index=True)
+    machine: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON)  # combined verdict, verdict ids
+    created_by: Mapped[str] = mapped_column(String(200))  # a key's name, or "auto"
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

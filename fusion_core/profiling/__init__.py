@@ -3,10 +3,12 @@
 ``latency.py`` times and profiles the original and the fused model; ``stats.py`` the
 paired ratio and its verdict; ``_paired.py`` the paired timer that measured selection
 decides with; ``_trace.py`` sessions and onnxruntime's profiler trace;
-``footprint.py`` file size and peak memory (in a child process, ``_memory_child.py``).
+``footprint.py`` file size and peak memory (in a child process, ``_memory_child.py``);
+``verdicts.py`` what measured selection learned: a region's paired ratio on a machine
+class, its file format and how measurements combine.
 
 The names load on first use (``lazy_loader``): ``stats`` (the verdicts a report
-reader names) needs no onnxruntime.
+reader names) and ``verdicts`` (which the service's API reads) need no onnxruntime.
 """
 
 import lazy_loader
