@@ -144,11 +144,22 @@ class MeasureOptions(BaseModel):
     # onnxruntime as deployed: the level and intra-op threads to measure at.
     level: Literal["ORT_ENABLE_ALL", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_BASIC"] = "ORT_ENABLE_ALL"
     threads: int = Field(default=1, ge=1, le=256)
-    # A folder for decisions by machine class and model structure; None: no cache. The
-    # caller picks it (the CLI: ~/.cache/autofusion/measured; the worker: its data dir).
+    # The local verdict store: a folder whose verdicts.json is read and appended to (the
+    # CLI: ~/.cache/autofusion/measured); None: nothing is kept between runs.
     cache_dir: str | None = None
+    # Verdicts to reuse, read only: a verdicts file (the service's prefetch, an export
+    # from `autofusion verdicts export`), or several (`optimize --verdicts` repeated).
+    verdicts_file: str | list[str] | None = None
+    # Verdicts older than this are not reused (docs/measured.md).
+    verdict_max_age_days: float = Field(default=30.0, gt=0, le=36_500)
     # At least this many paired runs per comparison, whatever the budget.
     min_runs: int = Field(default=10, ge=6, le=10_000)
+
+    @property
+    def verdict_files(self) -> list[str]:
+        """``verdicts_file`` as a list (one path, several, or none)."""
+        given = self.verdicts_file
+        return [] if given is None else [given] if isinstance(given, str) else list(given)
 
 
 class OptimizeConfig(BaseModel):

@@ -24,12 +24,13 @@ from autofusion.fusion_core.config import (
     read_strategy_file,
 )
 from autofusion.fusion_core.errors import ConfigError, ModelLoadError, PatternError
+from autofusion.fusion_core.profiling.verdicts import read_verdicts
 from autofusion.fusion_core.report import fallback_line, format_summary
 from autofusion.fusion_core.targets import TARGET_NAMES
 from autofusion.fusion_core.validate import ORIGINAL_CANNOT_RUN, describe_failure, load_inputs
 
-# Measured selection's decisions, per machine class and model structure (fusion_core
-# reads no environment, so the CLI picks the folder).
+# Measured selection's local verdict store: what it measured, by region signature and
+# machine class (fusion_core reads no environment, so the CLI picks the folder).
 DEFAULT_MEASURE_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autofusion" / "measured"
 )
@@ -154,12 +155,19 @@ def _measure_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--measure-cache", default=str(DEFAULT_MEASURE_CACHE), metavar="DIR",
-        help="measured selection: where decisions are kept per machine class and model "
-        "structure (default %(default)s)",
+        help="measured selection: the local verdict store, read and added to (what was "
+        "measured, by region signature and machine class; default %(default)s)",
     )  # fmt: skip
     p.add_argument(
-        "--no-measure-cache", action="store_true", help="measure everything, keep nothing"
+        "--no-measure-cache",
+        action="store_true",
+        help="no local verdict store: measure everything (but --verdicts), keep nothing",
     )
+    p.add_argument(
+        "--verdicts", action="append", default=[], metavar="FILE",
+        help="measured selection: also reuse the verdicts in FILE (`autofusion verdicts "
+        "export`), read only; repeat for several",
+    )  # fmt: skip
 
 
 def _profile(text: str) -> dict[str, int]:
@@ -205,6 +213,7 @@ _CONFIG_OPTIONS = {
     "measure_budget": "measure_options.budget_s",
     "measure_threads": "measure_options.threads",
     "measure_cache": "measure_options.cache_dir",
+    "verdicts": "measure_options.verdicts_file",
 }
 
 
@@ -216,6 +225,8 @@ def _option_value(args: argparse.Namespace, option: str) -> Any:
         return not value
     if option == "shape":
         return [_profile(text) for text in value]
+    if option == "verdicts":  # absolute: the report's config says which files were read
+        return [str(Path(v).resolve()) for v in value] or None
     return value
 
 
@@ -241,7 +252,33 @@ def build_config(args: argparse.Namespace, extra_patterns: list[dict]) -> Optimi
     ):  # only a measured run names the folder (it is in the report's config)
         options = config.measure_options.model_copy(update={"cache_dir": None})
         config = config.model_copy(update={"measure_options": options})
+    if args.verdicts and config.mode != "measured":
+        raise ConfigError(
+            "--verdicts is for measured selection",
+            hint="add --selection measured (or --measure), or leave --verdicts out",
+        )
     return config
+
+
+def check_verdict_files(paths: list[str]) -> None:
+    """Each ``--verdicts`` file read once before the run: one that cannot be read, or
+    is not a verdicts file, is a usage error; its invalid verdicts a warning line (the
+    run leaves them out)."""
+    for path in paths:
+        try:
+            _, skipped = read_verdicts(path)
+        except OSError as exc:
+            raise ConfigError(
+                f"--verdicts {path}: cannot read it ({exc.strerror or exc})",
+                hint="give a verdicts file, as `autofusion verdicts export` writes it",
+            ) from None
+        except ValueError as exc:
+            raise ConfigError(f"--verdicts: {exc}") from None
+        if skipped:
+            sys.stderr.write(
+                f"autofusion: warning: {path}: {len(skipped)} invalid verdict(s) skipped "
+                f"(the first: {skipped[0]})\n"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         load_pattern_file(path)  # compile once here so errors name the file
         extra += parse_pattern_text(Path(path).read_text(encoding="utf-8"), path)
     config = build_config(args, extra)
+    check_verdict_files(args.verdicts)
     feeds = None
     if args.inputs:
         feeds = load_inputs(args.inputs, _graph_only(args.model))

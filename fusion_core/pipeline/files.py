@@ -1,7 +1,8 @@
 """``run``: the one path from a model file to the files a user gets.
 
 optimize -> save the fused model -> profile it and measure memory (when the config asks)
--> build the report -> write the report, its renderings, the region data and the trace.
+-> build the report -> write the report, its renderings, the region data, the trace and
+(measured selection) the verdicts measured.
 The CLI's ``optimize`` and the service's sandbox both call this, so the two cannot drift
 apart any more: they used to write the same steps twice, with different profiling seeds.
 A fused model that failed its check is written only with ``keep_failed``, and the
@@ -34,6 +35,7 @@ from autofusion.fusion_core.profiling import (
     profile_models,
     write_trace,
 )
+from autofusion.fusion_core.profiling.verdicts import write_verdicts
 from autofusion.fusion_core.report import (
     build_report,
     format_markdown,
@@ -59,6 +61,9 @@ class RunFiles:
     trace: Path | None = None  # onnxruntime's profiler trace, when profiling
     # reproducers.zip: each step taken back as a bug, its region as an ONNX file
     reproducers: Path | None = None
+    # verdicts.json: what measured selection measured in this run (Result.verdicts, in
+    # the verdicts format), for the service to keep; only in measured mode
+    verdicts: Path | None = None
 
 
 @dataclass
@@ -94,6 +99,10 @@ def run(
             on_stage(name, progress)
 
     result = optimize(model_path, config, patterns=patterns, feeds=feeds, on_phase=on_phase)
+    if files.verdicts is not None and config.mode == "measured":
+        # first: what was timed stays true whatever happens to the rest of the run
+        Path(files.verdicts).parent.mkdir(parents=True, exist_ok=True)
+        write_verdicts(files.verdicts, result.verdicts)  # none measured: an empty list
     stage("saving", 0.8)
     check = result.check
     failed = check is not None and not check.passed

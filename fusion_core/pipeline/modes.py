@@ -56,10 +56,12 @@ def optimize(
     config = config or OptimizeConfig()
     result = _in_mode(model, config, registry, patterns, skip, feeds, on_phase)
     if falls_back(result, config):
+        verdicts = result.verdicts  # timings stay true when the check fails: kept
         result = fall_back(
             model, config, result, registry=registry, patterns=patterns, feeds=feeds,
             on_phase=on_phase,
         )  # fmt: skip
+        result.verdicts = verdicts
     # Each pass checked its own input; progressive stages start from the previous
     # stage's model, so the whole run is checked against the model as given too.
     check_output_size(result, config)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
@@ -15,6 +16,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.patterns import NearMiss
 from autofusion.fusion_core.prepasses import FoldRecord
 from autofusion.fusion_core.validate import CheckResult, PrecisionReport, RegionReport
+
+if TYPE_CHECKING:  # the measured package imports this module
+    from autofusion.fusion_core.profiling.verdicts import VerdictRecord
 
 __all__ = ["PROFILE_UNFINISHED", "AppliedFusion", "Rejection", "Result"]
 
@@ -99,6 +103,9 @@ class Result:
     switches: list[dict] = field(default_factory=list)  # dynamic switches and whether they fired
     left_alone: list[dict] = field(default_factory=list)  # parts no rule rewrites, and why
     measurement: dict | None = None  # measured selection: groups, decisions, final ratio
+    # Measured selection's verdicts measured in this run (pipeline.measured.VerdictRecord),
+    # what run() writes to RunFiles.verdicts; empty in the other modes
+    verdicts: list[VerdictRecord] = field(default_factory=list)
     # Constant folding's growth budget and what it left unfolded; None: no folding ran
     folding: FoldRecord | None = None
     # Bytes of constants in the model as given (prepasses.constant_bytes): what the

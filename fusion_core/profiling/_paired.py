@@ -55,6 +55,7 @@ class PairedTimer:
         self._started = time.perf_counter()
         self._charged = 0.0  # seconds a fake timer says it spent (tests)
         self._run_s = 0.0  # the slowest warm-up run of one session seen so far
+        self._medians: dict[str, float] = {}  # median ms per label of the last loop
 
     @property
     def spent(self) -> float:
@@ -73,6 +74,11 @@ class PairedTimer:
         """The fewest seconds a comparison of ``sessions`` models can take: ``min_runs``
         runs of each at the slowest run seen (0 before the first comparison)."""
         return self.opts.min_runs * sessions * self._run_s
+
+    def median_ms(self, label: str) -> float | None:
+        """The median run time in ms of ``label`` in the last timing loop (``"full"``
+        after ``with_and_without``); None when it was not timed (a fake timer)."""
+        return self._medians.get(label)
 
     def session(self, proto: onnx.ModelProto, label: str):
         prepared = prepare_model(proto, label, self.scratch)
@@ -137,4 +143,6 @@ class PairedTimer:
         left = budget_s - (time.perf_counter() - start)
         runs = int(left / iteration_s) if iteration_s > 0 else _MAX_RUNS
         runs = max(self.opts.min_runs, min(runs, _MAX_RUNS))
-        return interleaved_ms(sessions, inputs, warmup=0, iters=runs)
+        times = interleaved_ms(sessions, inputs, warmup=0, iters=runs)
+        self._medians = {label: float(np.median(t)) for label, t in times.items() if len(t)}
+        return times

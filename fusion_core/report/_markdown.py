@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from autofusion.fusion_core.report._decisions import decision_source, store_counts
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
@@ -150,8 +151,10 @@ def _measurement(record: dict[str, Any] | None) -> list[str]:
         f"### Measured selection: {record.get('level')}, {record.get('threads')} thread(s), "
         f"{record.get('seconds')} s",
         "",
-        "| group | fusions | with / without | kept |",
-        "|---|---:|---:|---|",
+        f"Decisions: {_md(store_counts(record))}.",
+        "",
+        "| group | fusions | with / without | kept | decided |",
+        "|---|---:|---:|---|---|",
     ]
     for g in record.get("groups") or []:
         ratio = g.get("ratio")
@@ -159,7 +162,10 @@ def _measurement(record: dict[str, Any] | None) -> list[str]:
         if ratio:
             shown = f"{ratio['median']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f})"
         kept = "yes" if g.get("kept") else "no"
-        lines.append(f"| {_md(g.get('group'))} | {g.get('fusions')} | {shown} | {kept} |")
+        source = _md(decision_source(g) or "not measured")
+        lines.append(
+            f"| {_md(g.get('group'))} | {g.get('fusions')} | {shown} | {kept} | {source} |"
+        )
     if record.get("fallback"):
         lines += ["", _md(record["fallback"])]
     return lines + [""]

@@ -242,17 +242,57 @@ class Profile(BaseModel):
     )
 
 
+class CombinedVerdict(BaseModel):
+    """The verdict store's measurements of one region signature on this machine class,
+    combined (inverse-variance on the log ratio, their disagreement widening it)."""
+
+    model_config = _OPEN
+    ratio: PairedRatio = Field(description="The combined ratio, its interval and verdict")
+    measurements: int = Field(description="Measurements combined")
+    agree: bool = Field(description="Every measurement had the same verdict")
+    confident: bool = Field(description="Decisive: a decision was taken from it without timing")
+    jobs: list[str] = Field(description="The service's jobs that measured them (local: none)")
+
+
 class MeasuredGroup(BaseModel):
     model_config = _OPEN
     group: str = Field(description="The pattern and the ops its fusions emit")
     pattern: str
     fusions: int = Field(description="Fusions in the group, measured together")
     kept: bool
-    cached: bool = Field(description="Decided by an earlier job on this machine class")
+    source: Literal["store", "measured", "not measured"] | None = Field(
+        default=None,
+        description="Where the decision came from: the verdict store (a confident combined "
+        "verdict of earlier measurements), measured in this run, or not measured (the "
+        "budget did not reach it); absent from older reports",
+    )
+    cached: bool = Field(description="Decided without timing: source is store")
+    signature: str | None = Field(
+        default=None, description="The group's region signature (sha256; docs/measured.md)"
+    )
     ratio: PairedRatio | None = Field(
-        description="The model with the group / without it, paired; null when not measured"
+        description="The model with the group / without it, paired (combined, from the "
+        "store); null when not measured"
+    )
+    combined: CombinedVerdict | None = Field(
+        default=None, description="Source store: the combined verdict decided on"
     )
     reason: str
+
+
+class MeasurementStore(BaseModel):
+    """What the verdict store gave and took (fusion_core/pipeline/measured/_store.py)."""
+
+    model_config = _OPEN
+    read: int = Field(description="Valid verdicts read (the verdicts files and the local store)")
+    skipped: int = Field(description="Invalid verdicts left out")
+    unreadable: int = Field(default=0, description="Verdicts files that could not be read")
+    matched: int = Field(description="Groups decided from the store")
+    measured: int = Field(description="Groups timed in this run")
+    written: int = Field(description="Verdicts added to the local store")
+    problems: list[str] = Field(
+        default_factory=list, description="What could not be read or written (the first 20)"
+    )
 
 
 class Measurement(BaseModel):
@@ -271,7 +311,12 @@ class Measurement(BaseModel):
         description="Why no fusion was kept although groups were faster alone, if so"
     )
     error: str | None = Field(description="Why nothing could be measured, if so")
-    cache: dict[str, int] = Field(description="Decision cache hits and misses")
+    store: MeasurementStore | None = Field(
+        default=None, description="The verdict store's counts; absent from older reports"
+    )
+    cache: dict[str, int] | None = Field(
+        default=None, description="Older reports: the decision cache's hits and misses"
+    )
 
 
 class Size(BaseModel):

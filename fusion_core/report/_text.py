@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autofusion.fusion_core.report._decisions import decision_source, store_counts
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
@@ -183,15 +184,14 @@ def _measurement(record: dict[str, Any] | None) -> list[str]:
     kept = sum(1 for g in groups if g.get("kept"))
     lines = [
         f"measured selection: kept {kept} of {len(groups)} group(s) in {record['seconds']:.1f} s "
-        f"({record['level']}, {record['threads']} thread(s), cache: "
-        f"{record['cache']['hits']} hit(s))"
+        f"({record['level']}, {record['threads']} thread(s); {store_counts(record)})"
     ]
     for group in groups:
         ratio = group.get("ratio")
-        shown = f"with/without {ratio['median']:.3f}" if ratio else "not measured"
+        shown = f"with/without {ratio['median']:.3f}, " if ratio else ""
         mark = "kept" if group["kept"] else "left out"
-        cached = ", cached" if group.get("cached") else ""
-        lines.append(f"  {mark:<8}  {group['group']} x{group['fusions']}: {shown}{cached}")
+        where = decision_source(group) or "not measured"
+        lines.append(f"  {mark:<8}  {group['group']} x{group['fusions']}: {shown}{where}")
     if record.get("fallback"):
         lines.append(f"  {record['fallback']}")
     if record.get("error"):

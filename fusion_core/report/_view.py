@@ -19,6 +19,7 @@ from typing import Any
 from markupsafe import Markup
 
 from autofusion.fusion_core.report._charts import grouped_bars
+from autofusion.fusion_core.report._decisions import decision_source, store_counts
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._growth import growth
 from autofusion.fusion_core.report._reader import ReportSummary, Speed, read_report
@@ -261,6 +262,8 @@ def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
                 "fusions": g.get("fusions"),
                 "kept": bool(g.get("kept")),
                 "cached": bool(g.get("cached")),
+                "source": decision_source(g) or "not measured",
+                "source_kind": _source_kind(g),
                 "ratio": fmt(_num(ratio.get("median")), 3) if ratio else DASH,
                 "interval": f"{low:.3f}-{high:.3f}" if low is not None and high else DASH,
                 "reason": str(g.get("reason")),
@@ -271,10 +274,20 @@ def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
         "level": str(record.get("level")),
         "threads": record.get("threads"),
         "hits": _dict(record.get("cache")).get("hits"),
+        "store": store_counts(record),
         "groups": groups,
         "fallback": record.get("fallback"),
         "error": record.get("error"),
     }
+
+
+def _source_kind(group: dict[str, Any]) -> str:
+    """store, measured or not measured (older reports: cached reads as store)."""
+    if group.get("source"):
+        return str(group["source"])
+    if group.get("cached"):
+        return "store"
+    return "measured" if group.get("ratio") else "not measured"
 
 
 def _fallback(fallback: dict[str, Any]) -> dict[str, Any] | None:

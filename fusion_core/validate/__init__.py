@@ -14,7 +14,12 @@ from autofusion.fusion_core.validate._compare import (
     describe_failure,
     make_session,
 )
-from autofusion.fusion_core.validate._dims import CANDIDATES, candidate_dims, input_dims
+from autofusion.fusion_core.validate._dims import (
+    CANDIDATES,
+    candidate_dims,
+    evaluate_dim,
+    input_dims,
+)
 from autofusion.fusion_core.validate._inputs import (
     FloatDistribution,
     InputSpec,
@@ -63,6 +68,7 @@ __all__ = [
     "RegionReport",
     "Tolerance",
     "candidate_dims",
+    "evaluate_dim",
     "cycle_members",
     "describe_failure",
     "emitted_problems",

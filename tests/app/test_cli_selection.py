@@ -69,7 +69,7 @@ def test_measured_selection_from_the_command_line(tmp_path, capsys) -> None:
     data = json.loads(report.read_text())
     assert data["config"]["measure_options"] == {
         "budget_s": 0.5, "level": "ORT_ENABLE_ALL", "threads": 2, "cache_dir": str(cache),
-        "min_runs": 10,
+        "verdicts_file": None, "verdict_max_age_days": 30.0, "min_runs": 10,
     }  # fmt: skip
     record = data["measurement"]
     assert record["threads"] == 2 and record["groups"] and record["final"]["runs"] >= 10
@@ -77,12 +77,13 @@ def test_measured_selection_from_the_command_line(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"measured selection: kept {sum(g['kept'] for g in record['groups'])} of" in out
     assert "speed: " in out and "2 threads" in out
-    assert list(cache.glob("*.json"))
+    assert (cache / "verdicts.json").is_file()
     # --no-measure-cache: nothing is read or kept
     assert main([*args, "--no-measure-cache"]) == 0
     again = json.loads(report.read_text())
     assert again["config"]["measure_options"]["cache_dir"] is None
-    assert again["measurement"]["cache"] == {"hits": 0, "misses": 0}
+    store = again["measurement"]["store"]
+    assert store["read"] == store["matched"] == store["written"] == 0
 
 
 def test_the_cli_adds_its_excludes_to_the_strategy_files(tmp_path) -> None:

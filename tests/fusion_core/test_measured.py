@@ -1,4 +1,4 @@
-"""Measured selection: which groups it keeps, what it caches, when it keeps nothing.
+"""Measured selection: which groups it keeps, what it reuses, when it keeps nothing.
 
 The timing is replaced by a timer whose paired ratios the test decides (a unit test
 never asserts a speed); one test runs the real timer and checks only what it recorded.
@@ -130,8 +130,8 @@ def test_a_second_job_on_the_same_architecture_measures_only_the_final_model(tmp
     second = optimize_measured(BERT, measured(tmp_path), timer_factory=FakeTimer)
     assert FakeTimer.calls == ["final"]
     assert second.counts == first.counts
-    assert second.measurement["cache"]["hits"] == len(second.measurement["groups"])
-    assert all(g["cached"] for g in second.measurement["groups"])
+    assert second.measurement["store"]["matched"] == len(second.measurement["groups"])
+    assert all(g["source"] == "store" and g["cached"] for g in second.measurement["groups"])
 
 
 def test_another_machine_class_does_not_reuse_decisions(tmp_path) -> None:
@@ -270,5 +270,7 @@ def test_the_real_timer_records_paired_runs_for_every_group(tmp_path) -> None:
     assert {f.pattern for f in result.applied} <= {
         g["pattern"] for g in record["groups"] if g["kept"]
     }
-    assert record["cache"]["misses"] == len(record["groups"])
-    assert list((tmp_path / "cache").glob("*.json"))
+    timed = [g for g in record["groups"] if g["source"] == "measured"]
+    assert record["store"]["measured"] == len(timed) == len(result.verdicts)
+    assert record["store"]["written"] == len(timed)
+    assert (tmp_path / "cache" / "verdicts.json").is_file()

@@ -2,7 +2,8 @@
 
 The fusions of one pattern that emit the same ops form a group: a BERT's 12 attention
 blocks are one measurement, not 12. A decision keeps or leaves out a whole group, with
-the paired ratio it was decided on (or why it was not measured).
+the paired ratio it was decided on (measured now, or combined from the verdict store),
+or why it was not measured.
 """
 
 from __future__ import annotations
@@ -13,8 +14,17 @@ from typing import Any
 
 from autofusion.fusion_core.pipeline.result import AppliedFusion
 from autofusion.fusion_core.profiling.stats import PairedRatio
+from autofusion.fusion_core.profiling.verdicts import CombinedVerdict
 
-__all__ = ["Decision", "FusionGroup", "SkipMap", "group_fusions"]
+__all__ = [
+    "MEASURED",
+    "NOT_MEASURED",
+    "STORE",
+    "Decision",
+    "FusionGroup",
+    "SkipMap",
+    "group_fusions",
+]
 
 # (pattern, matched node names) -> why that fusion is not applied (optimize_once's skip)
 SkipMap = dict[tuple[str, frozenset[str]], str]
@@ -37,6 +47,24 @@ class FusionGroup:
         saved = [(f.predicted_gain or {}).get("saved_us") for f in self.fusions]
         return float(sum(s for s in saved if isinstance(s, (int, float))))
 
+    def predicted(self) -> dict[str, Any]:
+        """The cost model's prediction summed over the group: a verdict's ``predicted``
+        (``before_us``/``after_us`` null unless every fusion has them)."""
+        gains = [f.predicted_gain or {} for f in self.fusions]
+
+        def total(name: str) -> float | None:
+            values = [g.get(name) for g in gains]
+            numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+            return float(sum(values)) if values and numbers else None
+
+        return {
+            "saved_us": self.predicted_saved_us,
+            "before_us": total("before_us"),
+            "after_us": total("after_us"),
+            "rewriter": next((f.rewriter for f in self.fusions if f.rewriter), None),
+            "fusions": len(self.fusions),
+        }
+
     def skip(self, reason: str) -> SkipMap:
         return {(f.pattern, frozenset(f.replaced_nodes)): reason for f in self.fusions}
 
@@ -50,15 +78,22 @@ def group_fusions(applied: Sequence[AppliedFusion]) -> list[FusionGroup]:
     return sorted(groups.values(), key=lambda g: (-g.predicted_saved_us, g.key))
 
 
+# Where a decision came from (the report's ``source`` per group)
+STORE, MEASURED, NOT_MEASURED = "store", "measured", "not measured"
+
+
 @dataclass
 class Decision:
-    """Whether a group is kept, why, and on what evidence."""
+    """Whether a group is kept, why, and on what evidence: a paired ratio measured in this
+    run, or the combined verdict of the store's measurements (``source``), or none."""
 
     group: FusionGroup
     kept: bool
     reason: str
     ratio: PairedRatio | None = None
-    cached: bool = False
+    source: str = NOT_MEASURED
+    signature: str | None = None
+    combined: CombinedVerdict | None = None  # source "store": what it was decided on
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,7 +103,10 @@ class Decision:
             "fusions": len(self.group.fusions),
             "predicted_saved_us": self.group.predicted_saved_us,
             "kept": self.kept,
-            "cached": self.cached,
+            "source": self.source,
+            "cached": self.source == STORE,  # the older reports' name for it
+            "signature": self.signature,
             "ratio": self.ratio.to_dict() if self.ratio else None,
+            "combined": self.combined.to_dict() if self.combined else None,
             "reason": self.reason,
         }

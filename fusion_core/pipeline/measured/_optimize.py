@@ -23,9 +23,15 @@ predicted gain, a few at a time, each batch's runs planned from its slowest warm
 a quarter of the budget is kept for the final comparison. A group the budget does not
 reach is left out (not kept: a fusion is kept only for a measured reason). Only the
 minimum number of paired runs a verdict needs (``min_runs``) can take the time past the
-budget. Decisions are cached per machine class and model structure
-(``_measure_cache.py``): a second job on the same architecture measures only
-the final comparison.
+budget.
+
+What was measured is kept as verdicts (``fusion_core.profiling.verdicts``), by region signature
+(``_signature.py``) and machine class, not by model: a group whose signature has a
+confident verdict in the store (``_store.py``: the service's prefetch, a user's export,
+the local CLI's folder) is decided without timing, so a second job on the same model,
+or on another model with the same regions, times only what is new. The final comparison
+takes at most as long as the groups' timing did (at least ``_FINAL_FLOOR`` of the
+budget, at most its quarter): a job decided from the store is not held up by it.
 
 When the original model cannot run on any input sizes tried (the check's candidate
 sizes, or the user's sample), nothing is measured and no fusion is kept; when the final
@@ -46,20 +52,24 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from autofusion.fusion_core.catalog import CompiledPattern
+from autofusion.fusion_core.catalog import CompiledPattern, builtin_patterns
 from autofusion.fusion_core.config import MeasureOptions, OptimizeConfig
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.patterns import NearMiss
-from autofusion.fusion_core.pipeline.measured._decide import Measuring, decide
-from autofusion.fusion_core.pipeline.measured._groups import Decision, group_fusions
-from autofusion.fusion_core.pipeline.measured._measure_cache import (
-    DecisionCache,
-    machine_class,
-    model_structure,
+from autofusion.fusion_core.pipeline.measured._decide import (
+    FINAL_SHARE,
+    Measuring,
+    decide,
+    decide_from_store,
 )
+from autofusion.fusion_core.pipeline.measured._groups import Decision, group_fusions
+from autofusion.fusion_core.pipeline.measured._signature import measured_dims, pattern_hashes
+from autofusion.fusion_core.pipeline.measured._store import VerdictStore
 from autofusion.fusion_core.pipeline.measured._variants import PASSES, Variants, as_proto
+from autofusion.fusion_core.pipeline.once import select_patterns
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.profiling import SLOWER, PairedTimer
+from autofusion.fusion_core.profiling.verdicts import machine_class, machine_key
 from autofusion.fusion_core.rewriters import RewriterRegistry
 
 __all__ = ["optimize_measured"]
@@ -69,6 +79,7 @@ _CANNOT_RUN = (
     "nothing measured, so no fusion is kept (give input sizes with --dim NAME=SIZE "
     "or a sample with --inputs)"
 )
+_FINAL_FLOOR = 0.05  # of the budget: the final comparison's least share (see the module doc)
 
 
 def optimize_measured(
@@ -89,6 +100,8 @@ def optimize_measured(
         raise ConfigError(f"measured selection needs a measured config, not {config.mode!r}")
     started = time.perf_counter()
     opts = config.measure_options
+    if patterns is None:  # compiled once, not again for every variant built
+        patterns = builtin_patterns(registry)
     variants = Variants(as_proto(model), config, feeds, registry, patterns)
     proposal = variants.proposal()
     record: dict[str, Any] = {
@@ -103,20 +116,25 @@ def optimize_measured(
     }
     with tempfile.TemporaryDirectory(prefix="autofusion-measure-") as scratch:
         timer = (timer_factory or PairedTimer)(opts, Path(scratch))
+        machine = machine_class(level=opts.level, threads=opts.threads, providers=timer.providers)
+        store = VerdictStore.for_options(opts, machine_key(machine))
         if timer.feeds_for(variants.original, config, feeds) is None:
             # The check of the result says what cannot run, and how to give sizes.
             record["error"] = _CANNOT_RUN
-            return _finish(variants.unchanged(), record, started, DecisionCache(None))
+            return _finish(variants.unchanged(), record, started, store, None)
         measuring = Measuring(
             timer,
-            DecisionCache(opts.cache_dir),
-            machine_class(level=opts.level, threads=opts.threads, providers=timer.providers),
-            model_structure(variants.original, timer.dims),
+            store,
+            machine,
+            machine_key(machine),
+            config.target,
+            pattern_hashes(select_patterns(config, registry, patterns)),
+            measured_dims(proposal.model, timer.sample, timer.dims),
         )
         decisions = _measure_groups(variants, proposal, measuring)
-        result = _keep_what_measured_faster(variants, decisions, timer, record)
+        result = _keep_what_measured_faster(variants, decisions, measuring, record)
         record["groups"] = [d.to_dict() for d in decisions.values()]
-    return _finish(result, record, started, measuring.cache)
+    return _finish(result, record, started, store, measuring)
 
 
 def _measure_groups(
@@ -132,30 +150,37 @@ def _measure_groups(
         pending = [g for g in group_fusions(current.applied) if g.key not in decisions]
         if not pending:
             break
-        decisions.update(decide(pending, current.to_proto(), variants.without, measuring))
+        decisions.update(decide(pending, current, variants.without, measuring))
         current = variants.decided(decisions, checked=False)
-    # What the last pass exposed is left out unmeasured; leaving it out can expose more
-    # (a merge left out lets the unmerged form of a kept fusion match), so until the
-    # model built from these decisions applies no group without one.
+    # What the last pass exposed is left out unmeasured (unless the store decides it);
+    # leaving it out can expose more (a merge left out lets the unmerged form of a kept
+    # fusion match), so until the model built from these decisions applies no group
+    # without one.
     reason = "measured selection: appeared when other groups were left out, unmeasured"
     for _ in range(PASSES):
         exposed = [g for g in group_fusions(current.applied) if g.key not in decisions]
         if not exposed:
             break
-        decisions.update({g.key: Decision(g, False, reason) for g in exposed})
+        stored, unmeasured = decide_from_store(exposed, current, measuring)
+        decisions.update(stored)
+        for group, signature, _ in unmeasured:
+            decisions[group.key] = Decision(group, False, reason, signature=signature.signature)
         current = variants.decided(decisions, checked=False)
     return decisions
 
 
 def _keep_what_measured_faster(
-    variants: Variants, decisions: dict[str, Decision], timer: PairedTimer, record: dict
+    variants: Variants, decisions: dict[str, Decision], measuring: Measuring, record: dict
 ) -> Result:
     """The model with the kept groups, measured against the original once more: when
     it is slower, the original as it came (and every decision says it was overruled)."""
+    timer = measuring.timer
     started_build = time.perf_counter()
     result = variants.decided(decisions, checked=True)  # and its check
     timer.charge(-(time.perf_counter() - started_build))  # not timed against the budget
-    final = timer.compare(result.to_proto(), variants.original, budget_s=timer.remaining())
+    share = min(FINAL_SHARE, max(measuring.timed_s / timer.budget, _FINAL_FLOOR))
+    budget_s = min(timer.remaining(), timer.budget * share)
+    final = timer.compare(result.to_proto(), variants.original, budget_s=budget_s)
     record["final"] = final.to_dict() if final else None
     if final is None or final.verdict != SLOWER:
         return result
@@ -177,9 +202,17 @@ def _keep_what_measured_faster(
     return result
 
 
-def _finish(result: Result, record: dict, started: float, cache: DecisionCache) -> Result:
-    record["cache"] = {"hits": cache.hits, "misses": cache.misses}
+def _finish(
+    result: Result, record: dict, started: float, store: VerdictStore, measuring: Measuring | None
+) -> Result:
+    """The record's store counts and time; what was measured, in the local store and
+    in ``Result.verdicts`` (``run()`` writes them for the service to keep)."""
+    verdicts = list(measuring.verdicts) if measuring else []
+    store.add(verdicts)
+    matched, timed = (measuring.matched, measuring.timed) if measuring else (0, 0)
+    record["store"] = store.summary(matched=matched, measured=timed)
     record["seconds"] = round(time.perf_counter() - started, 3)
     result.measurement = record
+    result.verdicts = verdicts
     result.timings["measure"] = record["seconds"]
     return result
