@@ -20,13 +20,13 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from autofusion.app.core.errors import ProblemError
-from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.core.models import Job, JobStatus, as_utc
 
 __all__ = [
     "PAGE_SIZE_DEFAULT",
@@ -70,15 +70,10 @@ def page_size_of(requested: int | None) -> int:
     return min(requested, PAGE_SIZE_MAX)
 
 
-def _utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes; every timestamp stored is UTC."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def encode_page_token(key: PageKey, status: str | None) -> str:
     document = {
         "v": _TOKEN_VERSION,
-        "c": _utc(key.created_at).isoformat(),
+        "c": as_utc(key.created_at).isoformat(),
         "i": key.id,
         "s": status,
         "n": key.newer,
@@ -128,7 +123,7 @@ def _read_token(token: str) -> tuple[PageKey, str | None]:
         raise ValueError("not a job id")
     if issued_for is not None and issued_for not in JobStatus.__members__:
         raise ValueError("not a status")
-    return PageKey(_utc(when), job_id, newer), issued_for
+    return PageKey(as_utc(when), job_id, newer), issued_for
 
 
 def _after(key: PageKey):
@@ -147,7 +142,7 @@ def _before(key: PageKey):
 
 
 def _key(job: Job, *, newer: bool = False) -> PageKey:
-    return PageKey(_utc(job.created_at), job.id, newer)
+    return PageKey(as_utc(job.created_at), job.id, newer)
 
 
 def list_jobs(

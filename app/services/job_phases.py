@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.core.models import Job, JobStatus, as_utc
 
 __all__ = [
     "MAX_PHASES",
@@ -72,10 +72,6 @@ def next_phases(
     return [*phases, {"stage": stage, "at": now.isoformat()}]
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def phase_spans(
     phases: Any, started_at: datetime | None, finished_at: datetime | None
 ) -> list[Span]:
@@ -84,18 +80,18 @@ def phase_spans(
     left out."""
     if not isinstance(phases, list) or started_at is None:
         return []
-    since = _utc(started_at)
+    since = as_utc(started_at)
     begun: list[tuple[str, datetime]] = []
     for entry in phases:
         try:
-            stage, at = str(entry["stage"]), _utc(datetime.fromisoformat(entry["at"]))
+            stage, at = str(entry["stage"]), as_utc(datetime.fromisoformat(entry["at"]))
         except (KeyError, TypeError, ValueError):
             continue
         if at >= since and (not begun or at >= begun[-1][1]):
             begun.append((stage, at))
     if not begun:
         return []
-    ends = [at for _, at in begun[1:]] + [_utc(finished_at) if finished_at else None]
+    ends = [at for _, at in begun[1:]] + [as_utc(finished_at) if finished_at else None]
     return [Span(stage, at, end) for (stage, at), end in zip(begun, ends, strict=True)]
 
 

@@ -18,13 +18,13 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from autofusion.app.core.models import Job, JobStatus, utcnow
+from autofusion.app.core.models import Job, JobStatus, as_utc, utcnow
 
 __all__ = ["METHODS", "Metrics"]
 
@@ -105,18 +105,13 @@ class Metrics:
             if job_id in self._seen_at_watermark:
                 continue
             if started_at is not None:
-                seconds = (_utc(finished_at) - _utc(started_at)).total_seconds()
+                seconds = (as_utc(finished_at) - as_utc(started_at)).total_seconds()
                 self.job_seconds.labels(status).observe(max(seconds, 0.0))
             timings = (summary or {}).get("timings")
             if isinstance(timings, dict):
                 for stage, seconds in timings.items():
                     if isinstance(seconds, int | float) and seconds >= 0:
                         self.stage_seconds.labels(str(stage)).observe(seconds)
-            if _utc(finished_at) > _utc(self._watermark):
-                self._watermark, self._seen_at_watermark = _utc(finished_at), set()
+            if as_utc(finished_at) > as_utc(self._watermark):
+                self._watermark, self._seen_at_watermark = as_utc(finished_at), set()
             self._seen_at_watermark.add(job_id)
-
-
-def _utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
