@@ -28,8 +28,10 @@ from autofusion.app.api.routes import (
     info,
     jobs,
     metrics,
+    pattern_rules,
     patterns,
     strategies,
+    verdicts,
     webhooks,
 )
 from autofusion.app.core import tracing
@@ -55,6 +57,11 @@ Companion = Callable[[], AbstractContextManager[object]]
 logger = logging.getLogger(__name__)
 
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's files
+# The API's routes, a module each (issue 28 added the verdict store, and the patterns
+# disabled per machine class).
+ROUTE_MODULES = (
+    health, metrics, info, jobs, patterns, strategies, webhooks, verdicts, pattern_rules,
+)  # fmt: skip
 
 
 def _sync_builtins(url: str) -> None:
@@ -143,7 +150,7 @@ def create_app(settings: Settings | None = None, *, companion: Companion | None 
     app.state.store = make_store(settings)
     app.state.upload_slots = UploadSlots.from_settings(settings)
     install_problem_handlers(app)
-    for module in (health, metrics, info, jobs, patterns, strategies, webhooks):
+    for module in ROUTE_MODULES:
         app.include_router(module.router)
     install_openapi(app)  # the published contract: problems, headers, links
     install_ui(app)  # the dashboard under /ui (not in the OpenAPI document)

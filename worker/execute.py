@@ -9,7 +9,8 @@ directly. The steps:
 3. fetch the model and its external data from the store into an attempt folder;
 4. run ``worker.sandbox`` in a child process with time and memory limits, reporting its
    progress and renewing the lease while it runs;
-5. store the fused model and the report, and finish the row.
+5. store the fused model and the report, and finish the row; a measured job's verdicts
+   go to the verdict store right after its success (``worker.job_verdicts``).
 
 A user error (bad model, config or pattern, a failed check) fails the job at once,
 with a problem type (``Job.error_type``, ``app.core.errors.JOB_PROBLEMS``). A crash
@@ -65,7 +66,6 @@ from autofusion.app.services.sandbox_policy import (
     isolation_request,
     job_cpu_limit_s,
     sandbox_identity,
-    share_measured_cache,
 )
 from autofusion.app.services.scratch import write_owner
 from autofusion.fusion_core.pipeline import PROFILE_UNFINISHED
@@ -82,7 +82,8 @@ from autofusion.worker.attempts import (
     same_crash_before,
     signal_name,
 )
-from autofusion.worker.plan import JobConfigError, Plan, plan_job, summarize
+from autofusion.worker.job_verdicts import JobVerdicts
+from autofusion.worker.plan import JobConfigError, Plan, attempt_folder, plan_job, summarize
 from autofusion.worker.snapshots import SnapshotCache, default_cache
 from autofusion.worker.supervise import ChildRun, run_child
 
@@ -186,7 +187,7 @@ class _Attempt:
         self.url = settings.resolved_database_url
         self.job_id, self.number, self.max_attempts = job.id, job.attempts, job.max_attempts
         self.job = job  # detached: read-only facts (model, files, config, strategy)
-        self.folder = (settings.jobs_dir / job.id / f"attempt-{job.attempts}").resolve()
+        self.folder = attempt_folder(settings, job)
         self.registry_version: int | None = job.registry_version
         self.stage = "starting"  # the last stage reported: where a crash happened
         self.phases: list[dict[str, str]] = list(job.phases or [])  # claim_job began them
@@ -202,6 +203,7 @@ class _Attempt:
             with tracing.span("autofusion.job.plan"), self._db() as session:
                 plan = plan_job(session, self.job, cache, settings=self.settings)
             self.registry_version = plan.snapshot.version
+            self.verdicts = JobVerdicts(self.settings, self.job, plan.config, self.folder)
             if not self.report("fetching", 0.02):
                 return self._abandoned()
             with tracing.span("autofusion.job.fetch"):
@@ -279,7 +281,7 @@ class _Attempt:
         (self.folder / sandbox.JOB_FILE).write_text(json.dumps(job_file), encoding="utf-8")
         patterns = json.dumps(plan.snapshot.specs)
         (self.folder / sandbox.PATTERNS_FILE).write_text(patterns, encoding="utf-8")
-        share_measured_cache(self.settings)  # plan.py points measured selection there
+        self.verdicts.write_reusable()  # plan.py points measured selection there
 
     def _after_child(self, child: ChildRun, plan: Plan) -> Outcome:
         if child.status == "abandoned":
@@ -362,9 +364,13 @@ class _Attempt:
             fused, report_digest, summary = self._store_results(output, plan, child)
         if profile_error is not None:  # the model is kept; its speed is unknown
             summary["profile_error"] = profile_error
-        return self._finish(
+        self.verdicts.collect(summary)  # what measured selection measured, read as untrusted
+        outcome = self._finish(
             JobStatus.succeeded, summary=summary, fused_digest=fused, report_digest=report_digest
         )
+        if outcome == Outcome.succeeded:  # right after the success; a failure is only logged
+            self.verdicts.store()
+        return outcome
 
     def _check_failed(self, output: Path, plan: Plan, child: ChildRun, message: str) -> Outcome:
         """The fused model failed its check: a failed job whose report says why (and whose

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,18 +19,21 @@ from sqlalchemy.orm import Session
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.models import Job, Strategy
+from autofusion.app.services.pattern_class_rules import excluded_for
 from autofusion.app.services.strategies import StrategySpec
 from autofusion.fusion_core import FusionError, OptimizeConfig
 from autofusion.fusion_core.config import merge_options
 from autofusion.fusion_core.pipeline import select_patterns
+from autofusion.fusion_core.profiling.verdicts import machine_key, measuring_machine
 from autofusion.fusion_core.report import Speed, read_report
 from autofusion.fusion_core.rewriters import builtin_rewriters
-from autofusion.worker.sandbox import describe_validation_error
+from autofusion.worker.sandbox import VERDICTS_FILE, describe_validation_error
 from autofusion.worker.snapshots import CompiledSnapshot, SnapshotCache
 
 __all__ = [
     "JobConfigError",
     "Plan",
+    "attempt_folder",
     "measured_by_pattern",
     "merge_strategy",
     "plan_job",
@@ -46,6 +50,9 @@ class Plan:
     snapshot: CompiledSnapshot
     config: dict[str, Any]  # an OptimizeConfig, as JSON
     strategy: dict[str, Any] | None  # {"name", "version"} of the strategy merged in
+    # Patterns the registry disabled on this worker's machine class, left out of the
+    # job: {"machine_key", "patterns": {name: why}} (issue 28; None: none was).
+    disabled_on_class: dict[str, Any] | None = None
 
 
 def merge_strategy(overrides: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +67,8 @@ def plan_job(
 ) -> Plan:
     """What the attempt runs: snapshot, config (strategy merged in), checked. Raises
     ``JobConfigError`` when the job cannot succeed as asked. With ``settings``, measured
-    selection gets this worker's decision cache and must fit the job's time limit."""
+    selection reads the verdicts the worker writes into the attempt's folder
+    (``worker.sandbox.VERDICTS_FILE``) and must fit the job's time limit."""
     # A retry keeps the snapshot of the first attempt: one job, one set of patterns.
     snapshot = cache.get(session, job.registry_version)
     config, strategy = dict(job.config or {}), None
@@ -75,15 +83,25 @@ def plan_job(
         raise JobConfigError(f"invalid options: {describe_validation_error(exc)}") from None
     except FusionError as exc:
         raise JobConfigError(str(exc)) from None
+    # --- patterns disabled on this machine class (issue 28, helper C) ---
+    parsed, disabled = _exclude_disabled_on_class(session, parsed, snapshot)
+    # --- end of the block of issue 28, helper C ---
     if settings is not None and measured:
-        parsed = _place_measurement(parsed, settings)
-    return Plan(snapshot, parsed.model_dump(mode="json"), strategy)
+        parsed = _place_measurement(parsed, settings, attempt_folder(settings, job))
+    return Plan(snapshot, parsed.model_dump(mode="json"), strategy, disabled)
 
 
-def _place_measurement(config: OptimizeConfig, settings: Settings) -> OptimizeConfig:
-    """Measured selection times models on this worker: its decisions are kept in this
-    worker's data folder (they describe this machine class; a job cannot name a
-    folder), and its budget must leave time to build and check the models."""
+def attempt_folder(settings: Settings, job: Job) -> Path:
+    """The folder of the job's current attempt (``worker.execute`` prepares it)."""
+    return (settings.jobs_dir / job.id / f"attempt-{job.attempts}").resolve()
+
+
+def _place_measurement(config: OptimizeConfig, settings: Settings, folder: Path) -> OptimizeConfig:
+    """Measured selection times models on this worker: it reuses the verdicts the
+    worker hands it (the attempt folder's verdicts.json, from the service's store) and
+    keeps nothing itself (no ``cache_dir``: a folder every sandbox could write would let
+    one job's measurements decide another's unchecked); its budget must leave time to
+    build and check the models."""
     budget = config.measure_options.budget_s
     if budget > settings.job_time_limit_s / 2:
         raise JobConfigError(
@@ -91,10 +109,40 @@ def _place_measurement(config: OptimizeConfig, settings: Settings) -> OptimizeCo
             f"limit ({settings.job_time_limit_s} s): measured selection also builds and "
             "checks the models; give a smaller budget"
         )
-    options = config.measure_options.model_copy(
-        update={"cache_dir": str((settings.data_dir / "measured").resolve())}
-    )
+    update = {
+        "cache_dir": None,
+        # Beside job.json, not in input/ (the user's files): worker.execute writes it.
+        "verdicts_file": str(folder / VERDICTS_FILE),
+        "verdict_max_age_days": settings.verdict_max_age_days,
+    }
+    options = config.measure_options.model_copy(update=update)
     return config.model_copy(update={"measure_options": options})
+
+
+# --- patterns disabled on this machine class (issue 28, helper C): the block's helper ---
+def _exclude_disabled_on_class(
+    session: Session, config: OptimizeConfig, snapshot: CompiledSnapshot
+) -> tuple[OptimizeConfig, dict[str, Any] | None]:
+    """The patterns this job would use that are disabled on the machine class it runs on
+    here (this host, the level and threads of its measure_options), added to its
+    exclude; measured or not: a pattern measured slower here is not for cost-based
+    selection either. With what the summary says about them (None: none was)."""
+    options = config.measure_options
+    key = machine_key(measuring_machine(options.level, options.threads))
+    rules = excluded_for(session, key)
+    if not rules:
+        return config, None
+    # Registry patterns this job would use (a job's own extra patterns are not ruled).
+    chosen = {p.name for p in select_patterns(config, builtin_rewriters(), snapshot.compiled)}
+    chosen &= {p.name for p in snapshot.compiled}
+    disabled = {name: why for name, why in sorted(rules.items()) if name in chosen}
+    if not disabled:
+        return config, None
+    config = config.model_copy(update={"exclude": [*config.exclude, *disabled]})
+    return config, {"machine_key": key, "patterns": disabled}
+
+
+# --- end of the block of issue 28, helper C ---
 
 
 def _strategy(
@@ -165,7 +213,27 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
     measured = measured_by_pattern(report)
     if measured:
         summary["measured"] = measured
+    verdicts = _verdicts(report)
+    if verdicts is not None:
+        summary["verdicts"] = verdicts
+    if plan.disabled_on_class:  # issue 28: left out on this machine class, and why
+        summary["disabled_on_class"] = plan.disabled_on_class
     return summary
+
+
+def _verdicts(report: dict[str, Any]) -> dict[str, int] | None:
+    """What measured selection took from the verdict store and measured (the report's
+    ``measurement.store``); ``stored`` is filled in by the worker (worker/job_verdicts.py)."""
+    measurement = report.get("measurement")
+    store = measurement.get("store") if isinstance(measurement, dict) else None
+    if not isinstance(store, dict):
+        return None
+
+    def count(name: str) -> int:
+        value = store.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return {"reused": count("matched"), "measured": count("measured"), "stored": 0}
 
 
 # A group's paired verdict as the summary counts it ("no measurable change" is "level").

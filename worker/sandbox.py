@@ -7,12 +7,14 @@ Pure: no database, no broker, no settings. The worker prepares FOLDER::
                      "job_id": ID, "request_id": ID or null, "log_format": "json"|"text",
                      "trace_phases": BOOL}
     patterns.json   [pattern spec, ...]   (the registry snapshot)
+    verdicts.json   the verdicts measured selection may reuse (measured jobs only)
     input/NAME      the model, and its external-data files beside it
 
 and the sandbox writes ``output/fused.onnx`` (+ ``.data`` past 2 GB),
 ``output/report.json`` with its renderings ``report.html`` and ``report.md`` (and,
 when the config asks to profile, ``profile_trace.json``: onnxruntime's own profiler
-trace of a few runs of the fused model), or
+trace of a few runs of the fused model; after measured selection, ``verdicts.json``:
+the verdicts it measured), or
 ``output/error.json`` ``{"kind", "message"}`` with kind ``model``, ``config``,
 ``pattern``, ``check`` (the fused model failed its check: the report and renderings are
 written, the fused model only with ``keep_failed``; these four fail the job at once),
@@ -75,6 +77,7 @@ __all__ = [
     "REPRODUCERS_FILE",
     "TEST_CRASH_ENV",
     "USER_ERROR_KINDS",
+    "VERDICTS_FILE",
     "describe_validation_error",
 ]
 
@@ -90,6 +93,10 @@ PROFILE_TRACE_FILE = "profile_trace.json"
 # The fused regions' nodes, for the dashboard to draw without loading the models.
 REGIONS_FILE = "regions.json"
 REPRODUCERS_FILE = "reproducers.zip"  # only when a step was taken back as a bug
+# Measured selection's verdicts: FOLDER/verdicts.json, those it may reuse (the worker's,
+# from the service's store); output/verdicts.json, those it measured (the worker stores
+# them once the job has succeeded, as untrusted input).
+VERDICTS_FILE = "verdicts.json"
 ERROR_FILE = "error.json"
 # The phases' start times, when the job is traced; the last line (PHASES_END) ends them.
 PHASES_FILE = "phases.jsonl"
@@ -175,6 +182,7 @@ def _run(folder: Path, job: dict[str, Any], progress: Progress, mark: PhaseMark)
         regions=output / REGIONS_FILE,
         trace=output / PROFILE_TRACE_FILE,
         reproducers=output / REPRODUCERS_FILE,
+        verdicts=output / VERDICTS_FILE,
     )
     outcome = run(
         folder / INPUT_DIR / job["model"],

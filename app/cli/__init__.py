@@ -1,8 +1,9 @@
 """The ``autofusion`` command line.
 
 Only the command being run is imported: ``autofusion --help``, ``--version`` and the
-client commands (``submit``, ``jobs``, ``registry``) load no onnx, onnxruntime or fusion
-engine (tests/app/test_cli_imports.py holds them to it). A command's module is named in
+client commands (``submit``, ``jobs``, ``registry``, ``verdicts``) load no onnx,
+onnxruntime or fusion engine (tests/app/test_cli_imports.py and, for ``verdicts``,
+tests/app/test_verdicts_api.py hold them to it). A command's module is named in
 ``COMMANDS`` and imported by ``main`` once the command line names it. A command whose
 extra is not installed (the base install is the client: ``autofusion[core]`` adds the
 engine, ``autofusion[server]`` the service) says which one to install and exits 2.
@@ -62,6 +63,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "registry": (
         "autofusion.app.cli.registry",
         "the server's pattern registry and strategies: list, get, create, put, delete",
+    ),
+    "verdicts": (
+        "autofusion.app.cli.verdicts",
+        "the server's verdict store (what measured selection learned): list, export, import",
     ),
     "keys": (
         "autofusion.app.cli.keys",

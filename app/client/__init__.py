@@ -11,6 +11,9 @@ engine or the server). The CLI's ``submit``, ``jobs`` and ``registry`` use the s
             client.download(job, "model", "model.fused.onnx")
             speed = client.report(job).get("speed")
 
+The verdict store (what measured selection learned): ``client.list_verdicts(pattern=...)``,
+``client.export_verdicts("verdicts.json")``, ``client.import_verdicts("verdicts.json")``.
+
 Errors are exceptions (``AutofusionError``); a refusal carries the problem+json fields
 (``RequestRefused.status``, ``.type``, ``.title``, ``.detail``, ``.problem``).
 docs/service.md, "The light client", has more.
@@ -26,9 +29,17 @@ from autofusion.app.client._errors import (
 )
 from autofusion.app.client._http import Transport, Upload, read_json, retry_after
 from autofusion.app.client._jobs import FINAL, Job, poll
+from autofusion.app.client._verdicts import (
+    VERDICT_FILTERS,
+    export_verdicts,
+    import_verdicts,
+    list_verdicts,
+    verdicts_query,
+)
 
 __all__ = [
     "FINAL",
+    "VERDICT_FILTERS",
     "AutofusionError",
     "Client",
     "Job",
@@ -38,7 +49,11 @@ __all__ = [
     "Unreachable",
     "Upload",
     "WaitTimeout",
+    "export_verdicts",
+    "import_verdicts",
+    "list_verdicts",
     "poll",
     "read_json",
     "retry_after",
+    "verdicts_query",
 ]

@@ -1,7 +1,9 @@
-"""``Client``: submit a model, wait for its job, download what it made, read its report."""
+"""``Client``: submit a model, wait for its job, download what it made, read its report;
+the server's verdict store."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
@@ -10,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from autofusion.app.client import _verdicts
 from autofusion.app.client._http import Transport, Upload, read_json
 from autofusion.app.client._jobs import Job, poll
 
@@ -107,6 +110,37 @@ class Client:
         destination = Path(dest)
         self._transport.download(self._link(job, what), destination)
         return destination
+
+    def list_verdicts(
+        self, *, page_size: int | None = None, page_token: str | None = None, **filters: Any
+    ) -> dict:
+        """One page of the server's verdict store, newest measurement first: ``items``,
+        ``total``, ``next_page_token`` (send it back as ``page_token``). ``filters``:
+        pattern, verdict, signature, machine_key, onnxruntime, cpu, since, source."""
+        params = _verdicts.verdicts_query(filters, page_size=page_size, page_token=page_token)
+        return _verdicts.list_verdicts(self._transport, params)
+
+    def export_verdicts(
+        self, dest: str | PathLike[str] | None = None, *, limit: int | None = None, **filters: Any
+    ) -> dict:
+        """The filtered verdicts (the newest, up to ``limit``) as a verdicts file; also
+        written to ``dest`` when given (``autofusion verdicts import`` reads it)."""
+        params = _verdicts.verdicts_query(filters, limit=limit)
+        document = _verdicts.export_verdicts(self._transport, params)
+        if dest is not None:
+            Path(dest).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        return document
+
+    def import_verdicts(self, source: str | PathLike[str] | Mapping[str, Any]) -> dict:
+        """Store a verdicts file's verdicts on the server (an admin key's): ``imported``,
+        ``duplicates`` (stored already: importing twice stores once), ``skipped`` (why)."""
+        if isinstance(source, Mapping):
+            document = source
+        else:
+            document = json.loads(Path(source).read_text(encoding="utf-8"))
+        if not isinstance(document, Mapping):
+            raise ValueError(f"{source} is not a verdicts file (a JSON object)")
+        return _verdicts.import_verdicts(self._transport, document)
 
     def _job(self, resource: Mapping[str, Any], path: str) -> Job:
         return Job.from_resource(resource, self.server + path)

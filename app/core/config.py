@@ -365,6 +365,30 @@ class Settings(BaseSettings):
     # within minutes; a result a day old is not one to hand back unasked.
     idempotency_key_ttl_s: float = Field(default=24 * 3600.0, gt=0)
 
+    # --- Verdicts: the verdict store (issue 28, helper B) ---
+    # What measured selection learned, in the database (app/services/verdicts.py): each
+    # job's measured verdicts are stored, and a later measured job on a host of the same
+    # CPU and onnxruntime decides the groups a fresh, confident verdict covers without
+    # timing them. Shared: every tenant's jobs reuse every tenant's verdicts (they hold
+    # op types, shape classes and timings, never a model's names or weights; a foreign
+    # job's id is never shown); false: a tenant's jobs reuse only its own jobs' verdicts.
+    verdicts_shared: bool = True
+    # A verdict older than this is not reused (it stays listed and exported).
+    verdict_max_age_days: float = Field(default=30.0, gt=0, le=36_500)
+    # The newest fresh verdicts handed to a job's sandbox, at most (its verdicts.json).
+    verdicts_prefetch_limit: int = Field(default=20_000, ge=0)
+    # The verdicts one job may store, at most (the sandbox's output is capped here).
+    verdicts_per_job_limit: int = Field(default=1000, ge=0)
+
+    # --- Verdicts: the registry uses them (issue 28, helper C) ---
+    # After a job's verdicts are stored, a pattern measured slower with confidence on a
+    # machine class, in at least verdicts_auto_disable_min_jobs distinct jobs, is
+    # disabled on that class (a rule by "auto", with the evidence; a person enables it
+    # again from the dashboard or the API). Off: only people disable (docs/service.md,
+    # "The registry uses them").
+    verdicts_auto_disable: bool = False
+    verdicts_auto_disable_min_jobs: int = Field(default=3, ge=1)
+
 
 @lru_cache
 def get_settings() -> Settings:

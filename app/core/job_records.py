@@ -30,6 +30,7 @@ __all__ = [
     "NodesSummary",
     "OptimizeOptions",
     "SpeedPublic",
+    "VerdictsSummary",
 ]
 
 
@@ -50,11 +51,16 @@ class OptimizeOptions(OptimizeConfig):
     @field_validator("measure_options")
     @classmethod
     def _the_worker_keeps_the_cache(cls, options: MeasureOptions) -> MeasureOptions:
-        # A folder named by a client would be a path on the worker's disk.
+        # A folder or file named by a client would be a path on the worker's disk.
         if options.cache_dir is not None:
             raise ValueError(
                 "measure_options.cache_dir is chosen by each worker (its decisions "
                 "describe that machine); leave it out"
+            )
+        if options.verdicts_file is not None:
+            raise ValueError(
+                "measure_options.verdicts_file is the worker's (it hands each job the "
+                "verdicts of the service's store); leave it out"
             )
         return options
 
@@ -136,6 +142,16 @@ class NodesSummary(BaseModel):
     after: int | None = None
 
 
+class VerdictsSummary(BaseModel):
+    """Measured selection and the verdict store (docs/service.md, "Verdicts")."""
+
+    model_config = ConfigDict(extra="allow")
+
+    reused: int = Field(description="Groups decided from the store's verdicts, not timed")
+    measured: int = Field(description="Groups timed on the worker")
+    stored: int = Field(description="Verdicts of this job the store took")
+
+
 class JobSummary(BaseModel):
     """What the worker recorded about the result (``worker/plan.py`` ``summarize``, from
     ``fusion_core.report.read_report``). A key a server version did not write is absent."""
@@ -178,6 +194,10 @@ class JobSummary(BaseModel):
         default=None,
         description="Measured selection's groups per pattern: kept, dropped, and how they "
         "measured (faster, level, slower); absent when it did not run",
+    )
+    verdicts: VerdictsSummary | None = Field(
+        default=None,
+        description="Measured selection's use of the verdict store; absent when it did not run",
     )
     profile_error: str | None = Field(
         default=None,

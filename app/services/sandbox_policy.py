@@ -19,7 +19,6 @@ from autofusion.app.core.config import Settings
 from autofusion.app.services.sandbox import (
     CODE_ROOT,
     SandboxIdentity,
-    grant,
     protect_process,
     resolve_identity,
     secure_data_dir,
@@ -31,7 +30,6 @@ __all__ = [
     "job_cpu_limit_s",
     "prepare_data_dir",
     "sandbox_identity",
-    "share_measured_cache",
 ]
 
 logger = logging.getLogger(__name__)
@@ -108,7 +106,6 @@ def prepare_data_dir(settings: Settings, role: str) -> None:
             "AUTOFUSION_DATA_DIR, or set AUTOFUSION_SANDBOX_USER= to run sandboxes as the "
             "service's own user"
         )
-    share_measured_cache(settings)
     logger.info(
         "%s: sandboxes run as %s (uid %d), network %s",
         role,
@@ -116,15 +113,6 @@ def prepare_data_dir(settings: Settings, role: str) -> None:
         identity.uid,
         "isolated" if settings.sandbox_isolate_network else "shared (sandbox_isolate_network)",
     )
-
-
-def share_measured_cache(settings: Settings) -> None:
-    """What measured selection remembers between jobs (``data_dir/measured``: the
-    sandboxes write it, so it is their user's; issue 28 moves it to the database)."""
-    measured = settings.data_dir / "measured"
-    measured.mkdir(parents=True, exist_ok=True)
-    os.chmod(measured, 0o700)
-    grant(measured, sandbox_identity(settings))
 
 
 def job_cpu_limit_s(settings: Settings) -> int:

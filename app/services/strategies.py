@@ -73,6 +73,8 @@ class StrategySpec(BaseModel):
     def _no_cache_folder(cls, options: MeasureOptions | None) -> MeasureOptions | None:
         if options is not None and options.cache_dir is not None:
             raise ValueError("measure_options.cache_dir is chosen by each worker; leave it out")
+        if options is not None and options.verdicts_file is not None:
+            raise ValueError("measure_options.verdicts_file is the worker's; leave it out")
         return options
 
     def config_overrides(self) -> dict[str, Any]:

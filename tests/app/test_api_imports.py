@@ -41,7 +41,17 @@ with TestClient(create_app(settings)) as client:
     code = client.get("/v1/strategies").status_code
     files = {"model": ("model.onnx", Path(sys.argv[2]).read_bytes(), "application/octet-stream")}
     accepted = client.post("/v1/optimize", files=files).status_code
-print("\\n" + json.dumps({"code": code, "accepted": accepted, "modules": sorted(sys.modules)}))
+    # verdicts are read, combined and imported without the pipeline (fusion_core.profiling.verdicts)
+    pattern = client.get("/v1/patterns").json()["data"][0]["name"]
+    empty = {"format": "autofusion-verdicts/1", "verdicts": []}
+    verdicts = [
+        client.get("/v1/verdicts").status_code,
+        client.get("/v1/verdicts/export").status_code,
+        client.post("/v1/verdicts/import", json=empty).status_code,
+        client.get(f"/v1/patterns/{pattern}/verdicts").status_code,
+    ]
+result = {"code": code, "accepted": accepted, "verdicts": verdicts}
+print("\\n" + json.dumps({**result, "modules": sorted(sys.modules)}))
 """
 
 
@@ -66,6 +76,7 @@ def test_the_api_process_loads_no_worker_and_no_runtime(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert (result["code"], result["accepted"]) == (200, 202)
+    assert result["verdicts"] == [200, 200, 200, 200]
     loaded = sorted(
         name
         for name in result["modules"]

@@ -40,11 +40,15 @@ WRITES = {
     ("post", "/v1/patterns/{name}/disable"): "patterns:write",
     ("post", "/v1/strategies"): "patterns:write",
     ("put", "/v1/strategies/{name}"): "patterns:write",
+    ("post", "/v1/patterns/{name}/rules"): "patterns:write",
+    ("delete", "/v1/patterns/{name}/rules/{machine_key}"): "patterns:write",
     ("get", "/metrics"): "metrics:read",
     # The tenant's webhook settings hold its signing secret.
     ("get", "/v1/webhooks"): "jobs:write",
     ("put", "/v1/webhooks"): "jobs:write",
     ("post", "/v1/webhooks/secret"): "jobs:write",
+    # An import adds to what every tenant's jobs reuse (issue 28).
+    ("post", "/v1/verdicts/import"): "admin",
 }
 
 
@@ -176,6 +180,13 @@ PUBLISHED_OPERATION_IDS = {
     ("put", "/v1/strategies/{name}"): "replaceStrategy",
     ("get", "/v1/strategies/{name}/versions"): "listStrategyVersions",
     ("get", "/v1/info"): "getServerInfo",
+    ("get", "/v1/verdicts"): "listVerdicts",
+    ("get", "/v1/verdicts/export"): "exportVerdicts",
+    ("post", "/v1/verdicts/import"): "importVerdicts",
+    ("get", "/v1/patterns/{name}/verdicts"): "getPatternVerdicts",
+    ("get", "/v1/pattern-rules"): "listPatternRules",
+    ("post", "/v1/patterns/{name}/rules"): "disablePatternOnClass",
+    ("delete", "/v1/patterns/{name}/rules/{machine_key}"): "enablePatternOnClass",
 }
 
 

@@ -68,7 +68,7 @@ checks.positive_data_acceptance.expected-statuses = [
 # A page_token is opaque: one this server did not issue is 400, as a stale If-Match is
 # 412; page_token with offset is 422, a rule between parameters OpenAPI cannot state.
 [[operations]]
-include-name = "GET /v1/jobs"
+include-name = ["GET /v1/jobs", "GET /v1/verdicts"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "422"]
 
 # A callback URL is checked against the operator's webhook_allowed_hosts (none here:
@@ -79,6 +79,12 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "422"]
 
 [[operations]]
 include-name = ["POST /v1/patterns", "POST /v1/strategies"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
+
+# A pattern is disabled on a machine class on the evidence of its verdicts there: a
+# class it has none on is 422 no-verdicts, one it is disabled on already 409 (issue 28).
+[[operations]]
+include-name = "POST /v1/patterns/{name}/rules"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
 
 [[operations]]

@@ -320,18 +320,19 @@ def test_a_failed_check_fails_the_job_and_keeps_the_report(env: WorkerEnv, tmp_p
     assert "BatchNormalization" not in op_types(tmp_path / "kept.onnx")
 
 
-def test_a_measured_job_keeps_its_decisions_in_the_workers_folder(env: WorkerEnv) -> None:
+def test_a_measured_job_reads_the_verdict_store_not_a_shared_folder(env: WorkerEnv) -> None:
     config = {"target": "onnxruntime", "selection": "measured", "measure_options": {"budget_s": 1}}
     first, second = env.submit(config=config), env.submit(config=config)
     for job_id in (first, second):
         assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
     reports = [json.loads(env.store.read_bytes(env.job(j).report_digest)) for j in (first, second)]
-    cache = env.settings.data_dir / "measured"
-    assert reports[0]["config"]["measure_options"]["cache_dir"] == str(cache.resolve())
+    options = reports[0]["config"]["measure_options"]
+    assert options["cache_dir"] is None and options["verdicts_file"].endswith("verdicts.json")
+    assert not (env.settings.data_dir / "measured").exists()
     groups = reports[0]["measurement"]["groups"]
-    assert groups and list(cache.glob("*.json"))
-    # the second job on the same model: every group decided from the cache
-    assert reports[1]["measurement"]["cache"]["hits"] == len(groups)
+    # the second job on the same model: every group decided from the first one's verdicts
+    # (tests/worker/test_verdicts_flow.py follows them)
+    assert groups and reports[1]["measurement"]["store"]["matched"] == len(groups)
     summary = env.job(second).summary  # unprofiled, yet with a verdict: the final comparison
     assert summary["speed"]["verdict"] == reports[1]["measurement"]["final"]["verdict"]
 
