@@ -2,7 +2,8 @@
 a hostile model's code would, to reach out of its sandbox, and writes what it managed.
 
 ``request.json`` names ``targets``: ``{"environ": path, "list": [folders], "read":
-[files], "connect": [[host, port]], "write_mb": N, "fork": N, "spin_s": S}``; the result
+[files], "connect": [[host, port]], "write_mb": N, "fork": N, "spin_s": S, "link":
+{name: target}}`` (a symlink left in its folder, for the parent to read); the result
 says, for each, what happened (``"ok"`` or the error's name).
 """
 
@@ -68,6 +69,10 @@ def _work(folder: Path, request: dict[str, Any], _progress: Progress) -> dict[st
     if "fork" in targets:
         found["fork"] = _try(lambda: _fork(targets["fork"]))
     found["own_folder"] = _try(lambda: (folder / "mine.txt").write_text("x"))
+    found["link"] = {
+        name: _try(lambda name=name, target=target: os.symlink(target, folder / name))
+        for name, target in targets.get("link", {}).items()
+    }
     if "spin_s" in targets:
         end = time.monotonic() + targets["spin_s"]
         while time.monotonic() < end:

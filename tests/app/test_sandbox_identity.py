@@ -44,8 +44,8 @@ def settings(tmp_path: Path) -> Settings:
     return settings
 
 
-def probe(settings: Settings, targets: dict, **limits) -> dict:
-    folder = Path(tempfile.mkdtemp(dir=settings.jobs_dir))
+def probe(settings: Settings, targets: dict, folder: bool = False, **limits):
+    folder_too, folder = folder, Path(tempfile.mkdtemp(dir=settings.jobs_dir))
     request = {
         "targets": targets,
         "memory_limit_mb": 2048,
@@ -56,7 +56,8 @@ def probe(settings: Settings, targets: dict, **limits) -> dict:
     (folder / PROBE.request_file).write_text(json.dumps(request), encoding="utf-8")
     run = run_sandbox(PROBE, folder, time_limit_s=60, identity=sandbox_identity(settings))
     assert run.failure is None, (run, run.log_tail)
-    return json.loads((folder / PROBE.result_file).read_text(encoding="utf-8"))
+    found = json.loads((folder / PROBE.result_file).read_text(encoding="utf-8"))
+    return (found, folder) if folder_too else found
 
 
 def test_the_sandbox_runs_as_its_own_user_and_writes_only_its_folder(settings: Settings) -> None:
@@ -65,6 +66,18 @@ def test_the_sandbox_runs_as_its_own_user_and_writes_only_its_folder(settings: S
     assert (found["uid"], found["gid"], found["groups"]) == (identity.uid, identity.gid, [])
     assert found["uid"] != os.getuid()
     assert found["own_folder"] == "ok"
+
+
+def test_a_link_the_sandbox_leaves_is_removed_before_its_parent_reads(
+    settings: Settings,
+) -> None:
+    """A subverted sandbox's ``report.json -> the database`` would have the worker store a
+    file only the service can read, for the tenant to download."""
+    database = settings.data_dir / "autofusion.db"
+    found, folder = probe(settings, {"link": {"report.json": str(database)}}, folder=True)
+    assert found["link"] == {"report.json": "ok"}
+    assert not os.path.lexists(folder / "report.json")
+    assert database.read_bytes() == b"SQLite format 3\0"  # the target itself untouched
 
 
 def test_the_sandbox_cannot_read_the_parents_environment(settings: Settings) -> None:

@@ -23,6 +23,7 @@ import math
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -131,6 +132,7 @@ def run_sandbox(
         runnable_seconds = _runnable_seconds(proc.pid)
         cpu_seconds = _kill(proc)  # the group too: whatever the sandbox started goes with it
         proc.stdout.close()
+        _drop_links(folder)
     return SandboxRun(
         status,
         proc.returncode,
@@ -278,6 +280,25 @@ def _log_tail(path: Path, size: int) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _drop_links(folder: Path) -> None:
+    """Remove from the sandbox's folder whatever is not a plain file or folder: a symlink
+    (or a hard link) that a subverted sandbox left as ``output/report.json`` would
+    otherwise make the worker or the API read, and store for the tenant to download, a
+    file only they can read. Our own sandbox writes none, so nothing of its is lost."""
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+                plain_dir = stat.S_ISDIR(info.st_mode)
+                plain_file = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+                if not (plain_dir or plain_file):
+                    os.unlink(path)
+                    logger.warning("sandbox: removed %s, which is not a plain file", path)
+            except FileNotFoundError:  # gone already
+                continue
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
