@@ -14,10 +14,15 @@ few seconds; the numbers are rougher).
 
 ``--from-report R.json`` does not measure: it learns how the fused kernels run against
 the roofline from profiled reports and adds those kernel factors to ``--base``
-(``app/cli/_calibrate_kernels.py``).
+(``app/cli/_calibrate_kernels.py``). ``--from-verdicts V.json`` does the same from a
+verdicts export (``autofusion verdicts export``): what measured selection measured, per
+group of fusions, against what the cost model predicted for it. It assumes the base
+profile's roofline prices the replaced (unfused) nodes right, and that the verdicts'
+predictions were made with that profile (its kernel factors: the fitted correction
+multiplies them).
 
-Exit codes: 0 measured and written, 2 usage or option error or the file cannot be
-written.
+Exit codes: 0 measured and written, 2 usage or option error, a report or verdicts file
+that is missing or invalid or holds nothing usable, or the file cannot be written.
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 
-from autofusion.app.cli._calibrate_kernels import run_from_reports, write_profile
+from autofusion.app.cli._calibrate_kernels import (
+    run_from_reports,
+    run_from_verdicts,
+    write_profile,
+)
 from autofusion.app.cli._exit import EXIT_OK, EXIT_USAGE
 from autofusion.fusion_core.cost import (
     PROFILE_NAME_PATTERN,
@@ -102,9 +111,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "instead of measuring; repeat for several",
     )
     p.add_argument(
+        "--from-verdicts",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="fit kernel factors from a verdicts export (`autofusion verdicts export`) "
+        "instead of measuring: per rewriter, the factor that makes the cost model's "
+        "predicted saving match the measured one (median over the verdicts, each clamped "
+        "to 0.05..20). Assumes the verdicts were predicted with the --base profile and "
+        "that it prices the replaced nodes right; repeat for several files",
+    )
+    p.add_argument(
+        "--machine-key",
+        default=None,
+        metavar="KEY",
+        help="with --from-verdicts: only the verdicts of this machine class (their machine_key)",
+    )
+    p.add_argument(
         "--base",
         default="cpu",
-        help="with --from-report: the profile the factors are added to (default cpu)",
+        help="with --from-report or --from-verdicts: the profile the factors are added to "
+        "(default cpu)",
     )
     p.set_defaults(run=run)
 
@@ -119,8 +146,16 @@ def run(args: argparse.Namespace) -> int:
             "(letters, digits, '_', '.', '-')\n"
         )
         return EXIT_USAGE
+    if args.from_report and args.from_verdicts:
+        sys.stderr.write(
+            "autofusion: error: --from-report and --from-verdicts fit the same factors: "
+            "give one of them\n"
+        )
+        return EXIT_USAGE
     if args.from_report:
         return run_from_reports(args)
+    if args.from_verdicts:
+        return run_from_verdicts(args)
     sizes = Sizes.for_mode(args.quick)
     measured = measure(sizes, threads=args.threads)
     profile = _profile(args.name, measured, sizes, threads=args.threads, quick=args.quick)

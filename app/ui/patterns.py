@@ -16,9 +16,11 @@ from autofusion.app.api.uploads import incoming
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import PatternRecord
 from autofusion.app.services import registry
+from autofusion.app.services.pattern_class_rules import rule_counts
 from autofusion.app.services.pattern_trial import trial_upload
 from autofusion.app.services.pattern_usage import pattern_usage
 from autofusion.app.ui.common import UIPrincipal, form_errors, render, require
+from autofusion.app.ui.pattern_classes import class_context
 from autofusion.app.ui.pattern_list import family_of, family_slug, group_patterns
 from autofusion.app.ui.report_view import MAX_MATCH_PICTURES
 from autofusion.app.ui.yaml_forms import YamlEditor, dump_yaml, parse_yaml, version_etag
@@ -63,6 +65,7 @@ def patterns_page(
         "total": len(records),
         "usage": usage,
         "registry_version": registry.registry_version(session),
+        "disabled_classes": rule_counts(session),  # issue 28: disabled on some class
     }
     live = request.headers.get("hx-request") and request.headers.get("hx-target") == "results"
     return render(request, "_pattern_results.html" if live else "patterns.html", context)
@@ -90,7 +93,9 @@ def create_pattern(request: Request, principal: UIPrincipal, session: SessionDep
     return EDITOR.save(request, session, yaml, write, name=None)
 
 
-def _pattern_context(session: SessionDep, record: PatternRecord, tenant_id: str) -> dict:
+def _pattern_context(
+    session: SessionDep, record: PatternRecord, tenant_id: str, *, shared: bool = True
+) -> dict:
     usage = pattern_usage(session, tenant_id)
     summary = PatternSummary.from_record(record)
     family = family_of(summary.rewriter)
@@ -103,13 +108,19 @@ def _pattern_context(session: SessionDep, record: PatternRecord, tenant_id: str)
         "family_slug": family_slug(family),
         "usage": usage.of(record.name),
         "usage_window": usage,
+        **class_context(session, record.name, tenant_id, shared=shared),  # issue 28
     }
 
 
 @router.get("/{name}")
-def pattern_page(name: str, request: Request, principal: UIPrincipal, session: SessionDep):
-    """A pattern: its YAML, history, enable/disable, edit, and try on a model."""
-    context = _pattern_context(session, registry.get_pattern(session, name), principal.tenant_id)
+def pattern_page(
+    name: str, request: Request, principal: UIPrincipal, session: SessionDep, settings: SettingsDep
+):
+    """A pattern: its YAML, history, per machine class, enable/disable, edit, and try on
+    a model."""
+    record = registry.get_pattern(session, name)
+    shared = settings.verdicts_shared
+    context = _pattern_context(session, record, principal.tenant_id, shared=shared)
     return render(request, "pattern.html", context)
 
 
@@ -177,7 +188,9 @@ async def try_pattern_page(
 ):
     """Match the pattern on an uploaded model (the API's /test): matches and near misses."""
     record = registry.get_pattern(session, name)
-    context = _pattern_context(session, record, principal.tenant_id)
+    context = _pattern_context(
+        session, record, principal.tenant_id, shared=settings.verdicts_shared
+    )
     session.close()  # hold no connection while the upload streams and the trial runs
     try:
         # The model is drawn in the trial's child process too: the API never loads it.

@@ -12,13 +12,13 @@ from autofusion.app.api.deps import WWW_AUTHENTICATE, SessionDep, SettingsDep
 from autofusion.app.core.config import Settings
 from autofusion.app.services.auth import authenticate
 from autofusion.app.services.ui_sessions import issue_session
-from autofusion.app.ui import jobs, patterns, strategies, submit
+from autofusion.app.ui import jobs, pattern_classes, patterns, strategies, submit
 from autofusion.app.ui.common import COOKIE, LOGIN_REASONS, render, safe_next
 
 __all__ = ["router"]
 
 router = APIRouter(include_in_schema=False)
-for module in (jobs, submit, patterns, strategies):
+for module in (jobs, submit, patterns, pattern_classes, strategies):
     router.include_router(module.router)
 
 
