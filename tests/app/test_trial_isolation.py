@@ -185,6 +185,7 @@ class Prober:
         assert not slow, f"the API stalled: {slow}"
 
 
+@pytest.mark.serial
 def test_a_hanging_model_ends_in_a_problem_and_the_api_keeps_answering(client, tmp_path):
     with Prober(client, tmp_path) as prober:
         start = time.monotonic()
@@ -200,6 +201,7 @@ def test_a_hanging_model_ends_in_a_problem_and_the_api_keeps_answering(client, t
     assert list((tmp_path / "data" / "uploads").iterdir()) == []
 
 
+@pytest.mark.serial
 def test_an_exploding_model_never_grows_the_api(tmp_path):
     # Time enough for the fold to fail on the memory limit, on a busy machine too.
     patient = make_client(tmp_path, api_sandbox_time_limit_s=60)
@@ -213,6 +215,7 @@ def test_an_exploding_model_never_grows_the_api(tmp_path):
     prober.assert_responsive()
 
 
+@pytest.mark.serial
 def test_ten_hanging_trials_at_once_are_bounded_and_the_api_keeps_answering(client, tmp_path):
     def timed_trial(_: int):
         start = time.monotonic()
