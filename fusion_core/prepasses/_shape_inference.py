@@ -22,9 +22,10 @@ __all__ = ["SymbolicShapeInferencePass"]
 class SymbolicShapeInferencePass(ir.passes.InPlacePass):
     """onnx's shape inference with data propagation over the whole graph, in linear time.
 
-    Large initializers are handed to onnx as typed inputs without data (the model's
-    inputs and initializers are restored before returning); the inferred shapes fill in
-    the dims the model does not know yet, by value name. Known dims are never
+    Large initializers, and those left in external data, are handed to onnx as typed
+    inputs without data (the model's inputs and initializers are restored before
+    returning); the inferred shapes fill in the dims the model does not know yet, by
+    value name. Known dims are never
     overwritten, and a failure of the inference leaves the model as it was: shapes are
     best effort, never fatal.
     """
@@ -51,10 +52,15 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
     def _proto_without_large_initializers(self, model: ir.Model) -> onnx.ModelProto:
         graph = model.graph
         everything = list(graph.initializers.values())
+        # Tensors left in external data go as inputs too, whatever their size: the
+        # inferences cannot read them (their location is relative to the model's folder,
+        # not to this process's), and onnxruntime's fails on the first one it tries to.
         large = [
             v
             for v in everything
-            if v.const_value is None or v.const_value.size > self.initializer_limit
+            if v.const_value is None
+            or v.const_value.size > self.initializer_limit
+            or isinstance(v.const_value, ir.ExternalTensor)
         ]
         input_count = len(graph.inputs)
         input_names = {v.name for v in graph.inputs}

@@ -1,0 +1,124 @@
+"""bench/_big_models.py: the synthetic decoder with external data (issue 29), built tiny.
+
+A decoder of 2 layers (hidden 64, 4 query heads sharing 2 KV heads, under 1 MB) must be
+valid ONNX with its weights in the data file, run in onnxruntime, and fuse as a Llama
+does (per layer one GroupQueryAttention and two RotaryEmbeddings; the norms as
+SimplifiedLayerNormalization), with the check on or off. The fused model must compute
+what the original does: rtol = atol = 1e-4 (GroupQueryAttention and RotaryEmbedding sum in
+another order; here the logits differ by about 1e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from autofusion.fusion_core import OptimizeConfig, optimize, run, save_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import _big_models
+import make_big_decoder
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+TINY = replace(_big_models.shape_for_size(1 << 20), layers=2)
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory) -> dict:
+    return _big_models.make_decoder(tmp_path_factory.mktemp("decoder"), TINY, seed=3)
+
+
+def _feeds(batch: int = 2, seq: int = 5) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, :2] = 0  # left-padded, as batched generation pads
+    return {
+        "input_ids": rng.integers(0, TINY.vocab, (batch, seq)),
+        "attention_mask": mask,
+        "position_ids": np.tile(np.arange(seq), (batch, 1)),
+    }
+
+
+def _run(path: str | Path) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, _feeds())[0]
+
+
+def test_the_decoder_is_valid_onnx_with_its_weights_in_external_data(decoder) -> None:
+    path = Path(decoder["path"])
+    onnx.checker.check_model(str(path), full_check=True)
+    graph = onnx.load(path, load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {
+        "decoder.onnx.data"
+    }
+    weights = 4 * (sum(int(np.prod(t.dims)) for t in external))
+    assert weights == TINY.weight_bytes  # the shape's size is what was written
+    assert path.stat().st_size < 64 << 10 < decoder["data_bytes"]
+    assert decoder["model_bytes"] == path.stat().st_size + decoder["data_bytes"]
+    ops = Counter(n.op_type for n in graph.node)
+    # per layer q, k, v, o, gate, up, down and the two of attention; the lm head
+    assert ops["MatMul"] == 9 * TINY.layers + 1
+    assert ops["Softmax"] == TINY.layers and ops["Sigmoid"] == TINY.layers
+    assert ops["ReduceMean"] == 2 * TINY.layers + 1  # RMSNorm as exporters spell it
+
+
+def test_it_runs_and_is_not_degenerate(decoder) -> None:
+    logits = _run(decoder["path"])
+    assert logits.shape == (2, 5, TINY.vocab) and np.isfinite(logits).all()
+    assert 0.1 < float(logits.std()) < 100  # neither vanished nor blown up
+    assert not np.allclose(logits[0, 0], logits[0, 1], **TOL)  # the tokens matter
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check-on", "check-off"])
+def test_the_engine_fuses_each_block(decoder, tmp_path, check: bool) -> None:
+    config = OptimizeConfig.model_validate({"target": "onnxruntime", "check": {"enabled": check}})
+    result = optimize(decoder["path"], config)
+    ops = result.ops_after
+    layers = TINY.layers
+    assert ops["com.microsoft::GroupQueryAttention"] == layers
+    assert ops["com.microsoft::RotaryEmbedding"] == 2 * layers
+    assert ops["SimplifiedLayerNormalization"] == 2 * layers + 1
+    assert "Softmax" not in ops and "Pow" not in ops
+    if check:
+        assert result.check.passed and result.check.max_abs_diff < 1e-4
+    fused = tmp_path / "fused.onnx"
+    save_model(result.model, fused)
+    np.testing.assert_allclose(_run(fused), _run(decoder["path"]), **TOL)
+
+
+def test_run_reports_its_memory_against_the_model(decoder, tmp_path) -> None:
+    outcome = run(decoder["path"], tmp_path / "fused.onnx", OptimizeConfig(target="onnxruntime"))
+    own = outcome.report["optimize_memory"]
+    assert own["model_bytes"] == decoder["model_bytes"]
+    assert own["peak_rss_bytes"] > own["model_bytes"]
+    assert set(own["by_phase"]) == {"load", "prepasses", "fuse", "check", "saving"}
+
+
+def test_the_size_picks_the_shape() -> None:
+    for size in (4 * MiB, 256 * MiB, 1 << 30, 3 << 30):
+        shape = _big_models.shape_for_size(size)
+        assert abs(shape.weight_bytes - size) <= 4 * shape.layer_params  # within half a layer
+        assert shape.hidden % shape.heads == 0 and shape.heads % shape.kv_heads == 0
+    big = _big_models.shape_for_size(2.5 * (1 << 30))
+    assert (big.hidden, big.heads, big.kv_heads, big.head_size) == (1024, 16, 4, 64)
+    with pytest.raises(ValueError, match="a multiple of 64"):
+        _big_models.shape_for_size(1 << 30, hidden=1000)
+
+
+def test_the_command_writes_the_model(tmp_path, capsys) -> None:
+    make_big_decoder.main(["--size-gb", "0.001", "-o", str(tmp_path), "--layers", "1"])
+    info = json.loads(capsys.readouterr().out)
+    assert info["shape"]["layers"] == 1 and Path(info["path"]).is_file()
+    assert info["model_bytes"] > 256 << 10  # one layer of hidden 64 and the embeddings
