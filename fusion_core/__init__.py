@@ -26,6 +26,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "ir": ["load_model", "save_model"],
         "pipeline": ["AppliedFusion", "Result", "optimize"],
         "pipeline.files": ["RunFiles", "RunOutcome", "run"],
+        "pipeline.memory": ["MemoryPrediction", "predict_memory", "predict_peak_bytes"],
         "targets": ["TARGETS"],
     },
 )

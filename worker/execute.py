@@ -6,7 +6,8 @@ directly. The steps:
 1. claim the row (compare-and-set; None means someone else has it, or it is over);
 2. plan: the registry snapshot (recorded on the row), the named strategy merged into
    the config, and the config checked against the snapshot, all before any child runs;
-3. fetch the model and its external data from the store into an attempt folder;
+3. fetch the model and its external data from the store into an attempt folder, and
+   fail a job whose predicted peak memory cannot fit the limit (``worker.memory_plan``);
 4. run ``worker.sandbox`` in a child process with time and memory limits, reporting its
    progress and renewing the lease while it runs;
 5. store the fused model and the report, and finish the row; a measured job's verdicts
@@ -83,6 +84,7 @@ from autofusion.worker.attempts import (
     signal_name,
 )
 from autofusion.worker.job_verdicts import JobVerdicts
+from autofusion.worker.memory_plan import check_memory
 from autofusion.worker.plan import JobConfigError, Plan, attempt_folder, plan_job, summarize
 from autofusion.worker.snapshots import SnapshotCache, default_cache
 from autofusion.worker.supervise import ChildRun, run_child
@@ -208,6 +210,8 @@ class _Attempt:
                 return self._abandoned()
             with tracing.span("autofusion.job.fetch"):
                 self._prepare(plan)
+            # a job that cannot fit the memory limit fails now, not in a dying sandbox
+            check_memory(self.settings, plan.config, self.folder / sandbox.INPUT_DIR)
             child = run_child(
                 self.folder,
                 time_limit_s=self.settings.job_time_limit_s,

@@ -114,6 +114,12 @@ class Settings(BaseSettings):
     # Jobs
     job_time_limit_s: int = Field(default=900, ge=1)
     job_memory_limit_mb: int = Field(default=8192, ge=64)
+    # Before the sandbox starts, the worker predicts the job's peak memory from the
+    # model's bytes and the config (fusion_core.predict_memory) and fails the job as
+    # `memory-predicted` when the prediction passes the limit by more than the margin
+    # (a fraction of the limit): the prediction errs high, so a job that may fit runs.
+    job_memory_prediction: bool = True
+    job_memory_prediction_margin: float = Field(default=0.25, ge=0)
     lease_s: int = Field(default=60, ge=1)
     max_attempts: int = Field(default=3, ge=1)
     reaper_interval_s: float = Field(default=15.0, gt=0)

@@ -28,6 +28,7 @@ JOB_PROBLEMS = {
     "time-limit": "The optimization ran past the time limit",
     "profile-time-limit": "Profiling did not finish within the time limit",
     "memory-limit": "The optimization ran out of memory",
+    "memory-predicted": "The optimization would need more memory than this server allows",
     "crashed": "The optimization process crashed",
     "crashed-twice": "The optimization crashed the same way twice on this model",
     "worker-lost": "The job's worker stopped before finishing",

@@ -8,11 +8,18 @@ and the check against the original (``check.py``) into a ``Result`` (``result.py
 the engine leaves as it is (quantized units, unknown domains). Every step is a
 transaction (``transaction.py``: a step that breaks the graph is taken back, with a
 reproducer of its region, ``reproducer.py``) and a failed check falls back to the
-largest set of fusions that passes (``fallback.py``).
+largest set of fusions that passes (``fallback.py``). ``memory.py`` measures the run's own
+peak memory by phase and predicts it before a run.
 """
 
 from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.measured import FusionGroup, group_fusions, optimize_measured
+from autofusion.fusion_core.pipeline.memory import (
+    MemoryPrediction,
+    PhaseMemory,
+    predict_memory,
+    predict_peak_bytes,
+)
 from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.once import optimize_once, select_patterns
 from autofusion.fusion_core.pipeline.progressive import (
@@ -35,7 +42,9 @@ __all__ = [
     "PROFILE_UNFINISHED",
     "AppliedFusion",
     "FusionGroup",
+    "MemoryPrediction",
     "PairedTimer",
+    "PhaseMemory",
     "Rejection",
     "Result",
     "RewriteRounds",
@@ -47,6 +56,8 @@ __all__ = [
     "optimize_measured",
     "optimize_once",
     "optimize_progressive",
+    "predict_memory",
+    "predict_peak_bytes",
     "reproducer_names",
     "reproducers_zip",
     "select_patterns",

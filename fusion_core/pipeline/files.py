@@ -1,8 +1,9 @@
 """``run``: the one path from a model file to the files a user gets.
 
 optimize -> save the fused model -> profile it and measure memory (when the config asks)
--> build the report -> write the report, its renderings, the region data, the trace and
-(measured selection) the verdicts measured.
+-> build the report (with the run's own memory by phase: ``memory.PhaseMemory``) -> write
+the report, its renderings, the region data, the trace and (measured selection) the
+verdicts measured.
 The CLI's ``optimize`` and the service's sandbox both call this, so the two cannot drift
 apart any more: they used to write the same steps twice, with different profiling seeds.
 A fused model that failed its check is written only with ``keep_failed``, and the
@@ -26,12 +27,14 @@ import onnx
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import save_model
+from autofusion.fusion_core.pipeline.memory import PhaseMemory
 from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
 from autofusion.fusion_core.pipeline.result import PROFILE_UNFINISHED, Result
 from autofusion.fusion_core.profiling import (
     ProfileOptions,
     measure_memory,
+    model_size,
     profile_models,
     write_trace,
 )
@@ -90,15 +93,17 @@ def run(
     """Optimize ``model_path`` into ``output_path`` and write ``files``. ``names`` are the
     (model, output) names the report shows (default: the paths); ``on_stage`` hears
     ``saving``, ``profiling`` and ``report`` with a progress fraction; ``on_phase`` every
-    phase by name as it starts: ``optimize``'s, then those three."""
-    phase = on_phase or (lambda _name: None)
+    phase by name as it starts: ``optimize``'s, then those three. The report's
+    ``optimize_memory`` is this process's peak memory at the end of each phase
+    (``memory.PhaseMemory``) and the peak predicted for the model and config."""
+    phase = PhaseMemory(on_phase)
 
     def stage(name: str, progress: float) -> None:
         phase(name)
         if on_stage:
             on_stage(name, progress)
 
-    result = optimize(model_path, config, patterns=patterns, feeds=feeds, on_phase=on_phase)
+    result = optimize(model_path, config, patterns=patterns, feeds=feeds, on_phase=phase)
     if files.verdicts is not None and config.mode == "measured":
         # first: what was timed stays true whatever happens to the rest of the run
         Path(files.verdicts).parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +115,7 @@ def run(
     if written:
         save_model(result.model, output_path)
     model_name, output_name = names or (str(model_path), str(output_path))
+    own_memory = partial(phase.record, _bytes_on_disk(model_path), config)
     report_with = partial(
         build_report,
         result,
@@ -123,14 +129,20 @@ def run(
     profile = memory = None
     if config.profile and not failed:
         if files.report is not None:
-            _write_unfinished(report_with(), files.report)
+            _write_unfinished(report_with(optimize_memory=own_memory()), files.report)
         stage("profiling", 0.82)
         profile, memory = _measure(model_path, output_path, config, result, feeds, files.trace)
-    report = report_with(profile=profile, memory=memory)
+    report = report_with(profile=profile, memory=memory, optimize_memory=own_memory())
     stage("report", 0.85)
     _write_files(report, files, model_path, output_path if written else None)
     _write_reproducers(result, files.reproducers)
     return RunOutcome(result, report, written, failed)
+
+
+def _bytes_on_disk(model_path) -> int | None:
+    """The input's bytes: its file and external data (None: no such file)."""
+    size = model_size(model_path)
+    return size.total_bytes if size is not None else None
 
 
 def _write_unfinished(report: dict[str, Any], path: Path) -> None:

@@ -55,6 +55,7 @@ def build_report(
     profile: dict[str, Any] | None = None,
     rollbacks: list[dict[str, Any]] | None = None,
     memory: dict[str, Any] | None = None,
+    optimize_memory: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything ``optimize`` did, as JSON-serialisable data.
 
@@ -70,7 +71,9 @@ def build_report(
     when no file holds the fused model, ``result.model`` serialized into a scratch
     folder. ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison``'s
     ``to_dict()``; the report's ``memory`` entry is null unless it or ``profile`` is
-    given.
+    given. ``optimize_memory`` is the optimizing process's own peak memory by phase and
+    its prediction (``fusion_core.pipeline.memory.PhaseMemory.record``; ``run`` gives it),
+    null when not given.
     """
     model_path = model_file if model_file is not None else model
     output_path = output_file if output_file is not None else output
@@ -88,6 +91,7 @@ def build_report(
         "registry_version": registry_version,
         **_what_was_fused(result, profile),
         **_what_was_seen(result, profile, memory, rollbacks),
+        "optimize_memory": optimize_memory,
     }
 
 

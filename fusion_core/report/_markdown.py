@@ -9,6 +9,7 @@ from autofusion.fusion_core.report._decisions import decision_source, store_coun
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
+from autofusion.fusion_core.report._own_memory import optimize_memory_line
 from autofusion.fusion_core.report._reader import read_report
 from autofusion.fusion_core.report._units import saved_text
 from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
@@ -30,6 +31,7 @@ def format_markdown(report: dict[str, Any]) -> str:
         *_medians(report),
         f"**Size:** {_size(report)}  ",
         f"**Peak memory:** {_memory(report)}  ",
+        *_own_memory(report),
         *_grew(report),
         "",
     ]
@@ -106,6 +108,12 @@ def _size(report: dict[str, Any]) -> str:
 
 def _memory(report: dict[str, Any]) -> str:
     return _md(memory_line(report) or "not measured (not profiled)")
+
+
+def _own_memory(report: dict[str, Any]) -> list[str]:
+    """The optimizing process's own peak, when the report has it."""
+    own = optimize_memory_line(report)
+    return [f"**Optimize memory:** {_md(own)}  "] if own else []
 
 
 def _fusions(report: dict[str, Any]) -> list[str]:

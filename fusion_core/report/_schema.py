@@ -365,6 +365,38 @@ class Memory(BaseModel):
     errors: list[str] = Field(description="Why a model's memory could not be measured")
 
 
+class PhaseMemory(BaseModel):
+    model_config = _CLOSED
+    peak_rss_bytes: int | None = Field(
+        description="The process's peak resident memory up to the end of this phase"
+    )
+    rss_bytes: int | None = Field(description="Its resident memory at the end of the phase")
+
+
+class OptimizeMemory(BaseModel):
+    """The optimizing process's own memory (fusion_core/pipeline/memory.py)."""
+
+    model_config = _CLOSED
+    measure: str = Field(description="What the figures are, in words")
+    peak_rss_bytes: int | None = Field(
+        description="The optimizing process's peak resident memory over the run (Linux: "
+        "VmHWM; else ru_maxrss): in the service, the job's sandbox; null: not measurable"
+    )
+    model_bytes: int | None = Field(description="The input: its file and external data")
+    ratio: float | None = Field(description="peak_rss_bytes / model_bytes")
+    before_bytes: int | None = Field(description="The process's resident memory before the run")
+    by_phase: dict[str, PhaseMemory] = Field(
+        description="Per phase, in the order they ran (load, prepasses, fuse, check, "
+        "saving, profiling; measure, progressive, fallback in those modes): the peak is a "
+        "high-water mark, so the phase whose figure jumps is the one that raised it"
+    )
+    predicted_peak_bytes: int | None = Field(
+        description="The peak predicted before the run from model_bytes and the config "
+        "(fusion_core.predict_memory)"
+    )
+    prediction: str | None = Field(description="How it was predicted, in words")
+
+
 class Rollback(BaseModel):
     model_config = _OPEN
     pattern: str
@@ -475,6 +507,11 @@ class Report(BaseModel):
     memory: Memory | None = Field(
         default=None,
         description="Peak memory in onnxruntime before and after; null when not profiled",
+    )
+    optimize_memory: OptimizeMemory | None = Field(
+        default=None,
+        description="The optimizing process's own peak memory, by phase, against the model's "
+        "size and the prediction; null when not measured (absent from older reports)",
     )
     rollbacks: list[Rollback] | None = Field(
         description="Fusions undone by progressive validation; null when it did not run"

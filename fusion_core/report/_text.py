@@ -8,6 +8,7 @@ from autofusion.fusion_core.report._decisions import decision_source, store_coun
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
+from autofusion.fusion_core.report._own_memory import optimize_memory_line
 from autofusion.fusion_core.report._reader import read_report
 from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
 
@@ -31,6 +32,9 @@ def format_summary(report: dict[str, Any]) -> str:
     ]
     timings = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in report["timings_s"].items())
     lines.append(f"time per phase: {timings}")
+    own = optimize_memory_line(report)
+    if own:
+        lines.append(f"optimize memory: {own}")
     if report.get("output"):
         lines.append(f"wrote {report['output']}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from autofusion.fusion_core.report._charts import grouped_bars
 from autofusion.fusion_core.report._decisions import decision_source, store_counts
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._growth import growth
+from autofusion.fusion_core.report._own_memory import optimize_memory_line, optimize_memory_phases
 from autofusion.fusion_core.report._reader import ReportSummary, Speed, read_report
 from autofusion.fusion_core.report._units import (
     bytes_text,
@@ -248,6 +249,21 @@ def _memory(memory: dict[str, Any]) -> dict[str, Any] | None:
     return {"rows": rows, "notes": [str(n) for n in notes if n]}
 
 
+def _optimize_memory(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The optimizing process's own peak, per phase, with how it was measured and
+    predicted; None when the report has none."""
+    line = optimize_memory_line(report)
+    if line is None:
+        return None
+    record = _dict(report.get("optimize_memory"))
+    notes = [record.get("measure"), record.get("prediction")]
+    return {
+        "line": line,
+        "phases": optimize_memory_phases(report),
+        "notes": [str(n) for n in notes if n],
+    }
+
+
 def _measurement(record: dict[str, Any]) -> dict[str, Any] | None:
     """Measured selection: each group, kept or left out, with its paired ratio."""
     if not record:
@@ -380,5 +396,6 @@ def report_view(
         "op_chart": _op_type_chart(profile),
         "latency_chart": _latency_chart(profile),
         "memory": _memory(_dict(report.get("memory"))),
+        "optimize_memory": _optimize_memory(report),
         "slowest": slowest_nodes(profile),
     }

@@ -114,6 +114,7 @@ def test_report_keeps_the_version_1_keys_and_adds_the_new_ones(conv_report):
     new |= {"size", "memory"}
     new |= {"rejected", "fallback"}
     new |= {"folding"}
+    new |= {"optimize_memory"}
     assert set(conv_report) == V1_KEYS | new
     assert conv_report["fusions"] == {"conv_bn_relu": 1}
     assert conv_report["nodes"]["by_op_before"] == {"BatchNormalization": 1, "Conv": 1, "Relu": 1}

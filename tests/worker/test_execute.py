@@ -170,6 +170,8 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
     assert "time limit" in job.error
     monkeypatch.delenv(TEST_CRASH_ENV)  # a third kind: the memory limit
     monkeypatch.setattr(env.settings, "job_memory_limit_mb", 64)
+    # reached in the sandbox: the prediction would refuse the job before it starts
+    monkeypatch.setattr(env.settings, "job_memory_prediction", False)
     # ... alone: with attempt 2's 8 s still set, the two limits race (a child that takes
     # more than 1 s to reach its first big allocation ends on the time limit instead)
     monkeypatch.setattr(env.settings, "job_time_limit_s", time_limit)
@@ -196,7 +198,9 @@ def test_a_crashing_child_costs_attempts_then_fails_the_job(env: WorkerEnv, monk
             id="time-limit",
         ),
         pytest.param(
-            {"job_memory_limit_mb": 64},
+            # reached in the sandbox: the prediction (tests/worker/test_memory_plan.py)
+            # would refuse the job before it starts
+            {"job_memory_limit_mb": 64, "job_memory_prediction": False},
             None,
             "the optimization ran out of memory (limit 64 MB); gave up after 1 attempt",
             id="memory-limit",

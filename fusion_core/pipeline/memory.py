@@ -1,0 +1,178 @@
+"""The optimizing process's own memory: measured by phase, and predicted before a run.
+
+``PhaseMemory`` hears each phase of ``run`` start (the ``on_phase`` names: ``load``,
+``prepasses``, ``fuse``, ``check``, ``saving``, ``profiling``; ``measure``,
+``progressive`` and ``fallback`` in those modes) and records, at the end of each, the
+process's peak resident memory so far and its resident memory then. The peak is Linux's
+``VmHWM`` (``/proc/self/status``), else ``getrusage``'s ``ru_maxrss``: a high-water
+mark, so each phase's figure is the peak up to its end, and the phase whose figure
+jumps is the one that raised it. The report's ``optimize_memory`` is its record.
+
+``predict_memory(model_bytes, config)`` is the peak before the run, from the model's
+bytes on disk (its file and external data) and what the config runs: a base (the
+interpreter, onnx and onnxruntime) plus the largest multiple of the model among the
+phases the config runs. The multiples are fitted to measurements, not derived:
+``bench/bench_big_models.py`` on synthetic Llama-shaped decoders of 0.25, 0.5 and 1 GiB
+(docs/benchmarks.md, section 27), each the largest ratio measured rounded up, so the
+prediction errs high on that family (by 1-7% there); other models (many small tensors,
+folding that grows constants) may differ, hence the worker's margin.
+Where the memory goes (section 27): with the check on, the weights are read once for
+the working model and copied once more into the original kept as a proto for the check,
+then the fused proto and two onnxruntime sessions (each with its serialized copy while it
+loads) come on top; with the check off, the working model, and saving's materialized,
+converted and serialized copies.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autofusion.fusion_core.config import OptimizeConfig
+
+__all__ = [
+    "BASE_BYTES",
+    "MEASURE",
+    "MULTIPLIERS",
+    "MemoryPrediction",
+    "PhaseMemory",
+    "peak_rss_bytes",
+    "predict_memory",
+    "predict_peak_bytes",
+    "rss_bytes",
+]
+
+MEASURE = (
+    "the optimizing process's peak resident memory (Linux: VmHWM, else ru_maxrss), and "
+    "by phase the peak up to the end of the phase and the resident memory then"
+)
+
+# What the process holds besides the model: the interpreter, numpy, onnx, onnx-ir and
+# onnxruntime imported, the patterns compiled (measured: 230-290 MiB on a 10 MB model).
+BASE_BYTES = 400 << 20
+# The phases run one after the other, so the peak is the largest phase's: BASE_BYTES +
+# the model's bytes on disk times the largest multiple among the phases the run has.
+# Fitted on the 0.25-1 GiB decoders of bench/bench_big_models.py (docs/benchmarks.md,
+# section 27): (peak - BASE_BYTES) / model measured 3.8-4.5 fusing and saving, 7.9-8.5
+# checking, 5.3 profiling with the check off; each rounded up from the largest.
+MULTIPLIERS = {
+    "save": 4.5,  # every run: load, fuse, save (the check off)
+    "check": 8.5,  # the check: the original kept, two onnxruntime sessions
+    "profile": 6.0,  # profiling's sessions of both models (under the check's when it runs)
+    # added to the largest in measured selection and progressive validation, which build
+    # and run many variants (not measured on big models: an allowance, not a fit)
+    "many_passes": 2.0,
+}
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory so far, in bytes (None: not measurable)."""
+    found = _status_bytes("VmHWM")
+    if found is not None:
+        return found
+    try:
+        import resource  # POSIX only
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError, ValueError):
+        return None
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS says bytes, Linux KiB
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux only; None elsewhere)."""
+    return _status_bytes("VmRSS")
+
+
+def _status_bytes(key: str) -> int | None:
+    try:
+        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PhaseMemory:
+    """An ``on_phase`` callback that records the memory at the end of each phase, then
+    passes the name on to ``on_phase``."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
+        self._on_phase = on_phase
+        self._phase: str | None = None
+        self.before_bytes = rss_bytes()  # what the process held before the run
+        self.by_phase: dict[str, dict[str, int | None]] = {}
+
+    def __call__(self, name: str) -> None:
+        self._close()
+        self._phase = name
+        if self._on_phase is not None:
+            self._on_phase(name)
+
+    def _close(self) -> None:
+        if self._phase is not None:  # a phase run twice (a fallback) keeps its last figures
+            figures = {"peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes()}
+            self.by_phase[self._phase] = figures
+        self._phase = None
+
+    def record(self, model_bytes: int | None, config: OptimizeConfig | None) -> dict[str, Any]:
+        """The report's ``optimize_memory``: the phase running now ends here."""
+        self._close()
+        peak = peak_rss_bytes()
+        predicted = predict_memory(model_bytes, config) if model_bytes is not None else None
+        return {
+            "measure": MEASURE,
+            "peak_rss_bytes": peak,
+            "model_bytes": model_bytes,
+            "ratio": round(peak / model_bytes, 3) if peak and model_bytes else None,
+            "before_bytes": self.before_bytes,
+            "by_phase": dict(self.by_phase),
+            "predicted_peak_bytes": predicted.peak_bytes if predicted else None,
+            "prediction": predicted.basis if predicted else None,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    peak_bytes: int
+    model_bytes: int
+    multiplier: float  # of the model's bytes, on top of BASE_BYTES
+    basis: str  # what the multiplier stands for, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "model_bytes": self.model_bytes,
+            "multiplier": self.multiplier,
+            "basis": self.basis,
+        }
+
+
+def predict_memory(model_bytes: int, config: OptimizeConfig | None = None) -> MemoryPrediction:
+    """The peak resident memory ``run`` (``optimize``, saving, profiling) is expected to
+    reach on a model of ``model_bytes`` (its file and external data) with ``config``:
+    ``BASE_BYTES`` + the largest multiple of the model among its phases
+    (``MULTIPLIERS``, fitted: see the module)."""
+    config = config or OptimizeConfig()
+    phases = ["save"] + ["check"] * config.check.enabled + ["profile"] * config.profile
+    multiplier = max(MULTIPLIERS[p] for p in phases)
+    parts = ["the check on" if config.check.enabled else "the check off"]
+    if config.profile:
+        parts.append("profiled")
+    mode = config.mode
+    if mode != "plain":
+        multiplier += MULTIPLIERS["many_passes"]
+        parts.append("measured selection" if mode == "measured" else "progressive validation")
+    peak = BASE_BYTES + int(multiplier * max(0, model_bytes))
+    basis = f"{multiplier:g}x the model + {BASE_BYTES >> 20} MiB ({', '.join(parts)})"
+    return MemoryPrediction(peak, model_bytes, multiplier, basis)
+
+
+def predict_peak_bytes(model_bytes: int, config: OptimizeConfig | None = None) -> int:
+    """``predict_memory(model_bytes, config).peak_bytes``."""
+    return predict_memory(model_bytes, config).peak_bytes

@@ -1,0 +1,102 @@
+"""Before the sandbox starts: a job whose memory cannot fit the limit is refused.
+
+The sandbox's memory limit (``job_memory_limit_mb``, its address space) kills a run
+that needs more, after minutes of work and with an attempt spent. So once the model and
+its external data are fetched, their bytes and the job's config give the peak the run
+is predicted to reach (``fusion_core.predict_memory``: fitted multiples of the model,
+erring high), and a prediction over the limit by more than ``job_memory_prediction_margin``
+fails the job at once as ``memory-predicted``, saying what would fit instead (the check
+off, no profiling, one plain pass) or that nothing does. ``job_memory_prediction=false``
+tries every job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autofusion.app.core.config import Settings
+from autofusion.fusion_core import OptimizeConfig, predict_memory
+from autofusion.fusion_core.report import bytes_text
+from autofusion.worker.attempts import UserError
+
+__all__ = ["MEMORY_PROBLEM", "JobMemoryError", "check_memory", "inputs_bytes"]
+
+MEMORY_PROBLEM = "memory-predicted"
+_LIMIT_SETTING = "AUTOFUSION_JOB_MEMORY_LIMIT_MB"
+
+
+class JobMemoryError(UserError):
+    """The job's predicted memory cannot fit the sandbox's limit: fail it, with this
+    message (what it needs, the limit, and what to change)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, MEMORY_PROBLEM)
+
+
+def inputs_bytes(folder: Path) -> int:
+    """The bytes of the model and its external data, as fetched into ``folder``."""
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def check_memory(settings: Settings, config: dict[str, Any], inputs: Path) -> int | None:
+    """The predicted peak of this job in bytes (None: prediction off); raises
+    ``JobMemoryError`` when it passes the limit by more than the margin."""
+    if not settings.job_memory_prediction:
+        return None
+    parsed = OptimizeConfig.model_validate(config)
+    model_bytes = inputs_bytes(inputs)
+    predicted = predict_memory(model_bytes, parsed)
+    limit = settings.job_memory_limit_mb << 20
+    if predicted.peak_bytes > limit * (1 + settings.job_memory_prediction_margin):
+        raise JobMemoryError(_refusal(parsed, model_bytes, predicted.peak_bytes, limit))
+    return predicted.peak_bytes
+
+
+def _refusal(config: OptimizeConfig, model_bytes: int, needs: int, limit: int) -> str:
+    what = _what_runs(config)
+    told = (
+        f"this model ({bytes_text(model_bytes)} with its data) needs about {bytes_text(needs)} "
+        f"to optimize with {what}; this server's limit is {bytes_text(limit)}"
+    )
+    lean = _lean(config)
+    lean_needs = predict_memory(model_bytes, lean).peak_bytes
+    operator = f"ask the operator to raise {_LIMIT_SETTING}"
+    if lean != config and lean_needs <= limit:
+        lean_text = f"which needs about {bytes_text(lean_needs)}"
+        return f"{told}: {_changes(config)}, {lean_text}, or {operator}"
+    return (
+        f"{told}, and even with the check off it needs about {bytes_text(lean_needs)}: "
+        f"{operator}, or send the model to a server with more memory"
+    )
+
+
+def _what_runs(config: OptimizeConfig) -> str:
+    parts = ["the check on" if config.check.enabled else "the check off"]
+    if config.profile:
+        parts.append("profiling")
+    if config.mode != "plain":
+        parts.append("measured selection" if config.mode == "measured" else "progressive stages")
+    return " and ".join(parts)
+
+
+def _lean(config: OptimizeConfig) -> OptimizeConfig:
+    """The same job with the check, profiling and the extra passes off."""
+    check = config.check.model_copy(update={"enabled": False})
+    update = {"check": check, "profile": False, "measure": False, "progressive": False}
+    if config.selection == "measured":
+        update["selection"] = "priority"
+    return config.model_copy(update=update)
+
+
+def _changes(config: OptimizeConfig) -> str:
+    changes = []
+    if config.check.enabled:
+        changes.append("turn the check off (check.enabled=false)")
+    if config.profile:
+        changes.append("leave profiling off (profile=false)")
+    if config.mode == "measured":
+        changes.append("select without measuring (measure=false, selection other than measured)")
+    elif config.mode == "progressive":
+        changes.append("validate in one pass (progressive=false)")
+    return ", ".join(changes)
