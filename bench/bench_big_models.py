@@ -1,0 +1,151 @@
+"""Memory and time of ``autofusion optimize`` on big synthetic decoders (issue 29).
+
+For each size (GiB of weights, ``bench/_big_models.py`` builds the decoder with its
+external data, cached in ``--cache``) and each mode (``check``: the defaults;
+``no-check``: ``--no-check``; ``profile``: the defaults and ``--profile``;
+``no-check-profile``: both), runs the
+CLI in a child process, target onnxruntime, and reads:
+
+* the child's peak resident memory (``os.wait4``'s ``ru_maxrss``: what ``/usr/bin/time
+  -v`` calls the maximum resident set size) and its multiple of the model's bytes on
+  disk (model file and external data);
+* from its report.json: the time per phase (``timings_s``), the peak at the end of each
+  phase (``optimize_memory.by_phase``), the prediction (``fusion_core.predict_memory``),
+  the nodes before and after, and the check's verdict and max abs diff.
+
+Prints one JSON line per run, then Markdown tables (docs/benchmarks.md, section 27)::
+
+    python bench/bench_big_models.py --sizes 0.25 0.5 1.0 [--modes check no-check]
+    python bench/bench_big_models.py --sizes 0.25 --modes profile
+
+Mind the machine: with the check on, a run peaks at several times the model's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _big_models import MODEL_FILE, make_decoder, shape_for_size
+
+GIB = 1 << 30
+MODES = {
+    "check": [],
+    "no-check": ["--no-check"],
+    "profile": ["--profile"],
+    "no-check-profile": ["--no-check", "--profile"],
+}
+# `autofusion`, as installed: its entry point in this interpreter
+CLI = [sys.executable, "-c", "import sys; from autofusion.app.cli import main; sys.exit(main())"]
+
+
+def model_for(size_gb: float, cache: Path) -> tuple[Path, dict]:
+    folder = cache / f"decoder_{size_gb:g}gib"
+    info_file = folder / "info.json"
+    if info_file.is_file() and (folder / MODEL_FILE).is_file():
+        return folder / MODEL_FILE, json.loads(info_file.read_text())
+    start = time.perf_counter()
+    info = make_decoder(folder, shape_for_size(size_gb * GIB))
+    info["build_s"] = round(time.perf_counter() - start, 2)
+    info_file.write_text(json.dumps(info))
+    return folder / MODEL_FILE, info
+
+
+def run_cli(model: Path, mode: str, out: Path) -> dict:
+    """One ``autofusion optimize`` in a child; its peak RSS, wall time and report."""
+    report = out / "report.json"
+    command = [*CLI, "optimize", str(model), "-o", str(out / "fused.onnx"),
+               "--target", "onnxruntime", "--report", str(report), *MODES[mode]]  # fmt: skip
+    start = time.perf_counter()
+    with open(out / "log.txt", "wb") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    return {"exit": child.returncode, "wall_s": round(wall, 1),
+            "peak_rss_bytes": usage.ru_maxrss * 1024, "report": data}  # fmt: skip
+
+
+def row(size_gb: float, info: dict, mode: str, ran: dict) -> dict:
+    report = ran["report"]
+    own = report.get("optimize_memory") or {}
+    check = report.get("check") or {}
+    model_bytes = info["model_bytes"]
+    phases = own.get("by_phase") or {}
+    return {
+        "size_gib": size_gb,
+        "mode": mode,
+        "model_bytes": model_bytes,
+        "layers": info["shape"]["layers"],
+        "hidden": info["shape"]["hidden"],
+        "exit": ran["exit"],
+        "wall_s": ran["wall_s"],
+        "peak_rss_bytes": ran["peak_rss_bytes"],
+        "ratio": round(ran["peak_rss_bytes"] / model_bytes, 2),
+        "predicted_peak_bytes": own.get("predicted_peak_bytes"),
+        "timings_s": report.get("timings_s"),
+        "by_phase": {k: v.get("peak_rss_bytes") for k, v in phases.items()},
+        "resident_by_phase": {k: v.get("rss_bytes") for k, v in phases.items()},
+        "nodes": [report.get("nodes", {}).get("before"), report.get("nodes", {}).get("after")],
+        "fusions": sum((report.get("fusions") or {}).values()),
+        "check": None if not check else (check.get("passed"), check.get("max_abs_diff")),
+    }
+
+
+def _gib(value: int | None) -> str:
+    return "—" if value is None else f"{value / GIB:.2f}"
+
+
+def tables(rows: list[dict]) -> str:
+    lines = [
+        "| model (GiB) | layers | mode | wall s | peak RSS GiB | x model | predicted GiB "
+        "| nodes | check |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        check = "off" if r["check"] is None else f"{'passed' if r['check'][0] else 'FAILED'} "
+        check += "" if r["check"] is None else f"{r['check'][1]:.1e}"
+        lines.append(
+            f"| {_gib(r['model_bytes'])} | {r['layers']} | {r['mode']} | {r['wall_s']} "
+            f"| {_gib(r['peak_rss_bytes'])} | {r['ratio']} | {_gib(r['predicted_peak_bytes'])} "
+            f"| {r['nodes'][0]} -> {r['nodes'][1]} | {check} |"
+        )
+    lines += ["", "| model (GiB) | mode | seconds by phase | peak GiB at the end of each phase |",
+              "|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        times = ", ".join(f"{k} {v:.1f}" for k, v in (r["timings_s"] or {}).items())
+        peaks = ", ".join(f"{k} {_gib(v)}" for k, v in r["by_phase"].items())
+        lines.append(f"| {_gib(r['model_bytes'])} | {r['mode']} | {times} | {peaks} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.25, 0.5, 1.0])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["check", "no-check"])
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "af-big")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    rows = []
+    for size in args.sizes:
+        model, info = model_for(size, args.cache)
+        for mode in args.modes:
+            with tempfile.TemporaryDirectory(prefix="af-big-out-") as out:
+                ran = run_cli(model, mode, Path(out))
+            rows.append(row(size, info, mode, ran))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(tables(rows))
+
+
+if __name__ == "__main__":
+    main()
