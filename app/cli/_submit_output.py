@@ -30,6 +30,7 @@ __all__ = [
     "github_outputs",
     "job_exit_code",
     "job_failure",
+    "measured_line",
     "profile_error",
     "speed_dict",
     "speed_line",
@@ -227,6 +228,36 @@ def profile_error(report: Mapping[str, Any] | None) -> str | None:
     return error if isinstance(error, str) else None
 
 
+def measured_line(report: Mapping[str, Any]) -> str | None:
+    """Measured selection in one line: how many groups it kept, and how many it decided
+    from the verdict store (with the jobs that measured them) rather than timing them."""
+    record = report.get("measurement")
+    if not isinstance(record, Mapping) or not isinstance(record.get("groups"), list):
+        return None
+    groups = [g for g in record["groups"] if isinstance(g, Mapping)]
+    kept = sum(1 for g in groups if g.get("kept") is True)
+    sources = [g.get("source") for g in groups]
+    line = f"{len(groups)} group(s), {kept} kept"
+    if "store" in sources or "measured" in sources:
+        line += (
+            f"; {sources.count('store')} decided from the verdict store, "
+            f"{sources.count('measured')} timed"
+        )
+    jobs = {
+        job
+        for g in groups
+        if g.get("source") == "store" and isinstance(g.get("combined"), Mapping)
+        for job in g["combined"].get("jobs") or []
+        if isinstance(job, str)
+    }
+    if jobs:
+        line += f" (measured by job(s) {', '.join(sorted(j[:8] for j in jobs))})"
+    seconds = record.get("seconds")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        line += f", in {seconds:.1f} s"
+    return line
+
+
 def speed_line(speed: Speed | None, profiled: bool, unfinished: str | None = None) -> str:
     """The speedup and the verdict in one line, or why there is none."""
     if speed is None:
@@ -288,6 +319,9 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
         yield "nodes", f"{'?' if before is None else before} -> {'?' if after is None else after}"
         unfinished = profile_error(outcome.report)
         yield "speedup", speed_line(summary.speed, outcome.profiled, unfinished)
+        measured = measured_line(outcome.report)
+        if measured:
+            yield "measured", measured
         warning = (job.get("summary") or {}).get("profile_error")
         if unfinished and isinstance(warning, str):  # the server's words: limit, what to do
             yield "warning", warning
