@@ -38,6 +38,12 @@ class AppliedFusion:
     # The cost model's prediction for this fusion on config.target_profile
     # (fusion_core.cost.Gain.prediction), priced on the graph it was applied to.
     predicted_gain: dict | None = None
+    # What the rewriter left unfused here (Rewrite.notes), reported as near misses
+    notes: tuple[str, ...] = ()
+
+    def near_misses(self) -> list[NearMiss]:
+        """The notes as near misses of kind ``rewriter`` at the fused place."""
+        return [NearMiss(self.pattern, self.replaced_nodes, n, "rewriter") for n in self.notes]
 
     def to_dict(self) -> dict:
         return {

@@ -216,6 +216,7 @@ class _GraphRounds:
             )
             if isinstance(outcome, tuple):
                 self.result.applied.append(outcome[0])
+                self.result.near_misses += outcome[0].near_misses()
                 self.journal.append((*outcome, match))
                 applied += 1
                 continue
@@ -247,6 +248,8 @@ class _GraphRounds:
             failed = cycle_problem(self.graph) or "the graph has a cycle"
             applied.undo()
             self.result.applied.remove(fusion)
+            for miss in fusion.near_misses():
+                self.result.near_misses.remove(miss)
             rejection = _rejection(match, self.ctx, failed)
             self.result.rejected.append(rejection)
             self.bugs.add(_key(match))
@@ -327,6 +330,7 @@ def _try_rewrite(
         round=round_number,
         rewriter=compiled.rewriter.name,
         predicted_gain=predicted,
+        notes=tuple(rewrite.notes),
     )
     return fusion, applied
 

@@ -115,11 +115,16 @@ class Rewrite:
     rewriter traced them as part of the block it replaces (a mixture of experts is
     anchored on its router and spans the experts' computation, whose spelling no fixed
     pattern describes). They are held to the match's rule: nothing outside may read
-    what they compute, except the values ``replaced`` names."""
+    what they compute, except the values ``replaced`` names.
+
+    ``notes``: what the rewrite leaves as the graph had it although the op could do it
+    (a sliding window the proof did not reach stays in the bias), each reported as a
+    near miss of kind ``rewriter`` at the fused place."""
 
     new_nodes: list[ir.Node]
     replaced: list[tuple[ir.Value, ir.Value]]  # (old value, new value)
     absorbed: list[ir.Node] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Rewriter(ABC):

@@ -28,8 +28,9 @@ would be wrong for every padded batch: it shifts the positions and the cache slo
 ``seqlens_k = L - 1`` for every batch (every cache row is a real row, as it is in the
 graph), ``total_sequence_length = L``, and the padding reaches the kernel through
 ``attention_bias = M``, the graph's own mask (``[B or 1, 1, S, L]``), which also carries
-any sliding window (Mistral): nothing about the mask is assumed. Left, right and inner
-padding are all exact (tests/fusion_core/rewriters/test_group_query_attention.py).
+any sliding window the proof below does not reach: nothing about the mask is assumed.
+Left, right and inner padding are all exact
+(tests/fusion_core/rewriters/test_group_query_attention.py).
 
 What is left is where GroupQueryAttention differs from a plain softmax:
 
@@ -53,14 +54,30 @@ When the kernel is causal anyway, the graph's ``[B, 1, S, L]`` mask is more than
 needs: a decode step would still build it from two Ranges, the comparison and an Expand
 to every query (about 30 small nodes of the export, once a step). So where a ``-inf``
 mask is exactly the causal term and terms that are the same for every query
-(``[B or 1, 1, 1, L]``: padding; ``_causal.query_free_terms``), the bias is those terms
+(``[B or 1, 1, 1, L]``: padding; ``_window.query_free_terms``), the bias is those terms
 alone, ``Where(t, 0, lowest)`` broadcast over the S queries (the kernel wants S rows),
 and the rows to keep come from the running count of ``t``: row ``s`` sees the keys
 ``j <= P + s``, so it has one iff ``CumSum(t)[P + s] > 0``. Where a term is
 ``attention_mask[b, j]`` gathered per batch and key (transformers' ``sdpa_mask``
 through TorchScript, proven in ``_padding``), it is read from the mask input itself.
 With no term besides the causal one there is no bias: every row sees its first key.
-A term that varies with the query (a sliding window) keeps the whole mask as the bias.
+
+A sliding window (Mistral, Gemma-2's local layers, Qwen2's ``use_sliding_window``) is
+a term that varies with the query, ``key > P + s - W`` (transformers'
+``kv_idx > q_idx - sliding_window``). Where it is proven, with ``W`` a constant, from a
+comparison of the same key and query indices in either orientation (``_window``), the
+kernel applies it: ``local_window_size = W`` (onnxruntime lets the query at ``p`` see
+the keys ``p - W < j <= p``, its own included, since microsoft/onnxruntime#25927, one
+key more before it: measured against numpy with the pinned onnxruntime in
+tests/fusion_core/rewriters/test_group_query_attention_window.py), the bias is the
+query-free terms alone as above, and a row keeps its output iff the padding leaves it a
+key inside the window, ``CumSum(t)[P + s] - CumSum(t)[P + s - W] > 0`` (0 before the
+first key; with left padding alone the same rows as without the window, with holes
+not). A decode step then computes no positions or comparisons for its mask, and the
+kernel skips the keys outside the window. A term that varies with the query and is
+not proven a window (``W`` read from an input, another orientation) keeps the whole
+mask as the bias, exact, and the fusion's near miss (kind ``rewriter``) says that the
+window stays in the bias and why.
 
 On the generic target (opset 23, or ``--upgrade-opset 23``) the same block becomes ONNX
 ``Attention(q, k, v, attn_mask=M, past_key, past_value)`` with ``q_num_heads = N``,
@@ -70,8 +87,9 @@ not causal, takes the whole mask as it is, so neither the causal proof nor a lim
 the cache applies; the ``-inf`` rows are handled as above.
 
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
-The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the padding
-term's in ``_padding``, the bias and lengths built in ``_bias``.
+The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the sliding
+window's in ``_window``, the padding term's in ``_padding``, the bias and lengths built
+in ``_bias``.
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
-from autofusion.fusion_core.rewriters.group_query_attention._causal import query_free_terms
 from autofusion.fusion_core.rewriters.group_query_attention._inputs import KVSide
 from autofusion.fusion_core.rewriters.group_query_attention._padding import padding_rows
+from autofusion.fusion_core.rewriters.group_query_attention._window import (
+    MaskTerms,
+    query_free_terms,
+)
 
 __all__ = ["MaskBias", "any_key_rows", "lengths_of", "shared_bias"]
 
@@ -37,6 +40,8 @@ class MaskBias(NamedTuple):
     # A row with nothing to attend to: "zero" (-inf mask and the NaN guard: 0, a float
     # keep multiplies) or "mean" (a finite mask: every key's average, a bool keep picks)
     empty_rows: str = "zero"
+    window: int | None = None  # local_window_size: the kernel applies the sliding window
+    note: str | None = None  # why a sliding window stays in the bias (a near miss)
 
 
 def shared_bias(
@@ -54,9 +59,10 @@ def shared_bias(
     1, 1, S, L]`` (one row per batch for every head).
 
     For a kernel that applies the causal term itself (``causal_kernel``) and a mask that
-    is the causal term and terms free of the query (``query_free_terms``), the bias and
-    the rows come from those terms alone (no bias at all without any: the causal term
-    leaves every row its first key). A finite mask takes that path only with a cache
+    is the causal term, terms free of the query and perhaps a sliding window
+    (``query_free_terms``), the bias and the rows come from those terms alone (no bias
+    at all without any: the causal term and the window leave every row its own key),
+    the window goes to the kernel. A finite mask takes that path only with a cache
     (where the kernel must be causal): a row with nothing to attend to averages every
     key in the graph and only the earlier ones in the kernel, so those rows are the
     mean of the cache's values instead (``empty_rows = "mean"``)."""
@@ -72,9 +78,10 @@ def shared_bias(
     # CumSum (the rows to keep) is opset 11's
     padding_only = causal_kernel and (infinite or key.past is not None) and ctx.opset >= 11
     terms = query_free_terms(root, past) if padding_only else None
-    if terms is not None:
+    if isinstance(terms, MaskTerms):
         bias, keep, nodes = _padding_bias(terms, root, value, q, key, ctx, zero_rows=infinite)
-        return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean")
+        return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean", terms.window)
+    note = terms if isinstance(terms, str) else None
     nodes: list[ir.Node] = []
     key = f"gqa_bias:{root.name}:{value!r}"
     bias = shared_value(ctx.graph, key)
@@ -85,13 +92,12 @@ def shared_bias(
         mark_shared(nodes[-1], key)
         bias = nodes[-1].outputs[0]
         bias.dtype = ir.DataType.FLOAT
-    if not infinite:
-        return MaskBias(bias, None, nodes, False)
-    return MaskBias(bias, _keep_rows(root, ctx, nodes), nodes, False)
+    keep = _keep_rows(root, ctx, nodes) if infinite else None
+    return MaskBias(bias, keep, nodes, False, note=note)
 
 
 def _padding_bias(
-    terms: list[ir.Value],
+    terms: MaskTerms,
     root: ir.Value,
     value: float,
     q: ir.Value,
@@ -102,15 +108,16 @@ def _padding_bias(
 ) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]]:
     """The bias ``Where(t, 0, lowest)`` of the query-free terms ``t`` (``[B, 1, 1, L]``)
     expanded to the ``S`` queries, and the rows to keep: row ``s`` sees the keys
-    ``j <= P + s`` with ``t[j]``, so it keeps iff the running count of ``t`` at ``P + s``
-    is not 0 (``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
+    ``j <= P + s`` with ``t[j]`` (and ``j > P + s - W`` in a window of ``W``), so it
+    keeps iff the running count of ``t`` at ``P + s`` is not 0 (less the count at
+    ``P + s - W``; ``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
     (``zero_rows``), else a bool to pick with."""
-    if not terms:
+    if not terms.others:
         return None, None, []
     out = _Emitter()
-    term = _padding_term(terms, root, ctx, out)
+    term = _padding_term(terms.others, root, ctx, out)
     bias = _broadcast_bias(term, root, value, q, ctx, out)
-    keep = _rows_with_a_key(term, root, key, ctx, out, zero_rows=zero_rows)
+    keep = _rows_with_a_key(term, (root, terms.window), key, ctx, out, zero_rows=zero_rows)
     return bias, keep, out.nodes
 
 
@@ -180,16 +187,18 @@ def _broadcast_bias(
 
 def _rows_with_a_key(
     term: ir.Value,
-    root: ir.Value,
+    mask: tuple[ir.Value, int | None],
     key: KVSide,
     ctx: RewriteContext,
     out: _Emitter,
     *,
     zero_rows: bool,
 ) -> ir.Value:
-    """``[B, S, 1]``: whether the running count of ``t`` at ``P + s`` is above 0, as 0/1
-    (``zero_rows``) or a bool."""
-    name = f"gqa_padding_keep:{root.name}:{zero_rows}"
+    """``[B, S, 1]``: whether the running count of ``t`` at ``P + s`` (less the count at
+    ``P + s - W`` for a window of ``W``) is above 0, as 0/1 (``zero_rows``) or a bool;
+    ``mask`` is the unsliced mask and the window."""
+    root, window = mask
+    name = f"gqa_padding_keep:{root.name}:{zero_rows}:{window}"
     if key.past is not None and not key.past.is_graph_input():
         name += f":{key.past.name}"  # a past computed in a layer: not shared (_lengths)
     found = shared_value(ctx.graph, name)
@@ -205,6 +214,9 @@ def _rows_with_a_key(
     end = ctx.initializer("gqa_end", np.array([np.iinfo(np.int64).max], np.int64))
     axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
     rows = out.add("Slice", [running, first, end, axis])
+    if window is not None:
+        before = _count_before_window(running, (first, axis), window, ctx, out)
+        rows = out.add("Sub", [rows, before])
     if zero_rows:
         rows = out.add("Min", [rows, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
     else:
@@ -212,6 +224,23 @@ def _rows_with_a_key(
     per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
     out.add("Reshape", [rows, per_row])
     return out.share(name, ir.DataType.FLOAT if zero_rows else ir.DataType.BOOL)
+
+
+def _count_before_window(
+    running: ir.Value,
+    first_and_axis: tuple[ir.Value, ir.Value],
+    window: int,
+    ctx: RewriteContext,
+    out: _Emitter,
+) -> ir.Value:
+    """The running count at ``P + s - W`` for the ``S`` rows (0 before the first key):
+    ``W`` zeros padded before the ``L`` counts, entries ``P`` to ``L`` of the ``L + W``
+    (``first_and_axis``: ``[P]`` and the key axis, as 1-D starts and axes of a Slice)."""
+    first, axis = first_and_axis
+    pads = ctx.initializer("gqa_window_pads", np.array([0, 0, 0, window, 0, 0, 0, 0], np.int64))
+    shifted = out.add("Pad", [running, pads])
+    end = ctx.initializer("gqa_window_end", np.array([-window], np.int64))
+    return out.add("Slice", [shifted, first, end, axis])
 
 
 def _unsliced(allowed: ir.Value) -> ir.Value:

@@ -19,7 +19,7 @@ from autofusion.fusion_core.canonical import Dim, axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["allowed_of", "causal_failure", "dim_of", "index_axis", "query_free_terms"]
+__all__ = ["allowed_of", "causal_failure", "causal_term", "conjuncts", "dim_of", "index_axis"]
 
 _MAX_DEPTH = 16
 _PASS_THROUGH = frozenset({"Expand", "Identity"})
@@ -42,41 +42,16 @@ def causal_failure(allowed: ir.Value, past_length: Dim) -> str | None:
     return _implies(allowed, past_length, 0)
 
 
-def query_free_terms(allowed: ir.Value, past: Dim) -> list[ir.Value] | None:
-    """The other conjuncts of ``allowed = (key <= P + query) AND t1 AND t2 ...``, each
-    the same for every query (``[B or 1, 1, 1, L]``, L the mask's own key length), with
-    constant-true ones dropped; None unless the mask is exactly that (one non-strict
-    causal term, every other conjunct free of the query axis).
+def causal_term(node: ir.Node, past: Dim) -> bool:
+    """Whether ``node`` is the causal term itself, ``key <= P + query`` (non-strict)."""
+    return node.op_type in ("LessOrEqual", "GreaterOrEqual") and _comparison(node, past) is None
 
-    Why: GroupQueryAttention applies that causal term itself, so the bias it needs is
-    the other terms alone, one row broadcast over the queries: the export's own
-    ``[B, 1, S, L]`` mask (two Ranges, the comparison, the Expand to every query) is not
-    needed for it, nor for the rows to keep (``fusion_core/rewriters/
-    group_query_attention/_bias.py``)."""
-    dims = known_dims(allowed)
-    if dims is None or len(dims) != 4 or dims[3] is None:
-        return None
+
+def conjuncts(allowed: ir.Value) -> list[ir.Value] | None:
+    """The terms of an And tree (through Expand and Identity), or None when it is
+    deeper than this proof reads."""
     leaves: list[ir.Value] = []
-    if not _conjuncts(allowed, leaves, 0):
-        return None
-    causal, others = 0, []
-    for leaf in leaves:
-        constant = constant_array(leaf)
-        if constant is not None and constant.dtype == np.bool_ and bool(np.all(constant)):
-            continue
-        producer = leaf.producer()
-        if (
-            producer is not None
-            and producer.op_type in ("LessOrEqual", "GreaterOrEqual")
-            and _comparison(producer, past) is None
-        ):
-            causal += 1
-            continue
-        shape = known_dims(leaf)
-        if shape is None or len(shape) != 4 or shape[1:3] != [1, 1] or shape[3] != dims[3]:
-            return None  # a term that varies with the query (a sliding window...)
-        others.append(leaf)
-    return others if causal == 1 else None
+    return leaves if _conjuncts(allowed, leaves, 0) else None
 
 
 def _conjuncts(value: ir.Value, leaves: list[ir.Value], depth: int) -> bool:

@@ -89,13 +89,15 @@ class GroupQueryAttention(Rewriter):
         masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
-        bias, keep_rows, causal, nodes, empty_rows = masked
+        bias, keep_rows, causal, nodes, empty_rows = masked[:5]
         if contrib:
             gqa = _group_query_attention(q, key, value, bias, causal, (heads, scale), ctx, nodes)
         else:
             gqa = _onnx_attention(q, key, value, bias, (heads, scale), nodes)
         if softcap:
             gqa.attributes["softcap"] = ir.AttrFloat32("softcap", softcap)
+        if masked.window is not None:
+            gqa.attributes["local_window_size"] = ir.AttrInt64("local_window_size", masked.window)
         nodes.append(gqa)
         _like(gqa.outputs[0], q)
         replaced = []
@@ -121,7 +123,8 @@ class GroupQueryAttention(Rewriter):
             )
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
-        return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced])
+        notes = [masked.note] if masked.note else []
+        return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced], notes=notes)
 
 
 def _softcap(match: Match, params: GQAParams) -> float | str:
@@ -257,6 +260,8 @@ class EmptyRows(NamedTuple):
     causal: bool
     nodes: list[ir.Node]
     empty_rows: str = "zero"  # "zero": multiply by keep; "mean": the cache's mean value
+    window: int | None = None  # local_window_size: the sliding window the kernel applies
+    note: str | None = None  # why a sliding window stays in the bias (a near miss)
 
 
 def _mask(
@@ -297,7 +302,9 @@ def _mask(
             "a fully masked row is NaN"
         )
     if shared is not None and shared.causal_only:  # the bias: the terms besides the causal
-        return EmptyRows(shared.bias, shared.keep, True, shared.nodes, shared.empty_rows)
+        return EmptyRows(
+            shared.bias, shared.keep, True, shared.nodes, shared.empty_rows, shared.window
+        )
     if shared is not None:
         bias, keep_rows, nodes = shared.bias, shared.keep, shared.nodes
     elif params.nan_guard_node is not None:
@@ -311,7 +318,7 @@ def _mask(
             return finite
         bias, keep_rows, nodes = mask, None, []
     mean_rows = shared is not None and not isinstance(allowed, str)
-    whole = EmptyRows(bias, keep_rows, False, nodes)
+    whole = EmptyRows(bias, keep_rows, False, nodes, note=shared.note if shared else None)
     return _causal_or_not(whole, mask, allowed, key, heads, ctx, need_causal, mean_rows)
 
 

@@ -391,15 +391,20 @@ def test_a_padding_term_gathered_per_batch_and_key_reads_the_mask_itself():
     assert ops.count("Gather") == 0 and ops.count("Range") == 1, ops  # the rotary's
 
 
-@pytest.mark.parametrize("opset", [18, 17], ids=["opset18", "opset17-reduce-axes-attribute"])
-def test_a_sliding_window_keeps_the_whole_mask_as_the_bias(opset):
-    """A term that varies with the query (Mistral's window) is no padding term: the
-    graph's own [B, 1, S, L] mask is the bias, its rows to keep a ReduceMax over it."""
+@pytest.mark.parametrize("opset", [18, 17])
+def test_a_sliding_window_becomes_local_window_size(opset):
+    """Mistral's window (``key > query - W``) is the kernel's ``local_window_size = W``:
+    the bias is the padding term alone, and a row keeps its output where the padding
+    leaves it a key inside the window (the running count less the count ``W`` keys
+    earlier). A window the proof does not reach keeps the whole mask:
+    tests/fusion_core/rewriters/test_group_query_attention_window.py."""
     model = decoder_attention(window=3, opset=opset)
     fused, ops = fuse_exactly(model, "attention")
-    assert "CumSum" not in ops and "LessOrEqual" in ops and "Greater" in ops, ops
-    (reduce,) = [n for n in fused.graph.node if n.op_type == "ReduceMax"]
-    assert len(reduce.input) == (2 if opset >= 18 else 1)
+    assert "LessOrEqual" not in ops and "Greater" not in ops and "ReduceMax" not in ops, ops
+    assert ops.count("CumSum") == 1 and ops.count("Pad") == 1, ops
+    (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: a.i for a in gqa.attribute if a.type == onnx.AttributeProto.INT}
+    assert attrs["causal"] == 1 and attrs["local_window_size"] == 3, attrs
 
 
 def test_four_greedy_steps_with_the_cache_match():
@@ -488,12 +493,14 @@ def test_finite_mask_with_cache_averages_the_rows_with_nothing_to_attend_to():
     assert {a.name: a.i for a in gqa.attribute}["causal"] == 1
 
 
-def test_finite_mask_with_a_sliding_window_and_a_cache_keeps_the_whole_mask():
-    """A window term varies with the query, so the whole finite mask is the bias; its
-    rows with nothing to attend to take the cache's mean value all the same."""
+def test_finite_mask_with_a_sliding_window_and_a_cache_takes_the_window():
+    """The window goes to the kernel (``local_window_size``) with a finite mask too; the
+    rows with nothing to attend to inside it take the cache's mean value all the same."""
     model = decoder_attention(eager=True, lowest=float(np.finfo(np.float32).min), window=3)
-    _, ops = fuse_exactly(model, "attention")
-    assert "Greater" in ops and "ReduceMax" in ops and "ReduceMean" in ops, ops
+    fused, ops = fuse_exactly(model, "attention")
+    assert "LessOrEqual" not in ops and "ReduceMax" not in ops and "ReduceMean" in ops, ops
+    (gqa,) = [n for n in fused.graph.node if n.op_type == "GroupQueryAttention"]
+    assert {a.name: a.i for a in gqa.attribute}["local_window_size"] == 3
 
 
 def test_rotary_with_unequal_halves_is_refused():
