@@ -6,12 +6,19 @@ This module adds what a service that accepts untrusted models needs on top of it
 * loading never follows an external-data location outside the model's folder
   (no absolute paths, no ``..``, no symlinks), so a hostile model cannot make us read
   ``/etc/passwd``, nor one onnxruntime reads as a memory address (``*/_ORT_MEM_ADDR_/*``);
+  every tensor of the file is held to this, sparse ones and those onnx-ir does not read
+  included, so a file ``load_model`` accepted can be handed to onnxruntime by its path
+  (the check does: its external data is read where it lies, never copied);
 * loading refuses a model with a string field that is not UTF-8 (protobuf's parser keeps
   it as bytes; onnx-ir would fail writing it back, far from the cause);
 * saving switches to an external-data file when the weights would not fit in one
-  protobuf (2 GB), and never keeps a reference to the source's data files: every tensor
-  of the saved model is in it or in the data file it names beside it, function bodies
-  and ``Constant`` nodes at any depth included;
+  protobuf (2 GB) or when asked (the input had one), streamed to it one tensor at a
+  time, and never keeps a reference to the source's data files: every tensor of the
+  saved model is in it or in the data file it names beside it, function bodies and
+  ``Constant`` nodes at any depth included;
+* a model as a proto with its weights (``proto_with_weights``) or without their bytes
+  (``weightless_proto``: the graph, the inputs and every tensor's type and shape, for
+  what reads only those);
 * small helpers the matcher and rewriters share: "is this value a constant", the
   consumers of a value, the position of each node.
 """
@@ -39,7 +46,9 @@ __all__ = [
     "load_model",
     "model_from_proto",
     "node_positions",
+    "proto_with_weights",
     "save_model",
+    "weightless_proto",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,6 +73,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
         # What ir.load does, with the text check between the parse and the conversion.
         proto = onnx.load(str(path), load_external_data=False)
         _check_text(proto, str(path))
+        _check_every_external_location(proto, path.parent)
         model = ir.serde.deserialize_model(proto)
     except (DecodeError, ValueError, TypeError, RuntimeError) as exc:
         raise ModelLoadError(
@@ -121,6 +131,25 @@ def _check_text(proto: onnx.ModelProto, origin: str) -> None:
                 for index, item in items:
                     suffix = "" if index is None else f"[{index}]"
                     pending.append((item, f"{place}{field.name}{suffix}."))
+
+
+def _check_every_external_location(proto: onnx.ModelProto, model_dir: Path) -> None:
+    """UnsafeModelError for any tensor of the file, at any depth, whose external data is
+    not a safe place in ``model_dir``: those onnx-ir reads (``check_external_data`` checks
+    them again, with their sizes) and those it does not (sparse initializers, sparse
+    attributes), which onnxruntime reads all the same when it is handed the file."""
+    root = model_dir.resolve()
+    pending: list[Message] = [proto]
+    while pending:  # iterative: subgraphs nest as deep as protobuf allows
+        message = pending.pop()
+        if isinstance(message, onnx.TensorProto):
+            if message.data_location == onnx.TensorProto.EXTERNAL:
+                entries = {e.key: e.value for e in message.external_data}
+                _check_location(message.name, entries.get("location", ""), root)
+            continue  # a tensor holds no tensor
+        for field, value in message.ListFields():
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                pending.extend(value if _is_repeated(field) else [value])
 
 
 def _is_repeated(field: FieldDescriptor) -> bool:
@@ -280,10 +309,18 @@ def _is_runtime_marker(location: str) -> bool:
     return any(part.strip().upper().startswith(_RUNTIME_MARKER_PREFIX) for part in parts)
 
 
-def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:
-    """Save ``model``; weights go to ``<name>.data`` beside it when they exceed 2 GB.
+def save_model(
+    model: ir.Model, path: str | os.PathLike, *, external_data: bool = False
+) -> list[Path]:
+    """Save ``model``; its weights go to ``<name>.data`` beside it when ``external_data``
+    or when they exceed 2 GB, else inside the file. Returns the files written.
 
-    Returns the files written.
+    With a data file the weights are streamed to it one tensor at a time (onnx-ir's
+    ``save``), those still read lazily from the source's data file included, and the
+    file itself holds only the graph and the tensors up to 1 KiB: no copy of the weights
+    as a proto or as one byte string. The source's data file is then unmapped again
+    (``_release_mappings``): what was read to write it is not kept resident. A model with
+    no tensor past 1 KiB is one file whatever ``external_data`` says.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,22 +333,96 @@ def save_model(model: ir.Model, path: str | os.PathLike) -> list[Path]:
             "more than one ONNX file can carry",
             hint="store large constants as initializers, which can live in external data",
         )
-    total = sum(
+    sizes = [
         v.const_value.nbytes
         for g in model.graphs()
         for v in g.initializers.values()
         if v.const_value is not None
-    )
-    if total + attribute_bytes <= PROTOBUF_LIMIT_BYTES:
+    ]
+    fits = sum(sizes) + attribute_bytes <= PROTOBUF_LIMIT_BYTES
+    if fits and (not external_data or max(sizes, default=0) <= _EXTERNAL_THRESHOLD_BYTES):
         # Tensors still lazily read from the source folder would be saved as references
         # to files that do not exist beside the new model: read them in first.
         ir.external_data.load_to_model(model)
         ir.save(model, path)
         return [path]
     data_name = path.name + ".data"
-    logger.info("weights are %d bytes: saving them to %s", total, data_name)
-    ir.save(model, path, external_data=data_name, size_threshold_bytes=1024)
+    logger.info("weights are %d bytes: saving them to %s", sum(sizes), data_name)
+    try:
+        ir.save(
+            model, path, external_data=data_name, size_threshold_bytes=_EXTERNAL_THRESHOLD_BYTES
+        )
+    finally:
+        _release_mappings(model)
     return [path, path.parent / data_name]
+
+
+# Tensors up to this size stay inside the file when the weights go to a data file
+_EXTERNAL_THRESHOLD_BYTES = 1024
+
+
+def _lazy_initializers(model: ir.Model) -> list[ir.Value]:
+    """The initializers, in every graph, still read lazily from a data file."""
+    return [
+        value
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    ]
+
+
+def _release_mappings(model: ir.Model) -> None:
+    """Unmap the data files of the lazy initializers: a tensor read through its mapping
+    stays resident (it counts in the process's memory) until then. Each maps its file
+    again the next time it is read."""
+    for value in _lazy_initializers(model):
+        value.const_value.release()
+
+
+def proto_with_weights(model: ir.Model) -> onnx.ModelProto:
+    """``ir.to_proto(model)`` with every initializer's bytes in the proto, those still
+    read lazily from a data file included (``ir.to_proto`` would write them as references
+    to a file beside a model that has no folder). ``model`` is left as it was."""
+    lazy = _lazy_initializers(model)
+    tensors = [value.const_value for value in lazy]
+    try:
+        for value, tensor in zip(lazy, tensors, strict=True):
+            # the mapped array itself: the proto copies its bytes once
+            # the mapped array itself (the proto copies its bytes once); named and typed as
+            # ``ir.external_data.load_to_model`` makes them
+            value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, dtype=tensor.dtype)
+        return ir.to_proto(model)
+    finally:
+        for value, tensor in zip(lazy, tensors, strict=True):
+            value.const_value = tensor
+        _release_mappings(model)
+
+
+def weightless_proto(model: ir.Model) -> onnx.ModelProto:
+    """``model`` as a proto without its initializers' bytes: the graph, the inputs and
+    outputs, and every initializer with its name, type and shape, written as a reference
+    to external data that does not exist (``location`` names no file). What reads only the
+    graph (the check's inputs and outputs) gets the model without a copy of its weights;
+    what runs it needs the model itself. ``model`` is left as it was."""
+    values = [
+        v for g in model.graphs() for v in g.initializers.values() if v.const_value is not None
+    ]
+    tensors = [value.const_value for value in values]
+    try:
+        for value, tensor in zip(values, tensors, strict=True):
+            value.const_value = ir.ExternalTensor(
+                _NO_DATA, offset=0, length=tensor.nbytes, dtype=tensor.dtype,
+                shape=tensor.shape, name=tensor.name, doc_string=tensor.doc_string,
+            )  # fmt: skip
+        return ir.to_proto(model)
+    finally:
+        for value, tensor in zip(values, tensors, strict=True):
+            value.const_value = tensor
+
+
+# The location of every initializer in a weightless proto: not a file name this module
+# accepts (a colon in the first part reads as a drive), so nothing reads it by mistake.
+_NO_DATA = "weightless:no-data"
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:

@@ -4,23 +4,38 @@ onnxruntime runs both on the same inputs (``fusion_core.validate.compare_models`
 the generic target must also pass onnx's checker. When the outputs differ, the fused
 region that drifts first is named; with precision fp16 the range analysis of every fused
 region is added.
+
+Neither model is handed to onnxruntime as a serialized proto: the fused model is saved
+once to a scratch folder, its weights streamed to a data file beside it (those still read
+lazily from the original's data file included), and the original is its own file when
+the caller gave one (``ModelFile``); the two sessions run one after the other. A full
+proto of either is made only for what needs one: onnx's checker (target generic), the
+regions of a failed check and the fp16 range analysis.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from autofusion.fusion_core.config import OptimizeConfig
-from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
+from autofusion.fusion_core.ir import (
+    PROTOBUF_LIMIT_BYTES,
+    load_model,
+    proto_with_weights,
+    save_model,
+)
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.validate import (
     CANNOT_LOAD,
     INVALID_GRAPH,
     ORIGINAL_CANNOT_RUN,
     FloatDistribution,
+    ModelFile,
     check_fp16,
     checker_problems,
     compare_models,
@@ -28,38 +43,44 @@ from autofusion.fusion_core.validate import (
     random_inputs,
 )
 
-__all__ = ["check_against_original"]
+__all__ = ["check_against_original", "original_proto"]
+
+FUSED_FILE = "fused.onnx"  # in the check's scratch folder, its weights in fused.onnx.data
 
 
 def check_against_original(
     result: Result,
-    original: onnx.ModelProto,
+    original: onnx.ModelProto | ModelFile,
     config: OptimizeConfig,
     keep_fp32: set[str],
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> None:
-    """Compare with the original; on failure name the drifting region; fp16 ranges."""
+    """Compare with the original (a proto, or the file the caller gave with its graph);
+    on failure name the drifting region; fp16 ranges."""
     c = config.check
-    fused = result.to_proto()
     distribution = FloatDistribution(
         c.input_distribution, mean=c.input_mean, std=c.input_std, low=c.input_low, high=c.input_high
     )
-    result.check = compare_models(
-        original,
-        fused,
-        rtol=c.rtol,
-        atol=c.atol,
-        samples=c.samples,
-        seed=c.seed,
-        profiles=c.shape_profiles(),
-        tolerances=c.tolerances,
-        distribution=distribution,
-        feeds=feeds,
-    )
+    with tempfile.TemporaryDirectory(prefix="autofusion-check-") as folder:
+        fused_file = ModelFile(Path(folder) / FUSED_FILE)
+        save_model(result.model, fused_file.path, external_data=True)
+        result.check = compare_models(
+            original,
+            fused_file,
+            rtol=c.rtol,
+            atol=c.atol,
+            samples=c.samples,
+            seed=c.seed,
+            profiles=c.shape_profiles(),
+            tolerances=c.tolerances,
+            distribution=distribution,
+            feeds=feeds,
+        )
+    protos = _Protos(result, original)
     # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
     # checker by design; the generic target must pass it in full.
-    if config.target == "generic" and fused.ByteSize() <= PROTOBUF_LIMIT_BYTES:
-        result.structure += _new_checker_problems(original, fused)
+    if config.target == "generic" and protos.fused().ByteSize() <= PROTOBUF_LIMIT_BYTES:
+        result.structure += _new_checker_problems(protos.original(), protos.fused())
     if result.structure:  # an invalid graph, whatever the outputs say
         result.check.passed = False
         result.check.failure = INVALID_GRAPH
@@ -69,14 +90,44 @@ def check_against_original(
     if feeds is None and (not result.check.passed or config.precision == "fp16"):
         # the sizes the check settled on: ones the original runs on
         dims = result.check.profiles[0].dims if result.check.profiles else c.shape_profiles()[0]
+        graph = original.graph_proto() if isinstance(original, ModelFile) else original
         feeds = [
-            random_inputs(original, seed=c.seed + k, dims=dims, distribution=distribution)
+            random_inputs(graph, seed=c.seed + k, dims=dims, distribution=distribution)
             for k in range(c.samples)
         ]
     if feeds and result.applied and not result.check.passed:
-        result.regions = compare_regions(original, fused, feeds, rtol=c.rtol, atol=c.atol)
+        result.regions = compare_regions(
+            protos.original(), protos.fused(), feeds, rtol=c.rtol, atol=c.atol
+        )
     if feeds and result.applied and config.precision == "fp16":
-        result.precision = check_fp16(original, fused, feeds, keep_fp32=keep_fp32)
+        result.precision = check_fp16(protos.original(), protos.fused(), feeds, keep_fp32=keep_fp32)
+
+
+def original_proto(original: onnx.ModelProto | ModelFile) -> onnx.ModelProto:
+    """The original as a proto with its weights: the proto itself, or its file read
+    again (``load_model``'s checks, then every weight in the proto)."""
+    if isinstance(original, ModelFile):
+        return proto_with_weights(load_model(original.path))
+    return original
+
+
+class _Protos:
+    """Both models as protos with their weights, each made the first time it is asked
+    for: most checks need neither."""
+
+    def __init__(self, result: Result, original: onnx.ModelProto | ModelFile) -> None:
+        self._result, self._original = result, original
+        self._protos: dict[str, onnx.ModelProto] = {}
+
+    def original(self) -> onnx.ModelProto:
+        if "original" not in self._protos:
+            self._protos["original"] = original_proto(self._original)
+        return self._protos["original"]
+
+    def fused(self) -> onnx.ModelProto:
+        if "fused" not in self._protos:
+            self._protos["fused"] = proto_with_weights(self._result.model)
+        return self._protos["fused"]
 
 
 def _new_checker_problems(original: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:

@@ -1,9 +1,10 @@
 """``run``: the one path from a model file to the files a user gets.
 
-optimize -> save the fused model -> profile it and measure memory (when the config asks)
--> build the report (with the run's own memory by phase: ``memory.PhaseMemory``) -> write
-the report, its renderings, the region data, the trace and (measured selection) the
-verdicts measured.
+optimize -> save the fused model (its weights in a data file beside it, streamed one
+tensor at a time, when the input had one or past 2 GB) -> profile it and measure memory
+(when the config asks) -> build the report (with the run's own memory by phase:
+``memory.PhaseMemory``) -> write the report, its renderings, the region data, the trace
+and (measured selection) the verdicts measured.
 The CLI's ``optimize`` and the service's sandbox both call this, so the two cannot drift
 apart any more: they used to write the same steps twice, with different profiling seeds.
 A fused model that failed its check is written only with ``keep_failed``, and the
@@ -32,6 +33,7 @@ from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
 from autofusion.fusion_core.pipeline.result import PROFILE_UNFINISHED, Result
 from autofusion.fusion_core.profiling import (
+    ModelSize,
     ProfileOptions,
     measure_memory,
     model_size,
@@ -89,13 +91,17 @@ def run(
     registry_version: int | str | None = None,
     on_stage: Callable[[str, float], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    external_data: bool | None = None,
 ) -> RunOutcome:
     """Optimize ``model_path`` into ``output_path`` and write ``files``. ``names`` are the
     (model, output) names the report shows (default: the paths); ``on_stage`` hears
     ``saving``, ``profiling`` and ``report`` with a progress fraction; ``on_phase`` every
     phase by name as it starts: ``optimize``'s, then those three. The report's
     ``optimize_memory`` is this process's peak memory at the end of each phase
-    (``memory.PhaseMemory``) and the peak predicted for the model and config."""
+    (``memory.PhaseMemory``) and the peak predicted for the model and config.
+    ``external_data``: the fused model's weights go to ``<output>.data`` beside it,
+    streamed (True), or inside the file (False: one file, as the service hands back);
+    None: as the input came. Past 2 GB they go to the data file whatever it says."""
     phase = PhaseMemory(on_phase)
 
     def stage(name: str, progress: float) -> None:
@@ -109,23 +115,15 @@ def run(
         Path(files.verdicts).parent.mkdir(parents=True, exist_ok=True)
         write_verdicts(files.verdicts, result.verdicts)  # none measured: an empty list
     stage("saving", 0.8)
-    check = result.check
-    failed = check is not None and not check.passed
+    failed = result.check is not None and not result.check.passed
     written = not failed or config.keep_failed
+    size = model_size(model_path)  # the input's bytes, and whether it has a data file
+    external = _external_output(size, external_data)
     if written:
-        save_model(result.model, output_path)
-    model_name, output_name = names or (str(model_path), str(output_path))
-    own_memory = partial(phase.record, _bytes_on_disk(model_path), config)
-    report_with = partial(
-        build_report,
-        result,
-        model=model_name,
-        output=output_name if written else None,
-        model_file=model_path,
-        output_file=output_path if written else None,
-        config=config,
-        registry_version=registry_version,
-    )
+        save_model(result.model, output_path, external_data=external)
+    own_memory = partial(phase.record, size and size.total_bytes, config, external_data=external)
+    paths = (model_path, output_path if written else None)
+    report_with = _reporter(result, config, paths, names, registry_version, external)
     profile = memory = None
     if config.profile and not failed:
         if files.report is not None:
@@ -139,10 +137,32 @@ def run(
     return RunOutcome(result, report, written, failed)
 
 
-def _bytes_on_disk(model_path) -> int | None:
-    """The input's bytes: its file and external data (None: no such file)."""
-    size = model_size(model_path)
-    return size.total_bytes if size is not None else None
+def _reporter(
+    result, config, paths, names, registry_version, external_data
+) -> Callable[..., dict[str, Any]]:
+    """``build_report`` of this run, but for what profiling and the memory add; ``paths``:
+    the input's and the fused model's (None: not written)."""
+    model_path, fused_path = paths
+    model_name, output_name = names or (str(model_path), str(fused_path))
+    return partial(
+        build_report,
+        result,
+        model=model_name,
+        output=output_name if fused_path is not None else None,
+        model_file=model_path,
+        output_file=fused_path,
+        config=config,
+        registry_version=registry_version,
+        external_data=external_data,
+    )
+
+
+def _external_output(size: ModelSize | None, asked: bool | None) -> bool:
+    """Whether the fused model's weights go to a data file: as asked, else as the input's
+    did (``size``: the input's bytes, None when it is not a file)."""
+    if asked is not None:
+        return asked
+    return size is not None and size.external_data_bytes > 0
 
 
 def _write_unfinished(report: dict[str, Any], path: Path) -> None:

@@ -16,6 +16,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -26,7 +27,12 @@ from autofusion.fusion_core.canonical import describe as describe_canonical
 from autofusion.fusion_core.catalog import CompiledPattern, builtin_patterns, compile_all
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.errors import ConfigError, FusionError, PatternError
-from autofusion.fusion_core.ir import load_model, model_from_proto
+from autofusion.fusion_core.ir import (
+    load_model,
+    model_from_proto,
+    proto_with_weights,
+    weightless_proto,
+)
 from autofusion.fusion_core.pipeline.check import check_against_original
 from autofusion.fusion_core.pipeline.left_alone import left_alone
 from autofusion.fusion_core.pipeline.result import Rejection, Result
@@ -48,6 +54,7 @@ from autofusion.fusion_core.prepasses import (
 from autofusion.fusion_core.prepasses.opset import upgrade_opset
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 from autofusion.fusion_core.targets import get_target
+from autofusion.fusion_core.validate import ModelFile
 
 __all__ = ["optimize_once", "original_of", "select_patterns", "unchanged"]
 
@@ -193,26 +200,30 @@ def _prepasses(
 
 def _load(
     model: ir.Model | onnx.ModelProto | str | os.PathLike, *, keep_original: bool
-) -> tuple[onnx.ModelProto | None, ir.Model]:
-    """The original as a proto (kept for the check) and an independent working copy."""
+) -> tuple[onnx.ModelProto | ModelFile | None, ir.Model]:
+    """The original as the check takes it and an independent working copy.
+
+    A file stays a file: the check hands onnxruntime the path (its external data read
+    where it lies) and reads the graph from ``weightless_proto``, so the weights are not
+    read in here and no proto of them is kept (the working copy's tensors stay lazy). A
+    model in memory is kept as a proto with its weights, as before."""
     if isinstance(model, (str, os.PathLike)):
-        loaded = load_model(model)
-        if not keep_original:  # no check: copying a large model would cost as much as parsing it
+        loaded = load_model(model)  # refuses hostile external-data paths: onnxruntime may read it
+        if not keep_original:  # no check: nothing to keep
             return None, loaded
-        # External data is resolved against the model's folder only while the tensors
-        # are lazy; the check hands onnxruntime protos, so read the weights in now.
-        ir.external_data.load_to_model(loaded)
-        original = ir.to_proto(loaded)
-        return original, loaded
+        return ModelFile(Path(model), weightless_proto(loaded)), loaded
     if isinstance(model, onnx.ModelProto):
         return model, model_from_proto(model)
-    original = ir.to_proto(model)
+    original = proto_with_weights(model)  # a lazy tensor's bytes too: a proto has no folder
     return original, ir.serde.deserialize_model(original)
 
 
-def original_of(model: ir.Model | onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
-    """The model as the caller gave it, as a proto with its weights: what every verdict
-    is measured against (never a copy after the pre-passes)."""
+def original_of(
+    model: ir.Model | onnx.ModelProto | str | os.PathLike,
+) -> onnx.ModelProto | ModelFile:
+    """The model as the caller gave it, as the check takes it (a proto with its weights,
+    or its file): what every verdict is measured against (never a copy after the
+    pre-passes)."""
     original, _ = _load(model, keep_original=True)
     assert original is not None
     return original

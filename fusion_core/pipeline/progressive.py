@@ -35,6 +35,7 @@ from autofusion.fusion_core.pipeline.once import optimize_once, original_of, sel
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
+from autofusion.fusion_core.validate import ModelFile
 
 __all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive", "progressive_as_configured"]
 
@@ -169,7 +170,7 @@ def _combined(
     first: Result,
     stages: list[Result],
     rollbacks: list[Rollback],
-    original: onnx.ModelProto | None,
+    original: onnx.ModelProto | ModelFile | None,
     config: OptimizeConfig,
     keep_fp32: set[str],
     feeds: Sequence[Mapping[str, np.ndarray]] | None,

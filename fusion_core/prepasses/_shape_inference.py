@@ -71,7 +71,13 @@ class SymbolicShapeInferencePass(ir.passes.InPlacePass):
                     value.dtype = value.dtype or value.const_value.dtype
                 graph.initializers.pop(value.name)
                 if value.name not in input_names:
-                    graph.inputs.append(value)
+                    # A stand-in of the same name, type and shape, not the value itself:
+                    # onnx-ir's graph inputs count every value they ever held and keep
+                    # it (its weights and their mapping of the data file) for the graph's
+                    # life, long after a rewrite has replaced it.
+                    graph.inputs.append(
+                        ir.Value(name=value.name, type=value.type, shape=value.shape)
+                    )
             return ir.serde.serialize_model(model)
         finally:
             # Restore inputs and initializers exactly, in their original order. Only the

@@ -87,11 +87,12 @@ def model_size(path: str | os.PathLike | None) -> ModelSize | None:
     return ModelSize(path.stat().st_size + external, external, 1 + len(data_files))
 
 
-def serialized_size(model: ir.Model) -> ModelSize:
+def serialized_size(model: ir.Model, *, external_data: bool = False) -> ModelSize:
     """The size ``model`` has once saved by ``fusion_core.ir.save_model`` (weights still
-    read lazily from a source folder are written out whole, as saving does)."""
+    read lazily from a source folder are written out whole, as saving does), in one file
+    or with its weights in a data file (``external_data``), as ``run`` would save it."""
     with tempfile.TemporaryDirectory(prefix="autofusion-size-") as scratch:
-        written = save_model(model, Path(scratch) / "model.onnx")
+        written = save_model(model, Path(scratch) / "model.onnx", external_data=external_data)
         sizes = [p.stat().st_size for p in written]
     return ModelSize(sum(sizes), sum(sizes[1:]), len(sizes))
 

@@ -43,13 +43,16 @@ ALLOCATOR_MEASURE = (
 )
 
 
-def size_section(before_path: PathArg, after_path: PathArg, fused: ir.Model) -> dict[str, Any]:
-    """Bytes on disk before and after; the fused model serialized when no file holds it."""
+def size_section(
+    before_path: PathArg, after_path: PathArg, fused: ir.Model, *, external_data: bool = False
+) -> dict[str, Any]:
+    """Bytes on disk before and after; the fused model serialized when no file holds it
+    (with its weights in a data file when ``external_data``: as ``run`` saves it)."""
     before = model_size(before_path)
     after = model_size(after_path)
     measured_from = "file"
     if after is None:
-        after, measured_from = serialized_size(fused), "serialized"
+        after, measured_from = serialized_size(fused, external_data=external_data), "serialized"
     return {
         "before_bytes": before.total_bytes if before else None,
         "after_bytes": after.total_bytes,

@@ -56,6 +56,7 @@ def build_report(
     rollbacks: list[dict[str, Any]] | None = None,
     memory: dict[str, Any] | None = None,
     optimize_memory: dict[str, Any] | None = None,
+    external_data: bool = False,
 ) -> dict[str, Any]:
     """Everything ``optimize`` did, as JSON-serialisable data.
 
@@ -69,7 +70,8 @@ def build_report(
     ``size`` is always measured: the input file (``model_file``, else ``model``) with
     its external data, against the fused file (``output_file``, else ``output``), or,
     when no file holds the fused model, ``result.model`` serialized into a scratch
-    folder. ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison``'s
+    folder (with its weights in a data file when ``external_data``, as ``run`` saves
+    it). ``memory`` is a ``fusion_core.profiling.footprint.MemoryComparison``'s
     ``to_dict()``; the report's ``memory`` entry is null unless it or ``profile`` is
     given. ``optimize_memory`` is the optimizing process's own peak memory by phase and
     its prediction (``fusion_core.pipeline.memory.PhaseMemory.record``; ``run`` gives it),
@@ -86,7 +88,7 @@ def build_report(
             "model_sha256": file_sha256(model_path),
             "output_sha256": file_sha256(output_path),
         },
-        "size": size_section(model_path, output_path, result.model),
+        "size": size_section(model_path, output_path, result.model, external_data=external_data),
         "config": config.model_dump(mode="json") if config is not None else None,
         "registry_version": registry_version,
         **_what_was_fused(result, profile),

@@ -9,12 +9,20 @@ its own tolerance: the one given for it by name in ``tolerances``, else the defa
 its dtype (``default_tolerance``: float32/float64 the configured rtol/atol, float16 and
 bfloat16 looser, integers and bool exact). Statistics (``_stats``) are kept per profile
 and over all profiles; the verdict passes when every output passes in every profile.
+
+The two sessions run one after the other, never side by side: the original on every
+sample first (its outputs kept: a few tensors), its session released, then the fused
+model on the same samples. A session holds its own copy of the weights (onnxruntime packs
+MatMul weights), so at most one copy is alive. A model may be given as a file
+(``ModelFile``): onnxruntime then reads it and its external data where they lie, with no
+serialized copy of the weights in memory.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +46,7 @@ from autofusion.fusion_core.validate._stats import (
 __all__ = [
     "FAILURE_WORDS",
     "CheckResult",
+    "ModelFile",
     "OutputCheck",
     "ProfileCheck",
     "compare_models",
@@ -171,9 +180,34 @@ def _jsonable(value: object) -> object:
     return value
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """A model on disk, handed to onnxruntime by its path: its external data is read
+    where it lies, never as a serialized copy in memory. ``graph`` is the model without
+    its weights' bytes (``fusion_core.ir.weightless_proto``), for what reads only the
+    graph (the inputs to generate, the outputs to compare); None: read from the file.
+
+    onnxruntime follows the file's external-data locations: give only a file this
+    process wrote or one ``fusion_core.ir.load_model`` accepted.
+    """
+
+    path: Path
+    graph: onnx.ModelProto | None = field(default=None, compare=False, repr=False)
+
+    def graph_proto(self) -> onnx.ModelProto:
+        if self.graph is not None:
+            return self.graph
+        return onnx.load(str(self.path), load_external_data=False)
+
+
+ModelSource = onnx.ModelProto | ModelFile
+
+
 def make_session(
-    model: onnx.ModelProto, *, optimized: bool = False, threads: int = 1
+    model: ModelSource | str | os.PathLike, *, optimized: bool = False, threads: int = 1
 ) -> ort.InferenceSession:
+    """A CPU session of ``model``: a proto (serialized, or saved to a scratch folder past
+    2 GB) or a file, read from where it lies."""
     options = ort.SessionOptions()
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -183,6 +217,9 @@ def make_session(
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if isinstance(model, (str, os.PathLike, ModelFile)):
+        path = model.path if isinstance(model, ModelFile) else model
+        return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
     if model.ByteSize() <= PROTOBUF_LIMIT_BYTES:
         return ort.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
@@ -200,8 +237,8 @@ def make_session(
 
 
 def compare_models(
-    original: onnx.ModelProto,
-    fused: onnx.ModelProto,
+    original: ModelSource,
+    fused: ModelSource,
     *,
     rtol: float = 1e-3,
     atol: float = 1e-4,
@@ -214,7 +251,7 @@ def compare_models(
     distribution: FloatDistribution | None = None,
     int_high: int = 2,
 ) -> CheckResult:
-    """Compare every output of ``fused`` against ``original``.
+    """Compare every output of ``fused`` against ``original`` (each a proto or a file).
 
     ``profiles`` lists values for symbolic dims, one dict per shape profile; without it
     ``dims`` is the single profile. Sample ``j`` of profile ``p`` is drawn with seed
@@ -224,29 +261,24 @@ def compare_models(
     a dim that is not a symbolic dim of an input, raises ConfigError; onnxruntime
     failures are reported in ``error``.
     """
-    outputs = [o.name for o in original.graph.output]
-    overrides = _check_tolerances(tolerances or {}, outputs)
-    plans = _plans(original, samples, seed, dims, profiles, feeds)
+    graph = original.graph_proto() if isinstance(original, ModelFile) else original
+    overrides = _check_tolerances(tolerances or {}, [o.name for o in graph.graph.output])
+    plans = _plans(graph, samples, seed, dims, profiles, feeds)
     result = CheckResult(passed=False, samples=plans[0].samples, seed=seed)
-    result.dynamic_dims = input_dims(original).names
-    sessions = _sessions(original, fused, result)
-    if sessions is None:
+    result.dynamic_dims = input_dims(graph).names
+    generate = functools.partial(random_inputs, graph, int_high=int_high, distribution=distribution)
+    expected = _run_original(original, plans, generate, result)
+    candidate = None if expected is None else _open_fused(fused, result)
+    if expected is None or candidate is None:
         return result
-    generate = functools.partial(
-        random_inputs, original, int_high=int_high, distribution=distribution
-    )
-    outs = sessions[0].get_outputs()
-    dtypes = {o.name: _dtype_name(o.type) for o in outs}
+    if expected.pending is not None:
+        raise expected.pending  # an input the generator cannot make: the caller's to fix
+    dtypes = expected.dtypes
     tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
     overall = {n: ErrorStats(tol) for n, tol in tols.items()}
-    for index, plan in enumerate(plans):
+    for index, (plan, ran) in enumerate(zip(plans, expected.plans, strict=True)):
         stats = {n: ErrorStats(tol) for n, tol in tols.items()}
-        error = failure = None
-        if plan.feeds is None and (error := _runnable_dims(sessions[0], plan, generate)):
-            failure = ORIGINAL_CANNOT_RUN  # nothing to compare in this profile
-        else:
-            generated = (generate(seed=s, dims=plan.check.dims) for s in plan.seeds)
-            error, failure = _run(sessions, plan.feeds or generated, [stats, overall])
+        error, failure = _compare_runs(candidate, expected.names, ran, [stats, overall])
         check = plan.check
         check.error = error
         check.outputs = [OutputCheck.from_stats(n, dtypes[n], stats[n]) for n in dtypes]
@@ -272,8 +304,34 @@ def _conclude(
     return result
 
 
-def _sessions(original, fused, result: CheckResult):
-    """Both models' sessions, or None with the reason in ``result``."""
+@dataclass
+class _Ran:
+    """What the original did on one plan: each feed it ran and its outputs, in order;
+    the failure that stopped it, if any (the fused model runs the feeds before it)."""
+
+    feeds: list[Mapping[str, np.ndarray]] = field(default_factory=list)
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
+    error: str | None = None
+    failure: str | None = None
+
+
+@dataclass
+class _Expected:
+    """The original's outputs on every plan, kept while its session is released."""
+
+    names: list[str]
+    dtypes: dict[str, str]
+    plans: list[_Ran] = field(default_factory=list)
+    # An input the generator cannot make (ConfigError): raised once the fused model is
+    # known to load, as when both sessions were made before either ran
+    pending: ConfigError | None = None
+
+
+def _run_original(
+    original: ModelSource, plans: list[_Plan], generate: Callable[..., dict], result: CheckResult
+) -> _Expected | None:
+    """The original on every plan's feeds, its session released after; None when it
+    cannot load (``result`` says why)."""
     try:
         reference = make_session(original)
     except Exception as exc:  # onnxruntime raises many types; report them all
@@ -283,12 +341,70 @@ def _sessions(original, fused, result: CheckResult):
         )
         result.failure = ORIGINAL_CANNOT_RUN  # says nothing about the fusion
         return None
+    outs = reference.get_outputs()
+    expected = _Expected([o.name for o in outs], {o.name: _dtype_name(o.type) for o in outs})
     try:
-        return reference, make_session(fused)
+        for plan in plans:
+            ran = _Ran()
+            expected.plans.append(ran)
+            if plan.feeds is None and (error := _runnable_dims(reference, plan, generate)):
+                ran.error, ran.failure = error, ORIGINAL_CANNOT_RUN  # nothing to compare
+                continue
+            generated = (generate(seed=s, dims=plan.check.dims) for s in plan.seeds)
+            _run_reference(reference, expected.names, plan.feeds or generated, ran)
+    except ConfigError as exc:  # without its frames, which hold the session
+        expected.pending = exc.with_traceback(None)
+    return expected  # the session goes here: its weights with it
+
+
+def _run_reference(
+    reference: ort.InferenceSession,
+    names: list[str],
+    feeds: Iterable[Mapping[str, np.ndarray]],
+    ran: _Ran,
+) -> None:
+    """The original on each feed in order, until one fails (``ran`` says why)."""
+    for feed in feeds:
+        try:
+            outputs = reference.run(names, dict(feed))
+        except ConfigError:
+            raise  # an input the generator cannot make: the caller's to fix, not a run failure
+        except Exception as exc:
+            ran.error = f"the original model cannot run on these inputs: {_first_line(str(exc))}"
+            ran.failure = ORIGINAL_CANNOT_RUN
+            return
+        ran.feeds.append(feed)
+        ran.outputs.append(outputs)
+
+
+def _open_fused(fused: ModelSource, result: CheckResult) -> ort.InferenceSession | None:
+    """The fused model's session, or None with the reason in ``result``."""
+    try:
+        return make_session(fused)
     except Exception as exc:
         result.error = f"onnxruntime cannot load the fused model: {_first_line(str(exc))}"
         result.failure = CANNOT_LOAD
         return None
+
+
+def _compare_runs(
+    candidate: ort.InferenceSession,
+    names: list[str],
+    ran: _Ran,
+    into: list[dict[str, ErrorStats]],
+) -> tuple[str | None, str | None]:
+    """The fused model on each feed the original ran, adding each output to the stats
+    ``into``; the onnxruntime failure that stopped either and whose it was (a ``failure``
+    kind), if any: the first in feed order, as when the two ran side by side."""
+    for feed, expected in zip(ran.feeds, ran.outputs, strict=True):
+        try:
+            actual = candidate.run(names, dict(feed))
+        except Exception as exc:
+            return f"the fused model fails to run: {_first_line(str(exc))}", FUSED_CANNOT_RUN
+        for name, want, got in zip(names, expected, actual, strict=True):
+            for stats in into:
+                stats[name].update(np.asarray(want), np.asarray(got))
+    return ran.error, ran.failure
 
 
 def _runnable_dims(
@@ -331,35 +447,6 @@ def _runnable_dims(
 def _first_line(text: str) -> str:
     text = text.strip().splitlines()[0] if text.strip() else text
     return text[:400]
-
-
-def _run(
-    sessions: tuple[ort.InferenceSession, ort.InferenceSession],
-    feeds: Iterable[Mapping[str, np.ndarray]],
-    into: list[dict[str, ErrorStats]],
-) -> tuple[str | None, str | None]:
-    """Run both models on every feed, adding each output to the stats ``into``; the
-    onnxruntime failure that stopped it and whose it was (a ``failure`` kind), if any."""
-    reference, candidate = sessions
-    names = [o.name for o in reference.get_outputs()]
-    for feed in feeds:
-        try:
-            expected = reference.run(names, dict(feed))
-        except ConfigError:
-            raise  # an input the generator cannot make: the caller's to fix, not a run failure
-        except Exception as exc:
-            return (
-                f"the original model cannot run on these inputs: {_first_line(str(exc))}",
-                ORIGINAL_CANNOT_RUN,
-            )
-        try:
-            actual = candidate.run(names, dict(feed))
-        except Exception as exc:
-            return f"the fused model fails to run: {_first_line(str(exc))}", FUSED_CANNOT_RUN
-        for name, want, got in zip(names, expected, actual, strict=True):
-            for stats in into:
-                stats[name].update(np.asarray(want), np.asarray(got))
-    return None, None
 
 
 @dataclass
