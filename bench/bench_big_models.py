@@ -3,7 +3,8 @@
 For each size (GiB of weights, ``bench/_big_models.py`` builds the decoder with its
 external data, cached in ``--cache``) and each mode (``check``: the defaults;
 ``no-check``: ``--no-check``; ``profile``: the defaults and ``--profile``;
-``no-check-profile``: both), runs the
+``no-check-profile``: both; each with ``-one-file``: the same decoder saved as one file,
+its weights inside, so the fused model is one file too), runs the
 CLI in a child process, target onnxruntime, and reads:
 
 * the child's peak resident memory (``os.wait4``'s ``ru_maxrss``: what ``/usr/bin/time
@@ -17,6 +18,7 @@ Prints one JSON line per run, then Markdown tables (docs/benchmarks.md, section 
 
     python bench/bench_big_models.py --sizes 0.25 0.5 1.0 [--modes check no-check]
     python bench/bench_big_models.py --sizes 0.25 --modes profile
+    python bench/bench_big_models.py --sizes 0.25 0.5 1.0 --modes check-one-file
 
 Mind the machine: with the check on, a run peaks at several times the model's size.
 """
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import onnx
 from _big_models import MODEL_FILE, make_decoder, shape_for_size
 
 GIB = 1 << 30
@@ -42,17 +45,25 @@ MODES = {
     "profile": ["--profile"],
     "no-check-profile": ["--no-check", "--profile"],
 }
+ONE_FILE = "-one-file"  # the mode on the decoder saved as one file, weights inside
 # `autofusion`, as installed: its entry point in this interpreter
 CLI = [sys.executable, "-c", "import sys; from autofusion.app.cli import main; sys.exit(main())"]
 
 
-def model_for(size_gb: float, cache: Path) -> tuple[Path, dict]:
-    folder = cache / f"decoder_{size_gb:g}gib"
+def model_for(size_gb: float, cache: Path, *, one_file: bool = False) -> tuple[Path, dict]:
+    folder = cache / f"decoder_{size_gb:g}gib{'_one_file' if one_file else ''}"
     info_file = folder / "info.json"
     if info_file.is_file() and (folder / MODEL_FILE).is_file():
         return folder / MODEL_FILE, json.loads(info_file.read_text())
     start = time.perf_counter()
-    info = make_decoder(folder, shape_for_size(size_gb * GIB))
+    if one_file:  # the decoder with external data, its weights read in and saved inside
+        source, info = model_for(size_gb, cache)
+        folder.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(onnx.load(source), folder / MODEL_FILE)
+        info = {**info, "path": str(folder / MODEL_FILE), "data_bytes": 0}
+        info["model_bytes"] = (folder / MODEL_FILE).stat().st_size
+    else:
+        info = make_decoder(folder, shape_for_size(size_gb * GIB))
     info["build_s"] = round(time.perf_counter() - start, 2)
     info_file.write_text(json.dumps(info))
     return folder / MODEL_FILE, info
@@ -61,8 +72,9 @@ def model_for(size_gb: float, cache: Path) -> tuple[Path, dict]:
 def run_cli(model: Path, mode: str, out: Path) -> dict:
     """One ``autofusion optimize`` in a child; its peak RSS, wall time and report."""
     report = out / "report.json"
+    flags = MODES[mode.removesuffix(ONE_FILE)]
     command = [*CLI, "optimize", str(model), "-o", str(out / "fused.onnx"),
-               "--target", "onnxruntime", "--report", str(report), *MODES[mode]]  # fmt: skip
+               "--target", "onnxruntime", "--report", str(report), *flags]  # fmt: skip
     start = time.perf_counter()
     with open(out / "log.txt", "wb") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -97,6 +109,8 @@ def row(size_gb: float, info: dict, mode: str, ran: dict) -> dict:
         "nodes": [report.get("nodes", {}).get("before"), report.get("nodes", {}).get("after")],
         "fusions": sum((report.get("fusions") or {}).values()),
         "check": None if not check else (check.get("passed"), check.get("max_abs_diff")),
+        # the fused model's weights in a data file beside it (bytes), or 0: one file
+        "fused_data_bytes": (report.get("size") or {}).get("after_external_data_bytes"),
     }
 
 
@@ -107,8 +121,8 @@ def _gib(value: int | None) -> str:
 def tables(rows: list[dict]) -> str:
     lines = [
         "| model (GiB) | layers | mode | wall s | peak RSS GiB | x model | predicted GiB "
-        "| nodes | check |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| nodes | check | fused |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         check = "off" if r["check"] is None else f"{'passed' if r['check'][0] else 'FAILED'} "
@@ -116,7 +130,8 @@ def tables(rows: list[dict]) -> str:
         lines.append(
             f"| {_gib(r['model_bytes'])} | {r['layers']} | {r['mode']} | {r['wall_s']} "
             f"| {_gib(r['peak_rss_bytes'])} | {r['ratio']} | {_gib(r['predicted_peak_bytes'])} "
-            f"| {r['nodes'][0]} -> {r['nodes'][1]} | {check} |"
+            f"| {r['nodes'][0]} -> {r['nodes'][1]} | {check} "
+            f"| {'with data' if r.get('fused_data_bytes') else 'one file'} |"
         )
     lines += ["", "| model (GiB) | mode | seconds by phase | peak GiB at the end of each phase |",
               "|---|---|---|---|"]  # fmt: skip
@@ -130,14 +145,15 @@ def tables(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[0.25, 0.5, 1.0])
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["check", "no-check"])
+    modes = [*MODES, *(m + ONE_FILE for m in MODES)]
+    parser.add_argument("--modes", nargs="+", choices=modes, default=["check", "no-check"])
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "af-big")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     rows = []
     for size in args.sizes:
-        model, info = model_for(size, args.cache)
         for mode in args.modes:
+            model, info = model_for(size, args.cache, one_file=mode.endswith(ONE_FILE))
             with tempfile.TemporaryDirectory(prefix="af-big-out-") as out:
                 ran = run_cli(model, mode, Path(out))
             rows.append(row(size, info, mode, ran))

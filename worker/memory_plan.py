@@ -5,9 +5,11 @@ that needs more, after minutes of work and with an attempt spent. So once the mo
 its external data are fetched, their bytes and the job's config give the peak the run
 is predicted to reach (``fusion_core.predict_memory``: fitted multiples of the model,
 erring high), and a prediction over the limit by more than ``job_memory_prediction_margin``
-fails the job at once as ``memory-predicted``, saying what would fit instead (the check
-off, no profiling, one plain pass) or that nothing does. ``job_memory_prediction=false``
-tries every job.
+fails the job at once as ``memory-predicted``, saying what would fit instead (no
+profiling and one plain pass, the check kept when that fits, else off too) or that
+nothing does. The job's fused model is one file below 2 GB (``worker/sandbox.py``), so
+it is predicted as one file (past 2 GB with its data file, as every model there).
+``job_memory_prediction=false`` tries every job.
 """
 
 from __future__ import annotations
@@ -59,12 +61,12 @@ def _refusal(config: OptimizeConfig, model_bytes: int, needs: int, limit: int) -
         f"this model ({bytes_text(model_bytes)} with its data) needs about {bytes_text(needs)} "
         f"to optimize with {what}; this server's limit is {bytes_text(limit)}"
     )
-    lean = _lean(config)
-    lean_needs = predict_memory(model_bytes, lean).peak_bytes
     operator = f"ask the operator to raise {_LIMIT_SETTING}"
-    if lean != config and lean_needs <= limit:
-        lean_text = f"which needs about {bytes_text(lean_needs)}"
-        return f"{told}: {_changes(config)}, {lean_text}, or {operator}"
+    for lean in (_lean(config, keep_check=True), _lean(config)):  # the check kept if it fits
+        lean_needs = predict_memory(model_bytes, lean).peak_bytes
+        if lean != config and lean_needs <= limit:
+            lean_text = f"which needs about {bytes_text(lean_needs)}"
+            return f"{told}: {_changes(config, lean)}, {lean_text}, or {operator}"
     return (
         f"{told}, and even with the check off it needs about {bytes_text(lean_needs)}: "
         f"{operator}, or send the model to a server with more memory"
@@ -80,18 +82,20 @@ def _what_runs(config: OptimizeConfig) -> str:
     return " and ".join(parts)
 
 
-def _lean(config: OptimizeConfig) -> OptimizeConfig:
-    """The same job with the check, profiling and the extra passes off."""
-    check = config.check.model_copy(update={"enabled": False})
+def _lean(config: OptimizeConfig, *, keep_check: bool = False) -> OptimizeConfig:
+    """The same job with profiling and the extra passes off, and the check unless
+    ``keep_check``."""
+    check = config.check.model_copy(update={"enabled": keep_check and config.check.enabled})
     update = {"check": check, "profile": False, "measure": False, "progressive": False}
     if config.selection == "measured":
         update["selection"] = "priority"
     return config.model_copy(update=update)
 
 
-def _changes(config: OptimizeConfig) -> str:
+def _changes(config: OptimizeConfig, lean: OptimizeConfig) -> str:
+    """What ``lean`` turns off of ``config``, in the config's words."""
     changes = []
-    if config.check.enabled:
+    if config.check.enabled and not lean.check.enabled:
         changes.append("turn the check off (check.enabled=false)")
     if config.profile:
         changes.append("leave profiling off (profile=false)")

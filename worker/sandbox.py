@@ -194,6 +194,9 @@ def _run(folder: Path, job: dict[str, Any], progress: Progress, mark: PhaseMark)
         registry_version=job.get("registry_version"),
         on_stage=_misbehaving_while_profiling(progress),
         on_phase=_on_phase(progress, mark),
+        # one file, whatever the input: the job's download is the model file alone (its
+        # weights go to fused.onnx.data, stored with it, only past 2 GB)
+        external_data=False,
     )
     if outcome.failed:  # the report stays: it says what the check saw
         raise CheckFailed(_check_message(outcome.result.check, kept=outcome.written))

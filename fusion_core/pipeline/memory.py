@@ -9,18 +9,22 @@ mark, so each phase's figure is the peak up to its end, and the phase whose figu
 jumps is the one that raised it. The report's ``optimize_memory`` is its record.
 
 ``predict_memory(model_bytes, config)`` is the peak before the run, from the model's
-bytes on disk (its file and external data) and what the config runs: a base (the
+bytes on disk (its file and external data), what the config runs and whether the model
+and its fused copy keep their weights in a data file (``external_data``): a base (the
 interpreter, onnx and onnxruntime) plus the largest multiple of the model among the
 phases the config runs. The multiples are fitted to measurements, not derived:
-``bench/bench_big_models.py`` on synthetic Llama-shaped decoders of 0.25, 0.5 and 1 GiB
-(docs/benchmarks.md, section 27), each the largest ratio measured rounded up, so the
-prediction errs high on that family (by 1-7% there); other models (many small tensors,
-folding that grows constants) may differ, hence the worker's margin.
-Where the memory goes (section 27): with the check on, the weights are read once for
-the working model and copied once more into the original kept as a proto for the check,
-then the fused proto and two onnxruntime sessions (each with its serialized copy while it
-loads) come on top; with the check off, the working model, and saving's materialized,
-converted and serialized copies.
+``bench/bench_big_models.py`` on synthetic Llama-shaped decoders of 0.25, 0.5 and 1 GiB,
+with their weights in a data file and saved as one file (docs/benchmarks.md, section 27,
+"The check's sessions and the save, weights held once"), each the largest ratio measured
+rounded up, so the prediction errs high on that family; other models (many small
+tensors, folding that grows constants) may differ, hence the worker's margin.
+Where the memory goes: with a data file the weights stay there, read lazily, so a run
+holds the weights the fusions rewrite (the merged projections) and, with the check on,
+one onnxruntime session at a time (the check reads both models from files, the fused one
+saved to a scratch folder first); saving streams the weights to the output's data file.
+In one file the model is parsed whole at load, and saving converts every weight to a
+proto and serializes it at once (several copies of the model); profiling holds sessions
+of both models.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autofusion.fusion_core.config import OptimizeConfig
+from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
 
 __all__ = [
     "BASE_BYTES",
     "MEASURE",
     "MULTIPLIERS",
+    "ONE_FILE_MULTIPLIERS",
     "MemoryPrediction",
     "PhaseMemory",
     "peak_rss_bytes",
@@ -56,16 +62,22 @@ BASE_BYTES = 400 << 20
 # The phases run one after the other, so the peak is the largest phase's: BASE_BYTES +
 # the model's bytes on disk times the largest multiple among the phases the run has.
 # Fitted on the 0.25-1 GiB decoders of bench/bench_big_models.py (docs/benchmarks.md,
-# section 27): (peak - BASE_BYTES) / model measured 3.8-4.5 fusing and saving, 7.9-8.5
-# checking, 5.3 profiling with the check off; each rounded up from the largest.
+# section 27, "The check's sessions and the save, weights held once"), each the largest
+# (peak - BASE_BYTES) / model measured, rounded up: 0.2-1.2 fusing and saving, 0.7-1.4
+# checking, 1.6-2.1 profiling (0.25 and 0.5 GiB). With its weights in a data file, in and
+# out:
 MULTIPLIERS = {
-    "save": 4.5,  # every run: load, fuse, save (the check off)
-    "check": 8.5,  # the check: the original kept, two onnxruntime sessions
-    "profile": 6.0,  # profiling's sessions of both models (under the check's when it runs)
+    "save": 1.25,  # every run: load (lazy), fuse (the merged weights), the save streamed
+    "check": 1.5,  # the check: the same, and one onnxruntime session at a time
+    "profile": 2.5,  # profiling's sessions of both models, from their files
     # added to the largest in measured selection and progressive validation, which build
     # and run many variants (not measured on big models: an allowance, not a fit)
     "many_passes": 2.0,
 }
+# In one file (the input, or the fused model: the service's is): the file parsed whole
+# at load, saving converts every weight to a proto and serializes it at once, profiling
+# parses both files. Measured 3.9-4.5 saving, 2.4-2.8 checking, 6.8-7.7 profiling.
+ONE_FILE_MULTIPLIERS = {"save": 4.5, "check": 3.0, "profile": 8.0}
 
 
 def peak_rss_bytes() -> int | None:
@@ -120,11 +132,16 @@ class PhaseMemory:
             self.by_phase[self._phase] = figures
         self._phase = None
 
-    def record(self, model_bytes: int | None, config: OptimizeConfig | None) -> dict[str, Any]:
-        """The report's ``optimize_memory``: the phase running now ends here."""
+    def record(
+        self, model_bytes: int | None, config: OptimizeConfig | None, *, external_data: bool = False
+    ) -> dict[str, Any]:
+        """The report's ``optimize_memory``: the phase running now ends here.
+        ``external_data``: the fused model was saved with its weights in a data file."""
         self._close()
         peak = peak_rss_bytes()
-        predicted = predict_memory(model_bytes, config) if model_bytes is not None else None
+        predicted = None
+        if model_bytes is not None:
+            predicted = predict_memory(model_bytes, config, external_data=external_data)
         return {
             "measure": MEASURE,
             "peak_rss_bytes": peak,
@@ -153,14 +170,21 @@ class MemoryPrediction:
         }
 
 
-def predict_memory(model_bytes: int, config: OptimizeConfig | None = None) -> MemoryPrediction:
+def predict_memory(
+    model_bytes: int, config: OptimizeConfig | None = None, *, external_data: bool = False
+) -> MemoryPrediction:
     """The peak resident memory ``run`` (``optimize``, saving, profiling) is expected to
     reach on a model of ``model_bytes`` (its file and external data) with ``config``:
-    ``BASE_BYTES`` + the largest multiple of the model among its phases
-    (``MULTIPLIERS``, fitted: see the module)."""
+    ``BASE_BYTES`` + the largest multiple of the model among its phases (``MULTIPLIERS``,
+    fitted: see the module). ``external_data``: the model comes with its weights in a
+    data file and the fused model is saved so too (``run``'s default for such a model);
+    False: either is one file, which costs more (the service's fused model is one file).
+    Past 2 GB both have a data file, whatever it says."""
     config = config or OptimizeConfig()
+    streamed = external_data or model_bytes > PROTOBUF_LIMIT_BYTES
+    table = MULTIPLIERS if streamed else ONE_FILE_MULTIPLIERS
     phases = ["save"] + ["check"] * config.check.enabled + ["profile"] * config.profile
-    multiplier = max(MULTIPLIERS[p] for p in phases)
+    multiplier = max(table[p] for p in phases)
     parts = ["the check on" if config.check.enabled else "the check off"]
     if config.profile:
         parts.append("profiled")
@@ -168,11 +192,15 @@ def predict_memory(model_bytes: int, config: OptimizeConfig | None = None) -> Me
     if mode != "plain":
         multiplier += MULTIPLIERS["many_passes"]
         parts.append("measured selection" if mode == "measured" else "progressive validation")
+    if not streamed:
+        parts.append("one file")
     peak = BASE_BYTES + int(multiplier * max(0, model_bytes))
     basis = f"{multiplier:g}x the model + {BASE_BYTES >> 20} MiB ({', '.join(parts)})"
     return MemoryPrediction(peak, model_bytes, multiplier, basis)
 
 
-def predict_peak_bytes(model_bytes: int, config: OptimizeConfig | None = None) -> int:
-    """``predict_memory(model_bytes, config).peak_bytes``."""
-    return predict_memory(model_bytes, config).peak_bytes
+def predict_peak_bytes(
+    model_bytes: int, config: OptimizeConfig | None = None, *, external_data: bool = False
+) -> int:
+    """``predict_memory(model_bytes, config, external_data=...).peak_bytes``."""
+    return predict_memory(model_bytes, config, external_data=external_data).peak_bytes

@@ -57,7 +57,7 @@ def test_the_report_has_the_peak_by_phase_against_the_model(report) -> None:
     for phase in own["by_phase"].values():
         assert 0 < phase["rss_bytes"] <= phase["peak_rss_bytes"]
     assert own["predicted_peak_bytes"] == predict_peak_bytes(own["model_bytes"], OptimizeConfig())
-    assert own["prediction"].endswith("(the check on)")
+    assert own["prediction"].endswith("(the check on, one file)")  # as the model came
     body = {k: v for k, v in report.items() if not k.startswith("_")}
     jsonschema.Draft202012Validator(report_schema()).validate(body)
 
@@ -100,12 +100,31 @@ def test_phase_memory_records_each_phase_as_it_ends() -> None:
 def test_the_prediction_grows_with_the_model_and_with_what_runs() -> None:
     sizes = [0, 1 << 20, GIB, 4 * GIB, 8 * GIB]
     for config in (OptimizeConfig(), NO_CHECK, OptimizeConfig(profile=True)):
-        predicted = [predict_peak_bytes(size, config) for size in sizes]
-        assert predicted == sorted(set(predicted)) and predicted[0] == BASE_BYTES
-    on, off = predict_memory(GIB), predict_memory(GIB, NO_CHECK)
+        for external in (True, False):
+            predicted = [predict_peak_bytes(s, config, external_data=external) for s in sizes]
+            assert predicted == sorted(set(predicted)) and predicted[0] == BASE_BYTES
+    on, off = (
+        predict_memory(GIB, external_data=True),
+        predict_memory(GIB, NO_CHECK, external_data=True),
+    )
     assert on.peak_bytes > off.peak_bytes > GIB
     assert "the check on" in on.basis and "the check off" in off.basis
     measured = OptimizeConfig(selection="measured")
-    assert predict_peak_bytes(GIB, measured) > on.peak_bytes
+    assert predict_peak_bytes(GIB, measured, external_data=True) > on.peak_bytes
     profiled_off = NO_CHECK.model_copy(update={"profile": True})
-    assert predict_peak_bytes(GIB, profiled_off) > off.peak_bytes
+    assert predict_peak_bytes(GIB, profiled_off, external_data=True) > off.peak_bytes
+
+
+def test_in_one_file_saving_costs_the_most() -> None:
+    """A model in one file is parsed whole and saved as one proto: more than with a data
+    file, and more than the check, which reads both models from files."""
+    for config in (OptimizeConfig(), NO_CHECK, OptimizeConfig(profile=True)):
+        one_file, streamed = (
+            predict_memory(GIB, config),
+            predict_memory(GIB, config, external_data=True),
+        )
+        assert one_file.peak_bytes > streamed.peak_bytes
+        assert one_file.basis.endswith("one file)") and "one file" not in streamed.basis
+    assert predict_peak_bytes(GIB) == predict_peak_bytes(GIB, NO_CHECK)  # saving's peak
+    # past 2 GB the weights go to a data file whatever the caller says
+    assert predict_peak_bytes(4 * GIB) == predict_peak_bytes(4 * GIB, external_data=True)

@@ -89,6 +89,20 @@ def test_the_refusal_says_what_would_fit(tmp_path: Path) -> None:
     assert refused.value.problem == MEMORY_PROBLEM
 
 
+def test_the_refusal_keeps_the_check_when_that_fits(tmp_path: Path) -> None:
+    """Below 2 GB a job's fused model is one file: saving it costs more than the check,
+    so leaving profiling off is enough and the check stays on."""
+    inputs = _inputs(tmp_path, 3 * GIB // 2)
+    limit = _limit_mb(3 * GIB // 2, OptimizeConfig())  # the job without profiling fits
+    settings = Settings(data_dir=tmp_path, job_memory_limit_mb=limit)
+    with pytest.raises(JobMemoryError) as refused:
+        check_memory(settings, {"profile": True}, inputs)
+    message = str(refused.value)
+    assert "with the check on and profiling" in message
+    assert ": leave profiling off (profile=false), which needs about " in message
+    assert "turn the check off" not in message
+
+
 def test_the_margin_and_the_switch(tmp_path: Path) -> None:
     inputs = _inputs(tmp_path, GIB)
     needs = predict_peak_bytes(GIB, OptimizeConfig())
