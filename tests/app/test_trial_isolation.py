@@ -320,10 +320,11 @@ def test_sandbox_environment_is_an_allow_list(tmp_path):
         "AUTOFUSION_SANDBOX_TEST_CRASH": "segv",
         "HOME": "/home/service",
         "SSH_AUTH_SOCK": "/tmp/agent",
+        "TMPDIR": "/tmp",
     }
     env = sandbox_environment(tmp_path, environ=parent)
     assert "hunter2" not in repr(env)
-    assert env["HOME"] == str(tmp_path)
+    assert env["HOME"] == env["TMPDIR"] == str(tmp_path)  # never the shared /tmp
     assert env["PATH"] == "/usr/bin" and env["LANG"] == "C.UTF-8"
     assert env["OMP_NUM_THREADS"] == "2"
     assert env["PYTHONPATH"].endswith(os.pathsep + "/opt/extra")

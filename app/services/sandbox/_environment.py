@@ -21,7 +21,7 @@ SANDBOX_UMASK = 0o077
 CODE_ROOT = str(Path(__file__).resolve().parents[3])
 
 # Passed through when the parent has them: what a process needs to run, not to log in.
-_ALLOWED = frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"})
+_ALLOWED = frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"})
 # Thread-pool sizes of OpenMP, the BLAS libraries and onnxruntime.
 _ALLOWED_PREFIXES = ("OMP_", "ORT_")
 _THREAD_VARIABLES = frozenset({"MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"})
@@ -46,6 +46,11 @@ def sandbox_environment(
         if key in allowed or key.startswith(_ALLOWED_PREFIXES)
     }
     env["HOME"] = os.path.abspath(home)
+    # Temporary files in its own folder too, never the host's /tmp: sandboxes share one
+    # user, so a shared /tmp is where one could read or plant another's files; the files
+    # go with the folder when the attempt ends; and the check's copy of a big fused model
+    # lands on the data volume, not a container's /tmp (a tmpfs that counts as memory).
+    env["TMPDIR"] = env["HOME"]
     # One BLAS thread: less memory reserved per sandbox, and onnxruntime has its own pool.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [CODE_ROOT, source.get("PYTHONPATH")]))
