@@ -70,7 +70,12 @@ def model_for(size_gb: float, cache: Path, *, one_file: bool = False) -> tuple[P
 
 
 def run_cli(model: Path, mode: str, out: Path) -> dict:
-    """One ``autofusion optimize`` in a child; its peak RSS, wall time and report."""
+    """One ``autofusion optimize`` in a child; its peak RSS, wall time and report.
+
+    The peak is wait4's ``ru_maxrss``, as ``/usr/bin/time -v`` reports it; Linux starts it
+    at the forking parent's resident size, this bench's own process (a few hundred MB
+    with onnx and numpy loaded), so on the smallest models it reads high. The report's
+    ``optimize_memory.peak_rss_bytes`` (VmHWM, reset by exec) is the child's alone."""
     report = out / "report.json"
     flags = MODES[mode.removesuffix(ONE_FILE)]
     command = [*CLI, "optimize", str(model), "-o", str(out / "fused.onnx"),

@@ -21,6 +21,7 @@ import uvicorn
 
 from autofusion.app.core.config import Settings
 from autofusion.app.main import create_app
+from tests.event_loops import run_coroutine
 
 CLIENTS = 64  # well above the pool's 5 + 10 connections and the 40 worker threads
 REQUESTS_PER_CLIENT = 5
@@ -73,5 +74,5 @@ async def _hammer(url: str, paths: list[str]) -> tuple[Counter, float]:
 def test_many_concurrent_clients_on_a_fresh_server_all_get_answers(server_url):
     # The very first requests also race to create the default tenant.
     paths = ["/v1/jobs", "/v1/patterns", "/v1/strategies", "/v1/jobs?status=running"]
-    statuses, _ = asyncio.run(_hammer(server_url, paths))
+    statuses, _ = run_coroutine(_hammer(server_url, paths))
     assert statuses == Counter({200: CLIENTS * REQUESTS_PER_CLIENT}), statuses

@@ -9,7 +9,6 @@ The hostile models are the issue's: a 222-byte ``TfIdfVectorizer`` with
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import threading
@@ -32,6 +31,7 @@ from autofusion.app.services.model_checks import inspect_model
 from autofusion.app.services.model_work import child_settings, inspect_upload
 from autofusion.app.services.sandbox import sandbox_environment
 from tests.app.cli_server import Server
+from tests.event_loops import run_coroutine
 
 PROBLEM = "application/problem+json"
 BASE = "https://autofusion.dev/problems/"
@@ -361,7 +361,7 @@ def test_a_big_upload_is_checked_in_a_child_not_in_the_api(tmp_path):
     with PeakRss() as inline:  # what the API did before: parse it in-process
         inspect_model(model, (), check_settings(tmp_path))
     with PeakRss() as child:
-        asyncio.run(inspect_upload(model, (), check_settings(tmp_path)))
+        run_coroutine(inspect_upload(model, (), check_settings(tmp_path)))
     # The control: the sampler sees an in-process parse. It samples, so it may catch the
     # peak a little after a freed buffer; half the model is plenty to tell the two apart.
     assert inline.grew_mb > 128, inline.grew_mb
@@ -373,7 +373,7 @@ def test_a_model_too_big_for_the_child_is_a_problem_naming_the_limit(tmp_path):
     model = big_model(tmp_path / "model.onnx", 256)
     settings = check_settings(tmp_path, api_sandbox_memory_limit_mb=512)
     with pytest.raises(ProblemError) as caught:
-        asyncio.run(inspect_upload(model, (), settings))
+        run_coroutine(inspect_upload(model, (), settings))
     problem = caught.value
     assert (problem.status, problem.slug, problem.extra["limit"]) == (
         422,
@@ -399,7 +399,7 @@ def test_the_child_refuses_what_inspect_model_refuses(tmp_path):
     with pytest.raises(ProblemError) as in_process:
         inspect_model(path, (), settings)
     with pytest.raises(ProblemError) as in_child:
-        asyncio.run(inspect_upload(path, (), settings))
+        run_coroutine(inspect_upload(path, (), settings))
     for caught in (in_process, in_child):
         assert (caught.value.status, caught.value.slug) == (422, "op-domain-not-allowed")
         assert "evil.ops" in caught.value.detail

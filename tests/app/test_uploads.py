@@ -5,7 +5,6 @@ hard links inside the folder) and the streaming limit chunk by chunk."""
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import io
 import os
@@ -22,6 +21,7 @@ from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services.model_checks import inspect_model
 from autofusion.app.services.uploads import check_file_name, receive_upload
+from tests.event_loops import run_coroutine
 
 WEIGHTS = np.arange(4, dtype=np.float32)
 
@@ -407,7 +407,7 @@ def test_the_streaming_limit_stops_reading_at_the_chunk_that_passes_it(tmp_path)
         "headers": [(b"content-type", b"multipart/form-data; boundary=b")],
     }
     with pytest.raises(ProblemError) as caught:
-        asyncio.run(receive_upload(incoming(Request(scope, receive), settings), settings))
+        run_coroutine(receive_upload(incoming(Request(scope, receive), settings), settings))
 
     assert caught.value.status == 413 and caught.value.slug == "payload-too-large"
     assert sent == 4  # 74 + 3 * 4096 bytes > 10_000: the remaining chunks stay unread

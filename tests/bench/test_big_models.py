@@ -141,6 +141,8 @@ def test_a_checked_run_holds_the_weights_about_once(tmp_path) -> None:
     ran = bench_big_models.run_cli(Path(info["path"]), "check", out)
     assert ran["exit"] == 0 and ran["report"]["check"]["passed"]
     own = ran["report"]["optimize_memory"]
-    held = (ran["peak_rss_bytes"] - own["before_bytes"]) / info["model_bytes"]
+    # The child's own high-water mark (VmHWM, reset by exec), not wait4's ru_maxrss: Linux
+    # starts that at the forking parent's peak, a pytest worker's hundreds of MB.
+    held = (own["peak_rss_bytes"] - own["before_bytes"]) / info["model_bytes"]
     assert 0.5 < held < MOST_MEMORY_WITH_THE_CHECK, f"{held:.2f}x the model"
     assert (out / "fused.onnx.data").is_file()  # the weights streamed beside the model

@@ -4,13 +4,11 @@ whose worker is gone, upload folders and download copies nobody has touched for
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -28,6 +26,7 @@ from autofusion.app.services.scratch import (
 )
 from autofusion.app.services.uploads import IncomingBody, UploadSlots, receive_upload, remove_folder
 from autofusion.worker.reaper import Reaper
+from tests.event_loops import run_coroutine
 from tests.worker.worker_testing import WorkerEnv
 
 HOUR = 3600.0
@@ -146,10 +145,7 @@ def test_a_streaming_upload_survives_a_sweep_in_the_middle(tmp_path: Path) -> No
     body = IncomingBody(
         f"multipart/form-data; boundary={boundary}", None, chunks(), UploadSlots(4, 4, 1)
     )
-    # A thread of its own: the browser tests' session-long Playwright keeps an event loop
-    # running in the main thread, where asyncio.run() refuses to start another.
-    with ThreadPoolExecutor(1) as pool:
-        upload = pool.submit(asyncio.run, receive_upload(body, settings)).result()
+    upload = run_coroutine(receive_upload(body, settings))
     assert seen == [[]] and upload.model_path.stat().st_size == 2000
     _backdate(upload.folder, 2 * HOUR)
     assert sweep_api_scratch(settings) == []  # received, not yet checked and stored
