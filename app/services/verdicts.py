@@ -44,7 +44,7 @@ from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import Job, Verdict, as_utc, utcnow
 from autofusion.app.services.pattern_class_rules import apply_auto_disable
 from autofusion.fusion_core.profiling.stats import VERDICTS, PairedRatio
-from autofusion.fusion_core.profiling.verdicts import VERDICTS_FORMAT, VerdictRecord
+from autofusion.fusion_core.profiling.verdicts import VERDICTS_FORMAT, VerdictRecord, parse_verdicts
 
 __all__ = [
     "EXPORT_LIMIT",
@@ -282,26 +282,13 @@ def parse_verdicts_file(data: Any) -> tuple[list[VerdictRecord], list[str]]:
     """The valid records of a verdicts file's content, and a line per record left out
     (why). 422 when it is not a verdicts file at all, or when none of its records is
     valid (naming the first that is not)."""
-    if not isinstance(data, Mapping) or data.get("format") != FILE_FORMAT:
+    try:
+        records, skipped = parse_verdicts(data)
+    except ValueError as exc:
         raise ProblemError(
-            422,
-            "invalid-verdicts-file",
-            "Not a verdicts file",
-            f'the body is not a verdicts file: it must be {{"format": "{FILE_FORMAT}", '
-            '"verdicts": [...]}, as `autofusion verdicts export` writes it',
-        )
-    items = data.get("verdicts")
-    if not isinstance(items, list):
-        raise ProblemError(
-            422, "invalid-verdicts-file", "Not a verdicts file", "'verdicts' must be a list"
-        )
-    record_type = VerdictRecord
-    records, skipped = [], []
-    for index, item in enumerate(items):
-        try:
-            records.append(record_type.from_dict(item))
-        except ValueError as exc:
-            skipped.append(f"verdict {index}: {exc}")
+            422, "invalid-verdicts-file", "Not a verdicts file", f"the body {exc}"
+        ) from None
+    items = data["verdicts"]
     if items and not records:
         raise ProblemError(
             422,

@@ -53,6 +53,7 @@ __all__ = [
     "machine_class",
     "machine_key",
     "measuring_machine",
+    "parse_verdicts",
     "read_verdicts",
     "write_verdicts",
 ]
@@ -332,14 +333,24 @@ def read_verdicts(path: str | os.PathLike) -> tuple[list[VerdictRecord], list[st
             data = json.load(f)
         except ValueError as exc:
             raise ValueError(f"{os.fspath(path)} is not JSON: {exc}") from None
+    try:
+        return parse_verdicts(data)
+    except ValueError as exc:
+        raise ValueError(f"{os.fspath(path)} {exc}") from None
+
+
+def parse_verdicts(data: Any) -> tuple[list[VerdictRecord], list[str]]:
+    """The valid records of a verdicts document (a file's JSON, an import's body), and a
+    line per record left out (why). Raises ValueError ("is not a verdicts file ...") when
+    the document is not one at all."""
     if not isinstance(data, Mapping) or data.get("format") != VERDICTS_FORMAT:
         raise ValueError(
-            f"{os.fspath(path)} is not a verdicts file (its format must be {VERDICTS_FORMAT!r}, "
+            f"is not a verdicts file (its format must be {VERDICTS_FORMAT!r}, "
             "as `autofusion verdicts export` writes it)"
         )
     items = data.get("verdicts")
     if not isinstance(items, list):
-        raise ValueError(f"{os.fspath(path)}: 'verdicts' must be a list")
+        raise ValueError("is not a verdicts file: its 'verdicts' must be a list")
     records, skipped = [], []
     for index, item in enumerate(items):
         try:
