@@ -21,6 +21,7 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -35,8 +36,11 @@ __all__ = [
     "PageKey",
     "decode_page_token",
     "encode_page_token",
+    "invalid_page_token",
     "list_jobs",
+    "pack_token",
     "page_size_of",
+    "unpack_token",
 ]
 
 PAGE_SIZE_DEFAULT = 50
@@ -78,17 +82,29 @@ def encode_page_token(key: PageKey, status: str | None) -> str:
         "s": status,
         "n": key.newer,
     }
+    return pack_token(document)
+
+
+def pack_token(document: dict[str, Any]) -> str:
+    """A page token: the document as URL-safe base64 of compact JSON (every listing's)."""
     raw = json.dumps(document, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def _invalid(detail: str) -> ProblemError:
+def unpack_token(token: str) -> Any:
+    """The document of ``pack_token``; ValueError or binascii.Error for anything else."""
+    return json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+
+
+def invalid_page_token(detail: str, *, same: str = "") -> ProblemError:
+    """400 invalid-page-token: what was wrong and what to send (``same``: what else must
+    stay as it was, e.g. "with the same filters, ")."""
     return ProblemError(
         400,
         "invalid-page-token",
         "Invalid page token",
-        f"{detail}; send the next_page_token of the previous page as it came, or leave "
-        "page_token out for the first page",
+        f"{detail}; send the next_page_token of the previous page as it came, {same}or "
+        "leave page_token out for the first page",
     )
 
 
@@ -97,9 +113,9 @@ def decode_page_token(token: str, status: str | None) -> PageKey:
     try:
         key, issued_for = _read_token(token)
     except (ValueError, TypeError, KeyError, binascii.Error):
-        raise _invalid("page_token is not a token this server issued") from None
+        raise invalid_page_token("page_token is not a token this server issued") from None
     if issued_for != status:
-        raise _invalid(
+        raise invalid_page_token(
             f"page_token was issued for status={issued_for or '(any)'}, "
             f"not status={status or '(any)'}"
         )
@@ -107,7 +123,7 @@ def decode_page_token(token: str, status: str | None) -> PageKey:
 
 
 def _read_token(token: str) -> tuple[PageKey, str | None]:
-    document = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    document = unpack_token(token)
     if not isinstance(document, dict) or document.get("v") != _TOKEN_VERSION:
         raise ValueError("not a page token of this version")
     created_at, job_id, newer, issued_for = (

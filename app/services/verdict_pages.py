@@ -15,7 +15,6 @@ shared, jobs are not.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import json
@@ -28,7 +27,12 @@ from sqlalchemy.orm import Session
 
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import Verdict, as_utc
-from autofusion.app.services.job_pages import page_size_of
+from autofusion.app.services.job_pages import (
+    invalid_page_token,
+    pack_token,
+    page_size_of,
+    unpack_token,
+)
 from autofusion.app.services.verdicts import VerdictFilters, shown_job_id, verdict_dict
 
 __all__ = ["VerdictPage", "list_verdicts"]
@@ -52,23 +56,16 @@ def _digest(filters: VerdictFilters) -> str:
 def _encode(row: Verdict, filters: VerdictFilters) -> str:
     when = as_utc(row.measured_at).isoformat()
     document = {"v": _TOKEN_VERSION, "m": when, "i": row.id, "f": _digest(filters)}
-    raw = json.dumps(document, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return pack_token(document)
 
 
 def _invalid(detail: str) -> ProblemError:
-    return ProblemError(
-        400,
-        "invalid-page-token",
-        "Invalid page token",
-        f"{detail}; send the next_page_token of the previous page as it came, with the "
-        "same filters, or leave page_token out for the first page",
-    )
+    return invalid_page_token(detail, same="with the same filters, ")
 
 
 def _decode(token: str, filters: VerdictFilters) -> tuple[datetime, int]:
     try:
-        document = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        document = unpack_token(token)
         if not isinstance(document, dict) or document.get("v") != _TOKEN_VERSION:
             raise ValueError("not a page token of this version")
         when = datetime.fromisoformat(document["m"])  # TypeError if not a string
