@@ -11,11 +11,15 @@ This module adds what a service that accepts untrusted models needs on top of it
   (the check does: its external data is read where it lies, never copied);
 * loading refuses a model with a string field that is not UTF-8 (protobuf's parser keeps
   it as bytes; onnx-ir would fail writing it back, far from the cause);
+* a model in one file is read with its big weights left in the file, each read from it
+  when asked, like those of a data file (``onefile``: the file is not held twice while
+  protobuf parses it);
 * saving switches to an external-data file when the weights would not fit in one
   protobuf (2 GB) or when asked (the input had one), streamed to it one tensor at a
-  time, and never keeps a reference to the source's data files: every tensor of the
-  saved model is in it or in the data file it names beside it, function bodies and
-  ``Constant`` nodes at any depth included;
+  time; one file is streamed too, one initializer at a time (``onefile.write_model``).
+  A saved model never keeps a reference to the source's data files: every tensor of it
+  is in it or in the data file it names beside it, function bodies and ``Constant``
+  nodes at any depth included;
 * a model as a proto with its weights (``proto_with_weights``) or without their bytes
   (``weightless_proto``: the graph, the inputs and every tensor's type and shape, for
   what reads only those);
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,6 +42,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from autofusion.fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
+from autofusion.fusion_core.onefile import ScannedModel, scan, write_model
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",
@@ -60,7 +66,9 @@ PROTOBUF_LIMIT_BYTES = 1_800_000_000
 def load_model(path: str | os.PathLike) -> ir.Model:
     """Load an ONNX file into onnx-ir, refusing unsafe external-data references.
 
-    External tensors stay lazy: their bytes are read only when a pass needs them.
+    External tensors stay lazy: their bytes are read only when a pass needs them. So do
+    the big weights of a model in one file (``onefile.scan``): left in the file, each
+    read from it when asked, where ``onnx.load`` would hold them twice while parsing.
     """
     path = Path(path)
     if not path.exists():
@@ -71,7 +79,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
         raise ModelLoadError(f"{str(path)!r} is not a file", hint="pass the path of a .onnx file")
     try:
         # What ir.load does, with the text check between the parse and the conversion.
-        proto = onnx.load(str(path), load_external_data=False)
+        proto, scanned = _parse(path)
         _check_text(proto, str(path))
         _check_every_external_location(proto, path.parent)
         model = ir.serde.deserialize_model(proto)
@@ -86,7 +94,23 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     for tensor in _external_tensors(model):
         tensor.base_dir = str(path.parent)
     check_external_data(model, path.parent)
+    if scanned is not None:  # the weights left in the file: read from it when asked
+        scanned.attach(proto, model)
     return model
+
+
+def _parse(path: Path) -> tuple[onnx.ModelProto, ScannedModel | None]:
+    """The file's proto: whole (``onnx.load``), or with its big weights left in the file
+    where ``onefile.scan`` can walk it and its initializers' names are distinct (the
+    weights left out are found again by name)."""
+    scanned = scan(path)
+    if scanned is not None:
+        proto = onnx.load_model_from_string(scanned.skeleton)
+        names = [tensor.name for tensor in proto.graph.initializer]
+        if len(set(names)) == len(names):
+            return proto, scanned
+        scanned.source.close()
+    return onnx.load(str(path), load_external_data=False), None
 
 
 def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -> ir.Model:
@@ -342,17 +366,23 @@ def save_model(
     fits = sum(sizes) + attribute_bytes <= PROTOBUF_LIMIT_BYTES
     if fits and (not external_data or max(sizes, default=0) <= _EXTERNAL_THRESHOLD_BYTES):
         # Tensors still lazily read from the source folder would be saved as references
-        # to files that do not exist beside the new model: read them in first.
-        ir.external_data.load_to_model(model)
-        ir.save(model, path)
+        # to files that do not exist beside the new model: the main graph's are read one
+        # at a time as they are written, the subgraphs' (seldom big) read in first.
+        _read_in_subgraph_weights(model)
+        write_model(model, path)
         return [path]
     data_name = path.name + ".data"
     logger.info("weights are %d bytes: saving them to %s", sum(sizes), data_name)
+    # Written beside and moved over the destination, never rewritten in place: the
+    # destination may be the file the model's weights are still read from.
+    scratch = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         ir.save(
-            model, path, external_data=data_name, size_threshold_bytes=_EXTERNAL_THRESHOLD_BYTES
+            model, scratch, external_data=data_name, size_threshold_bytes=_EXTERNAL_THRESHOLD_BYTES
         )
+        os.replace(scratch, path)
     finally:
+        scratch.unlink(missing_ok=True)
         _release_mappings(model)
     return [path, path.parent / data_name]
 
@@ -371,6 +401,18 @@ def _lazy_initializers(model: ir.Model) -> list[ir.Value]:
     ]
 
 
+def _read_in_subgraph_weights(model: ir.Model) -> None:
+    """Read into memory the initializers of subgraphs still in a data file."""
+    for graph in model.graphs():
+        if graph is model.graph:
+            continue
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                [value.const_value] = ir.external_data.convert_tensors_from_external(
+                    [value.const_value]
+                )
+
+
 def _release_mappings(model: ir.Model) -> None:
     """Unmap the data files of the lazy initializers: a tensor read through its mapping
     stays resident (it counts in the process's memory) until then. Each maps its file
@@ -387,7 +429,6 @@ def proto_with_weights(model: ir.Model) -> onnx.ModelProto:
     tensors = [value.const_value for value in lazy]
     try:
         for value, tensor in zip(lazy, tensors, strict=True):
-            # the mapped array itself: the proto copies its bytes once
             # the mapped array itself (the proto copies its bytes once); named and typed as
             # ``ir.external_data.load_to_model`` makes them
             value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name, dtype=tensor.dtype)

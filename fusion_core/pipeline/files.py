@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import save_model
+from autofusion.fusion_core.onefile import load_without_weights
 from autofusion.fusion_core.pipeline.memory import PhaseMemory
 from autofusion.fusion_core.pipeline.modes import optimize
 from autofusion.fusion_core.pipeline.reproducer import reproducer_names, reproducers_zip
@@ -210,8 +210,8 @@ def _write_files(report: dict, files: RunFiles, model_path, fused_path) -> None:
     if files.html is None and files.regions is None:
         return
     # The pictures need the graphs only: the weights stay on disk.
-    original = onnx.load(model_path, load_external_data=False)
-    fused = onnx.load(fused_path, load_external_data=False) if fused_path else None
+    original = load_without_weights(model_path)
+    fused = load_without_weights(fused_path) if fused_path else None
     pictures = None  # drawn once (shape inference on both graphs), for both files
     if fused is not None and report.get("applied"):
         pictures = region_pictures(report["applied"], original, fused)

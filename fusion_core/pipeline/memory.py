@@ -22,9 +22,11 @@ Where the memory goes: with a data file the weights stay there, read lazily, so 
 holds the weights the fusions rewrite (the merged projections) and, with the check on,
 one onnxruntime session at a time (the check reads both models from files, the fused one
 saved to a scratch folder first); saving streams the weights to the output's data file.
-In one file the model is parsed whole at load, and saving converts every weight to a
-proto and serializes it at once (several copies of the model); profiling holds sessions
-of both models.
+In one file the big weights are left in the file at load and read from it when asked,
+and saving writes one initializer at a time (``fusion_core.onefile``), so fusing and
+saving cost what they cost with a data file; the check's session of the original costs
+more (onnxruntime parses the whole file, weights included), and profiling parses both
+files whole and holds sessions of both models.
 """
 
 from __future__ import annotations
@@ -74,10 +76,14 @@ MULTIPLIERS = {
     # and run many variants (not measured on big models: an allowance, not a fit)
     "many_passes": 2.0,
 }
-# In one file (the input, or the fused model: the service's is): the file parsed whole
-# at load, saving converts every weight to a proto and serializes it at once, profiling
-# parses both files. Measured 3.9-4.5 saving, 2.4-2.8 checking, 6.8-7.7 profiling.
-ONE_FILE_MULTIPLIERS = {"save": 4.5, "check": 3.0, "profile": 8.0}
+# In one file (the input, or the fused model: the service's is): the big weights read
+# from the file when asked, saving streamed one initializer at a time; onnxruntime's
+# session of the original in the check parses the whole file, profiling both files.
+# Measured (docs/benchmarks.md, section 27, "A model in one file, weights held once")
+# -0.1-0.5 fusing and saving, 1.4-2.0 checking, 4.4-5.0 profiling (0.25-1 GiB; rising
+# with the size, hence 5.5). Before the streamed save and the lazy load: 3.9-4.5
+# saving, 2.4-2.8 checking, 6.8-7.7 profiling.
+ONE_FILE_MULTIPLIERS = {"save": 0.5, "check": 2.25, "profile": 5.5}
 
 
 def peak_rss_bytes() -> int | None:
@@ -178,7 +184,8 @@ def predict_memory(
     ``BASE_BYTES`` + the largest multiple of the model among its phases (``MULTIPLIERS``,
     fitted: see the module). ``external_data``: the model comes with its weights in a
     data file and the fused model is saved so too (``run``'s default for such a model);
-    False: either is one file, which costs more (the service's fused model is one file).
+    False: either is one file (the service's fused model is), which costs more with the
+    check or profiling (onnxruntime parses the file whole) and less with neither.
     Past 2 GB both have a data file, whatever it says."""
     config = config or OptimizeConfig()
     streamed = external_data or model_bytes > PROTOBUF_LIMIT_BYTES

@@ -41,6 +41,7 @@ from google.protobuf.message import DecodeError
 
 from autofusion.fusion_core.errors import FusionError
 from autofusion.fusion_core.ir import save_model
+from autofusion.fusion_core.onefile import load_without_weights
 
 __all__ = [
     "MEMORY_LEVEL",
@@ -99,7 +100,7 @@ def serialized_size(model: ir.Model, *, external_data: bool = False) -> ModelSiz
 
 def _external_files(path: Path) -> list[Path]:
     try:
-        proto = onnx.load(os.fspath(path), load_external_data=False)
+        proto = load_without_weights(path)  # the locations only: a big file is not parsed whole
     except (OSError, ValueError, DecodeError):
         return []  # not a model: its own bytes are all there is to count
     root = path.parent.resolve()

@@ -115,16 +115,20 @@ def test_the_prediction_grows_with_the_model_and_with_what_runs() -> None:
     assert predict_peak_bytes(GIB, profiled_off, external_data=True) > off.peak_bytes
 
 
-def test_in_one_file_saving_costs_the_most() -> None:
-    """A model in one file is parsed whole and saved as one proto: more than with a data
-    file, and more than the check, which reads both models from files."""
+def test_in_one_file_the_check_costs_the_most() -> None:
+    """A model in one file is read lazily and saved streamed, as with a data file (no
+    more than that without the check), but onnxruntime parses the whole file for the
+    check's session of the original and for profiling: more than with a data file."""
     for config in (OptimizeConfig(), NO_CHECK, OptimizeConfig(profile=True)):
         one_file, streamed = (
             predict_memory(GIB, config),
             predict_memory(GIB, config, external_data=True),
         )
-        assert one_file.peak_bytes > streamed.peak_bytes
+        if config is NO_CHECK:
+            assert one_file.peak_bytes <= streamed.peak_bytes
+        else:
+            assert one_file.peak_bytes > streamed.peak_bytes
         assert one_file.basis.endswith("one file)") and "one file" not in streamed.basis
-    assert predict_peak_bytes(GIB) == predict_peak_bytes(GIB, NO_CHECK)  # saving's peak
+    assert predict_peak_bytes(GIB) > predict_peak_bytes(GIB, NO_CHECK)  # the check's peak
     # past 2 GB the weights go to a data file whatever the caller says
     assert predict_peak_bytes(4 * GIB) == predict_peak_bytes(4 * GIB, external_data=True)
