@@ -31,6 +31,7 @@ from autofusion.app.api.routes import (
     pattern_rules,
     patterns,
     strategies,
+    uploads,
     verdicts,
     webhooks,
 )
@@ -60,7 +61,8 @@ DOCS_ASSETS = "/docs/assets"  # Swagger UI's files
 # The API's routes, a module each (issue 28 added the verdict store, and the patterns
 # disabled per machine class).
 ROUTE_MODULES = (
-    health, metrics, info, jobs, patterns, strategies, webhooks, verdicts, pattern_rules,
+    health, metrics, info, jobs, uploads, patterns, strategies, webhooks, verdicts,
+    pattern_rules,
 )  # fmt: skip
 
 

@@ -56,6 +56,7 @@ from autofusion.app.core.models import Job, JobStatus, utcnow
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.db_retry import is_transient_db_error, retry_transient
 from autofusion.app.services.job_claims import hold_job, is_held
+from autofusion.app.services.job_files import fused_model_filename
 from autofusion.app.services.job_phases import next_phases
 from autofusion.app.services.jobs import (
     claim_job,
@@ -211,7 +212,10 @@ class _Attempt:
             with tracing.span("autofusion.job.fetch"):
                 self._prepare(plan)
             # a job that cannot fit the memory limit fails now, not in a dying sandbox
-            check_memory(self.settings, plan.config, self.folder / sandbox.INPUT_DIR)
+            inputs = self.folder / sandbox.INPUT_DIR
+            check_memory(
+                self.settings, plan.config, inputs, external_data=bool(self.job.data_files)
+            )
             child = run_child(
                 self.folder,
                 time_limit_s=self.settings.job_time_limit_s,
@@ -270,6 +274,7 @@ class _Attempt:
             raise Crash(f"could not fetch the model from the artifact store: {exc}") from exc
         job_file = {
             "model": Path(self.job.model_name).name,
+            "output": self.fused_name,
             "config": plan.config,
             "memory_limit_mb": self.settings.job_memory_limit_mb,
             "cpu_limit_s": job_cpu_limit_s(self.settings),
@@ -304,7 +309,7 @@ class _Attempt:
             failed = _failed_check(output / sandbox.REPORT_FILE)
             if failed is not None:  # never `succeeded` with a failed check, whatever the exit
                 if not plan.config.get("keep_failed"):
-                    (output / sandbox.FUSED_FILE).unlink(missing_ok=True)
+                    self._drop_fused(output)
                 return self._check_failed(output, plan, child, failed)
             return self._succeed(output, plan, child)
         logger.warning("job %s: sandbox output:\n%s", self.job_id, child.log_tail)
@@ -317,7 +322,7 @@ class _Attempt:
         limit = self.settings.job_time_limit_s
         output = self.folder / sandbox.OUTPUT_DIR
         if self.stage == "profiling":
-            checked = _unfinished_profile(output)
+            checked = _unfinished_profile(output, self.fused_name)
             if checked is not None:
                 (output / sandbox.PROFILE_TRACE_FILE).unlink(missing_ok=True)  # half written
                 message = profile_unfinished_message(limit, checked=checked)
@@ -397,12 +402,13 @@ class _Attempt:
         self, output: Path, plan: Plan, child: ChildRun
     ) -> tuple[str | None, str, dict[str, Any]]:
         """Put the fused model (if written), report and renderings in the store."""
-        fused_file = output / sandbox.FUSED_FILE
+        fused_file = output / self.fused_name
         try:
             fused = self._put(fused_file) if fused_file.is_file() else None
+            # its weights, when they went to a data file (the input had one, or past 2 GB)
             data_files = [
                 {"name": p.name, "digest": self._put(p)}
-                for p in sorted(output.glob(sandbox.FUSED_FILE + ".data"))
+                for p in sorted(output.glob(self.fused_name + ".data"))
             ]
             report_digest = self._put(output / sandbox.REPORT_FILE)
             artifacts = {
@@ -424,6 +430,18 @@ class _Attempt:
             summary["fused_data_files"] = data_files
         summary["artifacts"] = artifacts  # GET /v1/jobs/{id}/artifacts/{name}
         return fused, report_digest, summary
+
+    @property
+    def fused_name(self) -> str:
+        """The fused model's file in the sandbox's output, named as its download is
+        (``<stem>.fused.onnx``; its data file ``<stem>.fused.onnx.data``)."""
+        return fused_model_filename(self.job)
+
+    def _drop_fused(self, output: Path) -> None:
+        """A model that failed its check is not kept (unless ``keep_failed``): nor is its
+        data file."""
+        (output / self.fused_name).unlink(missing_ok=True)
+        (output / (self.fused_name + ".data")).unlink(missing_ok=True)
 
     def _put(self, path: Path) -> str:
         """Store a result file; its size goes on the job's row with the outcome (what
@@ -544,11 +562,11 @@ class _Attempt:
         return Outcome.lost
 
 
-def _unfinished_profile(output: Path) -> bool | None:
+def _unfinished_profile(output: Path, fused_name: str) -> bool | None:
     """Whether the sandbox was stopped while profiling a model it had saved, with the
     report it wrote before profiling (``fusion_core.run``): None when it was not (or the
     model failed its check); else whether the model was checked (False: check skipped)."""
-    report_file, fused = output / sandbox.REPORT_FILE, output / sandbox.FUSED_FILE
+    report_file, fused = output / sandbox.REPORT_FILE, output / fused_name
     if not (report_file.is_file() and fused.is_file()):
         return None
     try:

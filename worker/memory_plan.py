@@ -7,18 +7,21 @@ is predicted to reach (``fusion_core.predict_memory``: fitted multiples of the m
 erring high), and a prediction over the limit by more than ``job_memory_prediction_margin``
 fails the job at once as ``memory-predicted``, saying what would fit instead (no
 profiling and one plain pass, the check kept when that fits, else off too) or that
-nothing does. The job's fused model is one file below 2 GB (``worker/sandbox.py``), so
-it is predicted as one file (past 2 GB with its data file, as every model there).
+nothing does. The job's fused model is saved as its model came (``worker/sandbox.py``):
+with a data file when the job has data files (predicted so), else one file below 2 GB
+(past 2 GB with its data file, as every model there).
 ``job_memory_prediction=false`` tries every job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from autofusion.app.core.config import Settings
-from autofusion.fusion_core import OptimizeConfig, predict_memory
+from autofusion.fusion_core import MemoryPrediction, OptimizeConfig, predict_memory
 from autofusion.fusion_core.report import bytes_text
 from autofusion.worker.attempts import UserError
 
@@ -41,21 +44,31 @@ def inputs_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def check_memory(settings: Settings, config: dict[str, Any], inputs: Path) -> int | None:
+def check_memory(
+    settings: Settings, config: dict[str, Any], inputs: Path, *, external_data: bool = False
+) -> int | None:
     """The predicted peak of this job in bytes (None: prediction off); raises
-    ``JobMemoryError`` when it passes the limit by more than the margin."""
+    ``JobMemoryError`` when it passes the limit by more than the margin.
+    ``external_data``: the job's weights are in data files (and its fused model's will be)."""
     if not settings.job_memory_prediction:
         return None
     parsed = OptimizeConfig.model_validate(config)
     model_bytes = inputs_bytes(inputs)
-    predicted = predict_memory(model_bytes, parsed)
+    predict = partial(predict_memory, model_bytes, external_data=external_data)
+    predicted = predict(parsed)
     limit = settings.job_memory_limit_mb << 20
     if predicted.peak_bytes > limit * (1 + settings.job_memory_prediction_margin):
-        raise JobMemoryError(_refusal(parsed, model_bytes, predicted.peak_bytes, limit))
+        raise JobMemoryError(_refusal(parsed, predict, predicted.peak_bytes, limit))
     return predicted.peak_bytes
 
 
-def _refusal(config: OptimizeConfig, model_bytes: int, needs: int, limit: int) -> str:
+def _refusal(
+    config: OptimizeConfig,
+    predict: Callable[[OptimizeConfig], MemoryPrediction],
+    needs: int,
+    limit: int,
+) -> str:
+    model_bytes = predict(config).model_bytes
     what = _what_runs(config)
     told = (
         f"this model ({bytes_text(model_bytes)} with its data) needs about {bytes_text(needs)} "
@@ -63,7 +76,7 @@ def _refusal(config: OptimizeConfig, model_bytes: int, needs: int, limit: int) -
     )
     operator = f"ask the operator to raise {_LIMIT_SETTING}"
     for lean in (_lean(config, keep_check=True), _lean(config)):  # the check kept if it fits
-        lean_needs = predict_memory(model_bytes, lean).peak_bytes
+        lean_needs = predict(lean).peak_bytes
         if lean != config and lean_needs <= limit:
             lean_text = f"which needs about {bytes_text(lean_needs)}"
             return f"{told}: {_changes(config, lean)}, {lean_text}, or {operator}"

@@ -79,13 +79,14 @@ __all__ = [
     "USER_ERROR_KINDS",
     "VERDICTS_FILE",
     "describe_validation_error",
+    "fused_file",
 ]
 
 JOB_FILE = "job.json"
 PATTERNS_FILE = "patterns.json"
 INPUT_DIR = "input"
 OUTPUT_DIR = "output"
-FUSED_FILE = "fused.onnx"
+FUSED_FILE = "fused.onnx"  # the output's name in a job file that names none (older workers)
 REPORT_FILE = "report.json"
 REPORT_HTML_FILE = "report.html"
 REPORT_MARKDOWN_FILE = "report.md"
@@ -155,6 +156,14 @@ def _start_logging(job: dict[str, Any]) -> None:
     logging.getLogger(__name__).info("sandbox: optimizing %s", job.get("model"))
 
 
+def fused_file(job: dict[str, Any]) -> str:
+    """The fused model's file in the output folder: ``job.json``'s ``output``, the name the
+    download gives it (``<stem>.fused.onnx``), so that a data file written beside it,
+    ``<stem>.fused.onnx.data``, is named as the model names it wherever a client saves
+    the two; ``fused.onnx`` for a job file written before there was one."""
+    return Path(job.get("output") or FUSED_FILE).name
+
+
 def _optimize(folder: Path, job: dict[str, Any], progress: Progress) -> None:
     _start_logging(job)
     mark = _phase_log(folder / OUTPUT_DIR / PHASES_FILE if job.get("trace_phases") else None)
@@ -184,19 +193,20 @@ def _run(folder: Path, job: dict[str, Any], progress: Progress, mark: PhaseMark)
         reproducers=output / REPRODUCERS_FILE,
         verdicts=output / VERDICTS_FILE,
     )
+    fused_name = fused_file(job)
     outcome = run(
         folder / INPUT_DIR / job["model"],
-        output / FUSED_FILE,
+        output / fused_name,
         config,
         files=files,
         patterns=patterns,
-        names=(job["model"], FUSED_FILE),
+        names=(job["model"], fused_name),
         registry_version=job.get("registry_version"),
         on_stage=_misbehaving_while_profiling(progress),
         on_phase=_on_phase(progress, mark),
-        # one file, whatever the input: the job's download is the model file alone (its
-        # weights go to fused.onnx.data, stored with it, only past 2 GB)
-        external_data=False,
+        # as the input came: one file, or the weights streamed to <output>.data (and past
+        # 2 GB a data file always); the job's downloads serve both files
+        external_data=None,
     )
     if outcome.failed:  # the report stays: it says what the check saw
         raise CheckFailed(_check_message(outcome.result.check, kept=outcome.written))

@@ -1,7 +1,9 @@
 """Request bodies are bounded in size and in time, for every route (an ASGI middleware).
 
 - Size: uploads (``POST /v1/optimize``, the pattern trials, the dashboard's submit form)
-  may send ``max_upload_bytes``; the dashboard's login ``max_login_bytes`` (a few KB);
+  may send ``max_upload_bytes``; a data upload's part (``PATCH /v1/uploads/{id}``)
+  ``max_data_file_bytes``, the most a data file may be (its route holds it to the
+  upload's own size); the dashboard's login ``max_login_bytes`` (a few KB);
   every other body ``max_form_bytes``. A ``Content-Length`` over the limit is answered
   413 before a byte of the body is read; a body that passes it while it streams (chunked,
   or a lying length) stops with 413 there.
@@ -33,6 +35,7 @@ __all__ = ["BodyLimitError", "BodyLimits", "body_limit_for"]
 UPLOAD_PATHS = re.compile(
     r"^/(v1/optimize|ui/submit|v1/patterns/[^/]+/test|ui/patterns/[^/]+/try)/?$"
 )
+DATA_UPLOAD_PATH = re.compile(r"^/v1/uploads/[^/]+/?$")  # only its PATCH has a body
 LOGIN_PATH = "/ui/login"
 
 
@@ -52,6 +55,8 @@ def body_limit_for(path: str, settings: Settings) -> tuple[int, str]:
     """The byte limit for a request body to ``path`` and the setting that sets it."""
     if UPLOAD_PATHS.match(path):
         return settings.max_upload_bytes, "max_upload_bytes"
+    if DATA_UPLOAD_PATH.match(path):
+        return settings.max_data_file_bytes, "max_data_file_bytes"
     if path.rstrip("/") == LOGIN_PATH:
         return settings.max_login_bytes, "max_login_bytes"
     return settings.max_form_bytes, "max_form_bytes"

@@ -9,11 +9,28 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["binary_part", "inline_refs", "multipart_body"]
+__all__ = ["binary_part", "data_upload_part", "inline_refs", "multipart_body", "octet_body"]
 
 
 def binary_part(description: str) -> dict[str, Any]:
     return {"type": "string", "format": "binary", "description": description}
+
+
+def data_upload_part() -> dict[str, Any]:
+    """``POST /v1/optimize``'s ``data_upload`` field: ids of complete data uploads."""
+    return {
+        "type": "array",
+        "items": {"type": "string", "format": "uuid"},
+        "description": "The id of a complete data upload of this tenant (POST /v1/uploads), "
+        "repeatable: the file joins the job's data files under the upload's name, as a "
+        "'data' part would. For data files too big for one body (over max_upload_bytes).",
+    }
+
+
+def octet_body(media_type: str, description: str) -> dict[str, Any]:
+    """``openapi_extra`` for a required raw body of ``media_type``, streamed by the route."""
+    schema = {"type": "string", "format": "binary", "description": description}
+    return {"requestBody": {"required": True, "content": {media_type: {"schema": schema}}}}
 
 
 def multipart_body(

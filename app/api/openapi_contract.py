@@ -73,6 +73,7 @@ _DOWNLOAD = ("ETag", "Repr-Digest", "Last-Modified", "Cache-Control", "Content-D
 _NOT_MODIFIED = ("ETag", "Cache-Control", "Last-Modified")
 _DOWNLOADS = {
     "/v1/jobs/{job_id}/model": (*_DOWNLOAD, "Accept-Ranges"),
+    "/v1/jobs/{job_id}/model/data/{name}": (*_DOWNLOAD, "Accept-Ranges"),
     "/v1/jobs/{job_id}/report": _DOWNLOAD,
     "/v1/jobs/{job_id}/artifacts/{name}": (*_DOWNLOAD, "Content-Security-Policy"),
 }

@@ -29,6 +29,8 @@ from autofusion.app.client import (
     UnexpectedResponse,
     Upload,
     WaitTimeout,
+    download_model_files,
+    model_data_links,
     poll,
     retry_after,
 )
@@ -149,6 +151,13 @@ class Client:
     def download(self, url: str, destination: Path) -> None:
         with exit_codes():
             self.transport.download(url, destination)
+
+    def download_model(self, job: dict, model_url: str, destination: Path) -> list[Path]:
+        """The fused model at ``destination`` and its data files beside it, under the
+        names it gives them (the job's ``links.model_data``); the files written."""
+        with exit_codes():
+            links = model_data_links(job)
+            return download_model_files(self.transport.download, model_url, links, destination)
 
 
 def read_json(response: httpx.Response) -> dict:

@@ -7,8 +7,11 @@ its pattern registry snapshot and the version of the strategy the config names. 
 retried CI step gets the job its first try made, and a submit after a pattern was
 disabled, a strategy changed or the server upgraded makes a new job instead of handing
 back a result those changes would not give. A server without ``/v1/info`` (older than
-it) gets the key of the inputs alone, as before. The standard library and the client's
-HTTP only: the base install (no pydantic, no engine) runs this.
+it) gets the key of the inputs alone, as before. The key is the same whichever way the
+files then travel (in the body, or a big data file through ``/v1/uploads``): the server
+knows a data file by its bytes, and the file is read once for both (``file_sha256``).
+The standard library and the client's HTTP only: the base install (no pydantic, no
+engine) runs this.
 """
 
 from __future__ import annotations
@@ -17,14 +20,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from autofusion.app.cli._client import Client, ClientError, Upload, read_json
+from autofusion.app.client import file_sha256
 
 __all__ = ["ServerFacts", "idempotency_key", "reuse_note", "server_facts"]
-
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,22 +61,14 @@ def server_facts(client: Client, strategy: str | None) -> ServerFacts:
     )
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def idempotency_key(upload: Upload, facts: ServerFacts | None = None) -> str:
     """Stable for the same model, data (names and bytes, in order) and config, and, when
     the server told them, the same server version, registry snapshot and strategy."""
     known = facts is not None and facts.known
     digest = hashlib.sha256(b"autofusion-submit/2\n" if known else b"autofusion-submit/1\n")
-    digest.update(f"model {_file_sha256(upload.model)}\n".encode())
+    digest.update(f"model {file_sha256(upload.model)}\n".encode())
     for path in upload.data:
-        digest.update(f"data {upload.data_name(path)} {_file_sha256(path)}\n".encode())
+        digest.update(f"data {upload.data_name(path)} {file_sha256(path)}\n".encode())
     config = json.dumps(upload.config, sort_keys=True, separators=(",", ":"))
     digest.update(f"config {config}\n".encode())
     if known:

@@ -348,7 +348,9 @@ def _text(outcome: Any, model: str, args: Any) -> str:
         return queued + (f"\n  ({reused['message']})" if reused else "")
     lines = [f"autofusion: {model}"]
     lines += [f"  {label + ':':<20}{value}" for label, value in facts(outcome)]
-    for label, path in (("wrote", args.output), ("report", args.report)):
+    data_files = getattr(outcome, "data_files", ())  # the model's, written beside it
+    written = (("wrote", args.output), *(("its data", path) for path in data_files))
+    for label, path in (*written, ("report", args.report)):
         if path is not None and outcome.report is not None:
             lines.append(f"  {label + ':':<20}{path}")
     return "\n".join(lines)

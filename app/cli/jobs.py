@@ -205,8 +205,9 @@ def _run_download(client: Client, args: argparse.Namespace) -> int:
         )
     stem = Path(str(job.get("model_name") or job["id"])).name.removesuffix(".onnx")
     destination = args.output or Path(f"{stem}.fused.onnx")
-    client.download((job.get("links") or {}).get("model") or f"{url}/model", destination)
-    sys.stderr.write(f"autofusion jobs: wrote {destination}\n")
+    model_url = (job.get("links") or {}).get("model") or f"{url}/model"
+    for path in client.download_model(job, model_url, destination):  # and its data files
+        sys.stderr.write(f"autofusion jobs: wrote {path}\n")
     return EXIT_OK
 
 

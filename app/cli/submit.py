@@ -3,8 +3,10 @@
 The upload carries an `Idempotency-Key` derived from the sha256 of the model, the data
 files and the config, and of the server's version, registry snapshot and strategy
 version (``_reuse``), so a retried CI step gets the job the first try created instead
-of a second one, and a changed registry or server makes a new one. Progress goes to
-stderr (a bar on a terminal, plain lines in a log), the summary or the JSON to stdout.
+of a second one, and a changed registry or server makes a new one. A data file over
+64 MiB goes first through `/v1/uploads`, in chunks that resume after a broken
+connection; the upload then names it. Progress goes to stderr (a bar on a terminal,
+plain lines in a log), the summary or the JSON to stdout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from autofusion.app.cli._client import (
     Upload,
     add_server_options,
     check_server,
+    exit_codes,
     follow,
     read_json,
     retry_after,
@@ -42,6 +45,8 @@ from autofusion.app.cli._exit import (
 from autofusion.app.cli._extras import is_missing_dependency
 from autofusion.app.cli._reuse import idempotency_key, reuse_note, server_facts
 from autofusion.app.cli._submit_output import Gate, evaluate_gates, job_exit_code, job_failure
+from autofusion.app.cli._upload_progress import UploadBars
+from autofusion.app.client import submit_upload
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.options import merge_options, read_options_file
 from autofusion.fusion_core.targets import TARGET_NAMES
@@ -92,7 +97,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_server_options(p)
     p.add_argument(
         "--data", action="append", type=Path, default=[], metavar="FILE",
-        help="an external-data file of the model (repeatable)",
+        help="an external-data file of the model (repeatable; one over 64 MiB goes first "
+        "through /v1/uploads, in chunks that resume after a broken connection)",
     )  # fmt: skip
     p.add_argument("--strategy", metavar="NAME|FILE", help="named strategy or a config file")
     p.add_argument("--target", choices=TARGET_NAMES, help="what to emit")
@@ -262,6 +268,7 @@ class Outcome:
     replayed: bool = False  # the job an earlier identical request created
     reused: dict | None = None  # when replayed: what it was made with (_reuse.reuse_note)
     report: dict | None = None
+    data_files: list[Path] = field(default_factory=list)  # written beside -o's model
     gates: list[Gate] = field(default_factory=list)
     elapsed_s: float = 0.0
     code: int = EXIT_OK
@@ -301,8 +308,9 @@ def _collect(client: Client, args: argparse.Namespace, outcome: Outcome, job_url
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(outcome.report, indent=2) + "\n", encoding="utf-8")
-    if args.output:
-        client.download(_link(job, "model", job_url), args.output)
+    if args.output:  # and its data files beside it, when its weights went to one
+        written = client.download_model(job, _link(job, "model", job_url), args.output)
+        outcome.data_files = written[1:]
     outcome.gates = evaluate_gates(
         outcome.report, args.max_abs_diff, args.min_speedup, profiled=outcome.profiled
     )
@@ -324,7 +332,7 @@ def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome
     facts = server_facts(client, strategy if isinstance(strategy, str) else None)
     key = args.idempotency_key or idempotency_key(upload, facts)
     started = time.monotonic()
-    response = client.upload(upload, key)
+    response = _send(client, upload, key)
     job = read_json(response)
     location = response.headers.get("Location") or f"/v1/jobs/{job['id']}"
     job_url = httpx.URL(location).path if location.startswith("http") else location
@@ -349,6 +357,16 @@ def _submit(client: Client, args: argparse.Namespace, upload: Upload) -> Outcome
     _collect(client, args, outcome, job_url)
     outcome.elapsed_s = time.monotonic() - started
     return outcome
+
+
+def _send(client: Client, upload: Upload, key: str) -> httpx.Response:
+    """The upload, its big data files first through /v1/uploads, their progress shown."""
+    bars = UploadBars(sys.stderr)
+    try:
+        with exit_codes():
+            return submit_upload(client.transport, upload, key, on_progress=bars)
+    finally:
+        bars.close()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,15 @@ from autofusion.app.client._errors import (
 )
 from autofusion.app.client._http import Transport, Upload, read_json, retry_after
 from autofusion.app.client._jobs import FINAL, Job, poll
+from autofusion.app.client._model_files import download_model_files, model_data_links
+from autofusion.app.client._uploads import (
+    CHUNK_BYTES,
+    CHUNKED_UPLOAD_BYTES,
+    UploadProgress,
+    file_sha256,
+    send_data_files,
+    submit_upload,
+)
 from autofusion.app.client._verdicts import (
     VERDICT_FILTERS,
     export_verdicts,
@@ -38,6 +47,8 @@ from autofusion.app.client._verdicts import (
 )
 
 __all__ = [
+    "CHUNKED_UPLOAD_BYTES",
+    "CHUNK_BYTES",
     "FINAL",
     "VERDICT_FILTERS",
     "AutofusionError",
@@ -48,12 +59,18 @@ __all__ = [
     "UnexpectedResponse",
     "Unreachable",
     "Upload",
+    "UploadProgress",
     "WaitTimeout",
+    "download_model_files",
     "export_verdicts",
+    "file_sha256",
     "import_verdicts",
     "list_verdicts",
+    "model_data_links",
     "poll",
     "read_json",
     "retry_after",
+    "send_data_files",
+    "submit_upload",
     "verdicts_query",
 ]

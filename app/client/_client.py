@@ -15,6 +15,13 @@ import httpx
 from autofusion.app.client import _verdicts
 from autofusion.app.client._http import Transport, Upload, read_json
 from autofusion.app.client._jobs import Job, poll
+from autofusion.app.client._model_files import download_model_files, model_data_links
+from autofusion.app.client._uploads import (
+    CHUNK_BYTES,
+    CHUNKED_UPLOAD_BYTES,
+    UploadProgress,
+    submit_upload,
+)
 
 __all__ = ["Client"]
 
@@ -55,17 +62,32 @@ class Client:
         config: Mapping[str, Any] | None = None,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
+        chunked_upload_bytes: int = CHUNKED_UPLOAD_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+        on_upload_progress: UploadProgress | None = None,
     ) -> Job:
         """Upload ``model`` (and its external-data files) with these config options
         (target, strategy, profile, ...). The server answers at once with the queued
         job. ``idempotency_key``: the same key again returns the job it first created;
-        by default each call makes a new job (its own retries stay safe)."""
+        by default each call makes a new job (its own retries stay safe).
+
+        A data file over ``chunked_upload_bytes`` goes first through ``/v1/uploads`` in
+        ``chunk_bytes`` PATCHes, resumed after a broken connection or a 5xx (a server
+        without that route gets it in the body); ``on_upload_progress(name, sent,
+        size)`` follows it. The same file again, from this client, is sent once."""
         options = dict(config or {})
         if callback_url is not None:  # POSTed the job's summary when it ends
             options["callback_url"] = callback_url
         upload = Upload(Path(model), [Path(p) for p in data], options)
         key = idempotency_key or f"autofusion-client-{uuid.uuid4().hex}"
-        response = self._transport.upload(upload, key)
+        response = submit_upload(
+            self._transport,
+            upload,
+            key,
+            chunked_upload_bytes=chunked_upload_bytes,
+            chunk_bytes=chunk_bytes,
+            on_progress=on_upload_progress,
+        )
         resource = read_json(response)
         location = response.headers.get("Location") or f"/v1/jobs/{resource['id']}"
         return self._job(resource, httpx.URL(location).path)
@@ -106,10 +128,26 @@ class Client:
     def download(self, job: Job | str, what: str, dest: str | PathLike[str]) -> Path:
         """Write ``what`` to ``dest``, whole or not at all: ``"model"`` (the fused model),
         ``"report"`` (the JSON report) or an artifact's name (``"report.html"``,
-        ``"report.md"``, a fused model's data file...)."""
+        ``"report.md"``, ...). The model comes with its data files when its weights went
+        to one (it came with one, or it is over 2 GB): each is written beside ``dest``
+        under the name the model gives it (``model_files`` lists what was written)."""
         destination = Path(dest)
+        if what == "model":
+            return self.model_files(job, destination)[0]
         self._transport.download(self._link(job, what), destination)
         return destination
+
+    def model_files(self, job: Job | str, dest: str | PathLike[str]) -> list[Path]:
+        """The fused model written to ``dest`` and its data files beside it, under the
+        names its external-data entries give (the job's ``links.model_data``); an
+        interrupted transfer resumes where it stopped. Returns the files written."""
+        current = job if isinstance(job, Job) and job.done else self.job(job)
+        return download_model_files(
+            self._transport.download,
+            self._link(current, "model"),
+            model_data_links(current.data),
+            Path(dest),
+        )
 
     def list_verdicts(
         self, *, page_size: int | None = None, page_token: str | None = None, **filters: Any

@@ -1,14 +1,15 @@
 """The HTTP of every client of the service (the typed ``Client`` and the CLI's ``submit``,
 ``jobs`` and ``registry``): requests with transient failures retried, errors raised as
 ``RequestRefused`` with the problem document's fields, a model uploaded so that a retry
-resends it whole, downloads written whole or not at all."""
+resends it whole, downloads written whole or not at all. Data files too big for one body
+go first through ``/v1/uploads`` (``_uploads.py``); the upload names them."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -21,7 +22,6 @@ from autofusion.app.client._errors import RequestRefused, UnexpectedResponse, Un
 __all__ = ["Transport", "Upload", "read_json", "retry_after"]
 
 _TRANSIENT_STATUS = (502, 503, 504)
-_CHUNK = 1 << 20
 # (connect, read, write, pool) seconds: a tuple, which httpx takes and so does any client
 # built like it (starlette's TestClient builds on httpx2 where huggingface_hub installed it,
 # and rejects an httpx.Timeout)
@@ -54,6 +54,10 @@ class Transport:
             headers["Authorization"] = f"Bearer {api_key}"
         self.server = server.rstrip("/")
         self.http = httpx.Client(base_url=self.server, headers=headers, timeout=_TIMEOUT)
+        # Data files this transport sent through /v1/uploads: (name, sha256) -> the
+        # upload's id, so a second submit of the same file (another target) names it
+        # again while the server keeps it, instead of sending it again.
+        self.data_uploads: dict[tuple[str, str], str] = {}
 
     def close(self) -> None:
         self.http.close()
@@ -87,16 +91,20 @@ class Transport:
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
 
-    def upload(self, upload: Upload, key: str) -> httpx.Response:
+    def upload(
+        self, upload: Upload, key: str, *, data_uploads: Mapping[Path, str] | None = None
+    ) -> httpx.Response:
         """``POST /v1/optimize`` with this ``Idempotency-Key``: safe to resend, a repeat
-        with the same key returns the same job."""
+        with the same key returns the same job. ``data_uploads``: data files sent
+        already, each named by its upload's id (a ``data_upload`` field) instead of sent
+        as a ``data`` part."""
         opened: list[Any] = []
         try:
             return self.send(
                 "POST",
                 "/v1/optimize",
                 attempts=3,
-                body=_multipart(upload, opened),
+                body=_multipart(upload, opened, data_uploads or {}),
                 headers={"Idempotency-Key": key},
                 timeout=_UPLOAD_TIMEOUT,
             )
@@ -104,23 +112,68 @@ class Transport:
             for f in opened:
                 f.close()
 
-    def download(self, url: str, destination: Path) -> None:
-        """Stream ``url`` to ``destination`` through a ``.part`` file: whole or not at all."""
+    def download(self, url: str, destination: Path, *, attempts: int = 4) -> None:
+        """Stream ``url`` to ``destination`` through a ``.part`` file: whole or not at all.
+        A connection broken mid-body is resumed where it stopped (``Range`` from the bytes
+        written, ``If-Range`` with the first answer's ETag, so a file that changed meanwhile
+        comes whole again): a multi-GB data file is not fetched from its start again."""
         destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + ".part")
+        state = _Resume()
         try:
-            with self.http.stream("GET", url, timeout=_DOWNLOAD_TIMEOUT) as r:
-                _raise_for_problem(r, streamed=True)
-                with open(partial, "wb") as f:
-                    for chunk in r.iter_bytes(_CHUNK):
-                        f.write(chunk)
-            os.replace(partial, destination)
-        except httpx.TransportError as exc:
+            for attempt in range(attempts):
+                try:
+                    self._download_from(url, partial, state)
+                    os.replace(partial, destination)
+                    return
+                except httpx.TransportError as exc:
+                    state.error = exc
+                    if attempt + 1 < attempts:
+                        time.sleep(min(2.0**attempt, 10.0))
+            raise Unreachable(f"download of {url} failed: {state.error}") from None
+        finally:
             partial.unlink(missing_ok=True)
-            raise Unreachable(f"download of {url} failed: {exc}") from None
+
+    def _download_from(self, url: str, partial: Path, state: _Resume) -> None:
+        """One GET of ``url`` into ``partial``, from ``state.received`` when the server
+        answers the range (206), else from the start."""
+        headers = state.range_headers()
+        with self.http.stream("GET", url, headers=headers, timeout=_DOWNLOAD_TIMEOUT) as r:
+            _raise_for_problem(r, streamed=True)
+            state.answered(r)
+            with open(partial, "r+b" if state.received else "wb") as f:
+                f.seek(state.received)
+                f.truncate()
+                for chunk in r.iter_bytes():  # as they arrive: what came is kept if it breaks
+                    f.write(chunk)
+                    state.received += len(chunk)
 
 
-def _multipart(upload: Upload, opened: list[Any]) -> Callable[[], dict]:
+@dataclass
+class _Resume:
+    """Where an interrupted download stands: the bytes written and the file's ETag."""
+
+    received: int = 0
+    etag: str | None = None
+    error: Exception | None = None
+
+    def range_headers(self) -> dict[str, str]:
+        if not (self.received and self.etag):
+            return {}
+        return {"Range": f"bytes={self.received}-", "If-Range": self.etag}
+
+    def answered(self, response: httpx.Response) -> None:
+        """A 206 continues at ``received`` (its Content-Range says so); anything else is
+        the whole file again."""
+        start = response.headers.get("Content-Range", "").removeprefix("bytes ").split("-")[0]
+        if response.status_code != 206 or start != str(self.received):
+            self.received = 0
+        self.etag = response.headers.get("ETag")
+
+
+def _multipart(
+    upload: Upload, opened: list[Any], data_uploads: Mapping[Path, str]
+) -> Callable[[], dict]:
     def body() -> dict:
         # Reopened per attempt: a retry must send the files from their start.
         for f in opened:
@@ -130,9 +183,13 @@ def _multipart(upload: Upload, opened: list[Any]) -> Callable[[], dict]:
         parts += [
             ("data", (upload.data_name(p), open(p, "rb")))  # noqa: SIM115
             for p in upload.data
+            if p not in data_uploads
         ]
         opened.extend(part[1][1] for part in parts)
-        return {"files": parts, "data": {"config": json.dumps(upload.config)}}
+        fields: dict[str, Any] = {"config": json.dumps(upload.config)}
+        if data_uploads:
+            fields["data_upload"] = [data_uploads[p] for p in upload.data if p in data_uploads]
+        return {"files": parts, "data": fields}
 
     return body
 

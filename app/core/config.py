@@ -256,6 +256,16 @@ class Settings(BaseSettings):
     job_retention_s: float = Field(default=30 * 86400.0, ge=0)
     max_stored_bytes_total: int = Field(default=50 * 1024**3, ge=0)
 
+    # --- Data uploads: big external-data files (issue 29) ---
+    # POST /v1/uploads takes one data file of up to max_data_file_bytes (a 7B decoder's
+    # weights are 4-28 GB), sent in PATCHes that resume where the last one stopped, for
+    # POST /v1/optimize's data_upload field to name (app/services/uploads/_staged.py).
+    # A tenant may have max_open_uploads_per_tenant still receiving (429 beyond); an
+    # upload not written for upload_expiry_s is deleted by the retention sweep.
+    max_data_file_bytes: int = Field(default=64 * 1024**3, ge=1)
+    max_open_uploads_per_tenant: int = Field(default=32, ge=1)
+    upload_expiry_s: float = Field(default=86400.0, gt=0)
+
     # --- Sandbox identity and limits (issue 26) ---
     # A service running as root starts each sandbox as this unprivileged user (its own
     # folder writable, nothing else of data_dir readable), in a network namespace of its

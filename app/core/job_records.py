@@ -31,6 +31,7 @@ __all__ = [
     "OptimizeOptions",
     "SpeedPublic",
     "VerdictsSummary",
+    "fused_data_names",
 ]
 
 
@@ -87,6 +88,13 @@ class JobLinks(BaseModel):
     report: str | None = None
     # The report's renderings the worker stored: report.html, report.md.
     artifacts: dict[str, str] = Field(default_factory=dict)
+    model_data: dict[str, str] = Field(
+        default_factory=dict,
+        description="The fused model's external-data files, by the name its tensors give "
+        "(save each beside the model under that name): present once the job has "
+        "succeeded, when the model's weights went to a data file (it came with one, or it "
+        "is over 2 GB); empty when the model is one file",
+    )
 
 
 class SpeedPublic(BaseModel):
@@ -207,6 +215,15 @@ class JobSummary(BaseModel):
     )
 
 
+def fused_data_names(job: Job) -> list[str]:
+    """The fused model's data files by name, as its external-data entries name them, once
+    the job has succeeded with one: its weights went to a data file (the model came with
+    one, or it is over 2 GB); a client saves each beside the model under this name."""
+    if job.status != JobStatus.succeeded or not job.fused_digest:
+        return []
+    return [entry["name"] for entry in (job.summary or {}).get("fused_data_files") or []]
+
+
 def _as_utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every timestamp we store is UTC."""
     if value is None:
@@ -281,6 +298,7 @@ class JobPublic(BaseModel):
                 name: f"{base}/artifacts/{name}"
                 for name in ((job.summary or {}).get("artifacts") or {})
             },
+            model_data={name: f"{base}/model/data/{name}" for name in fused_data_names(job)},
         )
         skip = ("links", "error", "error_type", "waiting")
         fields = {name: getattr(job, name) for name in cls.model_fields if name not in skip}

@@ -24,6 +24,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 __all__ = [
     "ApiKey",
     "Base",
+    "DataUpload",
+    "DataUploadStatus",
     "IdempotencyReservation",
     "Job",
     "JobArtifact",
@@ -369,3 +371,35 @@ class PatternClassRule(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON)  # combined verdict, verdict ids
     created_by: Mapped[str] = mapped_column(String(200))  # a key's name, or "auto"
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# --- Data uploads: big external-data files, sent in parts (issue 29) ---
+class DataUploadStatus(enum.StrEnum):
+    receiving = "receiving"
+    complete = "complete"
+
+
+class DataUpload(Base):
+    """A data file sent in parts (``PATCH /v1/uploads/{id}``), for ``POST /v1/optimize``'s
+    ``data_upload`` to name (app/services/uploads/_staged.py). While ``receiving``, each
+    part is a blob of the store listed in ``parts`` ([{"digest", "size", "skip"}]: the
+    blob begins with ``skip`` bytes of header, then ``size`` bytes of the file); once
+    ``complete``, ``digest`` is the whole file's blob and ``parts`` is empty. Both count
+    as referenced for retention and as stored for the tenant's quota (a receiving upload
+    by its declared ``size``). ``revision`` moves on with every change: the
+    compare-and-set of two requests that write the row at once."""
+
+    __tablename__ = "data_uploads"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    received: Mapped[int] = mapped_column(BigInteger, default=0)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)  # as declared
+    parts: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    status: Mapped[str] = mapped_column(String(16), default=DataUploadStatus.receiving.value)
+    revision: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

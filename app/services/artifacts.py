@@ -78,6 +78,10 @@ class ArtifactStore(Protocol):
     def fetch(self, digest: str, destination: Path) -> Path:
         """Copy the blob to ``destination`` and return it."""
 
+    def fetch_for_reading(self, digest: str, destination: Path) -> Path:
+        """The blob at ``destination``, to be read and removed, never written (a
+        download's temporary file): where it can be, without a copy."""
+
     def read_bytes(self, digest: str) -> bytes: ...
 
     def size(self, digest: str) -> int:
@@ -151,6 +155,21 @@ class LocalStore:
     def fetch(self, digest: str, destination: Path) -> Path:
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self._path(digest), destination)
+        return destination
+
+    def fetch_for_reading(self, digest: str, destination: Path) -> Path:
+        """A hard link to the blob where ``destination`` is on the store's file system
+        (a blob is never written once stored, and the link keeps its bytes while a
+        download reads them, even if retention removes the blob meanwhile): a 10 GB
+        data file's download starts at once, with no copy on disk. A copy elsewhere."""
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        linked = destination.with_name(destination.name + ".link")
+        try:
+            os.link(self._path(digest), linked)
+        except OSError:  # another file system, or links not allowed: a copy
+            linked.unlink(missing_ok=True)
+            return self.fetch(digest, destination)
+        os.replace(linked, destination)
         return destination
 
     def read_bytes(self, digest: str) -> bytes:
@@ -242,6 +261,9 @@ class S3Store:
         destination.parent.mkdir(parents=True, exist_ok=True)
         self.client.download_file(self.bucket, self._key(digest), str(destination))
         return destination
+
+    def fetch_for_reading(self, digest: str, destination: Path) -> Path:
+        return self.fetch(digest, destination)
 
     def read_bytes(self, digest: str) -> bytes:
         return self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"].read()

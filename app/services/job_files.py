@@ -29,6 +29,7 @@ __all__ = [
     "artifact_digest",
     "artifact_file",
     "check_artifact_name",
+    "fused_data_file",
     "fused_model_file",
     "fused_model_filename",
     "not_available",
@@ -130,6 +131,23 @@ def fused_model_file(job: Job) -> JobFile:
     )
 
 
+def fused_data_file(job: Job, name: str) -> JobFile:
+    """One of the fused model's data files (409 before it has succeeded, 404 for a name
+    it does not have)."""
+    model = fused_model_file(job)
+    entries = {e["name"]: e["digest"] for e in (job.summary or {}).get("fused_data_files") or []}
+    if name not in entries:
+        have = ", ".join(sorted(entries)) or "none: its weights are inside the model file"
+        raise ProblemError(
+            404,
+            "not-found",
+            "Not found",
+            f"the fused model of job {job.id} has no data file {name!r} (its data files: "
+            f"{have}); the job's links.model_data lists them",
+        )
+    return JobFile(entries[name], model.media_type, name, model.modified, stream=True)
+
+
 def original_model_file(job: Job) -> JobFile:
     """The model as uploaded (its external data files not included): the dashboard
     offers it beside the fused model, for a graph viewer."""
@@ -166,12 +184,13 @@ def report_page_file(job: Job) -> JobFile:
 
 def temporary_copy(file: JobFile, store: ArtifactStore, folder: Path) -> Path:
     """A temporary copy of ``file`` under ``folder`` (the caller removes it), so a
-    response streams it without holding it in memory, whichever store holds it."""
+    response streams it without holding it in memory, whichever store holds it (a hard
+    link to the blob where the store is a folder on the same file system)."""
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=folder, delete=False) as tmp:
         path = Path(tmp.name)
     try:
-        store.fetch(file.digest, path)
+        store.fetch_for_reading(file.digest, path)
     except BaseException:
         path.unlink(missing_ok=True)
         raise

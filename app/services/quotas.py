@@ -6,17 +6,21 @@ What is counted:
 - *queued jobs*: the tenant's jobs whose status is ``queued``.
 - *stored bytes*: the sizes of the distinct blobs the tenant's jobs refer to
   (``JobArtifact``: models and data files as uploaded, fused models, reports and their
-  renderings). A model uploaded twice is stored once, and counted once.
+  renderings) and its complete data uploads refer to (``DataUpload.digest``), plus the
+  declared size of each of its data uploads still receiving: the room it will take is
+  reserved when it starts. A model uploaded twice is stored once, and counted once.
+- *open uploads*: the tenant's data uploads still receiving (``check_new_upload``).
 
 Where (``docs/service.md``, "Quotas and retention"):
 
 - before the body streams (``check_before_upload``): a tenant at its queued limit, or
   whose stored bytes plus the request's ``Content-Length`` (less what the multipart
   framing may take) pass its limit, is refused without reading a byte of the body;
-- when the job row is written (``check_new_job``), in the row's own transaction after
-  the insert: the tenant's row is locked first, so on PostgreSQL two submits of one
-  tenant take turns, and on SQLite the insert holds the database's write lock; either
-  way two submits at once cannot both take the last place.
+- when the job row is written (``check_new_job``), or a data upload's
+  (``check_new_upload``), in the row's own transaction after the insert: the tenant's
+  row is locked first, so on PostgreSQL two submits of one tenant take turns, and on
+  SQLite the insert holds the database's write lock; either way two submits at once
+  cannot both take the last place.
 
 A refusal says what was counted, the limit and the setting, and what frees room.
 """
@@ -28,11 +32,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session
 
 from autofusion.app.core.errors import ProblemError
-from autofusion.app.core.models import Job, JobArtifact, JobStatus, Tenant, utcnow
+from autofusion.app.core.models import (
+    DataUpload,
+    DataUploadStatus,
+    Job,
+    JobArtifact,
+    JobStatus,
+    Tenant,
+    utcnow,
+)
 from autofusion.app.services.idempotency import keyed_job
 
 __all__ = [
@@ -41,8 +53,10 @@ __all__ = [
     "Quotas",
     "check_before_upload",
     "check_new_job",
+    "check_new_upload",
     "describe_bytes",
     "lock_tenant",
+    "open_uploads",
     "queued_jobs",
     "record_artifacts",
     "stored_bytes",
@@ -67,6 +81,7 @@ class Quotas:
     max_stored_bytes: int = 0
     job_retention_s: float = 0.0
     sweep_interval_s: float = 300.0
+    max_open_uploads: int = 0
 
     @classmethod
     def from_settings(cls, settings: Any) -> Quotas:
@@ -76,6 +91,7 @@ class Quotas:
             settings.max_stored_bytes_per_tenant,
             settings.job_retention_s,
             settings.scratch_sweep_interval_s,
+            settings.max_open_uploads_per_tenant,
         )
 
 
@@ -106,14 +122,37 @@ def queued_jobs(session: Session, tenant_id: str) -> int:
 
 
 def stored_bytes(session: Session, tenant_id: str | None = None) -> int:
-    """The bytes of the distinct blobs the tenant's jobs refer to (every tenant's: None).
-    A size not known yet (a job from before sizes were recorded) counts 0 until the
-    retention sweep fills it in."""
-    blobs = select(JobArtifact.digest, func.max(JobArtifact.size).label("size"))
+    """The bytes of the distinct blobs the tenant's jobs and complete data uploads refer
+    to, plus the declared sizes of its data uploads still receiving (every tenant's:
+    None). A size not known yet (a job from before sizes were recorded) counts 0 until
+    the retention sweep fills it in."""
+    of_jobs = select(JobArtifact.digest.label("digest"), JobArtifact.size.label("size"))
+    of_uploads = select(DataUpload.digest.label("digest"), DataUpload.size.label("size"))
+    of_uploads = of_uploads.where(DataUpload.digest.is_not(None))
+    receiving = select(func.coalesce(func.sum(DataUpload.size), 0)).where(
+        DataUpload.status == DataUploadStatus.receiving.value
+    )
     if tenant_id is not None:
-        blobs = blobs.join(Job, Job.id == JobArtifact.job_id).where(Job.tenant_id == tenant_id)
-    per_blob = blobs.group_by(JobArtifact.digest).subquery()
-    return int(session.scalar(select(func.coalesce(func.sum(per_blob.c.size), 0))) or 0)
+        of_jobs = of_jobs.join(Job, Job.id == JobArtifact.job_id).where(Job.tenant_id == tenant_id)
+        of_uploads = of_uploads.where(DataUpload.tenant_id == tenant_id)
+        receiving = receiving.where(DataUpload.tenant_id == tenant_id)
+    blobs = union_all(of_jobs, of_uploads).subquery()
+    per_blob = (
+        select(blobs.c.digest, func.max(blobs.c.size).label("size"))
+        .group_by(blobs.c.digest)
+        .subquery()
+    )
+    stored = session.scalar(select(func.coalesce(func.sum(per_blob.c.size), 0)))
+    return int(stored or 0) + int(session.scalar(receiving) or 0)
+
+
+def open_uploads(session: Session, tenant_id: str) -> int:
+    """The tenant's data uploads still receiving."""
+    query = select(func.count()).where(
+        DataUpload.tenant_id == tenant_id,
+        DataUpload.status == DataUploadStatus.receiving.value,
+    )
+    return int(session.scalar(query) or 0)
 
 
 def record_artifacts(session: Session, job_id: str, sizes: Mapping[str, int | None]) -> None:
@@ -184,6 +223,36 @@ def check_new_job(session: Session, quotas: Quotas, job: Job, upload_bytes: int)
             raise _over_storage(session, quotas, job.tenant_id, before, upload_bytes)
 
 
+def check_new_upload(session: Session, quotas: Quotas, tenant_id: str, size: int) -> None:
+    """After the insert of a data upload of ``size`` bytes, in its transaction: refuse
+    (the caller rolls back) if the tenant now has too many open uploads (429) or its
+    stored bytes, this upload's size reserved, pass its limit (507). Lock the tenant's
+    row (``lock_tenant``) before the insert."""
+    if quotas.max_open_uploads:
+        count = open_uploads(session, tenant_id)
+        if count > quotas.max_open_uploads:
+            raise _too_many_uploads(count - 1, quotas.max_open_uploads)
+    if quotas.max_stored_bytes:
+        stored = stored_bytes(session, tenant_id)
+        if stored > quotas.max_stored_bytes:
+            before = max(stored - size, 0)
+            raise _over_storage(session, quotas, tenant_id, before, size)
+
+
+def _too_many_uploads(count: int, limit: int) -> ProblemError:
+    return ProblemError(
+        429,
+        "too-many-open-uploads",
+        "Too many open uploads",
+        f"this tenant has {count} data uploads still receiving, its limit "
+        f"(max_open_uploads_per_tenant is {limit}); finish one (PATCH /v1/uploads/{{id}}) "
+        "or delete one it no longer needs (DELETE /v1/uploads/{id}), then start again",
+        headers={"Retry-After": str(QUEUED_RETRY_AFTER_S)},
+        open_uploads=count,
+        limit=limit,
+    )
+
+
 def _too_many_queued(queued: int, limit: int) -> ProblemError:
     return ProblemError(
         429,
@@ -205,10 +274,11 @@ def _over_storage(
     limit = quotas.max_stored_bytes
     upload = f"; this upload ({describe_bytes(adding)}) would pass" if adding else ", at or past"
     detail = (
-        f"this tenant's jobs store {describe_bytes(stored)} (models, reports and data "
-        f"files){upload} its limit of {describe_bytes(limit)} (max_stored_bytes_per_tenant "
-        f"= {limit}). Delete jobs you no longer need (DELETE /v1/jobs/{{id}}, `autofusion "
-        "jobs delete ID`)"
+        f"this tenant's jobs and data uploads store {describe_bytes(stored)} (models, "
+        f"reports and data files){upload} its limit of {describe_bytes(limit)} "
+        f"(max_stored_bytes_per_tenant = {limit}). Delete jobs you no longer need "
+        "(DELETE /v1/jobs/{id}, `autofusion jobs delete ID`) and data uploads "
+        "(DELETE /v1/uploads/{id})"
     )
     retry = _retention_frees_in(session, quotas, tenant_id)
     if quotas.job_retention_s:

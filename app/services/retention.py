@@ -5,14 +5,16 @@
 - ``sweep_retention``, by every reaper every ``scratch_sweep_interval_s`` (embedded mode
   too): the jobs that ended ``job_retention_s`` ago; then, while all jobs' blobs take
   more than ``max_stored_bytes_total``, the ended jobs that ended first; then the sizes
-  not known yet; then the blobs no job refers to.
+  not known yet; then the data uploads past their expiry (``upload_expiry_s`` after
+  their last write), with their parts; then the blobs nothing refers to.
 
 What is never deleted:
 
 - a queued or running job: every delete is one conditional statement (``status`` is
   final, or for ``delete_job`` not running), so a job claimed meanwhile stays;
 - a blob a job refers to (``JobArtifact``, and the digests on the job rows themselves),
-  which covers what a running job reads: its model and data files;
+  which covers what a running job reads: its model and data files; or a data upload
+  does (a complete one's file, the parts of one still receiving);
 - a blob stored within ``scratch_max_age_s``: an upload and a finishing attempt store
   their blobs (``put_file`` refreshes a blob that is already there) before their rows
   refer to them, so the blob an upload is about to refer to is never taken away.
@@ -36,9 +38,10 @@ from sqlalchemy.orm import Session, aliased
 
 from autofusion.app.core.db import session_scope
 from autofusion.app.core.errors import ProblemError
-from autofusion.app.core.models import Job, JobArtifact, JobStatus, utcnow
+from autofusion.app.core.models import DataUpload, Job, JobArtifact, JobStatus, utcnow
 from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.quotas import stored_bytes
+from autofusion.app.services.uploads import expire_data_uploads, upload_digests
 
 __all__ = ["RetentionSweep", "delete_job", "delete_jobs", "sweep_retention", "unique_bytes"]
 
@@ -55,6 +58,7 @@ class RetentionSweep:
     expired: list[str] = field(default_factory=list)  # jobs past job_retention_s
     over_total: list[str] = field(default_factory=list)  # jobs removed for the total cap
     sized: int = 0  # artifact sizes filled in
+    uploads: list[str] = field(default_factory=list)  # data uploads past their expiry
     blobs: list[str] = field(default_factory=list)  # digests removed from the store
 
 
@@ -115,11 +119,13 @@ def expired_jobs(session: Session, cutoff: datetime, limit: int = _BATCH) -> lis
 
 
 def unique_bytes(session: Session, job_id: str) -> int:
-    """The bytes of the job's blobs that no other job refers to: what deleting it frees."""
+    """The bytes of the job's blobs that no other job, and no data upload, refers to:
+    what deleting it frees."""
     other = aliased(JobArtifact)
     shared = select(other.digest).where(other.digest == JobArtifact.digest, other.job_id != job_id)
+    uploaded = select(DataUpload.digest).where(DataUpload.digest == JobArtifact.digest)
     query = select(func.coalesce(func.sum(JobArtifact.size), 0)).where(
-        JobArtifact.job_id == job_id, ~shared.exists()
+        JobArtifact.job_id == job_id, ~shared.exists(), ~uploaded.exists()
     )
     return int(session.scalar(query) or 0)
 
@@ -190,8 +196,9 @@ def _fill_sizes(url: str, store: ArtifactStore) -> int:
 
 def _referenced(session: Session, digests: list[str]) -> set[str]:
     """Those of ``digests`` some job refers to: an artifact row, or the job row itself
-    (a row written before artifact rows were, by a process of an older version)."""
-    found: set[str] = set()
+    (a row written before artifact rows were, by a process of an older version); or a
+    data upload."""
+    found = upload_digests(session, digests)
     for start in range(0, len(digests), 500):
         chunk = digests[start : start + 500]
         found |= set(
@@ -203,7 +210,7 @@ def _referenced(session: Session, digests: list[str]) -> set[str]:
 
 
 def _sweep_blobs(url: str, store: ArtifactStore, grace_s: float, now_s: float) -> list[str]:
-    """Remove the blobs no job refers to that were last stored ``grace_s`` ago."""
+    """Remove the blobs nothing refers to that were last stored ``grace_s`` ago."""
     stored_before = now_s - grace_s
     old = [blob.digest for blob in store.blobs() if blob.stored_at < stored_before]
     if not old:
@@ -235,11 +242,14 @@ def sweep_retention(
     if settings.max_stored_bytes_total:
         done.over_total = _trim_to_total(url, settings.max_stored_bytes_total)
     done.sized = _fill_sizes(url, store)
+    done.uploads = expire_data_uploads(settings, store, now)
     current = time.time() if now_s is None else now_s
     done.blobs = _sweep_blobs(url, store, settings.scratch_max_age_s, current)
     for what, ids in (("ended", done.expired), ("over the total cap", done.over_total)):
         if ids:
             logger.info("retention: deleted %d jobs (%s)", len(ids), what)
+    if done.uploads:
+        logger.info("retention: deleted %d data uploads past their expiry", len(done.uploads))
     if done.blobs:
-        logger.info("retention: removed %d blobs no job refers to", len(done.blobs))
+        logger.info("retention: removed %d blobs nothing refers to", len(done.blobs))
     return done

@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse
 from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
 from autofusion.app.api.downloads import download_response
 from autofusion.app.core.errors import ProblemError
+from autofusion.app.core.job_records import fused_data_names
 from autofusion.app.core.models import Job, JobStatus, utcnow
 from autofusion.app.services import job_files
 from autofusion.app.services.job_pages import decode_page_token, encode_page_token, list_jobs
@@ -118,6 +119,7 @@ def job_page(
     context = {**_job_context(job, session), "waits_for": waiting}
     context["report"] = None if context["live"] else load_report_view(job, store)
     context["artifacts"] = sorted((job.summary or {}).get("artifacts") or {})
+    context["model_data"] = fused_data_names(job)
     context["problem"] = job_problem(job)
     context["webhooks"] = job_webhooks(session, job)  # the _webhooks.html partial
     return render(request, "job.html", context)
@@ -174,12 +176,28 @@ def job_download(
     job = get_job(session, principal.tenant_id, job_id)
     if what == "model":
         file = job_files.fused_model_file(job)
+
     elif what == "original":  # the upload itself, for a graph viewer beside the fused model
         file = job_files.original_model_file(job)
     elif what == "report":
         file = job_files.report_file(job)
     else:  # report.html too, as an attachment: its page is /report.html, sandboxed
         file = job_files.artifact_file(job, "profile_trace.json" if what == "trace" else what)
+    return download_response(request, file, store, settings.data_dir / "downloads")
+
+
+@router.api_route("/{job_id}/download/model-data/{name}", methods=["GET", "HEAD"])
+def job_download_model_data(
+    job_id: str,
+    name: str,
+    request: Request,
+    principal: UIPrincipal,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+) -> Response:
+    """One of the fused model's data files (the API's /model/data/{name}), by the cookie."""
+    file = job_files.fused_data_file(get_job(session, principal.tenant_id, job_id), name)
     return download_response(request, file, store, settings.data_dir / "downloads")
 
 

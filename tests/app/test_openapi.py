@@ -33,6 +33,10 @@ WRITES = {
     ("post", "/v1/optimize"): "jobs:write",
     ("post", "/v1/jobs/{job_id}/cancel"): "jobs:write",
     ("delete", "/v1/jobs/{job_id}"): "jobs:write",
+    # A data upload is the start of a job (issue 29).
+    ("post", "/v1/uploads"): "jobs:write",
+    ("patch", "/v1/uploads/{upload_id}"): "jobs:write",
+    ("delete", "/v1/uploads/{upload_id}"): "jobs:write",
     ("post", "/v1/patterns"): "patterns:write",
     ("put", "/v1/patterns/{name}"): "patterns:write",
     ("delete", "/v1/patterns/{name}"): "patterns:write",

@@ -65,6 +65,33 @@ checks.positive_data_acceptance.expected-statuses = [
     "2xx", "401", "403", "404", "409", "422", "429",
 ]
 
+# Data uploads (issue 29): a schema-valid upload may be refused on what the schema cannot
+# say: its size over max_data_file_bytes (413) or the tenant's stored-bytes quota (507),
+# a name that is not a plain file name (422); a PATCH of bytes past the declared size
+# (413), from the wrong offset (409), of a client that left (400), or whose file is not
+# the sha256 declared (422).
+[[operations]]
+include-name = "POST /v1/uploads"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "401", "403", "413", "422", "429", "507",
+]
+# 507 is the stored-bytes quota (every upload reserves its size), not a server error.
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "507"]
+
+[[operations]]
+include-name = "PATCH /v1/uploads/{upload_id}"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "403", "404", "409", "413", "415", "422", "429",
+]
+
+# A request schemathesis made invalid elsewhere (an unknown header) may still be refused
+# first for its size: past the upload's declared size (413), or the quota (507).
+[[operations]]
+include-name = ["POST /v1/uploads", "PATCH /v1/uploads/{upload_id}"]
+checks.negative_data_rejection.expected-statuses = [
+    "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx",
+]
+
 # A page_token is opaque: one this server did not issue is 400, as a stale If-Match is
 # 412; page_token with offset is 422, a rule between parameters OpenAPI cannot state.
 [[operations]]
@@ -113,6 +140,13 @@ checks.negative_data_rejection.expected-statuses = [
     "400", "401", "403", "404", "409", "412", "415", "422", "428", "429",
 ]
 checks.missing_required_header.expected-statuses = ["428"]
+"""
+
+
+# PATCH /v1/uploads/{upload_id} takes raw bytes as application/offset+octet-stream (tus);
+# schemathesis sends them as it sends application/octet-stream.
+HOOKS = """import schemathesis
+schemathesis.serializer.alias("application/offset+octet-stream", "application/octet-stream")
 """
 
 
@@ -172,6 +206,7 @@ def _config_files(server: LiveServer, folder: Path) -> Path:
         ]
     }
     (folder / "auth.json").write_text(json.dumps(auth), encoding="utf-8")
+    (folder / "hooks.py").write_text(HOOKS, encoding="utf-8")
     config = folder / "schemathesis.toml"
     config.write_text(
         f"""
@@ -225,7 +260,12 @@ def test_schemathesis_finds_nothing_with_two_tenants(live_server: LiveServer, tm
         str(tmp_path / "report"),
     ]
     run = subprocess.run(
-        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path
+        command,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=tmp_path,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": str(tmp_path / "hooks.py")},
     )
     output = run.stdout + run.stderr
     print(output[-4000:])  # the summary, with -s or -rP

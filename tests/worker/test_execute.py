@@ -50,7 +50,7 @@ def test_a_job_runs_end_to_end(env: WorkerEnv, tmp_path: Path, monkeypatch) -> N
     assert summary["nodes"]["after"] < summary["nodes"]["before"]
     assert summary["registry_version"] == job.registry_version
     assert summary["target"] == "generic" and summary["timings"]["sandbox"] > 0
-    assert report["model"] == "resnet.onnx" and report["output"] == "fused.onnx"
+    assert report["model"] == "resnet.onnx" and report["output"] == "resnet.fused.onnx"
     # Stage boundaries in order (heartbeats may repeat one), then no scratch left behind.
     assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == [
         "fetching",
@@ -103,16 +103,22 @@ def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:
     assert execute_job(env.settings, job_id, "w1", env.store) == Outcome.succeeded
     job = env.job(job_id)
     assert job.summary["check"]["passed"] is True, job.summary
-    fused = env.store.fetch(job.fused_digest, tmp_path / "fused.onnx")
+    # As it came: the weights in a data file, named as the fused model's download is.
+    (data,) = job.summary["fused_data_files"]
+    assert data["name"] == "net.fused.onnx.data"
+    fused = env.store.fetch(job.fused_digest, tmp_path / "net.fused.onnx")
+    env.store.fetch(data["digest"], tmp_path / data["name"])
     assert_same_outputs(RESNET, fused, atol=1e-4)
     report = json.loads(env.store.read_bytes(job.report_digest))
     weights = (folder / "net.weights").stat().st_size
     assert report["size"]["before_bytes"] == (folder / "net.onnx").stat().st_size + weights
     assert report["size"]["before_external_data_bytes"] == weights
-    # Saved in one file (under 2 GB): no external data after, and BN folded away.
-    assert report["size"]["after_external_data_bytes"] == 0
-    assert report["size"]["after_bytes"] == Path(fused).stat().st_size
+    # BN folded away: fewer bytes, nearly all of them in the data file
+    after_data = (tmp_path / data["name"]).stat().st_size
+    assert report["size"]["after_external_data_bytes"] == after_data
+    assert report["size"]["after_bytes"] == Path(fused).stat().st_size + after_data
     assert report["size"]["after_bytes"] < report["size"]["before_bytes"]
+    assert Path(fused).stat().st_size < 100_000
     assert report["memory"] is None  # not profiled
 
 

@@ -115,3 +115,20 @@ def test_the_margin_and_the_switch(tmp_path: Path) -> None:
         check_memory(tight, {}, inputs)
     off = Settings(data_dir=tmp_path, job_memory_limit_mb=64, job_memory_prediction=False)
     assert check_memory(off, {}, inputs) is None
+
+
+def test_a_job_with_data_files_is_predicted_as_it_will_be_saved(tmp_path: Path) -> None:
+    """A job whose weights came in a data file is saved with one (``worker/sandbox.py``),
+    which holds the weights once: the same bytes in one file need more. A limit between
+    the two refuses only the one-file job."""
+    inputs = _inputs(tmp_path, GIB)
+    with_data = predict_peak_bytes(GIB, OptimizeConfig(), external_data=True)
+    one_file = predict_peak_bytes(GIB, OptimizeConfig())
+    assert with_data < one_file
+    limit = (with_data + one_file) // 2 >> 20
+    settings = Settings(
+        data_dir=tmp_path, job_memory_limit_mb=limit, job_memory_prediction_margin=0
+    )
+    assert check_memory(settings, {}, inputs, external_data=True) == with_data
+    with pytest.raises(JobMemoryError):
+        check_memory(settings, {}, inputs)

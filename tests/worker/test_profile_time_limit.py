@@ -58,7 +58,7 @@ def test_a_job_out_of_time_while_profiling_keeps_its_checked_model(
     assert "profile_trace.json" not in summary["artifacts"]
     report = json.loads(env.store.read_bytes(job.report_digest))
     assert report["profile"] == {"error": PROFILE_UNFINISHED} and report["memory"] is None
-    assert report["output"] == "fused.onnx"
+    assert report["output"] == "cbr.fused.onnx"
     if config.get("check", {}).get("enabled", True):
         assert report["check"]["passed"] is True
     env.store.fetch(job.fused_digest, tmp_path / "fused.onnx")
@@ -94,13 +94,13 @@ def test_only_a_saved_model_with_the_unfinished_report_is_kept(
     report = {"profile": profile, "check": check}
     (tmp_path / "report.json").write_text(json.dumps(report))
     if fused:
-        (tmp_path / "fused.onnx").write_bytes(b"model")
-    assert _unfinished_profile(tmp_path) is expected
+        (tmp_path / "m.fused.onnx").write_bytes(b"model")
+    assert _unfinished_profile(tmp_path, "m.fused.onnx") is expected
 
 
 def test_a_report_cut_off_while_written_keeps_nothing(tmp_path) -> None:
     from autofusion.worker.execute import _unfinished_profile
 
-    (tmp_path / "fused.onnx").write_bytes(b"model")
+    (tmp_path / "m.fused.onnx").write_bytes(b"model")
     (tmp_path / "report.json").write_text('{"profile": {"error": "profiling did')
-    assert _unfinished_profile(tmp_path) is None
+    assert _unfinished_profile(tmp_path, "m.fused.onnx") is None

@@ -17,7 +17,12 @@ from starlette.concurrency import run_in_threadpool
 
 from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
 from autofusion.app.api.downloads import download_response, etag_matches
-from autofusion.app.api.openapi_bodies import binary_part, inline_refs, multipart_body
+from autofusion.app.api.openapi_bodies import (
+    binary_part,
+    data_upload_part,
+    inline_refs,
+    multipart_body,
+)
 from autofusion.app.api.problems import problem_responses
 from autofusion.app.api.schemas.jobs import JobPublic, JobsPublic, OptimizeOptions
 from autofusion.app.api.uploads import incoming
@@ -65,6 +70,7 @@ def _optimize_body() -> dict[str, Any]:
                 "description": "External-data files, named as the model's "
                 "external-data locations name them (plain file names).",
             },
+            "data_upload": data_upload_part(),
             "config": {
                 "type": "string",
                 "contentMediaType": "application/json",
@@ -450,6 +456,21 @@ DownloadDep = Annotated[_Download, Depends(_download)]
 def download_model(job_id: str, download: DownloadDep) -> Response:
     """The fused model (only once the job has succeeded)."""
     return download.send(job_files.fused_model_file(download.job(job_id)))
+
+
+@_download_route(
+    "/v1/jobs/{job_id}/model/data/{name}",
+    {"application/octet-stream": {}},
+    "One of the fused model's external-data files",
+    problems=(400, 416),  # a Range refused (data files answer Range requests)
+    name="JobModelData",
+)
+def download_model_data(job_id: str, name: str, download: DownloadDep) -> Response:
+    """One of the fused model's data files, by the name its external-data entries give
+    (the job's ``links.model_data`` lists them): a model whose weights went to a data file
+    (it came with one, or it is over 2 GB) is the model file and these, saved side by side
+    under these names. They answer Range requests: an interrupted download resumes."""
+    return download.send(job_files.fused_data_file(download.job(job_id), name))
 
 
 @_download_route(

@@ -13,6 +13,11 @@
 
 The upload folder is removed whatever happens; ``accept_upload`` runs steps 1-4.
 
+Data files too big for one body go first, each as a *data upload* (issue 29:
+``POST /v1/uploads``, then ``PATCH``es that resume where the last stopped; ``_staged.py``
+holds the rows, ``_parts.py`` the parts and the whole file they make); the form names
+them with ``data_upload`` fields, which join the job's data files (``_using.py``).
+
 No step holds a database session: the route creates the job (``create_job_for_upload``)
 with a session of its own once the upload is stored, for one short write. While it
 streams, an upload holds one of ``UploadSlots`` (``_slots.py``): at most
@@ -35,6 +40,7 @@ from autofusion.app.services.uploads._form import (
     Upload,
     check_file_name,
 )
+from autofusion.app.services.uploads._parts import OFFSET_MEDIA_TYPE, receive_part
 from autofusion.app.services.uploads._receive import (
     ClientGone,
     IncomingBody,
@@ -42,11 +48,26 @@ from autofusion.app.services.uploads._receive import (
     remove_folder,
 )
 from autofusion.app.services.uploads._slots import UploadSlots
+from autofusion.app.services.uploads._staged import (
+    UPLOADS_PATH,
+    DataUploadCreate,
+    DataUploadPublic,
+    create_data_upload,
+    delete_data_upload,
+    expire_data_uploads,
+    get_data_upload,
+    public_view,
+    upload_digests,
+)
 
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_DATA_FILES",
+    "OFFSET_MEDIA_TYPE",
+    "UPLOADS_PATH",
     "ClientGone",
+    "DataUploadCreate",
+    "DataUploadPublic",
     "IncomingBody",
     "StoredUpload",
     "Upload",
@@ -54,9 +75,16 @@ __all__ = [
     "accept_received",
     "accept_upload",
     "check_file_name",
+    "create_data_upload",
     "create_job_for_upload",
+    "delete_data_upload",
+    "expire_data_uploads",
+    "get_data_upload",
     "parse_options",
+    "public_view",
+    "receive_part",
     "receive_upload",
     "remove_folder",
     "store_upload",
+    "upload_digests",
 ]

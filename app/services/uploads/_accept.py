@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -26,6 +27,12 @@ from autofusion.app.services.model_work import inspect_upload
 from autofusion.app.services.quotas import Quotas
 from autofusion.app.services.uploads._form import Upload, invalid_config
 from autofusion.app.services.uploads._receive import IncomingBody, receive_upload, remove_folder
+from autofusion.app.services.uploads._using import (
+    DataUploadFile,
+    place_data_uploads,
+    read_data_uploads,
+    recheck_data_uploads,
+)
 from autofusion.app.services.webhooks import attach_callback, check_callback_url
 from autofusion.fusion_core.errors import describe_fields, field_errors
 
@@ -49,6 +56,9 @@ class StoredUpload:
     options: OptimizeOptions
     # Each stored blob's size by digest: what the job adds to its tenant's stored bytes.
     sizes: dict[str, int] = field(default_factory=dict)
+    # The data uploads among the data files ('data_upload' fields), checked again when
+    # the job is written.
+    data_uploads: tuple[DataUploadFile, ...] = ()
 
 
 def parse_options(text: str | None) -> OptimizeOptions:
@@ -71,39 +81,63 @@ def parse_options(text: str | None) -> OptimizeOptions:
 
 
 def store_upload(
-    upload: Upload, store: ArtifactStore
+    upload: Upload, store: ArtifactStore, data_uploads: Sequence[DataUploadFile] = ()
 ) -> tuple[str, list[dict[str, str]], dict[str, int]]:
     """Put the model and data files in the store: ``(model digest, [{name, digest}],
-    {digest: size})``."""
-    paths = [upload.model_path, *(upload.folder / name for name in sorted(upload.data_names))]
+    {digest: size})``. ``data_uploads`` are in the store already: they join the data
+    files by name, as parts of the form would."""
+    paths = [upload.model_path, *(upload.folder / name for name in upload.data_names)]
     digests = [store.put_file(path) for path in paths]
     sizes = {digest: path.stat().st_size for digest, path in zip(digests, paths, strict=True)}
     data_files = [
         {"name": path.name, "digest": digest}
         for path, digest in zip(paths[1:], digests[1:], strict=True)
     ]
-    return digests[0], data_files, sizes
+    data_files += [{"name": f.name, "digest": f.digest} for f in data_uploads]
+    sizes |= {f.digest: f.size for f in data_uploads}
+    return digests[0], sorted(data_files, key=lambda f: f["name"]), sizes
 
 
 async def accept_upload(
     body: IncomingBody, settings: Settings, store: ArtifactStore, *, tenant: str | None = None
 ) -> StoredUpload:
-    """Receive, check and store an upload; the upload folder is gone afterwards."""
-    upload = await receive_upload(body, settings, tenant=tenant)
-    return await accept_received(upload, settings, store)
+    """Receive, check and store an upload (its 'data_upload' fields those of ``tenant``);
+    the upload folder is gone afterwards."""
+    upload = await receive_upload(body, settings, tenant=tenant, data_uploads=True)
+    return await accept_received(upload, settings, store, tenant=tenant)
 
 
-async def accept_received(upload: Upload, settings: Settings, store: ArtifactStore) -> StoredUpload:
-    """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards."""
+async def accept_received(
+    upload: Upload, settings: Settings, store: ArtifactStore, *, tenant: str | None = None
+) -> StoredUpload:
+    """Check and store what ``receive_upload`` wrote; the upload folder is gone afterwards.
+    ``tenant``: whose data uploads the 'data_upload' fields may name."""
     try:
         options = parse_options(upload.config_text)
         check_callback_url(options.callback_url, settings, "config.callback_url")
+        staged = await asyncio.to_thread(_data_uploads, upload, settings, tenant)
+        names = [*upload.data_names, *(f.name for f in staged)]
         # In a sandbox with its own limits (model_work): the API process parses no model.
-        await inspect_upload(upload.model_path, upload.data_names, settings, owner=upload.owner)
-        model_digest, data_files, sizes = await asyncio.to_thread(store_upload, upload, store)
+        await inspect_upload(upload.model_path, names, settings, owner=upload.owner)
+        model_digest, data_files, sizes = await asyncio.to_thread(
+            store_upload, upload, store, staged
+        )
     finally:
         await asyncio.to_thread(remove_folder, upload.folder)
-    return StoredUpload(upload.model_path.name, model_digest, data_files, options, sizes)
+    return StoredUpload(
+        upload.model_path.name, model_digest, data_files, options, sizes, tuple(staged)
+    )
+
+
+def _data_uploads(upload: Upload, settings: Settings, tenant: str | None) -> list[DataUploadFile]:
+    """The 'data_upload' fields' uploads, in the upload folder for the checks."""
+    if not upload.data_uploads:
+        return []
+    if tenant is None:  # pragma: no cover - only accept_upload takes the fields
+        raise ValueError("data_upload fields need the tenant whose uploads they name")
+    files = read_data_uploads(settings, tenant, upload.data_uploads)
+    place_data_uploads(upload, files)
+    return files
 
 
 def create_job_for_upload(
@@ -141,6 +175,7 @@ def create_job_for_upload(
     try:
         job, created = create_job(session, principal, **arguments)
         if created:  # its callback (or the tenant's default), committed with the job
+            recheck_data_uploads(session, principal.tenant_id, stored.data_uploads)
             attach_callback(session, job, stored.options.callback_url)
         session.commit()
     except IntegrityError:

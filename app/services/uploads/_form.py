@@ -19,6 +19,7 @@ from autofusion.app.core.errors import ProblemError
 __all__ = [
     "CONFIG_FIELD",
     "DATA_FIELD",
+    "DATA_UPLOAD_FIELD",
     "MAX_CONFIG_BYTES",
     "MAX_DATA_FILES",
     "MODEL_FIELD",
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 MODEL_FIELD, DATA_FIELD, CONFIG_FIELD = "model", "data", "config"
+# The id of a complete data upload (POST /v1/uploads), repeatable: the file joins the
+# job's data files under the upload's name, as if sent as a 'data' part.
+DATA_UPLOAD_FIELD = "data_upload"
+MAX_UPLOAD_ID_BYTES = 200
 DEFAULT_MODEL_NAME = "model.onnx"
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DATA_FILES = 1000
@@ -44,6 +49,8 @@ class Upload:
     folder: Path
     model_name: str | None = None
     data_names: list[str] = field(default_factory=list)
+    # The 'data_upload' fields, in order (ids of data uploads, not checked yet).
+    data_uploads: list[str] = field(default_factory=list)
     config_text: str | None = None
     # Small text parts a caller asked for by name (the dashboard's form fields).
     fields: dict[str, str] = field(default_factory=dict)
@@ -75,8 +82,9 @@ def invalid_config(field_name: str, message: str) -> ProblemError:
     )
 
 
-def check_file_name(name: str, field_name: str) -> str:
-    """A plain file name: no path separators, not ``.``/``..``, no control characters."""
+def check_file_name(name: str, field_name: str, *, what: str | None = None) -> str:
+    """A plain file name: no path separators, not ``.``/``..``, no control characters.
+    ``what`` names it in the refusal (default: the file name of a ``field_name`` part)."""
     if (
         not name
         or name in (".", "..")
@@ -84,8 +92,9 @@ def check_file_name(name: str, field_name: str) -> str:
         or any(c in name for c in "/\\:")
         or any(ord(c) < 32 for c in name)
     ):
+        what = what or f"the file name {name!r} of a {field_name!r} part"
         raise bad_upload(
-            f"the file name {name!r} of a {field_name!r} part is not a plain file name "
+            f"{what} is not a plain file name "
             "(no '/', '\\', ':', '..' or control characters, at most 255 characters)",
             field_name,
         )
@@ -103,9 +112,16 @@ class FormWriter:
     """python-multipart callbacks: file parts go to disk as they arrive, ``config`` to a
     bounded buffer; anything unexpected stops the upload with a problem."""
 
-    def __init__(self, upload: Upload, text_fields: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        upload: Upload,
+        text_fields: frozenset[str] = frozenset(),
+        *,
+        data_uploads: bool = False,
+    ) -> None:
         self.upload = upload
         self.text_fields = text_fields
+        self.data_uploads = data_uploads  # 'data_upload' fields are taken
         self._text: bytearray | None = None
         self.finished = False
         self._header_name = bytearray()
@@ -166,9 +182,13 @@ class FormWriter:
                     "each 'data' part needs a filename: the name external-data locations use",
                     DATA_FIELD,
                 )
-            if len(self.upload.data_names) >= MAX_DATA_FILES:
-                raise bad_upload(f"at most {MAX_DATA_FILES} 'data' parts", DATA_FIELD)
+            if len(self.upload.data_names) + len(self.upload.data_uploads) >= MAX_DATA_FILES:
+                raise bad_upload(f"at most {MAX_DATA_FILES} data files", DATA_FIELD)
             self.upload.data_names.append(self._open(filename, DATA_FIELD))
+        elif self._field == DATA_UPLOAD_FIELD and self.data_uploads and filename is None:
+            if len(self.upload.data_names) + len(self.upload.data_uploads) >= MAX_DATA_FILES:
+                raise bad_upload(f"at most {MAX_DATA_FILES} data files", DATA_UPLOAD_FIELD)
+            self._text = bytearray()
         elif self._field == CONFIG_FIELD:
             if self._config is not None:
                 raise bad_upload("send at most one 'config' part", CONFIG_FIELD)
@@ -178,9 +198,11 @@ class FormWriter:
                 raise bad_upload(f"send at most one {self._field!r} part", self._field)
             self._text = bytearray()
         else:
+            expected = "'model', 'data', 'data_upload' or 'config'"
+            if not self.data_uploads:
+                expected = "'model', 'data' or 'config'"
             raise bad_upload(
-                f"unknown form field {self._field!r}; expected 'model', 'data' or 'config'",
-                self._field,
+                f"unknown form field {self._field!r}; expected {expected}", self._field
             )
 
     def _open(self, name: str, field_name: str) -> str:
@@ -196,6 +218,12 @@ class FormWriter:
         if self._file is not None:
             self._file.write(data[start:end])
         elif self._text is not None:
+            too_long = len(self._text) + (end - start) > MAX_UPLOAD_ID_BYTES
+            if self._field == DATA_UPLOAD_FIELD and too_long:
+                raise bad_upload(
+                    "a 'data_upload' field holds the id of one data upload (POST /v1/uploads)",
+                    DATA_UPLOAD_FIELD,
+                )
             if len(self._text) + (end - start) > MAX_CONFIG_BYTES:
                 raise too_large(
                     f"the {self._field!r} part exceeds {MAX_CONFIG_BYTES} bytes", MAX_CONFIG_BYTES
@@ -211,6 +239,9 @@ class FormWriter:
     def on_part_end(self) -> None:
         if self._file is not None:
             self.close()
+        elif self._text is not None and self._field == DATA_UPLOAD_FIELD:
+            self.upload.data_uploads.append(_decode(bytes(self._text)).strip())
+            self._text = None
         elif self._text is not None:
             self.upload.fields[self._field] = _decode(bytes(self._text))
             self._text = None

@@ -14,6 +14,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from python_multipart import MultipartParser
@@ -90,18 +91,21 @@ async def receive_upload(
     *,
     text_fields: frozenset[str] = frozenset(),
     tenant: str | None = None,
+    data_uploads: bool = False,
 ) -> Upload:
     """Stream the multipart body into a new upload folder, enforcing the size limit,
     holding one of the process's upload slots (and one of ``tenant``'s) meanwhile.
 
     ``text_fields``: names of small text parts accepted besides model, data and config
-    (kept in ``Upload.fields``)."""
+    (kept in ``Upload.fields``); ``data_uploads``: 'data_upload' fields are taken too (kept
+    in ``Upload.data_uploads``)."""
     limit = settings.max_upload_bytes
     boundary = _boundary(body.content_type)
     _check_declared_length(body.content_length, limit)
     owner = _slot_owner(tenant, body, settings)
     with body.slots.hold(owner):
-        upload = await _stream_upload(body.chunks, settings, boundary, text_fields)
+        writer = partial(FormWriter, text_fields=text_fields, data_uploads=data_uploads)
+        upload = await _stream_upload(body.chunks, settings, boundary, writer)
     upload.owner = owner
     return upload
 
@@ -117,7 +121,10 @@ def _slot_owner(tenant: str | None, body: IncomingBody, settings: Settings) -> s
 
 
 async def _stream_upload(
-    chunks: AsyncIterator[bytes], settings: Settings, boundary: bytes, text_fields: frozenset[str]
+    chunks: AsyncIterator[bytes],
+    settings: Settings,
+    boundary: bytes,
+    make_writer: Callable[[Upload], FormWriter],
 ) -> Upload:
     limit = settings.max_upload_bytes
     upload = Upload(settings.uploads_dir / uuid.uuid4().hex)
@@ -125,7 +132,7 @@ async def _stream_upload(
     # Held until remove_folder: however long the check and the store take, the sweeper
     # of this process leaves it alone.
     scratch.claim(upload.folder)
-    writer = FormWriter(upload, text_fields)
+    writer = make_writer(upload)
     try:
         parser = MultipartParser(boundary, writer.callbacks())
         received = 0
