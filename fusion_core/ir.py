@@ -30,6 +30,7 @@ This module adds what a service that accepts untrusted models needs on top of it
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import secrets
 from collections.abc import Iterable
@@ -94,6 +95,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
     for tensor in _external_tensors(model):
         tensor.base_dir = str(path.parent)
     check_external_data(model, path.parent)
+    _map_only_their_bytes(model)
     if scanned is not None:  # the weights left in the file: read from it when asked
         scanned.attach(proto, model)
     return model
@@ -125,7 +127,65 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -
         for tensor in _external_tensors(model):
             tensor.base_dir = str(base_dir)
     check_external_data(model, Path(base_dir or "."))
+    _map_only_their_bytes(model)
     return model
+
+
+class RangeMappedTensor(ir.ExternalTensor):
+    """An initializer in a data file that maps only its own bytes when read.
+
+    onnx-ir's ``ExternalTensor`` maps the whole data file for each tensor it reads: the
+    pages it touches are its own, but each mapping takes the file's size of address
+    space, and a pass that holds a few dozen weights of a 2 GiB file (the merges read
+    every layer's projections) passed 16 GiB of it: the service's sandboxes limit the
+    address space (RLIMIT_AS), so a job that needed 4 GiB of memory failed as out of
+    memory. Here each tensor's mapping is its byte range (from the page boundary below
+    it); everything else is onnx-ir's (validity, containment, ``tofile``, ``release``).
+    Sub-byte types unpack through onnx-ir's own reader."""
+
+    def _load(self) -> None:
+        if self.size == 0 or self.dtype.bitwidth < 8:
+            super()._load()
+            return
+        self._check_validity()
+        self._check_path_containment()
+        start = self._offset or 0
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        self._skip = start - aligned
+        with open(self.path, "rb") as f:
+            self.raw = mmap.mmap(
+                f.fileno(), self._skip + self.nbytes, access=mmap.ACCESS_READ, offset=aligned
+            )
+        dtype = np.dtype(self.dtype.numpy()).newbyteorder("<")
+        array = np.frombuffer(self.raw, dtype=dtype, offset=self._skip, count=self.size)
+        self._array = array.reshape(self.shape.numpy())
+
+    def tobytes(self) -> bytes:
+        if self.size == 0 or self.dtype.bitwidth < 8:
+            return super().tobytes()
+        self._check_validity()
+        if self.raw is None:
+            self._load()
+        return self.raw[self._skip : self._skip + (self._length or self.nbytes)]
+
+
+def _map_only_their_bytes(model: ir.Model) -> None:
+    """Every initializer in a data file, in every graph, read as a ``RangeMappedTensor``."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if type(tensor) is ir.ExternalTensor:
+                value.const_value = RangeMappedTensor(
+                    tensor.location,
+                    tensor.offset,
+                    tensor.length,
+                    tensor.dtype,
+                    shape=tensor.shape,
+                    name=tensor.name,
+                    doc_string=tensor.doc_string,
+                    metadata_props=dict(tensor.metadata_props),
+                    base_dir=tensor.base_dir,
+                )
 
 
 def _check_text(proto: onnx.ModelProto, origin: str) -> None:
