@@ -24,6 +24,13 @@ Inputs: ``input_ids``, ``attention_mask`` and ``position_ids``, ``int64[batch, s
 output ``logits`` ``float[batch, seq, vocab]``. The engine fuses each layer's attention
 into one GroupQueryAttention with two RotaryEmbeddings on the onnxruntime target.
 
+Weight types (``bench/_big_weights.py``): fp32; fp16, the whole model in fp16 as an fp16
+export writes it (the norms computed in fp32 between two Casts and the rotary angles in
+fp32 cast to fp16, as transformers' Llama does; the attention in fp16, as its sdpa path
+exports); int4, every projection and the lm head a ``com.microsoft.MatMulNBits`` as
+onnxruntime-genai's model builder writes int4 (activations fp32). ``PRESETS["7b"]`` is
+Llama-2-7B / Mistral-7B's shape with Mistral's 8 KV heads (GQA).
+
 Weights are ``standard_normal / sqrt(fan_in)`` (activations neither vanish nor blow
 up over the layers) and the norms' gammas ``uniform(0.5, 1.5)``: nothing an identity
 would pass for. The bench (``bench/make_big_decoder.py``, ``bench/bench_big_models.py``)
@@ -41,11 +48,12 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
+from _big_weights import BITS, FP32, Weights, quantize_random
 
 MODEL_FILE = "decoder.onnx"
 OPSET = 18
 _ALIGN = 4096  # each tensor starts on a page, so onnxruntime and onnx-ir can map it
-_F32, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+_F32, _F16, _I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64
 
 
 @dataclass(frozen=True)
@@ -73,13 +81,38 @@ class DecoderShape:
         outer = 2 * self.vocab * self.hidden + self.hidden
         return 4 * (outer + self.layers * self.layer_params)
 
+    def projections(self) -> list[tuple[int, int]]:
+        """Each layer's projections, ``(fan in, fan out)``: q, k, v, o, gate, up, down."""
+        h, kv, i = self.hidden, self.kv_heads * self.head_size, self.intermediate
+        return [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)]
 
-def shape_for_size(size_bytes: float, *, hidden: int | None = None) -> DecoderShape:
-    """The decoder whose weights come closest to ``size_bytes`` (at least one layer):
-    hidden 1024 with 16 query heads sharing 4 KV heads (head size 64) and a vocabulary
-    of 8192 from 128 MiB up, smaller below, so a test model stays a few MB."""
+    def layer_bytes(self, weights: Weights) -> int:
+        return sum(weights.matrix_bytes(*p) for p in self.projections()) + 2 * (
+            weights.vector_bytes(self.hidden)
+        )
+
+    def stored_bytes(self, weights: Weights) -> int:
+        """Bytes of the weights as ``weights`` stores them (the embedding a float table)."""
+        embed = self.vocab * self.hidden * weights.vector_bytes(1)
+        outer = embed + weights.matrix_bytes(self.hidden, self.vocab)
+        return outer + weights.vector_bytes(self.hidden) + self.layers * self.layer_bytes(weights)
+
+
+# Llama-2-7B's and Mistral-7B's shape (hidden 4096, 32 layers, 32 query heads of 128,
+# intermediate 14336, vocabulary 32000) with Mistral's 8 KV heads: 7.2 billion weights
+PRESETS = {"7b": DecoderShape(4096, 32, 8, 14336, 32000, 32)}
+
+
+def shape_for_size(
+    size_bytes: float, *, hidden: int | None = None, weights: Weights = FP32
+) -> DecoderShape:
+    """The decoder whose weights, stored as ``weights``, come closest to ``size_bytes`` (at
+    least one layer): hidden 1024 with 16 query heads sharing 4 KV heads (head size 64)
+    and a vocabulary of 8192 from 128 MiB of fp32 up, smaller below, so a test model
+    stays a few MB."""
     if hidden is None:
-        hidden = 1024 if size_bytes >= 128 << 20 else (256 if size_bytes >= 8 << 20 else 64)
+        fp32 = size_bytes * 4 / weights.vector_bytes(1)  # the hidden size an fp32 model gets
+        hidden = 1024 if fp32 >= 128 << 20 else (256 if fp32 >= 8 << 20 else 64)
     head_size = 64 if hidden >= 256 else 16
     if hidden % head_size or hidden < 2 * head_size:
         least = 2 * head_size
@@ -89,8 +122,8 @@ def shape_for_size(size_bytes: float, *, hidden: int | None = None) -> DecoderSh
     intermediate = 16 * math.ceil(hidden * 8 / 3 / 16)  # Llama's 2/3 of 4 x, rounded up
     vocab = 8192 if hidden >= 1024 else (2048 if hidden >= 256 else 256)
     shape = DecoderShape(hidden, heads, kv_heads, intermediate, vocab, layers=1)
-    spare = size_bytes - shape.weight_bytes + 4 * shape.layer_params
-    layers = max(1, round(spare / (4 * shape.layer_params)))
+    layer = shape.layer_bytes(weights)
+    layers = max(1, round((size_bytes - shape.stored_bytes(weights) + layer) / layer))
     return DecoderShape(hidden, heads, kv_heads, intermediate, vocab, layers)
 
 
@@ -122,8 +155,10 @@ class _DataFile:
 
 
 class _Builder:
-    def __init__(self, shape: DecoderShape, data: _DataFile, seed: int) -> None:
-        self.shape, self.data = shape, data
+    def __init__(self, shape: DecoderShape, data: _DataFile, seed: int, weights: Weights) -> None:
+        self.shape, self.data, self.weights = shape, data, weights
+        self.dtype = weights.dtype
+        self.elem = _F16 if weights.kind == "fp16" else _F32  # the activations' type
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -140,20 +175,40 @@ class _Builder:
     def weight(self, name: str, rows: int, cols: int) -> str:
         values = self.rng.standard_normal((rows, cols), dtype=np.float32)
         values *= np.float32(1 / math.sqrt(rows))
-        self.inits.append(self.data.tensor(name, values))
+        self.inits.append(self.data.tensor(name, values.astype(self.dtype, copy=False)))
         return name
 
+    def project(self, name: str, x: str, rows: int, cols: int, output: str) -> str:
+        """``x @ W[rows, cols]``: a MatMul, or the builder's MatMulNBits for int4."""
+        if self.weights.kind != "int4":
+            return self.node("MatMul", [x, self.weight(name, rows, cols)], output)
+        block = self.weights.block_size
+        packed, scales = quantize_random(self.rng, rows, cols, block)
+        self.inits.append(self.data.tensor(f"{name}.qweight", packed))
+        self.inits.append(self.data.tensor(f"{name}.scales", scales))
+        inputs = [x, f"{name}.qweight", f"{name}.scales"]
+        attrs = dict(K=rows, N=cols, bits=BITS, block_size=block)
+        attrs["accuracy_level"] = self.weights.accuracy_level
+        node = oh.make_node("MatMulNBits", inputs, [output], name=output, **attrs)
+        node.domain = "com.microsoft"
+        self.nodes.append(node)
+        return output
+
     def gamma(self, name: str) -> str:
-        values = self.rng.uniform(0.5, 1.5, self.shape.hidden).astype(np.float32)
+        values = self.rng.uniform(0.5, 1.5, self.shape.hidden).astype(self.dtype)
         self.inits.append(self.data.tensor(name, values))
         return name
 
     def rms(self, p: str, x: str) -> str:
-        sq = self.node("Pow", [x, "two"], f"{p}_sq")
+        """RMSNorm; in fp16 computed in fp32 between two Casts, as transformers' Llama."""
+        wide = self.node("Cast", [x], f"{p}_f32", to=_F32) if self.elem == _F16 else x
+        sq = self.node("Pow", [wide, "two"], f"{p}_sq")
         ms = self.node("ReduceMean", [sq, "axis_last"], f"{p}_ms", keepdims=1)
         var = self.node("Add", [ms, "eps"], f"{p}_var")
         root = self.node("Sqrt", [var], f"{p}_root")
-        unit = self.node("Div", [x, root], f"{p}_unit")
+        unit = self.node("Div", [wide, root], f"{p}_unit")
+        if self.elem == _F16:
+            unit = self.node("Cast", [unit], f"{p}_f16", to=_F16)
         return self.node("Mul", [unit, self.gamma(f"{p}.weight")], f"{p}_out")
 
 
@@ -163,9 +218,9 @@ def _constants(b: _Builder) -> None:
     b.const("inv_freq", 1.0 / (10000 ** (np.arange(0, s.head_size, 2) / s.head_size)), np.float32)
     b.const("two", 2.0, np.float32)
     b.const("eps", 1e-6, np.float32)
-    b.const("zero_f", 0.0, np.float32)
-    b.const("lowest", np.finfo(np.float32).min, np.float32)
-    b.const("scale", s.head_size**-0.5, np.float32)
+    b.const("zero_f", 0.0, b.dtype)  # the mask and the scale in the activations' type
+    b.const("lowest", np.finfo(b.dtype).min, b.dtype)
+    b.const("scale", s.head_size**-0.5, b.dtype)
     b.const("axis_last", [-1])
     b.const("axis_1", [1])
     b.const("axis_2", [2])
@@ -186,9 +241,11 @@ def _shared(b: _Builder) -> None:
     b.node("Unsqueeze", ["pos", "axis_last"], "pos_u")
     b.node("Mul", ["pos_u", "inv_freq"], "freqs")
     b.node("Concat", ["freqs", "freqs"], "emb", axis=-1)
-    for f in ("cos", "sin"):
-        b.node(f.capitalize(), ["emb"], f)
-        b.node("Unsqueeze", [f, "axis_1"], f"{f}_u")
+    for f in ("cos", "sin"):  # in fp32, cast to the activations' type (transformers' Llama)
+        angle = b.node(f.capitalize(), ["emb"], f)
+        if b.elem == _F16:
+            angle = b.node("Cast", [angle], f"{f}_f16", to=_F16)
+        b.node("Unsqueeze", [angle, "axis_1"], f"{f}_u")
     b.node("Shape", ["input_ids"], "ids_shape")
     b.node("Gather", ["ids_shape", "index_1"], "seq_len", axis=0)
     b.node("Range", ["start", "seq_len", "step"], "positions")
@@ -208,7 +265,7 @@ def _heads(b: _Builder, p: str, x: str) -> dict[str, str]:
     out = {}
     for name, cols, split in (("q", s.hidden, "q_split"), ("k", kv, "kv_split"),
                               ("v", kv, "kv_split")):  # fmt: skip
-        m = b.node("MatMul", [x, b.weight(f"{p}.{name}_proj", s.hidden, cols)], f"{p}_{name}m")
+        m = b.project(f"{p}.{name}_proj", x, s.hidden, cols, f"{p}_{name}m")
         r = b.node("Reshape", [m, split], f"{p}_{name}r")
         out[name] = b.node("Transpose", [r], f"{p}_{name}t", perm=[0, 2, 1, 3])
     for name in "qk":
@@ -238,18 +295,17 @@ def _attention(b: _Builder, p: str, x: str) -> str:
     ct = b.node("Transpose", [context], f"{p}_ct", perm=[0, 2, 1, 3])
     merged = b.node("Reshape", [ct, "merge"], f"{p}_merged")
     hidden = b.shape.hidden
-    return b.node("MatMul", [merged, b.weight(f"{p}.o_proj", hidden, hidden)], f"{p}_o")
+    return b.project(f"{p}.o_proj", merged, hidden, hidden, f"{p}_o")
 
 
 def _mlp(b: _Builder, p: str, x: str) -> str:
     s = b.shape
-    gate = b.node("MatMul", [x, b.weight(f"{p}.gate_proj", s.hidden, s.intermediate)], f"{p}_g")
+    gate = b.project(f"{p}.gate_proj", x, s.hidden, s.intermediate, f"{p}_g")
     sig = b.node("Sigmoid", [gate], f"{p}_sig")
     silu = b.node("Mul", [gate, sig], f"{p}_silu")
-    up = b.node("MatMul", [x, b.weight(f"{p}.up_proj", s.hidden, s.intermediate)], f"{p}_up")
+    up = b.project(f"{p}.up_proj", x, s.hidden, s.intermediate, f"{p}_up")
     prod = b.node("Mul", [silu, up], f"{p}_prod")
-    down = b.weight(f"{p}.down_proj", s.intermediate, s.hidden)
-    return b.node("MatMul", [prod, down], f"{p}_down")
+    return b.project(f"{p}.down_proj", prod, s.intermediate, s.hidden, f"{p}_down")
 
 
 def _layer(b: _Builder, i: int, h: str) -> str:
@@ -263,38 +319,45 @@ def _layer(b: _Builder, i: int, h: str) -> str:
 def _graph(b: _Builder) -> onnx.GraphProto:
     s = b.shape
     _constants(b)
-    embed = b.weight("embed_tokens.weight", s.vocab, s.hidden)
+    embed = b.weight("embed_tokens.weight", s.vocab, s.hidden)  # a float table even in int4
     h = b.node("Gather", [embed, "input_ids"], "embedded", axis=0)
     _shared(b)
     for i in range(s.layers):
         h = _layer(b, i, h)
     normed = b.rms("norm", h)
-    b.node("MatMul", [normed, b.weight("lm_head.weight", s.hidden, s.vocab)], "logits")
+    b.project("lm_head.weight", normed, s.hidden, s.vocab, "logits")
     ids = [oh.make_tensor_value_info(n, _I64, ["batch", "seq"])
            for n in ("input_ids", "attention_mask", "position_ids")]  # fmt: skip
-    logits = oh.make_tensor_value_info("logits", _F32, ["batch", "seq", s.vocab])
+    logits = oh.make_tensor_value_info("logits", b.elem, ["batch", "seq", s.vocab])
     return oh.make_graph(b.nodes, "big_decoder", ids, [logits], initializer=b.inits)
 
 
-def make_decoder(folder: str | Path, shape: DecoderShape, *, seed: int = 0) -> dict[str, Any]:
-    """Write ``folder/decoder.onnx`` and its ``decoder.onnx.data``; what was written:
-    the model's path, its shape, node count and bytes on disk (file and data)."""
+def make_decoder(
+    folder: str | Path, shape: DecoderShape, *, seed: int = 0, weights: Weights = FP32
+) -> dict[str, Any]:
+    """Write ``folder/decoder.onnx`` and its ``decoder.onnx.data``, weights stored as
+    ``weights``; what was written: the model's path, its shape, the weights, node count
+    and bytes on disk (file and data)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE
     data = _DataFile(folder / (MODEL_FILE + ".data"))
     try:
-        builder = _Builder(shape, data, seed)
+        builder = _Builder(shape, data, seed, weights)
         graph = _graph(builder)
     finally:
         data.close()
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", OPSET)], ir_version=8)
+    opsets = [oh.make_opsetid("", OPSET)]
+    if weights.kind == "int4":
+        opsets.append(oh.make_opsetid("com.microsoft", 1))
+    model = oh.make_model(graph, opset_imports=opsets, ir_version=8)
     model.producer_name = "autofusion bench/_big_models.py"
     onnx.save_model(model, path)  # the weights are in the data file already
     data_bytes = (folder / (MODEL_FILE + ".data")).stat().st_size
     return {
         "path": str(path),
         "shape": asdict(shape),
+        "weights": asdict(weights),
         "nodes": len(graph.node),
         "model_bytes": path.stat().st_size + data_bytes,
         "data_bytes": data_bytes,

@@ -14,11 +14,19 @@ CLI in a child process, target onnxruntime, and reads:
   phase (``optimize_memory.by_phase``), the prediction (``fusion_core.predict_memory``),
   the nodes before and after, and the check's verdict and max abs diff.
 
-Prints one JSON line per run, then Markdown tables (docs/benchmarks.md, section 27)::
+``--weights fp16|int4`` (``--block-size``) builds the decoder with those weights, the size
+in GiB as stored; ``--preset 7b`` runs Llama-2-7B / Mistral-7B's shape instead of sizes.
+``--latency N`` then times the prefill (128 tokens) and a one-token step of the original
+against the fused model, N interleaved rounds, in a child of its own
+(``bench/big_latency.py``: the synthetic decoder has no KV cache).
+
+Prints one JSON line per run, then Markdown tables (docs/benchmarks.md, sections 27-28)::
 
     python bench/bench_big_models.py --sizes 0.25 0.5 1.0 [--modes check no-check]
     python bench/bench_big_models.py --sizes 0.25 --modes profile
     python bench/bench_big_models.py --sizes 0.25 0.5 1.0 --modes check-one-file
+    python bench/bench_big_models.py --sizes 3 --weights fp16 --modes check --latency 3
+    python bench/bench_big_models.py --preset 7b --weights int4 --block-size 128 --modes check
 
 Mind the machine: with the check on, a run peaks at several times the model's size.
 """
@@ -36,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import onnx
-from _big_models import MODEL_FILE, make_decoder, shape_for_size
+from _big_models import MODEL_FILE, PRESETS, make_decoder, shape_for_size
+from _big_weights import FP32, KINDS, Weights
 
 GIB = 1 << 30
 MODES = {
@@ -50,20 +59,28 @@ ONE_FILE = "-one-file"  # the mode on the decoder saved as one file, weights ins
 CLI = [sys.executable, "-c", "import sys; from autofusion.app.cli import main; sys.exit(main())"]
 
 
-def model_for(size_gb: float, cache: Path, *, one_file: bool = False) -> tuple[Path, dict]:
-    folder = cache / f"decoder_{size_gb:g}gib{'_one_file' if one_file else ''}"
+def model_for(
+    size_gb: float | str, cache: Path, *, one_file: bool = False, weights: Weights = FP32
+) -> tuple[Path, dict]:
+    """The decoder of ``size_gb`` GiB (or the preset of that name), built once in ``cache``."""
+    typed = "" if weights == FP32 else f"_{weights.kind}"
+    typed += f"_b{weights.block_size}_a{weights.accuracy_level}" if weights.kind == "int4" else ""
+    label = f"{size_gb}" if isinstance(size_gb, str) else f"{size_gb:g}gib"
+    folder = cache / f"decoder_{label}{typed}{'_one_file' if one_file else ''}"
     info_file = folder / "info.json"
     if info_file.is_file() and (folder / MODEL_FILE).is_file():
         return folder / MODEL_FILE, json.loads(info_file.read_text())
     start = time.perf_counter()
     if one_file:  # the decoder with external data, its weights read in and saved inside
-        source, info = model_for(size_gb, cache)
+        source, info = model_for(size_gb, cache, weights=weights)
         folder.mkdir(parents=True, exist_ok=True)
         onnx.save_model(onnx.load(source), folder / MODEL_FILE)
         info = {**info, "path": str(folder / MODEL_FILE), "data_bytes": 0}
         info["model_bytes"] = (folder / MODEL_FILE).stat().st_size
     else:
-        info = make_decoder(folder, shape_for_size(size_gb * GIB))
+        shape = PRESETS[size_gb] if isinstance(size_gb, str) else None
+        shape = shape or shape_for_size(size_gb * GIB, weights=weights)
+        info = make_decoder(folder, shape, weights=weights)
     info["build_s"] = round(time.perf_counter() - start, 2)
     info_file.write_text(json.dumps(info))
     return folder / MODEL_FILE, info
@@ -91,7 +108,17 @@ def run_cli(model: Path, mode: str, out: Path) -> dict:
             "peak_rss_bytes": usage.ru_maxrss * 1024, "report": data}  # fmt: skip
 
 
-def row(size_gb: float, info: dict, mode: str, ran: dict) -> dict:
+def latency(model: Path, fused: Path, iters: int) -> dict:
+    """bench/big_latency.py in a child: prefill and one-token step, original vs fused."""
+    script = Path(__file__).resolve().parent / "big_latency.py"
+    command = [sys.executable, str(script), str(model), str(fused), "--iters", str(iters)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        return {"error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def row(size_gb: float | str, info: dict, mode: str, ran: dict) -> dict:
     report = ran["report"]
     own = report.get("optimize_memory") or {}
     check = report.get("check") or {}
@@ -99,6 +126,7 @@ def row(size_gb: float, info: dict, mode: str, ran: dict) -> dict:
     phases = own.get("by_phase") or {}
     return {
         "size_gib": size_gb,
+        "weights": (info.get("weights") or {}).get("kind", "fp32"),
         "mode": mode,
         "model_bytes": model_bytes,
         "layers": info["shape"]["layers"],
@@ -114,6 +142,9 @@ def row(size_gb: float, info: dict, mode: str, ran: dict) -> dict:
         "nodes": [report.get("nodes", {}).get("before"), report.get("nodes", {}).get("after")],
         "fusions": sum((report.get("fusions") or {}).values()),
         "check": None if not check else (check.get("passed"), check.get("max_abs_diff")),
+        # the dims the check ran (validate/_dims.py sizes dynamic ones small) and samples
+        "check_dims": [(pr.get("dims"), pr.get("samples")) for pr in check.get("profiles", [])],
+        "fusions_by_pattern": report.get("fusions"),
         # the fused model's weights in a data file beside it (bytes), or 0: one file
         "fused_data_bytes": (report.get("size") or {}).get("after_external_data_bytes"),
     }
@@ -154,14 +185,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", choices=modes, default=["check", "no-check"])
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "af-big")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--weights", choices=KINDS, default="fp32")
+    parser.add_argument("--block-size", type=int, default=32, help="int4's block")
+    parser.add_argument("--accuracy-level", type=int, default=4, help="int4's (builder: 4)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="this shape, not --sizes")
+    parser.add_argument("--latency", type=int, default=0, help="rounds of timing (0: none)")
     args = parser.parse_args(argv)
+    weights = Weights(args.weights, args.block_size, args.accuracy_level)
     rows = []
-    for size in args.sizes:
+    for size in [args.preset] if args.preset else args.sizes:
         for mode in args.modes:
-            model, info = model_for(size, args.cache, one_file=mode.endswith(ONE_FILE))
-            with tempfile.TemporaryDirectory(prefix="af-big-out-") as out:
+            one_file = mode.endswith(ONE_FILE)
+            model, info = model_for(size, args.cache, one_file=one_file, weights=weights)
+            with tempfile.TemporaryDirectory(prefix="af-big-out-", dir=args.cache) as out:
                 ran = run_cli(model, mode, Path(out))
-            rows.append(row(size, info, mode, ran))
+                rows.append(row(size, info, mode, ran))
+                if args.latency and ran["exit"] == 0:
+                    rows[-1]["latency"] = latency(model, Path(out) / "fused.onnx", args.latency)
             print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

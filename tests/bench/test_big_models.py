@@ -6,6 +6,12 @@ does (per layer one GroupQueryAttention and two RotaryEmbeddings; the norms as
 SimplifiedLayerNormalization), with the check on or off. The fused model must compute
 what the original does: rtol = atol = 1e-4 (GroupQueryAttention and RotaryEmbedding sum in
 another order; here the logits differ by about 1e-6).
+
+The same decoder in fp16 and in int4 (the projections as onnxruntime-genai's
+``com.microsoft.MatMulNBits``, ``bench/_big_weights.py``): valid, the data file holding
+what the shape says, runs, and fused within the check's tolerance for the type (fp16:
+rtol 1e-2, atol 1e-3; int4 computes in fp32: 1e-4). The int4 packing is proven against
+onnxruntime's kernel itself (accuracy level 0: dequantized weights, fp32 sums).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from autofusion.fusion_core import OptimizeConfig, optimize, run, save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import _big_models
+import _big_weights
 import bench_big_models
 import make_big_decoder
 
@@ -146,3 +153,103 @@ def test_a_checked_run_holds_the_weights_about_once(tmp_path) -> None:
     held = (own["peak_rss_bytes"] - own["before_bytes"]) / info["model_bytes"]
     assert 0.5 < held < MOST_MEMORY_WITH_THE_CHECK, f"{held:.2f}x the model"
     assert (out / "fused.onnx.data").is_file()  # the weights streamed beside the model
+
+
+# ---- fp16 and int4 weights -------------------------------------------------------------
+
+FP16_TOL = dict(rtol=1e-2, atol=1e-3)  # the check's tolerance for fp16 models
+INT4 = _big_weights.Weights("int4", block_size=32)
+FP16 = _big_weights.Weights("fp16")
+
+
+@pytest.fixture(scope="module", params=[FP16, INT4], ids=["fp16", "int4"])
+def typed(request, tmp_path_factory) -> tuple[dict, _big_weights.Weights]:
+    folder = tmp_path_factory.mktemp(request.param.kind)
+    return _big_models.make_decoder(folder, TINY, seed=5, weights=request.param), request.param
+
+
+def test_the_typed_decoder_is_valid_and_holds_its_weights(typed) -> None:
+    info, weights = typed
+    onnx.checker.check_model(info["path"], full_check=True)
+    graph = onnx.load(info["path"], load_external_data=False).graph
+    external = [t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    stored = sum(int(next(e.value for e in t.external_data if e.key == "length")) for t in external)
+    assert stored == TINY.stored_bytes(weights)
+    ops = Counter(n.op_type for n in graph.node)
+    if weights.kind == "int4":  # seven projections per layer and the lm head
+        assert ops["MatMulNBits"] == 7 * TINY.layers + 1 and ops["MatMul"] == 2 * TINY.layers
+        types = {t.name: t.data_type for t in external}
+        assert types["lm_head.weight.qweight"] == onnx.TensorProto.UINT8
+        assert types["embed_tokens.weight"] == onnx.TensorProto.FLOAT  # a Gather's table
+    else:
+        floats = {t.data_type for t in external}
+        assert floats == {onnx.TensorProto.FLOAT16}
+        assert ops["Cast"] >= 2 * (2 * TINY.layers + 1)  # every norm in fp32, as transformers
+
+
+def test_the_typed_decoder_runs_and_is_not_degenerate(typed) -> None:
+    info, weights = typed
+    logits = _run(info["path"])
+    assert logits.dtype == weights.dtype and np.isfinite(logits).all()
+    assert 0.1 < float(logits.astype(np.float32).std()) < 100
+    assert not np.allclose(logits[0, 0], logits[0, 1], **FP16_TOL)
+
+
+def test_the_typed_decoder_fuses_within_its_tolerance(typed, tmp_path) -> None:
+    info, weights = typed
+    result = optimize(info["path"], OptimizeConfig(target="onnxruntime"))
+    assert result.check.passed
+    ops = result.ops_after
+    assert ops["SimplifiedLayerNormalization"] == 2 * TINY.layers + 1
+    if weights.kind == "int4":  # the attention as in fp32; MatMulNBits left as it is
+        assert ops["com.microsoft::GroupQueryAttention"] == TINY.layers
+        assert ops["com.microsoft::RotaryEmbedding"] == 2 * TINY.layers
+        assert ops["com.microsoft::MatMulNBits"] == 7 * TINY.layers + 1
+    fused = tmp_path / "fused.onnx"
+    save_model(result.model, fused)
+    tolerance = FP16_TOL if weights.kind == "fp16" else TOL
+    np.testing.assert_allclose(
+        _run(fused).astype(np.float32), _run(info["path"]).astype(np.float32), **tolerance
+    )
+
+
+@pytest.mark.parametrize("rows, block", [(64, 32), (96, 32), (256, 128)])
+def test_int4_packing_is_what_onnxruntime_reads(rows: int, block: int) -> None:
+    """MatMulNBits at accuracy level 0 (dequantized weights, fp32 sums) against
+    ``x @ dequantize(...)``: a nibble order or scale layout wrong by one is off by O(1)."""
+    import onnx.helper as oh
+    import onnx.numpy_helper as nh
+
+    cols = 24
+    rng = np.random.default_rng(rows)
+    packed, scales = _big_weights.quantize_random(rng, rows, cols, block)
+    node = oh.make_node("MatMulNBits", ["x", "B", "s"], ["y"], domain="com.microsoft",
+                        K=rows, N=cols, bits=4, block_size=block, accuracy_level=0)  # fmt: skip
+    graph = oh.make_graph(
+        [node], "nbits", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, rows])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, cols])],
+        [nh.from_array(packed, "B"), nh.from_array(scales, "s")],
+    )  # fmt: skip
+    opsets = [oh.make_opsetid("", 18), oh.make_opsetid("com.microsoft", 1)]
+    model = oh.make_model(graph, opset_imports=opsets)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((3, rows)).astype(np.float32)
+    weights = _big_weights.dequantize(packed, scales, rows)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weights, rtol=1e-5, atol=1e-5)
+    assert 0.5 < weights.std() * np.sqrt(rows) < 1.5  # N(0, 1/fan_in)-sized, as fp32's
+    assert abs(weights.mean()) < 0.1 * weights.std()
+
+
+def test_the_sizes_of_the_typed_weights() -> None:
+    for weights in (FP16, INT4):
+        shape = _big_models.shape_for_size(256 * MiB, weights=weights)
+        layer = shape.layer_bytes(weights)
+        assert abs(shape.stored_bytes(weights) - 256 * MiB) <= layer / 2
+    seven = _big_models.PRESETS["7b"]
+    assert (seven.head_size, seven.heads // seven.kv_heads) == (128, 4)
+    params = seven.weight_bytes / 4
+    assert 7.0e9 < params < 7.5e9  # a 7B-class decoder
+    int4 = seven.stored_bytes(_big_weights.Weights("int4", block_size=128)) / (1 << 30)
+    assert 3.5 < int4 < 4.5, int4  # 4 bits and a scale per 128, the embedding in fp32
+    with pytest.raises(ValueError, match="power of two"):
+        _big_weights.Weights("int4", block_size=48)
