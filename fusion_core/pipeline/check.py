@@ -8,7 +8,10 @@ region is added.
 Neither model is handed to onnxruntime as a serialized proto: the fused model is saved
 once to a scratch folder, its weights streamed to a data file beside it (those still read
 lazily from the original's data file included), and the original is its own file when
-the caller gave one (``ModelFile``); the two sessions run one after the other. A full
+the caller gave one (``ModelFile``), or, for a file with big weights inside, a copy of it
+with its weights in a data file written to the same folder (``validate.session_file``:
+onnxruntime maps a data file but parses one file whole; the copy costs 1x the model on
+disk for the length of the check). The two sessions run one after the other. A full
 proto of either is made only for what needs one: onnx's checker (target generic), the
 regions of a failed check and the fp16 range analysis.
 """
@@ -24,7 +27,6 @@ import onnx
 
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.ir import (
-    PROTOBUF_LIMIT_BYTES,
     load_model,
     proto_with_weights,
     save_model,
@@ -41,11 +43,14 @@ from autofusion.fusion_core.validate import (
     compare_models,
     compare_regions,
     random_inputs,
+    session_file,
 )
 
 __all__ = ["check_against_original", "original_proto"]
 
 FUSED_FILE = "fused.onnx"  # in the check's scratch folder, its weights in fused.onnx.data
+# where a copy of a one-file original goes in that folder (its own name, its weights beside)
+ORIGINAL_DIR = "original"
 
 
 def check_against_original(
@@ -64,8 +69,11 @@ def check_against_original(
     with tempfile.TemporaryDirectory(prefix="autofusion-check-") as folder:
         fused_file = ModelFile(Path(folder) / FUSED_FILE)
         save_model(result.model, fused_file.path, external_data=True)
+        source = _for_session(original, Path(folder))
+        if config.target == "generic":
+            result.structure += _new_checker_problems(_checked(source), str(fused_file.path))
         result.check = compare_models(
-            original,
+            source,
             fused_file,
             rtol=c.rtol,
             atol=c.atol,
@@ -77,10 +85,6 @@ def check_against_original(
             feeds=feeds,
         )
     protos = _Protos(result, original)
-    # onnxruntime's own registrations (LayerNormalization below opset 17) fail onnx's
-    # checker by design; the generic target must pass it in full.
-    if config.target == "generic" and protos.fused().ByteSize() <= PROTOBUF_LIMIT_BYTES:
-        result.structure += _new_checker_problems(protos.original(), protos.fused())
     if result.structure:  # an invalid graph, whatever the outputs say
         result.check.passed = False
         result.check.failure = INVALID_GRAPH
@@ -101,6 +105,20 @@ def check_against_original(
         )
     if feeds and result.applied and config.precision == "fp16":
         result.precision = check_fp16(protos.original(), protos.fused(), feeds, keep_fp32=keep_fp32)
+
+
+def _for_session(
+    original: onnx.ModelProto | ModelFile, folder: Path
+) -> onnx.ModelProto | ModelFile:
+    """What onnxruntime reads the original from: a proto as it is; a file, or its copy with
+    a data file in the check's ``folder`` when it is one file with big weights
+    (``validate.session_file``): the same graph and bytes, not parsed whole."""
+    if not isinstance(original, ModelFile):
+        return original
+    source = session_file(original.path, folder / ORIGINAL_DIR)
+    if source == original.path:
+        return original
+    return ModelFile(source, original.graph)
 
 
 def original_proto(original: onnx.ModelProto | ModelFile) -> onnx.ModelProto:
@@ -130,10 +148,20 @@ class _Protos:
         return self._protos["fused"]
 
 
-def _new_checker_problems(original: onnx.ModelProto, fused: onnx.ModelProto) -> list[str]:
+def _checked(source: onnx.ModelProto | ModelFile) -> onnx.ModelProto | str:
+    """What onnx's checker reads of the original: its file (onnx reads it from the path
+    with its data file beside it, past 2 GB too), or the proto it came as."""
+    return str(source.path) if isinstance(source, ModelFile) else source
+
+
+def _new_checker_problems(original: onnx.ModelProto | str, fused: str) -> list[str]:
     """onnx's checker on the fused model, at the strictest level the original passes:
     what the model already had (onnx's node test ``test_mvn`` fails the full check as
-    shipped) is not the fusion's doing."""
+    shipped) is not the fusion's doing. Only the generic target must pass it in full:
+    onnxruntime's own registrations (LayerNormalization below opset 17) fail it by
+    design. Both are read from their files where they have one (``fused`` always: the
+    check's copy with its data file), never as protos with their weights: a proto of a
+    2 GB model cannot be serialized at all, and one of a smaller one costs its size."""
     for full_check in (True, False):
         if not checker_problems(original, full_check=full_check):
             return checker_problems(fused, full_check=full_check)

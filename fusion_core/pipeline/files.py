@@ -38,7 +38,6 @@ from autofusion.fusion_core.profiling import (
     measure_memory,
     model_size,
     profile_models,
-    write_trace,
 )
 from autofusion.fusion_core.profiling.verdicts import write_verdicts
 from autofusion.fusion_core.report import (
@@ -189,16 +188,14 @@ def _measure(model_path, output_path, config, result, feeds, trace_path):
     dims = check.profiles[0].dims if check and check.profiles else config.check.dims
     sample = (feeds or [None])[0]
     options = ProfileOptions(seed=config.check.seed, dims=dims)
-    profile = profile_models(model_path, output_path, feeds=sample, options=options)
+    profile = profile_models(
+        model_path, output_path, feeds=sample, options=options,
+        trace_path=trace_path, trace_runs=TRACE_RUNS,
+    )  # fmt: skip
     memory = measure_memory(
         model_path, output_path, feeds=sample, seed=options.seed, dims=dims,
         threads=options.threads, providers=options.providers,
     )  # fmt: skip
-    if trace_path is not None:
-        try:  # a failure here costs the trace, not the run: the report has the profile
-            write_trace(output_path, trace_path, runs=TRACE_RUNS, options=options)
-        except Exception:
-            logger.exception("could not keep the profiler trace")
     return profile.to_dict(), memory.to_dict()
 
 

@@ -24,9 +24,10 @@ one onnxruntime session at a time (the check reads both models from files, the f
 saved to a scratch folder first); saving streams the weights to the output's data file.
 In one file the big weights are left in the file at load and read from it when asked,
 and saving writes one initializer at a time (``fusion_core.onefile``), so fusing and
-saving cost what they cost with a data file; the check's session of the original costs
-more (onnxruntime parses the whole file, weights included), and profiling parses both
-files whole and holds sessions of both models.
+saving cost what they cost with a data file; onnxruntime's sessions (the check's of the
+original, profiling's of both models) read a copy with a data file written to a scratch
+folder (``validate.session_file``: onnxruntime maps a data file but parses one file
+whole), so the check and profiling cost what they cost with a data file too.
 """
 
 from __future__ import annotations
@@ -63,27 +64,32 @@ MEASURE = (
 BASE_BYTES = 400 << 20
 # The phases run one after the other, so the peak is the largest phase's: BASE_BYTES +
 # the model's bytes on disk times the largest multiple among the phases the run has.
-# Fitted on the 0.25-1 GiB decoders of bench/bench_big_models.py (docs/benchmarks.md,
-# section 27, "The check's sessions and the save, weights held once"), each the largest
-# (peak - BASE_BYTES) / model measured, rounded up: 0.2-1.2 fusing and saving, 0.7-1.4
-# checking, 1.6-2.1 profiling (0.25 and 0.5 GiB). With its weights in a data file, in and
-# out:
+# Fitted on the 0.25-6 GiB decoders of bench/bench_big_models.py (docs/benchmarks.md,
+# sections 27 and 28), each the largest (peak - BASE_BYTES) / model measured, rounded up:
+# 0.2-1.26 fusing and saving (1.26 at 6 GiB), 0.7-1.62 checking (rising with the size:
+# 1.18, 1.41, 1.58, 1.62 at 0.5, 1, 3, 6 GiB), 1.6-2.1 profiling (0.25 and 0.5 GiB; two
+# sessions alive and the merged weights: about 2.6 where it tends, so 3). With its
+# weights in a data file, in and out:
 MULTIPLIERS = {
-    "save": 1.25,  # every run: load (lazy), fuse (the merged weights), the save streamed
-    "check": 1.5,  # the check: the same, and one onnxruntime session at a time
-    "profile": 2.5,  # profiling's sessions of both models, from their files
+    "save": 1.4,  # every run: load (lazy), fuse (the merged weights), the save streamed
+    "check": 1.75,  # the check: the same, and one onnxruntime session at a time
+    "profile": 3.0,  # profiling's sessions of both models, from their files
+    # the check at precision fp16 also compares value ranges on both models as protos
+    # with their weights (validate.check_fp16): 9.2x measured at 95 MiB (section 28)
+    "fp16_check": 9.5,
     # added to the largest in measured selection and progressive validation, which build
     # and run many variants (not measured on big models: an allowance, not a fit)
     "many_passes": 2.0,
 }
 # In one file (the input, or the fused model: the service's is): the big weights read
-# from the file when asked, saving streamed one initializer at a time; onnxruntime's
-# session of the original in the check parses the whole file, profiling both files.
-# Measured (docs/benchmarks.md, section 27, "A model in one file, weights held once")
-# -0.1-0.5 fusing and saving, 1.4-2.0 checking, 4.4-5.0 profiling (0.25-1 GiB; rising
-# with the size, hence 5.5). Before the streamed save and the lazy load: 3.9-4.5
+# from the file when asked, saving streamed one initializer at a time, onnxruntime's
+# sessions read from copies with a data file. Measured (docs/benchmarks.md, section 27,
+# "A model in one file, weights held once" and "onnxruntime's sessions of a model in one
+# file"): -0.1-0.5 fusing and saving (0.25-1 GiB), 0.7-1.4 checking (0.25-1 GiB),
+# 1.6-2.4 profiling (0.25-1 GiB, rising with the size). Before the copies: 1.3-2.0
+# checking, 4.3-4.7 profiling; before the streamed save and the lazy load: 3.9-4.5
 # saving, 2.4-2.8 checking, 6.8-7.7 profiling.
-ONE_FILE_MULTIPLIERS = {"save": 0.5, "check": 2.25, "profile": 5.5}
+ONE_FILE_MULTIPLIERS = {"save": 0.5, "check": 1.5, "profile": 2.75, "fp16_check": 9.5}
 
 
 def peak_rss_bytes() -> int | None:
@@ -184,17 +190,22 @@ def predict_memory(
     ``BASE_BYTES`` + the largest multiple of the model among its phases (``MULTIPLIERS``,
     fitted: see the module). ``external_data``: the model comes with its weights in a
     data file and the fused model is saved so too (``run``'s default for such a model);
-    False: either is one file (the service's fused model is), which costs more with the
-    check or profiling (onnxruntime parses the file whole) and less with neither.
+    False: either is one file (the service's fused model is), which costs as much with
+    the check or profiling (onnxruntime reads copies with a data file) and less with
+    neither (measured: see the module).
     Past 2 GB both have a data file, whatever it says."""
     config = config or OptimizeConfig()
     streamed = external_data or model_bytes > PROTOBUF_LIMIT_BYTES
     table = MULTIPLIERS if streamed else ONE_FILE_MULTIPLIERS
     phases = ["save"] + ["check"] * config.check.enabled + ["profile"] * config.profile
+    if config.check.enabled and config.precision == "fp16":
+        phases.append("fp16_check")
     multiplier = max(table[p] for p in phases)
     parts = ["the check on" if config.check.enabled else "the check off"]
     if config.profile:
         parts.append("profiled")
+    if "fp16_check" in phases:
+        parts.append("fp16 ranges checked")
     mode = config.mode
     if mode != "plain":
         multiplier += MULTIPLIERS["many_passes"]

@@ -43,6 +43,8 @@ import onnxruntime as ort
 
 from autofusion.fusion_core.errors import ConfigError, ModelLoadError
 from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES, load_model, save_model
+from autofusion.fusion_core.onefile import load_without_weights
+from autofusion.fusion_core.validate import session_file
 
 __all__ = [
     "MemoryStats",
@@ -265,8 +267,10 @@ def _int(args: dict[str, Any], key: str) -> int:
 
 @dataclass
 class PreparedModel:
-    """A model ready for onnxruntime: ``proto`` for its graph and metadata (weights may
-    be external references), ``source`` for onnxruntime (bytes, or a file path)."""
+    """A model ready for onnxruntime: ``proto`` for its graph and metadata (the bytes of
+    big weights may be left out or external references), ``source`` for onnxruntime
+    (bytes, or a file path: the model's own, or a copy with its weights in a data file,
+    ``validate.session_file``)."""
 
     label: str
     proto: onnx.ModelProto
@@ -275,14 +279,16 @@ class PreparedModel:
 
 def prepare_model(model: Any, label: str, scratch: Path) -> PreparedModel:
     """Accept a path, a ModelProto or an onnx-ir model; files it must write go to
-    ``scratch``, which must outlive every session made from the result."""
+    ``scratch``, which must outlive every session made from the result (prepare each
+    model once and hand every session the result: a copy is written once)."""
     if isinstance(model, PreparedModel):
         return model
     if isinstance(model, str | os.PathLike):
         load_model(model)  # refuses hostile external-data paths; raises ModelLoadError
-        return PreparedModel(
-            label, onnx.load(os.fspath(model), load_external_data=False), str(model)
-        )
+        # The graph alone here; onnxruntime reads a one-file model with big weights from a
+        # copy with a data file (mapped, not parsed whole), made once in scratch.
+        source = session_file(model, scratch / label)
+        return PreparedModel(label, load_without_weights(model), str(source))
     if isinstance(model, ir.Model):
         # Weights may still sit lazily in a source folder: saving writes them out whole.
         path = scratch / f"{label}-{id(model)}.onnx"

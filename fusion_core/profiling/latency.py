@@ -16,7 +16,10 @@ Latency is measured so that a comparison is fair on a shared, noisy machine:
 It is measured at onnxruntime's default level, ``ORT_ENABLE_ALL`` (what a user who
 deploys with onnxruntime gets), and with onnxruntime's optimizations off,
 ``ORT_DISABLE_ALL`` (our fusion alone). Session creation time (a cold start) is timed
-per session too.
+per session too, from the file the session reads: for a model in one file with big
+weights that is its copy with a data file (``validate.session_file``: the same graph and
+weights, which onnxruntime maps instead of parsing the whole file), so the parse of the
+one file itself is not in it.
 
 Per-node times come from onnxruntime's own profiler at ``ORT_DISABLE_ALL`` (so the node
 names of the model survive) and are aggregated per op type, and per fused region: the
@@ -258,11 +261,18 @@ def profile_models(
     *,
     feeds: Feeds | None = None,
     options: ProfileOptions | None = None,
+    trace_path: str | os.PathLike | None = None,
+    trace_runs: int = 3,
 ) -> ProfileReport:
     """Profile one model, or an original and its fused model side by side.
 
     Paths are loaded with ``fusion_core.ir.load_model``, so external data outside the
     model's folder is refused (UnsafeModelError) before onnxruntime opens anything.
+    Each model is prepared once for every session of the profile (``prepare_model``): a
+    model in one file with big weights is copied with its weights in a data file to a
+    scratch folder (``validate.session_file``), removed after. ``trace_path``: also keep
+    onnxruntime's raw trace of ``trace_runs`` runs of the fused model (else the
+    original) there (``write_trace``, the same inputs); a failure costs the trace only.
     """
     options = options or ProfileOptions()
     with tempfile.TemporaryDirectory(prefix="autofusion-profile-") as scratch:
@@ -280,7 +290,24 @@ def profile_models(
             report.fused_nodes = profile_nodes(models["fused"], feeds, options=options)
             report.regions = region_times(models["fused"].proto, before, report.fused_nodes)
             report.patterns = pattern_times(report.regions)
+        if trace_path is not None:
+            traced = models.get("fused", models["original"])
+            _keep_trace(traced, feeds, trace_path, runs=trace_runs, options=options)
     return report
+
+
+def _keep_trace(
+    model: PreparedModel,
+    feeds: Feeds,
+    path: str | os.PathLike,
+    *,
+    runs: int,
+    options: ProfileOptions,
+) -> None:
+    try:  # the trace is an extra: a failure here must not cost the profile
+        write_trace(model, path, runs=runs, feeds=feeds, options=options)
+    except Exception:
+        logger.exception("could not keep the profiler trace")
 
 
 def measure_latency(

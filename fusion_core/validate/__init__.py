@@ -34,6 +34,7 @@ from autofusion.fusion_core.validate._regions import (
     fused_regions,
     tensor_diffs,
 )
+from autofusion.fusion_core.validate._session_file import MIN_COPY_BYTES, session_file
 from autofusion.fusion_core.validate._stats import (
     HISTOGRAM_EDGES,
     ErrorStats,
@@ -56,6 +57,7 @@ __all__ = [
     "FUSED_CANNOT_RUN",
     "HISTOGRAM_EDGES",
     "INVALID_GRAPH",
+    "MIN_COPY_BYTES",
     "MISMATCH",
     "ORIGINAL_CANNOT_RUN",
     "CheckResult",
@@ -87,6 +89,7 @@ __all__ = [
     "make_session",
     "output_signature",
     "random_inputs",
+    "session_file",
     "structure_problems",
     "tensor_diffs",
 ]

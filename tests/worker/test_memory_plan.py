@@ -118,17 +118,19 @@ def test_the_margin_and_the_switch(tmp_path: Path) -> None:
 
 
 def test_a_job_with_data_files_is_predicted_as_it_will_be_saved(tmp_path: Path) -> None:
-    """A job whose weights came in a data file is saved with one (``worker/sandbox.py``),
-    which holds the weights once: the same bytes in one file need more. A limit between
-    the two refuses only the one-file job."""
+    """A job whose weights came in a data file is saved with one (``worker/sandbox.py``);
+    with the check off the same bytes in one file are predicted lower (fusion_core's
+    memory multiples, measured): a limit between the two refuses only the data-file job."""
     inputs = _inputs(tmp_path, GIB)
-    with_data = predict_peak_bytes(GIB, OptimizeConfig(), external_data=True)
-    one_file = predict_peak_bytes(GIB, OptimizeConfig())
-    assert with_data < one_file
+    off = {"check": {"enabled": False}}
+    config = OptimizeConfig.model_validate(off)
+    with_data = predict_peak_bytes(GIB, config, external_data=True)
+    one_file = predict_peak_bytes(GIB, config)
+    assert one_file < with_data
     limit = (with_data + one_file) // 2 >> 20
     settings = Settings(
         data_dir=tmp_path, job_memory_limit_mb=limit, job_memory_prediction_margin=0
     )
-    assert check_memory(settings, {}, inputs, external_data=True) == with_data
+    assert check_memory(settings, off, inputs) == one_file
     with pytest.raises(JobMemoryError):
-        check_memory(settings, {}, inputs)
+        check_memory(settings, off, inputs, external_data=True)
