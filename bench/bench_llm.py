@@ -92,22 +92,6 @@ def fuse_ort_optimizer(src: Path, out: Path) -> str:
     return f"fused ops {model.get_fused_operator_statistics()}"
 
 
-def _with_head_size(path: Path, original: Path, tmp: Path) -> Path:
-    """The model builder's graph with its cache's last dim (``kv_cache_dim``) set to the
-    original's head size, so the shared feeds can read it from the inputs."""
-    size = onnx.load(str(original), load_external_data=False).graph.input[-1]
-    head = size.type.tensor_type.shape.dim[3].dim_value
-    model = onnx.load(str(path))
-    for value in model.graph.input:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == "kv_cache_dim":
-                dim.Clear()
-                dim.dim_value = head
-    out = tmp / "model_builder.onnx"
-    onnx.save(model, str(out))
-    return out
-
-
 def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
     src = args.model / "model.onnx"
     paths, notes = {"original": src}, {"original": f"{len(onnx.load(str(src)).graph.node)} nodes"}
@@ -130,7 +114,9 @@ def prepare(args, tmp: Path) -> tuple[dict[str, Path], dict[str, str]]:
             traceback.print_exc()
             notes[name] = f"failed: {type(err).__name__}: {str(err)[:200]}"
     if args.builder is not None:
-        paths["model_builder"] = _with_head_size(args.builder / "model.onnx", src, tmp)
+        cache = onnx.load(str(src), load_external_data=False).graph.input[-1]
+        head = cache.type.tensor_type.shape.dim[3].dim_value  # the original's head size
+        paths["model_builder"] = timing.with_head_size(args.builder / "model.onnx", head)
         notes["model_builder"] = "onnxruntime-genai model builder"
     for name, path in paths.items():
         nodes = len(onnx.load(str(path), load_external_data=False).graph.node)

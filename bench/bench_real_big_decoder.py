@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 HERE = Path(__file__).resolve().parent
@@ -95,20 +94,6 @@ def optimize(work: Path) -> dict:
     }
 
 
-def with_head_size(builder: Path, head: int) -> Path:
-    """The builder's graph with its cache's last dim (``kv_cache_dim``) set, so that the
-    shared feeds read it; the model file only, its data file left where it is."""
-    model = onnx.load(str(builder / "model.onnx"), load_external_data=False)
-    for value in model.graph.input:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == "kv_cache_dim":
-                dim.Clear()
-                dim.dim_value = head
-    out = builder / "model_bench.onnx"
-    onnx.save(model, str(out))
-    return out
-
-
 def decode_diffs(paths: dict[str, Path], past: int) -> dict[str, float]:
     """Max abs difference of each variant's decode logits from the original's, on the same
     tokens and cache, one session alive at a time."""
@@ -150,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     if fused["exit"] == 0:
         paths["autofusion"] = args.work / "autofusion" / "model.onnx"
     if args.genai:
-        paths["builder"] = with_head_size(args.work / "builder", 64)
+        paths["builder"] = timing.with_head_size(args.work / "builder" / "model.onnx", 64)
     print(json.dumps({"decode_logits_max_abs_diff": decode_diffs(paths, past=128)}), flush=True)
     latency(paths, args)
 

@@ -58,6 +58,22 @@ def streamed_bytes(path: Path) -> int:
     return total
 
 
+def with_head_size(model: Path, head: int) -> Path:
+    """The model builder's graph (``model``) with its cache's last dim
+    (``kv_cache_dim``) set to ``head``, so the shared feeds read it from the inputs;
+    written beside it (``model_bench.onnx``), the graph only: its data file, if any,
+    read where it lies (a 2 GB builder model cannot be held as one proto)."""
+    proto = onnx.load(str(model), load_external_data=False)
+    for value in proto.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "kv_cache_dim":
+                dim.Clear()
+                dim.dim_value = head
+    out = model.with_name("model_bench.onnx")
+    onnx.save(proto, str(out))
+    return out
+
+
 def feeds(sess: ort.InferenceSession, *, past: int, new: int, seed: int = 0) -> dict:
     """Random feeds for one step: ``new`` tokens after ``past`` cached ones, batch 1."""
     rng = np.random.default_rng(seed)
