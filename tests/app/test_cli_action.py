@@ -134,6 +134,29 @@ def test_the_action_against_a_live_server(server, tmp_path):
     assert again == {**outputs, "exit-code": str(EXIT_GATE_FAILED)}
 
 
+@pytest.mark.slow
+def test_the_action_sends_data_files_and_writes_them_back(server, tmp_path):
+    """A model whose weights are in a data file (``data``, one path per line): the fused
+    model comes back with its own data file beside ``output``, and computes the same."""
+    from test_model_data_downloads import mlp
+    from test_model_data_downloads import outputs as model_outputs
+
+    model = mlp(tmp_path, external=True)
+    inputs = {
+        "model": str(model),
+        "data": f"\n{tmp_path / 'w.bin'}\n",
+        "server": server.url,
+        "output": str(tmp_path / "out" / "m.fused.onnx"),
+    }
+    code, outputs, log = run_action(inputs, tmp_path)
+    assert code == EXIT_OK and outputs["check"] == "passed", log
+    job = httpx.get(f"{server.url}/v1/jobs/{outputs['job-id']}").json()
+    assert [f["name"] for f in job["data_files"]] == ["w.bin"]
+    assert (tmp_path / "out" / "m.fused.onnx.data").is_file()
+    fused = model_outputs(tmp_path / "out" / "m.fused.onnx")
+    assert abs(fused - model_outputs(model)).max() <= 1e-5
+
+
 def test_report_url_is_the_report_page_when_the_job_has_one():
     """report-url: the dashboard's report page (what a PR comment links to: it opens in
     the browser), absolute; empty while the job has no report.html."""
