@@ -43,11 +43,13 @@ _FIELD_OF = {"config.target": "target", "config.strategy": "strategy", "config":
 
 
 def _form(request: Request, session: SessionDep, values: dict, errors: list, status: int = 200):
+    limit = request.app.state.settings.max_upload_bytes  # the form's body, data files too
     context = {
         "targets": TARGETS,
         "strategies": [s.name for s in list_strategies(session)],
         "values": values,
         "errors": errors,
+        "upload_limit": f"{limit / 2**30:g} GiB" if limit >= 2**30 else f"{limit >> 20} MiB",
     }
     return render(request, "submit.html", context, status_code=status)
 

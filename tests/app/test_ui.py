@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 from ui_testing import CSP, assert_page, conv_bn_relu, multipart
 
 from autofusion.app.core.db import session_scope
@@ -170,6 +172,45 @@ def test_submit_creates_and_enqueues_a_job(service):
     job_id = response.headers["location"].removeprefix("/ui/jobs/")
     with service.db() as session:
         assert session.get(Job, job_id).config == {"target": "onnxruntime", "measure": True}
+
+
+def test_submit_takes_the_models_data_files(service):
+    """The form's data input (multiple files): each a data part named as the model names
+    it; a file input left empty (a part with an empty file name) is no file."""
+    weights = np.arange(16, dtype=np.float32)
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Add", ["x", "w"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])],
+            [numpy_helper.from_array(weights, "w")],
+        )
+    )
+    external_data_helper.convert_model_to_external_data(model, location="w.bin", size_threshold=0)
+    parts = [
+        ('name="model"; filename="net.onnx"', model.SerializeToString()),
+        ('name="data"; filename="w.bin"', weights.tobytes()),
+        ('name="data"; filename=""', b""),  # what a browser sends for an empty input
+        ('name="target"', b"generic"),
+    ]
+    body = b"".join(
+        b"--b0undary\r\nContent-Disposition: form-data; " + head.encode() + b"\r\n\r\n" + content
+        + b"\r\n"
+        for head, content in parts
+    ) + b"--b0undary--\r\n"  # fmt: skip
+    form = service.client.get("/ui/submit").text
+    assert 'name="data" multiple' in form and "2 GiB" in form
+    response = service.client.post(
+        "/ui/submit",
+        content=body,
+        headers={"Content-Type": "multipart/form-data; boundary=b0undary"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, response.text
+    with service.db() as session:
+        job = session.query(Job).one()
+        assert [f["name"] for f in job.data_files] == ["w.bin"]
 
 
 def test_submit_leaves_the_target_to_the_strategy_unless_one_is_picked(service):

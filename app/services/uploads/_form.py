@@ -176,6 +176,8 @@ class FormWriter:
             if self.upload.model_name is not None:
                 raise bad_upload("send exactly one 'model' part", MODEL_FIELD)
             self.upload.model_name = self._open(filename or DEFAULT_MODEL_NAME, MODEL_FIELD)
+        elif self._field == DATA_FIELD and filename == "":
+            pass  # a browser's file input left empty: a part of no file, skipped
         elif self._field == DATA_FIELD:
             if filename is None:
                 raise bad_upload(
