@@ -88,6 +88,9 @@ def guarded_mask(
     if all(np.all(np.isfinite(a)) for a in arrays):
         return mask, None, []
     assert producer is not None
+    if mask.dtype != ir.DataType.FLOAT:  # the finite mask and the rows are float32's
+        shown = mask.dtype.name if mask.dtype is not None else "unknown"
+        return f"the mask {mask.name!r} holds -inf in {shown}: only a float32 one is made finite"
     minus_inf = [bool(np.all(np.isneginf(a))) for a in arrays]
     if sum(minus_inf) != 1 or not all(
         np.all(np.isfinite(a)) or m for a, m in zip(arrays, minus_inf, strict=True)

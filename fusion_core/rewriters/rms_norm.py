@@ -10,8 +10,12 @@ SimplifiedLayerNormalization is onnxruntime's own op, registered in the ONNX dom
 ``com.microsoft``); ``onnx.checker`` rejects it at every opset. Without ``gamma``
 the scale is 1.
 
-Only float32 is fused. fp16 models often wrap the written-out form in Casts to float32;
-those Casts are not part of the patterns.
+The norm is computed in float32. An fp16 model computes it between two Casts, as
+transformers' ``LlamaRMSNorm`` writes it (``x.to(float32)``, the norm, ``.to(float16)``,
+then gamma in fp16); the patterns' optional group ``widened`` takes both Casts, and the
+fused op reads and writes the fp16 ``x`` itself, gamma in fp16: onnxruntime's fp16
+kernel (and RMSNormalization's ``stash_type`` 1) normalize in float32 too, and round
+once where the graph rounds twice (the norm, then its product with gamma).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class RMSNormParams(Params):
     epsilon_node: str = "eps"  # Add(var, eps)
     output_node: str = "norm"  # x / rms or x * (1 / rms)
     scale_node: str | None = None  # Mul(norm, gamma), if the pattern has one
+    widen_node: str | None = None  # Cast(x, float32), the group ``widened``
+    narrow_node: str | None = None  # Cast(norm, x's type) back, the group ``widened``
 
 
 class RMSNorm(Rewriter):
@@ -60,7 +66,9 @@ class RMSNorm(Rewriter):
             op_type = "SimplifiedLayerNormalization"
         else:
             return opset_refusal("RMSNormalization", RMS_NORM_OPSET, ctx)
-        x = match.node(params.square_node).inputs[0]
+        x = _normalized(match, params)
+        if isinstance(x, str):
+            return x
         stats = statistics(match, x, [match.node(params.variance_node)], params.epsilon_node)
         if isinstance(stats, str):
             return stats
@@ -70,7 +78,7 @@ class RMSNorm(Rewriter):
             return gamma
         scale = ctx.initializer(f"{x.name or 'x'}_rms_scale", gamma.astype(dtype_of(x)))
         node = ir.Node("", op_type, [x, scale], norm_attributes(eps))
-        last = match.node(params.scale_node or params.output_node)
+        last = match.node(params.scale_node or params.narrow_node or params.output_node)
         return Rewrite([node], [(last.outputs[0], node.outputs[0])])
 
     @staticmethod
@@ -84,3 +92,17 @@ class RMSNorm(Rewriter):
             name = value.name if value is not None else "?"
             return f"the scale {name!r} is not a constant with one value per feature ({hidden})"
         return gamma
+
+
+def _normalized(match: Match, params: RMSNormParams) -> ir.Value | str:
+    """The input the fused op normalizes: ``x`` itself, or the ``x`` widened to float32
+    by the group's Cast when the other Cast narrows the norm back to ``x``'s type."""
+    if params.widen_node is None or params.narrow_node is None:
+        return match.node(params.square_node).inputs[0]
+    x = match.node(params.widen_node).inputs[0]
+    narrowed = match.node(params.narrow_node).outputs[0]
+    if x is None or x.dtype is None or narrowed.dtype != x.dtype:
+        shown = narrowed.dtype.name if narrowed.dtype is not None else "unknown"
+        name = x.name if x is not None else None
+        return f"the norm is cast back to {shown}, not to the type of its input {name!r}"
+    return x

@@ -119,8 +119,8 @@ class RotaryEmbedding(Rewriter):
         if cos.batched != sin.batched or cos.ids is not sin.ids:
             return "cos and sin are not indexed the same way (batch or position ids differ)"
         nodes: list[ir.Node] = []
-        cos_cache = _cache(cos, rotary_dim, ctx, nodes)
-        sin_cache = _cache(sin, rotary_dim, ctx, nodes)
+        cos_cache = _cache(cos, rotary_dim, ctx, nodes, x.dtype)
+        sin_cache = _cache(sin, rotary_dim, ctx, nodes, x.dtype)
         positions = _positions(cos, x, contrib, ctx, nodes)
         heads, size = int(dims[1]), int(dims[3])  # type: ignore[arg-type]
         split = _head_split(x, (heads, size))
@@ -179,9 +179,9 @@ def _interleaved(
     if split is None or (transposed and head_split is None):
         return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
     nodes: list[ir.Node] = []
-    cos_cache = _cache(cos, rotary_dim, ctx, nodes)
-    sin_cache = _cache(sin, rotary_dim, ctx, nodes)
     projection = split.inputs[0]
+    cos_cache = _cache(cos, rotary_dim, ctx, nodes, projection.dtype)
+    sin_cache = _cache(sin, rotary_dim, ctx, nodes, projection.dtype)
     positions = _positions(cos, projection, contrib, ctx, nodes)
     attrs = [
         ir.AttrInt64("num_heads", heads),
@@ -368,11 +368,21 @@ def _equal_halves(value: ir.Value) -> str | None:
     return "the angle's computation is longer than the steps followed"
 
 
-def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
-    """``[rows, r / 2]``: the first half of the table, one row per position."""
+def _cache(
+    table: _Table,
+    rotary_dim: int,
+    ctx: RewriteContext,
+    nodes: list[ir.Node],
+    dtype: ir.DataType | None,
+) -> ir.Value:
+    """``[rows, r / 2]``: the first half of the table, one row per position, in ``dtype``
+    (the rotated input's: the op takes x and its caches in one type, float or float16)."""
+    dtype = dtype or ir.DataType.FLOAT
     if table.table is not None:
-        return ctx.initializer(f"{table.value.name}_cache", table.table)
-    key = f"rotary_cache:{table.value.name}"
+        suffix = "" if dtype == ir.DataType.FLOAT else f"_{dtype.name.lower()}"
+        cache = table.table.astype(dtype.numpy())
+        return ctx.initializer(f"{table.value.name}_cache{suffix}", cache)
+    key = f"rotary_cache:{table.value.name}:{dtype.name}"
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
@@ -400,9 +410,12 @@ def _cache(table: _Table, rotary_dim: int, ctx: RewriteContext, nodes: list[ir.N
         first = ir.Node("", "Slice", [table.value, starts, ends, axes])
         flat = ir.Node("", "Reshape", [first.outputs[0], shape])
     flat.outputs[0].dtype = table.value.dtype
-    mark_shared(flat, key)
     nodes += [n for n in (first, flat) if n is not None]
-    return flat.outputs[0]
+    if table.value.dtype != dtype:  # angles computed in another type than x (a Cast after)
+        nodes.append(ir.Node("", "Cast", [flat.outputs[0]], [ir.AttrInt64("to", dtype)]))
+        nodes[-1].outputs[0].dtype = dtype
+    mark_shared(nodes[-1], key)
+    return nodes[-1].outputs[0]
 
 
 def _positions(

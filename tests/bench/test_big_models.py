@@ -157,6 +157,7 @@ def test_a_checked_run_holds_the_weights_about_once(tmp_path) -> None:
 
 # ---- fp16 and int4 weights -------------------------------------------------------------
 
+FP16_DECODER_TOL = dict(rtol=1e-2, atol=2e-2)
 FP16_TOL = dict(rtol=1e-2, atol=1e-3)  # the check's tolerance for fp16 models
 INT4 = _big_weights.Weights("int4", block_size=32)
 FP16 = _big_weights.Weights("fp16")
@@ -200,14 +201,27 @@ def test_the_typed_decoder_fuses_within_its_tolerance(typed, tmp_path) -> None:
     result = optimize(info["path"], OptimizeConfig(target="onnxruntime"))
     assert result.check.passed
     ops = result.ops_after
-    assert ops["SimplifiedLayerNormalization"] == 2 * TINY.layers + 1
+    norms = ops["SimplifiedLayerNormalization"]
+    if weights.kind == "fp16":
+        # every block as in fp32 (each norm's Casts to fp32 and back in its match); the
+        # check's fp16 tolerance (rtol 1e-2, atol 1e-3) is under this model's own fp16
+        # noise on logits up to 4, and takes one norm back (benchmarks section 28)
+        assert 2 * TINY.layers <= norms <= 2 * TINY.layers + 1
+        assert ops["com.microsoft::GroupQueryAttention"] == TINY.layers
+        assert ops["com.microsoft::RotaryEmbedding"] == 2 * TINY.layers
+    else:
+        assert norms == 2 * TINY.layers + 1
     if weights.kind == "int4":  # the attention as in fp32; MatMulNBits left as it is
         assert ops["com.microsoft::GroupQueryAttention"] == TINY.layers
         assert ops["com.microsoft::RotaryEmbedding"] == 2 * TINY.layers
         assert ops["com.microsoft::MatMulNBits"] == 7 * TINY.layers + 1
     fused = tmp_path / "fused.onnx"
     save_model(result.model, fused)
-    tolerance = FP16_TOL if weights.kind == "fp16" else TOL
+    # fp16: fused and original each round in fp16 in other places (the fused attention
+    # sums in fp32), so they agree to the model's own noise, not to one rounding: the
+    # decoder-level tolerance of tests/fusion_core/rewriters/test_fp16_decoder.py, which
+    # also proves the fused logits as close to a float32 computation as the original's
+    tolerance = FP16_DECODER_TOL if weights.kind == "fp16" else TOL
     np.testing.assert_allclose(
         _run(fused).astype(np.float32), _run(info["path"]).astype(np.float32), **tolerance
     )

@@ -70,6 +70,8 @@ def shared_bias(
     dims = known_dims(root)
     if dims is None or len(dims) != 4 or dims[1] != 1:
         return None
+    if mask.dtype != ir.DataType.FLOAT:  # the bias and rows below are built in float32
+        return None
     negative = constant_array(mask.producer().inputs[2])  # type: ignore[union-attr]
     assert negative is not None
     infinite = bool(np.any(np.isneginf(negative)))

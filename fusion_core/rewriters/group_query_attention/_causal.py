@@ -32,7 +32,11 @@ def allowed_of(bias: ir.Value) -> ir.Value | str:
     if producer is None or producer.op_type != "Where":
         return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest)"
     zero, negative = (constant_array(v) for v in producer.inputs[1:3])
-    if zero is None or negative is None or not np.all(zero == 0) or not np.all(negative < -1e30):
+    # compared in float64: -1e30 as a float16 is -inf (an fp16 mask's lowest is -65504,
+    # finite: such a mask stays the bias as it is, see shared_bias)
+    if zero is None or negative is None or not np.all(zero == 0):
+        return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest) of constants"
+    if not np.all(negative.astype(np.float64) < -1e30):
         return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest) of constants"
     return producer.inputs[0]
 
