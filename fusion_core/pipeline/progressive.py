@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
@@ -37,7 +38,13 @@ from autofusion.fusion_core.pipeline.switches import resolve_switches
 from autofusion.fusion_core.rewriters import RewriterRegistry, builtin_rewriters
 from autofusion.fusion_core.validate import ModelFile
 
-__all__ = ["DEFAULT_STAGES", "Rollback", "optimize_progressive", "progressive_as_configured"]
+__all__ = [
+    "DEFAULT_STAGES",
+    "Budget",
+    "Rollback",
+    "optimize_progressive",
+    "progressive_as_configured",
+]
 
 DEFAULT_STAGES: tuple[tuple[str, ...], ...] = (
     (
@@ -68,6 +75,31 @@ class Rollback:
         return asdict(self)
 
 
+@dataclass
+class Budget:
+    """A bound on the stage runs (each a fusion pass and its check) progressive validation
+    may start: past ``seconds`` it starts none, and each stage keeps the largest set of
+    fusions a run verified so far (or its input). The fallback sets one; progressive
+    mode, which the caller asked for, runs unbounded."""
+
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+    runs: int = 0
+    exhausted: bool = False
+
+    def allows(self) -> bool:
+        """Whether another run may start (counted when it may)."""
+        if time.monotonic() - self.started >= self.seconds:
+            self.exhausted = True
+        self.runs += not self.exhausted
+        return not self.exhausted
+
+    def to_dict(self) -> dict:
+        spent = round(time.monotonic() - self.started, 3)
+        return {"seconds": self.seconds, "spent": spent, "runs": self.runs,
+                "exhausted": self.exhausted}  # fmt: skip
+
+
 def optimize_progressive(
     model: ir.Model | onnx.ModelProto | str | os.PathLike,
     config: OptimizeConfig | None = None,
@@ -76,8 +108,10 @@ def optimize_progressive(
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    budget: Budget | None = None,
 ) -> Result:
-    """``optimize`` in checked stages; ``Result.rollbacks`` lists what was taken back."""
+    """``optimize`` in checked stages; ``Result.rollbacks`` lists what was taken back.
+    With a ``budget``, runs stop when it is spent (``Budget``)."""
     config = config or OptimizeConfig()
     registry = registry or builtin_rewriters()
     check = config.check.model_copy(update={"enabled": True})
@@ -105,7 +139,7 @@ def optimize_progressive(
                 source, cfg, registry=registry, patterns=patterns, skip=skip, feeds=feeds
             )
 
-        result, stage_rollbacks = _bisect_stage(run, number, skip)
+        result, stage_rollbacks = _bisect_stage(_bounded(run, budget), number, skip)
         rollbacks += stage_rollbacks
         if result is None:  # even with nothing fused the stage fails: keep its input
             continue
@@ -124,10 +158,11 @@ def progressive_as_configured(
     registry: RewriterRegistry | None = None,
     patterns: Sequence[CompiledPattern] | None = None,
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    budget: Budget | None = None,
 ) -> Result:
     """Progressive validation in the config's stages (the default ones when it names
     none), each stage a plain pass: progressive mode, and the fallback after a failed
-    check."""
+    check (with a ``budget``)."""
     stepwise = config.model_copy(update={"progressive": False, "stages": None})
     return optimize_progressive(
         model,
@@ -136,12 +171,52 @@ def progressive_as_configured(
         registry=registry,
         patterns=patterns,
         feeds=feeds,
+        budget=budget,
     )
 
 
+class _OutOfBudget(Exception):
+    """The budget allows no further run: the stage keeps what it verified."""
+
+
+def _bounded(run, budget: Budget | None):
+    """``run``, refused with _OutOfBudget once ``budget`` is spent."""
+    if budget is None:
+        return run
+
+    def bounded(skip: dict[_Key, str]) -> Result:
+        if not budget.allows():
+            raise _OutOfBudget
+        return run(skip)
+
+    return bounded
+
+
 def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:
+    """The stage with its culprits rolled back; when the budget runs out, the largest set
+    a run verified (None: none, the stage's input is kept) and a rollback saying so."""
+    verified: list[Result] = []  # the largest passing run so far, alone: each holds a model
     rollbacks: list[Rollback] = []
-    result = run(skip)
+    try:
+        return _bisect(run, number, skip, rollbacks, verified)
+    except _OutOfBudget:
+        best = verified[0] if verified else None
+        kept = f"kept the largest verified set ({len(best.applied)} fusions)" if best else (
+            "kept the stage's input")  # fmt: skip
+        why = f"the fallback's time budget ran out before this stage finished: {kept}"
+        return best, rollbacks + [Rollback(number, "*", [], why)]
+
+
+def _bisect(
+    run, number: int, skip: dict[_Key, str], rollbacks: list[Rollback], verified: list[Result]
+) -> tuple[Result | None, list[Rollback]]:
+    def checked(skip: dict[_Key, str]) -> Result:
+        result = run(skip)
+        if _passed(result) and (not verified or len(result.applied) > len(verified[0].applied)):
+            verified[:] = [result]
+        return result
+
+    result = checked(skip)
     while not _passed(result):
         keys = [_key(a.pattern, a.replaced_nodes) for a in result.applied]
         keys = [k for k in keys if k not in skip]
@@ -153,7 +228,7 @@ def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | Non
         low, high, failing = 1, len(keys), result
         while low < high:
             middle = (low + high) // 2
-            trial = run(skip | {k: "bisecting" for k in keys[middle:]})
+            trial = checked(skip | {k: "bisecting" for k in keys[middle:]})
             if _passed(trial):
                 low = middle + 1
             else:
@@ -162,7 +237,7 @@ def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | Non
         error = _error(failing)
         skip[culprit] = f"rolled back by progressive validation: {error}"
         rollbacks.append(Rollback(number, culprit[0], sorted(culprit[1]), error))
-        result = run(skip)
+        result = checked(skip)
     return result, rollbacks
 
 

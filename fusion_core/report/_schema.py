@@ -116,6 +116,40 @@ class OutputCheck(BaseModel):
     passed: bool
 
 
+class OutputFloor(BaseModel):
+    model_config = _OPEN
+    name: str
+    floor_abs: float | None = Field(
+        description="Max |perturbed original - original| over the check's samples"
+    )
+    floor_mean: float | None = Field(description="Mean |perturbed original - original|")
+    rtol: float
+    atol: float | None = Field(description="The element-wise atol the fused model was held to")
+    mean_limit: float | None = Field(description="The most the fused model's mean error may be")
+
+
+class NoiseFloor(BaseModel):
+    """``CheckResult.noise_floor``: the original's own noise where it quantizes activations."""
+
+    model_config = _OPEN
+    quantizers: dict[str, int] = Field(
+        description="The ops that quantize an activation at run time, by kind, with counts "
+        "('MatMulNBits accuracy_level 4', 'DynamicQuantizeLinear', ...)"
+    )
+    perturbation: float = Field(
+        description="How far each activation those ops read was moved, relative to its size"
+    )
+    multiple: float = Field(description="The tolerance goes up to this many times the floor")
+    outputs: list[OutputFloor] = Field(
+        description="Per float output without a tolerance of its own: the floor and the "
+        "tolerance used"
+    )
+    error: str | None = Field(
+        description="Why the floor could not be measured (the configured tolerance was used)"
+    )
+    reason: str = Field(description="What the floor is and how it was used, in words")
+
+
 class Check(BaseModel):
     """``CheckResult.to_dict()``: the onnxruntime comparison of original and fused model."""
 
@@ -148,6 +182,13 @@ class Check(BaseModel):
         default_factory=list,
         description="The inputs' dynamic dims by name (an unnamed one as 'input[axis]'), "
         "the names --shape takes",
+    )
+    noise_floor: NoiseFloor | None = Field(
+        default=None,
+        description="Set when the original quantizes activations at run time (MatMulNBits "
+        "at accuracy_level 4, DynamicQuantizeLinear, DynamicQuantizeMatMul, "
+        "DynamicQuantizeLSTM): the original's own outputs under a one-ulp move of those "
+        "activations, and the tolerance that made; null for other models",
     )
 
 
@@ -422,6 +463,16 @@ class Rejected(BaseModel):
     )
 
 
+class FallbackBudget(BaseModel):
+    model_config = _OPEN
+    seconds: float = Field(description="What the fallback could spend: a multiple of the "
+        "failed run's time, with a floor")  # fmt: skip
+    spent: float
+    runs: int = Field(description="Fusion passes with their check that it started")
+    exhausted: bool = Field(description="It ran out: the largest verified sets were kept, "
+        "the rest not tried")  # fmt: skip
+
+
 class Fallback(BaseModel):
     model_config = _OPEN
     failure: str | None = Field(description="The failed check's kind (check.failure)")
@@ -430,6 +481,10 @@ class Fallback(BaseModel):
     kept: int = Field(description="Fusions in the model written (0 with unchanged)")
     dropped: list[Rollback] = Field(description="The fusions taken out, each with its error")
     unchanged: bool = Field(description="No set of fusions passed: the model as it came")
+    budget: FallbackBudget | None = Field(
+        default=None,
+        description="The bound on the fallback's re-runs; null: none ran (progressive mode)",
+    )
 
 
 class LeftAlone(BaseModel):

@@ -35,6 +35,13 @@ import onnxruntime as ort
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
 from autofusion.fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
+from autofusion.fusion_core.validate._floor import (
+    NoiseFloor,
+    activation_quantizers,
+    external_folder,
+    measure_floors,
+    perturbed,
+)
 from autofusion.fusion_core.validate._inputs import FloatDistribution, random_inputs
 from autofusion.fusion_core.validate._stats import (
     HISTOGRAM_EDGES,
@@ -152,6 +159,9 @@ class CheckResult:
     dynamic_dims: list[str] = field(default_factory=list)
     profiles: list[ProfileCheck] = field(default_factory=list)
     histogram_edges: list[float] = field(default_factory=lambda: list(HISTOGRAM_EDGES))
+    # Set when the original quantizes activations at run time (validate/_floor.py): the
+    # measured floor and the tolerance each output was compared with; None otherwise
+    noise_floor: NoiseFloor | None = None
 
     @property
     def max_abs_diff(self) -> float:
@@ -204,11 +214,18 @@ ModelSource = onnx.ModelProto | ModelFile
 
 
 def make_session(
-    model: ModelSource | str | os.PathLike, *, optimized: bool = False, threads: int = 1
+    model: ModelSource | str | os.PathLike,
+    *,
+    optimized: bool = False,
+    threads: int = 1,
+    data_folder: str | None = None,
 ) -> ort.InferenceSession:
     """A CPU session of ``model``: a proto (serialized, or saved to a scratch folder past
-    2 GB) or a file, read from where it lies."""
+    2 GB) or a file, read from where it lies. ``data_folder``: where a proto's external
+    data lies (a graph read from a file without its weights)."""
     options = ort.SessionOptions()
+    if data_folder is not None:
+        options.add_session_config_entry(_DATA_FOLDER_KEY, data_folder)
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if optimized
@@ -234,6 +251,10 @@ def make_session(
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     session._autofusion_folder = folder  # keeps the weights alive
     return session
+
+
+# onnxruntime's session option: where the external data of a model given as bytes lies
+_DATA_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 def compare_models(
@@ -268,16 +289,21 @@ def compare_models(
     result.dynamic_dims = input_dims(graph).names
     generate = functools.partial(random_inputs, graph, int_high=int_high, distribution=distribution)
     expected = _run_original(original, plans, generate, result)
-    candidate = None if expected is None else _open_fused(fused, result)
-    if expected is None or candidate is None:
+    if expected is None:
+        return result
+    dtypes = expected.dtypes
+    tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
+    if expected.pending is None:  # before the fused session: one session at a time
+        tols = _noise_floor(original, graph, expected, tols, result)
+    candidate = _open_fused(fused, result)
+    if candidate is None:
         return result
     if expected.pending is not None:
         raise expected.pending  # an input the generator cannot make: the caller's to fix
-    dtypes = expected.dtypes
-    tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
-    overall = {n: ErrorStats(tol) for n, tol in tols.items()}
+    new_stats = result.noise_floor.stats if result.noise_floor else _plain_stats
+    overall = {n: new_stats(n, tol) for n, tol in tols.items()}
     for index, (plan, ran) in enumerate(zip(plans, expected.plans, strict=True)):
-        stats = {n: ErrorStats(tol) for n, tol in tols.items()}
+        stats = {n: new_stats(n, tol) for n, tol in tols.items()}
         error, failure = _compare_runs(candidate, expected.names, ran, [stats, overall])
         check = plan.check
         check.error = error
@@ -302,6 +328,47 @@ def _conclude(
     if not result.passed and result.failure is None:
         result.failure = MISMATCH
     return result
+
+
+def _plain_stats(name: str, tol: Tolerance) -> ErrorStats:
+    return ErrorStats(tol)
+
+
+def _noise_floor(
+    original: ModelSource,
+    graph: onnx.ModelProto,
+    expected: _Expected,
+    tols: dict[str, Tolerance],
+    result: CheckResult,
+) -> dict[str, Tolerance]:
+    """``tols`` widened to the noise floor when the original quantizes activations at
+    run time (``validate/_floor.py``), the floor in ``result.noise_floor``; else as given."""
+    kinds, activations = activation_quantizers(graph)
+    if not kinds:
+        return tols
+    floor = result.noise_floor = NoiseFloor(kinds)
+    runs = [pair for ran in expected.plans for pair in zip(ran.feeds, ran.outputs, strict=True)]
+    try:
+        floors = measure_floors(
+            lambda: _perturbed_session(original, activations), expected.names, runs
+        )
+    except Exception as exc:  # onnxruntime raises many types: the configured check then
+        floor.error = f"the noise floor could not be measured: {_first_line(str(exc))}"
+        floor.reason = floor.error + "; outputs compared with the configured tolerance"
+        return tols
+    return floor.widen(tols, floors)
+
+
+def _perturbed_session(original: ModelSource, activations: list[str]) -> ort.InferenceSession:
+    """A session of the original with the activations its quantizers read perturbed:
+    the proto edited and put back, or the file's graph read without its weights, which
+    onnxruntime then reads from beside the file."""
+    if not isinstance(original, ModelFile):
+        with perturbed(original, activations):
+            return make_session(original)
+    graph = onnx.load(str(original.path), load_external_data=False)
+    with perturbed(graph, activations):
+        return make_session(graph, data_folder=external_folder(original.path))
 
 
 @dataclass

@@ -290,6 +290,7 @@ def test_to_dict_is_plain_json_without_infinities() -> None:
         "failure",
         "reason",
         "dynamic_dims",
+        "noise_floor",  # None: the model quantizes no activation (validate/_floor.py)
     }
     assert set(json.loads(text)) == expected_keys
     assert {"cosine_similarity", "histogram", "mean_abs_diff", "tolerance_source"} <= set(
