@@ -49,6 +49,7 @@ __all__ = [
     "PROTOBUF_LIMIT_BYTES",
     "check_external_data",
     "constant_array",
+    "constant_tensor",
     "consumers",
     "load_model",
     "model_from_proto",
@@ -532,17 +533,24 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     Constants are initializers that are not graph inputs (an initializer listed as an
     input is a default the caller may replace) and outputs of ``Constant`` nodes.
     """
+    tensor = constant_tensor(value)
+    return tensor.numpy() if tensor is not None else None
+
+
+def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of a constant as ``constant_array`` defines one, not read: its dtype and
+    shape are known without reading a lazy tensor (a data file's, a merged weight)."""
     if value is None:
         return None
     producer = value.producer()
     if producer is None:
         if value.const_value is None or value.is_graph_input():
             return None
-        return value.const_value.numpy()
+        return value.const_value
     if producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         attr = producer.attributes.get("value")
         if attr is not None and attr.type == ir.AttributeType.TENSOR:
-            return attr.value.numpy()
+            return attr.value
     return None
 
 

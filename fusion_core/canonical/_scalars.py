@@ -75,6 +75,8 @@ def _value_of(node: ir.Node) -> np.ndarray | None:
     out = node.outputs[0]
     if out.dtype is None or out.shape is None or not out.shape.is_static():
         return None
+    if np.prod(out.shape.numpy()) > _MAX_SIZE:
+        return None  # before reading the inputs: a MatMul's weight may be lazy (merged)
     if out.dtype in (ir.DataType.INT64, ir.DataType.INT32) and node.op_type in _INTEGER_OPS:
         found = entries(out)
         if found is None or None in found:

@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_tensor
 
 __all__ = ["PROBES", "attention_softmax", "router_softmax"]
 
 
 def _activation(value: ir.Value | None) -> bool:
-    return value is not None and constant_array(value) is None
+    return value is not None and constant_tensor(value) is None
 
 
 def _reaches(
@@ -90,8 +90,8 @@ def _a_router(node: ir.Node) -> bool:
     """A MatMul or Gemm by a constant 2-D weight."""
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
         return False
-    weight = constant_array(node.inputs[1])
-    return weight is not None and weight.ndim == 2
+    weight = constant_tensor(node.inputs[1])  # its shape only: a weight may be lazy
+    return weight is not None and len(weight.shape) == 2
 
 
 PROBES: dict[str, Callable[[ir.Node], bool]] = {

@@ -89,9 +89,14 @@ class RewriteContext:
 
     def initializer(self, hint: str, array: np.ndarray) -> ir.Value:
         """A new constant initializer holding ``array``, registered in the graph."""
+        return self.tensor_initializer(hint, ir.tensor(array))
+
+    def tensor_initializer(self, hint: str, tensor: ir.TensorProtocol) -> ir.Value:
+        """A new constant initializer holding ``tensor`` as it is (an ``ir.LazyTensor``
+        stays unread), typed and shaped as the tensor says, registered in the graph."""
         name = self.fresh_name(hint)
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
-        value.dtype = ir.DataType.from_numpy(array.dtype)
+        value = ir.Value(name=name, shape=ir.Shape(tensor.shape), const_value=tensor)
+        value.dtype = tensor.dtype
         self.graph.register_initializer(value)
         return value
 

@@ -14,6 +14,12 @@ launches one kernel instead of ``n``; the built-in patterns require each ``W_i``
 read by its MatMul only, so the weights are moved, not copied. Widths may differ
 (grouped-query attention has narrower K and V). Any target: these are standard ONNX ops.
 
+``W`` and ``b`` are ``ir.LazyTensor``s over the tensors of the ``W_i`` and ``b_i``, not
+arrays: nothing is read when the rewrite is made (its checks need dtypes and shapes
+only), and each read (a save streams one tensor at a time) concatenates the sources
+anew and unmaps those read from a data file. Most of a decoder's weights are Q/K/V and
+gate/up projections: held as merged arrays they were a second copy of the model.
+
 Split (https://onnx.ai/onnx/operators/onnx__Split.html) takes the sizes as its second
 input from opset 13 on and as the ``split`` attribute before; a negative ``axis`` is
 allowed from opset 11 on. ``num_outputs`` (opset 18) only describes equal parts, so the
@@ -22,13 +28,15 @@ sizes are always given explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
 from pydantic import Field
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_tensor
 from autofusion.fusion_core.patterns import Match, PatternSpec
 from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
 from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
@@ -92,11 +100,15 @@ class MergeSiblings(Rewriter):
         if isinstance(axis, str):
             return axis
         prefix = _common_prefix([mm.inputs[1].name or "" for mm, _ in siblings])
-        merged = ctx.initializer(f"{prefix}merged_weight", np.concatenate(weights, axis=1))
+        rows = [weights[0].shape[0]]
+        merged = ctx.tensor_initializer(f"{prefix}merged_weight", _merged(weights, rows, sizes))
         matmul = ir.Node("", "MatMul", [siblings[0][0].inputs[0], merged])
         new_nodes, result = [matmul], matmul.outputs[0]
         if biases is not None:
-            bias = ctx.initializer(f"{prefix}merged_bias", np.concatenate(biases))
+            dtype = weights[0].dtype
+            bias = ctx.tensor_initializer(
+                f"{prefix}merged_bias", _merged(biases, [], sizes, _as_bias_of(dtype), dtype)
+            )
             merged_add = ir.Node("", "Add", [result, bias])
             new_nodes.append(merged_add)
             result = merged_add.outputs[0]
@@ -119,50 +131,111 @@ def _siblings(match: Match, params: MergeSiblingsParams, ctx: RewriteContext) ->
     return sorted(siblings, key=lambda s: ctx.positions.get(id(s[0]), 0))
 
 
-def _weights(siblings: list[_Sibling]) -> list[np.ndarray] | str:
-    """The constant 2-D weights, which must share the input and its leading dimension."""
+def _weights(siblings: list[_Sibling]) -> list[ir.TensorProtocol] | str:
+    """The tensors of the constant 2-D weights, which must share the input, their leading
+    dimension and dtype. Not read: dtypes and shapes are known without it."""
     first = siblings[0][0]
     weights = []
     for mm, _ in siblings:
         if mm.inputs[0] is not first.inputs[0]:
             return f"MatMul {mm.name!r} does not read the input of MatMul {first.name!r}"
         value = mm.inputs[1]
-        array = constant_array(value)
-        if array is None:
+        tensor = constant_tensor(value)
+        if tensor is None:
             return f"the weight {value.name!r} of MatMul {mm.name!r} is not a constant"
-        if array.ndim != 2:
+        if len(tensor.shape) != 2:
             return f"the weight {value.name!r} of MatMul {mm.name!r} is not 2-D"
-        weights.append(array)
-    for (mm, _), array in zip(siblings[1:], weights[1:], strict=True):
-        if array.shape[0] != weights[0].shape[0] or array.dtype != weights[0].dtype:
+        weights.append(tensor)
+    head = weights[0]
+    for (mm, _), tensor in zip(siblings[1:], weights[1:], strict=True):
+        if tensor.shape[0] != head.shape[0] or tensor.dtype != head.dtype:
             return (
-                f"the weight {mm.inputs[1].name!r} ({list(array.shape)}, {array.dtype}) does "
-                f"not share the leading dimension and dtype of {first.inputs[1].name!r} "
-                f"({list(weights[0].shape)}, {weights[0].dtype})"
+                f"the weight {mm.inputs[1].name!r} ({_show(tensor)}) does not share the "
+                f"leading dimension and dtype of {first.inputs[1].name!r} ({_show(head)})"
             )
     return weights
 
 
-def _biases(siblings: list[_Sibling], weights: list[np.ndarray]) -> list[np.ndarray] | str:
-    """Each bias as a 1-D array of its MatMul's width, or why it cannot be one."""
+def _show(tensor: ir.TensorProtocol) -> str:
+    """``[8, 16], float32``: shape and numpy dtype, as the reasons name them."""
+    return f"{list(tensor.shape)}, {tensor.dtype.numpy()}"
+
+
+def _biases(
+    siblings: list[_Sibling], weights: list[ir.TensorProtocol]
+) -> list[ir.TensorProtocol] | str:
+    """Each bias's tensor, one that varies only along its MatMul's last axis (a vector of
+    its width, a scalar, [1, N]...), or why it is not one. Not read: shapes suffice."""
     biases = []
     for (mm, add), weight in zip(siblings, weights, strict=True):
         assert add is not None
         others = [v for v in add.inputs if v is not mm.outputs[0]]
-        array = constant_array(others[0]) if len(others) == 1 else None
-        if array is None:
+        tensor = constant_tensor(others[0]) if len(others) == 1 else None
+        if tensor is None:
             return f"Add {add.name!r} does not add a constant bias to MatMul {mm.name!r}"
-        width, out_shape = weight.shape[1], mm.outputs[0].shape
+        dims, width, out_shape = list(tensor.shape), weight.shape[1], mm.outputs[0].shape
         max_rank = len(out_shape) if out_shape is not None else 1
-        per_column = all(d == 1 for d in array.shape[:-1]) and array.size in (1, width)
-        if not per_column or array.ndim > max_rank:
+        per_column = all(d == 1 for d in dims[:-1]) and tensor.size in (1, width)
+        if not per_column or len(dims) > max_rank:
             return (
                 f"the bias {others[0].name!r} of Add {add.name!r} has shape "
-                f"{list(array.shape)}: it must vary only along the last axis of "
+                f"{dims}: it must vary only along the last axis of "
                 f"MatMul {mm.name!r} ({out_shape})"
             )
-        biases.append(np.broadcast_to(array.reshape(-1), (width,)).astype(weight.dtype))
+        biases.append(tensor)
     return biases
+
+
+_Part = Callable[[np.ndarray, int], np.ndarray]  # a source's array -> its block of width
+
+
+def _as_bias_of(dtype: ir.DataType) -> _Part:
+    """A bias's array as a vector of its MatMul's width, in the weights' dtype."""
+
+    def block(array: np.ndarray, width: int) -> np.ndarray:
+        return np.broadcast_to(array.reshape(-1), (width,)).astype(dtype.numpy())
+
+    return block
+
+
+def _merged(
+    sources: Sequence[ir.TensorProtocol],
+    lead: list[int],
+    widths: list[int],
+    part: _Part | None = None,
+    dtype: ir.DataType | None = None,
+) -> ir.LazyTensor:
+    """The sources side by side along the last axis, as a tensor of shape ``[*lead,
+    sum(widths)]`` read when asked (``part`` makes each source's block of its width).
+
+    Each read fills a new array block by block (what ``np.concatenate`` of the blocks
+    gives, byte for byte) and releases each source's data-file mapping once its block
+    is copied: a mapped tensor stays resident until ``release``, so the merged bytes
+    and one source are all a read holds. Nothing is cached: a save writes the array
+    and drops it."""
+    dtype = dtype or sources[0].dtype
+    shape = [*lead, sum(widths)]
+
+    def read() -> ir.Tensor:
+        array = np.empty(shape, dtype=dtype.numpy())
+        start = 0
+        for tensor, width in zip(sources, widths, strict=True):
+            block = tensor.numpy() if part is None else part(tensor.numpy(), width)
+            array[..., start : start + width] = block
+            del block  # the mapping's last view: release may close it
+            _release(tensor)
+            start += width
+        return ir.Tensor(array, dtype=dtype)
+
+    return ir.LazyTensor(read, dtype=dtype, shape=ir.Shape(shape))
+
+
+def _release(tensor: ir.TensorProtocol) -> None:
+    """Unmap a data-file tensor just read. A view of it someone else still holds keeps
+    the mapping open (closing it raises BufferError); it maps again when next read."""
+    if isinstance(tensor, ir.ExternalTensor):
+        with contextlib.suppress(BufferError):
+            tensor.release()
 
 
 def _set_merged_type(value: ir.Value, sibling: ir.Value, width: int) -> None:
