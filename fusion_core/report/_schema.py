@@ -128,6 +128,38 @@ class OutputFloor(BaseModel):
     mean_limit: float | None = Field(description="The most the fused model's mean error may be")
 
 
+class ExactOutput(BaseModel):
+    model_config = _OPEN
+    name: str
+    max_abs_diff: float | None
+    mean_abs_diff: float | None
+    rtol: float
+    atol: float
+    passed: bool
+    detail: str = Field(default="", description="Why it failed, in words; empty when it passed")
+
+
+class ExactCheck(BaseModel):
+    """``NoiseFloor.exact``: both models again with MatMulNBits at accuracy_level 0."""
+
+    model_config = _OPEN
+    nodes: dict[str, int] = Field(
+        description="The MatMulNBits set to the level, per model ('original', 'fused')"
+    )
+    accuracy_level: int = Field(description="0: A not quantized, fp32 sums")
+    passed: bool | None = Field(
+        description="The level-0 comparison's verdict; null when it was not run (the floor's "
+        "comparison failed already) or could not run (error)"
+    )
+    max_abs_diff: float | None
+    outputs: list[ExactOutput] = Field(
+        description="Per output, held to its tolerance before the floor (configured, or its own)"
+    )
+    error: str | None = Field(description="Why it could not run (the floor's verdict stands)")
+    reason: str = Field(description="What was run, or why not, in words")
+    seconds: float = Field(description="Both level-0 sessions' load and runs")
+
+
 class NoiseFloor(BaseModel):
     """``CheckResult.noise_floor``: the original's own noise where it quantizes activations."""
 
@@ -148,6 +180,12 @@ class NoiseFloor(BaseModel):
         description="Why the floor could not be measured (the configured tolerance was used)"
     )
     reason: str = Field(description="What the floor is and how it was used, in words")
+    exact: ExactCheck | None = Field(
+        default=None,
+        description="Where the original has MatMulNBits at accuracy_level 4: both models "
+        "compared again with those at level 0 at the tolerance before the floor; the check "
+        "passes only if both comparisons pass. Null for the other quantizers",
+    )
 
 
 class Check(BaseModel):

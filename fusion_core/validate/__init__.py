@@ -21,6 +21,7 @@ from autofusion.fusion_core.validate._dims import (
     evaluate_dim,
     input_dims,
 )
+from autofusion.fusion_core.validate._exact import EXACT_LEVEL, ExactCheck, ExactOutput
 from autofusion.fusion_core.validate._floor import (
     FLOOR_MULTIPLE,
     PERTURBATION,
@@ -60,6 +61,7 @@ from autofusion.fusion_core.validate._user_inputs import check_feeds, load_input
 __all__ = [
     "CANDIDATES",
     "CANNOT_LOAD",
+    "EXACT_LEVEL",
     "FAILURE_WORDS",
     "FLOOR_MULTIPLE",
     "FUSED_CANNOT_RUN",
@@ -71,6 +73,8 @@ __all__ = [
     "PERTURBATION",
     "CheckResult",
     "ErrorStats",
+    "ExactCheck",
+    "ExactOutput",
     "FloatDistribution",
     "InputSpec",
     "ModelFile",

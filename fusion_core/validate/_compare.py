@@ -15,7 +15,9 @@ sample first (its outputs kept: a few tensors), its session released, then the f
 model on the same samples. A session holds its own copy of the weights (onnxruntime packs
 MatMul weights), so at most one copy is alive. A model may be given as a file
 (``ModelFile``): onnxruntime then reads it and its external data where they lie, with no
-serialized copy of the weights in memory.
+serialized copy of the weights in memory. A model that quantizes activations at run time
+gets a noise floor (``_floor.py``) and, with MatMulNBits at accuracy_level 4, a second
+comparison at level 0 (``_exact.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import functools
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +39,14 @@ import onnxruntime as ort
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
 from autofusion.fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
+from autofusion.fusion_core.validate._exact import (
+    EXACT_LEVEL,
+    ExactCheck,
+    at_level,
+    nbits_at_int8,
+    nbits_count,
+    run_exact,
+)
 from autofusion.fusion_core.validate._floor import (
     NoiseFloor,
     activation_quantizers,
@@ -136,6 +148,7 @@ def describe_failure(check: CheckResult) -> str:
     if check.failure == MISMATCH:
         worst = max(check.outputs, key=lambda o: o.max_abs_diff, default=None)
         detail = f"output {worst.name!r}: {worst.detail}" if worst and worst.detail else None
+        detail = detail or _exact_detail(check)
         return f"{words} ({detail})" if detail else words
     if check.failure == ORIGINAL_CANNOT_RUN:
         return check.error or words
@@ -293,6 +306,7 @@ def compare_models(
         return result
     dtypes = expected.dtypes
     tols = {n: _tolerance(dtype, rtol, atol, overrides.get(n)) for n, dtype in dtypes.items()}
+    configured = tols  # the level-0 comparison's (validate/_exact.py)
     if expected.pending is None:  # before the fused session: one session at a time
         tols = _noise_floor(original, graph, expected, tols, result)
     candidate = _open_fused(fused, result)
@@ -313,6 +327,8 @@ def compare_models(
             where = f" (profile {index}: {check.dims})" if len(plans) > 1 else ""
             result.error, result.failure = f"{error}{where}", failure
         result.profiles.append(check)
+    del candidate  # one session at a time: the level-0 ones follow
+    _exact_check(original, fused, graph, expected, configured, result)
     return _conclude(result, dtypes, overall)
 
 
@@ -324,10 +340,28 @@ def _conclude(
         OutputCheck.from_stats(n, dtypes[n], overall[n], _overall_detail(n, overall[n], result))
         for n in dtypes
     ]
-    result.passed = result.error is None and all(p.passed for p in result.profiles)
+    exact = result.noise_floor.exact if result.noise_floor else None
+    result.passed = (
+        result.error is None
+        and all(p.passed for p in result.profiles)
+        and (exact is None or exact.passed is not False)
+    )
     if not result.passed and result.failure is None:
         result.failure = MISMATCH
     return result
+
+
+def _exact_detail(check: CheckResult) -> str:
+    """Why the level-0 comparison failed, where it did (``validate/_exact.py``)."""
+    exact = check.noise_floor.exact if check.noise_floor else None
+    failed = [o for o in exact.outputs if not o.passed] if exact else []
+    if not failed:
+        return ""
+    worst = max(failed, key=lambda o: o.max_abs_diff)
+    return (
+        f"with MatMulNBits at accuracy_level {exact.accuracy_level}, A not quantized: "
+        f"output {worst.name!r}: {worst.detail}"
+    )
 
 
 def _plain_stats(name: str, tol: Tolerance) -> ErrorStats:
@@ -360,15 +394,62 @@ def _noise_floor(
 
 
 def _perturbed_session(original: ModelSource, activations: list[str]) -> ort.InferenceSession:
-    """A session of the original with the activations its quantizers read perturbed:
-    the proto edited and put back, or the file's graph read without its weights, which
-    onnxruntime then reads from beside the file."""
-    if not isinstance(original, ModelFile):
-        with perturbed(original, activations):
-            return make_session(original)
-    graph = onnx.load(str(original.path), load_external_data=False)
-    with perturbed(graph, activations):
-        return make_session(graph, data_folder=external_folder(original.path))
+    """A session of the original with the activations its quantizers read perturbed."""
+    return _edited_session(original, functools.partial(perturbed, activations=activations))
+
+
+def _edited_session(
+    source: ModelSource, edit: Callable[[onnx.ModelProto], AbstractContextManager]
+) -> ort.InferenceSession:
+    """A session of ``source`` with its graph edited by ``edit`` (a context manager that
+    puts the graph back): a proto edited in place, or a file's graph read without its
+    weights, which onnxruntime then reads from beside the file (nothing copied or written)."""
+    if not isinstance(source, ModelFile):
+        with edit(source):
+            return make_session(source)
+    graph = onnx.load(str(source.path), load_external_data=False)
+    with edit(graph):
+        return make_session(graph, data_folder=external_folder(source.path))
+
+
+def _exact_check(
+    original: ModelSource,
+    fused: ModelSource,
+    graph: onnx.ModelProto,
+    expected: _Expected,
+    tols: dict[str, Tolerance],
+    result: CheckResult,
+) -> None:
+    """Where the original has MatMulNBits at accuracy_level 4, both models again at
+    level 0 on the same feeds, held to ``tols`` (``validate/_exact.py``): into
+    ``result.noise_floor.exact``. Not run when the comparison with the floor failed."""
+    floor = result.noise_floor
+    if floor is None or not nbits_at_int8(graph):
+        return
+    fused_graph = fused.graph_proto() if isinstance(fused, ModelFile) else fused
+    nodes = {"original": nbits_count(graph), "fused": nbits_count(fused_graph)}
+    exact = floor.exact = ExactCheck(nodes)
+    if result.error is not None or not all(p.passed for p in result.profiles):
+        exact.reason = "not run: the comparison with the noise floor failed already"
+        return
+    feeds = [feed for ran in expected.plans for feed in ran.feeds]
+    start = time.perf_counter()
+    try:
+        run_exact(
+            lambda: _edited_session(original, at_level),
+            lambda: _edited_session(fused, at_level),
+            expected.names,
+            feeds,
+            tols,
+            exact,
+        )
+    except Exception as exc:  # onnxruntime raises many types: the floor's verdict then
+        exact.error = f"the level-0 comparison could not run: {_first_line(str(exc))}"
+    exact.seconds = time.perf_counter() - start
+    exact.reason = exact.error or (
+        f"both models ran again with every MatMulNBits at accuracy_level {EXACT_LEVEL} (A not "
+        "quantized, fp32 sums) and were compared with the tolerance before the floor"
+    )
 
 
 @dataclass

@@ -46,6 +46,7 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 
+from autofusion.fusion_core.validate._exact import ExactCheck
 from autofusion.fusion_core.validate._stats import ErrorStats, Tolerance
 
 __all__ = ["FLOOR_MULTIPLE", "PERTURBATION", "NoiseFloor", "OutputFloor", "activation_quantizers"]
@@ -107,6 +108,9 @@ class NoiseFloor:
     outputs: list[OutputFloor] = field(default_factory=list)
     error: str | None = None  # why it could not be measured: the configured tolerance then
     reason: str = ""
+    # Both models again with MatMulNBits at accuracy_level 0 (validate/_exact.py): set
+    # when the original has MatMulNBits at level 4; None for the other quantizers
+    exact: ExactCheck | None = None
 
     def widen(self, tols: Mapping[str, Tolerance], floors: Mapping[str, ErrorStats]) -> dict:
         """Each output's tolerance, widened to the floor where it was configured."""
