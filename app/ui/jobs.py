@@ -176,7 +176,6 @@ def job_download(
     job = get_job(session, principal.tenant_id, job_id)
     if what == "model":
         file = job_files.fused_model_file(job)
-
     elif what == "original":  # the upload itself, for a graph viewer beside the fused model
         file = job_files.original_model_file(job)
     elif what == "report":

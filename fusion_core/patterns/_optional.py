@@ -113,7 +113,7 @@ def _without(spec: PatternSpec, absent: set[str]) -> PatternSpec:
     data["exposes"] = [e for e in spec.exposes if parse_ref(e).node not in gone]
     params = data["rewriter"]["params"]
     for key, value in params.items():
-        if key.endswith("_node") and value in gone:
+        if key.endswith("_node") and isinstance(value, str) and value in gone:
             params[key] = None
     if spec.explain is not None:
         data["explain"] = spec.explain.model_dump()

@@ -335,6 +335,12 @@ def _outcome(load, path: Path):
         return ir.to_proto(load(path))
     except ModelLoadError as error:
         return str(error), error.hint
+    except ir.serde.SerdeError as error:
+        # damage onnx-ir reads but cannot write back (an attribute of type UNDEFINED):
+        # the same whichever way the file was read; the root cause says what
+        while error.__cause__ is not None:
+            error = error.__cause__
+        return type(error).__name__, str(error)
 
 
 # a byte of the fields around the weights' data (the model's, the graph's, the tensors'
