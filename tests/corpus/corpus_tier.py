@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "bench" / "corpus"))
@@ -71,3 +73,24 @@ def optimize(path: Path, info: meta.ModelMeta, target: str, tmp: Path):
 
 def optimized_path(tmp: Path) -> Path:
     return tmp / "out.onnx"
+
+
+def decoder_logits(path: Path, *, length: int, padded: int, seed: int) -> np.ndarray:
+    """The logits of a synthetic decoder (``bench/_big_models.py``) on a batch of two
+    token rows of ``length``, the first ``padded`` of the second masked (left padding, as
+    batched generation pads). One session from the file, released after: the weights are
+    mapped, not packed (prepacking off), so a 2 GiB model costs its pages, not a copy."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    mask = np.ones((2, length), np.int64)
+    mask[1, :padded] = 0
+    feeds = {
+        "input_ids": np.random.default_rng(seed).integers(0, 8192, (2, length)),
+        "attention_mask": mask,
+        "position_ids": np.tile(np.arange(length), (2, 1)),
+    }
+    return session.run(None, feeds)[0]

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from corpus_tier import REPO, cli
+from corpus_tier import REPO, cli, decoder_logits
 
 sys.path.insert(0, str(REPO / "bench"))
 import _big_models  # bench/ is not a package
@@ -87,20 +86,7 @@ def test_the_peak_memory_is_within_the_goal(big_run) -> None:
 
 
 def _logits(path: Path) -> np.ndarray:
-    """One session from the file, released before the next: the weights are mapped, not
-    packed (prepacking off), so a 2 GiB model costs its pages, not a second copy."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    mask = np.ones((2, 6), np.int64)
-    mask[1, :2] = 0  # left-padded, as batched generation pads
-    feeds = {
-        "input_ids": np.random.default_rng(0).integers(0, 8192, (2, 6)),
-        "attention_mask": mask,
-        "position_ids": np.tile(np.arange(6), (2, 1)),
-    }
-    return session.run(None, feeds)[0]
+    return decoder_logits(path, length=6, padded=2, seed=0)
 
 
 def test_the_fused_model_keeps_a_data_file_and_computes_the_same(big_run) -> None:

@@ -24,9 +24,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from corpus_tier import REPO
+from corpus_tier import REPO, decoder_logits
 
 from tests.app.cli_server import FAST_POLL, Server, start_cli, stop_process
 
@@ -96,18 +95,7 @@ def test_the_job_succeeds_and_the_fused_model_comes_back_with_its_data(served) -
 
 
 def _logits(path: Path) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.add_session_config_entry("session.disable_prepacking", "1")  # mapped, not packed
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    mask = np.ones((2, 5), np.int64)
-    mask[0, :1] = 0
-    feeds = {
-        "input_ids": np.random.default_rng(1).integers(0, 8192, (2, 5)),
-        "attention_mask": mask,
-        "position_ids": np.tile(np.arange(5), (2, 1)),
-    }
-    return session.run(None, feeds)[0]
+    return decoder_logits(path, length=5, padded=1, seed=1)
 
 
 def test_the_fused_model_computes_what_the_original_does(served) -> None:
