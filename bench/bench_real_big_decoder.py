@@ -1,10 +1,12 @@
-"""A real architecture at 0.5 billion weights: optimum's export, autofusion, the builder.
+"""A real architecture at 0.5-0.6 billion weights: optimum's export, autofusion, the builder.
 
-    python bench/bench_real_big_decoder.py --genai DIR [--work /tmp/af-real] [--iters 10]
+    python bench/bench_real_big_decoder.py --genai DIR [--family qwen2|qwen3]
+        [--work /tmp/af-real] [--iters 10]
 
 1. In optimum-onnx's side venv (``bench/corpus/_torch_kvcache.py``'s, made once in the
-   corpus cache), ``bench/_real_decoder_export.py`` builds Qwen2-0.5B's configuration with
-   seeded random weights (nothing from a hub), saves it (``<work>/hf``) and exports it with
+   corpus cache), ``bench/_real_decoder_export.py`` builds Qwen2-0.5B's configuration
+   (``--family qwen2``, the default) or Qwen3-0.6B's (``qwen3``: per-head q/k RMSNorms)
+   with seeded random weights (nothing from a hub), saves it (``<work>/hf``) and exports it with
    ``text-generation-with-past`` (``<work>/optimum/model.onnx`` with external data).
 2. onnxruntime-genai 0.18.0's model builder on the same folder, fp32 for the CPU, in this
    interpreter (the builder imports transformers 5's classes: not the side venv's 4.57)
@@ -17,7 +19,8 @@
    and paired (``bench/corpus/bench_llm.py`` in a child, ``--iters`` rounds), and each
    variant's decode logits against the original's, one session at a time.
 
-Steps whose files exist in ``--work`` are not redone. Prints JSON lines, then Markdown.
+Steps whose files exist in ``--work`` (default ``/tmp/af-real``, ``/tmp/af-real-qwen3``
+for Qwen3) are not redone. Prints JSON lines, then Markdown.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import _torch_sidevenv as sidevenv  # noqa: E402
 import bench_llm as timing  # noqa: E402
 import meta  # noqa: E402
 
+WORK = {"qwen2": Path("/tmp/af-real"), "qwen3": Path("/tmp/af-real-qwen3")}
 CLI = [sys.executable, "-c", "import sys; from autofusion.app.cli import main; sys.exit(main())"]
 
 
@@ -47,11 +51,12 @@ def side_python() -> Path:
     return sidevenv.ensure(meta.cache_dir() / "venv-optimum", _torch_kvcache.PINS)
 
 
-def export(work: Path) -> dict:
+def export(work: Path, family: str) -> dict:
     start = time.perf_counter()
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # never a model hub
     script = HERE / "_real_decoder_export.py"
-    sidevenv.run_worker(side_python(), script, ["--out", str(work)], env=env, timeout_s=3600)
+    argv = ["--out", str(work), "--family", family]
+    sidevenv.run_worker(side_python(), script, argv, env=env, timeout_s=3600)
     return {"export_s": round(time.perf_counter() - start, 1)}
 
 
@@ -94,6 +99,13 @@ def optimize(work: Path) -> dict:
     }
 
 
+def head_size(hf: Path) -> int:
+    """The saved config's head size: ``head_dim`` where it is set (Qwen3's 128 is not
+    hidden / heads), else hidden / heads."""
+    config = json.loads((hf / "config.json").read_text())
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
 def decode_diffs(paths: dict[str, Path], past: int) -> dict[str, float]:
     """Max abs difference of each variant's decode logits from the original's, on the same
     tokens and cache, one session alive at a time."""
@@ -119,14 +131,16 @@ def latency(paths: dict[str, Path], args) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/af-real"))
+    parser.add_argument("--family", choices=sorted(WORK), default="qwen2")
+    parser.add_argument("--work", type=Path, help="default: /tmp/af-real[-qwen3]")
     parser.add_argument("--genai", type=Path, help="onnxruntime-genai installed with --target")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
+    args.work = args.work or WORK[args.family]
     args.work.mkdir(parents=True, exist_ok=True)
     if not (args.work / "optimum" / "model.onnx").is_file():
-        print(json.dumps(export(args.work)), flush=True)
+        print(json.dumps(export(args.work, args.family)), flush=True)
     if args.genai and not (args.work / "builder" / "model.onnx").is_file():
         print(json.dumps(build(args.work, args.genai)), flush=True)
     fused = optimize(args.work)
@@ -135,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     if fused["exit"] == 0:
         paths["autofusion"] = args.work / "autofusion" / "model.onnx"
     if args.genai:
-        paths["builder"] = timing.with_head_size(args.work / "builder" / "model.onnx", 64)
+        paths["builder"] = timing.with_head_size(
+            args.work / "builder" / "model.onnx", head_size(args.work / "hf")
+        )
     print(json.dumps({"decode_logits_max_abs_diff": decode_diffs(paths, past=128)}), flush=True)
     latency(paths, args)
 
