@@ -89,7 +89,12 @@ class _Sender:
             self._progress(name, size, size)
             return known
         created = self._create(name, size, digest)
-        upload_id = self._resume(f"/v1/uploads/{created['id']}", path, name, size)
+        if created.get("status") == "complete":  # sent before, from here or elsewhere
+            self._progress(name, size, size)
+            upload_id = str(created["id"])
+        else:  # new, or the same file begun before: from where the server's bytes stand
+            url, start = f"/v1/uploads/{created['id']}", int(created.get("received") or 0)
+            upload_id = self._resume(url, path, name, size, start)
         self.transport.data_uploads[(name, digest)] = upload_id
         return upload_id
 
@@ -110,9 +115,9 @@ class _Sender:
             return False
         return resource.get("status") == "complete"
 
-    def _resume(self, url: str, path: Path, name: str, size: int) -> str:
-        """PATCH the file from the server's offset on until it is complete."""
-        offset, tries = 0, 0
+    def _resume(self, url: str, path: Path, name: str, size: int, start: int = 0) -> str:
+        """PATCH the file from the server's offset (``start``) on until it is complete."""
+        offset, tries = start, 0
         while True:
             try:
                 new_offset, resource = self._patch(url, path, name, offset, size)

@@ -160,7 +160,8 @@ def test_a_connection_cut_mid_chunk_resumes_from_what_the_server_kept(
 ):
     monkeypatch.setattr("autofusion.app.client._uploads.BACKOFF_S", 0.05)
     data = tmp_path / "w.data"
-    data.write_bytes(np.random.default_rng(chunk).bytes(3 * chunk + 17))
+    # unseeded: examples share the server, where the same file again resumes its upload
+    data.write_bytes(np.random.default_rng().bytes(3 * chunk + 17))
     model = tmp_path / "model.onnx"
     onnx.save_model(conv_bn_relu(), model)
     after = max(1, int(chunk * cut))
@@ -230,3 +231,32 @@ def test_submit_shows_the_upload_and_keeps_its_reuse_key(idle, weights_model, ca
     first, again = json.loads(first), json.loads(again)
     # The same files are the same submit, however they travelled: the same job.
     assert again["job_id"] == first["job_id"] and again.get("reused"), again
+
+
+def test_a_new_client_resumes_the_upload_an_earlier_one_left(idle, tmp_path):
+    """The first process sent two chunks and died; the next one, with nothing in memory,
+    sends only the rest (the server hands back the same file's upload), and a third
+    sends nothing (complete)."""
+    data = tmp_path / "w.data"
+    data.write_bytes(np.random.default_rng(3).bytes(5 * 1000 + 7))
+    digest, size = _sha(data), data.stat().st_size
+    body = {"name": "w.data", "size": size, "sha256": digest}
+    first = httpx.post(f"{idle.url}/v1/uploads", json=body)
+    assert first.status_code == 201
+    url = f"{idle.url}{first.headers['Location']}"
+    head = {"Content-Type": "application/offset+octet-stream"}
+    for offset in (0, 1000):
+        chunk = data.read_bytes()[offset : offset + 1000]
+        sent = httpx.patch(url, content=chunk, headers={**head, "Upload-Offset": str(offset)})
+        assert sent.status_code == 204
+    model = tmp_path / "model.onnx"
+    onnx.save_model(conv_bn_relu(), model)
+    transport = Recording()
+    with _client(idle, transport) as client:
+        job = client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
+    assert job.data["data_files"] == [{"name": "w.data", "digest": digest}]
+    assert transport.patches() == [2000, 3000, 4000, 5000]
+    again = Recording()
+    with _client(idle, again) as client:
+        client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
+    assert again.patches() == []

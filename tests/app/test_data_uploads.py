@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -60,6 +61,11 @@ def _start(service, data: bytes, **kwargs) -> str:
     return response.headers["Location"]
 
 
+def _fresh_name() -> str:
+    """A name no earlier example used: the same file posted again resumes its upload."""
+    return f"w-{uuid.uuid4().hex[:12]}.data"
+
+
 def _patch(service, location: str, offset: int, content, headers=None):
     sent = {**OCTETS, "Upload-Offset": str(offset), **(headers or {})}
     return service.client.patch(location, content=content, headers=sent)
@@ -100,7 +106,7 @@ def external_model(location: str, size: int = WEIGHTS.size) -> bytes:
 )
 @given(data=st.binary(min_size=1, max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=5))
 def test_parts_of_any_sizes_sent_in_order_make_the_file(service, data, cuts):
-    location = _start(service, data)
+    location = _start(service, data, name=_fresh_name())  # examples share the server
     bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
     for start, end in zip(bounds, bounds[1:], strict=False):
         response = _patch(service, location, start, data[start:end])
@@ -133,7 +139,7 @@ def _cut_body(pieces: list[bytes]) -> AsyncIterator[bytes]:
 )
 @given(data=st.binary(min_size=2, max_size=4000), where=st.floats(0.01, 0.99))
 def test_a_body_cut_short_keeps_what_arrived_and_the_rest_resumes_there(service, data, where):
-    location = _start(service, data)
+    location = _start(service, data, name=_fresh_name())
     upload_id = location.rsplit("/", 1)[1]
     cut = max(1, int(len(data) * where))
     body = IncomingBody(
@@ -459,3 +465,23 @@ def test_the_parts_and_the_file_live_in_an_s3_store(make_service, s3_store):
     assert done.status_code == 200 and done.json()["digest"] == _sha(data)
     assert s3.keys() == {f"sha256/{_sha(data)}"}
     assert service.app.state.store.read_bytes(_sha(data)) == data
+
+
+def test_posting_the_same_file_again_resumes_its_upload(service):
+    """A client that lost the answer to its POST, or starts again after a crash, gets the
+    upload of the same file (name, size, sha256) back with where its bytes stand: no
+    orphan holding its size of the quota. Another name, or no sha256, is another upload."""
+    data = bytes(range(256)) * 2
+    location = _start(service, data)
+    assert _patch(service, location, 0, data[:200]).status_code == 204
+    again = _create(service, data)
+    assert again.status_code == 200 and again.headers["Location"] == location
+    assert (again.json()["received"], again.json()["status"]) == (200, "receiving")
+    assert _create(service, data, name="other.data").status_code == 201
+    assert _create(service, data, sha256=None).status_code == 201
+    assert _patch(service, location, 200, data[200:]).status_code == 200
+    done = _create(service, data)
+    assert done.status_code == 200 and done.headers["Location"] == location
+    assert (done.json()["status"], done.json()["digest"]) == ("complete", _sha(data))
+    assert service.client.delete(location).status_code == 204
+    assert _create(service, data).status_code == 201  # gone: a new one

@@ -85,9 +85,19 @@ def _no_store(response: Response) -> None:
     # 413: the size passes max_data_file_bytes; 429: too many open uploads; 507: the
     # tenant's stored bytes (app/services/quotas.py).
     responses=_with_headers(
-        problem_responses(401, 403, 413, 422, 429, 507),
-        Location={201: _header("The upload's path, for its PATCHes.")},
-        **{"Cache-Control": {201: _CACHE}},
+        {
+            200: {
+                "description": "This tenant's upload of the same file (name, size, sha256) "
+                "that is still receiving or complete: resume it from `received`",
+                "model": DataUploadPublic,
+            },
+            **problem_responses(401, 403, 413, 422, 429, 507),
+        },
+        Location={
+            200: _header("The upload's path, for its PATCHes."),
+            201: _header("The upload's path, for its PATCHes."),
+        },
+        **{"Cache-Control": {200: _CACHE, 201: _CACHE}},
     ),
 )
 def create_upload(
@@ -98,8 +108,10 @@ def create_upload(
     settings: SettingsDep,
 ) -> DataUploadPublic:
     """Start a resumable upload of one data file; its bytes follow in PATCHes."""
-    public = create_data_upload(session, principal.tenant_id, body, settings)
+    public, created = create_data_upload(session, principal.tenant_id, body, settings)
     session.commit()
+    if not created:  # the same file, started before: resume it (HEAD or received)
+        response.status_code = 200
     response.headers["Location"] = public.links.self
     _no_store(response)
     return public

@@ -139,10 +139,13 @@ def upload_not_found(upload_id: str) -> ProblemError:
 
 def create_data_upload(
     session: Session, tenant_id: str, body: DataUploadCreate, settings: Settings
-) -> DataUploadPublic:
-    """Insert the tenant's new upload; 413 over ``max_data_file_bytes``, 422 for a name
-    that is not a plain file name, 429/507 over the tenant's quotas. Flushed: the
-    caller commits."""
+) -> tuple[DataUploadPublic, bool]:
+    """Insert the tenant's new upload, or find the one it has of the same file (name,
+    size, sha256; still receiving or complete, not expired): a client that lost the
+    answer to its POST, or started again after a crash, resumes where the bytes stand
+    instead of leaving an orphan that holds its size of the quota. Whether it was made
+    here. 413 over ``max_data_file_bytes``, 422 for a name that is not a plain file name,
+    429/507 over the tenant's quotas. Flushed: the caller commits."""
     check_file_name(body.name, "name", what=f"the upload's name {body.name!r}")
     limit = settings.max_data_file_bytes
     if body.size > limit:
@@ -152,6 +155,9 @@ def create_data_upload(
             limit,
         )
     lock_tenant(session, tenant_id)  # with check_new_upload: racing creates take turns
+    same = _same_file(session, tenant_id, body)
+    if same is not None:
+        return public_view(same), False
     now = utcnow()
     row = DataUpload(
         id=str(uuid.uuid4()),
@@ -169,7 +175,26 @@ def create_data_upload(
     session.add(row)
     session.flush()
     check_new_upload(session, Quotas.from_settings(settings), tenant_id, body.size)
-    return public_view(row)
+    return public_view(row), True
+
+
+def _same_file(session: Session, tenant_id: str, body: DataUploadCreate) -> DataUpload | None:
+    """The tenant's newest live upload of this very file; none without a sha256 (a
+    name and a size do not say it is the same file)."""
+    if not body.sha256:
+        return None
+    return session.scalars(
+        select(DataUpload)
+        .where(
+            DataUpload.tenant_id == tenant_id,
+            DataUpload.name == body.name,
+            DataUpload.size == body.size,
+            DataUpload.sha256 == body.sha256.lower(),
+            DataUpload.expires_at > utcnow(),
+        )
+        .order_by(DataUpload.created_at.desc())
+        .limit(1)
+    ).first()
 
 
 def get_data_upload(session: Session, tenant_id: str, upload_id: str) -> DataUpload:
