@@ -3,17 +3,22 @@ cancel, delete, and downloads authenticated by the dashboard's cookie."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse
+from sqlalchemy.orm import Session
 
 from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
 from autofusion.app.api.downloads import download_response
+from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.job_records import fused_data_names
 from autofusion.app.core.models import Job, JobStatus, utcnow
 from autofusion.app.services import job_files
+from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.auth import Principal
 from autofusion.app.services.job_pages import decode_page_token, encode_page_token, list_jobs
 from autofusion.app.services.job_phases import recent_phases
 from autofusion.app.services.jobs import cancel_job, get_job
@@ -160,20 +165,44 @@ def job_delete(job_id: str, principal: UIPrincipal, session: SessionDep):
     return RedirectResponse("/ui/jobs", status_code=303)
 
 
-@router.api_route("/{job_id}/download/{what}", methods=["GET", "HEAD"])
-def job_download(
-    job_id: str,
-    what: str,
+@dataclass(frozen=True)
+class _Download:
+    """What the dashboard's downloads need: the cookie's job, and the API's answer for one
+    of its files (``app/api/downloads.py``: ETag, HEAD, 304, Range)."""
+
+    request: Request
+    principal: Principal
+    session: Session
+    settings: Settings
+    store: ArtifactStore
+
+    def job(self, job_id: str) -> Job:
+        return get_job(self.session, self.principal.tenant_id, job_id)
+
+    def send(self, file: job_files.JobFile) -> Response:
+        scratch = self.settings.data_dir / "downloads"
+        return download_response(self.request, file, self.store, scratch)
+
+
+def _download(
     request: Request,
     principal: UIPrincipal,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-) -> Response:
+) -> _Download:
+    return _Download(request, principal, session, settings, store)
+
+
+DownloadDep = Annotated[_Download, Depends(_download)]
+
+
+@router.api_route("/{job_id}/download/{what}", methods=["GET", "HEAD"])
+def job_download(job_id: str, what: str, download: DownloadDep) -> Response:
     """The API's downloads (model, report, artifacts), authenticated by the cookie."""
     if what not in DOWNLOADS:
         raise ProblemError(404, "not-found", "Not found", f"there is no download {what!r}")
-    job = get_job(session, principal.tenant_id, job_id)
+    job = download.job(job_id)
     if what == "model":
         file = job_files.fused_model_file(job)
     elif what == "original":  # the upload itself, for a graph viewer beside the fused model
@@ -182,34 +211,17 @@ def job_download(
         file = job_files.report_file(job)
     else:  # report.html too, as an attachment: its page is /report.html, sandboxed
         file = job_files.artifact_file(job, "profile_trace.json" if what == "trace" else what)
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(file)
 
 
 @router.api_route("/{job_id}/download/model-data/{name}", methods=["GET", "HEAD"])
-def job_download_model_data(
-    job_id: str,
-    name: str,
-    request: Request,
-    principal: UIPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-) -> Response:
+def job_download_model_data(job_id: str, name: str, download: DownloadDep) -> Response:
     """One of the fused model's data files (the API's /model/data/{name}), by the cookie."""
-    file = job_files.fused_data_file(get_job(session, principal.tenant_id, job_id), name)
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(job_files.fused_data_file(download.job(job_id), name))
 
 
 @router.api_route("/{job_id}/report.html", methods=["GET", "HEAD"])
-def job_report_page(
-    job_id: str,
-    request: Request,
-    principal: UIPrincipal,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-) -> Response:
+def job_report_page(job_id: str, download: DownloadDep) -> Response:
     """report.html opened in the browser (inline) under a CSP with ``sandbox``: a job's
     HTML never runs script in the dashboard's origin. The download stays a download."""
-    file = job_files.report_page_file(get_job(session, principal.tenant_id, job_id))
-    return download_response(request, file, store, settings.data_dir / "downloads")
+    return download.send(job_files.report_page_file(download.job(job_id)))

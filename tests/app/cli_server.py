@@ -50,7 +50,17 @@ def stop_process(process: subprocess.Popen) -> None:
             process.wait()
 
 
-FAST_POLL = {"AUTOFUSION_RETRY_AFTER_S": "1"}  # the Retry-After clients get: poll each second
+FAST_POLL = {"AUTOFUSION_RETRY_AFTER_S": "1"}
+
+
+@pytest.fixture(autouse=True)
+def clean_client_env(monkeypatch):
+    """The client commands as a user runs them: no AUTOFUSION_* setting (a server, a key)
+    and no GitHub step variables from the environment the tests run in. Autouse in each
+    test module that imports it."""
+    for name in list(os.environ):
+        if name.upper().startswith("AUTOFUSION_") or name.startswith("GITHUB_"):
+            monkeypatch.delenv(name)  # the Retry-After clients get: poll each second
 
 
 class Server:

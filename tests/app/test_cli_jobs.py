@@ -4,14 +4,17 @@ that only queues them (no worker), so that cancel and --timeout are deterministi
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import onnx
 import pytest
-from cli_server import Server, started_server
+from cli_server import (
+    Server,
+    clean_client_env,  # noqa: F401 (autouse: no AUTOFUSION_*, GITHUB_* variables)
+    started_server,
+)
 from cli_server import run_cli as cli
 
 from autofusion.app.cli._exit import (
@@ -27,13 +30,6 @@ from autofusion.app.cli._exit import (
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "tests" / "data" / "resnet" / "resnet50_w8_torchscript.onnx"
 FAST_POLL = {"AUTOFUSION_RETRY_AFTER_S": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.upper().startswith("AUTOFUSION_") or name.startswith("GITHUB_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from cli_server import Server, run_cli, started_server
+from cli_server import (
+    Server,
+    clean_client_env,  # noqa: F401 (autouse: no AUTOFUSION_*, GITHUB_* variables)
+    run_cli,
+    started_server,
+)
 from onnx import TensorProto, helper, numpy_helper
 
 from autofusion.app.cli._exit import EXIT_OK
@@ -26,13 +31,6 @@ from autofusion.app.client._model_files import download_model_files
 
 RTOL = ATOL = 1e-5
 DATA = "w.bin"
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.upper().startswith("AUTOFUSION_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")

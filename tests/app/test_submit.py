@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import shutil
 import threading
 import time
@@ -31,7 +30,14 @@ import httpx
 import numpy as np
 import onnx
 import pytest
-from cli_server import FAST_POLL, Server, free_port, start_cli, stop_process
+from cli_server import (
+    FAST_POLL,
+    Server,
+    clean_client_env,  # noqa: F401 (autouse: no AUTOFUSION_*, GITHUB_* variables)
+    free_port,
+    start_cli,
+    stop_process,
+)
 from report_testing import paired, real_report, write_model
 
 from autofusion.app.cli import main
@@ -95,13 +101,6 @@ def _root_logging_restored():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.upper().startswith("AUTOFUSION_") or name == "GITHUB_STEP_SUMMARY":
-            monkeypatch.delenv(name)
 
 
 def cli(capsys, *args: str | Path) -> tuple[int, str, str]:

@@ -6,12 +6,15 @@ into a second, fresh one gives the same store."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from cli_server import Server, started_server
+from cli_server import (
+    Server,
+    clean_client_env,  # noqa: F401 (autouse: no AUTOFUSION_*, GITHUB_* variables)
+    started_server,
+)
 from cli_server import run_cli as cli
 
 from autofusion.app.cli._exit import EXIT_BAD_INPUT, EXIT_OK
@@ -161,13 +164,6 @@ def test_unshared_verdicts_are_listed_to_their_own_tenant_only(make_service):
 
 
 # --- the CLI against live servers (no keys: the default tenant, every scope) ---
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.upper().startswith("AUTOFUSION_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="module")
