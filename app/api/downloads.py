@@ -11,18 +11,24 @@ answer ``Range`` requests (Starlette's ``FileResponse``: ``Accept-Ranges: bytes`
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import Request, Response
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
 from starlette.types import Message, Receive, Scope, Send
 
+from autofusion.app.core.config import Settings
+from autofusion.app.core.models import Job
 from autofusion.app.services import job_files
 from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.auth import Principal
 from autofusion.app.services.job_files import JobFile
+from autofusion.app.services.jobs import get_job
 
-__all__ = ["download_response", "etag_matches"]
+__all__ = ["JobDownloads", "download_response", "etag_matches"]
 
 # What a 304 keeps of a 200's headers (RFC 9110, 15.4.5).
 _NOT_MODIFIED_HEADERS = ("ETag", "Cache-Control", "Last-Modified")
@@ -84,3 +90,23 @@ class _CopyResponse(FileResponse):
         finally:
             if refused and self.background is not None:
                 await self.background()
+
+
+@dataclass(frozen=True)
+class JobDownloads:
+    """What a download route needs, the API's (a key) and the dashboard's (a cookie)
+    alike: the caller's job, and the answer for one of its files. Each side builds it
+    with its own principal dependency."""
+
+    request: Request
+    principal: Principal
+    session: Session
+    settings: Settings
+    store: ArtifactStore
+
+    def job(self, job_id: str) -> Job:
+        return get_job(self.session, self.principal.tenant_id, job_id)
+
+    def send(self, file: JobFile) -> Response:
+        scratch = self.settings.data_dir / "downloads"
+        return download_response(self.request, file, self.store, scratch)

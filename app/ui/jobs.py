@@ -3,22 +3,17 @@ cancel, delete, and downloads authenticated by the dashboard's cookie."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import RedirectResponse
-from sqlalchemy.orm import Session
 
 from autofusion.app.api.deps import SessionDep, SettingsDep, StoreDep
-from autofusion.app.api.downloads import download_response
-from autofusion.app.core.config import Settings
+from autofusion.app.api.downloads import JobDownloads
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.job_records import fused_data_names
 from autofusion.app.core.models import Job, JobStatus, utcnow
 from autofusion.app.services import job_files
-from autofusion.app.services.artifacts import ArtifactStore
-from autofusion.app.services.auth import Principal
 from autofusion.app.services.job_pages import decode_page_token, encode_page_token, list_jobs
 from autofusion.app.services.job_phases import recent_phases
 from autofusion.app.services.jobs import cancel_job, get_job
@@ -165,36 +160,17 @@ def job_delete(job_id: str, principal: UIPrincipal, session: SessionDep):
     return RedirectResponse("/ui/jobs", status_code=303)
 
 
-@dataclass(frozen=True)
-class _Download:
-    """What the dashboard's downloads need: the cookie's job, and the API's answer for one
-    of its files (``app/api/downloads.py``: ETag, HEAD, 304, Range)."""
-
-    request: Request
-    principal: Principal
-    session: Session
-    settings: Settings
-    store: ArtifactStore
-
-    def job(self, job_id: str) -> Job:
-        return get_job(self.session, self.principal.tenant_id, job_id)
-
-    def send(self, file: job_files.JobFile) -> Response:
-        scratch = self.settings.data_dir / "downloads"
-        return download_response(self.request, file, self.store, scratch)
-
-
 def _download(
     request: Request,
     principal: UIPrincipal,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-) -> _Download:
-    return _Download(request, principal, session, settings, store)
+) -> JobDownloads:
+    return JobDownloads(request, principal, session, settings, store)
 
 
-DownloadDep = Annotated[_Download, Depends(_download)]
+DownloadDep = Annotated[JobDownloads, Depends(_download)]
 
 
 @router.api_route("/{job_id}/download/{what}", methods=["GET", "HEAD"])

@@ -6,7 +6,6 @@ Every job route answers 404 for another tenant's job, exactly as for a missing o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -16,7 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from autofusion.app.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep, require_scope
-from autofusion.app.api.downloads import download_response, etag_matches
+from autofusion.app.api.downloads import JobDownloads, etag_matches
 from autofusion.app.api.openapi_bodies import (
     binary_part,
     data_upload_part,
@@ -29,9 +28,8 @@ from autofusion.app.api.uploads import incoming
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import autocommit_read, retry_stale, session_factory
 from autofusion.app.core.errors import ProblemError
-from autofusion.app.core.models import Job, JobStatus
+from autofusion.app.core.models import JobStatus
 from autofusion.app.services import job_files
-from autofusion.app.services.artifacts import ArtifactStore
 from autofusion.app.services.auth import Principal
 from autofusion.app.services.events import job_events
 from autofusion.app.services.idempotency import key_in_use, release_key, reserve_key
@@ -415,35 +413,17 @@ def _download_route(
     return register
 
 
-@dataclass(frozen=True)
-class _Download:
-    """What every download route needs: the caller's job, and the answer for one file."""
-
-    request: Request
-    principal: Principal
-    session: Session
-    settings: Settings
-    store: ArtifactStore
-
-    def job(self, job_id: str) -> Job:
-        return get_job(self.session, self.principal.tenant_id, job_id)
-
-    def send(self, file: job_files.JobFile) -> Response:
-        scratch = self.settings.data_dir / "downloads"
-        return download_response(self.request, file, self.store, scratch)
-
-
 def _download(
     request: Request,
     principal: PrincipalDep,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-) -> _Download:
-    return _Download(request, principal, session, settings, store)
+) -> JobDownloads:
+    return JobDownloads(request, principal, session, settings, store)
 
 
-DownloadDep = Annotated[_Download, Depends(_download)]
+DownloadDep = Annotated[JobDownloads, Depends(_download)]
 
 
 @_download_route(
