@@ -47,7 +47,7 @@ def biases_summed(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) 
         biases = ir.Node("", "Add", [first, second], name=fresh_name(f"{RULE}_biases"))
         biases.outputs[0].name = fresh_name(f"{RULE}_bias")
         biases.outputs[0].dtype = scores.dtype
-        biases.outputs[0].shape = _broadcast(first.shape, second.shape)
+        biases.outputs[0].shape = _broadcast(first.shape, second.shape, outer.outputs[0].shape)
         added = ir.Node("", "Add", [scores, biases.outputs[0]], name=fresh_name(f"{RULE}_Add"))
         added.outputs[0].name = fresh_name(f"{RULE}_scores")
         added.outputs[0].dtype, added.outputs[0].shape = (
@@ -174,19 +174,28 @@ def _integer_float_mask(mul: ir.Node) -> bool:
     return False
 
 
-def _broadcast(a: ir.Shape | None, b: ir.Shape | None) -> ir.Shape | None:
-    """The shape numpy's broadcasting gives, where each dimension is known."""
+def _broadcast(a: ir.Shape | None, b: ir.Shape | None, scores: ir.Shape | None) -> ir.Shape | None:
+    """The shape numpy's broadcasting gives the sum of two biases of ``scores``, where
+    each dimension is known.
+
+    Where the two dimensions are not known to agree, one of them being the scores' own
+    decides it: the graph adds the biases to the scores, which works only where each
+    bias's dimension is 1 or the scores', so their sum's is the scores' (MPT's ALiBi,
+    a table sliced to ``128 - Max(0, 128 - L)`` keys, beside a mask of ``L`` keys)."""
     if a is None or b is None:
         return None
     rank = max(len(a), len(b))
     dims_a = [1] * (rank - len(a)) + list(a)
     dims_b = [1] * (rank - len(b)) + list(b)
+    like = list(scores)[-rank:] if scores is not None and len(scores) >= rank else [None] * rank
     out = []
-    for x, y in zip(dims_a, dims_b, strict=True):
+    for x, y, s in zip(dims_a, dims_b, like, strict=True):
         if x == 1:
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
+        elif s is not None and s != 1 and (x == s or y == s):
+            out.append(s)
         else:
             return None  # unknown or symbolic against a different dimension
     return ir.Shape(out)

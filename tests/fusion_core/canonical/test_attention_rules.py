@@ -775,3 +775,38 @@ def test_a_reshape_that_copies_a_dimension_of_the_unsqueezed_part_stays_on_it() 
     assert done.get("one_kv_head", 0) == 3  # the split and the two one-head splits only
     feeds = {"x": np.random.default_rng(9).standard_normal((2, 3, 8)).astype(np.float32)}
     run_both(model, canonical, feeds=feeds, **EXACT)
+
+
+def test_a_bias_sliced_to_a_computed_length_sums_to_the_scores_shape() -> None:
+    """MPT's ALiBi is a table ``[heads, 1, max]`` sliced to ``max - Max(0, max - L)`` keys
+    beside a mask of ``L`` keys: not known to agree, but both are added to scores of
+    ``L`` keys, which works only where the slice has ``L`` (or 1), so their sum has the
+    scores' shape (the attention rewriters read the bias's rank and dimensions)."""
+    text = """<ir_version: 8, opset_import: ["" : 18]>
+    g (float[b, 2, s, 4] q, float[b, 2, 4, k] kt, float[2, 1, kp] position,
+       bool[b, 1, s, k] allowed) => (float[b, 2, s, k] y) {
+        scores = MatMul (q, kt)
+        bias = Where (allowed, zero_f, lowest)
+        positioned = Add (scores, position)
+        masked = Add (positioned, bias)
+        y = Softmax <axis = -1> (masked)
+    }"""
+    model = build_model(text, INTS)
+    # what the pipeline's symbolic shape inference knows of the scores plus both biases
+    # (onnx's own leaves the broadcast of k and kp unknown)
+    scored = onnx.helper.make_tensor_value_info(
+        "masked", onnx.TensorProto.FLOAT, ["b", 2, "s", "k"]
+    )
+    model.graph.value_info.append(scored)
+    _, done, _, graph = _canonical(model)
+    assert done.get("one_bias") == 1, done
+    (summed,) = [n for n in graph.graph if n.name.startswith("one_bias_biases")]
+    assert [str(d) for d in summed.outputs[0].shape] == ["b", "2", "s", "k"]
+    rng = np.random.default_rng(5)
+    feeds = {
+        "q": rng.standard_normal((2, 2, 3, 4)).astype(np.float32),
+        "kt": rng.standard_normal((2, 2, 4, 5)).astype(np.float32),
+        "position": rng.standard_normal((2, 1, 5)).astype(np.float32),
+        "allowed": rng.random((2, 1, 3, 5)) > 0.3,
+    }
+    run_both(model, _canonical(model)[0], feeds=feeds, **EXACT)
