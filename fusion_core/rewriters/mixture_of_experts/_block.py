@@ -13,8 +13,10 @@ not by spelling:
 * its **nodes** are what that output is computed from, back to the hidden states (the
   router's input and the Reshapes it came through), the logits and constants;
 * its **experts** are the rank-3 constants with one row per expert that the block
-  gathers by the router's indices (transformers' batched experts), or one SwiGLU MLP
-  per expert with its own weights (an unrolled loop over the experts: ``_units.py``).
+  gathers by the router's indices (transformers' batched experts), each with the
+  [experts, n] bias gathered the same way and added to its product where there is one
+  (gpt-oss), or one SwiGLU MLP per expert with its own weights (an unrolled loop over
+  the experts: ``_units.py``).
 
 What the block computes is then proven by evaluating it (``_proof.py``), not read from
 its ops.
@@ -46,12 +48,14 @@ _LAYOUT = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
 class StackedWeight:
     """A constant [experts, a, b] the block gathers per chosen expert, and the MatMul
     that multiplies the gathered rows (``weight_first``: it is that MatMul's input 0,
-    so the rows are [out, in]; else [in, out])."""
+    so the rows are [out, in]; else [in, out]); ``bias``: the constant [experts, out]
+    gathered by the same choice and added to the product, if there is one."""
 
     gather: ir.Node
     array_value: ir.Value
     matmul: ir.Node
     weight_first: bool
+    bias: ir.Value | None = None
 
 
 @dataclass
@@ -67,10 +71,23 @@ class Block:
     units: list[Unit]  # one SwiGLU MLP per expert, in the experts' order
 
 
+def _under_bias(node: ir.Node | None) -> ir.Node | None:
+    """The MatMul of ``MatMul(x, W) + b`` (b a constant), else ``node`` itself."""
+    if node is None or node.op_type != "Add" or len(node.inputs) != 2:
+        return node
+    for product, bias in (node.inputs, node.inputs[::-1]):
+        inner = product.producer() if product is not None else None
+        if inner is not None and inner.op_type == "MatMul" and constant_array(bias) is not None:
+            return inner
+    return node
+
+
 def router_input(logits: ir.Value) -> tuple[ir.Value, int] | str:
     """The hidden states the router reads and the number of experts: ``logits`` must be
-    a MatMul (or a Gemm without bias) of them by a constant [hidden, experts]."""
-    node = logits.producer()
+    a MatMul or a Gemm of them by a constant [hidden, experts], with a bias or without
+    (gpt-oss's has one): the router stays outside the fused op, which reads its logits,
+    so only what it reads and how many experts it scores matter here."""
+    node = _under_bias(logits.producer())
     if node is None or node.op_type not in ("MatMul", "Gemm"):
         found = node.op_type if node is not None else "a graph input"
         return f"the router's logits {logits.name!r} come from {found}, not a MatMul or Gemm"
@@ -79,8 +96,8 @@ def router_input(logits: ir.Value) -> tuple[ir.Value, int] | str:
         return f"the router {node.op_type} {node.name!r} does not multiply by a constant matrix"
     if node.op_type == "Gemm":
         attrs = {a.name: a.value for a in node.attributes.values()}
-        if attrs.get("transA", 0) or (len(node.inputs) > 2 and node.inputs[2] is not None):
-            return f"the router Gemm {node.name!r} transposes its input or adds a bias"
+        if attrs.get("transA", 0):
+            return f"the router Gemm {node.name!r} transposes its input"
         experts = weight.shape[0] if attrs.get("transB", 0) else weight.shape[1]
     else:
         experts = weight.shape[1]
@@ -171,36 +188,61 @@ def _upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
     return list(seen.values())
 
 
+def _routed_gather(node: ir.Node | None, experts: int, routed: set[int], ndim: int) -> bool:
+    """Whether ``node`` gathers rows of a constant [experts, ...] of rank ``ndim`` by the
+    router's indices."""
+    if node is None or node.op_type not in ("Gather", "GatherND") or len(node.inputs) < 2:
+        return False
+    attrs = {a.name: a.value for a in node.attributes.values()}
+    if attrs.get("axis", 0) != 0 or attrs.get("batch_dims", 0) != 0:
+        return False
+    array = constant_array(node.inputs[0])
+    if array is None or array.ndim != ndim or array.shape[0] != experts:
+        return False
+    return id(node.inputs[1]) in routed
+
+
 def _stacked(nodes: list[ir.Node], experts: int, routed: set[int]) -> list[StackedWeight]:
     """The block's gathers of a constant [experts, a, b] by the router's indices."""
     found = []
     for node in nodes:
-        if node.op_type not in ("Gather", "GatherND") or len(node.inputs) < 2:
+        if not _routed_gather(node, experts, routed, 3):
             continue
-        attrs = {a.name: a.value for a in node.attributes.values()}
-        if attrs.get("axis", 0) != 0 or attrs.get("batch_dims", 0) != 0:
-            continue
-        array = constant_array(node.inputs[0])
-        if array is None or array.ndim != 3 or array.shape[0] != experts:
-            continue
-        if id(node.inputs[1]) not in routed:
-            continue
-        matmul = _matmul_reading(node.outputs[0])
+        matmul = _reading(node.outputs[0], "MatMul")
         if matmul is None:
             continue
         first = matmul[1] == 0
-        found.append(StackedWeight(node, node.inputs[0], matmul[0], first))
+        bias = _bias_of(matmul[0], experts, routed)
+        found.append(StackedWeight(node, node.inputs[0], matmul[0], first, bias))
     return found
 
 
-def _matmul_reading(value: ir.Value) -> tuple[ir.Node, int] | None:
-    """The MatMul that reads ``value`` (through layout ops), and at which input."""
+def _bias_of(matmul: ir.Node, experts: int, routed: set[int]) -> ir.Value | None:
+    """The constant [experts, out] that an Add after ``matmul`` (through layout ops)
+    adds, gathered by the router's indices: the chosen experts' biases."""
+    found = _reading(matmul.outputs[0], "Add")
+    if found is None:
+        return None
+    add, index = found
+    other = add.inputs[1 - index]
+    for _ in range(4):
+        node = other.producer() if other is not None else None
+        if _routed_gather(node, experts, routed, 2):
+            return node.inputs[0]
+        if node is None or node.op_type not in _LAYOUT or not node.inputs:
+            return None
+        other = node.inputs[0]
+    return None
+
+
+def _reading(value: ir.Value, op_type: str) -> tuple[ir.Node, int] | None:
+    """The ``op_type`` node that reads ``value`` (through layout ops), and at which input."""
     for _ in range(4):
         uses = list(value.uses())
         if len(uses) != 1:
             return None
         node, index = uses[0].node, uses[0].idx
-        if node.op_type == "MatMul":
+        if node.op_type == op_type:
             return node, index
         if node.op_type not in _LAYOUT:
             return None

@@ -4,96 +4,84 @@ The block's ops say little on their own (``_block.py``); what it must compute is
 
     p = softmax(logits)                       # over the experts
     chosen, w = top_k(p)                      # w renormalized to sum 1, or not
-    y[t] = sum_j w[t, j] * down[e](silu(gate[e] @ x[t]) * (up[e] @ x[t])),  e = chosen[t, j]
+    y[t] = sum_j w[t, j] * expert_e(x[t]),  e = chosen[t, j]
 
-with ``gate``, ``up`` and ``down`` read from the stacked weights. Which weight is which,
-which half of a fused gate/up weight is the gate, and whether the weights are
-renormalized are hypotheses; each is tried against the block itself, run by onnxruntime
-on random tokens and logits (with the model's own weights, so only the experts the
-tokens choose are touched). The one that reproduces the block (rtol 1e-4, atol 1e-5 of
-the output's scale) is kept, then checked once more against ``com.microsoft.MoE``
-itself, the kernel the rewrite emits.
+with each expert the SwiGLU MLP onnxruntime's kernel runs (``_experts.py``: the plain
+``down(silu(gate) * up)``, or gpt-oss's clamped one, with biases or without) and its
+weights read from the stacked constants. Which weight is which, how a fused gate/up
+weight is split, the activation's constants and whether the weights are renormalized
+are hypotheses; each is tried against the block itself, run by onnxruntime on random
+tokens and logits (with the model's own weights, so only the experts the tokens choose
+are touched). Where the block reads a clamp limit, the tokens are also run scaled so
+that the clamp bites (random weights rarely reach it). The hypothesis that reproduces
+the block (rtol 1e-4, atol 1e-5 of the output's scale) on every run is kept, then
+checked once more against ``com.microsoft.MoE`` itself, the kernel the rewrite emits.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import math
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block, StackedWeight
+from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block
+from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
+    Activation,
+    Experts,
+    Layout,
+    activations,
+    as_moe,
+    layouts,
+    moe_attributes,
+)
 
-__all__ = ["Experts", "prove"]
+__all__ = ["prove"]
 
 RTOL, ATOL = 1e-4, 1e-5
 _TOKENS = (2, 3)  # the random inputs: 2 sequences of 3 tokens (or 6 tokens)
 # The largest weight slice the proof gathers (tokens x top-k experts), in elements.
 _PROOF_ELEMENTS = 400_000_000
+_CLAMP_REACH = 3.0  # the scaled tokens' largest pre-activation, in clamp limits
 
 
-@dataclass
-class Experts:
-    """The experts as com.microsoft.MoE takes them (CPU: SwiGLU, gate/up interleaved)."""
-
-    k: int
-    normalize: bool
-    fc1: np.ndarray  # [experts, 2 * inter, hidden]: gate and up rows interleaved
-    fc2: np.ndarray  # [experts, hidden, inter]
-
-
-def _out_in(weight: StackedWeight) -> np.ndarray:
-    """The weight as [experts, out, in]."""
-    array = constant_array(weight.array_value)
-    return array if weight.weight_first else np.swapaxes(array, 1, 2)
-
-
-def _hypotheses(block: Block):
-    """(gate, up, down, normalize) candidates, each [experts, out, in]."""
-    if block.units:  # which is the gate is known: what the silu reads
-        gate, up, down = (
-            np.stack([getattr(u, part).T for u in block.units]) for part in ("gate", "up", "down")
-        )
-        return [(gate, up, down, norm) for norm in (True, False)]
-    position = {id(n): i for i, n in enumerate(block.nodes)}  # graph order
-    ordered = sorted(block.weights, key=lambda w: position[id(w.matmul)])
-    arrays = [_out_in(w) for w in ordered]
-    if len(arrays) == 2:
-        fused, down = arrays
-        if fused.shape[1] % 2:
-            return []
-        half = fused.shape[1] // 2
-        pairs = [(fused[:, :half], fused[:, half:]), (fused[:, half:], fused[:, :half])]
-    elif len(arrays) == 3:
-        first, second, down = arrays
-        pairs = [(first, second), (second, first)]
-    else:
-        return []
-    return [(g, u, down, norm) for (g, u), norm in itertools.product(pairs, (True, False))]
-
-
-def reference(
-    x: np.ndarray, logits: np.ndarray, gate, up, down, k: int, normalize: bool
-) -> np.ndarray:
-    """The mixture of experts of ``x`` [tokens, hidden], in numpy (float64)."""
+def _routing(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chosen experts [tokens, k] and their softmax probabilities (float64)."""
     scores = logits.astype(np.float64)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     chosen = np.argsort(-p, axis=-1, kind="stable")[:, :k]
-    w = np.take_along_axis(p, chosen, -1)
-    if normalize:
-        w /= w.sum(-1, keepdims=True)
-    out = np.zeros(x.shape, np.float64)
-    for t in range(x.shape[0]):
-        for j in range(k):
-            e = chosen[t, j]
-            g = gate[e].astype(np.float64) @ x[t]
-            u = up[e].astype(np.float64) @ x[t]
-            out[t] += w[t, j] * (down[e].astype(np.float64) @ (g / (1 + np.exp(-g)) * u))
+    return chosen, np.take_along_axis(p, chosen, -1)
+
+
+def _per_choice(weights: np.ndarray, bias, vectors: np.ndarray, chosen: np.ndarray):
+    """weights[e] @ vectors[t, j] (+ bias[e]) for e = chosen[t, j], [tokens, k, out] in
+    float64, one expert's slice at a time (never a copy of every chosen expert's weights)."""
+    tokens, k = chosen.shape
+    out = np.empty((tokens, k, weights.shape[1]))
+    for t, j in np.ndindex(tokens, k):
+        e = chosen[t, j]
+        out[t, j] = weights[e].astype(np.float64) @ vectors[t, j]
+        if bias is not None:
+            out[t, j] += bias[e]
     return out
+
+
+def _pre_activations(layout: Layout, x: np.ndarray, chosen: np.ndarray):
+    """gate and up before the activation, [tokens, k, inter] each."""
+    rows = np.repeat(x.astype(np.float64)[:, None], chosen.shape[1], axis=1)
+    return [
+        _per_choice(layout.gate, layout.gate_bias, rows, chosen),
+        _per_choice(layout.up, layout.up_bias, rows, chosen),
+    ]
+
+
+def _combined(layout: Layout, activation: Activation, pre, chosen, weights) -> np.ndarray:
+    """sum_j w[t, j] * expert_e(x[t]) given the pre-activations of the chosen experts."""
+    out = _per_choice(layout.down, layout.down_bias, activation(*pre), chosen)
+    return np.einsum("tk,tkh->th", weights, out)
 
 
 def _close(expected: np.ndarray, got: np.ndarray) -> bool:
@@ -103,64 +91,105 @@ def _close(expected: np.ndarray, got: np.ndarray) -> bool:
     return bool(np.allclose(got, expected, rtol=RTOL, atol=ATOL * scale))
 
 
+def _matching(candidates, acts, probes, logits, k) -> Experts | None:
+    """The first hypothesis that reproduces the block on every probe (x, output)."""
+    chosen, top = _routing(logits, k)
+    renormalized = top / top.sum(-1, keepdims=True)
+    for layout in candidates:
+        if layout.gate.shape[1:] != (layout.down.shape[2], probes[0][0].shape[1]):
+            continue
+        pres = [_pre_activations(layout, x, chosen) for x, _ in probes]
+        for activation in acts:
+            for normalize, weights in ((True, renormalized), (False, top)):
+                if all(
+                    _close(_combined(layout, activation, pre, chosen, weights), got)
+                    for pre, (_, got) in zip(pres, probes, strict=True)
+                ):
+                    return as_moe(layout, activation, k, normalize)
+    return None
+
+
+def _clamp_scale(candidates: list[Layout], acts: list[Activation], x: np.ndarray) -> float:
+    """How much to scale the tokens so their gate/up values reach past the largest clamp
+    limit the block reads (0: it reads none)."""
+    limits = [a.limit for a in acts if math.isfinite(a.limit)]
+    if not limits or not candidates:
+        return 0.0
+    layout, rows = candidates[0], x.astype(np.float64)
+    reach = max(
+        float(np.abs(part[e] @ rows.T).max())
+        for part in (layout.gate, layout.up)
+        for e in range(part.shape[0])
+    )
+    return _CLAMP_REACH * max(limits) / reach if reach > 0 else 0.0
+
+
 def prove(block: Block, k: int, opsets: dict[str, int]) -> Experts | str:
     """The experts the block computes with, or why it is not a mixture of experts."""
     import onnxruntime as ort  # only a block that looks like experts pays for it
 
-    hypotheses = _hypotheses(block)
-    if not hypotheses:
+    candidates = layouts(block)
+    if not candidates:
         return "the stacked weights are not a fused gate/up pair or a gate, an up and a down"
-    gate0, _, down0, _ = hypotheses[0]
-    cost = int(np.prod(_TOKENS)) * k * (2 * gate0[0].size + down0[0].size)
+    first = candidates[0]
+    cost = int(np.prod(_TOKENS)) * k * (2 * first.gate[0].size + first.down[0].size)
     if cost > _PROOF_ELEMENTS:
         return "the experts are too large to prove by running the block"
     feeds, x, logits = _random_inputs(block)
     if isinstance(feeds, str):
         return feeds
+    acts = activations(block.nodes)
+    scales = [1.0] + [s for s in [_clamp_scale(candidates, acts, x)] if s > 0]
+    probes = _run_block(ort, block, opsets, feeds, x, scales)
+    if isinstance(probes, str):
+        return probes
+    experts = _matching(candidates, acts, probes, logits, k)
+    if experts is None:
+        return (
+            "the block does not compute softmax, top-k and SwiGLU experts (silu(gate) * up, "
+            "or gpt-oss's clamped form, then down) with its stacked weights"
+        )
+    return _kernel_agrees(ort, experts, probes, logits)
+
+
+def _run_block(ort, block: Block, opsets, feeds, x, scales):
+    """[(tokens, block output)] for the tokens at each scale, or why it cannot run."""
     try:
         session = ort.InferenceSession(
             _block_model(block, opsets).SerializeToString(),
             _options(ort),
             providers=["CPUExecutionProvider"],
         )
-        (got,) = session.run(None, feeds)
+        probes = []
+        for scale in scales:
+            scaled = dict(feeds, **{block.root.name: feeds[block.root.name] * np.float32(scale)})
+            (got,) = session.run(None, scaled)
+            probes.append(((x * np.float32(scale)).astype(np.float32), got))
     except Exception as exc:
         return f"onnxruntime cannot run the block on its own ({type(exc).__name__})"
-    if got.shape != x.shape:
-        return f"the block's output has shape {list(got.shape)}, its input {list(x.shape)}"
-    for gate, up, down, normalize in hypotheses:
-        if gate.shape[1:] != (down.shape[2], x.shape[1]) or down.shape[1] != x.shape[1]:
-            continue
-        if _close(reference(x, logits, gate, up, down, k, normalize), got):
-            experts = _as_moe(k, normalize, gate, up, down)
-            return _kernel_agrees(ort, experts, x, logits, got)
-    return (
-        "the block does not compute softmax, top-k and SwiGLU experts (silu(gate) * up, "
-        "then down) with its stacked weights"
-    )
+    if probes[0][1].shape != x.shape:
+        return f"the block's output has shape {list(probes[0][1].shape)}, its input {list(x.shape)}"
+    return probes
 
 
-def _as_moe(k: int, normalize: bool, gate, up, down) -> Experts:
-    experts, inter, hidden = gate.shape
-    fc1 = np.empty((experts, 2 * inter, hidden), gate.dtype)
-    fc1[:, 0::2], fc1[:, 1::2] = gate, up  # the CPU kernel's interleaved SwiGLU
-    return Experts(k, normalize, fc1, np.ascontiguousarray(down))
-
-
-def moe_attributes(experts: Experts) -> dict:
-    return {
-        "k": experts.k,
-        "activation_type": "swiglu",
-        "swiglu_fusion": 1,
-        "normalize_routing_weights": int(experts.normalize),
+def _constants(experts: Experts) -> dict[str, np.ndarray]:
+    """The MoE's constant inputs by name, the biases only where there are some."""
+    found = {
+        "fc1": experts.fc1,
+        "fc1_bias": experts.fc1_bias,
+        "fc2": experts.fc2,
+        "fc2_bias": experts.fc2_bias,
     }
+    return {n: v for n, v in found.items() if v is not None}
 
 
-def _kernel_agrees(ort, experts: Experts, x, logits, expected) -> Experts | str:
-    """The MoE kernel on the same inputs gives what the block gave."""
+def _moe_model(experts: Experts) -> onnx.ModelProto:
+    """One com.microsoft.MoE over graph inputs x, logits and the experts' constants."""
+    present = ["x", "logits", *_constants(experts)]
+    order = ["x", "logits", "fc1", "fc1_bias", "fc2", "fc2_bias"]
     node = onnx.helper.make_node(
         "MoE",
-        ["x", "logits", "fc1", "", "fc2", ""],
+        [n if n in present else "" for n in order],
         ["y"],
         domain="com.microsoft",
         **moe_attributes(experts),
@@ -169,26 +198,34 @@ def _kernel_agrees(ort, experts: Experts, x, logits, expected) -> Experts | str:
     graph = onnx.helper.make_graph(
         [node],
         "moe",
-        [onnx.helper.make_tensor_value_info(n, f, None) for n in ("x", "logits", "fc1", "fc2")],
+        [onnx.helper.make_tensor_value_info(n, f, None) for n in present],
         [onnx.helper.make_tensor_value_info("y", f, None)],
     )
-    model = onnx.helper.make_model(
+    return onnx.helper.make_model(
         graph,
         opset_imports=[
             onnx.helper.make_opsetid("", 17),
             onnx.helper.make_opsetid("com.microsoft", 1),
         ],
     )
+
+
+def _kernel_agrees(ort, experts: Experts, probes, logits) -> Experts | str:
+    """The MoE kernel on the same inputs gives what the block gave."""
+    constants = _constants(experts)
     try:
         session = ort.InferenceSession(
-            model.SerializeToString(), _options(ort), providers=["CPUExecutionProvider"]
+            _moe_model(experts).SerializeToString(),
+            _options(ort),
+            providers=["CPUExecutionProvider"],
         )
-        (got,) = session.run(
-            None, {"x": x, "logits": logits, "fc1": experts.fc1, "fc2": experts.fc2}
-        )
+        runs = [
+            (expected, session.run(None, {"x": x, "logits": logits, **constants})[0])
+            for x, expected in probes
+        ]
     except Exception as exc:
         return f"onnxruntime's MoE kernel cannot run these experts ({type(exc).__name__})"
-    if not _close(expected.astype(np.float64), got):
+    if not all(_close(expected.astype(np.float64), got) for expected, got in runs):
         return "onnxruntime's MoE kernel does not reproduce the block"
     return experts
 

@@ -1,0 +1,181 @@
+"""PhiMoE's sparsemixer router: why com.microsoft.MoE does not take it on CPU, and the
+near miss that says so.
+
+transformers' ``sparsemixer`` (inference) weights each of its two experts by a softmax
+over only the experts within 2 * jitter_eps (relative) of that round's maximum; the
+CPU kernel of onnxruntime 1.32 accepts ``use_sparse_mixer=1`` and routes exactly as
+without it (softmax over every expert, top 2). The first test pins that fact with
+identity experts that write each routing weight into a column of their own: it fails
+when an onnxruntime implements the sparse mixer on CPU, the moment to fuse PhiMoE. The
+second builds a sparsemixer block as the exporters write it and asserts it stays, the
+outputs unchanged (rtol = 1e-5, atol = 1e-6: only the silu may become one op), with
+the near miss.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _Graph
+
+from autofusion.fusion_core.testing import make_session, optimize_quiet, run_both
+
+JITTER_EPS = 0.01  # PhimoeConfig.router_jitter_noise's default
+
+
+def sparsemixer(scores: np.ndarray, eps: float = JITTER_EPS) -> np.ndarray:
+    """transformers' sparsemixer (training=False) in numpy: the routing weight of each
+    expert per token, [tokens, experts] (zero where not chosen)."""
+    s = scores.astype(np.float64)
+    rows = np.arange(len(s))
+    weights = np.zeros_like(s)
+    masked_scores = s
+    for _ in range(2):
+        top = masked_scores.max(-1, keepdims=True)
+        chosen = masked_scores.argmax(-1)
+        far = (top - s) / np.maximum(np.abs(s), top) > 2 * eps
+        gates = np.where(far, -np.inf, masked_scores)
+        p = np.exp(gates - gates.max(-1, keepdims=True))
+        weights[rows, chosen] = (p / p.sum(-1, keepdims=True))[rows, chosen]
+        masked_scores = masked_scores.copy()
+        masked_scores[rows, chosen] = -np.inf
+    return weights
+
+
+def softmax_top2(scores: np.ndarray) -> np.ndarray:
+    s = scores.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    top = np.argsort(-p, axis=-1, kind="stable")[:, :2]
+    weights = np.zeros_like(p)
+    np.put_along_axis(weights, top, np.take_along_axis(p, top, -1), -1)
+    return weights
+
+
+def kernel_routing(scores: np.ndarray, use_sparse_mixer: int) -> np.ndarray:
+    """The CPU MoE kernel's routing weights (k=2, not renormalized): identity experts,
+    expert e copying the token's first feature into output column e + 1."""
+    tokens, experts = scores.shape
+    width = experts + 1
+    fc1 = np.zeros((experts, width, width), np.float32)
+    fc1[:, 0, 0] = 1
+    fc2 = np.zeros((experts, width, width), np.float32)
+    for e in range(experts):  # symmetric: either weight layout reads the same
+        fc2[e, e + 1, 0] = fc2[e, 0, e + 1] = 1
+    node = helper.make_node(
+        "MoE", ["x", "scores", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=2,
+        activation_type="identity", use_sparse_mixer=use_sparse_mixer,
+        normalize_routing_weights=0,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "routing",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, width]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [tokens, experts]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, width])],
+        [numpy_helper.from_array(fc1, "fc1"), numpy_helper.from_array(fc2, "fc2")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    session = make_session(helper.make_model(graph, opset_imports=opsets))
+    x = np.zeros((tokens, width), np.float32)
+    x[:, 0] = 1
+    return session.run(None, {"x": x, "scores": scores})[0][:, 1:]
+
+
+@pytest.mark.slow  # importing transformers' PhiMoE (and torch): about 15 s
+def test_our_sparsemixer_is_transformers() -> None:
+    phimoe = pytest.importorskip("transformers.models.phimoe.modeling_phimoe")
+    import torch
+
+    scores = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    scores[::2] *= 0.01  # close scores: several experts within 2 eps of the maximum
+    weights, chosen = phimoe.sparsemixer(torch.from_numpy(scores), JITTER_EPS, training=False)
+    expected = np.zeros(scores.shape)
+    np.put_along_axis(expected, chosen.numpy(), weights.double().numpy(), -1)
+    np.testing.assert_allclose(sparsemixer(scores), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("experts", [4, 8, 16])
+def test_the_cpu_kernel_routes_as_if_use_sparse_mixer_were_off(experts) -> None:
+    rng = np.random.default_rng(experts)
+    scores = rng.standard_normal((32, experts)).astype(np.float32)
+    scores[::2] *= 0.01
+    sparse, plain = kernel_routing(scores, 1), kernel_routing(scores, 0)
+    np.testing.assert_array_equal(sparse, plain)  # the attribute changes nothing
+    np.testing.assert_allclose(sparse, softmax_top2(scores), rtol=1e-5, atol=1e-6)
+    assert np.abs(sparse - sparsemixer(scores)).max() > 0.1  # not PhiMoE's routing
+
+
+def _sparsemixer_router(g: _Graph, scores: str) -> tuple[str, str]:
+    """(weights [T, 2], chosen [T, 2]) as the exporters write sparsemixer."""
+    threshold = g.const(np.array(2 * JITTER_EPS, np.float32), "threshold")
+    minus_inf = g.const(np.array(-np.inf, np.float32), "minus_inf")
+    magnitude = g.one("Abs", scores)
+    masked_scores, weights, chosen = scores, [], []
+    for _ in range(2):
+        top = g.one("ReduceMax", masked_scores, g.ints(-1), keepdims=1)
+        choice = g.one("ArgMax", masked_scores, axis=-1, keepdims=1)
+        gap = g.one("Div", g.one("Sub", top, scores), g.one("Max", magnitude, top))
+        gates = g.one("Where", g.one("Greater", gap, threshold), minus_inf, masked_scores)
+        weights.append(g.one("GatherElements", g.one("Softmax", gates, axis=-1), choice, axis=-1))
+        chosen.append(choice)
+        fill = g.one("Expand", minus_inf, g.one("Shape", choice))
+        masked_scores = g.one("ScatterElements", masked_scores, choice, fill, axis=-1)
+    return g.one("Concat", *weights, axis=-1), g.one("Concat", *chosen, axis=-1)
+
+
+def phimoe_block() -> onnx.ModelProto:
+    g = _Graph(seed=5)
+    scores = g.one("MatMul", "hidden", g.const(g.weight(HIDDEN, 4), "router"))
+    weights, chosen = _sparsemixer_router(g, scores)
+    spelling = Spelling(**{**_PLAIN.__dict__, "experts": 4, "k": 2})
+    out = g.one("Add", _batched(g, spelling, "hidden", weights, chosen), "hidden")
+    shape = ["tokens", HIDDEN]
+    graph = helper.make_graph(
+        g.nodes,
+        "phimoe",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
+        g.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_sparsemixer_block_stays_with_a_near_miss_naming_the_difference() -> None:
+    model = phimoe_block()
+    result = optimize_quiet(model, target="onnxruntime")
+    fused = result.to_proto()
+    assert "MoE" not in [n.op_type for n in fused.graph.node]
+    reasons = [m.reason for m in result.near_misses if m.pattern == "moe_sparse_mixer"]
+    assert reasons, [(m.pattern, m.reason) for m in result.near_misses]
+    assert all("use_sparse_mixer=1 but routes as without it" in r for r in reasons), reasons
+    assert all("within 0.02 (relative)" in r for r in reasons), reasons
+    feeds = {"hidden": np.random.default_rng(2).standard_normal((7, HIDDEN)).astype(np.float32)}
+    run_both(model, fused, feeds=feeds, rtol=1e-5, atol=1e-6)
+
+
+def test_a_classifier_picking_its_top_probability_is_no_sparsemixer() -> None:
+    """ArgMax of a linear head and the Softmax's value there: the pattern's shape, but no
+    mask before the Softmax, so the near miss says it is not a sparsemixer router."""
+    g = _Graph(seed=6)
+    logits = g.one("MatMul", "hidden", g.const(g.weight(HIDDEN, 4), "head"))
+    choice = g.one("ArgMax", logits, axis=-1, keepdims=1)
+    picked = g.one("GatherElements", g.one("Softmax", logits, axis=-1), choice, axis=-1)
+    picked = g.one("Neg", picked)  # read on, as the routing weights are
+    graph = helper.make_graph(
+        g.nodes,
+        "classifier",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["tokens", HIDDEN])],
+        [helper.make_tensor_value_info(picked, TensorProto.FLOAT, ["tokens", 1])],
+        g.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result = optimize_quiet(model, target="onnxruntime")
+    reasons = [m.reason for m in result.near_misses if m.pattern == "moe_sparse_mixer"]
+    assert reasons and all("not a sparsemixer router" in r for r in reasons), reasons
