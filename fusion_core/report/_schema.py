@@ -120,9 +120,12 @@ class OutputFloor(BaseModel):
     model_config = _OPEN
     name: str
     floor_abs: float | None = Field(
-        description="Max |perturbed original - original| over the check's samples"
+        description="Max |perturbed original - original| over the check's samples (float16 "
+        "floor: |original computed in float32 - original|)"
     )
-    floor_mean: float | None = Field(description="Mean |perturbed original - original|")
+    floor_mean: float | None = Field(
+        description="Mean |perturbed original - original| (float16: as floor_abs)"
+    )
     rtol: float
     atol: float | None = Field(description="The element-wise atol the fused model was held to")
     mean_limit: float | None = Field(description="The most the fused model's mean error may be")
@@ -161,15 +164,27 @@ class ExactCheck(BaseModel):
 
 
 class NoiseFloor(BaseModel):
-    """``CheckResult.noise_floor``: the original's own noise where it quantizes activations."""
+    """``CheckResult.noise_floor``: the original's own noise (quantized activations, float16)."""
 
     model_config = _OPEN
+    kind: Literal["quantized activations", "float16"] = Field(
+        default="quantized activations",
+        description="What makes the original's own noise: ops that quantize activations at "
+        "run time (the floor: the original under a one-ulp move of those activations), or "
+        "float16 (the floor: the original against the same graph computed in float32)",
+    )
     quantizers: dict[str, int] = Field(
         description="The ops that quantize an activation at run time, by kind, with counts "
-        "('MatMulNBits accuracy_level 4', 'DynamicQuantizeLinear', ...)"
+        "('MatMulNBits accuracy_level 4', 'DynamicQuantizeLinear', ...); empty for float16"
     )
-    perturbation: float = Field(
-        description="How far each activation those ops read was moved, relative to its size"
+    float16: dict[str, int] = Field(
+        default_factory=dict,
+        description="What of the main graph is float16, counted ('float16 initializers', "
+        "'Casts to float16', 'float16 outputs', ...); empty for quantized activations",
+    )
+    perturbation: float | None = Field(
+        description="How far each activation those ops read was moved, relative to its size; "
+        "null for float16 (nothing moved)"
     )
     multiple: float = Field(description="The tolerance goes up to this many times the floor")
     outputs: list[OutputFloor] = Field(
@@ -177,7 +192,7 @@ class NoiseFloor(BaseModel):
         "tolerance used"
     )
     error: str | None = Field(
-        description="Why the floor could not be measured (the configured tolerance was used)"
+        description="Why the floor could not be measured (the tolerance before it was used)"
     )
     reason: str = Field(description="What the floor is and how it was used, in words")
     exact: ExactCheck | None = Field(
@@ -226,7 +241,8 @@ class Check(BaseModel):
         description="Set when the original quantizes activations at run time (MatMulNBits "
         "at accuracy_level 4, DynamicQuantizeLinear, DynamicQuantizeMatMul, "
         "DynamicQuantizeLSTM): the original's own outputs under a one-ulp move of those "
-        "activations, and the tolerance that made; null for other models",
+        "activations; else when it computes in float16: the original against the same graph "
+        "computed in float32; and the tolerance that made; null for other models",
     )
 
 

@@ -23,11 +23,17 @@ from autofusion.fusion_core.validate._dims import (
 )
 from autofusion.fusion_core.validate._exact import EXACT_LEVEL, ExactCheck, ExactOutput
 from autofusion.fusion_core.validate._floor import (
+    FLOAT16,
     FLOOR_MULTIPLE,
     PERTURBATION,
     NoiseFloor,
     OutputFloor,
     activation_quantizers,
+)
+from autofusion.fusion_core.validate._floor_fp16 import (
+    FLOAT16_MULTIPLE,
+    float16_parts,
+    in_float32,
 )
 from autofusion.fusion_core.validate._inputs import (
     FloatDistribution,
@@ -63,6 +69,8 @@ __all__ = [
     "CANNOT_LOAD",
     "EXACT_LEVEL",
     "FAILURE_WORDS",
+    "FLOAT16",
+    "FLOAT16_MULTIPLE",
     "FLOOR_MULTIPLE",
     "FUSED_CANNOT_RUN",
     "HISTOGRAM_EDGES",
@@ -99,7 +107,9 @@ __all__ = [
     "compare_regions",
     "default_tolerance",
     "describe_inputs",
+    "float16_parts",
     "fused_regions",
+    "in_float32",
     "input_dims",
     "load_inputs",
     "make_session",

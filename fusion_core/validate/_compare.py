@@ -17,7 +17,8 @@ MatMul weights), so at most one copy is alive. A model may be given as a file
 (``ModelFile``): onnxruntime then reads it and its external data where they lie, with no
 serialized copy of the weights in memory. A model that quantizes activations at run time
 gets a noise floor (``_floor.py``) and, with MatMulNBits at accuracy_level 4, a second
-comparison at level 0 (``_exact.py``).
+comparison at level 0 (``_exact.py``); a model that computes in float16 gets its own
+(``_floor_fp16.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from autofusion.fusion_core.validate._floor import (
     measure_floors,
     perturbed,
 )
+from autofusion.fusion_core.validate._floor_fp16 import float16_floor, float16_parts, in_float32
 from autofusion.fusion_core.validate._inputs import FloatDistribution, random_inputs
 from autofusion.fusion_core.validate._stats import (
     HISTOGRAM_EDGES,
@@ -172,8 +174,9 @@ class CheckResult:
     dynamic_dims: list[str] = field(default_factory=list)
     profiles: list[ProfileCheck] = field(default_factory=list)
     histogram_edges: list[float] = field(default_factory=lambda: list(HISTOGRAM_EDGES))
-    # Set when the original quantizes activations at run time (validate/_floor.py): the
-    # measured floor and the tolerance each output was compared with; None otherwise
+    # Set when the original quantizes activations at run time (validate/_floor.py) or
+    # computes in float16 (_floor_fp16.py): the measured floor and the tolerance each
+    # output was compared with; None otherwise
     noise_floor: NoiseFloor | None = None
 
     @property
@@ -376,26 +379,24 @@ def _noise_floor(
     result: CheckResult,
 ) -> dict[str, Tolerance]:
     """``tols`` widened to the noise floor when the original quantizes activations at
-    run time (``validate/_floor.py``), the floor in ``result.noise_floor``; else as given."""
+    run time (``validate/_floor.py``) or else computes in float16 (``_floor_fp16.py``),
+    the floor in ``result.noise_floor``; else as given."""
     kinds, activations = activation_quantizers(graph)
-    if not kinds:
+    if kinds:
+        floor, edit = NoiseFloor(kinds), functools.partial(perturbed, activations=activations)
+    elif parts := float16_parts(graph):
+        floor, edit = float16_floor(parts), in_float32
+    else:
         return tols
-    floor = result.noise_floor = NoiseFloor(kinds)
+    result.noise_floor = floor
     runs = [pair for ran in expected.plans for pair in zip(ran.feeds, ran.outputs, strict=True)]
     try:
-        floors = measure_floors(
-            lambda: _perturbed_session(original, activations), expected.names, runs
-        )
+        floors = measure_floors(lambda: _edited_session(original, edit), expected.names, runs)
     except Exception as exc:  # onnxruntime raises many types: the configured check then
         floor.error = f"the noise floor could not be measured: {_first_line(str(exc))}"
-        floor.reason = floor.error + "; outputs compared with the configured tolerance"
+        floor.reason = floor.error + "; outputs compared with the tolerance before it"
         return tols
     return floor.widen(tols, floors)
-
-
-def _perturbed_session(original: ModelSource, activations: list[str]) -> ort.InferenceSession:
-    """A session of the original with the activations its quantizers read perturbed."""
-    return _edited_session(original, functools.partial(perturbed, activations=activations))
 
 
 def _edited_session(

@@ -4,8 +4,8 @@ An int4 decoder as onnxruntime-genai's builder writes it for CPU (MatMulNBits at
 accuracy_level 4: A quantized to int8 inside the kernel; hidden 256, 4 layers) fails the
 fp32 tolerance with its right fusions (logits 0.03 apart): with the floor it passes, its
 fusions kept, and the report names the floor. A fused model whose last norm's gamma is
-off by 1% still fails (its mean error is 20x the floor's). A model without such ops is
-checked exactly as before.
+off by 1% still fails (its mean error passes twice the floor's mean: 2.2x it on an AVX2
+host). A model without such ops is checked exactly as before.
 
 At 10 layers (seed 5) the original's own int8 noise is as large as a 1% gamma error in a
 middle or last norm: such a fused model passes the floor, and the second comparison with
@@ -98,7 +98,9 @@ def test_a_wrong_gamma_is_not_hidden_by_the_floor(int4) -> None:
 
     assert not check.passed and check.failure == MISMATCH
     (logits,) = check.noise_floor.outputs
-    assert check.outputs[0].mean_abs_diff > 5 * logits.mean_limit
+    # 2.2x the floor's mean on an AVX2 host (0.0113 against 0.0051): above the limit of
+    # twice it; the level-0 comparison is the second net (the tests at 10 layers below)
+    assert check.outputs[0].mean_abs_diff > logits.mean_limit
     assert "noise floor's mean" in check.outputs[0].detail
 
 
