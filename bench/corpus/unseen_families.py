@@ -14,7 +14,11 @@ first attention or rotary near miss where an attention's Softmax is left (else t
 first router's, where a router is left).
 None of these families is in ``export_llm.py``'s corpus, and no rule names them.
 
-    python bench/corpus/unseen_families.py [--out DIR] [--markdown FILE] [FAMILY ...]
+    python bench/corpus/unseen_families.py [--out DIR] [--markdown FILE] [--kv] [FAMILY ...]
+
+``--kv`` exports the one-step KV-cache graph instead (``_llm_torch``'s ``dynamo_kv``:
+torch.export of the model with its ``DynamicCache``, past and present as inputs and
+outputs), where the attention should become GroupQueryAttention with the cache.
 
 Needs the corpus extra (torch, transformers): ``make .venv/.corpus-installed``.
 """
@@ -29,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import _llm_families as fam
+from _unseen_more import MORE
 
 HEAD_DIM = fam.HEAD_DIM
 _BIGCODE_SIZES = dict(
@@ -208,6 +213,7 @@ UNSEEN = {  # family -> (Family, what sets it apart)
         "q, k and v from one projection in 4 model-parallel blocks, partial interleaved rotary",
     ),
 }
+UNSEEN.update(MORE)  # the second survey's families (stop 41)
 KINDS = {
     "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
     "rotary": ("RotaryEmbedding",),
@@ -296,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     default = Path.home() / ".cache/autofusion-corpus/unseen"
     parser.add_argument("--out", type=Path, default=default)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--kv", action="store_true", help="the KV-cache export (dynamo_kv)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.families) - set(UNSEEN))
     if unknown:
@@ -305,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for family in args.families or list(UNSEEN):
-        for kind in EXPORTERS:
+        for kind in ("dynamo_kv",) if args.kv else EXPORTERS:
             rows.append(survey(family, kind, args.out))
             print(rows[-1], flush=True)
     table = markdown(rows)
