@@ -63,7 +63,7 @@ def fuse_autofusion(src: Path, out: Path) -> str:
     return f"{len(result.applied)} fusions, check {'passed' if check and check.passed else check}"
 
 
-MOE_PATTERNS = ["moe_softmax_topk", "moe_softmax_cast_topk", "moe_topk_softmax"]
+MOE_PATTERNS = ["moe_softmax_topk", "moe_softmax_cast_topk", "moe_topk_softmax", "moe_sigmoid_topk"]
 
 
 def fuse_autofusion_without_moe(src: Path, out: Path) -> str:

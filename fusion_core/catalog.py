@@ -7,11 +7,14 @@ pattern that does not compile is rejected at registration time, not at match tim
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +26,9 @@ from autofusion.fusion_core.errors import PatternError, field_errors
 if TYPE_CHECKING:
     from autofusion.fusion_core.patterns import PatternSpec
     from autofusion.fusion_core.rewriters import Params, Rewriter, RewriterRegistry
+
+# libyaml's loader when PyYAML was built with it: the same data, parsed 8x faster
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 __all__ = [
     "CompiledPattern",
@@ -61,11 +67,7 @@ def compile_pattern(
     from autofusion.fusion_core.rewriters import builtin_rewriters
 
     registry = registry or builtin_rewriters()
-    label = raw.get("name", "<unnamed>") if isinstance(raw, dict) else raw.name
-    try:
-        spec = raw if isinstance(raw, PatternSpec) else PatternSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise PatternError(f"pattern {label!r} is invalid", errors=_field_errors(exc)) from None
+    spec = raw if isinstance(raw, PatternSpec) else _validated(raw)
     rewriter = registry.get(spec.rewriter.name)
     if rewriter is None:
         raise PatternError(
@@ -96,6 +98,17 @@ def compile_pattern(
     return CompiledPattern(spec, rewriter, params)
 
 
+def _validated(raw: dict[str, Any]) -> PatternSpec:
+    """The pattern's spec, or a PatternError naming the field that is wrong."""
+    from autofusion.fusion_core.patterns import PatternSpec
+
+    try:
+        return PatternSpec.model_validate(raw)
+    except ValidationError as exc:
+        label = raw.get("name", "<unnamed>")
+        raise PatternError(f"pattern {label!r} is invalid", errors=_field_errors(exc)) from None
+
+
 def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
     errors = []
     for path, message in field_errors(exc):
@@ -110,7 +123,7 @@ def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
 def parse_pattern_text(text: str, origin: str = "<text>") -> list[dict[str, Any]]:
     """YAML or JSON holding one pattern, a list of them, or ``{patterns: [...]}``."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         raise PatternError(f"{origin} is not valid YAML or JSON: {exc}") from None
     if isinstance(data, dict) and "patterns" in data and "nodes" not in data:
@@ -140,23 +153,59 @@ def load_pattern_file(
 
 
 def compile_all(
-    raws: Iterable[dict[str, Any]], registry: RewriterRegistry | None = None
+    raws: Iterable[dict[str, Any] | PatternSpec], registry: RewriterRegistry | None = None
 ) -> list[CompiledPattern]:
     return [compile_pattern(raw, registry) for raw in raws]
 
 
+def _builtin_folder() -> Traversable:
+    return resources.files("autofusion.fusion_core.patterns") / "builtin"
+
+
+def _builtin_texts() -> tuple[tuple[str, str], ...]:
+    """(file name, text) of every built-in pattern file, in name order. Reading them is
+    cheap; parsing them is not (a second of YAML), so the texts are the cache's key: an
+    edited file, whatever its timestamp says, is parsed again."""
+    return tuple(
+        (entry.name, entry.read_text(encoding="utf-8"))
+        for entry in sorted(_builtin_folder().iterdir(), key=lambda e: e.name)
+        if entry.name.endswith((".yaml", ".yml", ".json"))
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_builtins(texts: tuple[tuple[str, str], ...]) -> tuple[dict[str, Any], ...]:
+    """The raw data of the built-ins; callers get copies (``builtin_pattern_data``)."""
+    return tuple(raw for name, text in texts for raw in parse_pattern_text(text, name))
+
+
+@functools.lru_cache(maxsize=4)
+def _builtin_specs(texts: tuple[tuple[str, str], ...]) -> tuple[PatternSpec, ...]:
+    """The built-ins validated once per process (per content of their files). Shared by
+    every call and thread, so nothing may change them: no code assigns to a spec, and
+    the one thing a spec builds lazily, its variants, is built here, before sharing."""
+    specs = tuple(_validated(raw) for raw in _parsed_builtins(texts))
+    for spec in specs:
+        for variant in spec.variants():
+            variant.variants()
+    return specs
+
+
 def builtin_pattern_data() -> list[dict[str, Any]]:
-    """The raw data of the patterns shipped in ``fusion_core/patterns/builtin``."""
-    folder = resources.files("autofusion.fusion_core.patterns") / "builtin"
-    raws: list[dict[str, Any]] = []
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith((".yaml", ".yml", ".json")):
-            raws.extend(parse_pattern_text(entry.read_text(encoding="utf-8"), entry.name))
-    return raws
+    """The raw data of the patterns shipped in ``fusion_core/patterns/builtin`` (a copy
+    the caller may change)."""
+    return copy.deepcopy(list(_parsed_builtins(_builtin_texts())))
 
 
 def builtin_patterns(registry: RewriterRegistry | None = None) -> list[CompiledPattern]:
-    return compile_all(builtin_pattern_data(), registry)
+    """The built-ins compiled against ``registry``: their specs are parsed and validated
+    once (``_builtin_specs``); binding the rewriters is redone on every call, since each
+    optimize call has a registry of its own. User patterns (the registry's database,
+    ``OptimizeConfig.extra_patterns``) are compiled by their callers, fresh."""
+    from autofusion.fusion_core.rewriters import builtin_rewriters
+
+    registry = registry or builtin_rewriters()
+    return compile_all(_builtin_specs(_builtin_texts()), registry)
 
 
 def pattern_to_json(pattern: CompiledPattern) -> str:

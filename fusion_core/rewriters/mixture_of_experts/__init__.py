@@ -30,7 +30,9 @@ says so.
 
 PhiMoE's sparsemixer (``router: sparse_mixer``) is explained, not fused
 (``_sparse_mixer.py``): the CPU kernel accepts ``use_sparse_mixer=1`` but routes as
-without it.
+without it. DeepSeek-V3's sigmoid router (``router: sigmoid``, ``_sigmoid.py``) fuses
+where its choice is the top k of its logits (no selection bias, no group dropped): the
+kernel is fed ``log(sigmoid(logits))`` with the experts in reverse order.
 """
 
 from __future__ import annotations
@@ -41,10 +43,25 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
-from autofusion.fusion_core.rewriters._base import Params, Rewrite, RewriteContext, Rewriter
-from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block, find_blocks
-from autofusion.fusion_core.rewriters.mixture_of_experts._experts import Experts, moe_attributes
-from autofusion.fusion_core.rewriters.mixture_of_experts._proof import prove
+from autofusion.fusion_core.rewriters._base import (
+    Params,
+    Rewrite,
+    RewriteContext,
+    Rewriter,
+    opset_refusal,
+)
+from autofusion.fusion_core.rewriters.mixture_of_experts._block import (
+    Block,
+    find_blocks,
+    router_input,
+)
+from autofusion.fusion_core.rewriters.mixture_of_experts._experts import Experts
+from autofusion.fusion_core.rewriters.mixture_of_experts._proof import SOFTMAX, Routing, prove
+from autofusion.fusion_core.rewriters.mixture_of_experts._sigmoid import (
+    between,
+    choice_reason,
+    sigmoid_routing,
+)
 from autofusion.fusion_core.rewriters.mixture_of_experts._sparse_mixer import sparse_mixer_reason
 from autofusion.fusion_core.targets import MS_DOMAIN
 
@@ -55,9 +72,12 @@ class MixtureOfExpertsParams(Params):
     softmax_node: str = "softmax"
     topk_node: str | None = "topk"
     # sparse_mixer: PhiMoE's router (an ArgMax picks each expert, no TopK), which the
-    # CPU kernel does not reproduce: the rewrite says why instead
-    router: Literal["top_k", "sparse_mixer"] = "top_k"
+    # CPU kernel does not reproduce: the rewrite says why instead; sigmoid: DeepSeek-V3's
+    # (``_sigmoid.py``), the Sigmoid in softmax_node's place, pick_node the GatherElements
+    # of its scores by the TopK's choice
+    router: Literal["top_k", "sparse_mixer", "sigmoid"] = "top_k"
     argmax_node: str | None = None
+    pick_node: str | None = None
 
 
 def _top_k(topk: ir.Node) -> int | str:
@@ -93,6 +113,8 @@ class MixtureOfExperts(Rewriter):
             argmax = match.node(params.argmax_node or "argmax")
             return sparse_mixer_reason(argmax, match.node(params.softmax_node))
         softmax, topk = match.node(params.softmax_node), match.node(params.topk_node)
+        if params.router == "sigmoid":
+            return self._sigmoid(match, params, ctx)
         topk_first = softmax.inputs[0] is topk.outputs[0]
         logits = topk.inputs[0] if topk_first else softmax.inputs[0]
         if not (_last_axis(softmax, softmax.inputs[0]) and _last_axis(topk, topk.inputs[0])):
@@ -100,48 +122,83 @@ class MixtureOfExperts(Rewriter):
         k = _top_k(topk)
         if isinstance(k, str):
             return k
+        return self._fuse(ctx, match, (topk, logits, k), list(match.nodes.values()), SOFTMAX)
+
+    def _sigmoid(
+        self, match: Match, params: MixtureOfExpertsParams, ctx: RewriteContext
+    ) -> Rewrite | str:
+        """A DeepSeek-V3 router: fused only where its choice is the top k of its logits
+        (``_sigmoid.py``), with every step between the Sigmoid and the TopK."""
+        sigmoid, topk = match.node(params.softmax_node), match.node(params.topk_node)
+        pick_axis = match.node(params.pick_node or "pick").attributes.get("axis")
+        over_experts = pick_axis is not None and pick_axis.value in (1, -1)  # default: 0
+        if not (_last_axis(topk, topk.inputs[0]) and over_experts):
+            return "the router's TopK or GatherElements is not over the experts' (last) axis"
+        k = _top_k(topk)
+        if isinstance(k, str):
+            return k
+        logits = sigmoid.inputs[0]
+        if logits.shape is None or len(logits.shape) != 2:
+            return f"the router's logits {logits.name!r} are not [tokens, experts]"
+        found = router_input(logits)  # before running anything: is this a router at all
+        if isinstance(found, str):
+            return found
+        nodes = between(sigmoid, topk)
+        reason = choice_reason(sigmoid, topk, k, nodes, dict(ctx.model.opset_imports))
+        if reason is not None:
+            return reason
+        if ctx.opset < 13:  # the not-renormalized case sums the scores, axes an input
+            return opset_refusal("the sigmoid router's ReduceSum", 13, ctx)
+        matched = list(match.nodes.values())
+        return self._fuse(ctx, match, (topk, logits, k), [*matched, *nodes], None)
+
+    def _fuse(
+        self,
+        ctx: RewriteContext,
+        match: Match,
+        router: tuple[ir.Node, ir.Value, int],
+        nodes: list[ir.Node],
+        routing: Routing | None,
+    ) -> Rewrite | str:
+        """The first block the router's ``nodes`` feed that the experts prove, as one MoE
+        routed as ``routing`` says (None: a sigmoid router's, per block)."""
+        topk, logits, k = router
         if logits.shape is None or len(logits.shape) != 2:
             return f"the router's logits {logits.name!r} are not [tokens, experts]"
         reason = "no mixture-of-experts block after the router"
-        for block in find_blocks(ctx.graph, list(match.nodes.values()), logits):
+        for block in find_blocks(ctx.graph, nodes, logits):
             if isinstance(block, str):
                 reason = block
                 continue
             if block.hidden.dtype != ir.DataType.FLOAT:
                 return "onnxruntime's CPU MoE kernel is used for float32 blocks only"
-            experts = prove(block, k, dict(ctx.model.opset_imports))
-            if not isinstance(experts, str):
-                return self._emit(ctx, topk, logits, block, experts)
-            reason = experts
+            routes = routing or sigmoid_routing(block)
+            experts = prove(block, k, dict(ctx.model.opset_imports), routes)
+            if isinstance(experts, str):
+                reason = experts
+                continue
+            extra = [n for n in nodes if all(n is not m for m in match.nodes.values())]
+            return self._emit(ctx, topk, logits, block, experts, routes, extra)
         return reason
 
     def _emit(
-        self, ctx: RewriteContext, topk: ir.Node, logits: ir.Value, block: Block, experts: Experts
+        self,
+        ctx: RewriteContext,
+        topk: ir.Node,
+        logits: ir.Value,
+        block: Block,
+        experts: Experts,
+        routing: Routing,
+        extra: list[ir.Node],
     ) -> Rewrite:
+        """The emitted nodes in the block's place; ``extra``: the router's nodes beyond
+        the match (a sigmoid router's bias and groups), which go with it."""
         ctx.use_domain(MS_DOMAIN)
         prefix = topk.name or "moe"
-        constants = [
-            None if array is None else ctx.initializer(f"{prefix}_{name}", array)
-            for name, array in (
-                ("fc1", experts.fc1),
-                ("fc1_bias", experts.fc1_bias),
-                ("fc2", experts.fc2),
-                ("fc2_bias", experts.fc2_bias),
-            )
-        ]
-        node = ir.Node(MS_DOMAIN, "MoE", [block.hidden, logits, *constants], _attributes(experts))
-        out = node.outputs[0]
+
+        def constant(hint, array):
+            return ctx.initializer(f"{prefix}_{hint}", array)
+
+        nodes, out = routing.emit(block.hidden, logits, experts, constant)
         out.dtype, out.shape = block.output.dtype, block.output.shape
-        return Rewrite([node], [(block.output, out)], absorbed=block.absorbed)
-
-
-def _attributes(experts: Experts) -> list[ir.Attr]:
-    found = []
-    for name, value in moe_attributes(experts).items():
-        if isinstance(value, str):
-            found.append(ir.AttrString(name, value))
-        elif isinstance(value, float):
-            found.append(ir.AttrFloat32(name, value))
-        else:
-            found.append(ir.AttrInt64(name, value))
-    return found
+        return Rewrite(nodes, [(block.output, out)], absorbed=[*block.absorbed, *extra])

@@ -32,7 +32,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
 
-__all__ = ["Block", "StackedWeight", "find_blocks"]
+__all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 
 # Nodes scanned after the router before giving up on finding the block's output, and
 # the most nodes a block may have (Qwen3-MoE's batched experts: about 90 per layer).
@@ -161,7 +161,7 @@ def _dominators(
             return
 
 
-def _upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
+def upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
     """The nodes ``output`` is computed from, back to ``stops`` and constants. A Shape
     (or Size) reads no data: the walk does not go past it (what it reads is sized, not
     computed, when the block runs on its own: ``_proof.py``)."""
@@ -285,7 +285,7 @@ def _block(
     downstream: list[ir.Node],
 ) -> Block | str:
     hidden, root, logits, experts = reads
-    nodes = _upstream(output, {id(root), id(logits)})
+    nodes = upstream(output, {id(root), id(logits)})
     if isinstance(nodes, str):
         return nodes
     order = {id(n): i for i, n in enumerate(graph)}

@@ -20,15 +20,32 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block, StackedWeight
+from autofusion.fusion_core.targets import MS_DOMAIN
 
-__all__ = ["Activation", "Experts", "Layout", "activations", "as_moe", "layouts", "moe_attributes"]
+__all__ = [
+    "Activation",
+    "Constant",
+    "Experts",
+    "Layout",
+    "activations",
+    "as_moe",
+    "layouts",
+    "moe_attributes",
+    "moe_node",
+    "scaled",
+]
+
+# Makes the constant input ``hint`` holding an array: an initializer in the rewritten
+# graph, a fed graph input in the proof's model (so that no weight is copied).
+Constant = Callable[[str, np.ndarray], ir.Value]
 
 _MOST = 4  # candidates kept per constant (alpha, beta, limit): at most 5 x 5 x 5 activations
 
@@ -99,6 +116,34 @@ def moe_attributes(experts: Experts) -> dict[str, int | float | str]:
         "activation_beta": act.beta,
         "swiglu_limit": act.limit,
     }
+
+
+def moe_node(hidden: ir.Value, router: ir.Value, experts: Experts, constant: Constant) -> ir.Node:
+    """The ``com.microsoft.MoE`` of the experts over ``hidden``, routed by the softmax of
+    ``router`` (the kernel applies the softmax and the top-k itself)."""
+    inputs = [
+        None if array is None else constant(name, array)
+        for name, array in (
+            ("fc1", experts.fc1),
+            ("fc1_bias", experts.fc1_bias),
+            ("fc2", experts.fc2),
+            ("fc2_bias", experts.fc2_bias),
+        )
+    ]
+    return ir.node("MoE", [hidden, router, *inputs], moe_attributes(experts), domain=MS_DOMAIN)
+
+
+def scaled(experts: Experts, scale: float) -> Experts:
+    """The experts with every output times ``scale`` (a routing weight's constant factor,
+    DeepSeek-V3's ``routed_scaling_factor``): sum_j w_j c (W2 a + b2) = c sum_j w_j (W2 a + b2)."""
+    if scale == 1.0:
+        return experts
+    bias = experts.fc2_bias
+    return replace(
+        experts,
+        fc2=(experts.fc2 * np.float32(scale)).astype(np.float32),
+        fc2_bias=None if bias is None else (bias * np.float32(scale)).astype(np.float32),
+    )
 
 
 def _out_in(weight: StackedWeight) -> np.ndarray:

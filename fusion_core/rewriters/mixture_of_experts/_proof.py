@@ -12,15 +12,20 @@ weights read from the stacked constants. Which weight is which, how a fused gate
 weight is split, the activation's constants and whether the weights are renormalized
 are hypotheses; each is tried against the block itself, run by onnxruntime on random
 tokens and logits (with the model's own weights, so only the experts the tokens choose
-are touched). Where the block reads a clamp limit, the tokens are also run scaled so
-that the clamp bites (random weights rarely reach it). The hypothesis that reproduces
+are touched). A sigmoid router (``_sigmoid.py``) is proven the same way with its own
+``Routing``: the top k of the logits weighted by their sigmoid, and a constant factor.
+Where the block reads a clamp limit, the tokens are also run scaled so that the clamp
+bites (random weights rarely reach it). The hypothesis that reproduces
 the block (rtol 1e-4, atol 1e-5 of the output's scale) on every run is kept, then
-checked once more against ``com.microsoft.MoE`` itself, the kernel the rewrite emits.
+checked once more against what the rewrite emits (``com.microsoft.MoE``, and for a
+sigmoid router the steps around it), run on the same inputs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -30,15 +35,18 @@ from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block
 from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
     Activation,
+    Constant,
     Experts,
     Layout,
     activations,
     as_moe,
     layouts,
-    moe_attributes,
+    moe_node,
+    scaled,
 )
+from autofusion.fusion_core.targets import MS_DOMAIN
 
-__all__ = ["prove"]
+__all__ = ["SOFTMAX", "Routing", "external", "options", "prove", "sized", "subgraph_model"]
 
 RTOL, ATOL = 1e-4, 1e-5
 _TOKENS = (2, 3)  # the random inputs: 2 sequences of 3 tokens (or 6 tokens)
@@ -47,13 +55,39 @@ _PROOF_ELEMENTS = 400_000_000
 _CLAMP_REACH = 3.0  # the scaled tokens' largest pre-activation, in clamp limits
 
 
-def _routing(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _softmax_top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The chosen experts [tokens, k] and their softmax probabilities (float64)."""
     scores = logits.astype(np.float64)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     chosen = np.argsort(-p, axis=-1, kind="stable")[:, :k]
     return chosen, np.take_along_axis(p, chosen, -1)
+
+
+Emit = Callable[[ir.Value, ir.Value, Experts, Constant], tuple[list[ir.Node], ir.Value]]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a router picks and weights the experts, as the proof computes it: ``choose``
+    gives the chosen experts [tokens, k] and their weights before any renormalization
+    (float64) for the logits; ``scales`` are the constant factors the weights may carry
+    (folded into the experts' down projection); ``emit`` builds what the rewrite puts in
+    the block's place, (nodes, output), from the hidden states, the logits and the
+    experts, so that the proof runs exactly what is emitted."""
+
+    choose: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+    emit: Emit
+    scales: tuple[float, ...] = (1.0,)
+
+
+def _emit_softmax(hidden, logits, experts, constant):
+    node = moe_node(hidden, logits, experts, constant)
+    return [node], node.outputs[0]
+
+
+# Softmax routers (Mixtral, Qwen3-MoE...): the kernel reads the logits as they are.
+SOFTMAX = Routing(_softmax_top_k, _emit_softmax)
 
 
 def _per_choice(weights: np.ndarray, bias, vectors: np.ndarray, chosen: np.ndarray):
@@ -91,9 +125,9 @@ def _close(expected: np.ndarray, got: np.ndarray) -> bool:
     return bool(np.allclose(got, expected, rtol=RTOL, atol=ATOL * scale))
 
 
-def _matching(candidates, acts, probes, logits, k) -> Experts | None:
+def _matching(candidates, acts, probes, logits, k, routing: Routing) -> Experts | None:
     """The first hypothesis that reproduces the block on every probe (x, output)."""
-    chosen, top = _routing(logits, k)
+    chosen, top = routing.choose(logits, k)
     renormalized = top / top.sum(-1, keepdims=True)
     for layout in candidates:
         if layout.gate.shape[1:] != (layout.down.shape[2], probes[0][0].shape[1]):
@@ -101,11 +135,13 @@ def _matching(candidates, acts, probes, logits, k) -> Experts | None:
         pres = [_pre_activations(layout, x, chosen) for x, _ in probes]
         for activation in acts:
             for normalize, weights in ((True, renormalized), (False, top)):
-                if all(
-                    _close(_combined(layout, activation, pre, chosen, weights), got)
-                    for pre, (_, got) in zip(pres, probes, strict=True)
-                ):
-                    return as_moe(layout, activation, k, normalize)
+                outputs = [_combined(layout, activation, pre, chosen, weights) for pre in pres]
+                for scale in routing.scales:
+                    if all(
+                        _close(scale * out, got)
+                        for out, (_, got) in zip(outputs, probes, strict=True)
+                    ):
+                        return scaled(as_moe(layout, activation, k, normalize), scale)
     return None
 
 
@@ -124,8 +160,11 @@ def _clamp_scale(candidates: list[Layout], acts: list[Activation], x: np.ndarray
     return _CLAMP_REACH * max(limits) / reach if reach > 0 else 0.0
 
 
-def prove(block: Block, k: int, opsets: dict[str, int]) -> Experts | str:
-    """The experts the block computes with, or why it is not a mixture of experts."""
+def prove(
+    block: Block, k: int, opsets: dict[str, int], routing: Routing = SOFTMAX
+) -> Experts | str:
+    """The experts the block computes with, routed as ``routing`` says, or why it is not
+    a mixture of experts."""
     import onnxruntime as ort  # only a block that looks like experts pays for it
 
     candidates = layouts(block)
@@ -143,21 +182,22 @@ def prove(block: Block, k: int, opsets: dict[str, int]) -> Experts | str:
     probes = _run_block(ort, block, opsets, feeds, x, scales)
     if isinstance(probes, str):
         return probes
-    experts = _matching(candidates, acts, probes, logits, k)
+    experts = _matching(candidates, acts, probes, logits, k, routing)
     if experts is None:
         return (
-            "the block does not compute softmax, top-k and SwiGLU experts (silu(gate) * up, "
-            "or gpt-oss's clamped form, then down) with its stacked weights"
+            f"the block does not compute {'softmax' if routing is SOFTMAX else 'sigmoid'}, "
+            "top-k and SwiGLU experts (silu(gate) * up, or gpt-oss's clamped form, then "
+            "down) with its stacked weights"
         )
-    return _kernel_agrees(ort, experts, probes, logits)
+    return _kernel_agrees(ort, experts, probes, logits, routing)
 
 
 def _run_block(ort, block: Block, opsets, feeds, x, scales):
     """[(tokens, block output)] for the tokens at each scale, or why it cannot run."""
     try:
         session = ort.InferenceSession(
-            _block_model(block, opsets).SerializeToString(),
-            _options(ort),
+            subgraph_model(block.nodes, [block.output], opsets).SerializeToString(),
+            options(ort),
             providers=["CPUExecutionProvider"],
         )
         probes = []
@@ -172,52 +212,43 @@ def _run_block(ort, block: Block, opsets, feeds, x, scales):
     return probes
 
 
-def _constants(experts: Experts) -> dict[str, np.ndarray]:
-    """The MoE's constant inputs by name, the biases only where there are some."""
-    found = {
-        "fc1": experts.fc1,
-        "fc1_bias": experts.fc1_bias,
-        "fc2": experts.fc2,
-        "fc2_bias": experts.fc2_bias,
-    }
-    return {n: v for n, v in found.items() if v is not None}
+def _kernel_model(routing: Routing, experts: Experts, x, logits):
+    """What the rewrite emits, alone: graph inputs x, logits and the experts' constants
+    (fed, not copied into the model); and those constants by name."""
+    fed: dict[str, np.ndarray] = {}
+    hidden = ir.val("x", ir.DataType.FLOAT, ["tokens", x.shape[1]])
+    scores = ir.val("logits", ir.DataType.FLOAT, ["tokens", logits.shape[1]])
 
+    def constant(hint: str, array: np.ndarray) -> ir.Value:
+        fed[hint] = array
+        return ir.val(hint, ir.DataType.from_numpy(array.dtype), list(array.shape))
 
-def _moe_model(experts: Experts) -> onnx.ModelProto:
-    """One com.microsoft.MoE over graph inputs x, logits and the experts' constants."""
-    present = ["x", "logits", *_constants(experts)]
-    order = ["x", "logits", "fc1", "fc1_bias", "fc2", "fc2_bias"]
-    node = onnx.helper.make_node(
-        "MoE",
-        [n if n in present else "" for n in order],
-        ["y"],
-        domain="com.microsoft",
-        **moe_attributes(experts),
+    nodes, output = routing.emit(hidden, scores, experts, constant)
+    output.name = "y"
+    inputs = [hidden, scores, *_fed_inputs(nodes, fed)]
+    graph = ir.Graph(
+        inputs, [output], nodes=nodes, opset_imports={"": 17, MS_DOMAIN: 1}, name="moe"
     )
-    f = onnx.TensorProto.FLOAT
-    graph = onnx.helper.make_graph(
-        [node],
-        "moe",
-        [onnx.helper.make_tensor_value_info(n, f, None) for n in present],
-        [onnx.helper.make_tensor_value_info("y", f, None)],
-    )
-    return onnx.helper.make_model(
-        graph,
-        opset_imports=[
-            onnx.helper.make_opsetid("", 17),
-            onnx.helper.make_opsetid("com.microsoft", 1),
-        ],
-    )
+    return ir.serde.serialize_model(ir.Model(graph, ir_version=8)), fed
 
 
-def _kernel_agrees(ort, experts: Experts, probes, logits) -> Experts | str:
-    """The MoE kernel on the same inputs gives what the block gave."""
-    constants = _constants(experts)
+def _fed_inputs(nodes: list[ir.Node], fed: dict[str, np.ndarray]) -> list[ir.Value]:
+    """The values the nodes read that ``constant`` made (graph inputs of the model)."""
+    found: dict[str, ir.Value] = {}
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and value.name in fed and value.producer() is None:
+                found.setdefault(value.name, value)
+    return list(found.values())
+
+
+def _kernel_agrees(ort, experts: Experts, probes, logits, routing: Routing) -> Experts | str:
+    """What the rewrite emits (com.microsoft.MoE, and the router's steps around it) gives
+    on the same inputs what the block gave."""
+    model, constants = _kernel_model(routing, experts, probes[0][0], logits)
     try:
         session = ort.InferenceSession(
-            _moe_model(experts).SerializeToString(),
-            _options(ort),
-            providers=["CPUExecutionProvider"],
+            model.SerializeToString(), options(ort), providers=["CPUExecutionProvider"]
         )
         runs = [
             (expected, session.run(None, {"x": x, "logits": logits, **constants})[0])
@@ -230,7 +261,7 @@ def _kernel_agrees(ort, experts: Experts, probes, logits) -> Experts | str:
     return experts
 
 
-def _options(ort):
+def options(ort):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
@@ -256,22 +287,22 @@ def _random_inputs(block: Block):
     root = rng.standard_normal((*dims, width)).astype(np.float32)
     logits = rng.standard_normal((tokens, block.experts)).astype(np.float32)
     feeds = {block.root.name: root, block.logits.name: logits}
-    for value in _external(block):
+    for value in external(block.nodes):
         if value.name in feeds:
             continue
         array = constant_array(value)
         if array is None:
-            array = _sized(value, block, sizes)
+            array = sized(value, block.nodes, sizes)
         if isinstance(array, str):
             return array, None, None
         feeds[value.name] = array
     return feeds, root.reshape(tokens, width), logits
 
 
-def _sized(value: ir.Value, block: Block, sizes: dict[str, int]) -> np.ndarray | str:
-    """Zeros shaped like ``value``, which the block reads only the shape of (a graph
-    input's batch and sequence, named like the hidden states' dims)."""
-    readers = [u.node for u in value.uses() if any(u.node is n for n in block.nodes)]
+def sized(value: ir.Value, nodes: list[ir.Node], sizes: dict[str, int]) -> np.ndarray | str:
+    """Zeros shaped like ``value``, which ``nodes`` read only the shape of (a graph
+    input's batch and sequence, named like the hidden states' dims: ``sizes``)."""
+    readers = [u.node for u in value.uses() if any(u.node is n for n in nodes)]
     if not readers or any(n.op_type not in ("Shape", "Size") for n in readers):
         return f"the block reads {value.name!r}, which is not a constant"
     if value.shape is None or value.dtype is None:
@@ -284,28 +315,36 @@ def _sized(value: ir.Value, block: Block, sizes: dict[str, int]) -> np.ndarray |
     return np.zeros(dims, value.dtype.numpy())
 
 
-def _external(block: Block) -> list[ir.Value]:
-    """The values the block's nodes read that none of them computes."""
-    made = {id(v) for n in block.nodes for v in n.outputs}
+def external(nodes: list[ir.Node]) -> list[ir.Value]:
+    """The values ``nodes`` read that none of them computes."""
+    made = {id(v) for n in nodes for v in n.outputs}
     seen: dict[int, ir.Value] = {}
-    for node in block.nodes:
+    for node in nodes:
         for value in node.inputs:
             if value is not None and id(value) not in made:
                 seen.setdefault(id(value), value)
     return list(seen.values())
 
 
-def _block_model(block: Block, opsets: dict[str, int]) -> onnx.ModelProto:
-    """The block alone, its constants as inputs (so no weight is copied into it)."""
+def subgraph_model(
+    nodes: list[ir.Node], outputs: list[ir.Value], opsets: dict[str, int]
+) -> onnx.ModelProto:
+    """``nodes`` alone (in graph order), what they read as inputs, constants too (so no
+    weight is copied into the model: the caller feeds them)."""
     inputs = [
         onnx.helper.make_tensor_value_info(
             v.name, int(v.dtype) if v.dtype is not None else onnx.TensorProto.FLOAT, None
         )
-        for v in _external(block)
+        for v in external(nodes)
     ]
-    output = onnx.helper.make_tensor_value_info(block.output.name, onnx.TensorProto.FLOAT, None)
+    results = [
+        onnx.helper.make_tensor_value_info(
+            v.name, int(v.dtype) if v.dtype is not None else onnx.TensorProto.FLOAT, None
+        )
+        for v in outputs
+    ]
     graph = onnx.helper.make_graph(
-        [ir.serde.serialize_node(n) for n in block.nodes], "moe_block", inputs, [output]
+        [ir.serde.serialize_node(n) for n in nodes], "subgraph", inputs, results
     )
     imports = [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
     return onnx.helper.make_model(graph, opset_imports=imports, ir_version=8)
