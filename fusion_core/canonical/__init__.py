@@ -11,6 +11,11 @@ running them before every round (a fusion may expose a spelling) changes nothing
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``norm_spelling`` (``_norm_spelling.py``, read by ``_norm_reads.py``): an RMS norm
+  or LayerNorm in any spelling of its square, means, epsilon (none is 0), inverse root
+  (``Div``, ``Reciprocal``, ``Div(1, .)``, ``Pow(u, -0.5)``) and centering
+  (``Add(x, Neg(m))``) is written ``Mul(d, Reciprocal(Sqrt(ReduceMean(Pow(d, 2)) +
+  eps)))``, ``d = Sub(x, ReduceMean(x))``: one pattern per norm;
 * ``heads_in_batch`` (``_heads_in_batch.py``): a batched MatMul or Softmax between a
   fold of the heads into the batch (``[B * N, S, H]``, bmm: XGLM, BART-era exports) and
   the unfold after it is computed over ``[B, N, S, H]``;
@@ -56,6 +61,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   of each head after the head Transpose (Gemma-3, Persimmon) moves before it, where
   Qwen3 has it, and a fused rotary embedding of transposed heads rotates the 3-D
   projection instead;
+* ``transpose_before_rotary`` (``_rotary_heads.py``): a rotary embedding written out
+  on ``[B, S, N, H]`` heads before their head Transpose (Gemma-4) rotates the
+  transposed heads, as Llama's does;
 * ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
   (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
   merge/split Reshape pair.
@@ -91,6 +99,7 @@ from autofusion.fusion_core.canonical._identity import (
 )
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
+from autofusion.fusion_core.canonical._norm_spelling import norm_spellings, undo_norm_spellings
 from autofusion.fusion_core.canonical._packed import packed_heads
 from autofusion.fusion_core.canonical._per_head_norms import per_head_norms
 from autofusion.fusion_core.canonical._picks import (
@@ -100,6 +109,7 @@ from autofusion.fusion_core.canonical._picks import (
 )
 from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_gathers
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
+from autofusion.fusion_core.canonical._rotary_heads import transposes_before_rotaries
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
 from autofusion.fusion_core.canonical._scales import (
     scales_to_scores,
@@ -140,6 +150,7 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "norm_spelling": norm_spellings,
     "heads_in_batch": heads_unfolded,
     "whole_scatter": whole_scatters,
     "causal_fill": causal_fills,
@@ -169,11 +180,13 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "heads_by_slice": heads_by_slice,
     "per_head_norm": per_head_norms,
     "transpose_after_norm": transpose_after_norms,
+    "transpose_before_rotary": transposes_before_rotaries,
     "transpose_after_rotary": transpose_after_rotaries,
     "head_split": split_heads_last,
 }
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
+    "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
     "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
@@ -203,6 +216,7 @@ _WORDS = {
     "heads_by_slice": "slices of heads made head splits of their own",
     "per_head_norm": "a LayerNorm of each head with its own weights made one LayerNorm of all",
     "transpose_after_norm": "head Transposes moved after the norm of each head",
+    "transpose_before_rotary": "head Transposes after a written-out rotary moved before it",
     "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
     "head_split": "head splits moved after their per-head ops",
 }
@@ -283,6 +297,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "mask_as_bias": undo_fills(graph, MARK),
             "kt_of_heads": undo_kt_splits(graph, MARK),
             "one_kv_head": undo_one_head_splits(graph, MARK),
+            "norm_spelling": undo_norm_spellings(graph, MARK),
         }
     )
 

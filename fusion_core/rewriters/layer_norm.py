@@ -3,9 +3,13 @@
 
     mean = ReduceMean(x, axes=[-1], keepdims=1)
     d    = x - mean
-    var  = ReduceMean(Pow(d, 2))  or  ReduceMean(d * d)
-    y    = d / Sqrt(var + eps)    or  d * Reciprocal(Sqrt(var + eps))
+    var  = ReduceMean(Pow(d, 2))
+    y    = d * Reciprocal(Sqrt(var + eps))
          = LayerNormalization(x, Scale=1, axis=-1, epsilon=eps)
+
+The canonical rule ``norm_spelling`` writes the other spellings (``d * d``,
+``d / Sqrt(.)``, ``Pow(., -0.5)``, ``x + Neg(mean)``, ``ReduceSum / N``, no epsilon) in
+this one before the pattern reads it.
 
 LayerNormalization is standard ONNX from opset 17. onnxruntime also registers its own
 LayerNormalization in the ONNX domain from version 1, so on the ``onnxruntime`` target a

@@ -2,9 +2,13 @@
 (https://onnx.ai/onnx/operators/onnx__RMSNormalization.html)::
 
     r = Sqrt(ReduceMean(Pow(x, 2), axes=[-1]) + eps)
-    y = x / r * gamma  or  x * Reciprocal(r) * gamma  or  x * (1 / r) * gamma
+    y = x * Reciprocal(r) * gamma
       = RMSNormalization(x, gamma, axis=-1, epsilon=eps)                 (opset >= 23)
       = SimplifiedLayerNormalization(x, gamma, axis=-1, epsilon=eps)     (onnxruntime)
+
+The canonical rule ``norm_spelling`` writes the other spellings (``x / r``,
+``x * (1 / r)``, ``x * Pow(v + eps, -0.5)``, ``Mul(x, x)``, ``ReduceSum / N``, no
+epsilon: ``eps = 0``) in this one before the patterns read it.
 
 SimplifiedLayerNormalization is onnxruntime's own op, registered in the ONNX domain (not
 ``com.microsoft``); ``onnx.checker`` rejects it at every opset. Without ``gamma``

@@ -167,12 +167,10 @@ LAYER_NORM_VARIANTS = {
     "opset18-axes-input": (dict(opset=18), "layer_norm"),
     "axes-rank-minus-1": (dict(opset=18, axes=(2,)), "layer_norm"),
     "axes-attribute-rank-minus-1": (dict(opset=17, axes=(2,)), "layer_norm"),
-    "self-mul": (dict(square="mul"), "layer_norm_self_mul"),
-    "reciprocal": (dict(divide="recip"), "layer_norm_recip"),
-    "self-mul-reciprocal": (
-        dict(opset=17, square="mul", divide="recip"),
-        "layer_norm_self_mul_recip",
-    ),
+    # One pattern: the canonical rule norm_spelling writes each spelling as it reads it.
+    "self-mul": (dict(square="mul"), "layer_norm"),
+    "reciprocal": (dict(divide="recip"), "layer_norm"),
+    "self-mul-reciprocal": (dict(opset=17, square="mul", divide="recip"), "layer_norm"),
     "no-bias": (dict(bias=False), "layer_norm"),
     "bias-only": (dict(scale=False), "layer_norm"),
     "no-scale-no-bias": (dict(scale=False, bias=False), "layer_norm"),
@@ -250,10 +248,10 @@ def test_provenance_of_the_folded_layer_norm_names_every_original_node():
 # ---------------------------------------------------------------------------------------
 # rms_norm
 
-RMS_DIVISIONS = {
+RMS_DIVISIONS = {  # one pattern for all: the canonical rule norm_spelling unifies them
     "div": (["[div1] n = Div (x, s)"], ""),
-    "reciprocal": (["[rec1] r = Reciprocal (s)", "[div1] n = Mul (x, r)"], "_recip"),
-    "div-one": (["[rec1] r = Div (one, s)", "[div1] n = Mul (r, x)"], "_div_one"),
+    "reciprocal": (["[rec1] r = Reciprocal (s)", "[div1] n = Mul (x, r)"], ""),
+    "div-one": (["[rec1] r = Div (one, s)", "[div1] n = Mul (r, x)"], ""),
 }
 
 
