@@ -40,7 +40,8 @@ test: lint
 # variants and the torch exports (bench/corpus/build.py, cached in
 # ~/.cache/autofusion-corpus or $AUTOFUSION_CORPUS_DIR), each optimized for both
 # targets through the CLI; then the ONNX backend test models, no traceback allowed;
-# then the generated attention (decoder, encoder, sliding window) and mixture-of-experts spellings with a larger
+# then the generated attention (decoder, encoder, sliding window), mixture-of-experts (softmax,
+# gpt-oss's, sigmoid routers) and norm spellings with a larger
 # example budget (200, not 25), and the pipeline fuzz of random graphs (200, not 20).
 # Installs the `corpus` extra first.
 CORPUS_STAMP := $(VENV)/.corpus-installed
@@ -56,7 +57,10 @@ test-corpus: $(CORPUS_STAMP)
 		tests/fusion_core/canonical/test_attention_spellings.py \
 		tests/fusion_core/canonical/test_encoder_attention_spellings.py \
 		tests/fusion_core/rewriters/test_group_query_attention_window.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts.py
+		tests/fusion_core/rewriters/test_mixture_of_experts.py \
+		tests/fusion_core/rewriters/test_mixture_of_experts_gpt_oss.py \
+		tests/fusion_core/rewriters/test_mixture_of_experts_sigmoid.py \
+		tests/fusion_core/canonical/test_norm_spellings.py
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
