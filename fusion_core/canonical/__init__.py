@@ -11,6 +11,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``rotary_halves`` (``_rotary_halves.py``): gpt-oss's rotary embedding of two halves,
+  ``Concat(x1 * c - x2 * s, x2 * c + x1 * s)``, in the rotate-half spelling;
+* ``softmax_shift`` (``_softmax_shift.py``): ``Softmax(x - ReduceMax(x))`` (gpt-oss's
+  attention sinks) is ``Softmax(x)``;
 * ``norm_spelling`` (``_norm_spelling.py``, read by ``_norm_reads.py``): an RMS norm
   or LayerNorm in any spelling of its square, means, epsilon (none is 0), inverse root
   (``Div``, ``Reciprocal``, ``Div(1, .)``, ``Pow(u, -0.5)``) and centering
@@ -109,6 +113,7 @@ from autofusion.fusion_core.canonical._picks import (
 )
 from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_gathers
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
+from autofusion.fusion_core.canonical._rotary_halves import rotary_halves, undo_rotary_halves
 from autofusion.fusion_core.canonical._rotary_heads import transposes_before_rotaries
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
 from autofusion.fusion_core.canonical._scales import (
@@ -125,6 +130,7 @@ from autofusion.fusion_core.canonical._sequence_first import (
 )
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
+from autofusion.fusion_core.canonical._softmax_shift import softmax_shifts_dropped
 from autofusion.fusion_core.canonical._transposes import (
     transpose_after_norms,
     transpose_after_rotaries,
@@ -150,6 +156,8 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "rotary_halves": rotary_halves,  # before slice_before_transpose reads the halves
+    "softmax_shift": softmax_shifts_dropped,
     "norm_spelling": norm_spellings,
     "heads_in_batch": heads_unfolded,
     "whole_scatter": whole_scatters,
@@ -187,6 +195,8 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
+    "rotary_halves": "rotary embeddings of two halves written with rotate_half",
+    "softmax_shift": "Softmaxes of x - ReduceMax(x) made Softmax(x)",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
     "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
@@ -298,6 +308,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "kt_of_heads": undo_kt_splits(graph, MARK),
             "one_kv_head": undo_one_head_splits(graph, MARK),
             "norm_spelling": undo_norm_spellings(graph, MARK),
+            "rotary_halves": undo_rotary_halves(graph, MARK),
         }
     )
 

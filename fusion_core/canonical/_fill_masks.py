@@ -41,6 +41,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import INTEGER_TYPES, drop_unread, replace
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, known_dims, scalar
+from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -374,7 +375,8 @@ def _feeds_softmax(value: ir.Value) -> bool:
             reader = use.node
             if reader.op_type == "Softmax":
                 return True
-            if depth < _WALK and reader.op_type in _TO_SOFTMAX and id(reader) not in seen:
+            passes = reader.op_type in _TO_SOFTMAX or appends_sink_column(reader, current)
+            if depth < _WALK and passes and id(reader) not in seen:
                 seen.add(id(reader))
                 pending.append((reader.outputs[0], depth + 1))
     return False

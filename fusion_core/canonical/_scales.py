@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = [
@@ -195,7 +196,7 @@ def reads_into_softmax(value: ir.Value) -> bool:
         reader = readers[0]
         if reader.op_type == "Softmax":
             return True
-        if reader.op_type not in _TO_SOFTMAX:
+        if reader.op_type not in _TO_SOFTMAX and not appends_sink_column(reader, value):
             return False
         value = reader.outputs[0]
     return False

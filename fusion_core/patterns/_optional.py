@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_OPTIONAL_GROUPS", "check_optional_groups", "pattern_variants"]
 
 # Each group doubles the variants the matcher runs.
-MAX_OPTIONAL_GROUPS = 4
+MAX_OPTIONAL_GROUPS = 5
 
 
 def optional_groups(spec: PatternSpec) -> list[str]:

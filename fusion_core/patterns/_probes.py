@@ -43,7 +43,7 @@ def _reaches(
 
 
 def _score_steps(node: ir.Node) -> list[ir.Value | None]:
-    if node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast"):
+    if node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast", "Concat"):  # Concat: sinks
         return [v for v in node.inputs if _activation(v)]
     if node.op_type in ("Reshape", "Squeeze", "Unsqueeze") and node.inputs:
         return [node.inputs[0]]
@@ -52,8 +52,9 @@ def _score_steps(node: ir.Node) -> list[ir.Value | None]:
 
 def attention_softmax(node: ir.Node) -> bool:
     """A Softmax of scores: its input comes from a MatMul of two activations, possibly
-    through a few elementwise steps (scale, mask, Where, Cast) and reshapes (DeBERTa
-    reshapes its scores between the relative-position Add and the mask's Where)."""
+    through a few elementwise steps (scale, mask, Where, Cast), reshapes (DeBERTa
+    reshapes its scores between the relative-position Add and the mask's Where) and a
+    Concat (gpt-oss's attention sinks, one more column of the scores)."""
     return _reaches(
         node.inputs[0] if node.inputs else None,
         lambda n: n.op_type == "MatMul" and all(_activation(v) for v in n.inputs[:2]),

@@ -207,6 +207,10 @@ def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
         for auto_merge in (False, True):
             inference = symbolic_shape_infer.SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
+            # opset 18 moved every Reduce's axes to an input, which it reads for ReduceSum
+            # and ReduceMean only: without this a ReduceMax (gpt-oss's sinks) ends it
+            for op in ("ReduceMax", "ReduceMin"):
+                inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
             complete = False
             inference._preprocess(proto)
             while inference.run_:

@@ -6,7 +6,8 @@ has for it:
 * ``GroupQueryAttention`` (com.microsoft; ONNX ``Attention`` on the generic target at
   opset 23) where a decoder's attention reads it: query heads sharing KV heads
   (repeat_kv, or one KV head broadcast), a KV cache (the heads are a
-  ``Concat(past, new)``), a soft-cap, or a mask proven causal
+  ``Concat(past, new)``), a soft-cap, attention sinks (gpt-oss: its ``head_sink``, which
+  neither MultiHeadAttention nor ONNX Attention has), or a mask proven causal
   (``group_query_attention``, which proves each);
 * ``MultiHeadAttention`` (com.microsoft; ONNX ``Attention``) for the rest: an encoder's
   attention, or a decoder's without a cache where its mask rides along as the bias
@@ -43,6 +44,8 @@ class AttentionBlockParams(HeadNodes):
     softcap_in_node: str | None = None  # c * tanh(s / c): Div (or Mul by 1 / c), Tanh, Mul
     softcap_out_node: str | None = None
     mask_node: str | None = None  # Add of the additive mask
+    sink_concat_node: str | None = None  # gpt-oss's sinks: Concat(scores, E) before the Softmax
+    sink_slice_node: str | None = None  # and their column dropped after it
     nan_guard_node: str | None = None  # Where(IsNaN(P), 0, P)
     context_node: str = "context"  # P @ V
     output_node: str = "out_reshape"
@@ -63,7 +66,12 @@ class AttentionBlock(Rewriter):
         grouped = params.k_repeat_node is not None
         capped = params.softcap_out_node is not None
         tried = []
-        if not grouped and not capped:
+        if params.sink_concat_node is not None:
+            tried.append(
+                "not MultiHeadAttention: it has no input for attention sinks (a logit per "
+                "head in the softmax's denominator)"
+            )
+        elif not grouped and not capped:
             splits = _head_splits(match, params)
             if isinstance(splits, str):
                 tried.append(f"not MultiHeadAttention: {splits}")

@@ -28,7 +28,10 @@ table, the table's first half is the cache and ``ids`` the position ids.
 The equal halves are proven, never assumed: ``c`` must be ``Cos`` or ``Sin`` of
 ``Concat(f, f, axis=-1)`` (the same value twice), possibly through Casts and products
 with a scalar constant (the attention scaling), or a constant table whose halves are
-equal. Cache and position ids are built once per ``c`` and shared by every layer.
+equal; or the angles are ``Concat(u, u, axis=-1)`` of ``u = Unsqueeze(t, 1)``, ``t`` a
+``[Bc, S, r / 2]`` table of one angle per pair (gpt-oss's rotation of two halves, which
+the canonical ``rotary_halves`` writes so), whose cache is ``t`` itself. Cache and
+position ids are built once per ``c`` and shared by every layer.
 
 When ``x`` is the head split ``Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])`` of a
 ``[B, S, N * H]`` projection, the rotation is applied to ``q`` (the op's 3-D form, with
@@ -283,6 +286,9 @@ def _angle_table(value: ir.Value | None, x_dims: list, rotary_dim: int, what: st
     """The ``[Bc, S, r]`` cosine or sine behind ``Unsqueeze(c, 1)``, proven to have equal
     halves, or why not."""
     producer = value.producer() if value is not None else None
+    halves = _repeated_halves(producer, x_dims, rotary_dim, what)
+    if halves is not None:
+        return halves
     if producer is None or producer.op_type != "Unsqueeze" or axes_of(producer) != [1]:
         name = value.name if value is not None else None
         return (
@@ -309,6 +315,33 @@ def _angle_table(value: ir.Value | None, x_dims: list, rotary_dim: int, what: st
     if reason is not None:
         return f"cannot show that the halves of the {what} table {table.name!r} are equal: {reason}"
     return _Table(table, batched, None, None)
+
+
+def _repeated_halves(
+    producer: ir.Node | None, x_dims: list, rotary_dim: int, what: str
+) -> _Table | str | None:
+    """``Concat(u, u, axis=-1)`` of ``u = Unsqueeze(t, 1)``, ``t`` a ``[Bc, S, r / 2]``
+    table (the canonical ``rotary_halves`` repeats gpt-oss's angles so): its halves are
+    equal by construction and ``t`` is the cache itself. None when not that form."""
+    if producer is None or producer.op_type != "Concat" or len(producer.inputs) != 2:
+        return None
+    first, second = producer.inputs
+    if first is None or first is not second or attribute_value(producer, "axis", 0) not in (-1, 3):
+        return None
+    unsqueeze = first.producer()
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
+        return f"the {what} {first.name!r} repeated over both halves is not Unsqueeze(c, 1)"
+    table = unsqueeze.inputs[0]
+    dims = known_dims(table)
+    if dims is None or len(dims) != 3 or dims[2] != rotary_dim // 2 or dims[1] != x_dims[2]:
+        return (
+            f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim // 2}] "
+            f"for heads {x_dims}"
+        )
+    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
+    if dims[0] != 1 and not batched:
+        return f"the batch of the {what} table {table.name!r} ({dims[0]}) is neither 1 nor B"
+    return _Table(table, batched, None, None, half=True)
 
 
 def _gathered_table(value: ir.Value, rotary_dim: int) -> _Table | str | None:

@@ -52,6 +52,7 @@ def shared_bias(
     key: KVSide,
     *,
     causal_kernel: bool,
+    sink: bool = False,
 ) -> MaskBias | None:
     """The bias for ``mask = Where(allowed, 0, negative)``: the negative value made
     finite (float32's lowest for -inf), and where it was -inf the ``[B, S, 1]`` factor
@@ -65,7 +66,8 @@ def shared_bias(
     the window goes to the kernel. A finite mask takes that path only with a cache
     (where the kernel must be causal): a row with nothing to attend to averages every
     key in the graph and only the earlier ones in the kernel, so those rows are the
-    mean of the cache's values instead (``empty_rows = "mean"``)."""
+    mean of the cache's values instead (``empty_rows = "mean"``). With attention sinks
+    (``sink``) such a row is 0 in the graph and in the kernel alike: no rows to keep."""
     root = _unsliced(allowed)
     dims = known_dims(root)
     if dims is None or len(dims) != 4 or dims[1] != 1:
@@ -78,10 +80,11 @@ def shared_bias(
     value = float(np.finfo(np.float32).min) if infinite else float(negative.reshape(-1)[0])
     past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
     # CumSum (the rows to keep) is opset 11's
-    padding_only = causal_kernel and (infinite or key.past is not None) and ctx.opset >= 11
+    padding_only = causal_kernel and (infinite or key.past is not None or sink) and ctx.opset >= 11
     terms = query_free_terms(root, past) if padding_only else None
     if isinstance(terms, MaskTerms):
-        bias, keep, nodes = _padding_bias(terms, root, value, q, key, ctx, zero_rows=infinite)
+        rows = None if sink else infinite  # what an empty row needs: nothing with sinks
+        bias, keep, nodes = _padding_bias(terms, root, value, q, key, ctx, zero_rows=rows)
         return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean", terms.window)
     note = terms if isinstance(terms, str) else None
     nodes: list[ir.Node] = []
@@ -94,7 +97,7 @@ def shared_bias(
         mark_shared(nodes[-1], key)
         bias = nodes[-1].outputs[0]
         bias.dtype = ir.DataType.FLOAT
-    keep = _keep_rows(root, ctx, nodes) if infinite else None
+    keep = _keep_rows(root, ctx, nodes) if infinite and not sink else None
     return MaskBias(bias, keep, nodes, False, note=note)
 
 
@@ -106,19 +109,21 @@ def _padding_bias(
     key: KVSide,
     ctx: RewriteContext,
     *,
-    zero_rows: bool,
+    zero_rows: bool | None,
 ) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]]:
     """The bias ``Where(t, 0, lowest)`` of the query-free terms ``t`` (``[B, 1, 1, L]``)
     expanded to the ``S`` queries, and the rows to keep: row ``s`` sees the keys
     ``j <= P + s`` with ``t[j]`` (and ``j > P + s - W`` in a window of ``W``), so it
     keeps iff the running count of ``t`` at ``P + s`` is not 0 (less the count at
     ``P + s - W``; ``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
-    (``zero_rows``), else a bool to pick with."""
+    (``zero_rows``), else a bool to pick with; none at all for ``zero_rows=None``."""
     if not terms.others:
         return None, None, []
     out = _Emitter()
     term = _padding_term(terms.others, root, ctx, out)
     bias = _broadcast_bias(term, root, value, q, ctx, out)
+    if zero_rows is None:
+        return bias, None, out.nodes
     keep = _rows_with_a_key(term, (root, terms.window), key, ctx, out, zero_rows=zero_rows)
     return bias, keep, out.nodes
 

@@ -21,6 +21,7 @@ from autofusion.fusion_core.rewriters._base import (
     scale_factor,
 )
 from autofusion.fusion_core.rewriters.group_query_attention._bias import (
+    MaskBias,
     any_key_rows,
     lengths_of,
     shared_bias,
@@ -35,6 +36,7 @@ from autofusion.fusion_core.rewriters.group_query_attention._inputs import (
     repeats_heads,
     split_source,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._sink import head_sink
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["GroupQueryAttention"]
@@ -57,6 +59,10 @@ class GQAParams(HeadNodes):
     softcap_in_node: str | None = None
     softcap_out_node: str | None = None
     mask_node: str = "mask"  # Add of the additive mask
+    # gpt-oss's attention sinks: Concat(scores, E) before the Softmax, Slice [..., :-1]
+    # after it; the kernel's head_sink (``_sink``)
+    sink_concat_node: str | None = None
+    sink_slice_node: str | None = None
     nan_guard_node: str | None = None  # SDPA: Where(IsNaN(P), 0, P)
     output_node: str = "out_reshape"
 
@@ -86,14 +92,18 @@ class GroupQueryAttention(Rewriter):
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ATTENTION_OPSET:
             return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx)
+        sinks = _sinks(match, params, heads, q, ctx, contrib=contrib)
+        if isinstance(sinks, str):
+            return sinks
         masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
-        bias, keep_rows, causal, nodes, empty_rows = masked[:5]
+        nodes = [*(sinks[1] if sinks else []), *masked.nodes]
         if contrib:
-            gqa = _group_query_attention(q, key, value, bias, causal, (heads, scale), ctx, nodes)
+            sink = sinks[0] if sinks else None
+            gqa = _group_query_attention(q, (key, value), masked, (heads, scale), ctx, nodes, sink)
         else:
-            gqa = _onnx_attention(q, key, value, bias, (heads, scale), nodes)
+            gqa = _onnx_attention(q, key, value, masked.bias, (heads, scale), nodes)
         if softcap:
             gqa.attributes["softcap"] = ir.AttrFloat32("softcap", softcap)
         if masked.window is not None:
@@ -105,13 +115,7 @@ class GroupQueryAttention(Rewriter):
             if side.present is not None:
                 _like(new, side.present)
                 replaced.append((side.present, new))
-        if keep_rows is not None and empty_rows == "mean":
-            mean = _mean_value(gqa.outputs[2], heads // key.heads, ctx, nodes)
-            nodes.append(ir.Node("", "Where", [keep_rows, gqa.outputs[0], mean]))
-            _like(nodes[-1].outputs[0], q)
-        elif keep_rows is not None:
-            nodes.append(ir.Node("", "Mul", [gqa.outputs[0], keep_rows]))
-            _like(nodes[-1].outputs[0], q)
+        _empty_rows(masked, gqa, (q, heads // key.heads), ctx, nodes)
         if reshape_after:
             nodes.append(
                 ir.Node(
@@ -125,6 +129,41 @@ class GroupQueryAttention(Rewriter):
         _like(nodes[-1].outputs[0], old)
         notes = [masked.note] if masked.note else []
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced], notes=notes)
+
+
+def _sinks(
+    match: Match, params: GQAParams, heads: int, q: ir.Value, ctx: RewriteContext, *, contrib: bool
+) -> tuple[ir.Value, list[ir.Node]] | str | None:
+    """The ``[heads]`` attention sinks and the nodes computing them (None without
+    sinks), or why the kernel cannot take them."""
+    if params.sink_concat_node is None or params.sink_slice_node is None:
+        return None
+    if not contrib:
+        return (
+            "ONNX Attention has no input for attention sinks (a logit per head in the "
+            "softmax's denominator): only com.microsoft GroupQueryAttention's head_sink takes them"
+        )
+    return head_sink(match, (params.sink_concat_node, params.sink_slice_node), heads, q.dtype, ctx)
+
+
+def _empty_rows(
+    masked: EmptyRows,
+    gqa: ir.Node,
+    q_and_groups: tuple[ir.Value, int],
+    ctx: RewriteContext,
+    nodes: list[ir.Node],
+) -> None:
+    """What a row with nothing to attend to gets, after the kernel: 0 (multiplied by
+    the rows to keep) or the cache's mean value (picked), as the graph computes it."""
+    q, groups = q_and_groups
+    if masked.keep is None:
+        return
+    if masked.empty_rows == "mean":
+        mean = _mean_value(gqa.outputs[2], groups, ctx, nodes)
+        nodes.append(ir.Node("", "Where", [masked.keep, gqa.outputs[0], mean]))
+    else:
+        nodes.append(ir.Node("", "Mul", [gqa.outputs[0], masked.keep]))
+    _like(nodes[-1].outputs[0], q)
 
 
 def _softcap(match: Match, params: GQAParams) -> float | str:
@@ -168,26 +207,27 @@ def _mean_value(
 
 def _group_query_attention(
     q: ir.Value,
-    key: KVSide,
-    value: KVSide,
-    bias: ir.Value | None,
-    causal: bool,
+    sides: tuple[KVSide, KVSide],
+    masked: EmptyRows,
     heads_and_scale: tuple[int, float],
     ctx: RewriteContext,
     nodes: list[ir.Node],
+    sink: ir.Value | None,
 ) -> ir.Node:
-    """com.microsoft GroupQueryAttention with the lengths it needs."""
-    heads, scale = heads_and_scale
+    """com.microsoft GroupQueryAttention with the lengths it needs (and the sinks)."""
+    (key, value), (heads, scale) = sides, heads_and_scale
     lengths = lengths_of(q, key, ctx, nodes)
     inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
-    inputs += [None] * (_BIAS_INPUT - len(inputs)) + [bias]
+    inputs += [None] * (_BIAS_INPUT - len(inputs)) + [masked.bias]
+    if sink is not None:
+        inputs.append(sink)  # input 11, head_sink
     if key.past is not None:  # batches of several new tokens with a cache need it
         inputs += [None] * (_QUERY_SEQLENS_INPUT - len(inputs)) + [lengths[2]]
     attrs = [
         ir.AttrInt64("num_heads", heads),
         ir.AttrInt64("kv_num_heads", key.heads),
         ir.AttrFloat32("scale", scale),
-        ir.AttrInt64("causal", int(causal)),
+        ir.AttrInt64("causal", int(masked.causal)),
     ]
     ctx.use_domain(MS_DOMAIN)
     return ir.Node(MS_DOMAIN, "GroupQueryAttention", inputs, attrs, num_outputs=3)
@@ -282,18 +322,21 @@ def _mask(
     a row with nothing to attend to gives 0 in both graphs: the SDPA NaN guard over a
     ``-inf`` mask, turned into the keep-rows multiply. A finite mask gives a fully masked
     row the average of every key: with ``causal = 0`` (without a cache) as it is, with
-    ``causal = 1`` by picking those rows from the cache's mean value."""
+    ``causal = 1`` by picking those rows from the cache's mean value. With attention
+    sinks such a row is 0 in the graph and in the kernel (the sink takes its whole
+    weight, and no row is NaN): nothing to fix after."""
     add = match.node(params.mask_node)
     # the scores the mask is added to: after the soft-cap, the scale, or Q @ K^T itself
     scores = params.softcap_out_node or params.scale_node or params.qk_node
     mask = attention_bias(add, match.node(scores), "GroupQueryAttention")
     if isinstance(mask, str):
         return mask
+    sink = params.sink_concat_node is not None
     allowed = allowed_of(mask)
     shared = (
         None
         if isinstance(allowed, str)
-        else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal)
+        else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal, sink=sink)
     )
     zero_rows = shared is not None and shared.keep is not None and shared.empty_rows == "zero"
     if zero_rows and params.nan_guard_node is None:
@@ -305,41 +348,57 @@ def _mask(
         return EmptyRows(
             shared.bias, shared.keep, True, shared.nodes, shared.empty_rows, shared.window
         )
+    whole = _whole_mask(mask, shared, match, params, ctx)
+    if isinstance(whole, str):
+        return whole
+    mean_rows = shared is not None and not isinstance(allowed, str) and not sink
+    shape = (key, heads, need_causal)
+    return _causal_or_not(whole, mask, allowed, shape, ctx, mean_rows, sink=sink)
+
+
+def _whole_mask(
+    mask: ir.Value,
+    shared: MaskBias | None,
+    match: Match,
+    params: GQAParams,
+    ctx: RewriteContext,
+) -> EmptyRows | str:
+    """The whole mask as the bias (not yet causal), the rows to keep and the nodes
+    computing them, or why a fully masked row cannot be matched."""
     if shared is not None:
-        bias, keep_rows, nodes = shared.bias, shared.keep, shared.nodes
-    elif params.nan_guard_node is not None:
+        return EmptyRows(shared.bias, shared.keep, False, shared.nodes, note=shared.note)
+    if params.nan_guard_node is not None:
         guarded = guarded_mask(mask, match.node(params.nan_guard_node), ctx)
         if isinstance(guarded, str):
             return guarded
-        bias, keep_rows, nodes = guarded[0], guarded[1], list(guarded[2])
-    else:
+        return EmptyRows(guarded[0], guarded[1], False, list(guarded[2]))
+    if params.sink_concat_node is None:  # with sinks even a -inf row is 0, never NaN
         finite = _finite_where(mask)
         if finite is not None:
             return finite
-        bias, keep_rows, nodes = mask, None, []
-    mean_rows = shared is not None and not isinstance(allowed, str)
-    whole = EmptyRows(bias, keep_rows, False, nodes, note=shared.note if shared else None)
-    return _causal_or_not(whole, mask, allowed, key, heads, ctx, need_causal, mean_rows)
+    return EmptyRows(mask, None, False, [])
 
 
 def _causal_or_not(
     masked: EmptyRows,
     mask: ir.Value,
     allowed: ir.Value | str,
-    key: KVSide,
-    heads: int,
+    shape: tuple[KVSide, int, bool],
     ctx: RewriteContext,
-    need_causal: bool,
     mean_rows: bool,
+    *,
+    sink: bool,
 ) -> EmptyRows | str:
     """The whole mask as the bias: causal where it is proven causal (and its empty rows
-    handled), not causal without a cache, else why not."""
+    handled), not causal without a cache, else why not. ``shape``: the key side, the
+    query heads and whether the kernel must be causal."""
+    key, heads, need_causal = shape
     past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
-    if why is None and masked.keep is not None:
+    if why is None and (masked.keep is not None or sink):  # empty rows: 0 in both
         return masked._replace(causal=True)
-    if key.past is None and why is not None and key.heads == heads:  # no decoder's sign
-        return (
+    if key.past is None and why is not None and key.heads == heads and not sink:
+        return (  # no decoder's sign
             f"neither a KV cache, grouped KV heads nor a causal mask ({why}): an encoder's "
             "attention: MultiHeadAttention's"
         )

@@ -12,19 +12,23 @@ write them:
 * a per-head RMSNorm of q and k between the head split and the Transpose (Qwen3) or
   after the Transpose (Gemma-3, Persimmon);
 * the rotary embedding on the whole head, or on its first half with the rest passed
-  through and concatenated back (Phi); rotate-half, or the pairs ``(x_2i, x_2i+1)``
-  with each angle repeated (Cohere, on the transposed heads);
+  through and concatenated back (Phi); rotate-half, the pairs ``(x_2i, x_2i+1)`` with
+  each angle repeated (Cohere, on the transposed heads), or the two halves rotated with
+  one angle per pair (gpt-oss: ``cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)``, the
+  halves cut by two Slices or one Split);
 * a Reshape of Q to its own shape, computed from shapes at run time (Falcon);
 * the scale as a constant on the scores (Mul by ``1 / sqrt(H)`` or Div by ``sqrt(H)``),
   or as ``1 / sqrt(sqrt(H))`` on Q and K^T read from Q's shape (TorchScript's SDPA),
   with the NaN guard after the Softmax;
 * on eager scores, Gemma-2's soft-cap ``c * tanh(s / c)`` (Div by c or Mul by 1 / c);
+* on eager scores, gpt-oss's attention sinks: a logit per head concatenated as one more
+  column, each row's max subtracted, the Softmax, the column dropped;
 * the key/value heads: as many as the queries, fewer with repeat_kv (Unsqueeze, Expand,
   Reshape), or one broadcast by the MatMuls (multi-query);
 * with or without a KV cache; the heads, head size and batch.
 
-Every block must come out as one attention op (``GroupQueryAttention`` with a cache or
-grouped KV heads, else ``GroupQueryAttention`` or ``MultiHeadAttention``) and two
+Every block must come out as one attention op (``GroupQueryAttention`` with a cache,
+grouped KV heads or sinks, else ``GroupQueryAttention`` or ``MultiHeadAttention``) and two
 ``RotaryEmbedding``s on the onnxruntime target, and compute what the original computes
 (onnxruntime, its optimizations off) on several shapes and on a left-padded batch:
 rtol = atol = 1e-5, as in tests/fusion_core/rewriters/test_group_query_attention.py (the
@@ -86,6 +90,10 @@ class Spelling:
     # eager: where the scale is, on the scores, on Q's projection (OPT, BART, Whisper:
     # q_proj(x) * scaling) or nowhere (T5: folded into the weights at training)
     scale_at: str = "scores"
+    sinks: bool = False  # eager: gpt-oss's attention sinks
+    # not interleaved: "rotate_half", or gpt-oss's two halves cut by "halves_slice" or
+    # "halves_split"
+    rotary: str = "rotate_half"
 
 
 @st.composite
@@ -104,6 +112,8 @@ def spellings(draw) -> Spelling:
         kv_heads = 1
     sdpa = draw(st.booleans())  # SDPA cannot soft-cap: transformers runs Gemma-2 eager
     repeat_by = draw(st.sampled_from(["expand", "tile", "concat", "gather"]))
+    interleaved = draw(st.booleans())
+    halves = ["rotate_half", "halves_slice", "halves_split"]
     return Spelling(
         heads=heads,
         kv_heads=kv_heads,
@@ -114,7 +124,7 @@ def spellings(draw) -> Spelling:
         qk_norm=projection in ("separate", "by_heads") and draw(st.booleans()),
         norm_after_transpose=draw(st.booleans()),
         partial_rotary=draw(st.booleans()),
-        interleaved=draw(st.booleans()),
+        interleaved=interleaved,
         identity_reshape=draw(st.booleans()),
         sdpa=sdpa,
         scale_by_div=draw(st.booleans()),
@@ -127,6 +137,8 @@ def spellings(draw) -> Spelling:
             st.sampled_from(["where", "where_blocked", "masked_fill", "additive", "converter"])
         ),
         scale_at="scores" if sdpa else draw(st.sampled_from(["scores", "projection", "none"])),
+        sinks=not sdpa and draw(st.booleans()),  # no SDPA has sinks: gpt-oss runs eager
+        rotary="rotate_half" if interleaved else draw(st.sampled_from(halves)),
     )
 
 
@@ -277,6 +289,16 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "sin = Sin (emb)",
         "cos_u = Unsqueeze (cos, axis_1)",
         "sin_u = Unsqueeze (sin, axis_1)",
+        *(
+            [  # gpt-oss: one angle per pair, [B, 1, S, r / 2]
+                "cos_half = Cos (freqs)",
+                "sin_half = Sin (freqs)",
+                "cos_h = Unsqueeze (cos_half, axis_1)",
+                "sin_h = Unsqueeze (sin_half, axis_1)",
+            ]
+            if s.rotary != "rotate_half"
+            else []
+        ),
         *_projections(s, rng, inits),
     ]
     if s.projection == "unsqueezed":  # its one KV head is [B, 1, S, H] already
@@ -308,7 +330,12 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 f"{p}_pass = Slice ({heads}, rotated, end, axis_last)",
             ]
             source, rotated = f"{p}_part", f"{p}_turned"
-        if s.interleaved:  # stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+        if s.rotary != "rotate_half":  # gpt-oss: cat(x1 * c - x2 * s, x2 * c + x1 * s)
+            body += [
+                *_halves(p, source, s.rotary),
+                f"{rotated} = Concat <axis = -1> ({p}_x1c_x2s, {p}_x2c_x1s)",
+            ]
+        elif s.interleaved:  # stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
             body += [
                 f"{p}_even = Slice ({source}, zero, rotated, axis_last, two_step)",
                 f"{p}_odd = Slice ({source}, one, rotated, axis_last, two_step)",
@@ -325,11 +352,12 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 f"{p}_neg = Neg ({p}_hi)",
                 f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
             ]
-        body += [
-            f"{p}_c = Mul ({source}, cos_u)",
-            f"{p}_s = Mul ({p}_rot, sin_u)",
-            f"{rotated} = Add ({p}_c, {p}_s)",
-        ]
+        if s.rotary == "rotate_half":
+            body += [
+                f"{p}_c = Mul ({source}, cos_u)",
+                f"{p}_s = Mul ({p}_rot, sin_u)",
+                f"{rotated} = Add ({p}_c, {p}_s)",
+            ]
         if s.partial_rotary:
             body.append(f"{p}_emb = Concat <axis = -1> ({p}_turned, {p}_pass)")
     if s.cache:
@@ -399,7 +427,11 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
             ]
         else:
             body.append("scores = Identity (scaled)")
-        body += [*_masked(s, "scores", "biased"), "probs = Softmax <axis = -1> (biased)"]
+        body += _masked(s, "scores", "biased")
+        if s.sinks:
+            body += _sink_softmax(s, "biased", inits, rng)
+        else:
+            body.append("probs = Softmax <axis = -1> (biased)")
     body += [
         "context = MatMul (probs, v_rep)",
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
@@ -411,6 +443,46 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         {chr(10).join(body)}
     }}"""
     return build_model(text, inits)
+
+
+def _halves(p: str, source: str, rotary: str) -> list[str]:
+    """gpt-oss's ``first * cos - second * sin`` and ``second * cos + first * sin`` of
+    the two halves of ``source`` (``chunk(x, 2, -1)``: two Slices or one Split)."""
+    if rotary == "halves_split":
+        cut = [f"{p}_x1, {p}_x2 = Split <axis = -1, num_outputs = 2> ({source})"]
+    else:
+        cut = [
+            f"{p}_x1 = Slice ({source}, zero, half, axis_last)",
+            f"{p}_x2 = Slice ({source}, half, end, axis_last)",
+        ]
+    return [
+        *cut,
+        f"{p}_x1c = Mul ({p}_x1, cos_h)",
+        f"{p}_x2s = Mul ({p}_x2, sin_h)",
+        f"{p}_x1c_x2s = Sub ({p}_x1c, {p}_x2s)",
+        f"{p}_x2c = Mul ({p}_x2, cos_h)",
+        f"{p}_x1s = Mul ({p}_x1, sin_h)",
+        f"{p}_x2c_x1s = Add ({p}_x2c, {p}_x1s)",
+    ]
+
+
+def _sink_softmax(s: Spelling, biased: str, inits: dict, rng: np.random.Generator) -> list[str]:
+    """``probs``: gpt-oss's eager softmax with attention sinks, ``Slice(Softmax(c -
+    max(c)), :-1)`` of ``c = Concat(biased, sinks)``, one learned logit per head."""
+    inits["sinks"] = rng.standard_normal((1, s.heads, 1, 1)) * 2
+    inits["sink_heads"] = np.array([s.heads], np.int64)
+    inits["minus_one"] = np.array([-1], np.int64)
+    return [
+        "sink_batch = Gather <axis = 0> (x_shape, zero)",
+        "sink_seq = Unsqueeze (seq_len, zero)",
+        "sink_rows = Concat <axis = 0> (sink_batch, sink_heads, sink_seq, one)",
+        "sink_column = Expand (sinks, sink_rows)",
+        f"with_sinks = Concat <axis = -1> ({biased}, sink_column)",
+        "peak = ReduceMax <keepdims = 1> (with_sinks, axis_last)",
+        "shifted = Sub (with_sinks, peak)",
+        "p_all = Softmax <axis = -1> (shifted)",
+        "probs = Slice (p_all, zero, minus_one, axis_last)",
+    ]
 
 
 def _repeat_kv(s: Spelling, p: str, source: str, inits: dict) -> list[str]:
@@ -541,7 +613,7 @@ def test_every_spelling_fuses_into_one_group_query_attention_exactly(s: Spelling
     reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
     fused_attention = [op for op in ops if op in ATTENTION]
     assert len(fused_attention) == 1, f"{s}: {fused_attention}; {reasons[:3]}"
-    if s.cache or s.kv_heads != s.heads:
+    if s.cache or s.kv_heads != s.heads or s.sinks:
         assert fused_attention == ["GroupQueryAttention"], s
     assert ops.count(ROTARY) == 2, f"{s}: {ops.count(ROTARY)} RotaryEmbedding"
     assert "Softmax" not in ops, s

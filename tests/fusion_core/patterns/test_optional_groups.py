@@ -179,7 +179,7 @@ def test_a_group_that_cannot_be_left_out_is_refused_at_registration(change, fiel
     )
 
 
-def test_more_than_four_groups_are_refused() -> None:
+def test_more_than_five_groups_are_refused() -> None:
     raw = {
         "name": "many",
         "nodes": [{"id": "a", "op": "Relu", "inputs": {0: "$x"}}]
@@ -190,13 +190,13 @@ def test_more_than_four_groups_are_refused() -> None:
                 "inputs": {0: "a" if k == 0 else f"n{k - 1}"},
                 "optional": f"g{k}",
             }
-            for k in range(5)
+            for k in range(6)
         ],
         "rewriter": {"name": "fused_region", "params": {"domain": "ai.test"}},
     }
     with pytest.raises(PatternError) as caught:
         compile_pattern(raw)
-    assert "at most 4" in str(caught.value.errors)
+    assert "at most 5" in str(caught.value.errors)
 
 
 def test_a_target_profile_prices_one_group() -> None:
