@@ -13,6 +13,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
 * ``rotary_halves`` (``_rotary_halves.py``): gpt-oss's rotary embedding of two halves,
   ``Concat(x1 * c - x2 * s, x2 * c + x1 * s)``, in the rotate-half spelling;
+* ``rotary_sign`` (``_rotary_sign.py``): a rotation with the halves swapped the other
+  way, ``x * c + Concat(x2, -x1) * Unsqueeze(t)`` (nanochat), is ``x * c + Concat(-x2,
+  x1) * Unsqueeze(-t)``, exactly;
 * ``softmax_shift`` (``_softmax_shift.py``): ``Softmax(x - ReduceMax(x))`` (gpt-oss's
   attention sinks) is ``Softmax(x)``;
 * ``norm_spelling`` (``_norm_spelling.py``, read by ``_norm_reads.py``): an RMS norm
@@ -115,6 +118,7 @@ from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_ga
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._rotary_halves import rotary_halves, undo_rotary_halves
 from autofusion.fusion_core.canonical._rotary_heads import transposes_before_rotaries
+from autofusion.fusion_core.canonical._rotary_sign import rotary_signs
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
 from autofusion.fusion_core.canonical._scales import (
     scales_to_scores,
@@ -157,6 +161,7 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
     "rotary_halves": rotary_halves,  # before slice_before_transpose reads the halves
+    "rotary_sign": rotary_signs,
     "softmax_shift": softmax_shifts_dropped,
     "norm_spelling": norm_spellings,
     "heads_in_batch": heads_unfolded,
@@ -196,6 +201,7 @@ _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "rotary_halves": "rotary embeddings of two halves written with rotate_half",
+    "rotary_sign": "rotations by minus the angle written with rotate_half and a negated sine",
     "softmax_shift": "Softmaxes of x - ReduceMax(x) made Softmax(x)",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",

@@ -371,7 +371,7 @@ _SCALAR_OPS = frozenset({"Mul", "Div", "Add", "Sub"})
 
 def _equal_halves(value: ir.Value) -> str | None:
     """Why ``value[..., :h] == value[..., h:]`` is not shown by its computation, or None:
-    elementwise steps (Cos, Sin, Cast, a scalar constant) back to ``Concat(f, f)``."""
+    elementwise steps (Cos, Sin, Cast, Neg, a scalar constant) back to ``Concat(f, f)``."""
     for _ in range(8):
         producer = value.producer()
         if producer is None:
@@ -386,7 +386,7 @@ def _equal_halves(value: ir.Value) -> str | None:
             ):
                 return None
             return f"Concat {producer.name!r} does not repeat one value along the last axis"
-        if op in ("Cos", "Sin", "Cast", "Identity"):
+        if op in ("Cos", "Sin", "Cast", "Identity", "Neg"):
             value = producer.inputs[0]
             continue
         if op in _SCALAR_OPS:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
@@ -91,8 +91,9 @@ class Spelling:
     # q_proj(x) * scaling) or nowhere (T5: folded into the weights at training)
     scale_at: str = "scores"
     sinks: bool = False  # eager: gpt-oss's attention sinks
-    # not interleaved: "rotate_half", or gpt-oss's two halves cut by "halves_slice" or
-    # "halves_split"
+    # not interleaved: "rotate_half", its mirror "rotate_half_negated" (nanochat's
+    # Concat(x2, -x1): the rotation by minus the angle), or gpt-oss's two halves cut by
+    # "halves_slice" or "halves_split"
     rotary: str = "rotate_half"
 
 
@@ -113,7 +114,7 @@ def spellings(draw) -> Spelling:
     sdpa = draw(st.booleans())  # SDPA cannot soft-cap: transformers runs Gemma-2 eager
     repeat_by = draw(st.sampled_from(["expand", "tile", "concat", "gather"]))
     interleaved = draw(st.booleans())
-    halves = ["rotate_half", "halves_slice", "halves_split"]
+    halves = ["rotate_half", "rotate_half_negated", "halves_slice", "halves_split"]
     return Spelling(
         heads=heads,
         kv_heads=kv_heads,
@@ -296,7 +297,7 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 "cos_h = Unsqueeze (cos_half, axis_1)",
                 "sin_h = Unsqueeze (sin_half, axis_1)",
             ]
-            if s.rotary != "rotate_half"
+            if s.rotary.startswith("halves")
             else []
         ),
         *_projections(s, rng, inits),
@@ -330,7 +331,7 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 f"{p}_pass = Slice ({heads}, rotated, end, axis_last)",
             ]
             source, rotated = f"{p}_part", f"{p}_turned"
-        if s.rotary != "rotate_half":  # gpt-oss: cat(x1 * c - x2 * s, x2 * c + x1 * s)
+        if s.rotary.startswith("halves"):  # gpt-oss: cat(x1 * c - x2 * s, x2 * c + x1 * s)
             body += [
                 *_halves(p, source, s.rotary),
                 f"{rotated} = Concat <axis = -1> ({p}_x1c_x2s, {p}_x2c_x1s)",
@@ -346,13 +347,16 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
                 f"{p}_rot = Reshape ({p}_pairs, rot_shape)",
             ]
         else:
+            negated = s.rotary == "rotate_half_negated"  # Concat(x2, -x1)
             body += [
                 f"{p}_lo = Slice ({source}, zero, half, axis_last)",
                 f"{p}_hi = Slice ({source}, half, end, axis_last)",
-                f"{p}_neg = Neg ({p}_hi)",
-                f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
+                f"{p}_neg = Neg ({p}_lo)" if negated else f"{p}_neg = Neg ({p}_hi)",
+                f"{p}_rot = Concat <axis = -1> ({p}_hi, {p}_neg)"
+                if negated
+                else f"{p}_rot = Concat <axis = -1> ({p}_neg, {p}_lo)",
             ]
-        if s.rotary == "rotate_half":
+        if not s.rotary.startswith("halves"):
             body += [
                 f"{p}_c = Mul ({source}, cos_u)",
                 f"{p}_s = Mul ({p}_rot, sin_u)",
@@ -605,6 +609,31 @@ def _ops(model: onnx.ModelProto) -> list[str]:
     derandomize=True,  # make test draws the same examples each run; the corpus tier more
 )
 @given(spellings())
+@example(  # nanochat's rotation by minus the angle: seen at every budget, not only 200
+    Spelling(
+        heads=4,
+        kv_heads=2,
+        size=16,
+        projection="separate",
+        per_head_split="slice",
+        qk_norm=False,
+        norm_after_transpose=False,
+        partial_rotary=False,
+        interleaved=False,
+        identity_reshape=False,
+        sdpa=True,
+        scale_by_div=False,
+        softcap=0.0,
+        softcap_by_mul=False,
+        repeat="repeat_kv",
+        cache=False,
+        repeat_by="expand",
+        mask="where",
+        scale_at="scores",
+        sinks=False,
+        rotary="rotate_half_negated",
+    )  # fmt: skip
+)
 def test_every_spelling_fuses_into_one_group_query_attention_exactly(s: Spelling) -> None:
     model = attention_block(s)
     result = optimize_quiet(model, target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
