@@ -31,7 +31,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._edits import drop_unread, int64s, replace
 from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
 
-__all__ = ["rotary_halves", "undo_rotary_halves"]
+__all__ = ["last_axis_bounds", "rotary_halves", "undo_rotary_halves"]
 
 RULE = "rotary_halves"
 _SUM = "autofusion.rotary_halves"  # on the Add a rule wrote: the undo starts there
@@ -149,12 +149,16 @@ def _halves_of(first: ir.Value, second: ir.Value) -> tuple[ir.Value, int] | None
             return source, half
         return None
     slices = a.op_type == b.op_type == "Slice"
-    if slices and _bounds(a, size) == (0, half) and _bounds(b, size) == (half, size):
+    if (
+        slices
+        and last_axis_bounds(a, size) == (0, half)
+        and last_axis_bounds(b, size) == (half, size)
+    ):
         return source, half
     return None
 
 
-def _bounds(node: ir.Node, size: int) -> tuple[int, int] | None:
+def last_axis_bounds(node: ir.Node, size: int) -> tuple[int, int] | None:
     """[start, end) of a Slice of the last axis with step 1, or None."""
     if len(node.inputs) < 4:
         return None

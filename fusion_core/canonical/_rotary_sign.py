@@ -21,13 +21,13 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import replace
-from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
+from autofusion.fusion_core.canonical._rotary_halves import last_axis_bounds
+from autofusion.fusion_core.canonical._shape_values import known_dims
 
 __all__ = ["rotary_signs"]
 
 RULE = "rotary_sign"
 _ONNX = ("", "ai.onnx")
-_BIG = 2**31 - 1
 
 
 def rotary_signs(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -90,19 +90,7 @@ def _halves(low: ir.Value, high: ir.Value, size: int) -> bool:
     if a.inputs[0] is None or a.inputs[0] is not b.inputs[0]:
         return False
     half = size // 2
-    return _bounds(a, size) == (0, half) and _bounds(b, size) == (half, size)
-
-
-def _bounds(node: ir.Node, size: int) -> tuple[int, int] | None:
-    """[start, end) of a Slice of the last axis with step 1, or None."""
-    if len(node.inputs) < 4:
-        return None
-    start, end, axis = (scalar(v) for v in node.inputs[1:4])
-    step = scalar(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else 1
-    if start is None or end is None or axis not in (-1, 3) or step != 1:
-        return None
-    start, end = (v + size if v < 0 else v for v in (start, end))
-    return max(start, 0), min(end if end < _BIG else size, size)
+    return last_axis_bounds(a, size) == (0, half) and last_axis_bounds(b, size) == (half, size)
 
 
 def _mul_by_unsqueeze(mul: ir.Node, rotated: ir.Value) -> bool:

@@ -116,6 +116,19 @@ class _Graph:
     def weight(self, *shape: int) -> np.ndarray:
         return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
+    def model(self, name: str, out: str, shape: list) -> onnx.ModelProto:
+        """The checked opset-18 model of these nodes from ``hidden`` to ``out``."""
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
+            self.inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
 
 def _silu(g: _Graph, value: str) -> str:
     return g.one("Mul", value, g.one("Sigmoid", value))
@@ -213,16 +226,7 @@ def moe_block(s: Spelling) -> onnx.ModelProto:
     if s.three_d:
         y = g.one("Reshape", y, g.one("Shape", "hidden"))
     out = g.one("Add", y, "hidden")  # the residual
-    graph = helper.make_graph(
-        g.nodes,
-        "moe",
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-        g.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return g.model("moe", out, shape)
 
 
 def feeds(s: Spelling, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import helper
 from test_mixture_of_experts import HIDDEN, _Graph
 
 from autofusion.fusion_core.testing import make_session, optimize_quiet
@@ -190,16 +190,7 @@ def gpt_oss_block(s: GptOss, activation=_activation) -> onnx.ModelProto:
     if s.three_d:
         y = g.one("Reshape", y, g.one("Shape", "hidden"))
     out = g.one("Add", y, "hidden")  # the residual
-    graph = helper.make_graph(
-        g.nodes,
-        "gpt_oss_moe",
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-        g.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return g.model("gpt_oss_moe", out, shape)
 
 
 def assert_same(original: onnx.ModelProto, fused: onnx.ModelProto, s: GptOss) -> None:

@@ -132,16 +132,7 @@ def sigmoid_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:
     weights, chosen = _router(g, r, s, "hidden")
     out = g.one("Add", _batched(g, s, "hidden", weights, chosen), "hidden")  # the residual
     shape = ["tokens", HIDDEN]
-    graph = helper.make_graph(
-        g.nodes,
-        "sigmoid_moe",
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-        g.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return g.model("sigmoid_moe", out, shape)
 
 
 def feeds(tokens: int, seed: int = 1) -> dict[str, np.ndarray]:

@@ -135,16 +135,7 @@ def phimoe_block() -> onnx.ModelProto:
     spelling = Spelling(**{**_PLAIN.__dict__, "experts": 4, "k": 2})
     out = g.one("Add", _batched(g, spelling, "hidden", weights, chosen), "hidden")
     shape = ["tokens", HIDDEN]
-    graph = helper.make_graph(
-        g.nodes,
-        "phimoe",
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-        g.inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return g.model("phimoe", out, shape)
 
 
 def test_a_sparsemixer_block_stays_with_a_near_miss_naming_the_difference() -> None:
