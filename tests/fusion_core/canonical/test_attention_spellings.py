@@ -49,7 +49,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
+from autofusion.fusion_core.testing import optimize_quiet, run_both
+from tests.fusion_core.decoder_text import CAUSAL, MERGE, PADDING, graph_model, kv_cache, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
@@ -364,32 +365,15 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
             ]
         if s.partial_rotary:
             body.append(f"{p}_emb = Concat <axis = -1> ({p}_turned, {p}_pass)")
-    if s.cache:
-        inputs += [f"float[batch, {kv}, past, {h}] past_{p}" for p in ("key", "value")]
-        outputs += [f"float[batch, {kv}, {total}, {h}] present_{p}" for p in ("key", "value")]
-        body += [
-            "present_key = Concat <axis = 2> (past_key, k_emb)",
-            "present_value = Concat <axis = 2> (past_value, vt)",
-            "past_shape = Shape (past_key)",
-            "past_len = Gather <axis = 0> (past_shape, index_2)",
-        ]
-        key, value = "present_key", "present_value"
-    else:
-        body.append("past_len = Identity (start)")
-        key, value = "k_emb", "vt"
+    cached = kv_cache(s.cache, kv, h, total)
+    inputs, outputs, body = inputs + cached.inputs, outputs + cached.outputs, body + cached.body
+    key, value = cached.key, cached.value
     for p, source in (("k", key), ("v", value)):
         body += _repeat_kv(s, p, source, inits)
     body += [
-        "x_shape = Shape (x)",
-        "seq_len = Gather <axis = 0> (x_shape, index_1)",
-        "total_len = Add (past_len, seq_len)",
-        "q_pos = Range (past_len, total_len, step)",
-        "kv_pos = Range (start, total_len, step)",
-        "kv_u = Unsqueeze (kv_pos, axes_kv)",
-        "q_u = Unsqueeze (q_pos, axes_q)",
-        "causal = LessOrEqual (kv_u, q_u)",
-        "mask_u = Unsqueeze (attention_mask, axes_pad)",
-        "padding = Cast <to = 9> (mask_u)",
+        *positions(),
+        CAUSAL,
+        *PADDING,
         "allowed = And (causal, padding)",
         "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
     ]
@@ -437,16 +421,9 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         else:
             body.append("probs = Softmax <axis = -1> (biased)")
     body += [
-        "context = MatMul (probs, v_rep)",
-        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
-        "merged = Reshape (ct, merge)",
-        "y = MatMul (merged, wo)",
+        *MERGE,
     ]
-    text = f"""<ir_version: 8, opset_import: ["" : 18]>
-    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
-        {chr(10).join(body)}
-    }}"""
-    return build_model(text, inits)
+    return graph_model(inputs, outputs, body, inits)
 
 
 def _halves(p: str, source: str, rotary: str) -> list[str]:

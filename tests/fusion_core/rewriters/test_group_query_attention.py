@@ -20,12 +20,12 @@ import onnx
 import pytest
 
 from autofusion.fusion_core.testing import (
-    build_model,
     misses,
     op_sequence,
     optimize_quiet,
     run_both,
 )
+from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, kv_cache, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -133,19 +133,9 @@ def decoder_attention(
             f"{p}_s = Mul ({p}_rot, sin_u)",
             f"{p}_emb = Add ({p}_c, {p}_s)",
         ]
-    if cache:
-        inputs += [f"float[batch, {kv_heads}, past, 8] past_{p}" for p in ("key", "value")]
-        outputs += [f"float[batch, {kv_heads}, total, 8] present_{p}" for p in ("key", "value")]
-        body += [
-            "present_key = Concat <axis = 2> (past_key, k_emb)",
-            "present_value = Concat <axis = 2> (past_value, vt)",
-            "past_shape = Shape (past_key)",
-            "past_len = Gather <axis = 0> (past_shape, index_2)",
-        ]
-        key, value = "present_key", "present_value"
-    else:
-        body.append("past_len = Identity (start)")
-        key, value = "k_emb", "vt"
+    cached = kv_cache(cache, kv_heads, 8, "total")
+    inputs, outputs, body = inputs + cached.inputs, outputs + cached.outputs, body + cached.body
+    key, value = cached.key, cached.value
     for p, source in (("k", key), ("v", value)):
         if groups == 1:
             body.append(f"{p}_rep = Identity ({source})")
@@ -156,18 +146,12 @@ def decoder_attention(
             f"{p}_rep = Reshape ({p}_e, kv_merge)",
         ]
     body += [
-        "x_shape = Shape (x)",
-        "seq_len = Gather <axis = 0> (x_shape, index_1)",
-        "total_len = Add (past_len, seq_len)",
         *(
-            ["q_count = Range (start, seq_len, step)", "q_pos = Add (q_count, past_len)"]
+            positions(("q_count = Range (start, seq_len, step)", "q_pos = Add (q_count, past_len)"))
             if dynamo
-            else ["q_pos = Range (past_len, total_len, step)"]
+            else positions()
         ),
-        "kv_pos = Range (start, total_len, step)",
-        "kv_u = Unsqueeze (kv_pos, axes_kv)",
-        "q_u = Unsqueeze (q_pos, axes_q)",
-        "causal = LessOrEqual (kv_u, q_u)" if causal else "causal = LessOrEqual (q_u, kv_u)",
+        CAUSAL if causal else "causal = LessOrEqual (q_u, kv_u)",
         *(
             [
                 "q_start = Sub (q_u, window)",
@@ -195,10 +179,7 @@ def decoder_attention(
                 "padding = Reshape (gathered, padding_shape)",
             ]
             if gathered_padding
-            else [
-                "mask_u = Unsqueeze (attention_mask, axes_pad)",
-                "padding = Cast <to = 9> (mask_u)",
-            ]
+            else PADDING
         ),
         "allowed = And (ordered, padding)",
         "bias = Where (allowed, zero_f, masked)",
@@ -239,11 +220,7 @@ def decoder_attention(
         "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
         "y = Reshape (ct, merge)",
     ]
-    text = f"""<ir_version: 8, opset_import: ["" : {opset}]>
-    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
-        {chr(10).join(body)}
-    }}"""
-    model = build_model(text, inits)
+    model = graph_model(inputs, outputs, body, inits, opset)
     if dynamo:  # its exporter writes every value's shape, the repeated heads' too
         shapes = {
             "k_rep": ["batch", HEADS, TOTAL, SIZE],

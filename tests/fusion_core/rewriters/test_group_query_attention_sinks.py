@@ -28,7 +28,8 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as oh
 
-from autofusion.fusion_core.testing import build_model, misses, optimize_quiet, run_both
+from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
+from tests.fusion_core.decoder_text import CAUSAL, MERGE, PADDING, graph_model, kv_cache, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -166,21 +167,9 @@ def gpt_oss_block(*, window: int | None, split: bool, cache: bool, infinite: boo
     total = '"past + seq"' if cache else "seq"
     inputs.append(f"int64[batch, {total}] attention_mask")
     outputs = ["float[batch, seq, 32] y"]
-    if cache:
-        inputs += [f"float[batch, {KV_HEADS}, past, {SIZE}] past_{p}" for p in ("key", "value")]
-        outputs += [
-            f"float[batch, {KV_HEADS}, {total}, {SIZE}] present_{p}" for p in ("key", "value")
-        ]
-        body += [
-            "present_key = Concat <axis = 2> (past_key, k_emb)",
-            "present_value = Concat <axis = 2> (past_value, vt)",
-            "past_shape = Shape (past_key)",
-            "past_len = Gather <axis = 0> (past_shape, index_2)",
-        ]
-        key, value = "present_key", "present_value"
-    else:
-        body.append("past_len = Identity (start)")
-        key, value = "k_emb", "vt"
+    cached = kv_cache(cache, KV_HEADS, SIZE, total)
+    inputs, outputs, body = inputs + cached.inputs, outputs + cached.outputs, body + cached.body
+    key, value = cached.key, cached.value
     for p, source in (("k", key), ("v", value)):  # repeat_kv
         body += [
             f"{p}_u = Unsqueeze ({source}, axis_2)",
@@ -188,16 +177,9 @@ def gpt_oss_block(*, window: int | None, split: bool, cache: bool, infinite: boo
             f"{p}_rep = Reshape ({p}_e, kv_merge)",
         ]
     body += [
-        "x_shape = Shape (x)",
-        "seq_len = Gather <axis = 0> (x_shape, index_1)",
-        "total_len = Add (past_len, seq_len)",
-        "q_pos = Range (past_len, total_len, step)",
-        "kv_pos = Range (start, total_len, step)",
-        "kv_u = Unsqueeze (kv_pos, axes_kv)",
-        "q_u = Unsqueeze (q_pos, axes_q)",
-        "causal = LessOrEqual (kv_u, q_u)",
-        "mask_u = Unsqueeze (attention_mask, axes_pad)",
-        "padding = Cast <to = 9> (mask_u)",
+        *positions(),
+        CAUSAL,
+        *PADDING,
         "causal_padding = And (causal, padding)",
     ]
     if window:  # sliding_window_overlay: kv_idx > q_idx - W
@@ -224,16 +206,9 @@ def gpt_oss_block(*, window: int | None, split: bool, cache: bool, infinite: boo
         "shifted = Sub (combined, peak)",
         "both = Softmax <axis = -1> (shifted)",
         "probs = Slice (both, zero, minus_one, axis_last)",
-        "context = MatMul (probs, v_rep)",
-        "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
-        "merged = Reshape (ct, merge)",
-        "y = MatMul (merged, wo)",
+        *MERGE,
     ]
-    text = f"""<ir_version: 8, opset_import: ["" : 18]>
-    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
-        {chr(10).join(body)}
-    }}"""
-    return build_model(text, inits)
+    return graph_model(inputs, outputs, body, inits)
 
 
 def _feeds(batch: int, seq: int, past: int, cache: bool) -> dict:

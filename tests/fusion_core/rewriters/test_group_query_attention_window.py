@@ -35,7 +35,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+from autofusion.fusion_core.testing import op_sequence, optimize_quiet, run_both
+from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, kv_cache, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -125,30 +126,16 @@ def attention_block(b: Block, *, opset: int = 18) -> onnx.ModelProto:
             f"{p}t = Transpose <perm = [0, 2, 1, 3]> ({p}r)",
         )
     ]
-    if b.cache:
-        inputs += [f"float[batch, 2, past, 8] past_{p}" for p in ("key", "value")]
-        outputs += [f"float[batch, 2, total, 8] present_{p}" for p in ("key", "value")]
-        body += [
-            "present_key = Concat <axis = 2> (past_key, kt)",
-            "present_value = Concat <axis = 2> (past_value, vt)",
-            "past_shape = Shape (past_key)",
-            "past_len = Gather <axis = 0> (past_shape, index_2)",
-        ]
-    else:
-        body.append("past_len = Identity (start)")
-    for p, source in (("k", "present_key"), ("v", "present_value")):
-        source = source if b.cache else f"{p}t"
+    cached = kv_cache(b.cache, 2, 8, "total", new=("kt", "vt"))
+    inputs, outputs, body = inputs + cached.inputs, outputs + cached.outputs, body + cached.body
+    for p, source in (("k", cached.key), ("v", cached.value)):
         body += [
             f"{p}_u = Unsqueeze ({source}, axis_2)",
             f"{p}_e = Expand ({p}_u, repeat)",
             f"{p}_rep = Reshape ({p}_e, kv_merge)",
         ]
     body += [*_mask_lines(b), *_scores_lines(b)]
-    text = f"""<ir_version: 8, opset_import: ["" : {opset}]>
-    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
-        {chr(10).join(body)}
-    }}"""
-    model = build_model(text, inits)
+    model = graph_model(inputs, outputs, body, inits, opset)
     # the key length named as optimum names it, which the ONNX text format cannot write
     for value in [*model.graph.input, *model.graph.output]:
         for dim in value.type.tensor_type.shape.dim:
@@ -161,18 +148,11 @@ def _mask_lines(b: Block) -> list[str]:
     """``allowed``: the causal term, the window (as ``b.spelling``) and the padding."""
     window = SPELLINGS[b.spelling]
     return [
-        "x_shape = Shape (x)",
-        "seq_len = Gather <axis = 0> (x_shape, index_1)",
-        "total_len = Add (past_len, seq_len)",
-        "q_pos = Range (past_len, total_len, step)",
-        "kv_pos = Range (start, total_len, step)",
-        "kv_u = Unsqueeze (kv_pos, axes_kv)",
-        "q_u = Unsqueeze (q_pos, axes_q)",
-        "causal = LessOrEqual (kv_u, q_u)",
+        *positions(),
+        CAUSAL,
         *window,
         "ordered = And (causal, in_window)" if window else "ordered = Identity (causal)",
-        "mask_u = Unsqueeze (attention_mask, axes_pad)",
-        "padding = Cast <to = 9> (mask_u)",
+        *PADDING,
         "allowed = And (ordered, padding)",
     ]
 

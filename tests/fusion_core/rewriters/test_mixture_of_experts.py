@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
+from autofusion.fusion_core.testing import build_model, make_session, optimize_quiet, run_both
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
@@ -128,6 +128,42 @@ class _Graph:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         onnx.checker.check_model(model, full_check=True)
         return model
+
+
+def kernel_routing(
+    router: np.ndarray, k: int, normalize: int, *, use_sparse_mixer: int = 0
+) -> np.ndarray:
+    """The CPU MoE kernel's routing weights per expert ``[tokens, experts]`` for its
+    input ``router``: identity experts, expert e copying the token's first feature into
+    output column e + 1 (fc2 symmetric: either weight layout reads the same)."""
+    tokens, experts = router.shape
+    width = experts + 1
+    fc1 = np.zeros((experts, width, width), np.float32)
+    fc1[:, 0, 0] = 1
+    fc2 = np.zeros((experts, width, width), np.float32)
+    for e in range(experts):
+        fc2[e, e + 1, 0] = fc2[e, 0, e + 1] = 1
+    node = helper.make_node(
+        "MoE", ["x", "router", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=k,
+        activation_type="identity", normalize_routing_weights=normalize,
+        use_sparse_mixer=use_sparse_mixer,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "routing",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, width]),
+            helper.make_tensor_value_info("router", TensorProto.FLOAT, [tokens, experts]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, width])],
+        [numpy_helper.from_array(fc1, "fc1"), numpy_helper.from_array(fc2, "fc2")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    x = np.zeros((tokens, width), np.float32)
+    x[:, 0] = 1
+    return make_session(helper.make_model(graph, opset_imports=opsets)).run(
+        None, {"x": x, "router": router.astype(np.float32)}
+    )[0][:, 1:]
 
 
 def _silu(g: _Graph, value: str) -> str:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _Graph
+from onnx import TensorProto, helper
+from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _Graph, kernel_routing
 
-from autofusion.fusion_core.testing import make_session, optimize_quiet, run_both
+from autofusion.fusion_core.testing import optimize_quiet, run_both
 
 JITTER_EPS = 0.01  # PhimoeConfig.router_jitter_noise's default
 
@@ -54,38 +54,6 @@ def softmax_top2(scores: np.ndarray) -> np.ndarray:
     return weights
 
 
-def kernel_routing(scores: np.ndarray, use_sparse_mixer: int) -> np.ndarray:
-    """The CPU MoE kernel's routing weights (k=2, not renormalized): identity experts,
-    expert e copying the token's first feature into output column e + 1."""
-    tokens, experts = scores.shape
-    width = experts + 1
-    fc1 = np.zeros((experts, width, width), np.float32)
-    fc1[:, 0, 0] = 1
-    fc2 = np.zeros((experts, width, width), np.float32)
-    for e in range(experts):  # symmetric: either weight layout reads the same
-        fc2[e, e + 1, 0] = fc2[e, 0, e + 1] = 1
-    node = helper.make_node(
-        "MoE", ["x", "scores", "fc1", "", "fc2"], ["y"], domain="com.microsoft", k=2,
-        activation_type="identity", use_sparse_mixer=use_sparse_mixer,
-        normalize_routing_weights=0,
-    )  # fmt: skip
-    graph = helper.make_graph(
-        [node],
-        "routing",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, width]),
-            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [tokens, experts]),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [tokens, width])],
-        [numpy_helper.from_array(fc1, "fc1"), numpy_helper.from_array(fc2, "fc2")],
-    )
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    session = make_session(helper.make_model(graph, opset_imports=opsets))
-    x = np.zeros((tokens, width), np.float32)
-    x[:, 0] = 1
-    return session.run(None, {"x": x, "scores": scores})[0][:, 1:]
-
-
 @pytest.mark.slow  # importing transformers' PhiMoE (and torch): about 15 s
 def test_our_sparsemixer_is_transformers() -> None:
     phimoe = pytest.importorskip("transformers.models.phimoe.modeling_phimoe")
@@ -104,7 +72,8 @@ def test_the_cpu_kernel_routes_as_if_use_sparse_mixer_were_off(experts) -> None:
     rng = np.random.default_rng(experts)
     scores = rng.standard_normal((32, experts)).astype(np.float32)
     scores[::2] *= 0.01
-    sparse, plain = kernel_routing(scores, 1), kernel_routing(scores, 0)
+    sparse = kernel_routing(scores, 2, 0, use_sparse_mixer=1)
+    plain = kernel_routing(scores, 2, 0)
     np.testing.assert_array_equal(sparse, plain)  # the attribute changes nothing
     np.testing.assert_allclose(sparse, softmax_top2(scores), rtol=1e-5, atol=1e-6)
     assert np.abs(sparse - sparsemixer(scores)).max() > 0.1  # not PhiMoE's routing

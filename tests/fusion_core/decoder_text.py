@@ -1,0 +1,80 @@
+"""Lines of onnx text every hand-written decoder attention block in the tests shares:
+its KV cache and the positions its causal mask compares (``onnx.parser`` syntax). The
+initializers they name (``start``, ``step``, ``index_1``, ``index_2``, ``axes_kv``,
+``axes_q``, ``axes_pad``) are each test's own, as are the block's ``x``, new key and
+value heads and ``attention_mask``."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import onnx
+
+from autofusion.fusion_core.testing import build_model
+
+# the context of ``probs`` and ``v_rep``, its heads merged and projected by ``wo``
+MERGE = [
+    "context = MatMul (probs, v_rep)",
+    "ct = Transpose <perm = [0, 2, 1, 3]> (context)",
+    "merged = Reshape (ct, merge)",
+    "y = MatMul (merged, wo)",
+]
+CAUSAL = "causal = LessOrEqual (kv_u, q_u)"  # a key at or before its query
+PADDING = ["mask_u = Unsqueeze (attention_mask, axes_pad)", "padding = Cast <to = 9> (mask_u)"]
+
+
+class Cache(NamedTuple):
+    inputs: list[str]  # the graph inputs it adds
+    outputs: list[str]  # the graph outputs it adds
+    body: list[str]  # its lines, ``past_len`` among them
+    key: str  # what the attention reads as keys and values
+    value: str
+
+
+def kv_cache(
+    cache: bool, kv_heads: int, size: int, total: str, new: tuple[str, str] = ("k_emb", "vt")
+) -> Cache:
+    """``past_len`` and, with a ``cache``, the past and present keys and values: the new
+    ``[B, kv_heads, S, size]`` heads ``new`` appended to ``past_key``/``past_value``
+    (present ``[batch, kv_heads, total, size]``); without one, the new heads alone."""
+    if not cache:
+        return Cache([], [], ["past_len = Identity (start)"], *new)
+    kinds = ("key", "value")
+    return Cache(
+        [f"float[batch, {kv_heads}, past, {size}] past_{p}" for p in kinds],
+        [f"float[batch, {kv_heads}, {total}, {size}] present_{p}" for p in kinds],
+        [
+            f"present_key = Concat <axis = 2> (past_key, {new[0]})",
+            f"present_value = Concat <axis = 2> (past_value, {new[1]})",
+            "past_shape = Shape (past_key)",
+            "past_len = Gather <axis = 0> (past_shape, index_2)",
+        ],
+        "present_key",
+        "present_value",
+    )
+
+
+def positions(q_pos: tuple[str, ...] = ("q_pos = Range (past_len, total_len, step)",)) -> list:
+    """``kv_u`` ``[1, L]`` and ``q_u`` ``[S, 1]``: the positions of the keys (the cache's
+    and the new ones) and of the queries (after the cache), from ``x`` and ``past_len``."""
+    return [
+        "x_shape = Shape (x)",
+        "seq_len = Gather <axis = 0> (x_shape, index_1)",
+        "total_len = Add (past_len, seq_len)",
+        *q_pos,
+        "kv_pos = Range (start, total_len, step)",
+        "kv_u = Unsqueeze (kv_pos, axes_kv)",
+        "q_u = Unsqueeze (q_pos, axes_q)",
+    ]
+
+
+def graph_model(
+    inputs: list[str], outputs: list[str], body: list[str], inits: dict, opset: int = 18
+) -> onnx.ModelProto:
+    """The model of ``body`` from ``inputs`` to ``outputs`` (onnx text declarations) at
+    ``opset``, ``inits`` its initializers."""
+    text = f"""<ir_version: 8, opset_import: ["" : {opset}]>
+    g ({", ".join(inputs)}) => ({", ".join(outputs)}) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, inits)
