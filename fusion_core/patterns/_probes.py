@@ -42,8 +42,12 @@ def _reaches(
     return False
 
 
+# Concat: gpt-oss's sinks; Tanh: a soft-cap, c * tanh(scores / c)
+_SCORE_STEPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Concat", "Tanh"})
+
+
 def _score_steps(node: ir.Node) -> list[ir.Value | None]:
-    if node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast", "Concat"):  # Concat: sinks
+    if node.op_type in _SCORE_STEPS:
         return [v for v in node.inputs if _activation(v)]
     if node.op_type in ("Reshape", "Squeeze", "Unsqueeze") and node.inputs:
         return [node.inputs[0]]
@@ -52,9 +56,10 @@ def _score_steps(node: ir.Node) -> list[ir.Value | None]:
 
 def attention_softmax(node: ir.Node) -> bool:
     """A Softmax of scores: its input comes from a MatMul of two activations, possibly
-    through a few elementwise steps (scale, mask, Where, Cast), reshapes (DeBERTa
-    reshapes its scores between the relative-position Add and the mask's Where) and a
-    Concat (gpt-oss's attention sinks, one more column of the scores)."""
+    through a few elementwise steps (scale, mask, Where, Cast, a soft-cap's Tanh),
+    reshapes (DeBERTa reshapes its scores between the relative-position Add and the
+    mask's Where) and a Concat (gpt-oss's attention sinks, one more column of the
+    scores)."""
     return _reaches(
         node.inputs[0] if node.inputs else None,
         lambda n: n.op_type == "MatMul" and all(_activation(v) for v in n.inputs[:2]),

@@ -22,11 +22,24 @@ SCORES = {
         s = MatMul(q, k)
         d = Mul(s, c8)
         y = Softmax<axis = -1>(d)""",
+    # Gemma-2: soft-capped scores, c * tanh(s / c), then the mask
+    "soft-capped": """
+        s = MatMul(q, k)
+        d = Div(s, cap)
+        t = Tanh(d)
+        c = Mul(t, cap)
+        w = Where(m, neg, c)
+        y = Softmax<axis = -1>(w)""",
     "classifier-over-weights": """
         s = MatMul(q, wconst)
         y = Softmax<axis = -1>(s)""",
 }
-EXPECTED = {"reshaped-then-masked": True, "scaled": True, "classifier-over-weights": False}
+EXPECTED = {
+    "reshaped-then-masked": True,
+    "scaled": True,
+    "soft-capped": True,
+    "classifier-over-weights": False,
+}
 
 
 @pytest.mark.parametrize("case", list(SCORES), ids=list(SCORES))
@@ -38,6 +51,7 @@ def test_attention_softmax_probe(case):
     model = onnx.parser.parse_model(text)
     consts = {
         "c8": np.array(0.125, np.float32),
+        "cap": np.array(50.0, np.float32),
         "neg": np.array(-1e4, np.float32),
         "shape": np.array([1, 4, 8, 8], np.int64),
         "wconst": np.ones((8, 8), np.float32),
