@@ -23,6 +23,11 @@ running them before every round (a fusion may expose a spelling) changes nothing
   (``Div``, ``Reciprocal``, ``Div(1, .)``, ``Pow(u, -0.5)``) and centering
   (``Add(x, Neg(m))``) is written ``Mul(d, Reciprocal(Sqrt(ReduceMean(Pow(d, 2)) +
   eps)))``, ``d = Sub(x, ReduceMean(x))``: one pattern per norm;
+* ``gelu_spelling`` (``_gelu_spelling.py``, read by ``_gelu_reads.py``): a GELU, erf
+  or tanh form, in any pairing of its product, any form of its argument (BLOOM's ``x *
+  (1 + k * x * x)``, ``Pow(x, 3)`` or ``x * x * x``, Div or Mul by the constant) and
+  either gate (``1 + T``, ``0.5 + 0.5 * T``) is written in one spelling: one pattern
+  per form;
 * ``heads_in_batch`` (``_heads_in_batch.py``): a batched MatMul or Softmax between a
   fold of the heads into the batch (``[B * N, S, H]``, bmm: XGLM, BART-era exports) and
   the unfold after it is computed over ``[B, N, S, H]``;
@@ -98,6 +103,7 @@ from autofusion.fusion_core.canonical._fill_masks import (
     padding_fills,
     whole_scatters,
 )
+from autofusion.fusion_core.canonical._gelu_spelling import gelu_spellings, undo_gelu_spellings
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
 from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
@@ -164,6 +170,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "rotary_sign": rotary_signs,
     "softmax_shift": softmax_shifts_dropped,
     "norm_spelling": norm_spellings,
+    "gelu_spelling": gelu_spellings,
     "heads_in_batch": heads_unfolded,
     "whole_scatter": whole_scatters,
     "causal_fill": causal_fills,
@@ -200,6 +207,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
+    "gelu_spelling": "GELU blocks written as 0.5 x (1 + erf(x / sqrt(2))) or its tanh form",
     "rotary_halves": "rotary embeddings of two halves written with rotate_half",
     "rotary_sign": "rotations by minus the angle written with rotate_half and a negated sine",
     "softmax_shift": "Softmaxes of x - ReduceMax(x) made Softmax(x)",
@@ -315,6 +323,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "one_kv_head": undo_one_head_splits(graph, MARK),
             "norm_spelling": undo_norm_spellings(graph, MARK),
             "rotary_halves": undo_rotary_halves(graph, MARK),
+            "gelu_spelling": undo_gelu_spellings(graph, MARK),
         }
     )
 

@@ -9,7 +9,16 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["INTEGER_TYPES", "by_op_type", "drop_unread", "int64s", "put_back", "replace"]
+__all__ = [
+    "INTEGER_TYPES",
+    "by_op_type",
+    "drop_unread",
+    "int64s",
+    "new_initializer",
+    "put_back",
+    "replace",
+    "take_place",
+]
 
 # The element types of the masks exporters compute (attention_mask and its comparisons).
 INTEGER_TYPES = frozenset(
@@ -34,6 +43,34 @@ def int64s(graph: ir.Graph, fresh_name: Callable[[str], str], values: list[int])
     value.dtype = ir.DataType.INT64
     graph.register_initializer(value)
     return value
+
+
+def new_initializer(
+    graph: ir.Graph,
+    name: str,
+    number: float | list[int],
+    dtype: ir.DataType | None,
+    shape: tuple[int, ...] | None = None,
+) -> ir.Value:
+    """A new initializer holding ``number`` (filled to ``shape`` where one is given),
+    named ``name`` or, where that is taken, with a suffix; float32 without a ``dtype``."""
+    numpy_type = dtype.numpy() if dtype is not None else np.float32
+    array = np.array(number, numpy_type) if shape is None else np.full(shape, number, numpy_type)
+    unique, k = name, 0
+    while unique in graph.initializers:
+        k += 1
+        unique = f"{name}_{k}"
+    value = ir.Value(name=unique, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
+    value.dtype = ir.DataType.from_numpy(array.dtype)
+    graph.register_initializer(value)
+    return value
+
+
+def take_place(old: ir.Value, new: ir.Value) -> None:
+    """``new`` takes ``old``'s readers, its name and its place among the graph outputs."""
+    name, old.name = old.name, None
+    new.name = name or new.name
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
 
 
 def replace(graph: ir.Graph, old: ir.Node, new: list[ir.Node], mark: str, rule: str) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._edits import new_initializer, take_place
 from autofusion.fusion_core.canonical._norm_reads import (
     NormBlock,
     SumMean,
@@ -72,7 +73,7 @@ class _Writer:
         self.graph, self.fresh_name, self.mark = graph, fresh_name, mark
 
     def constant(self, like: ir.Value, number: float) -> ir.Value:
-        return _initializer(self.graph, self.fresh_name(f"{RULE}_constant"), number, like.dtype)
+        return new_initializer(self.graph, self.fresh_name(f"{RULE}_constant"), number, like.dtype)
 
     def node(self, op: str, inputs: list, like: ir.Value, attrs: list | None = None) -> ir.Node:
         """A new node whose output has ``like``'s type and shape, standing for no old
@@ -97,20 +98,13 @@ class _Writer:
         if constant is not None and constant.name:
             new[-1].metadata_props[_CONSTANT] = constant.name
         self.graph.insert_before(old[0], new)
-        _take_place(old[-1].outputs[0], new[-1].outputs[0])
+        take_place(old[-1].outputs[0], new[-1].outputs[0])
         self.graph.remove(old[::-1], safe=True)
         return new[-1]
 
 
 def _name(node: ir.Node) -> str:
     return node.name or f"<{node.op_type}>"
-
-
-def _take_place(old: ir.Value, new: ir.Value) -> None:
-    """``new`` takes ``old``'s readers, its name and its place among the graph outputs."""
-    name, old.name = old.name, None
-    new.name = name or new.name
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
 
 
 def _one_spelling(block: NormBlock, w: _Writer) -> int:
@@ -184,7 +178,9 @@ def _as_mean(mean: SumMean, w: _Writer) -> None:
     if _opset(w.graph) >= _MEAN_AXES_INPUT and len(reduce.inputs) > 1:
         inputs.append(reduce.inputs[1])  # the same axes input
     elif _opset(w.graph) >= _MEAN_AXES_INPUT:
-        inputs.append(_initializer(w.graph, w.fresh_name(f"{RULE}_axes"), axes, ir.DataType.INT64))
+        inputs.append(
+            new_initializer(w.graph, w.fresh_name(f"{RULE}_axes"), axes, ir.DataType.INT64)
+        )
     else:
         attrs.append(ir.AttrInt64s("axes", axes))
     constant = next(v for v in scale.inputs if v is not reduce.outputs[0])
@@ -195,21 +191,6 @@ def _as_mean(mean: SumMean, w: _Writer) -> None:
 
 def _opset(graph: ir.Graph) -> int:
     return graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
-
-
-def _initializer(
-    graph: ir.Graph, name: str, number: float | list[int], dtype: ir.DataType | None
-) -> ir.Value:
-    """A new initializer holding ``number``, named ``name`` (a suffix where it is taken)."""
-    array = np.array(number, dtype.numpy() if dtype is not None else np.float32)
-    unique, k = name, 0
-    while unique in graph.initializers:
-        k += 1
-        unique = f"{name}_{k}"
-    value = ir.Value(name=unique, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
-    value.dtype = ir.DataType.from_numpy(array.dtype)
-    graph.register_initializer(value)
-    return value
 
 
 def undo_norm_spellings(graph: ir.Graph, mark: str) -> int:
@@ -239,7 +220,7 @@ def _put_back(graph: ir.Graph, old: list[ir.Node], written: list[ir.Node]) -> No
     out, again = written[-1].outputs[0], old[-1].outputs[0]
     again.dtype, again.shape = out.dtype, out.shape
     graph.insert_before(written[0], old)
-    _take_place(out, again)
+    take_place(out, again)
     graph.remove(written[::-1], safe=True)
 
 
@@ -248,7 +229,7 @@ def _constant_like(graph: ir.Graph, node: ir.Node, what: str, number: float) -> 
     found = graph.initializers.get(node.metadata_props.get(_CONSTANT, ""))
     if found is not None and scalar_constant(found) == number:
         return found
-    return _initializer(graph, f"{node.name}_{what}", number, node.outputs[0].dtype)
+    return new_initializer(graph, f"{node.name}_{what}", number, node.outputs[0].dtype)
 
 
 def _undo_square(graph: ir.Graph, node: ir.Node, detail: str) -> bool:
@@ -283,7 +264,7 @@ def _undo_mean(graph: ir.Graph, node: ir.Node, detail: str) -> bool:
     if _opset(graph) >= _SUM_AXES_INPUT and len(node.inputs) > 1:
         inputs.append(node.inputs[1])  # the same axes input
     elif _opset(graph) >= _SUM_AXES_INPUT:
-        inputs.append(_initializer(graph, f"{node.name}_axes", axes, ir.DataType.INT64))
+        inputs.append(new_initializer(graph, f"{node.name}_axes", axes, ir.DataType.INT64))
     else:
         attrs.append(ir.AttrInt64s("axes", axes))
     summed = ir.Node("", "ReduceSum", inputs, attrs)

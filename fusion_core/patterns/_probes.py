@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_tensor
 
-__all__ = ["PROBES", "attention_softmax", "router_softmax"]
+__all__ = ["PROBES", "attention_softmax", "gelu_activation", "router_softmax"]
 
 
 def _activation(value: ir.Value | None) -> bool:
@@ -100,7 +100,33 @@ def _a_router(node: ir.Node) -> bool:
     return weight is not None and len(weight.shape) == 2
 
 
+_POLYNOMIAL_STEPS = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Pow"})
+
+
+def gelu_activation(node: ir.Node) -> bool:
+    """An Erf, or a Tanh of a polynomial of degree 2 or more (GELU's ``x + k x^3``; a
+    soft-cap's ``Tanh(s / c)`` and an RNN's Tanh are not): a GELU the canonical form
+    could not write in the patterns' spelling (an intermediate read elsewhere, a
+    constant that is not a scalar) is owed a near miss."""
+    if node.op_type == "Erf":
+        return bool(node.inputs) and _activation(node.inputs[0])
+    if node.op_type != "Tanh" or not node.inputs:
+        return False
+    todo, seen = [node.inputs[0]], 0
+    while todo and seen < 12:
+        producer = todo.pop().producer()
+        if producer is None or producer.op_type not in _POLYNOMIAL_STEPS:
+            continue
+        seen += 1
+        operands = [v for v in producer.inputs if _activation(v)]
+        if producer.op_type == "Pow" or (producer.op_type == "Mul" and len(operands) == 2):
+            return True
+        todo += operands
+    return False
+
+
 PROBES: dict[str, Callable[[ir.Node], bool]] = {
     "attention_softmax": attention_softmax,
     "router_softmax": router_softmax,
+    "gelu_activation": gelu_activation,
 }

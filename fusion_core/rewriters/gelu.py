@@ -5,13 +5,15 @@ The two forms (https://onnx.ai/onnx/operators/onnx__Gelu.html)::
     erf:   GELU(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
     tanh:  GELU(x) ~ 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
 
-Exporters write the product ``0.5 * x * (1 + ...)`` in any of its three pairings,
-``x / sqrt(2)`` as ``Div(x, sqrt(2))`` or ``Mul(x, 1 / sqrt(2))``, and ``x^3`` as
-``Pow(x, 3)`` or ``x * (x * x)``: each common variant is one pattern
-(``patterns/builtin/gelu_*.yaml``), whose constraints check the constants. The one
-check left to this module is the erf scale, whose expected value depends on the op
-matched (a Div by ``sqrt(2)`` or a Mul by ``1 / sqrt(2)``); it allows a relative error
-of ``1e-5`` so that constants rounded to float32 or written with fewer digits pass.
+Exporters write the product ``0.5 * x * (1 + ...)`` in any of its pairings, ``x /
+sqrt(2)`` as ``Div(x, sqrt(2))`` or ``Mul(x, 1 / sqrt(2))``, ``x^3`` as ``Pow(x, 3)``
+or products, BLOOM the tanh argument as ``c x (1 + k x x)``: the canonical form's
+``gelu_spelling`` rule writes each in one spelling per form, which one pattern matches
+(``patterns/builtin/gelu_erf.yaml``, ``gelu_tanh.yaml``), whose constraints check the
+constants. The one check left to this module is the erf scale, whose expected value
+depends on the op matched (a Div by ``sqrt(2)`` or a Mul by ``1 / sqrt(2)``); it allows
+a relative error of ``1e-5`` so that constants rounded to float32 or written with fewer
+digits pass.
 
 A preceding Add of a constant bias ``B`` of shape ``[hidden]`` (the bias of a Linear
 layer: ``MatMul + Add + GELU``; the MatMul stays) fuses too: ``GELU(A + B)``.

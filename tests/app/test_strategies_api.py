@@ -75,7 +75,7 @@ def test_presets_are_seeded(client):
     nlp = by_name["nlp"]["patterns"]
     # every transformer fusion, none of the convolutional ones
     assert {"attention", "qkv_bias_merge", "skip_layer_norm", "matmul_add"} <= set(nlp)
-    assert "gelu_erf_half_inner_bias" in nlp and not any(p.startswith("conv") for p in nlp)
+    assert "gelu_erf_bias" in nlp and not any(p.startswith("conv") for p in nlp)
     assert all(s["version"] == 1 and s["exclude"] == [] for s in body["data"])
     # Presets choose among overlapping fusions with the cost model.
     assert {n: s["selection"] for n, s in by_name.items()} == {

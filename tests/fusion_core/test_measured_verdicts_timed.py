@@ -25,7 +25,7 @@ from autofusion.fusion_core.pipeline.measured import optimize_measured
 
 BERT = Path(__file__).resolve().parents[2] / "tests" / "data" / "transformers"
 BERT = BERT / "bert_eager_torchscript.onnx"
-PATTERNS = ["attention", "skip_layer_norm_bias", "gelu_erf_half_last_bias"]
+PATTERNS = ["attention", "skip_layer_norm_bias", "gelu_erf_bias"]
 
 
 def feeds() -> list[dict[str, np.ndarray]]:
