@@ -5,7 +5,7 @@ accuracy_level 4: A quantized to int8 inside the kernel; hidden 256, 4 layers) f
 fp32 tolerance with its right fusions (logits 0.03 apart): with the floor it passes, its
 fusions kept, and the report names the floor. A fused model whose last norm's gamma is
 off by 1% still fails (its mean error passes twice the floor's mean: 2.2x it on an AVX2
-host). A model without such ops is checked exactly as before.
+host; on an AVX-512 host the level-0 comparison below fails it). A model without such ops is checked exactly as before.
 
 At 10 layers (seed 5) the original's own int8 noise is as large as a 1% gamma error in a
 middle or last norm: such a fused model passes the floor, and the second comparison with
@@ -98,10 +98,15 @@ def test_a_wrong_gamma_is_not_hidden_by_the_floor(int4) -> None:
 
     assert not check.passed and check.failure == MISMATCH
     (logits,) = check.noise_floor.outputs
-    # 2.2x the floor's mean on an AVX2 host (0.0113 against 0.0051): above the limit of
-    # twice it; the level-0 comparison is the second net (the tests at 10 layers below)
-    assert check.outputs[0].mean_abs_diff > logits.mean_limit
-    assert "noise floor's mean" in check.outputs[0].detail
+    # Which net catches it depends on the host's int8 kernels: on AVX2 the mean error is
+    # 2.2x the floor's mean (0.0113 against 0.0051), past the limit of twice it; on an
+    # AVX-512 host 1.47x (0.0086 against 0.0059), and the comparison with every
+    # MatMulNBits at accuracy level 0 fails it. One of the two must.
+    by_mean = check.outputs[0].mean_abs_diff > logits.mean_limit
+    exact = check.noise_floor.exact
+    assert by_mean or (exact is not None and exact.passed is False), check.to_dict()
+    if by_mean:
+        assert "noise floor's mean" in check.outputs[0].detail
 
 
 def test_a_tolerance_the_caller_gave_is_kept(int4) -> None:
