@@ -6,9 +6,12 @@
 
 Exporters write it as ``Sigmoid`` and ``Mul`` (torch's ``nn.SiLU`` with both torch.onnx
 exporters, YOLO-style Conv + BatchNormalization + SiLU blocks, EfficientNet), in either
-Mul input order. The pattern binds the Sigmoid's input as ``$x`` and leaves the Mul's
-other input free; this module checks that it is the same value, so that a gate
-``y * Sigmoid(x)`` (a squeeze-excitation block) is reported, not fused.
+Mul input order. ``x * Sigmoid(alpha * x)`` with a constant ``alpha`` (CLIP's and
+OpenAI's ``quick_gelu``, alpha 1.702; the ``quick_gelu`` pattern, ``scale_node`` the Mul
+by alpha, in either order) is the same op with that alpha. The pattern binds the
+Sigmoid's input as ``$x`` and leaves the Mul's other input free; this module checks
+that it is the same value, so that a gate ``y * Sigmoid(x)`` (a squeeze-excitation
+block) is reported, not fused.
 
 What each target emits:
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import (
     Params,
@@ -37,6 +41,7 @@ from autofusion.fusion_core.rewriters._base import (
     RewriteContext,
     Rewriter,
     opset_refusal,
+    scale_factor,
 )
 from autofusion.fusion_core.targets import MS_DOMAIN
 
@@ -51,6 +56,8 @@ class SiLUParams(Params):
     output_node: str = "out"  # the Mul
     # generic: emit ONNX Swish (opset >= 24) instead of leaving the pair as it is.
     swish: bool = False
+    # x * Sigmoid(alpha * x): the Mul by the constant alpha before the Sigmoid.
+    scale_node: str | None = None
 
 
 def other_operand(match: Match, mul_node: str, inner: ir.Value, x: ir.Value | None) -> str | None:
@@ -85,12 +92,16 @@ class FuseSiLU(Rewriter):
     Params = SiLUParams
 
     def rewrite(self, match: Match, params: SiLUParams, ctx: RewriteContext) -> Rewrite | str:
-        x = gated_input(match, params.sigmoid_node, params.output_node, "SiLU")
+        if params.scale_node is not None:
+            found = _scaled_input(match, params)
+        else:
+            found = gated_input(match, params.sigmoid_node, params.output_node, "SiLU"), 1.0
+        x, alpha = found
         if isinstance(x, str):
             return x
         if ctx.target.can_emit(MS_DOMAIN):
             ctx.use_domain(MS_DOMAIN)
-            node = ir.Node(MS_DOMAIN, "QuickGelu", [x], [ir.AttrFloat32("alpha", 1.0)])
+            node = ir.Node(MS_DOMAIN, "QuickGelu", [x], [ir.AttrFloat32("alpha", alpha)])
         elif not params.swish:
             return (
                 "generic: onnxruntime runs ONNX Swish (opset 24) as Mul, Sigmoid, Mul, slower "
@@ -100,6 +111,21 @@ class FuseSiLU(Rewriter):
         elif ctx.opset < SWISH_OPSET:
             return opset_refusal("ONNX Swish", SWISH_OPSET, ctx)
         else:
-            node = ir.Node("", "Swish", [x], [ir.AttrFloat32("alpha", 1.0)])
+            node = ir.Node("", "Swish", [x], [ir.AttrFloat32("alpha", alpha)])
         out = match.node(params.output_node)
         return Rewrite([node], [(out.outputs[0], node.outputs[0])])
+
+
+def _scaled_input(match: Match, params: SiLUParams) -> tuple[ir.Value | str, float]:
+    """``x`` and ``alpha`` of ``x * Sigmoid(alpha * x)``, or why it is not one."""
+    scale = match.node(params.scale_node or "scale")
+    alpha = scale_factor(
+        scale, next((v for v in scale.inputs if constant_array(v) is not None), None)
+    )
+    if isinstance(alpha, str):
+        return f"not x * Sigmoid(alpha * x): {alpha}", 0.0
+    x = next((v for v in scale.inputs if constant_array(v) is None), None)
+    reason = other_operand(match, params.output_node, match.node(params.sigmoid_node).outputs[0], x)
+    if reason is not None or x is None:
+        return f"not x * Sigmoid(alpha * x): {reason}", 0.0
+    return x, alpha

@@ -66,10 +66,11 @@ def silu_model(
     extra_inputs: str = "",
     extra_outputs: str = "",
     seed: int = 0,
+    constants: dict[str, float] | None = None,
 ) -> onnx.ModelProto:
     x_decl, head_text, _ = HEADS[head]
     rng = np.random.default_rng(seed)
-    inits: dict[str, np.ndarray] = {}
+    inits: dict[str, np.ndarray] = {k: np.float32(v) for k, v in (constants or {}).items()}
     if head.startswith("after-conv"):
         inits["w"] = rng.standard_normal((8, 4, 3, 3)) * 0.5
         if head == "after-conv":
@@ -185,3 +186,36 @@ def test_no_fusion_and_the_reason(case, reason, target):
     result = optimize_quiet(model, target=target)
     assert result.counts == {}
     assert_no_fusion(model, result, pattern="silu", reason=reason, ops=op_sequence(model), **TOL)
+
+
+# ---------------------------------------------------------------------------------------
+# x * Sigmoid(alpha * x): CLIP's quick_gelu (alpha 1.702), the pattern quick_gelu.
+
+QUICK = {
+    "scale-first": "q = Mul (alpha, a)\n s = Sigmoid (q)\n y = Mul (s, a)",
+    "x-first": "q = Mul (a, alpha)\n s = Sigmoid (q)\n y = Mul (a, s)",
+}
+
+
+@pytest.mark.parametrize("alpha", [1.702, 0.5])
+@pytest.mark.parametrize("body", list(QUICK.values()), ids=list(QUICK))
+def test_quick_gelu_keeps_its_alpha(body, alpha):
+    model = silu_model("after-matmul-add-3d", body, constants={"alpha": alpha})
+    result = optimize_quiet(model, target="onnxruntime")
+    ops = ["MatMul", "Add", "com.microsoft::QuickGelu"]
+    fused = assert_fusion(model, result, counts={"quick_gelu": 1}, ops=ops, **TOL)
+    node = fused.graph.node[-1]
+    assert [(a.name, round(a.f, 6)) for a in node.attribute] == [("alpha", round(alpha, 6))]
+
+
+def test_quick_gelu_of_another_value_is_a_near_miss():
+    body = "q = Mul (a, alpha)\n s = Sigmoid (q)\n y = Mul (g, s)"
+    model = silu_model(
+        "after-matmul-add-3d", body, extra_inputs=", float[2, 3, 16] g", constants={"alpha": 1.702}
+    )
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts == {}
+    reason = "not x * Sigmoid(alpha * x): out (Mul -> 'y') multiplies 's' by 'g'"
+    assert_no_fusion(
+        model, result, pattern="quick_gelu", reason=reason, ops=op_sequence(model), **TOL
+    )
