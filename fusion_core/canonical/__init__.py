@@ -76,6 +76,14 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``transpose_before_rotary`` (``_rotary_heads.py``): a rotary embedding written out
   on ``[B, S, N, H]`` heads before their head Transpose (Gemma-4) rotates the
   transposed heads, as Llama's does;
+* ``scatter_parts`` (``_scatter_parts.py``): key heads written slab by slab into an
+  empty tensor by ScatterNDs over index grids (DeepSeek-V2's and MiniCPM3's
+  ``new_empty`` and ``copy_``) are the Concat of the slabs;
+* ``concat_heads`` (``_concat_heads.py``): heads an attention reads as a last-axis
+  Concat, Split or Slice of ``[B, N, S, *]`` parts (multi-head latent attention's
+  ``cat(q_nope, rot(q_pe))``, its shared one-head ``k_pe`` expanded, its ``k_nope`` and
+  ``v`` split from one projection) are the head split of the parts laid out as
+  ``[B, S, N, *]``;
 * ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
   (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
   merge/split Reshape pair.
@@ -97,6 +105,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
+from autofusion.fusion_core.canonical._concat_heads import concat_heads
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
     identity_mask_expands,
@@ -132,6 +141,7 @@ from autofusion.fusion_core.canonical._scales import (
     undo_unit_scales,
     unit_scales,
 )
+from autofusion.fusion_core.canonical._scatter_parts import scatter_parts
 from autofusion.fusion_core.canonical._sequence_first import (
     kt_by_reshapes,
     packed_parts_as_slices,
@@ -202,6 +212,8 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "transpose_after_norm": transpose_after_norms,
     "transpose_before_rotary": transposes_before_rotaries,
     "transpose_after_rotary": transpose_after_rotaries,
+    "scatter_parts": scatter_parts,
+    "concat_heads": concat_heads,
     "head_split": split_heads_last,
 }
 _WORDS = {
@@ -242,6 +254,8 @@ _WORDS = {
     "transpose_after_norm": "head Transposes moved after the norm of each head",
     "transpose_before_rotary": "head Transposes after a written-out rotary moved before it",
     "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
+    "scatter_parts": "heads written slab by slab by ScatterNDs made a Concat of the slabs",
+    "concat_heads": "heads formed by a Concat, Split or Slice of parts made head splits",
     "head_split": "head splits moved after their per-head ops",
 }
 
