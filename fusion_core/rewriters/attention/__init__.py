@@ -14,7 +14,10 @@ generic target folds the scale instead (``fold_scale``)::
 
 (https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.MultiHeadAttention).
 Its default scale is ``1 / sqrt(H)``; the rewriter always passes the graph's constant,
-so a model whose scale differs from the default fuses too.
+so a model whose scale differs from the default fuses too. ``V``'s head size may differ
+from that of ``Q`` and ``K`` (multi-head latent attention: ``Reshape(v, [B, L, N, Hv])``,
+the output ``[B, S, N * Hv]``), as MultiHeadAttention (its ``v_hidden_size``) and ONNX
+Attention both take; its heads must be ``N``.
 
 ``N`` and ``H`` come from the graph, never from the user: the last two entries of the
 head-split Reshape's target (a constant, or a ``Concat`` whose last two parts are

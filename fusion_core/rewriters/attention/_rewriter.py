@@ -67,11 +67,12 @@ def multi_head_attention(
     if not contrib and ctx.opset < ATTENTION_OPSET:
         instead = "the generic target folds the attention scale into the projection instead"
         return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx, instead)
-    heads = heads_of(splits)
+    heads = _heads(splits)
     if isinstance(heads, str):
         return heads
+    (count, _), value_size = heads
     output = match.node(params.output_node)
-    layout = merged_layout(match, params, splits[0].inputs[0], heads)
+    layout = merged_layout(match, params, splits[0].inputs[0], (count, value_size))
     if isinstance(layout, str):
         return layout
     reshape_after, scale = layout
@@ -82,12 +83,14 @@ def multi_head_attention(
     inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
     if mask is not None:
         inputs += [None, None, mask]
-    nodes.append(_attention_node(contrib, inputs, heads[0], scale, ctx))
+    nodes.append(_attention_node(contrib, inputs, count, scale, ctx))
     q = splits[0].inputs[0]
-    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
+    # [B, S, N * Dv]: the query's batch and sequence, the value's head size
+    merged = ir.Shape([*q.shape[:2], count * value_size]) if q.shape is not None else None
+    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
     if keep_rows is not None:
         nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
-        nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, q.shape
+        nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
     if reshape_after:
         reshape = [nodes[-1].outputs[0], output.inputs[1]]
         nodes.append(ir.Node("", "Reshape", reshape, output.attributes.values()))
@@ -95,6 +98,20 @@ def multi_head_attention(
     new = nodes[-1].outputs[0]
     new.type, new.shape = old.type, old.shape
     return Rewrite(nodes, [(old, new)])
+
+
+def _heads(splits: list[ir.Node]) -> tuple[tuple[int, int], int] | str:
+    """((N, H) of the query and key, the value's head size), or why not: the value may
+    have a head size of its own (multi-head latent attention), its heads must be N."""
+    heads = heads_of(splits[:2])
+    if isinstance(heads, str):
+        return heads
+    value = heads_of(splits[2:])
+    if isinstance(value, str):
+        return value
+    if value[0] != heads[0]:
+        return f"the value has {value[0]} heads, the query and key {heads[0]}"
+    return heads, value[1]
 
 
 def _mask(
