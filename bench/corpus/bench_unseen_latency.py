@@ -13,7 +13,8 @@ counts if it beats what onnxruntime does to the original by itself.
     python bench/corpus/bench_unseen_latency.py --before /tmp/before gpt_neo opt
 
 Each family's prefill graph is the one ``unseen_families.py`` exported (its ``--out``
-folder, the same default here), optimized for onnxruntime with the default profile
+folder, the same default here; ``--exporter torchscript`` for a family dynamo cannot
+export, such as MiniCPM3), optimized for onnxruntime with the default profile
 (``cpu``) and the check on; timed on a batch of ``--batch`` rows of ``--seq`` tokens
 (the last row padded from its second half), ``--threads`` threads, ``--rounds``
 interleaved rounds after 20 (``bench/_interleaved.py``): per variant the median ms and
@@ -33,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ for the s
 
 from _interleaved import interleaved_ms, paired_summary
 from _sessions import session
-
-EXPORTER = "dynamo"
 
 
 def fuse(source: Path, target: Path) -> str:
@@ -71,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--exporter", default="dynamo", help="torchscript for a family dynamo cannot export"
+    )
     args = parser.parse_args(argv)
     out = args.write or Path(args.exports) / "after"
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| family | variant | what fused | median ms | paired ratio [p10-p90] | max abs diff |")
     print("|---|---|---|---|---|---|")
     for family in args.families:
-        original = args.exports / f"{family}_{EXPORTER}.onnx"
+        original = args.exports / f"{family}_{args.exporter}.onnx"
         fused = out / original.name
         note = fuse(original, fused)
         if args.write:
