@@ -28,19 +28,25 @@ the router's (``Rewrite.absorbed``); a router's bias stays with it, outside the 
 which reads the logits. ONNX has no such op: the generic target keeps the block and
 says so.
 
-PhiMoE's sparsemixer (``router: sparse_mixer``) is explained, not fused
-(``_sparse_mixer.py``): the CPU kernel accepts ``use_sparse_mixer=1`` but routes as
-without it. DeepSeek-V3's sigmoid router (``router: sigmoid``, ``_sigmoid.py``) fuses
-where its choice is the top k of its logits (no selection bias, no group dropped): the
-kernel is fed ``log(sigmoid(logits))`` with the experts in reverse order.
+Two routers have a fast path, the kernel computing the routing itself: softmax and
+top-k (the kernel reads the logits), and DeepSeek-V3's sigmoid router where its choice
+is the top k of its logits (``_sigmoid.py``: the kernel is fed ``log(sigmoid(logits))``
+with the experts in reverse order). Any other router whose subgraph computes the
+chosen experts and their non-negative weights (PhiMoE's sparsemixer, ``router:
+sparse_mixer``; a softmax or sigmoid picked with a selection bias, or within the best
+groups, ``router: gathered`` or ``sigmoid``) keeps that subgraph, and the kernel is fed
+``log`` of its weights scattered over the experts, its output times their sum
+(``_any_router.py``). A copy of a router kept that way is not a router to fuse again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import onnx_ir as ir
 
+from autofusion.fusion_core import provenance
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import (
@@ -50,6 +56,7 @@ from autofusion.fusion_core.rewriters._base import (
     Rewriter,
     opset_refusal,
 )
+from autofusion.fusion_core.rewriters.mixture_of_experts._any_router import any_routings
 from autofusion.fusion_core.rewriters.mixture_of_experts._block import (
     Block,
     find_blocks,
@@ -62,7 +69,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._sigmoid import (
     choice_reason,
     sigmoid_routing,
 )
-from autofusion.fusion_core.rewriters.mixture_of_experts._sparse_mixer import sparse_mixer_reason
+from autofusion.fusion_core.rewriters.mixture_of_experts._sparse_mixer import argmax_logits
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["MixtureOfExperts"]
@@ -71,13 +78,19 @@ __all__ = ["MixtureOfExperts"]
 class MixtureOfExpertsParams(Params):
     softmax_node: str = "softmax"
     topk_node: str | None = "topk"
-    # sparse_mixer: PhiMoE's router (an ArgMax picks each expert, no TopK), which the
-    # CPU kernel does not reproduce: the rewrite says why instead; sigmoid: DeepSeek-V3's
-    # (``_sigmoid.py``), the Sigmoid in softmax_node's place, pick_node the GatherElements
-    # of its scores by the TopK's choice
-    router: Literal["top_k", "sparse_mixer", "sigmoid"] = "top_k"
+    # top_k: the kernel's own routing (a Softmax and a TopK of the logits); sigmoid:
+    # DeepSeek-V3's (``_sigmoid.py``), the Sigmoid in softmax_node's place, pick_node the
+    # GatherElements of its scores by the TopK's choice; gathered: a Softmax and a TopK
+    # with a selection bias or a group mask between them; sparse_mixer: PhiMoE's (an
+    # ArgMax picks each expert, no TopK). The last three fall back to (or are) the
+    # router as the graph computes it (``_any_router.py``).
+    router: Literal["top_k", "sparse_mixer", "sigmoid", "gathered"] = "top_k"
     argmax_node: str | None = None
     pick_node: str | None = None
+
+
+_OWN_PATTERNS = ("moe_",)  # the builtin patterns of this rewriter
+_MOST_REASONS = 3  # refusals (fast path, general readings) joined in a near miss
 
 
 def _top_k(topk: ir.Node) -> int | str:
@@ -97,6 +110,52 @@ def _last_axis(node: ir.Node, value: ir.Value) -> bool:
     return axis == -1 or (rank is not None and axis == rank - 1)
 
 
+def _copied_router(match: Match) -> str | None:
+    """Why the match is no router to fuse: a copy this rewriter made of a router it fused
+    (``_any_router.py`` keeps the router's subgraph to feed the kernel), or None."""
+    for node in match.nodes.values():
+        made_by = provenance.pattern(node.metadata_props)
+        if made_by is not None and made_by.startswith(_OWN_PATTERNS):
+            return (
+                f"already fused: {node.op_type} {node.name!r} is the copy of a router that "
+                f"{made_by} kept to feed com.microsoft.MoE its choice and weights"
+            )
+    return None
+
+
+def _proven(
+    ctx: RewriteContext,
+    block: Block,
+    fast: tuple[Callable[[Block], Routing] | None, int],
+    reasons: list[str],
+) -> tuple[Experts, Routing] | str:
+    """The experts and the routing the block is proven to compute with: the fast path's
+    first, then each reading of the router as the graph computes it; or why none."""
+    opsets = dict(ctx.model.opset_imports)
+    routing_of, k = fast
+    if routing_of is not None:
+        routes = routing_of(block)
+        experts = prove(block, k, opsets, routes)
+        if not isinstance(experts, str):
+            return experts, routes
+        reasons.append(experts)
+    if ctx.opset < 16:  # ScatterElements' reduction
+        reasons.append(opset_refusal("the general router's ScatterElements(add)", 16, ctx))
+        return "; ".join(reasons)
+    for routes in any_routings(block, opsets):
+        if isinstance(routes, str):
+            reasons.append(routes)
+            continue
+        try:
+            experts = prove(block, routes.k or k, opsets, routes)
+        except RuntimeError as exc:  # the router cannot run alone on the proof's logits
+            experts = str(exc)
+        if not isinstance(experts, str):
+            return experts, routes
+        reasons.append(experts)
+    return "; ".join(dict.fromkeys(reasons[:_MOST_REASONS]))
+
+
 class MixtureOfExperts(Rewriter):
     name = "mixture_of_experts"
     Params = MixtureOfExpertsParams
@@ -109,12 +168,20 @@ class MixtureOfExperts(Rewriter):
                 "generic: ONNX has no mixture-of-experts op (onnxruntime's com.microsoft.MoE "
                 "is what the onnxruntime target emits)"
             )
+        copied = _copied_router(match)
+        if copied is not None:
+            return copied
         if params.router == "sparse_mixer" or params.topk_node is None:
             argmax = match.node(params.argmax_node or "argmax")
-            return sparse_mixer_reason(argmax, match.node(params.softmax_node))
+            logits = argmax_logits(argmax)
+            if isinstance(logits, str):
+                return logits
+            return self._fuse(ctx, match, (argmax, logits, 0), list(match.nodes.values()))
         softmax, topk = match.node(params.softmax_node), match.node(params.topk_node)
         if params.router == "sigmoid":
             return self._sigmoid(match, params, ctx)
+        if params.router == "gathered":
+            return self._gathered(match, params, ctx)
         topk_first = softmax.inputs[0] is topk.outputs[0]
         logits = topk.inputs[0] if topk_first else softmax.inputs[0]
         if not (_last_axis(softmax, softmax.inputs[0]) and _last_axis(topk, topk.inputs[0])):
@@ -122,13 +189,26 @@ class MixtureOfExperts(Rewriter):
         k = _top_k(topk)
         if isinstance(k, str):
             return k
-        return self._fuse(ctx, match, (topk, logits, k), list(match.nodes.values()), SOFTMAX)
+        nodes = list(match.nodes.values())
+        return self._fuse(ctx, match, (topk, logits, k), nodes, lambda block: SOFTMAX)
+
+    def _gathered(
+        self, match: Match, params: MixtureOfExpertsParams, ctx: RewriteContext
+    ) -> Rewrite | str:
+        """A router that picks by a TopK of something computed from its probabilities (a
+        selection bias added to them, the groups not kept masked) and weighs by gathering
+        them or by the TopK's values: the general path."""
+        softmax, topk = match.node(params.softmax_node), match.node(params.topk_node)
+        logits = softmax.inputs[0]
+        nodes = [*match.nodes.values(), *between(softmax, topk)]
+        return self._fuse(ctx, match, (topk, logits, 0), nodes)
 
     def _sigmoid(
         self, match: Match, params: MixtureOfExpertsParams, ctx: RewriteContext
     ) -> Rewrite | str:
-        """A DeepSeek-V3 router: fused only where its choice is the top k of its logits
-        (``_sigmoid.py``), with every step between the Sigmoid and the TopK."""
+        """A DeepSeek-V3 router: the fast path where its choice is the top k of its
+        logits (``_sigmoid.py``), else the general one, with every step between the
+        Sigmoid and the TopK."""
         sigmoid, topk = match.node(params.softmax_node), match.node(params.topk_node)
         pick_axis = match.node(params.pick_node or "pick").attributes.get("axis")
         over_experts = pick_axis is not None and pick_axis.value in (1, -1)  # default: 0
@@ -145,12 +225,11 @@ class MixtureOfExperts(Rewriter):
             return found
         nodes = between(sigmoid, topk)
         reason = choice_reason(sigmoid, topk, k, nodes, dict(ctx.model.opset_imports))
-        if reason is not None:
-            return reason
         if ctx.opset < 13:  # the not-renormalized case sums the scores, axes an input
             return opset_refusal("the sigmoid router's ReduceSum", 13, ctx)
         matched = list(match.nodes.values())
-        return self._fuse(ctx, match, (topk, logits, k), [*matched, *nodes], None)
+        fast = sigmoid_routing if reason is None else None
+        return self._fuse(ctx, match, (topk, logits, k), [*matched, *nodes], fast, reason)
 
     def _fuse(
         self,
@@ -158,11 +237,13 @@ class MixtureOfExperts(Rewriter):
         match: Match,
         router: tuple[ir.Node, ir.Value, int],
         nodes: list[ir.Node],
-        routing: Routing | None,
+        fast: Callable[[Block], Routing] | None = None,
+        why_not_fast: str | None = None,
     ) -> Rewrite | str:
         """The first block the router's ``nodes`` feed that the experts prove, as one MoE
-        routed as ``routing`` says (None: a sigmoid router's, per block)."""
-        topk, logits, k = router
+        routed by ``fast`` (the block's routing with the router's own k) where it applies,
+        else by the router as the graph computes it (``_any_router.py``)."""
+        anchor, logits, k = router
         if logits.shape is None or len(logits.shape) != 2:
             return f"the router's logits {logits.name!r} are not [tokens, experts]"
         reason = "no mixture-of-experts block after the router"
@@ -172,20 +253,20 @@ class MixtureOfExperts(Rewriter):
                 continue
             if block.hidden.dtype != ir.DataType.FLOAT:
                 return "onnxruntime's CPU MoE kernel is used for float32 blocks only"
-            routes = routing or sigmoid_routing(block)
-            experts = prove(block, k, dict(ctx.model.opset_imports), routes)
-            if isinstance(experts, str):
-                reason = experts
+            reasons = [why_not_fast] if why_not_fast else []
+            found = _proven(ctx, block, (fast, k), reasons)
+            if isinstance(found, str):
+                reason = found
                 continue
+            experts, routes = found
             extra = [n for n in nodes if all(n is not m for m in match.nodes.values())]
-            return self._emit(ctx, topk, logits, block, experts, routes, extra)
+            return self._emit(ctx, anchor, block, experts, routes, extra)
         return reason
 
     def _emit(
         self,
         ctx: RewriteContext,
-        topk: ir.Node,
-        logits: ir.Value,
+        anchor: ir.Node,
         block: Block,
         experts: Experts,
         routing: Routing,
@@ -194,11 +275,11 @@ class MixtureOfExperts(Rewriter):
         """The emitted nodes in the block's place; ``extra``: the router's nodes beyond
         the match (a sigmoid router's bias and groups), which go with it."""
         ctx.use_domain(MS_DOMAIN)
-        prefix = topk.name or "moe"
+        prefix = anchor.name or "moe"
 
         def constant(hint, array):
             return ctx.initializer(f"{prefix}_{hint}", array)
 
-        nodes, out = routing.emit(block.hidden, logits, experts, constant)
+        nodes, out = routing.emit(block.hidden, block.logits, experts, constant, lambda v: v)
         out.dtype, out.shape = block.output.dtype, block.output.shape
         return Rewrite(nodes, [(block.output, out)], absorbed=[*block.absorbed, *extra])

@@ -116,7 +116,9 @@ def _root(hidden: ir.Value) -> ir.Value:
 
 
 def _readers(value: ir.Value) -> set[int]:
-    return {id(use.node) for use in value.uses()}
+    """The nodes in a graph that read ``value`` (a node an earlier pass took out of the
+    graph may still be listed as a use)."""
+    return {id(use.node) for use in value.uses() if use.node.graph is not None}
 
 
 def _dominators(
@@ -128,7 +130,9 @@ def _dominators(
     choice, [tokens * k, hidden], before their sum: the proof tells them apart.)"""
     order = list(graph)
     members = {id(n) for n in router}
-    start = max(i for i, n in enumerate(order) if id(n) in members)
+    # from the first router node: a reader of an early one may come before the last
+    # (an exporter's order puts one round of a two-round router's nodes after the next)
+    start = min(i for i, n in enumerate(order) if id(n) in members)
     pending: dict[int, tuple[ir.Value, set[int]]] = {}
     for node in router:
         for value in node.outputs:
@@ -140,7 +144,7 @@ def _dominators(
     width = hidden.shape[-1] if hidden.shape is not None else None
     for node in order[start + 1 : start + 1 + _SCAN_LIMIT]:
         read = [v for v in node.inputs if v is not None and id(v) in pending]
-        if not read:
+        if not read or id(node) in members:
             continue
         downstream.append(node)
         for value in read:
@@ -345,6 +349,7 @@ def _read_outside(node: ir.Node, inside: set[int], output: ir.Value) -> ir.Value
             continue
         if value.is_graph_output():
             return value
+        # every use, a node out of the graph's too: the rewrite may not drop what one reads
         if any(id(use.node) not in inside for use in value.uses()):
             return value
     return None

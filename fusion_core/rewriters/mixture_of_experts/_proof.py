@@ -13,7 +13,9 @@ weight is split, the activation's constants and whether the weights are renormal
 are hypotheses; each is tried against the block itself, run by onnxruntime on random
 tokens and logits (with the model's own weights, so only the experts the tokens choose
 are touched). A sigmoid router (``_sigmoid.py``) is proven the same way with its own
-``Routing``: the top k of the logits weighted by their sigmoid, and a constant factor.
+``Routing``: the top k of the logits weighted by their sigmoid, and a constant factor;
+any other router (``_any_router.py``) with the choice and weights its own subgraph
+computes, run on the same logits.
 Where the block reads a clamp limit, the tokens are also run scaled so that the clamp
 bites (random weights rarely reach it). The hypothesis that reproduces
 the block (rtol 1e-4, atol 1e-5 of the output's scale) on every run is kept, then
@@ -64,7 +66,11 @@ def _softmax_top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return chosen, np.take_along_axis(p, chosen, -1)
 
 
-Emit = Callable[[ir.Value, ir.Value, Experts, Constant], tuple[list[ir.Node], ir.Value]]
+# A value the emitted nodes read that is neither the hidden states, the logits nor a
+# constant (a router's shape arithmetic reads the hidden states' shape): the value
+# itself in the rewrite, a fed input in the proof's model.
+Outside = Callable[[ir.Value], ir.Value]
+Emit = Callable[[ir.Value, ir.Value, Experts, Constant, Outside], tuple[list[ir.Node], ir.Value]]
 
 
 @dataclass(frozen=True)
@@ -74,14 +80,18 @@ class Routing:
     (float64) for the logits; ``scales`` are the constant factors the weights may carry
     (folded into the experts' down projection); ``emit`` builds what the rewrite puts in
     the block's place, (nodes, output), from the hidden states, the logits and the
-    experts, so that the proof runs exactly what is emitted."""
+    experts (``Outside``), so that the proof runs exactly what is emitted; ``name`` says what it
+    routes by in a refusal; ``k``, where set, is the kernel's k (a router that the
+    graph computes, ``_any_router.py``), else the router's TopK's."""
 
     choose: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
     emit: Emit
     scales: tuple[float, ...] = (1.0,)
+    name: str = "softmax, top-k"
+    k: int | None = None
 
 
-def _emit_softmax(hidden, logits, experts, constant):
+def _emit_softmax(hidden, logits, experts, constant, _outside):
     node = moe_node(hidden, logits, experts, constant)
     return [node], node.outputs[0]
 
@@ -185,11 +195,10 @@ def prove(
     experts = _matching(candidates, acts, probes, logits, k, routing)
     if experts is None:
         return (
-            f"the block does not compute {'softmax' if routing is SOFTMAX else 'sigmoid'}, "
-            "top-k and SwiGLU experts (silu(gate) * up, or gpt-oss's clamped form, then "
-            "down) with its stacked weights"
+            f"the block does not compute {routing.name} and SwiGLU experts (silu(gate) * "
+            "up, or gpt-oss's clamped form, then down) with its stacked weights"
         )
-    return _kernel_agrees(ort, experts, probes, logits, routing)
+    return _kernel_agrees(ort, experts, (probes, feeds, logits), routing, opsets)
 
 
 def _run_block(ort, block: Block, opsets, feeds, x, scales):
@@ -212,9 +221,11 @@ def _run_block(ort, block: Block, opsets, feeds, x, scales):
     return probes
 
 
-def _kernel_model(routing: Routing, experts: Experts, x, logits):
+def _kernel_model(routing: Routing, experts: Experts, inputs, opset: int):
     """What the rewrite emits, alone: graph inputs x, logits and the experts' constants
-    (fed, not copied into the model); and those constants by name."""
+    (fed, not copied into the model), and what else it reads (fed as the block was:
+    ``inputs`` holds the block's feeds); and those constants by name."""
+    x, logits, block_feeds = inputs
     fed: dict[str, np.ndarray] = {}
     hidden = ir.val("x", ir.DataType.FLOAT, ["tokens", x.shape[1]])
     scores = ir.val("logits", ir.DataType.FLOAT, ["tokens", logits.shape[1]])
@@ -223,11 +234,14 @@ def _kernel_model(routing: Routing, experts: Experts, x, logits):
         fed[hint] = array
         return ir.val(hint, ir.DataType.from_numpy(array.dtype), list(array.shape))
 
-    nodes, output = routing.emit(hidden, scores, experts, constant)
+    def outside(value: ir.Value) -> ir.Value:
+        return constant(f"outside_{value.name}", block_feeds[value.name])
+
+    nodes, output = routing.emit(hidden, scores, experts, constant, outside)
     output.name = "y"
     inputs = [hidden, scores, *_fed_inputs(nodes, fed)]
     graph = ir.Graph(
-        inputs, [output], nodes=nodes, opset_imports={"": 17, MS_DOMAIN: 1}, name="moe"
+        inputs, [output], nodes=nodes, opset_imports={"": opset, MS_DOMAIN: 1}, name="moe"
     )
     return ir.serde.serialize_model(ir.Model(graph, ir_version=8)), fed
 
@@ -242,11 +256,16 @@ def _fed_inputs(nodes: list[ir.Node], fed: dict[str, np.ndarray]) -> list[ir.Val
     return list(found.values())
 
 
-def _kernel_agrees(ort, experts: Experts, probes, logits, routing: Routing) -> Experts | str:
+def _kernel_agrees(
+    ort, experts: Experts, runs_of, routing: Routing, opsets: dict[str, int]
+) -> Experts | str:
     """What the rewrite emits (com.microsoft.MoE, and the router's steps around it) gives
-    on the same inputs what the block gave."""
-    model, constants = _kernel_model(routing, experts, probes[0][0], logits)
+    on the same inputs what the block gave (at the model's opset, 17 at least: the
+    router's copied ops are the model's)."""
+    probes, feeds, logits = runs_of
+    opset = max(17, opsets.get("", opsets.get("ai.onnx", 17)))
     try:
+        model, constants = _kernel_model(routing, experts, (probes[0][0], logits, feeds), opset)
         session = ort.InferenceSession(
             model.SerializeToString(), options(ort), providers=["CPUExecutionProvider"]
         )

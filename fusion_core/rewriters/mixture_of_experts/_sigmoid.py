@@ -33,9 +33,10 @@ What it emits::
         [* ReduceSum(Sigmoid(logits), -1)   when the weights are not renormalized]
 
 A selection bias that is not all zero, or groups that drop experts, move the choice
-and not the weights; the kernel has one softmax for both, so those blocks stay, with a
-near miss that names which. Random-init checkpoints have b = 0 (a buffer initialized to
-zeros), trained ones do not: the bias is read from the constant, never assumed.
+and not the weights; the kernel has one softmax for both, so those blocks take the
+general path instead (``_any_router.py``: the router's own choice and weights fed to
+the kernel). Random-init checkpoints have b = 0 (a buffer initialized to zeros),
+trained ones do not: the bias is read from the constant, never assumed.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def _scales(block: Block) -> tuple[float, ...]:
 
 
 def emit_sigmoid(
-    hidden: ir.Value, logits: ir.Value, experts: Experts, constant: Constant
+    hidden: ir.Value, logits: ir.Value, experts: Experts, constant: Constant, _outside=None
 ) -> tuple[list[ir.Node], ir.Value]:
     """The kernel fed log(sigmoid(logits)) with the experts reversed (the module doc)."""
     count = experts.fc1.shape[0]
@@ -243,4 +244,4 @@ def emit_sigmoid(
 
 def sigmoid_routing(block: Block) -> Routing:
     """How the proof routes a sigmoid router's block, and what the rewrite emits."""
-    return Routing(_sigmoid_top_k, emit_sigmoid, _scales(block))
+    return Routing(_sigmoid_top_k, emit_sigmoid, _scales(block), name="sigmoid, top-k")

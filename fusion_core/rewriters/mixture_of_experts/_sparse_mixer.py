@@ -1,4 +1,4 @@
-"""PhiMoE's sparsemixer router, and why com.microsoft.MoE does not compute it on CPU.
+"""Routers that pick by ArgMax (PhiMoE's sparsemixer): where their logits are.
 
 transformers' ``sparsemixer`` (``models/phimoe/modeling_phimoe.py``, inference: no
 jitter, no sampling) picks two experts in two rounds, for scores ``s = x @ W_r``::
@@ -11,72 +11,41 @@ jitter, no sampling) picks two experts in two rounds, for scores ``s = x @ W_r``
 so each weight is a softmax over only the experts within ``2 eps`` (relative) of that
 round's maximum: about 1 when no other expert is that close, and w1 + w2 up to 2.
 onnxruntime 1.32's CPU ``MoE`` accepts ``use_sparse_mixer = 1`` (k must be 2) but routes
-exactly as without it, probed with identity experts that write each routing weight into
-a column of their own: the softmax over all experts, its top 2, renormalized or not, so
-the two weights sum to at most 1. (The CUDA kernel's ``sparse_mixer_top2`` implements
-the masking; no CPU kernel does.) The pattern ``moe_sparse_mixer`` binds the masked
-Softmax and the ArgMax whose choice it gathers; this module names the difference.
+exactly as without it (the softmax over all experts, its top 2; only the CUDA kernel's
+``sparse_mixer_top2`` implements the masking), so the kernel is not asked to: the
+router stays as the graph computes it and the kernel is fed its choice and weights
+(``_any_router.py``). The pattern ``moe_sparse_mixer`` binds one round (its ArgMax, the
+masked Softmax and the GatherElements of the chosen weight); this finds the logits the
+rounds start from.
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_tensor
 from autofusion.fusion_core.rewriters.mixture_of_experts._block import router_input
 
-__all__ = ["sparse_mixer_reason"]
+__all__ = ["argmax_logits"]
+
+_DEPTH = 12  # steps back from the ArgMax (a later round reads the earlier's masks)
 
 
-def _scores(argmax: ir.Node) -> ir.Value | None:
-    """The router's scores the ArgMax reads: directly (first round) or with the first
-    choice scattered to -inf (second round)."""
-    value = argmax.inputs[0] if argmax.inputs else None
-    node = value.producer() if value is not None else None
-    if node is not None and node.op_type == "ScatterElements" and node.inputs:
-        return node.inputs[0]
-    return value
-
-
-def _threshold(softmax: ir.Node) -> float | None:
-    """2 eps: the constant the relative gap is compared with (a Greater) in the mask
-    before the Softmax, however the mask is spelled (a Where of the scores, or the
-    canonical form's Where of a Not added to them), a few steps back."""
-    todo, seen = [(softmax, 0)], set()
+def argmax_logits(argmax: ir.Node) -> ir.Value | str:
+    """The router's logits (a MatMul or Gemm of the hidden states by a constant) that the
+    ArgMax's scores are computed from, the nearest first; or why there are none."""
+    todo, seen = [(argmax.inputs[0] if argmax.inputs else None, 0)], set()
     while todo:
-        node, depth = todo.pop()
-        if node is None or id(node) in seen or depth > 4:
+        value, depth = todo.pop(0)
+        if value is None or id(value) in seen or depth > _DEPTH:
             continue
-        seen.add(id(node))
-        if node.op_type == "Greater" and len(node.inputs) == 2:
-            array = constant_array(node.inputs[1])
-            if array is not None and array.size == 1:
-                return float(array.reshape(-1)[0])
-        if node.op_type in ("Softmax", "Add", "Where", "Cast", "Not"):
-            todo += [(v.producer(), depth + 1) for v in node.inputs if v is not None]
-    return None
-
-
-def sparse_mixer_reason(argmax: ir.Node, softmax: ir.Node) -> str:
-    """Why a sparsemixer router and its experts stay as they are (or, when the ArgMax
-    does not read a router's scores, why this is not one)."""
-    scores = _scores(argmax)
-    if scores is None:
-        return f"ArgMax {argmax.name!r} reads nothing"
-    found = router_input(scores)
-    if isinstance(found, str):
-        return found
-    threshold = _threshold(softmax)
-    if threshold is None:
-        return (
-            f"not a sparsemixer router: Softmax {softmax.name!r} is not of scores masked "
-            "where their gap to the maximum is greater than a constant"
-        )
+        seen.add(id(value))
+        if not isinstance(router_input(value), str):
+            return value
+        node = value.producer()
+        if node is not None:
+            todo += [(v, depth + 1) for v in node.inputs if constant_tensor(v) is None]
     return (
-        "sparsemixer router (PhiMoE: ArgMax picks, no TopK): onnxruntime 1.32's CPU MoE "
-        "accepts use_sparse_mixer=1 but routes as without it (softmax over all experts, "
-        "top 2: the two weights sum to at most 1), while sparsemixer weights each chosen "
-        f"expert by a softmax over only the experts within {threshold:g} (relative) of "
-        "that round's maximum, the first choice masked out of the second (each weight "
-        "near 1)"
+        f"ArgMax {argmax.name!r} does not pick from a router's logits (a MatMul or Gemm "
+        "by a constant matrix)"
     )
