@@ -1,5 +1,5 @@
 """DeepSeek-V3-style sigmoid routers (GLM-4.5 MoE, dots.llm1, EXAONE-MoE, AFMoE): one
-com.microsoft.MoE where the choice is the top k of the logits, else a near miss.
+com.microsoft.MoE fed log(sigmoid(logits)) where the choice is the top k of the logits.
 
 The router scores the experts by s = sigmoid(logits), picks the top k of s + bias (per
 group first, or not) and weights them by s, renormalized or not, times a scaling
@@ -15,9 +15,10 @@ compute what the original computes (onnxruntime, its optimizations off) on sever
 token counts, rtol = 1e-4, atol = 1e-5 (the kernel sums the experts in another order).
 Ties (sigmoid is exactly 1.0 in float32 above about 16.6) are run too: ONNX's TopK
 gives the lower index, the kernel the higher, which the rewrite turns round. A bias
-not all zero, groups that drop experts and the generic target keep the block, with a
-near miss that says why. The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in
-``make test``, 200 in ``make test-corpus``).
+not all zero and groups that drop experts fuse by the router's own choice instead
+(``_any_router.py``); the generic target keeps the block, with a near miss. The
+example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200 in
+``make test-corpus``).
 """
 
 from __future__ import annotations
@@ -252,25 +253,25 @@ def test_our_routing_is_transformers(normalize) -> None:
 
 
 @pytest.mark.parametrize(
-    "r, experts, words",
+    "r, experts",
     [
         # a trained e_score_correction_bias moves the choice, not the weights
-        (Router(0, 0, "random", True, False, 1.0, False), 4, ("selection bias", "not all zero")),
+        (Router(0, 0, "random", True, False, 1.0, False), 4),
         # two groups of four, one kept: the choice is the top k of the better group
-        (Router(2, 1, "zero", True, False, 1.0, True), 8, ("group-limited",)),
+        (Router(2, 1, "zero", True, False, 1.0, True), 8),
     ],
     ids=["selection-bias", "groups-drop-experts"],
 )
-def test_a_choice_the_kernel_cannot_make_keeps_the_block_with_a_near_miss(
-    r, experts, words
-) -> None:
+def test_a_choice_the_kernels_top_k_cannot_make_fuses_by_the_routers_own(r, experts) -> None:
+    """Not the fast path (the kernel's top k of log(sigmoid) is not the model's choice):
+    the router stays and the kernel is fed its choice and weights (``_any_router.py``,
+    ``test_mixture_of_experts_any_router.py``)."""
     model = sigmoid_block(r, replace(_PLAIN, experts=experts, k=2))
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    assert "MoE" not in _ops(fused)
-    reasons = _misses(result)
-    assert reasons and all(all(w in m for w in words) for m in reasons), reasons
-    run_both(model, fused, feeds=feeds(9), rtol=1e-5, atol=1e-6)
+    ops = _ops(fused)
+    assert ops.count("MoE") == 1 and "Log" in ops and "TopK" in ops, (ops, _misses(result))
+    run_both(model, fused, feeds=feeds(9), **TOL)
 
 
 def test_generic_keeps_the_block_and_says_why() -> None:
