@@ -42,6 +42,7 @@ from autofusion.fusion_core.pipeline.transaction import (
 )
 from autofusion.fusion_core.rewriters import (
     AppliedRewrite,
+    NotACandidate,
     RewriteContext,
     RewriterRegistry,
     apply_rewrite,
@@ -220,6 +221,8 @@ class _GraphRounds:
                 self.journal.append((*outcome, match))
                 applied += 1
                 continue
+            if isinstance(outcome, NotACandidate):
+                continue  # the rewriter's own making (a kept router): no near miss
             if isinstance(outcome, Rejection):
                 self.result.rejected.append(outcome)
                 self.bugs.add(_key(match))
@@ -292,8 +295,9 @@ def _try_rewrite(
     gone: set[int],
 ) -> tuple[AppliedFusion, AppliedRewrite] | Rejection | str:
     """Rewrite ``match``: the fusion applied (with what undoes it), why it cannot be
-    (nothing changed then), or a ``Rejection`` when the rewriter raised or wrote what the
-    model cannot load (undone: nothing changed either). The nodes a rewrite absorbed
+    (nothing changed then; a ``NotACandidate`` as it came, reported nowhere), or a
+    ``Rejection`` when the rewriter raised or wrote what the model cannot load (undone:
+    nothing changed either). The nodes a rewrite absorbed
     beyond its match go into ``gone``: a candidate of this round that holds one of them
     is stale and waits for the next round's matching."""
     reason = check_match(match) or quantized_unit(match)
@@ -305,6 +309,8 @@ def _try_rewrite(
     except Exception as exc:  # a bug of the rewriter: this match stays as it is
         failed = describe_exception(f"rewriter {compiled.rewriter.name!r}", exc)
         return _rejection(match, ctx, failed)
+    if isinstance(rewrite, NotACandidate):
+        return rewrite
     if isinstance(rewrite, str):
         return f"rewriter {compiled.rewriter.name!r}: {rewrite}"
     if (reason := missing_output(match, rewrite)) is not None:

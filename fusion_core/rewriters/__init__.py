@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from autofusion.fusion_core.rewriters._base import (
     AppliedRewrite,
+    NotACandidate,
     Params,
     Rewrite,
     RewriteContext,
@@ -49,6 +50,7 @@ from autofusion.fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
 from autofusion.fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
 
 __all__ = [
+    "NotACandidate",
     "Params",
     "Rewrite",
     "RewriteContext",

@@ -25,6 +25,7 @@ from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
 from autofusion.fusion_core.targets import Target
 
 __all__ = [
+    "NotACandidate",
     "Params",
     "Rewrite",
     "RewriteContext",
@@ -36,6 +37,12 @@ __all__ = [
     "opset_refusal",
     "provenance",
 ]
+
+
+class NotACandidate(str):
+    """A refusal that is no near miss: what matched is something the rewriter itself
+    made (the router a mixture of experts keeps to feed the kernel), so the pattern's
+    match there explains nothing a user could change. The rounds drop it silently."""
 
 
 class Params(BaseModel):

@@ -50,6 +50,7 @@ from autofusion.fusion_core import provenance
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import (
+    NotACandidate,
     Params,
     Rewrite,
     RewriteContext,
@@ -110,13 +111,13 @@ def _last_axis(node: ir.Node, value: ir.Value) -> bool:
     return axis == -1 or (rank is not None and axis == rank - 1)
 
 
-def _copied_router(match: Match) -> str | None:
+def _copied_router(match: Match) -> NotACandidate | None:
     """Why the match is no router to fuse: a copy this rewriter made of a router it fused
     (``_any_router.py`` keeps the router's subgraph to feed the kernel), or None."""
     for node in match.nodes.values():
         made_by = provenance.pattern(node.metadata_props)
         if made_by is not None and made_by.startswith(_OWN_PATTERNS):
-            return (
+            return NotACandidate(
                 f"already fused: {node.op_type} {node.name!r} is the copy of a router that "
                 f"{made_by} kept to feed com.microsoft.MoE its choice and weights"
             )
