@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_tensor
 
-__all__ = ["PROBES", "attention_softmax", "gelu_activation", "router_softmax"]
+__all__ = ["PROBES", "attention_softmax", "gelu_activation", "router_sigmoid", "router_softmax"]
 
 
 def _activation(value: ir.Value | None) -> bool:
@@ -92,6 +92,46 @@ def router_softmax(node: ir.Node) -> bool:
     )
 
 
+# What a sigmoid router's scores pass through before the choice: a selection bias,
+# the groups' reshapes, masks and casts (DeepSeek-V3's group-limited routing).
+_SCORE_TO_CHOICE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand"}
+)
+
+
+def router_sigmoid(node: ir.Node) -> bool:
+    """A Sigmoid of router logits that picks experts: its input comes from a MatMul or
+    Gemm by a constant 2-D weight (as ``router_softmax``'s), and within a few elementwise
+    steps (a selection bias, the groups' reshapes) a selection reads its scores. A SiLU's
+    or a gate's Sigmoid (multiplied into a projection) is not one."""
+    if not node.outputs or node.outputs[0].is_graph_output():
+        return False
+    if not _feeds_selection(node.outputs[0], depth=4):
+        return False
+    return _reaches(
+        node.inputs[0] if node.inputs else None,
+        _a_router,
+        lambda n: [v for v in n.inputs if _activation(v)] if n.op_type in _ROUTER_STEPS else [],
+        depth=4,
+    )
+
+
+def _feeds_selection(start: ir.Value, depth: int) -> bool:
+    """Whether a selection (TopK, GatherElements...) reads ``start``, walking forward
+    through at most ``depth`` of the steps between a router's scores and its choice."""
+    todo, seen = [(start, 0)], set()
+    while todo:
+        value, steps = todo.pop()
+        for use in value.uses():
+            user = use.node
+            if user.op_type in _SELECTIONS:
+                return True
+            if user.op_type in _SCORE_TO_CHOICE and steps < depth and id(user) not in seen:
+                seen.add(id(user))
+                todo += [(out, steps + 1) for out in user.outputs]
+    return False
+
+
 def _a_router(node: ir.Node) -> bool:
     """A MatMul or Gemm by a constant 2-D weight."""
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2:
@@ -128,5 +168,6 @@ def gelu_activation(node: ir.Node) -> bool:
 PROBES: dict[str, Callable[[ir.Node], bool]] = {
     "attention_softmax": attention_softmax,
     "router_softmax": router_softmax,
+    "router_sigmoid": router_sigmoid,
     "gelu_activation": gelu_activation,
 }

@@ -393,3 +393,16 @@ def test_generic_keeps_the_block_and_says_why() -> None:
     result = optimize_quiet(routed_block(r, _PLAIN), target="generic")
     assert "MoE" not in _ops(result.to_proto())
     assert any("ONNX has no mixture-of-experts op" in m for m in _misses(result)), _misses(result)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_sigmoid_router_weighed_by_its_topk_values_fuses_without_a_near_miss(normalize) -> None:
+    """Sigmoid, then TopK, the weights the TopK's values (``moe_sigmoid_topk_values``);
+    the router copy the general path keeps is no candidate: no near miss is left."""
+    r = Router("Sigmoid", "none", 0, 0, normalize, False, 1.0, "values")
+    model = routed_block(r, _PLAIN)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts.get("moe_sigmoid_topk_values") == 1, result.counts
+    assert _misses(result) == [], _misses(result)
+    for tokens in (1, 5, 17):
+        run_both(model, result.to_proto(), feeds=feeds(tokens), **TOL)
