@@ -146,11 +146,28 @@ def _as_bias(node: ir.Node, fresh_name) -> list[ir.Node] | None:
     """The bias form of ``Where(c, x, y)``: from a blocked condition, a masked_fill of
     the scores, or the older float mask; None when it is none of these (or already is
     the bias form)."""
+    nodes: list[ir.Node] = []
+    found = _bias_form(node, fresh_name, nodes)
+    if found is None:
+        _discard(nodes)  # tried and not taken: no reader of the mask may stay behind
+    return found
+
+
+def _discard(nodes: list[ir.Node]) -> None:
+    """Disconnect nodes made and not used: a new node reads its inputs from the moment
+    it is made, and a reader no graph holds would still count as one (the MoE block
+    search would see the mask read outside it)."""
+    for node in nodes:
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
+
+
+def _bias_form(node: ir.Node, fresh_name, nodes: list[ir.Node]) -> list[ir.Node] | None:
+    """``_as_bias``'s answer; the nodes it made on the way go into ``nodes``."""
     condition, x, y = node.inputs
     a, b = constant_array(x), constant_array(y)
     if condition is None or x is None or y is None:
         return None
-    nodes: list[ir.Node] = []
     if a is not None and b is not None:
         if np.all(b == 0) and np.all(a < 0):  # Where(blocked, negative, 0)
             allowed = _negated(condition, nodes)
@@ -263,6 +280,7 @@ def _without_not(condition: ir.Value, nodes: list[ir.Node]) -> ir.Value:
     trial: list[ir.Node] = []
     negation = _negated(producer.inputs[0], trial)  # type: ignore[arg-type]
     if any(n.op_type == "Not" for n in trial):
+        _discard(trial)
         return condition
     nodes += trial
     return negation
