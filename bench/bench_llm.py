@@ -63,7 +63,16 @@ def fuse_autofusion(src: Path, out: Path) -> str:
     return f"{len(result.applied)} fusions, check {'passed' if check and check.passed else check}"
 
 
-MOE_PATTERNS = ["moe_softmax_topk", "moe_softmax_cast_topk", "moe_topk_softmax", "moe_sigmoid_topk"]
+MOE_PATTERNS = [  # every pattern that makes a com.microsoft.MoE
+    "moe_softmax_topk",
+    "moe_softmax_cast_topk",
+    "moe_topk_softmax",
+    "moe_sigmoid_topk",
+    "moe_sigmoid_topk_values",
+    "moe_softmax_pick",
+    "moe_softmax_masked_topk",
+    "moe_sparse_mixer",
+]
 
 
 def fuse_autofusion_without_moe(src: Path, out: Path) -> str:
