@@ -12,12 +12,7 @@ input gets depends on what the graph does with it (``describe_inputs``):
   run past a vocabulary.
 - ``mask``: an integer input whose name contains "mask", or whose every value-reading
   use (again through index-preserving ops; Shape and Size read no values) is one of
-  ``MASK_CONSUMERS`` (comparisons, logic, Where, Mul) gets 0 or 1. A mask of rank 2 or
-  more with at least 2 positions on its last axis is padded row by row as batches are
-  (``padded_mask``): the rows take in turn, from the seed on, left padding, random
-  0/1, no padding and right padding, so that every check with two samples runs a
-  left-padded row: a causal decoder's first query then attends to nothing, the row a
-  fused kernel may fill otherwise than the graph.
+  ``MASK_CONSUMERS`` (comparisons, logic, Where, Mul) gets 0 or 1.
 - ``rate``: an integer input named like a sample rate (``sr``, ``sample_rate``) gets
   16000, the rate audio models branch on (silero-vad runs at 8000 or 16000 only).
 - ``int``: any other integer input gets ``0 .. int_high - 1``.
@@ -183,45 +178,17 @@ def random_inputs(
     dims = dims or {}
     distribution = distribution or FloatDistribution()
     return {
-        spec.name: _sample(rng, spec, resolve_shape(spec, dims), distribution, seed)
+        spec.name: _sample(rng, spec, resolve_shape(spec, dims), distribution)
         for spec in describe_inputs(model, int_high=int_high)
     }
 
 
-def padded_mask(bits: np.ndarray, seed: int) -> np.ndarray:
-    """``bits`` (random 0/1) with its rows over the last axis padded as batches are: row
-    ``r`` (counted from ``seed``) left-padded, left as it is, all ones, right-padded, in
-    turn; the padding from 1 to L - 1 positions, read from the row's own bits (so no
-    more random numbers are drawn: the other inputs stay as they were)."""
-    if bits.ndim < 2 or bits.shape[-1] < 2:
-        return bits
-    rows = bits.reshape(-1, bits.shape[-1]).copy()
-    length = rows.shape[1]
-    for r, row in enumerate(rows):
-        kind = (seed + r) % 4
-        padding = 1 + int(row.sum()) % (length - 1)
-        if kind == 1:
-            continue
-        row[:] = 1
-        if kind == 0:
-            row[:padding] = 0
-        elif kind == 3:
-            row[length - padding :] = 0
-    return rows.reshape(bits.shape)
-
-
 def _sample(
-    rng: np.random.Generator,
-    spec: InputSpec,
-    shape: list[int],
-    distribution: FloatDistribution,
-    seed: int,
+    rng: np.random.Generator, spec: InputSpec, shape: list[int], distribution: FloatDistribution
 ) -> np.ndarray:
     if spec.kind == "float":
         return distribution.sample(rng, shape).astype(spec.dtype)
-    if spec.kind == "mask":
-        return padded_mask(rng.integers(0, 2, size=shape), seed).astype(spec.dtype)
-    if spec.kind == "bool":
+    if spec.kind in ("bool", "mask"):
         return rng.integers(0, 2, size=shape).astype(spec.dtype)
     if spec.kind == "rate":
         return np.full(shape, SAMPLE_RATE, dtype=spec.dtype)

@@ -153,31 +153,6 @@ def test_masks_are_zero_or_one(name: str, body: str, kind: str) -> None:
     assert values == ({0, 1} if kind == "mask" else set(range(10)))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_masks_are_padded_as_batches_are(seed: int) -> None:
-    """Row r of a [B, L] mask (counted from the seed) is left-padded, random, all ones or
-    right-padded in turn: with the check's two samples (seeds 0 and 1) a batch of one
-    runs a left-padded row, where a causal decoder's first query attends to nothing."""
-    model = _model("(int64[b, n] attention_mask) => (y)", "y = Add(attention_mask, attention_mask)")
-    mask = random_inputs(model, seed=seed, dims={"b": 8, "n": 16})["attention_mask"]
-    assert set(mask.ravel().tolist()) <= {0, 1}
-    for r, row in enumerate(mask):
-        kind, ones = (seed + r) % 4, int(row.sum())
-        if kind == 0:  # zeros, then ones: at least one of each
-            assert 0 < ones < 16 and row[0] == 0 and (row[16 - ones :] == 1).all()
-        elif kind == 2:
-            assert ones == 16
-        elif kind == 3:
-            assert 0 < ones < 16 and row[-1] == 0 and (row[:ones] == 1).all()
-
-
-def test_a_mask_of_one_position_stays_random() -> None:
-    model = _model("(int64[b, n] attention_mask) => (y)", "y = Add(attention_mask, attention_mask)")
-    masks = [random_inputs(model, seed=s, dims={"b": 64, "n": 1}) for s in range(2)]
-    assert {int(m["attention_mask"].sum()) > 0 for m in masks} == {True}
-    assert all(0 < m["attention_mask"].sum() < 64 for m in masks)
-
-
 def test_bool_inputs_are_coin_flips() -> None:
     model = _model("(bool[n] b) => (bool[n] y)", "y = Not(b)")
     values = random_inputs(model, seed=0, dims={"n": 200})["b"]
