@@ -5,8 +5,8 @@ everywhere; the graph's softmax of those equal scores is uniform, the mean of th
 (as com.microsoft.MultiHeadAttention gives). A left-padded row of a causal decoder is
 such a row at its first position, so GPT-2 on the generic target differed from the
 original by up to 2.4 in the padded positions' logits (the real positions exact), and
-the check, whose masks were random bits then, passed it. The rewriter now picks the
-values' mean for those rows, and the check's masks are padded as batches are.
+the check (its masks random bits, its seeds' first keys unmasked) passed it. The
+rewriter now picks the values' mean for those rows.
 
 Tolerance: rtol = atol = 1e-5 (the fused attention sums in another order: 1e-6 measured).
 """
