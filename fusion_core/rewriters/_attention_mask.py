@@ -66,10 +66,10 @@ def guarded_mask(
     fully masked row gets a uniform softmax in both graphs and the guard never fires
     (dynamo's ``Where(mask, 0, -3.4e38)``). With ``-inf`` on one side (TorchScript's
     ``Where(mask, 0, -inf)``) a fully masked row is NaN and the guard makes the context
-    0, while MultiHeadAttention would give NaN: so ``-inf`` becomes float32's lowest
-    finite value and the output rows whose mask row attends to nothing are multiplied
-    by 0. ``cond`` must be the same for every head (``[B or 1, 1, S, L]``), as the keep
-    factor is per row of the merged output.
+    0, while MultiHeadAttention would give NaN: so ``-inf`` becomes the lowest finite
+    value of the mask's type (float32 or float16) and the output rows whose mask row
+    attends to nothing are multiplied by 0. ``cond`` must be the same for every head
+    (``[B or 1, 1, S, L]``), as the keep factor is per row of the merged output.
     """
     zero = constant_array(guard.inputs[1])
     if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
@@ -88,9 +88,12 @@ def guarded_mask(
     if all(np.all(np.isfinite(a)) for a in arrays):
         return mask, None, []
     assert producer is not None
-    if mask.dtype != ir.DataType.FLOAT:  # the finite mask and the rows are float32's
+    if mask.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
         shown = mask.dtype.name if mask.dtype is not None else "unknown"
-        return f"the mask {mask.name!r} holds -inf in {shown}: only a float32 one is made finite"
+        return (
+            f"the mask {mask.name!r} holds -inf in {shown}: only a float32 or float16 one "
+            "is made finite"
+        )
     minus_inf = [bool(np.all(np.isneginf(a))) for a in arrays]
     if sum(minus_inf) != 1 or not all(
         np.all(np.isfinite(a)) or m for a, m in zip(arrays, minus_inf, strict=True)
@@ -111,10 +114,9 @@ def guarded_mask(
 def _finite_mask_and_keep_rows(
     mask: ir.Value, cond: ir.Value, arrays: list, true_is_minus_inf: bool, ctx: RewriteContext
 ) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
-    """``-inf`` as float32's lowest finite value, and ``[B, S, 1]``: 1 where the row
-    attends to something, 0 where the whole row was masked."""
-    lowest = np.finfo(np.float32).min
-    finite = [np.where(np.isneginf(a), lowest, a).astype(a.dtype) for a in arrays]
+    """``-inf`` as the lowest finite value of the mask's type, and ``[B, S, 1]`` in that
+    type: 1 where the row attends to something, 0 where the whole row was masked."""
+    finite = [np.where(np.isneginf(a), np.finfo(a.dtype).min, a).astype(a.dtype) for a in arrays]
     values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
     nodes = [ir.Node("", "Where", [cond, *values])]
     attend = cond
@@ -136,4 +138,6 @@ def _finite_mask_and_keep_rows(
         )
     nodes.append(reduce)  # [B, 1, S]: 1 where the row attends to something
     nodes.append(ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])]))
+    if mask.dtype != ir.DataType.FLOAT:  # multiplies the attention's output, of its type
+        nodes.append(ir.Node("", "Cast", [nodes[-1].outputs[0]], [ir.AttrInt64("to", mask.dtype)]))
     return nodes[0].outputs[0], nodes[-1].outputs[0], nodes

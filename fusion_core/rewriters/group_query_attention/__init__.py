@@ -42,13 +42,18 @@ What is left is where GroupQueryAttention differs from a plain softmax:
 * a query row that may attend to nothing: the graph's softmax over ``-inf`` gives NaN,
   which the SDPA export's ``Where(IsNaN(P), 0, P)`` turns into 0, while the kernel
   with a finite bias averages something. As for ``attention``, ``-inf`` becomes
-  float32's lowest and the output rows whose mask row is empty are multiplied by 0
-  (``guarded_mask``). A finite mask (``Where(cond, 0, lowest)``: dynamo's, eager
-  attention's) gives such a row the average of every key, and causal attention the
-  average of the earlier ones only: without a cache it fuses with ``causal = 0``; with
-  one (``causal = 1``) those rows are picked (``Where``) from each head's mean of the
-  cache's values, ``ReduceMean(present_value)`` over the keys, repeated to the query
-  heads.
+  the lowest of the mask's type (float32's, or float16's -65504: the kernel adds the
+  bias in float32, so the row stays finite) and the output rows whose mask row is
+  empty are multiplied by 0 (``guarded_mask``). A finite mask (``Where(cond, 0,
+  lowest)``: dynamo's, eager attention's) gives such a row the average of every key,
+  and causal attention the average of the earlier ones only: without a cache it fuses
+  with ``causal = 0``; with one (``causal = 1``) those rows are picked (``Where``) from
+  each head's mean of the cache's values, ``ReduceMean(present_value)`` over the keys,
+  repeated to the query heads. A float16 mask's finite lowest (-65504, -1e4) does not
+  swamp the scores where onnxruntime's CPU adds it (in float32): such a row is the
+  softmax over every key, which the kernel gives the last query exactly, so that row
+  keeps the kernel's output and the earlier ones (a prefill's padded positions) take
+  the mean (``_bias``).
 
 When the kernel is causal anyway, the graph's ``[B, 1, S, L]`` mask is more than it
 needs: a decode step would still build it from two Ranges, the comparison and an Expand

@@ -7,6 +7,16 @@ Every layer of an export slices the model's one mask to its key length (optimum:
 ``Where(allowed, 0, lowest)`` and the keep-rows factor are built from the unsliced mask
 and shared by the layers (``_shared``), as are the lengths for the same symbolic batch,
 sequence and past dimensions.
+
+They are built in the mask's type, float32 or float16 (the attention's: the kernel takes
+one type). A float16 finite mask (-65504, -1e4) is not float32's lowest: onnxruntime's
+CPU has no float16 Add or Softmax kernel and runs both in float32 between Casts, where
+``m + s`` keeps ``s``, so a row with nothing to attend to is the softmax of its scores over
+every key, about their average only where the scores are small (a normed model's). The
+kernel adds its bias in float32 too: its own row is that softmax exactly for the last
+query, which sees every key (each decode step's), so that row keeps the kernel's output
+(``_last_key_counted``), and the earlier ones of a prefill, which only padded positions
+have and generation never reads, take the mean as in float32.
 """
 
 from __future__ import annotations
@@ -28,6 +38,19 @@ from autofusion.fusion_core.rewriters.group_query_attention._window import (
 )
 
 __all__ = ["MaskBias", "any_key_rows", "lengths_of", "shared_bias"]
+
+# the types the bias and the rows to keep are built in: the attention's own
+_BIAS_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
+
+
+def _lowest(dtype: ir.DataType) -> np.ndarray:
+    """The most negative finite value of ``dtype``, 0-d."""
+    return np.array(np.finfo(dtype.numpy()).min, dtype.numpy())
+
+
+def _signature(masked: np.ndarray) -> str:
+    """``masked``'s type and value, for the keys of shared values."""
+    return f"{masked.dtype.name}:{float(masked)!r}"
 
 
 class MaskBias(NamedTuple):
@@ -54,10 +77,11 @@ def shared_bias(
     causal_kernel: bool,
     sink: bool = False,
 ) -> MaskBias | None:
-    """The bias for ``mask = Where(allowed, 0, negative)``: the negative value made
-    finite (float32's lowest for -inf), and where it was -inf the ``[B, S, 1]`` factor
-    that is 1 where a row may attend to something. None when ``allowed`` is not ``[B or
-    1, 1, S, L]`` (one row per batch for every head).
+    """The bias for ``mask = Where(allowed, 0, negative)`` in the mask's type (float32
+    or float16): the negative value made finite (the type's lowest for -inf), and where
+    it was -inf the ``[B, S, 1]`` factor that is 1 where a row may attend to something.
+    None when ``allowed`` is not ``[B or 1, 1, S, L]`` (one row per batch for every
+    head), or the mask is of another type.
 
     For a kernel that applies the causal term itself (``causal_kernel``) and a mask that
     is the causal term, terms free of the query and perhaps a sliding window
@@ -67,44 +91,47 @@ def shared_bias(
     (where the kernel must be causal): a row with nothing to attend to averages every
     key in the graph and only the earlier ones in the kernel, so those rows are the
     mean of the cache's values instead (``empty_rows = "mean"``). With attention sinks
-    (``sink``) such a row is 0 in the graph and in the kernel alike: no rows to keep."""
+    (``sink``) such a row is 0 in the graph and in the kernel alike: no rows to keep.
+    float16 is built alike but for one row (the module's docstring)."""
     root = _unsliced(allowed)
     dims = known_dims(root)
     if dims is None or len(dims) != 4 or dims[1] != 1:
         return None
-    if mask.dtype != ir.DataType.FLOAT:  # the bias and rows below are built in float32
+    if mask.dtype not in _BIAS_TYPES:  # the bias and rows below are built in its type
         return None
     negative = constant_array(mask.producer().inputs[2])  # type: ignore[union-attr]
     assert negative is not None
     infinite = bool(np.any(np.isneginf(negative)))
-    value = float(np.finfo(np.float32).min) if infinite else float(negative.reshape(-1)[0])
+    # -inf as the type's lowest: a kernel's row of -inf alone is NaN, which 0 times
+    # the row to keep leaves NaN (float16's -65504 is measured finite in the kernel)
+    masked = _lowest(mask.dtype) if infinite else negative.reshape(-1)[:1].reshape(())
     past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
     # CumSum (the rows to keep) is opset 11's
     padding_only = causal_kernel and (infinite or key.past is not None or sink) and ctx.opset >= 11
     terms = query_free_terms(root, past) if padding_only else None
     if isinstance(terms, MaskTerms):
         rows = None if sink else infinite  # what an empty row needs: nothing with sinks
-        bias, keep, nodes = _padding_bias(terms, root, value, q, key, ctx, zero_rows=rows)
+        bias, keep, nodes = _padding_bias(terms, root, masked, q, key, ctx, zero_rows=rows)
         return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean", terms.window)
     note = terms if isinstance(terms, str) else None
     nodes: list[ir.Node] = []
-    key = f"gqa_bias:{root.name}:{value!r}"
+    key = f"gqa_bias:{root.name}:{_signature(masked)}"
     bias = shared_value(ctx.graph, key)
     if bias is None:
-        zero = ctx.initializer("gqa_attend", np.array(0.0, np.float32))
-        lowest = ctx.initializer("gqa_masked", np.array(value, np.float32))
+        zero = ctx.initializer("gqa_attend", np.zeros((), masked.dtype))
+        lowest = ctx.initializer("gqa_masked", masked)
         nodes.append(ir.Node("", "Where", [root, zero, lowest]))
         mark_shared(nodes[-1], key)
         bias = nodes[-1].outputs[0]
-        bias.dtype = ir.DataType.FLOAT
-    keep = _keep_rows(root, ctx, nodes) if infinite and not sink else None
+        bias.dtype = mask.dtype
+    keep = _keep_rows(root, ctx, nodes, mask.dtype) if infinite and not sink else None
     return MaskBias(bias, keep, nodes, False, note=note)
 
 
 def _padding_bias(
     terms: MaskTerms,
     root: ir.Value,
-    value: float,
+    masked: np.ndarray,
     q: ir.Value,
     key: KVSide,
     ctx: RewriteContext,
@@ -112,19 +139,24 @@ def _padding_bias(
     zero_rows: bool | None,
 ) -> tuple[ir.Value | None, ir.Value | None, list[ir.Node]]:
     """The bias ``Where(t, 0, lowest)`` of the query-free terms ``t`` (``[B, 1, 1, L]``)
-    expanded to the ``S`` queries, and the rows to keep: row ``s`` sees the keys
+    expanded to the ``S`` queries (``lowest``: the 0-d ``masked``, in the attention's
+    type), and the rows to keep: row ``s`` sees the keys
     ``j <= P + s`` with ``t[j]`` (and ``j > P + s - W`` in a window of ``W``), so it
     keeps iff the running count of ``t`` at ``P + s`` is not 0 (less the count at
     ``P + s - W``; ``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
-    (``zero_rows``), else a bool to pick with; none at all for ``zero_rows=None``."""
+    (``zero_rows``, in ``masked``'s type), else a bool to pick with; none at all for
+    ``zero_rows=None``."""
     if not terms.others:
         return None, None, []
     out = _Emitter()
     term = _padding_term(terms.others, root, ctx, out)
-    bias = _broadcast_bias(term, root, value, q, ctx, out)
+    bias = _broadcast_bias(term, root, masked, q, ctx, out)
     if zero_rows is None:
         return bias, None, out.nodes
-    keep = _rows_with_a_key(term, (root, terms.window), key, ctx, out, zero_rows=zero_rows)
+    keep_type = ir.DataType.from_numpy(masked.dtype) if zero_rows else ir.DataType.BOOL
+    # float16's finite lowest: the last query's row is the kernel's own (module docstring)
+    last = not zero_rows and masked.dtype == np.float16 and terms.window is None
+    keep = _rows_with_a_key(term, (root, terms.window), key, ctx, out, keep_type, last)
     return bias, keep, out.nodes
 
 
@@ -167,20 +199,25 @@ def _padding_term(
 
 
 def _broadcast_bias(
-    term: ir.Value, root: ir.Value, value: float, q: ir.Value, ctx: RewriteContext, out: _Emitter
+    term: ir.Value,
+    root: ir.Value,
+    masked: np.ndarray,
+    q: ir.Value,
+    ctx: RewriteContext,
+    out: _Emitter,
 ) -> ir.Value:
     """``Expand(Where(t, 0, lowest), [1, 1, S, 1])``: the kernel wants one row per query.
     ``S`` is read from a graph input where one has it, and the bias shared by the layers
     only then (``_lengths`` says why)."""
     source, axis = _graph_input_with_dim(ctx.graph, q, 1)
-    key = f"gqa_padding_bias:{root.name}:{value!r}"
+    key = f"gqa_padding_bias:{root.name}:{_signature(masked)}"
     if not source.is_graph_input():
         key += f":{q.name}"
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
-    zero = ctx.initializer("gqa_attend", np.array(0.0, np.float32))
-    lowest = ctx.initializer("gqa_masked", np.array(value, np.float32))
+    zero = ctx.initializer("gqa_attend", np.zeros((), masked.dtype))
+    lowest = ctx.initializer("gqa_masked", masked)
     row = out.add("Where", [term, zero, lowest])
     ones = ctx.initializer("gqa_ones_2", np.array([1, 1], np.int64))
     one = ctx.initializer("gqa_one", np.array([1], np.int64))
@@ -189,7 +226,7 @@ def _broadcast_bias(
     )
     shape = out.add("Concat", [ones, queries, one], [ir.AttrInt64("axis", 0)])
     out.add("Expand", [row, shape])
-    return out.share(key, ir.DataType.FLOAT)
+    return out.share(key, ir.DataType.from_numpy(masked.dtype))
 
 
 def _rows_with_a_key(
@@ -198,20 +235,24 @@ def _rows_with_a_key(
     key: KVSide,
     ctx: RewriteContext,
     out: _Emitter,
-    *,
-    zero_rows: bool,
+    keep_type: ir.DataType,
+    last_kept: bool = False,
 ) -> ir.Value:
     """``[B, S, 1]``: whether the running count of ``t`` at ``P + s`` (less the count at
-    ``P + s - W`` for a window of ``W``) is above 0, as 0/1 (``zero_rows``) or a bool;
-    ``mask`` is the unsliced mask and the window."""
+    ``P + s - W`` for a window of ``W``) is above 0, as a bool (``keep_type`` BOOL) or
+    0/1 of the float ``keep_type``; ``mask`` is the unsliced mask and the window; the last
+    query's row kept whatever its keys (``last_kept``)."""
     root, window = mask
-    name = f"gqa_padding_keep:{root.name}:{zero_rows}:{window}"
+    zero_rows = keep_type != ir.DataType.BOOL
+    name = f"gqa_padding_keep:{root.name}:{keep_type.name}:{window}:{last_kept}"
     if key.past is not None and not key.past.is_graph_input():
         name += f":{key.past.name}"  # a past computed in a layer: not shared (_lengths)
     found = shared_value(ctx.graph, name)
     if found is not None:
         return found
     counted = out.add("Cast", [term], [ir.AttrInt64("to", ir.DataType.FLOAT)])
+    if last_kept:
+        counted = _last_key_counted(counted, ctx, out)
     last = ctx.initializer("gqa_key_axis_scalar", np.array(3, np.int64))
     running = out.add("CumSum", [counted, last])
     if key.past is None:
@@ -224,13 +265,27 @@ def _rows_with_a_key(
     if window is not None:
         before = _count_before_window(running, (first, axis), window, ctx, out)
         rows = out.add("Sub", [rows, before])
-    if zero_rows:
+    if zero_rows:  # counted in float32 (exact to 2**24 keys), 0/1 in the output's type
         rows = out.add("Min", [rows, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
+        if keep_type != ir.DataType.FLOAT:
+            rows = out.add("Cast", [rows], [ir.AttrInt64("to", keep_type)])
     else:
         rows = out.add("Greater", [rows, ctx.initializer("gqa_zero_f", np.array(0.0, np.float32))])
     per_row = ctx.initializer("gqa_rows_shape", np.array([0, -1, 1], np.int64))
     out.add("Reshape", [rows, per_row])
-    return out.share(name, ir.DataType.FLOAT if zero_rows else ir.DataType.BOOL)
+    return out.share(name, keep_type)
+
+
+def _last_key_counted(counted: ir.Value, ctx: RewriteContext, out: _Emitter) -> ir.Value:
+    """``counted`` (``[., 1, 1, L]``) with its last key counted as 1: only the last query's
+    running count (at ``P + S - 1 = L - 1``) reads it, so that row, and no other, has a
+    key to attend to (``Pad`` of the first ``L - 1`` with a 1)."""
+    starts = ctx.initializer("gqa_zero", np.array([0], np.int64))
+    ends = ctx.initializer("gqa_but_last", np.array([-1], np.int64))
+    axis = ctx.initializer("gqa_key_axis", np.array([3], np.int64))
+    before = out.add("Slice", [counted, starts, ends, axis])
+    pads = ctx.initializer("gqa_last_pads", np.array([0, 0, 0, 0, 0, 0, 0, 1], np.int64))
+    return out.add("Pad", [before, pads, ctx.initializer("gqa_one_f", np.array(1.0, np.float32))])
 
 
 def _count_before_window(
@@ -270,16 +325,19 @@ def any_key_rows(allowed: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
-    rows = _keep_rows(root, ctx, nodes)
+    rows = _keep_rows(root, ctx, nodes, ir.DataType.FLOAT)
     nodes.append(ir.Node("", "Cast", [rows], [ir.AttrInt64("to", ir.DataType.BOOL)]))
     mark_shared(nodes[-1], key)
     nodes[-1].outputs[0].dtype = ir.DataType.BOOL
     return nodes[-1].outputs[0]
 
 
-def _keep_rows(root: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
-    """``[B, S, 1]``: 1 where the row attends to something (shared per mask)."""
-    key = f"gqa_keep_rows:{root.name}"
+def _keep_rows(
+    root: ir.Value, ctx: RewriteContext, nodes: list[ir.Node], dtype: ir.DataType
+) -> ir.Value:
+    """``[B, S, 1]``: 1 where the row attends to something, 0 elsewhere, in ``dtype``
+    (shared per mask and type)."""
+    key = f"gqa_keep_rows:{root.name}:{dtype.name}"
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
@@ -291,10 +349,12 @@ def _keep_rows(root: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.
         attrs = [ir.AttrInt64s("axes", [3]), ir.AttrInt64("keepdims", 0)]
         reduce = ir.Node("", "ReduceMax", [cast.outputs[0]], attrs)
     rows = ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])])
-    mark_shared(rows, key)
     nodes += [cast, reduce, rows]
-    rows.outputs[0].dtype = ir.DataType.FLOAT
-    return rows.outputs[0]
+    if dtype != ir.DataType.FLOAT:
+        nodes.append(ir.Node("", "Cast", [rows.outputs[0]], [ir.AttrInt64("to", dtype)]))
+    mark_shared(nodes[-1], key)
+    nodes[-1].outputs[0].dtype = dtype
+    return nodes[-1].outputs[0]
 
 
 def lengths_of(

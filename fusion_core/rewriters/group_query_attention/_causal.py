@@ -19,7 +19,15 @@ from autofusion.fusion_core.canonical import Dim, axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["allowed_of", "causal_failure", "causal_term", "conjuncts", "dim_of", "index_axis"]
+__all__ = [
+    "allowed_of",
+    "causal_failure",
+    "causal_term",
+    "conjuncts",
+    "dim_of",
+    "index_axis",
+    "masked_at_most",
+]
 
 _MAX_DEPTH = 16
 _PASS_THROUGH = frozenset({"Expand", "Identity"})
@@ -32,13 +40,24 @@ def allowed_of(bias: ir.Value) -> ir.Value | str:
     if producer is None or producer.op_type != "Where":
         return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest)"
     zero, negative = (constant_array(v) for v in producer.inputs[1:3])
-    # compared in float64: -1e30 as a float16 is -inf (an fp16 mask's lowest is -65504,
-    # finite: such a mask stays the bias as it is, see shared_bias)
     if zero is None or negative is None or not np.all(zero == 0):
         return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest) of constants"
-    if not np.all(negative.astype(np.float64) < -1e30):
+    # compared in float64 (-1e30 as a float16 is -inf)
+    if not np.all(negative.astype(np.float64) <= masked_at_most(negative.dtype)):
         return f"the mask {bias.name!r} is not Where(allowed, 0, -inf or lowest) of constants"
     return producer.inputs[0]
+
+
+def masked_at_most(dtype: np.dtype) -> float:
+    """The largest added value that masks a score: its softmax weight ``exp(m + gap)`` is
+    0 for any gap between scores the type can hold apart in practice. float32 and wider:
+    below -1e30 (float32's lowest, dynamo's and eager attention's). float16 holds no
+    such value: its lowest, -65504 (transformers' ``finfo(float16).min``), and -1e4
+    (what onnxruntime's float16 converter clips float32's lowest to) leave
+    ``exp(m + gap)`` 0 in float32 (the kernels' and Softmax's accumulation) unless a
+    masked score exceeds every unmasked one by 9,900, which float16 scores (fp16
+    activations, scaled by ``1 / sqrt(H)``) do not reach in a model that runs in fp16."""
+    return -1e4 if np.dtype(dtype) == np.float16 else -1e30
 
 
 def causal_failure(allowed: ir.Value, past_length: Dim) -> str | None:
