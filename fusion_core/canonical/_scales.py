@@ -52,6 +52,8 @@ _SPLIT = "autofusion.canonical.split_scale"  # the original a and b, to put them
 _ONNX = ("", "ai.onnx")
 _TO_SOFTMAX = frozenset({"Add", "Sub", "Mul", "Div", "Tanh", "Where", "Cast"})
 _WALK = 6
+# the types whose scores the rules rewrite (a float16 product rounds once, as the check sees)
+_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
 def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -62,13 +64,14 @@ def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
         if found is None:
             continue
         (q, a), (k, b) = found
+        out_type = matmul.outputs[0].dtype
         product = np.float32(_factor(a)) * np.float32(_factor(b))
         scale = ir.Value(
             name=fresh_name(f"{RULE}_scale"),
             shape=ir.Shape([]),
-            const_value=ir.tensor(np.array(product, np.float32)),
+            const_value=ir.tensor(np.array(product, out_type.numpy())),  # the scores' type
         )
-        scale.dtype = ir.DataType.FLOAT
+        scale.dtype = out_type
         graph.register_initializer(scale)
         scores = ir.Node("", "MatMul", [q, k], name=fresh_name(f"{matmul.name or 'MatMul'}_scores"))
         scaled = ir.Node("", "Mul", [scores.outputs[0], scale], name=fresh_name(f"{RULE}_Mul"))
@@ -116,9 +119,9 @@ def undo_scales(graph: ir.Graph, mark: str) -> int:
             constant = ir.Value(
                 name=f"{scaled.name}_{len(nodes)}_factor",
                 shape=ir.Shape([]),
-                const_value=ir.tensor(np.array(number, np.float32)),
+                const_value=ir.tensor(np.array(number, value.dtype.numpy())),  # type: ignore[union-attr]
             )
-            constant.dtype = ir.DataType.FLOAT
+            constant.dtype = value.dtype  # type: ignore[union-attr]
             graph.register_initializer(constant)
             nodes.append(ir.Node("", op, [value, constant], name=f"{scaled.name}_{len(nodes)}"))
             nodes[-1].outputs[0].dtype = value.dtype  # type: ignore[union-attr]
@@ -172,7 +175,7 @@ def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float | list | Non
     producer = value.producer() if value is not None else None
     if producer is None or producer.op_type not in ("Mul", "Div") or producer.domain not in _ONNX:
         return value, None
-    if len(value.uses()) != 1 or value.dtype != ir.DataType.FLOAT:  # type: ignore[union-attr]
+    if len(value.uses()) != 1 or value.dtype not in _TYPES:  # type: ignore[union-attr]
         return value, None
     if producer.op_type == "Div":
         divisor = constant_array(producer.inputs[1])
@@ -212,7 +215,7 @@ def unit_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) ->
         if (
             out.shape is None
             or len(out.shape) != 4
-            or out.dtype != ir.DataType.FLOAT
+            or out.dtype not in _TYPES
             or out.is_graph_output()
             or not reads_into_softmax(out)
             or _already_scaled(out)
@@ -222,9 +225,9 @@ def unit_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) ->
         one = ir.Value(
             name=fresh_name(f"{UNIT}_one"),
             shape=ir.Shape([]),
-            const_value=ir.tensor(np.array(1.0, np.float32)),
+            const_value=ir.tensor(np.array(1.0, out.dtype.numpy())),
         )
-        one.dtype = ir.DataType.FLOAT
+        one.dtype = out.dtype
         graph.register_initializer(one)
         scaled = ir.Node("", "Mul", [out, one], name=fresh_name(f"{UNIT}_Mul"))
         scaled.outputs[0].dtype, scaled.outputs[0].shape = out.dtype, out.shape

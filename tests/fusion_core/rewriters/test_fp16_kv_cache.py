@@ -303,10 +303,6 @@ def test_an_fp16_mask_that_does_not_mask_is_refused() -> None:
     assert any("must be causal" in r and "-inf or lowest" in r for r in reasons), reasons
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the canonical scale_to_scores moves SDPA's split scale for float32 scores only",
-)
 def test_an_fp16_sdpa_split_scale_with_a_cache_becomes_group_query_attention() -> None:
     """SDPA's export scales Q and K^T by the root of the scale each (``sdpa_split``, the
     -inf mask and the NaN guard); once the canonical form moves that scale onto float16
