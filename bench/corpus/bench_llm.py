@@ -52,9 +52,10 @@ def streamed_bytes(path: Path) -> int:
             readers.setdefault(name, set()).add(node.op_type)
     total = 0
     for init in model.graph.initializer:
-        if init.data_type != onnx.TensorProto.FLOAT or readers.get(init.name) == {"Gather"}:
+        width = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2}.get(init.data_type)
+        if width is None or readers.get(init.name) == {"Gather"}:
             continue
-        total += 4 * int(np.prod(init.dims))
+        total += width * int(np.prod(init.dims))
     return total
 
 
@@ -88,7 +89,8 @@ def feeds(sess: ort.InferenceSession, *, past: int, new: int, seed: int = 0) -> 
             out[name] = np.arange(past, past + new, dtype=np.int64)[None]
         elif name.startswith("past_key_values."):
             heads, dim = arg.shape[1], arg.shape[3]
-            out[name] = rng.standard_normal((1, heads, past, dim)).astype(np.float32)
+            dtype = np.float16 if arg.type == "tensor(float16)" else np.float32
+            out[name] = rng.standard_normal((1, heads, past, dim)).astype(dtype)
         else:
             raise SystemExit(f"bench_llm: input {name!r} is not a decoder input it knows")
     return out
