@@ -141,3 +141,38 @@ def _finite_mask_and_keep_rows(
     if mask.dtype != ir.DataType.FLOAT:  # multiplies the attention's output, of its type
         nodes.append(ir.Node("", "Cast", [nodes[-1].outputs[0]], [ir.AttrInt64("to", mask.dtype)]))
     return nodes[0].outputs[0], nodes[-1].outputs[0], nodes
+
+
+def empty_rows_as_mean(
+    mask: ir.Value,
+    mean: ir.Value,
+    context: ir.Value,
+    heads_and_size: tuple[int, int],
+    ctx: RewriteContext,
+) -> list[ir.Node]:
+    """ONNX Attention as onnxruntime 1.32 runs it gives 0 where a query's mask row is
+    the lowest float everywhere (it reads the lowest as "masked"); the graph's softmax
+    of those equal scores is uniform there, the mean of the values, as
+    com.microsoft.MultiHeadAttention gives (both measured with one-node models). So
+    those rows of ``context`` (``[B, S, N * Hv]``) take ``mean`` (``[B, 1, N * Hv]``,
+    each query head's mean value over its keys), head by head (the mask's head axis is
+    1 or N): ``Where(ReduceMax(mask, keys) <= lowest, mean, context)``, a no-op on a
+    runtime that already gives the mean. Nothing is added for a float16 mask (below)."""
+    if context.dtype != ir.DataType.FLOAT:  # the scores' type, the mask's
+        # float16: onnxruntime runs the graph's float16 softmax in float32, where a row
+        # masked by -65504 is the softmax of its scores over every key: neither 0 nor the
+        # mean, and rows only padded queries have are left as the kernel gives them
+        return []
+    heads, size = heads_and_size
+    lowest = np.array(np.finfo(np.float32).min, np.float32)
+    keys = ctx.initializer("empty_rows_keys", np.array([3], np.int64))
+    row_max = ir.Node("", "ReduceMax", [mask, keys], [ir.AttrInt64("keepdims", 1)])
+    empty = ir.Node("", "LessOrEqual", [row_max.outputs[0], ctx.initializer("lowest", lowest)])
+    rows = ir.Node("", "Transpose", [empty.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1, 3])])
+    by_head = ctx.initializer("empty_rows_by_head", np.array([0, 0, heads, size], np.int64))
+    split = ir.Node("", "Reshape", [context, by_head])  # [B, S, N, Hv]
+    mean_split = ir.Node("", "Reshape", [mean, by_head])  # [B, 1, N, Hv]
+    picked = ir.Node("", "Where", [rows.outputs[0], mean_split.outputs[0], split.outputs[0]])
+    merged = ctx.initializer("empty_rows_merged", np.array([0, 0, heads * size], np.int64))
+    out = ir.Node("", "Reshape", [picked.outputs[0], merged])
+    return [row_max, empty, rows, split, mean_split, picked, out]

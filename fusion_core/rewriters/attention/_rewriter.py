@@ -10,6 +10,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_mask import (
     attention_bias,
+    empty_rows_as_mean,
     expand_queries,
     guarded_mask,
 )
@@ -92,11 +93,12 @@ def multi_head_attention(
     if keep_rows is not None:
         nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
         nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
-    elif mask is not None and not contrib:
-        empty = _empty_rows_as_mean(mask, inputs[2], nodes[-1].outputs[0], ctx)
-        if isinstance(empty, str):
-            return empty
-        nodes += empty
+    elif mask is not None and not contrib and inputs[2] is not None:
+        keys = ctx.initializer("empty_rows_keys", np.array([1], np.int64))
+        mean = ir.Node("", "ReduceMean", [inputs[2], keys], [ir.AttrInt64("keepdims", 1)])
+        shape = (count, value_size)
+        empty = empty_rows_as_mean(mask, mean.outputs[0], nodes[-1].outputs[0], shape, ctx)
+        nodes += [mean, *empty] if empty else []
         nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
     if reshape_after:
         reshape = [nodes[-1].outputs[0], output.inputs[1]]
@@ -141,35 +143,6 @@ def _mask(
     # one row for every query (nn.MultiheadAttention's key padding): a row per query
     mask, expanded = expand_queries(mask, match.input(params.q_reshape_node, 0), ctx)
     return mask, keep_rows, [*mask_nodes, *expanded]
-
-
-def _empty_rows_as_mean(
-    mask: ir.Value, value: ir.Value | None, context: ir.Value, ctx: RewriteContext
-) -> list[ir.Node] | str:
-    """ONNX Attention as onnxruntime 1.32 runs it gives 0 where a query's mask row is
-    the lowest float everywhere (it reads the lowest as "masked"); the graph's softmax
-    of equal scores is uniform there, the mean of the values, as MultiHeadAttention
-    gives (both measured with one-node models). So those rows take the mean of ``value``
-    over the keys: ``Where(ReduceMax(mask) <= lowest, ReduceMean(v), context)``, a no-op
-    on a runtime that already gives the mean. The mask must be the same for every head
-    (``[B or 1, 1, S, L]``): the rows are per row of the merged output."""
-    dims = mask.shape.dims if mask.shape is not None else None
-    if dims is None or len(dims) != 4 or dims[1] != 1 or value is None:
-        return (
-            f"the mask {mask.name!r} is not known to be [B or 1, 1, S, L]: ONNX Attention "
-            "gives 0 where a row is masked everywhere and the graph the mean of the values, "
-            "which cannot be put back per head after the merge"
-        )
-    if mask.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
-        return f"the mask {mask.name!r} is not float32 or float16"
-    lowest = np.array(np.finfo(mask.dtype.numpy()).min, mask.dtype.numpy())
-    last, heads, keys = (ctx.initializer(f"empty_rows_axis{a}", np.array([a])) for a in (3, 1, 1))
-    row_max = ir.Node("", "ReduceMax", [mask, last], [ir.AttrInt64("keepdims", 1)])
-    empty = ir.Node("", "LessOrEqual", [row_max.outputs[0], ctx.initializer("lowest", lowest)])
-    rows = ir.Node("", "Squeeze", [empty.outputs[0], heads])  # [B or 1, S, 1]
-    mean = ir.Node("", "ReduceMean", [value, keys], [ir.AttrInt64("keepdims", 1)])
-    picked = ir.Node("", "Where", [rows.outputs[0], mean.outputs[0], context])
-    return [row_max, empty, rows, mean, picked]
 
 
 def _attention_node(

@@ -11,7 +11,11 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
-from autofusion.fusion_core.rewriters._attention_mask import attention_bias, guarded_mask
+from autofusion.fusion_core.rewriters._attention_mask import (
+    attention_bias,
+    empty_rows_as_mean,
+    guarded_mask,
+)
 from autofusion.fusion_core.rewriters._attention_shapes import HeadNodes, merged_layout
 from autofusion.fusion_core.rewriters._base import (
     Rewrite,
@@ -116,6 +120,8 @@ class GroupQueryAttention(Rewriter):
                 _like(new, side.present)
                 replaced.append((side.present, new))
         _empty_rows(masked, gqa, (q, heads // key.heads), ctx, nodes)
+        if not contrib and masked.keep is None and masked.bias is not None:
+            _generic_empty_rows(masked.bias, gqa, value, heads, ctx, nodes)
         if reshape_after:
             nodes.append(
                 ir.Node(
@@ -181,6 +187,38 @@ def _softcap(match: Match, params: GQAParams) -> float | str:
             "not a soft-cap c * tanh(s / c) with one c > 0"
         )
     return out
+
+
+def _generic_empty_rows(
+    bias: ir.Value,
+    attention: ir.Node,
+    value: KVSide,
+    heads: int,
+    ctx: RewriteContext,
+    nodes: list[ir.Node],
+) -> None:
+    """ONNX Attention's rows the mask covers everywhere as the graph computes them, the
+    mean of the values over every key (``empty_rows_as_mean``); the nodes into ``nodes``."""
+    if attention.outputs[0].dtype != ir.DataType.FLOAT:
+        return  # float16: nothing put back (``empty_rows_as_mean`` says why)
+    groups = heads // value.heads
+    if value.past is not None:
+        mean = _mean_value(attention.outputs[2], groups, ctx, nodes)
+    else:  # [B, L, kv_heads * H]: its heads' means, each repeated for its query heads
+        layout = ctx.initializer("gqa_value_heads", np.array([0, 1, value.heads, 1, value.size]))
+        keys = ctx.initializer("gqa_value_keys", np.array([1], np.int64))
+        averaged = ir.Node("", "ReduceMean", [value.new, keys], [ir.AttrInt64("keepdims", 1)])
+        split = ir.Node("", "Reshape", [averaged.outputs[0], layout])
+        repeat = ctx.initializer("gqa_value_repeat", np.array([1, 1, 1, groups, 1], np.int64))
+        grown = ir.Node("", "Expand", [split.outputs[0], repeat])
+        merged = ctx.initializer("gqa_value_mean_shape", np.array([0, 1, -1], np.int64))
+        row = ir.Node("", "Reshape", [grown.outputs[0], merged])
+        nodes += [averaged, split, grown, row]
+        mean = row.outputs[0]
+    mean.dtype = attention.outputs[0].dtype
+    picked = empty_rows_as_mean(bias, mean, attention.outputs[0], (heads, value.size), ctx)
+    nodes += picked
+    _like(picked[-1].outputs[0], attention.outputs[0])
 
 
 def _mean_value(

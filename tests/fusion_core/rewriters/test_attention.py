@@ -200,7 +200,8 @@ def test_generic_target_at_opset_23_emits_onnx_attention(mask):
     onnx.checker.check_model(fused, full_check=True)
     # with a mask, the rows it masks everywhere take the values' mean (onnxruntime's ONNX
     # Attention gives 0 there, the graph the mean: test_attention_empty_rows.py)
-    empty_rows = ["ReduceMax", "LessOrEqual", "Squeeze", "ReduceMean", "Where"] if mask else []
+    empty_rows = ["ReduceMean", "ReduceMax", "LessOrEqual", "Transpose", "Reshape", "Reshape"]
+    empty_rows = [*empty_rows, "Where", "Reshape"] if mask else []
     ops = op_sequence(fused)
     assert ops[: ops.index("Attention") + 1] == merged_ops(mask is not None)[:-1] + ["Attention"]
     assert sorted(ops[ops.index("Attention") + 1 :]) == sorted(empty_rows)

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from test_group_query_attention import ORT, SHAPES, decoder_attention, feeds
 
 from autofusion.fusion_core import OptimizeConfig, optimize
-from autofusion.fusion_core.testing import op_sequence, run_both
+from autofusion.fusion_core.testing import op_sequence, optimize_quiet, run_both
 
 TRANSFORMERS = Path(__file__).resolve().parents[2] / "data" / "transformers"
 
@@ -42,3 +43,20 @@ def test_generic_attention_keeps_rows_that_attend_to_nothing(name: str) -> None:
     fused = result.to_proto()
     assert op_sequence(fused).count("Attention") == 2, op_sequence(fused)
     run_both(model, fused, feeds=_left_padded(2, 8), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
+def test_generic_grouped_attention_with_a_finite_mask_keeps_those_rows(cache: bool) -> None:
+    """The same on the grouped path (a decoder's repeat_kv, with and without its cache):
+    an eager decoder's finite mask, rows with nothing to attend to (left padding reaching
+    into the new tokens, random holes) take each query head's mean value over its KV
+    head's keys (the cache's too)."""
+    model = decoder_attention(cache=cache, eager=True, lowest=float(np.finfo(np.float32).min))
+    result = optimize_quiet(model, target="generic", upgrade_opset=23, exclude=ORT["exclude"])
+    assert result.counts.get("attention") == 1, result.counts
+    fused = result.to_proto()
+    assert op_sequence(fused).count("Attention") == 1
+    for batch, seq, past in SHAPES:
+        for mask in ("left", "random"):
+            sample = feeds(batch, seq, past, mask, cache=cache)
+            run_both(model, fused, feeds=sample, rtol=1e-5, atol=1e-5)
