@@ -84,11 +84,16 @@ def router_softmax(node: ir.Node) -> bool:
     out = node.outputs[0]
     if out.is_graph_output() or not any(u.node.op_type in _SELECTIONS for u in out.uses()):
         return False
+    return _from_router(node, depth=8)
+
+
+def _from_router(node: ir.Node, depth: int) -> bool:
+    """Whether ``node``'s input is router logits, ``depth`` steps at most from them."""
     return _reaches(
         node.inputs[0] if node.inputs else None,
         _a_router,
         lambda n: [v for v in n.inputs if _activation(v)] if n.op_type in _ROUTER_STEPS else [],
-        depth=8,
+        depth=depth,
     )
 
 
@@ -106,14 +111,7 @@ def router_sigmoid(node: ir.Node) -> bool:
     or a gate's Sigmoid (multiplied into a projection) is not one."""
     if not node.outputs or node.outputs[0].is_graph_output():
         return False
-    if not _feeds_selection(node.outputs[0], depth=4):
-        return False
-    return _reaches(
-        node.inputs[0] if node.inputs else None,
-        _a_router,
-        lambda n: [v for v in n.inputs if _activation(v)] if n.op_type in _ROUTER_STEPS else [],
-        depth=4,
-    )
+    return _feeds_selection(node.outputs[0], depth=4) and _from_router(node, depth=4)
 
 
 def _feeds_selection(start: ir.Value, depth: int) -> bool:
