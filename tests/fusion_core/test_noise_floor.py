@@ -5,7 +5,8 @@ accuracy_level 4: A quantized to int8 inside the kernel; hidden 256, 4 layers) f
 fp32 tolerance with its right fusions (logits 0.03 apart): with the floor it passes, its
 fusions kept, and the report names the floor. A fused model whose last norm's gamma is
 off by 1% still fails (its mean error passes twice the floor's mean: 2.2x it on an AVX2
-host; on an AVX-512 host the level-0 comparison below fails it). A model without such ops is checked exactly as before.
+host; on an AVX-512 host the level-0 comparison below fails it). A model without such ops
+is checked exactly as before.
 
 At 10 layers (seed 5) the original's own int8 noise is as large as a 1% gamma error in a
 middle or last norm: such a fused model passes the floor, and the second comparison with
