@@ -111,10 +111,24 @@ _ATTENTION = ("attention_mha", "attention_mha_no_mask", "attention_mha_sdpa_kt",
               "attention_gqa_sdpa_kt_repeat_kv", "attention_gqa_eager",
               "attention_gqa_eager_repeat_kv", "attention_gqa_eager_softcap",
               "attention_gqa_eager_softcap_repeat_kv")  # fmt: skip
-MERGED_INTO = dict.fromkeys(_ATTENTION, "attention") | {
-    "rotary_embedding_partial": "rotary_embedding",
-    "rotary_embedding_interleaved_partial": "rotary_embedding_interleaved",
+# GELU by meaning (the canonical rule gelu_spelling) left one pattern per form
+_GELU = {
+    f"gelu_{form}_{spelling}{bias}": f"gelu_{form}{bias}"
+    for form, spellings in (
+        ("erf", ("half_first", "half_inner", "half_last")),
+        ("tanh", ("cube_half_last", "pow_half_first", "pow_half_inner")),
+    )
+    for spelling in spellings
+    for bias in ("", "_bias")
 }
+MERGED_INTO = (
+    dict.fromkeys(_ATTENTION, "attention")
+    | {
+        "rotary_embedding_partial": "rotary_embedding",
+        "rotary_embedding_interleaved_partial": "rotary_embedding_interleaved",
+    }
+    | _GELU
+)
 
 
 @dataclass
