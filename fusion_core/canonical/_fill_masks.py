@@ -40,7 +40,13 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import INTEGER_TYPES, drop_unread, replace
-from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, known_dims, scalar
+from autofusion.fusion_core.canonical._shape_values import (
+    Dim,
+    axes_of,
+    grid_component,
+    known_dims,
+    scalar,
+)
 from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -263,21 +269,10 @@ def _identity_grid(indices: ir.Value | None, dims: list[Dim]) -> bool:
 
 
 def _grid_part(part: ir.Value | None, axis: int, dims: list[Dim]) -> bool:
-    """``part`` is ``Unsqueeze(Expand(v), -1)`` with ``v`` a view of ``Range(0, dims[axis])``
-    whose one non-1 dimension (right-aligned) is ``axis``."""
-    unsqueeze = part.producer() if part is not None else None
-    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or known_dims(part) != [*dims, 1]:
-        return False
-    expand = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
-    if expand is None or expand.op_type != "Expand" or known_dims(expand.outputs[0]) != dims:
-        return False
-    before = known_dims(expand.inputs[0])
-    if before is None or len(before) > len(dims):
-        return False
-    padded = [1] * (len(dims) - len(before)) + before
-    if any(d != 1 for k, d in enumerate(padded) if k != axis) or padded[axis] != dims[axis]:
-        return False
-    return _range_start(expand.inputs[0]) == 0
+    """``part`` is a grid component (``grid_component``) of a view of ``Range(0,
+    dims[axis])``."""
+    values = grid_component(part, axis, dims)
+    return values is not None and _range_start(values) == 0
 
 
 def _range_start(value: ir.Value | None) -> Dim:

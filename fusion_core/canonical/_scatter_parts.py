@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._attention_reads import attention_reads
 from autofusion.fusion_core.canonical._edits import drop_unread, replace
-from autofusion.fusion_core.canonical._shape_values import Dim, known_dims, scalar
+from autofusion.fusion_core.canonical._shape_values import Dim, grid_component, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -114,21 +114,10 @@ def _slab_start(indices: ir.Value | None, dims: list[Dim]) -> int | None:
 
 
 def _component_start(part: ir.Value | None, axis: int, dims: list[Dim]) -> int | None:
-    """The first position of ``part = Unsqueeze(Expand(v), -1)``, ``v`` consecutive
-    positions along ``axis`` only (every other dimension 1, right-aligned)."""
-    unsqueeze = part.producer() if part is not None else None
-    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or known_dims(part) != [*dims, 1]:
-        return None
-    expand = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
-    if expand is None or expand.op_type != "Expand" or known_dims(expand.outputs[0]) != dims:
-        return None
-    before = known_dims(expand.inputs[0])
-    if before is None or len(before) > len(dims):
-        return None
-    padded = [1] * (len(dims) - len(before)) + before
-    if any(d != 1 for k, d in enumerate(padded) if k != axis) or padded[axis] != dims[axis]:
-        return None
-    return _start(expand.inputs[0])
+    """The first position of a grid component (``grid_component``): its values are
+    consecutive positions along ``axis``."""
+    values = grid_component(part, axis, dims)
+    return _start(values) if values is not None else None
 
 
 def _start(value: ir.Value | None) -> int | None:

@@ -17,7 +17,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["Dim", "axes_of", "dim_entries", "entries", "known_dims", "scalar"]
+__all__ = ["Dim", "axes_of", "dim_entries", "entries", "grid_component", "known_dims", "scalar"]
 
 Dim = int | str | None  # a known size, a symbolic one, or unknown
 
@@ -164,3 +164,22 @@ def axes_of(node: ir.Node) -> list[int] | None:
         return list(attr)
     array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
     return None if array is None else [int(a) for a in array.reshape(-1)]
+
+
+def grid_component(part: ir.Value | None, axis: int, dims: list[Dim]) -> ir.Value | None:
+    """``v`` where ``part`` is one component of an index grid, ``Unsqueeze(Expand(v),
+    -1)`` of shape ``[*dims, 1]``, ``v`` varying along ``axis`` only (every other
+    dimension 1, right-aligned, as torch's advanced indexing writes it); else None."""
+    unsqueeze = part.producer() if part is not None else None
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or known_dims(part) != [*dims, 1]:
+        return None
+    expand = unsqueeze.inputs[0].producer() if unsqueeze.inputs[0] is not None else None
+    if expand is None or expand.op_type != "Expand" or known_dims(expand.outputs[0]) != dims:
+        return None
+    before = known_dims(expand.inputs[0])
+    if before is None or len(before) > len(dims):
+        return None
+    padded = [1] * (len(dims) - len(before)) + before
+    if any(d != 1 for k, d in enumerate(padded) if k != axis) or padded[axis] != dims[axis]:
+        return None
+    return expand.inputs[0]
