@@ -265,28 +265,39 @@ def moe_block(s: Spelling) -> onnx.ModelProto:
     return g.model("moe", out, shape)
 
 
-def feeds(s: Spelling, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
+def token_feeds(tokens: int, seed: int = 1, *, three_d: bool = False) -> dict[str, np.ndarray]:
+    """Random hidden states of ``tokens`` tokens, ``[T, HIDDEN]`` (or ``[1, T, HIDDEN]``)."""
     rng = np.random.default_rng(seed)
-    shape = (1, tokens, HIDDEN) if s.three_d else (tokens, HIDDEN)
+    shape = (1, tokens, HIDDEN) if three_d else (tokens, HIDDEN)
     return {"hidden": rng.standard_normal(shape).astype(np.float32)}
 
 
-def _ops(model: onnx.ModelProto) -> list[str]:
+def feeds(s: Spelling, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
+    return token_feeds(tokens, seed, three_d=s.three_d)
+
+
+def ops_of(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+def generated(examples: int = EXAMPLES) -> settings:
+    """The MoE generators' hypothesis settings: ``examples`` drawn, the same each run of
+    make test (derandomized), no deadline (each example builds and optimizes a model)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        derandomize=True,
+    )
+
+
+@generated()
 @given(spellings())
 def test_every_spelling_becomes_one_moe_exactly(s: Spelling) -> None:
     model = moe_block(s)
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    ops = _ops(fused)
+    ops = ops_of(fused)
     reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "moe" in m.pattern]
     assert ops.count("MoE") == 1, f"{s}: {reasons}"
     assert "TopK" not in ops and "Softmax" not in ops, f"{s}: {ops}"
@@ -323,7 +334,7 @@ def test_tokens_repeated_whole_rather_than_each_k_times_are_not_fused() -> None:
     shape = [t for t in model.graph.initializer if t.name == expand.input[1]][0]
     shape.CopyFrom(numpy_helper.from_array(np.array([_PLAIN.k, 1, 1], np.int64), shape.name))
     result = optimize_quiet(model, target="onnxruntime")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any(
         "does not compute softmax, top-k and SwiGLU experts" in r for r in _near_misses(result)
     ), _near_misses(result)
@@ -336,7 +347,7 @@ def test_gelu_experts_are_a_near_miss() -> None:
         if node.op_type == "Sigmoid":
             node.op_type = "Tanh"  # x * tanh(x): no silu
     result = optimize_quiet(model, target="onnxruntime")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any("SwiGLU" in r for r in _near_misses(result)), _near_misses(result)
 
 
@@ -347,7 +358,7 @@ def test_the_router_choice_read_outside_the_block_stays() -> None:
         helper.make_tensor_value_info(topk.output[1], TensorProto.INT64, None)
     )
     result = optimize_quiet(model, target="onnxruntime")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any(
         "read outside the block" in r or "graph output" in r for r in _near_misses(result)
     ), _near_misses(result)
@@ -355,7 +366,7 @@ def test_the_router_choice_read_outside_the_block_stays() -> None:
 
 def test_generic_keeps_the_block_and_says_why() -> None:
     result = optimize_quiet(moe_block(_PLAIN), target="generic")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any("ONNX has no mixture-of-experts op" in r for r in _near_misses(result)), (
         _near_misses(result)
     )
@@ -372,7 +383,7 @@ def test_dense_experts_out_of_order_are_not_fused(experts) -> None:
     first.input[1], last.input[1] = last.input[1], first.input[1]
     first.input[2], last.input[2] = last.input[2], first.input[2]
     result = optimize_quiet(model, target="onnxruntime")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert _near_misses(result)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_mixture_of_experts import (
@@ -38,7 +38,10 @@ from test_mixture_of_experts import (
     _batched,
     _dense,
     _Graph,
+    generated,
     kernel_routing,
+    ops_of,
+    token_feeds,
 )
 
 from autofusion.fusion_core.testing import build_model, make_session, optimize_quiet, run_both
@@ -150,32 +153,21 @@ def routed_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:
     return g.model("routed_moe", out, ["tokens", HIDDEN])
 
 
-def feeds(tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"hidden": rng.standard_normal((tokens, HIDDEN)).astype(np.float32)}
-
-
-def _ops(model: onnx.ModelProto) -> list[str]:
-    return [n.op_type for n in model.graph.node]
+feeds = token_feeds
 
 
 def _misses(result) -> list[str]:
     return [f"{m.pattern}: {m.reason}" for m in result.near_misses if m.pattern.startswith("moe_")]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@generated()
 @given(blocks())
 def test_every_router_becomes_one_moe_exactly(block) -> None:
     r, s = block
     model = routed_block(r, s)
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    ops = _ops(fused)
+    ops = ops_of(fused)
     assert ops.count("MoE") == 1, f"{r} {s}: {_misses(result)}"
     assert "MatMul" not in ops[ops.index("MoE") :], f"{r} {s}: the experts stay: {ops}"
     for tokens in (1, 5, 17):
@@ -200,7 +192,7 @@ def test_the_kernel_reads_the_routers_own_choice(r) -> None:
     s = replace(_PLAIN, experts=8, k=2)
     model = routed_block(r, s)
     fused = optimize_quiet(model, target="onnxruntime").to_proto()
-    ops = _ops(fused)
+    ops = ops_of(fused)
     assert ops.count("MoE") == 1 and "Log" in ops and "TopK" in ops, ops
     reductions = [
         helper.get_attribute_value(a)
@@ -255,7 +247,7 @@ def test_a_router_that_picks_one_expert_twice_fuses_exactly() -> None:
     model = g.model("twice", g.one("Add", routed, "hidden"), ["tokens", HIDDEN])
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    assert _ops(fused).count("MoE") == 1, _misses(result)
+    assert ops_of(fused).count("MoE") == 1, _misses(result)
     run_both(model, fused, feeds=feeds(21, seed=2), **TOL)
 
 
@@ -273,7 +265,7 @@ def test_weights_that_may_be_negative_keep_the_block_with_a_near_miss() -> None:
     model = g.model("signed", g.one("Add", routed, "hidden"), ["tokens", HIDDEN])
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    assert "MoE" not in _ops(fused)
+    assert "MoE" not in ops_of(fused)
     reasons = _misses(result)
     assert any("may be negative" in m and "Sub" in m for m in reasons), reasons
     run_both(model, fused, feeds=feeds(9), rtol=1e-5, atol=1e-6)
@@ -378,7 +370,7 @@ def test_group_limited_routers_as_transformers_exports_them(name, tmp_path) -> N
     model, block = _exported_block(name, tmp_path)
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    assert _ops(fused).count("MoE") == 1, _misses(result)
+    assert ops_of(fused).count("MoE") == 1, _misses(result)
     x = np.random.default_rng(1).standard_normal((1, 33, 64)).astype(np.float32)
     run_both(model, fused, feeds={"x": x}, **TOL)
     with torch.no_grad():
@@ -390,7 +382,7 @@ def test_group_limited_routers_as_transformers_exports_them(name, tmp_path) -> N
 def test_generic_keeps_the_block_and_says_why() -> None:
     r = Router("Softmax", "trained", 0, 0, True, False, 1.0)
     result = optimize_quiet(routed_block(r, _PLAIN), target="generic")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any("ONNX has no mixture-of-experts op" in m for m in _misses(result)), _misses(result)
 
 

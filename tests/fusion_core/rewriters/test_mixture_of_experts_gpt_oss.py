@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
-from test_mixture_of_experts import HIDDEN, _Graph
+from test_mixture_of_experts import HIDDEN, _Graph, generated
 
 from autofusion.fusion_core.testing import make_session, optimize_quiet
 
@@ -215,12 +215,7 @@ def _misses(result) -> list[str]:
     return [m.reason for m in result.near_misses if m.pattern.startswith("moe_")]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@generated(EXAMPLES)
 @given(gpt_oss_spellings())
 def test_every_gpt_oss_spelling_becomes_one_moe_exactly(s: GptOss) -> None:
     model = gpt_oss_block(s)

@@ -29,10 +29,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _Graph, kernel_routing
+from test_mixture_of_experts import (
+    _PLAIN,
+    HIDDEN,
+    Spelling,
+    _batched,
+    _Graph,
+    generated,
+    kernel_routing,
+    ops_of,
+    token_feeds,
+)
 
 from autofusion.fusion_core.testing import optimize_quiet, run_both
 
@@ -136,13 +146,7 @@ def sigmoid_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:
     return g.model("sigmoid_moe", out, shape)
 
 
-def feeds(tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"hidden": rng.standard_normal((tokens, HIDDEN)).astype(np.float32)}
-
-
-def _ops(model: onnx.ModelProto) -> list[str]:
-    return [n.op_type for n in model.graph.node]
+feeds = token_feeds
 
 
 def _misses(result) -> list[str]:
@@ -154,19 +158,14 @@ def _moe_attributes(model: onnx.ModelProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in moe.attribute}
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@generated()
 @given(blocks())
 def test_every_zero_bias_spelling_becomes_one_moe_exactly(block) -> None:
     r, s = block
     model = sigmoid_block(r, s)
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    ops = _ops(fused)
+    ops = ops_of(fused)
     assert ops.count("MoE") == 1, f"{r} {s}: {_misses(result)}"
     assert "TopK" not in ops and "GatherElements" not in ops, f"{r} {s}: {ops}"
     attrs = _moe_attributes(fused)
@@ -184,7 +183,7 @@ def test_ties_where_sigmoid_saturates_go_to_the_lower_expert(normalize) -> None:
     s = replace(_PLAIN, experts=6, k=2)
     model = sigmoid_block(r, s)
     fused = optimize_quiet(model, target="onnxruntime").to_proto()
-    assert _ops(fused).count("MoE") == 1
+    assert ops_of(fused).count("MoE") == 1
     hidden = feeds(64, seed=3)
     logits = hidden["hidden"] @ model_router(model)
     saturated = (logits > 17).sum(-1)
@@ -269,7 +268,7 @@ def test_a_choice_the_kernels_top_k_cannot_make_fuses_by_the_routers_own(r, expe
     model = sigmoid_block(r, replace(_PLAIN, experts=experts, k=2))
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
-    ops = _ops(fused)
+    ops = ops_of(fused)
     assert ops.count("MoE") == 1 and "Log" in ops and "TopK" in ops, (ops, _misses(result))
     run_both(model, fused, feeds=feeds(9), **TOL)
 
@@ -277,5 +276,5 @@ def test_a_choice_the_kernels_top_k_cannot_make_fuses_by_the_routers_own(r, expe
 def test_generic_keeps_the_block_and_says_why() -> None:
     r = Router(1, 1, "zero", True, True, 2.5, False)
     result = optimize_quiet(sigmoid_block(r, _PLAIN), target="generic")
-    assert "MoE" not in _ops(result.to_proto())
+    assert "MoE" not in ops_of(result.to_proto())
     assert any("ONNX has no mixture-of-experts op" in m for m in _misses(result)), _misses(result)
