@@ -1,16 +1,28 @@
 """Lines of onnx text every hand-written decoder attention block in the tests shares:
-its KV cache and the positions its causal mask compares (``onnx.parser`` syntax). The
-initializers they name (``start``, ``step``, ``index_1``, ``index_2``, ``axes_kv``,
-``axes_q``, ``axes_pad``) are each test's own, as are the block's ``x``, new key and
-value heads and ``attention_mask``."""
+its KV cache and the positions its causal mask compares (``onnx.parser`` syntax), and
+the initializers they name (``TEXT_CONSTANTS``). The block's ``x``, new key and value
+heads and ``attention_mask`` are each test's own."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import onnx
 
 from autofusion.fusion_core.testing import build_model
+
+# what the lines below read: a position range's start and step, the sequence and cache
+# lengths' axes, and the axes that make the positions and the padding broadcast
+TEXT_CONSTANTS = {
+    "start": np.array(0, np.int64),
+    "step": np.array(1, np.int64),
+    "index_1": np.array(1, np.int64),
+    "index_2": np.array(2, np.int64),
+    "axes_kv": np.array([0, 1, 2], np.int64),
+    "axes_q": np.array([0, 1, 3], np.int64),
+    "axes_pad": np.array([1, 2], np.int64),
+}
 
 # the context of ``probs`` and ``v_rep``, its heads merged and projected by ``wo``
 MERGE = [

@@ -50,7 +50,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import optimize_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, MERGE, PADDING, graph_model, kv_cache, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    MERGE,
+    PADDING,
+    TEXT_CONSTANTS,
+    graph_model,
+    kv_cache,
+    positions,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
@@ -238,18 +246,12 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         "axis_1": np.array([1], np.int64),
         "axis_2": np.array([2], np.int64),
         "axis_last": np.array([-1], np.int64),
-        "axes_kv": np.array([0, 1, 2], np.int64),
-        "axes_q": np.array([0, 1, 3], np.int64),
-        "axes_pad": np.array([1, 2], np.int64),
+        **TEXT_CONSTANTS,
         "column": np.array([-1, 1], np.int64),
         "index_0": np.array(0, np.int64),
         # the index grid of the converter's mask: Range(0, dims[k]) viewed on axis k
         **{f"grid_view_{k}": np.array([-1] + [1] * (3 - k), np.int64) for k in range(4)},
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
         "index_3": np.array(3, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
         "two": np.array(2.0, np.float32),
         "one_f": np.array(1.0, np.float32),
         "eps": np.array(1e-6, np.float32),

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import optimize_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, positions
+from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, graph_model, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
@@ -111,14 +111,8 @@ def _inits(s: Latent, rng: np.random.Generator) -> dict:
         "axis_1": np.array([1], np.int64),
         "axis_2": np.array([2], np.int64),
         "axis_last": np.array([-1], np.int64),
-        "axes_kv": np.array([0, 1, 2], np.int64),
-        "axes_q": np.array([0, 1, 3], np.int64),
-        "axes_pad": np.array([1, 2], np.int64),
+        **TEXT_CONSTANTS,
         "index_0": np.array(0, np.int64),
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
         "head_size": np.array(d, np.int64),
         "zero_f": np.array(0.0, np.float32),
         "lowest": np.array(np.finfo(np.float32).min, np.float32),

@@ -25,7 +25,14 @@ from autofusion.fusion_core.testing import (
     optimize_quiet,
     run_both,
 )
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, kv_cache, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    PADDING,
+    TEXT_CONSTANTS,
+    graph_model,
+    kv_cache,
+    positions,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -88,13 +95,7 @@ def decoder_attention(
         "window": np.array(window or 0, np.int64),
         "axes_batch": np.array([1, 2, 3], np.int64),
         "ones_2": np.array([1, 1], np.int64),
-        "axes_kv": np.array([0, 1, 2], np.int64),
-        "axes_q": np.array([0, 1, 3], np.int64),
-        "axes_pad": np.array([1, 2], np.int64),
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
+        **TEXT_CONSTANTS,
         "zero_f": np.array(0.0, np.float32),
         "masked": np.array(lowest, np.float32),
         "root_scale": np.array(SIZE**-0.25, np.float32),

@@ -36,7 +36,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import op_sequence, optimize_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, kv_cache, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    PADDING,
+    TEXT_CONSTANTS,
+    graph_model,
+    kv_cache,
+    positions,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -98,13 +105,7 @@ def attention_block(b: Block, *, opset: int = 18) -> onnx.ModelProto:
         "kv_merge": np.array([0, HEADS, -1, SIZE], np.int64),
         "merge": np.array([0, 0, HIDDEN], np.int64),
         "axis_2": np.array([2], np.int64),
-        "axes_kv": np.array([0, 1, 2], np.int64),
-        "axes_q": np.array([0, 1, 3], np.int64),
-        "axes_pad": np.array([1, 2], np.int64),
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
+        **TEXT_CONSTANTS,
         "w": np.array(b.window, np.int64),
         "w1": np.array(b.window - 1, np.int64),
         "zero_f": np.array(0.0, np.float32),
