@@ -44,6 +44,7 @@ from autofusion.fusion_core.canonical._shape_values import (
     Dim,
     axes_of,
     grid_component,
+    grid_parts,
     known_dims,
     scalar,
 )
@@ -259,13 +260,8 @@ def _broadcast_source(value: ir.Value) -> ir.Value | None:
 
 def _identity_grid(indices: ir.Value | None, dims: list[Dim]) -> bool:
     """Whether ``indices[..., k]`` is the index along axis ``k`` of a ``dims`` tensor."""
-    concat = indices.producer() if indices is not None else None
-    rank = len(dims)
-    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != rank:
-        return False
-    if attribute_value(concat, "axis", 0) % (rank + 1) != rank:
-        return False
-    return all(_grid_part(part, k, dims) for k, part in enumerate(concat.inputs))
+    parts = grid_parts(indices, dims)
+    return parts is not None and all(_grid_part(p, k, dims) for k, p in enumerate(parts))
 
 
 def _grid_part(part: ir.Value | None, axis: int, dims: list[Dim]) -> bool:

@@ -24,7 +24,13 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._attention_reads import attention_reads
 from autofusion.fusion_core.canonical._edits import drop_unread, replace
-from autofusion.fusion_core.canonical._shape_values import Dim, grid_component, known_dims, scalar
+from autofusion.fusion_core.canonical._shape_values import (
+    Dim,
+    grid_component,
+    grid_parts,
+    known_dims,
+    scalar,
+)
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -103,13 +109,10 @@ def _slab_start(indices: ir.Value | None, dims: list[Dim]) -> int | None:
     """``lo`` where ``indices`` is the grid of ``dims`` with the last component
     ``lo .. lo + dims[-1] - 1``: a Concat on a new last axis of ``Unsqueeze(Expand(v),
     -1)`` parts, ``v`` the axis's positions, else None."""
-    concat = indices.producer() if indices is not None else None
-    rank = len(dims)
-    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != rank:
+    parts = grid_parts(indices, dims)
+    if parts is None:
         return None
-    if attribute_value(concat, "axis", 0) % (rank + 1) != rank:
-        return None
-    starts = [_component_start(part, k, dims) for k, part in enumerate(concat.inputs)]
+    starts = [_component_start(part, k, dims) for k, part in enumerate(parts)]
     return starts[-1] if all(s == 0 for s in starts[:-1]) else None
 
 

@@ -17,7 +17,16 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["Dim", "axes_of", "dim_entries", "entries", "grid_component", "known_dims", "scalar"]
+__all__ = [
+    "Dim",
+    "axes_of",
+    "dim_entries",
+    "entries",
+    "grid_component",
+    "grid_parts",
+    "known_dims",
+    "scalar",
+]
 
 Dim = int | str | None  # a known size, a symbolic one, or unknown
 
@@ -164,6 +173,16 @@ def axes_of(node: ir.Node) -> list[int] | None:
         return list(attr)
     array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
     return None if array is None else [int(a) for a in array.reshape(-1)]
+
+
+def grid_parts(indices: ir.Value | None, dims: list[Dim]) -> list[ir.Value | None] | None:
+    """The components of an index grid of a ``dims`` tensor: ``indices`` a Concat of
+    ``len(dims)`` parts on a new last axis (each part ``grid_component``'s), else None."""
+    concat = indices.producer() if indices is not None else None
+    rank = len(dims)
+    if concat is None or concat.op_type != "Concat" or len(concat.inputs) != rank:
+        return None
+    return list(concat.inputs) if attribute_value(concat, "axis", 0) % (rank + 1) == rank else None
 
 
 def grid_component(part: ir.Value | None, axis: int, dims: list[Dim]) -> ir.Value | None:
