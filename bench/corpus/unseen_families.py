@@ -9,9 +9,11 @@ family. This builds each family below from a transformers config (``_llm_familie
 check on (``fusion_core.optimize``, profile ``cpu-roofline`` so that every match shows),
 and prints per model the fused attention ops, the Softmax ops before and after (a
 mixture of experts' routers keep theirs unless the block becomes a MoE), the fused rotary
-and norm ops, the MoE ops out of the routers (TopK), whether the check passed, and the
-first attention or rotary near miss where an attention's Softmax is left (else the
-first router's, where a router is left).
+and norm ops, the MoE ops out of the model's blocks of experts (``moe_blocks``: counted
+in the torch model, since a router's ops in the graph say nothing of how many blocks
+there are: a sparsemixer has no TopK, a group-limited router one per group), whether the
+check passed, and the first attention or rotary near miss where an attention's Softmax
+is left (else the first router's, where a block of experts is left).
 None of these families is in ``export_llm.py``'s corpus, and no rule names them.
 
     python bench/corpus/unseen_families.py [--out DIR] [--markdown FILE] [--kv] [FAMILY ...]
@@ -228,6 +230,14 @@ KINDS = {
 EXPORTERS = ("torchscript", "dynamo")
 
 
+def moe_blocks(family: str) -> int:
+    """The model's blocks of experts: its outermost modules that hold experts or a
+    router (a mixture-of-attention's heads count as one)."""
+    model = fam.build(family)
+    owners = [n for n, m in model.named_modules() if hasattr(m, "experts") or hasattr(m, "router")]
+    return sum(1 for n in owners if not any(n.startswith(f"{o}.") for o in owners))
+
+
 def survey(family: str, kind: str, folder: Path) -> dict:
     """One row: export (cached in ``folder``), optimize with the check, count."""
     import _llm_torch
@@ -251,7 +261,7 @@ def survey(family: str, kind: str, folder: Path) -> dict:
     for op, count in result.ops_after.items():
         after[op.split("::")[-1]] += count
     row["softmax"] = sum(1 for node in model.graph.node if node.op_type == "Softmax")
-    row["routers"] = sum(1 for node in model.graph.node if node.op_type == "TopK")
+    row["blocks"] = moe_blocks(family)
     row["softmax_left"] = after["Softmax"]  # a mixture of experts' routers keep theirs
     for name, ops in KINDS.items():
         row[name] = sum(after[op] for op in ops)
@@ -261,12 +271,13 @@ def survey(family: str, kind: str, folder: Path) -> dict:
         else (result.check.failure if result.check else "none")
     )
     misses = [m for m in result.near_misses if "attention" in m.pattern or "rotary" in m.pattern]
-    routers = [m for m in result.near_misses if m.pattern.startswith("moe_")]
-    left = after["Softmax"] - (row["routers"] - row["moe"])  # attention's Softmax left
+    experts = [m for m in result.near_misses if m.pattern.startswith("moe_")]
+    # a block of experts that did not fuse keeps its router's Softmax (most have one)
+    left = after["Softmax"] - (row["blocks"] - row["moe"])  # the attention's left
     if left > 0 and misses:
         row["miss"] = f"{misses[0].pattern}: {misses[0].reason}"
-    elif row["moe"] < row["routers"] and routers:
-        row["miss"] = f"{routers[0].pattern}: {routers[0].reason}"
+    elif row["moe"] < row["blocks"] and experts:
+        row["miss"] = f"{experts[0].pattern}: {experts[0].reason}"
     else:
         row["miss"] = ""
     return row
@@ -275,7 +286,7 @@ def survey(family: str, kind: str, folder: Path) -> dict:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| family | what sets it apart | exporter | attention fused | Softmax before, left "
-        "| rotary | norms | MoE of routers | check | first near miss |",
+        "| rotary | norms | MoE of blocks | check | first near miss |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -290,7 +301,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {row['family']} | {about} | {row['exporter']} "
             f"| {row['attention']} | {row['softmax']}, {row['softmax_left']} "
-            f"| {row['rotary']} | {row['norms']} | {row['moe']} of {row['routers']} "
+            f"| {row['rotary']} | {row['norms']} | {row['moe']} of {row['blocks']} "
             f"| {row['check']} | {miss} |"
         )
     return "\n".join(lines) + "\n"
