@@ -86,7 +86,13 @@ running them before every round (a fusion may expose a spelling) changes nothing
   ``[B, S, N, *]``;
 * ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
   (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
-  merge/split Reshape pair.
+  merge/split Reshape pair;
+* ``one_context`` (``_contexts.py``): contexts ``P @ V_i`` of one softmax joined on the
+  last axis (differential attention's two halves of the value) are the context of the
+  joined values, joined before their repeat_kv;
+* ``context_heads`` (``_contexts.py``): a context read per head (any op after the head
+  Transpose) is read through a merge/split Reshape pair of its
+  heads, which the attention pattern's head merge binds.
 
 ``entries``, ``known_dims``, ``scalar`` and ``axes_of`` (``_shape_values.py``) read the
 small integer tensors a graph computes from shapes, for these rules and the rewriters.
@@ -106,6 +112,11 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
+from autofusion.fusion_core.canonical._contexts import (
+    context_heads,
+    one_context,
+    undo_context_heads,
+)
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
     identity_mask_expands,
@@ -215,6 +226,8 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "scatter_parts": scatter_parts,
     "concat_heads": concat_heads,
     "head_split": split_heads_last,
+    "one_context": one_context,
+    "context_heads": context_heads,
 }
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
@@ -257,6 +270,8 @@ _WORDS = {
     "scatter_parts": "heads written slab by slab by ScatterNDs made a Concat of the slabs",
     "concat_heads": "heads formed by a Concat, Split or Slice of parts made head splits",
     "head_split": "head splits moved after their per-head ops",
+    "one_context": "contexts of one softmax joined on the last axis made one context",
+    "context_heads": "contexts read per head read through a merge and split of their heads",
 }
 
 
@@ -338,6 +353,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "norm_spelling": undo_norm_spellings(graph, MARK),
             "rotary_halves": undo_rotary_halves(graph, MARK),
             "gelu_spelling": undo_gelu_spellings(graph, MARK),
+            "context_heads": undo_context_heads(graph, MARK),
         }
     )
 

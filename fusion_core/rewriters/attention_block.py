@@ -13,6 +13,12 @@ has for it:
   attention, or a decoder's without a cache where its mask rides along as the bias
   (``attention``), when the key and value heads are head splits of ``[B, L, N * H]``
   that nothing else reads;
+* ``MultiHeadAttention`` over the repeated key/value heads where the heads are grouped
+  but GroupQueryAttention cannot take the block: a mask computed from the values (not
+  causal, not a Where of finite constants), a value head size of its own
+  (``attention``'s ``grouped_multi_head_attention``), and over ``[B, N, L, H]`` key
+  and value heads as they are where they are no head split (heads repeated in block
+  order by a Tile: JetMoE's mixture of attention heads);
 * else a near miss naming, for each op, the step that failed.
 
 Without grouped heads, a soft-cap or a cache, MultiHeadAttention is tried first (the
@@ -27,7 +33,11 @@ from autofusion.fusion_core.ir import consumers
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_shapes import HeadNodes
 from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext, Rewriter
-from autofusion.fusion_core.rewriters.attention import AttentionParams, multi_head_attention
+from autofusion.fusion_core.rewriters.attention import (
+    AttentionParams,
+    grouped_multi_head_attention,
+    multi_head_attention,
+)
 from autofusion.fusion_core.rewriters.group_query_attention import (
     GQAParams,
     GroupQueryAttention,
@@ -66,6 +76,7 @@ class AttentionBlock(Rewriter):
         grouped = params.k_repeat_node is not None
         capped = params.softcap_out_node is not None
         tried = []
+        unsplit = False  # k or v is no head split: [B, N, L, H] heads as they are
         if params.sink_concat_node is not None:
             tried.append(
                 "not MultiHeadAttention: it has no input for attention sinks (a logit per "
@@ -74,6 +85,7 @@ class AttentionBlock(Rewriter):
         elif not grouped and not capped:
             splits = _head_splits(match, params)
             if isinstance(splits, str):
+                unsplit = True  # the heads as they are may still go (below)
                 tried.append(f"not MultiHeadAttention: {splits}")
             else:
                 mha_params = AttentionParams(**params.model_dump(include=_MHA_FIELDS))
@@ -86,12 +98,21 @@ class AttentionBlock(Rewriter):
                 tried.append(f"not MultiHeadAttention: {mha}")
         if params.mask_node is None:
             tried.append("not GroupQueryAttention: the scores have no mask")
-            return "; ".join(tried)
-        gqa_params = GQAParams(**params.model_dump(include=_GQA_FIELDS))
-        gqa = GroupQueryAttention().rewrite(match, gqa_params, ctx)
-        if not isinstance(gqa, str):
-            return gqa
-        return "; ".join([*tried, f"not GroupQueryAttention: {gqa}"])
+        else:
+            gqa_params = GQAParams(**params.model_dump(include=_GQA_FIELDS))
+            gqa = GroupQueryAttention().rewrite(match, gqa_params, ctx)
+            if not isinstance(gqa, str):
+                return gqa
+            tried.append(f"not GroupQueryAttention: {gqa}")
+        if (grouped or unsplit) and not capped and params.sink_concat_node is None:
+            mha_params = AttentionParams(**params.model_dump(include=_MHA_FIELDS))
+            repeats = _repeats(params) if grouped else {}
+            mha = grouped_multi_head_attention(match, mha_params, repeats, ctx)
+            if not isinstance(mha, str):
+                return mha
+            which = "the repeated heads" if grouped else "the heads as they are"
+            tried.append(f"not MultiHeadAttention of {which}: {mha}")
+        return "; ".join(tried)
 
 
 def _head_splits(match: Match, params: AttentionBlockParams) -> list[ir.Node] | str:
@@ -116,3 +137,9 @@ def _head_splits(match: Match, params: AttentionBlockParams) -> list[ir.Node] | 
 def _reader(reshape: ir.Node) -> ir.Node:
     """The head Transpose that alone reads ``reshape`` (``_head_splits`` proved it)."""
     return consumers(reshape.outputs[0])[0]
+
+
+def _repeats(params: AttentionBlockParams) -> dict[str, list[str]]:
+    """The matched repeat_kv nodes (Unsqueeze, Expand, Reshape) of the key and value."""
+    steps = ("unsqueeze", "expand", "repeat")
+    return {w: [str(getattr(params, f"{w}_{step}_node")) for step in steps] for w in ("k", "v")}

@@ -56,6 +56,10 @@ parameter:
   a uniform softmax in both graphs, and the guard never fires. A mask that may hold
   ``-inf`` (TorchScript's ``Where(mask, 0, -inf)``, or a graph input) is refused.
 
+Grouped key/value heads (repeat_kv) that GroupQueryAttention cannot take become
+MultiHeadAttention over the repeated heads (``_grouped``: ``attention_block`` tries it
+after GroupQueryAttention).
+
 The rewriter is in ``_rewriter``; the proofs it needs from the shapes (head split and
 merge, K^T) in ``fusion_core/rewriters/_attention_shapes.py``, and the mask and the SDPA
 NaN guard in ``_attention_mask.py`` (``group_query_attention`` shares both).
@@ -63,10 +67,16 @@ NaN guard in ``_attention_mask.py`` (``group_query_attention`` shares both).
 
 from __future__ import annotations
 
+from autofusion.fusion_core.rewriters.attention._grouped import grouped_multi_head_attention
 from autofusion.fusion_core.rewriters.attention._rewriter import (
     AttentionParams,
     FuseAttention,
     multi_head_attention,
 )
 
-__all__ = ["AttentionParams", "FuseAttention", "multi_head_attention"]
+__all__ = [
+    "AttentionParams",
+    "FuseAttention",
+    "grouped_multi_head_attention",
+    "multi_head_attention",
+]

@@ -24,7 +24,7 @@ from autofusion.fusion_core.rewriters._base import (
 )
 from autofusion.fusion_core.targets import MS_DOMAIN
 
-__all__ = ["FuseAttention", "multi_head_attention"]
+__all__ = ["FuseAttention", "attention_of", "multi_head_attention"]
 
 ATTENTION_OPSET = 23  # https://onnx.ai/onnx/operators/onnx__Attention.html
 
@@ -73,20 +73,39 @@ def multi_head_attention(
     if isinstance(heads, str):
         return heads
     (count, _), value_size = heads
+    inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
+    return attention_of(match, params, inputs, (count, value_size), ctx)
+
+
+def attention_of(
+    match: Match,
+    params: Any,
+    inputs: list[ir.Value | None],
+    heads: tuple[int, int],
+    ctx: RewriteContext,
+    before: list[ir.Node] | None = None,
+) -> Rewrite | str:
+    """The fused op over ``inputs`` (q ``[B, S, N * H]``, and k and v as the op takes
+    them), ``heads`` (N, the value's head size), after the nodes ``before`` that compute
+    k and v, in place of the matched block's output; or why not (layout, scale, mask)."""
+    contrib = ctx.target.can_emit(MS_DOMAIN)
+    count, value_size = heads
     output = match.node(params.output_node)
-    layout = merged_layout(match, params, splits[0].inputs[0], (count, value_size))
+    layout = merged_layout(match, params, inputs[0], (count, value_size))  # type: ignore[arg-type]
     if isinstance(layout, str):
         return layout
     reshape_after, scale = layout
     masked = _mask(match, params, ctx)
     if isinstance(masked, str):
         return masked
-    mask, keep_rows, nodes = masked
-    inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
+    mask, keep_rows, mask_nodes = masked
+    nodes = [*(before or []), *mask_nodes]
+    inputs = list(inputs)
     if mask is not None:
         inputs += [None, None, mask]
     nodes.append(_attention_node(contrib, inputs, count, scale, ctx))
-    q = splits[0].inputs[0]
+    q = inputs[0]
+    assert q is not None
     # [B, S, N * Dv]: the query's batch and sequence, the value's head size
     merged = ir.Shape([*q.shape[:2], count * value_size]) if q.shape is not None else None
     nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged

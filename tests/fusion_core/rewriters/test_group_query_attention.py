@@ -37,6 +37,7 @@ from tests.fusion_core.decoder_text import (
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
 GQA = "com.microsoft::GroupQueryAttention"
+MHA = "com.microsoft::MultiHeadAttention"
 ROTARY = "com.microsoft::RotaryEmbedding"
 TOTAL = "past + seq"  # the key length, named as optimum names it
 # The Q/K/V merge is left out: it would split the projections of every case differently.
@@ -435,28 +436,36 @@ def test_prefill_without_cache_finite_mask_is_not_causal():
             run_both(model, fused, feeds=feeds(batch, seq, 0, mask, cache=False), **TOL)
 
 
-def test_mask_without_causal_term_with_cache_is_refused():
-    """With a cache the kernel must be causal; a mask that lets a query see later keys
-    is not."""
+def test_mask_without_causal_term_with_cache_becomes_multi_head_attention():
+    """With a cache GroupQueryAttention must be causal; a mask that lets a query see
+    later keys is not, so the grouped heads go to MultiHeadAttention over the repeated
+    key and value heads, where the mask is the bias (exact for any mask)."""
     model = decoder_attention(causal=False)
     result = optimize_quiet(model, **ORT)
-    assert "attention" not in result.counts, result.counts
-    assert "GroupQueryAttention" not in op_sequence(result.to_proto())
+    assert result.counts == {"rotary_embedding": 2, "attention": 1}, result.counts
+    ops = op_sequence(result.to_proto())
+    assert MHA in ops and GQA not in ops, ops
     reasons = misses(result, "attention")
-    assert any("must be causal, and" in r and "along the key axis" in r for r in reasons), reasons
-    assert result.near_misses[-1].kind in ("rewriter", "constraint", "escape", "selection")
-    run_both(model, result.to_proto(), feeds=feeds(2, 3, 4, "random"), **TOL)
+    assert not reasons, reasons
+    for batch, seq, past in SHAPES:
+        for mask in MASKS:
+            run_both(model, result.to_proto(), feeds=feeds(batch, seq, past, mask), **TOL)
 
 
-def test_infinite_mask_without_nan_guard_is_refused():
+def test_infinite_mask_without_nan_guard_becomes_multi_head_attention():
     """Eager attention over a -inf mask: a row with nothing to attend to is NaN in the
-    graph, which no kernel reproduces; the padding-only bias changes nothing there."""
+    graph. GroupQueryAttention cannot give NaN there (no NaN guard follows the Softmax),
+    MultiHeadAttention with the mask as its bias does (probed: the softmax of a row of
+    -inf is NaN in its kernel as in the graph), so the grouped heads go there."""
     model = decoder_attention(eager=True)
     result = optimize_quiet(model, **ORT)
-    assert "attention" not in result.counts, result.counts
-    assert "GroupQueryAttention" not in op_sequence(result.to_proto())
-    reasons = misses(result, "attention")
-    assert any("no NaN guard follows the Softmax" in r for r in reasons), reasons
+    assert result.counts == {"rotary_embedding": 2, "attention": 1}, result.counts
+    ops = op_sequence(result.to_proto())
+    assert MHA in ops and GQA not in ops, ops
+    empty = feeds(2, 3, 4, "left")
+    empty["attention_mask"][-1, :] = 0  # every row of the last batch attends to nothing
+    for case in (empty, feeds(2, 3, 4, "random"), feeds(1, 1, 5, "left")):
+        run_both(model, result.to_proto(), feeds=case, **TOL)  # NaN where the graph's is
 
 
 def test_finite_mask_with_cache_averages_the_rows_with_nothing_to_attend_to():
