@@ -93,9 +93,11 @@ def expected(family: str, kind: str, graph: onnx.ModelProto) -> tuple[dict, dict
         ort[any_of("skip_layer_norm")] = blocks.skips
     ops = {norm_ops: blocks.norms, "?" + skip_op: blocks.skips}
     ops |= {"RotaryEmbedding": blocks.rotary, ATTENTION: blocks.attentions}
-    if spec.extra.get("attn_logit_softcapping"):
+    if spec.extra.get("attn_logit_softcapping") and not kind.endswith("_kv"):
         # the default profile prices soft-capped GroupQueryAttention as a loss on the CPU
-        # (fusion_core/target_profiles/cpu.yaml): Gemma-2's attention is not required
+        # at prefill (attention+softcap, fusion_core/target_profiles/cpu.yaml): a prefill
+        # graph's Gemma-2 attention is not required; a KV-cache graph's fuses
+        # (attention+softcap+cache: its decode steps gain)
         ops["?" + ATTENTION] = ops.pop(ATTENTION)
     if blocks.moe:
         ops[MOE] = blocks.moe

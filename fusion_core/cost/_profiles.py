@@ -8,6 +8,7 @@ counts: seconds = max(bytes / bandwidth, FLOPs / peak) + launches * launch overh
 from __future__ import annotations
 
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from autofusion.fusion_core.errors import ConfigError, describe_fields, field_errors
 
 __all__ = [
+    "KERNEL_FACTOR_KEY",
     "PROFILE_NAME_PATTERN",
     "Calibration",
     "TargetProfile",
@@ -28,6 +30,9 @@ __all__ = [
 
 _PACKAGE_FOLDER = "target_profiles"
 PROFILE_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+# A kernel factor's key: a rewriter or pattern name, then up to two words joined by "+"
+# (an optional group of the pattern, a mode of the kernel: attention+softcap+cache).
+KERNEL_FACTOR_KEY = r"[A-Za-z0-9_.-]+(\+[A-Za-z0-9_.-]+){0,2}"
 
 
 class Calibration(BaseModel):
@@ -60,32 +65,60 @@ class TargetProfile(BaseModel):
     memory_pool_bytes: int = Field(gt=0, description="bytes of memory the runtime may allocate")
     # The roofline prices every kernel alike; a runtime's fused kernels are not all as good
     # as its plain ones (onnxruntime's CPU SkipLayerNormalization is slower than the Add
-    # and LayerNormalization it replaces). Per rewriter or pattern name: the measured time of the
-    # kernel(s) it emits over the roofline's prediction, relative to the unfused nodes'
-    # (learned from profiled reports by `autofusion calibrate --from-report`; 1 if absent).
+    # and LayerNormalization it replaces). Per key (KERNEL_FACTOR_KEY: a rewriter or
+    # pattern name, optionally + one of the pattern's optional groups, optionally + a mode
+    # the rewriter states its kernel runs in): the measured time of the kernel(s) it emits
+    # over the roofline's prediction, relative to the unfused nodes' (learned from profiled
+    # reports by `autofusion calibrate --from-report`; 1 if absent).
     kernel_factors: dict[str, float] = Field(default_factory=dict)
     calibration: Calibration | None = None
 
     @field_validator("kernel_factors")
     @classmethod
-    def _positive(cls, factors: dict[str, float]) -> dict[str, float]:
+    def _valid_factors(cls, factors: dict[str, float]) -> dict[str, float]:
         bad = {k: v for k, v in factors.items() if not v > 0}
         if bad:
             raise ValueError(f"kernel factors must be positive: {bad}")
+        malformed = [k for k in factors if not re.fullmatch(KERNEL_FACTOR_KEY, k)]
+        if malformed:
+            raise ValueError(
+                f"kernel factor keys {malformed} are not name[+group][+mode] (a rewriter or "
+                "pattern name, then up to two words, each letters, digits, '_', '.' or '-')"
+            )
         return factors
 
     def kernel_factor(
-        self, rewriter: str, pattern: str | None = None, groups: tuple[str, ...] = ()
+        self,
+        rewriter: str,
+        pattern: str | None = None,
+        groups: tuple[str, ...] = (),
+        modes: tuple[str, ...] = (),
     ) -> float:
-        """The factor of one of the pattern's optional groups where the profile has one
-        (``attention+softcap``: a kernel slow in one of its modes only, soft-capped
-        GroupQueryAttention), else the pattern's own, else the rewriter's."""
-        for group in groups:
-            if f"{pattern}+{group}" in self.kernel_factors:
-                return self.kernel_factors[f"{pattern}+{group}"]
-        if pattern is not None and pattern in self.kernel_factors:
-            return self.kernel_factors[pattern]
-        return self.kernel_factors.get(rewriter, 1.0)
+        """The factor that prices the kernel (``priced_by`` says which key gives it)."""
+        key = self.priced_by(rewriter, pattern, groups, modes)
+        return 1.0 if key is None else self.kernel_factors[key]
+
+    def priced_by(
+        self,
+        rewriter: str,
+        pattern: str | None = None,
+        groups: tuple[str, ...] = (),
+        modes: tuple[str, ...] = (),
+    ) -> str | None:
+        """The profile's key for a kernel, the most specific first (None: no factor).
+
+        ``pattern+group+mode`` (one of the pattern's optional groups in one mode of the
+        kernel: ``attention+softcap+cache``), ``pattern+group`` (``attention+softcap``),
+        ``pattern+mode``, ``pattern``, ``rewriter+mode``, ``rewriter``; groups and modes
+        in the order given."""
+        specific: list[str] = []
+        if pattern is not None:
+            specific += [f"{pattern}+{g}+{m}" for g in groups for m in modes]
+            specific += [f"{pattern}+{g}" for g in groups]
+        for name in (pattern, rewriter):
+            if name is not None:
+                specific += [f"{name}+{m}" for m in modes] + [name]
+        return next((key for key in specific if key in self.kernel_factors), None)
 
     def seconds(self, *, bytes_moved: float, flops: float, launches: float) -> float:
         """Roofline time of ``launches`` kernels moving ``bytes_moved`` and computing."""

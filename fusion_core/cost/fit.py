@@ -14,7 +14,13 @@ kernel) and onnxruntime's measurement (``measured_gain``: traced µs of the same
   region's kernel is the last fusion's and its rewriter gets the factor; the region's
   predicted before is the chain's: the sum of every fusion's before less the afters
   that a later fusion consumed.
-- A rewriter's factor is the median over its regions; ``FittedFactor`` keeps the count
+- Regions are learned per ``kernel_factors`` key: the key that priced the region's
+  kernel (``predicted_gain.kernel_factor_key``: ``attention+softcap+cache``), else the
+  region's rewriter. The region's factor is multiplied by the one its prediction was
+  made with (``predicted_gain.kernel_factor``, 1 when absent), so it is the key's own
+  factor, not a correction of the profile's: put a key into the profile the reports are
+  made with (any factor that keeps the fusion in) to learn it apart.
+- A key's factor is the median over its regions; ``FittedFactor`` keeps the count
   and the range so a caller can see how much the regions agree. The machine scale
   (median measured / predicted before, over all regions) is returned as a diagnostic.
 
@@ -38,7 +44,7 @@ __all__ = ["FittedFactor", "fit_kernel_factors"]
 
 @dataclass(frozen=True)
 class FittedFactor:
-    rewriter: str
+    rewriter: str  # the kernel_factors key it learns: a rewriter, or a more specific key
     factor: float  # median over the regions
     regions: int
     low: float
@@ -46,7 +52,8 @@ class FittedFactor:
 
 
 def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, list[FittedFactor]]:
-    """The machine scale and one factor per rewriter seen in profiled ``reports``.
+    """The machine scale and one factor per key (the one that priced a region, else its
+    rewriter) seen in profiled ``reports``.
 
     Raises ConfigError when no report holds a region with both a prediction and a
     measurement (a report made without ``--profile``, or before predictions existed).
@@ -62,7 +69,7 @@ def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, lis
     for r in regions:
         measured = r.measured_after / r.measured_before
         predicted = r.predicted_after / r.predicted_before
-        by_rewriter[r.rewriter].append(measured / predicted)
+        by_rewriter[r.key].append(measured / predicted * r.priced_with)
     fitted = [
         FittedFactor(name, statistics.median(values), len(values), min(values), max(values))
         for name, values in sorted(by_rewriter.items())
@@ -72,11 +79,12 @@ def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, lis
 
 @dataclass(frozen=True)
 class _Region:
-    rewriter: str
+    key: str  # the kernel_factors key that priced it, else its rewriter
     predicted_before: float  # of the whole chain of fusions that made the region
     predicted_after: float
     measured_before: float
     measured_after: float
+    priced_with: float  # the kernel factor of the prediction
 
 
 def _regions(applied: Sequence[Mapping[str, Any]]) -> list[_Region]:
@@ -95,8 +103,19 @@ def _regions(applied: Sequence[Mapping[str, Any]]) -> list[_Region]:
             measured.get("after_us"),
         )
         if all(isinstance(n, (int, float)) and n > 0 for n in numbers):
-            found.append(_Region(entry["rewriter"], *numbers))
+            found.append(_Region(_key(entry), *numbers, _priced_with(entry)))
     return found
+
+
+def _key(entry: Mapping[str, Any]) -> str:
+    key = (entry.get("predicted_gain") or {}).get("kernel_factor_key")
+    return key if isinstance(key, str) and key else entry["rewriter"]
+
+
+def _priced_with(entry: Mapping[str, Any]) -> float:
+    factor = (entry.get("predicted_gain") or {}).get("kernel_factor")
+    valid = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0
+    return float(factor) if valid else 1.0
 
 
 def _predicted(entry: Mapping[str, Any], key: str) -> float:

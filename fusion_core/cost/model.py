@@ -19,8 +19,12 @@ Priced by a ``TargetProfile`` as a roofline per kernel: ``time = max(bytes / ban
 FLOPs / peak) + launch overhead``. ``time_before_s`` sums that over the fused nodes;
 ``time_after_s`` prices the fused kernel(s): the same bytes less ``bytes_saved``, the
 FLOPs plus ``flops_delta``, times the profile's measured ``kernel_factors`` entry for the
-rewriter (how much slower or faster than the roofline its kernel runs, relative to the
-unfused nodes; 1 when the profile has none). ``gain_s = time_before_s - time_after_s``
+kernel (how much slower or faster than the roofline it runs, relative to the unfused
+nodes; 1 when the profile has none): the most specific of ``pattern+group+mode``,
+``pattern+group``, ``pattern+mode``, ``pattern``, ``rewriter+mode``, ``rewriter``, where the
+groups are the optional groups the match holds and the modes what the rewriter says
+its kernel runs in (``RewriteEffect.modes``: ``cache``); ``Gain.kernel_factor_key`` names
+it. ``gain_s = time_before_s - time_after_s``
 (for memory-bound nodes and a factor of 1: launches saved * launch overhead + bytes saved
 / bandwidth + FLOPs removed / peak) and ``speedup = time_before_s / time_after_s``.
 
@@ -92,8 +96,10 @@ class Gain:
     time_before_s: float | None = None
     time_after_s: float | None = None
     rewriter: str | None = None
-    # The profile's kernel factor for ``rewriter`` that priced the fused kernel (1: none).
+    # The profile's kernel factor that priced the fused kernel (1: none), and its key
+    # (TargetProfile.priced_by: "attention+softcap+cache"; None when the profile has none).
     kernel_factor: float = 1.0
+    kernel_factor_key: str | None = None
 
     @property
     def loses(self) -> bool:
@@ -117,6 +123,7 @@ class Gain:
             "time_after_s": self.time_after_s,
             "rewriter": self.rewriter,
             "kernel_factor": self.kernel_factor,
+            "kernel_factor_key": self.kernel_factor_key,
         }
 
     def prediction(self) -> dict:
@@ -133,6 +140,8 @@ class Gain:
             "launches_saved": self.launches_saved,
             "bytes_saved": self.bytes_saved,
             "flops_delta": self.flops_delta,
+            "kernel_factor": self.kernel_factor,
+            "kernel_factor_key": self.kernel_factor_key,
         }
 
 
@@ -186,16 +195,15 @@ class CostModel:
         traffic = None
         if len(known) == len(costs):
             traffic = self._traffic(fused, known, keep_intermediates=effect.intermediates_kept)
+        key = self._priced_by(match, effect)
         if traffic is None:
-            return self._hint_gain(match, launches_saved)
+            return self._hint_gain(match, launches_saved, key)
         removed = sum(known[id(match.nodes[i])].flops for i in effect.removed)
         seconds = self.profile.seconds
         before = sum(
             seconds(bytes_moved=c.bytes, flops=c.flops, launches=1) for c in known.values()
         )
-        factor = self.profile.kernel_factor(
-            match.pattern.rewriter.name, match.pattern.name, match.pattern.groups
-        )
+        factor = self._factor(key)
         after = factor * seconds(
             bytes_moved=sum(c.bytes for c in known.values()) - traffic.bytes_saved,
             flops=sum(c.flops for c in known.values()) - removed,
@@ -216,6 +224,7 @@ class CostModel:
             time_after_s=after,
             rewriter=match.pattern.rewriter.name,
             kernel_factor=factor,
+            kernel_factor_key=key,
         )
 
     def loss_reason(self, gain: Gain) -> str | None:
@@ -235,11 +244,20 @@ class CostModel:
             why = (
                 f": the kernel that rewriter {gain.rewriter!r} emits runs "
                 f"{gain.kernel_factor:g}x its roofline there, measured against the nodes it "
-                "replaces (kernel_factors; docs/cost.md)"
+                f"replaces (kernel_factors: {gain.kernel_factor_key}; docs/cost.md)"
             )
         return f"the cost model predicts a loss {where} ({told}){why}"
 
-    def _hint_gain(self, match: Match, launches_saved: int) -> Gain:
+    def _priced_by(self, match: Match, effect: RewriteEffect) -> str | None:
+        pattern = match.pattern
+        return self.profile.priced_by(
+            pattern.rewriter.name, pattern.name, pattern.groups, effect.modes
+        )
+
+    def _factor(self, key: str | None) -> float:
+        return 1.0 if key is None else self.profile.kernel_factors[key]
+
+    def _hint_gain(self, match: Match, launches_saved: int, key: str | None) -> Gain:
         hints = match.pattern.cost_hints
         fractions = [] if hints is None else [hints.memory_saving, hints.compute_saving]
         fractions = [f for f in fractions if f is not None]
@@ -247,9 +265,7 @@ class CostModel:
         if fractions:
             speedup = min(1.0 / max(1.0 - max(fractions), 1e-9), MAX_HINT_SPEEDUP)
         gain_s = launches_saved * self.profile.launch_overhead_s
-        factor = self.profile.kernel_factor(
-            match.pattern.rewriter.name, match.pattern.name, match.pattern.groups
-        )
+        factor = self._factor(key)
         if factor != 1.0:  # a measured kernel factor divides the hinted speedup (1 if none)
             speedup = (speedup or 1.0) / factor
             if speedup < 1:  # the kernel is measured to lose more than the fusion saves
@@ -263,6 +279,7 @@ class CostModel:
             launches_saved=launches_saved,
             rewriter=match.pattern.rewriter.name,
             kernel_factor=factor,
+            kernel_factor_key=key,
         )
 
     def _traffic(

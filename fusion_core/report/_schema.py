@@ -57,6 +57,14 @@ class PredictedGain(BaseModel):
     launches_saved: int
     bytes_saved: int | None
     flops_delta: int | None = Field(description="FLOPs added (> 0) or removed (< 0)")
+    kernel_factor: float = Field(
+        1.0, description="The target profile's kernel factor that priced the fused kernel"
+    )
+    kernel_factor_key: str | None = Field(
+        None,
+        description="Its key in the profile's kernel_factors (name[+group][+mode], the "
+        "most specific the profile has; docs/cost.md); null: no factor",
+    )
 
 
 class SwitchOutcome(BaseModel):

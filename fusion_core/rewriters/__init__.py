@@ -23,7 +23,13 @@ from autofusion.fusion_core.rewriters._base import (
     missing_output,
     provenance,
 )
-from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched, present, producers
+from autofusion.fusion_core.rewriters._effect import (
+    KERNEL_MODES,
+    RewriteEffect,
+    matched,
+    present,
+    producers,
+)
 from autofusion.fusion_core.rewriters.attention import FuseAttention
 from autofusion.fusion_core.rewriters.attention_block import AttentionBlock
 from autofusion.fusion_core.rewriters.fold_affine import FoldAffine
@@ -50,6 +56,7 @@ from autofusion.fusion_core.rewriters.skip_layer_norm import SkipLayerNorm
 from autofusion.fusion_core.rewriters.skip_rms_norm import SkipRMSNorm
 
 __all__ = [
+    "KERNEL_MODES",
     "NotACandidate",
     "Params",
     "Rewrite",

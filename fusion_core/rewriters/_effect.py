@@ -3,6 +3,12 @@
 Each rewriter states it (``Rewriter.cost_effect``) beside the rewrite it describes, with
 its own validated params, so the two cannot drift apart. The default is one fused kernel
 for every matched node, computing the same FLOPs.
+
+``modes`` are words the rewriter states about how the kernel it emits runs, so that a
+target profile can price one mode apart (``kernel_factors: {attention+softcap+cache: ..}``,
+docs/cost.md): ``cache`` where the kernel reads a KV cache (a past key and value), the
+graph of a decoder's generation loop, which runs one prefill and then a decode step per
+token.
 """
 
 from __future__ import annotations
@@ -11,19 +17,30 @@ from dataclasses import dataclass
 
 from autofusion.fusion_core.patterns import Match
 
-__all__ = ["RewriteEffect", "matched", "present", "producers"]
+__all__ = ["KERNEL_MODES", "RewriteEffect", "matched", "present", "producers"]
+
+# The modes a rewriter may state, and what each says about the emitted kernel:
+# "cache": it reads a past key/value (a KV cache): mostly decode steps of one token.
+KERNEL_MODES = ("cache",)
 
 
 @dataclass(frozen=True)
 class RewriteEffect:
     """``fused``: the pattern node ids that the rewrite turns into ``kernels_after``
     kernels; ``removed``: those whose FLOPs the rewrite folds away;
-    ``intermediates_kept``: the fused kernel still writes the values between them."""
+    ``intermediates_kept``: the fused kernel still writes the values between them;
+    ``modes``: how the emitted kernel runs (``KERNEL_MODES``), for its kernel factor."""
 
     fused: tuple[str, ...]
     removed: tuple[str, ...] = ()
     kernels_after: int = 1
     intermediates_kept: bool = False
+    modes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.modes) - set(KERNEL_MODES)
+        if unknown:  # a typo would silently price the kernel by its plain factor
+            raise ValueError(f"unknown kernel modes {sorted(unknown)}; known: {KERNEL_MODES}")
 
 
 def matched(match: Match) -> tuple[str, ...]:

@@ -30,9 +30,10 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import consumers
-from autofusion.fusion_core.patterns import Match
+from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import HeadNodes
 from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext, Rewriter
+from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
 from autofusion.fusion_core.rewriters.attention import (
     AttentionParams,
     grouped_multi_head_attention,
@@ -113,6 +114,25 @@ class AttentionBlock(Rewriter):
             which = "the repeated heads" if grouped else "the heads as they are"
             tried.append(f"not MultiHeadAttention of {which}: {mha}")
         return "; ".join(tried)
+
+    def cost_effect(self, match: Match, params: AttentionBlockParams) -> RewriteEffect:
+        """One kernel for the block; in mode ``cache`` where it reads a KV cache (the
+        GroupQueryAttention it emits takes a past key and value), which a profile may
+        price apart from the prefill (``attention+softcap+cache``, docs/cost.md)."""
+        return RewriteEffect(matched(match), modes=("cache",) if _reads_cache(match) else ())
+
+
+def _reads_cache(match: Match) -> bool:
+    """Whether the key heads are ``Concat(past, new)`` along the sequence: the KV cache
+    that GroupQueryAttention's ``kv_side`` takes as its past key."""
+    heads = match.value("$k")
+    producer = heads.producer() if heads is not None else None
+    return (
+        producer is not None
+        and producer.op_type == "Concat"
+        and len(producer.inputs) == 2
+        and attribute_value(producer, "axis", 0) in (2, -2)
+    )
 
 
 def _head_splits(match: Match, params: AttentionBlockParams) -> list[ir.Node] | str:
