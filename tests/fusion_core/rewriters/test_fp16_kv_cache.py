@@ -290,17 +290,22 @@ def test_the_checked_fp16_block_keeps_group_query_attention() -> None:
     assert op_sequence(result.to_proto()).count(GQA) == 1
 
 
-def test_an_fp16_mask_that_does_not_mask_is_refused() -> None:
+def test_an_fp16_mask_that_does_not_mask_becomes_multi_head_attention() -> None:
     """-100 in float16 is not a mask's lowest (a score 100 above the others would leak
-    through it): with a cache the kernel must be causal, which the mask is not shown to
-    be, so the block is left as it is, with the reason."""
+    through it): with a cache GroupQueryAttention must be causal, which the mask is not
+    shown to be, so the grouped heads go to MultiHeadAttention over the repeated key and
+    value heads, with the mask as its bias, which is exact for any additive mask."""
     model = fp16_attention(4, 2, "eager_lowest")
     (masked,) = [t for t in model.graph.initializer if t.name == "masked"]
     masked.CopyFrom(nh.from_array(np.array(-100.0, np.float16), "masked"))
     result = optimize_quiet(model, **ORT)
-    assert "attention" not in result.counts, result.counts
-    reasons = misses(result, "attention")
-    assert any("must be causal" in r and "-inf or lowest" in r for r in reasons), reasons
+    assert result.counts == {"attention": 1}, (result.counts, misses(result, "attention"))
+    fused = result.to_proto()
+    ops = op_sequence(fused)
+    assert "com.microsoft::MultiHeadAttention" in ops and GQA not in ops, ops
+    runs = Runs(model, fused)
+    for shape, padding in (((2, 3, 4), "left"), ((1, 1, 6), "random"), ((2, 4, 0), "right")):
+        runs.compare(fp16_feeds(shape, 2, padding, seed=3))  # every row: the bias is exact
 
 
 def test_an_fp16_sdpa_split_scale_with_a_cache_becomes_group_query_attention() -> None:
