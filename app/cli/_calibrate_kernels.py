@@ -38,7 +38,7 @@ def run_from_reports(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read the report {path!r}: {exc}") from None
     base = load_target_profile(args.base)
     scale, fitted = fit_kernel_factors(reports)
-    factors = {f.rewriter: float(f"{f.factor:.3g}") for f in fitted}
+    factors = {f.key: float(f"{f.factor:.3g}") for f in fitted}
     name = args.name if args.name != "calibrated" else f"{base.name}-kernels"
     profile = base.model_copy(update={"name": name, "kernel_factors": factors})
     header = (
@@ -57,11 +57,11 @@ def _table(path: Path, scale: float, fitted: list[FittedFactor]) -> str:
     lines = [
         f"autofusion calibrate: wrote {path}",
         f"  machine scale {scale:.3g} (unfused nodes: measured / roofline time)",
-        f"  {'rewriter':<28} {'factor':>8} {'regions':>8}   range",
+        f"  {'key':<28} {'factor':>8} {'regions':>8}   range",
     ]
     for f in fitted:
         lines.append(
-            f"  {f.rewriter:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
+            f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
         )
     return "\n".join(lines)
 
@@ -147,7 +147,7 @@ def run_from_verdicts(args: argparse.Namespace) -> int:
             "prediction (predicted before_us, after_us and rewriter), which measured "
             "selection records; export them with `autofusion verdicts export`"
         )
-    factors = {**base.kernel_factors, **{f.rewriter: float(f"{f.factor:.3g}") for f in fitted}}
+    factors = {**base.kernel_factors, **{f.key: float(f"{f.factor:.3g}") for f in fitted}}
     name = args.name if args.name != "calibrated" else f"{base.name}-verdicts"
     profile = base.model_copy(update={"name": name, "kernel_factors": factors})
     classes = len({r.machine_key for r in records if _verdict_factor(r) is not None})
@@ -197,6 +197,6 @@ def _verdict_table(path: Path, used: int, classes: int, fitted: list[FittedFacto
     ]
     for f in fitted:
         lines.append(
-            f"  {f.rewriter:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
+            f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
         )
     return "\n".join(lines)

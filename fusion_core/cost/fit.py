@@ -44,7 +44,7 @@ __all__ = ["FittedFactor", "fit_kernel_factors"]
 
 @dataclass(frozen=True)
 class FittedFactor:
-    rewriter: str  # the kernel_factors key it learns: a rewriter, or a more specific key
+    key: str  # the kernel_factors key it learns: a rewriter, or a more specific key
     factor: float  # median over the regions
     regions: int
     low: float
@@ -65,14 +65,14 @@ def fit_kernel_factors(reports: Iterable[Mapping[str, Any]]) -> tuple[float, lis
             hint="write the reports with `autofusion optimize --profile --report FILE`",
         )
     scale = statistics.median(r.measured_before / r.predicted_before for r in regions)
-    by_rewriter: dict[str, list[float]] = defaultdict(list)
+    by_key: dict[str, list[float]] = defaultdict(list)
     for r in regions:
         measured = r.measured_after / r.measured_before
         predicted = r.predicted_after / r.predicted_before
-        by_rewriter[r.key].append(measured / predicted * r.priced_with)
+        by_key[r.key].append(measured / predicted * r.priced_with)
     fitted = [
         FittedFactor(name, statistics.median(values), len(values), min(values), max(values))
-        for name, values in sorted(by_rewriter.items())
+        for name, values in sorted(by_key.items())
     ]
     return scale, fitted
 

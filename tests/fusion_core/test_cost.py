@@ -450,7 +450,7 @@ def test_a_factor_is_the_measured_ratio_over_the_predicted_one():
     }
     scale, fitted = fit_kernel_factors([report])
     assert scale == 2.0  # median measured / predicted before: 2, 2, 2, 10
-    by_name = {f.rewriter: f for f in fitted}
+    by_name = {f.key: f for f in fitted}
     assert sorted(by_name) == ["fuse_activation", "merge_siblings", "skip_layer_norm"]
     assert by_name["fuse_activation"].factor == 1.25  # median of 1 and 1.5
     assert (by_name["fuse_activation"].low, by_name["fuse_activation"].high) == (1.0, 1.5)

@@ -209,7 +209,7 @@ def test_calibration_learns_per_key_that_priced_the_regions() -> None:
         ]
     }
     _, fitted = fit_kernel_factors([report])
-    by_key = {f.rewriter: f.factor for f in fitted}
+    by_key = {f.key: f.factor for f in fitted}
     assert by_key == pytest.approx({"attention+softcap+cache": 3.0, "attention_block": 1.0})
     fields = load_target_profile("cpu").model_dump()
     learned = TargetProfile.model_validate({**fields, "kernel_factors": by_key})
