@@ -72,5 +72,10 @@ def test_every_public_module_is_a_registered_name() -> None:
 def test_attention_is_a_package_exposing_its_rewriter() -> None:
     attention = importlib.import_module(PREFIX + "attention")
     assert hasattr(attention, "__path__"), "fusion_core.rewriters.attention is not a package"
-    assert attention.__all__ == ["AttentionParams", "FuseAttention", "multi_head_attention"]
+    assert attention.__all__ == [
+        "AttentionParams",
+        "FuseAttention",
+        "grouped_multi_head_attention",
+        "multi_head_attention",
+    ]
     assert attention.FuseAttention.name == "attention"
