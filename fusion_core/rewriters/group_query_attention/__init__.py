@@ -49,7 +49,10 @@ What is left is where GroupQueryAttention differs from a plain softmax:
   and causal attention the average of the earlier ones only: without a cache it fuses
   with ``causal = 0``; with one (``causal = 1``) those rows are picked (``Where``) from
   each head's mean of the cache's values, ``ReduceMean(present_value)`` over the keys,
-  repeated to the query heads. A float16 mask's finite lowest (-65504, -1e4) does not
+  repeated to the query heads, inside ``If(every row attends, Identity(out),
+  Where(keep, out, mean))``: a step with no empty row (every decode step) does not read
+  the value cache for it (``_empty_rows_guard``, its condition built once per mask).
+  A float16 mask's finite lowest (-65504, -1e4) does not
   swamp the scores where onnxruntime's CPU adds it (in float32): such a row is the
   softmax over every key, which the kernel gives the last query exactly, so that row
   keeps the kernel's output and the earlier ones (a prefill's padded positions) take

@@ -24,6 +24,11 @@ from autofusion.fusion_core.rewriters._base import (
     opset_refusal,
     scale_factor,
 )
+from autofusion.fusion_core.rewriters._empty_rows_guard import (
+    every_row_attends,
+    every_row_kept,
+    unless_every_row_attends,
+)
 from autofusion.fusion_core.rewriters.group_query_attention._bias import (
     MaskBias,
     any_key_rows,
@@ -160,13 +165,18 @@ def _empty_rows(
     nodes: list[ir.Node],
 ) -> None:
     """What a row with nothing to attend to gets, after the kernel: 0 (multiplied by
-    the rows to keep) or the cache's mean value (picked), as the graph computes it."""
+    the rows to keep) or the cache's mean value (picked), as the graph computes it; the
+    mean, which reads the whole value cache, only when some row is empty
+    (``_empty_rows_guard``: a decode step's query never is)."""
     q, groups = q_and_groups
     if masked.keep is None:
         return
     if masked.empty_rows == "mean":
-        mean = _mean_value(gqa.outputs[2], groups, ctx, nodes)
-        nodes.append(ir.Node("", "Where", [masked.keep, gqa.outputs[0], mean]))
+        kept = every_row_kept(masked.keep, ctx, nodes)
+        fix: list[ir.Node] = []
+        mean = _mean_value(gqa.outputs[2], groups, ctx, fix)
+        fix.append(ir.Node("", "Where", [masked.keep, gqa.outputs[0], mean]))
+        nodes.append(unless_every_row_attends(kept, fix, gqa.outputs[0], ctx))
     else:
         nodes.append(ir.Node("", "Mul", [gqa.outputs[0], masked.keep]))
     _like(nodes[-1].outputs[0], q)
@@ -198,10 +208,24 @@ def _generic_empty_rows(
     nodes: list[ir.Node],
 ) -> None:
     """ONNX Attention's rows the mask covers everywhere as the graph computes them, the
-    mean of the values over every key (``empty_rows_as_mean``); the nodes into ``nodes``."""
+    mean of the values over every key (``empty_rows_as_mean``), computed only when the
+    mask has such a row (``_empty_rows_guard``); the nodes into ``nodes``."""
     if attention.outputs[0].dtype != ir.DataType.FLOAT:
         return  # float16: nothing put back (``empty_rows_as_mean`` says why)
-    groups = heads // value.heads
+    attends = every_row_attends(bias, ctx, nodes)
+    fix: list[ir.Node] = []
+    mean = _values_mean(attention, value, heads // value.heads, ctx, fix)
+    mean.dtype = attention.outputs[0].dtype
+    fix += empty_rows_as_mean(bias, mean, attention.outputs[0], (heads, value.size), ctx)
+    nodes.append(unless_every_row_attends(attends, fix, attention.outputs[0], ctx))
+    _like(nodes[-1].outputs[0], attention.outputs[0])
+
+
+def _values_mean(
+    attention: ir.Node, value: KVSide, groups: int, ctx: RewriteContext, nodes: list[ir.Node]
+) -> ir.Value:
+    """``[B, 1, N * H]``: each query head's mean of its KV head's values over every key
+    (of the present cache, or of the new values without one); the nodes into ``nodes``."""
     if value.past is not None:
         mean = _mean_value(attention.outputs[2], groups, ctx, nodes)
     else:  # [B, L, kv_heads * H]: its heads' means, each repeated for its query heads
@@ -215,10 +239,7 @@ def _generic_empty_rows(
         row = ir.Node("", "Reshape", [grown.outputs[0], merged])
         nodes += [averaged, split, grown, row]
         mean = row.outputs[0]
-    mean.dtype = attention.outputs[0].dtype
-    picked = empty_rows_as_mean(bias, mean, attention.outputs[0], (heads, value.size), ctx)
-    nodes += picked
-    _like(picked[-1].outputs[0], attention.outputs[0])
+    return mean
 
 
 def _mean_value(
