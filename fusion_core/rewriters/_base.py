@@ -36,6 +36,7 @@ __all__ = [
     "missing_output",
     "opset_refusal",
     "provenance",
+    "stop_reading",
 ]
 
 
@@ -237,8 +238,25 @@ def missing_output(match: Match, rewrite: Rewrite) -> str | None:
 def discard(rewrite: Rewrite) -> None:
     """Forget a rewrite that will not be applied: its nodes stop being readers."""
     for node in rewrite.new_nodes:
-        for index in range(len(node.inputs)):
-            node.replace_input_with(index, None)
+        stop_reading(node)
+
+
+def stop_reading(node: ir.Node) -> None:
+    """``node`` reads nothing any more, nor do the nodes of its subgraphs (an If's
+    branches read outer values by reference: left reading, they would keep a value
+    looking read outside a later match)."""
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            subgraphs = [attr.value]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            subgraphs = list(attr.value)
+        else:
+            continue
+        for subgraph in subgraphs:
+            for inner in subgraph:
+                stop_reading(inner)
+    for index in range(len(node.inputs)):
+        node.replace_input_with(index, None)
 
 
 @dataclass
@@ -282,8 +300,7 @@ class AppliedRewrite:
                     node.replace_input_with(index, value)
         present = [n for n in self.new_nodes if n.graph is graph]
         for node in present:  # stop reading, so nothing points at what goes
-            for index in range(len(node.inputs)):
-                node.replace_input_with(index, None)
+            stop_reading(node)
         graph.remove(present, safe=False)
 
 
