@@ -22,6 +22,10 @@ from autofusion.fusion_core.rewriters._base import (
     Rewriter,
     opset_refusal,
 )
+from autofusion.fusion_core.rewriters._empty_rows_guard import (
+    every_row_attends,
+    unless_every_row_attends,
+)
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention", "attention_of", "multi_head_attention"]
@@ -113,11 +117,7 @@ def attention_of(
         nodes.append(ir.Node("", "Mul", [nodes[-1].outputs[0], keep_rows]))
         nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
     elif mask is not None and not contrib and inputs[2] is not None:
-        keys = ctx.initializer("empty_rows_keys", np.array([1], np.int64))
-        mean = ir.Node("", "ReduceMean", [inputs[2], keys], [ir.AttrInt64("keepdims", 1)])
-        shape = (count, value_size)
-        empty = empty_rows_as_mean(mask, mean.outputs[0], nodes[-1].outputs[0], shape, ctx)
-        nodes += [mean, *empty] if empty else []
+        _guarded_empty_rows(mask, inputs[2], (count, value_size), ctx, nodes)
         nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = q.type, merged
     if reshape_after:
         reshape = [nodes[-1].outputs[0], output.inputs[1]]
@@ -126,6 +126,26 @@ def attention_of(
     new = nodes[-1].outputs[0]
     new.type, new.shape = old.type, old.shape
     return Rewrite(nodes, [(old, new)])
+
+
+def _guarded_empty_rows(
+    mask: ir.Value,
+    value: ir.Value,
+    heads: tuple[int, int],
+    ctx: RewriteContext,
+    nodes: list[ir.Node],
+) -> None:
+    """ONNX Attention's rows the mask covers everywhere as the graph computes them, the
+    mean of the values (``empty_rows_as_mean``), read only when the mask has such a row
+    (``_empty_rows_guard``); after the attention, ``nodes[-1]``."""
+    attention = nodes[-1].outputs[0]
+    keys = ctx.initializer("empty_rows_keys", np.array([1], np.int64))
+    mean = ir.Node("", "ReduceMean", [value, keys], [ir.AttrInt64("keepdims", 1)])
+    empty = empty_rows_as_mean(mask, mean.outputs[0], attention, heads, ctx)
+    if not empty:  # float16: nothing put back (``empty_rows_as_mean`` says why)
+        return
+    attends = every_row_attends(mask, ctx, nodes)
+    nodes.append(unless_every_row_attends(attends, [mean, *empty], attention, ctx))
 
 
 def _heads(splits: list[ir.Node]) -> tuple[tuple[int, int], int] | str:

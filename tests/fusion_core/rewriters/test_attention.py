@@ -199,12 +199,19 @@ def test_generic_target_at_opset_23_emits_onnx_attention(mask):
     fused = result.to_proto()
     onnx.checker.check_model(fused, full_check=True)
     # with a mask, the rows it masks everywhere take the values' mean (onnxruntime's ONNX
-    # Attention gives 0 there, the graph the mean: test_attention_empty_rows.py)
-    empty_rows = ["ReduceMean", "ReduceMax", "LessOrEqual", "Transpose", "Reshape", "Reshape"]
-    empty_rows = [*empty_rows, "Where", "Reshape"] if mask else []
+    # Attention gives 0 there, the graph the mean: test_attention_empty_rows.py), read only
+    # when the mask has such a row: an If on whether every row attends (_empty_rows_guard)
+    empty_rows = ["ReduceMax", "ReduceMin", "Greater", "If"] if mask else []
     ops = op_sequence(fused)
     assert ops[: ops.index("Attention") + 1] == merged_ops(mask is not None)[:-1] + ["Attention"]
     assert sorted(ops[ops.index("Attention") + 1 :]) == sorted(empty_rows)
+    if mask:
+        (guard,) = [n for n in fused.graph.node if n.op_type == "If"]
+        fix = sorted(n.op_type for n in onnx.helper.get_node_attr_value(guard, "else_branch").node)
+        assert fix == sorted(
+            ["ReduceMean", "ReduceMax", "LessOrEqual", "Transpose", "Reshape", "Reshape"]
+            + ["Where", "Reshape"]
+        ), fix
     (node,) = [n for n in fused.graph.node if n.op_type == "Attention"]
     assert node.domain == ""
     assert attrs(node)["q_num_heads"] == attrs(node)["kv_num_heads"] == HEADS
