@@ -60,9 +60,7 @@ def _table(path: Path, scale: float, fitted: list[FittedFactor]) -> str:
         f"  {'key':<28} {'factor':>8} {'regions':>8}   range",
     ]
     for f in fitted:
-        lines.append(
-            f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
-        )
+        lines.append(f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}")
     return "\n".join(lines)
 
 
@@ -196,7 +194,5 @@ def _verdict_table(path: Path, used: int, classes: int, fitted: list[FittedFacto
         f"  {'rewriter':<28} {'factor':>8} {'verdicts':>8}   range",
     ]
     for f in fitted:
-        lines.append(
-            f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}"
-        )
+        lines.append(f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}")
     return "\n".join(lines)
