@@ -19,6 +19,16 @@ back through the head splits (``q`` usually a ``RotaryEmbedding``'s output, see
 ``rotary``), the heads proven from the Reshape targets and the repeat proven to map
 query head ``n`` to KV head ``n // (N / KV)`` from the known shapes.
 
+The rotary stays in its own ops, and q, k, v stay split, though the kernel can take
+both (``do_rotary`` with ``cos_cache``, ``sin_cache``, ``position_ids``; packed QKV
+with key and value empty), as onnxruntime-genai's model builder writes it. Measured
+with onnxruntime 1.32's CPU kernel (docs/benchmarks.md, "Rotary and packed QKV inside
+GroupQueryAttention"): exact only with past inputs (without them it rotates by
+``0 .. S - 1`` and ignores ``position_ids``), with at least ``L`` cache rows (the
+per-call cache ``rotary`` builds from the graph's own angles has ``B * S``) and
+``r / 2`` a multiple of 8; and where exact, no faster: the kernel's own rotation costs
+about what the two RotaryEmbedding ops and the Split it replaces cost.
+
 The mask: GroupQueryAttention takes ``seqlens_k`` (per batch, the index of the last
 valid key) and assumes the valid keys are ``[0, seqlens_k]`` at the start of each row:
 right padding only. Hugging Face generation pads on the left, and the graph's mask
