@@ -11,6 +11,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``position_scale`` (``_position_scale.py``): rotated query heads scaled by one factor
+  per position (Ministral-3's ``llama_4_scaling``) are the rotation of the projection so
+  scaled;
 * ``rotary_halves`` (``_rotary_halves.py``): gpt-oss's rotary embedding of two halves,
   ``Concat(x1 * c - x2 * s, x2 * c + x1 * s)``, in the rotate-half spelling;
 * ``rotary_sign`` (``_rotary_sign.py``): a rotation with the halves swapped the other
@@ -18,6 +21,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   x1) * Unsqueeze(-t)``, exactly;
 * ``softmax_shift`` (``_softmax_shift.py``): ``Softmax(x - ReduceMax(x))`` (gpt-oss's
   attention sinks) is ``Softmax(x)``;
+* ``sink_scale`` (``_sink_scale.py``): a context scaled by ``Sigmoid(ReduceLogSumExp(s)
+  - b)`` (Granite-SWA's attention sinks) is the context of ``Slice(Softmax(Concat(s,
+  b)), :-1)``, gpt-oss's spelling;
 * ``norm_spelling`` (``_norm_spelling.py``, read by ``_norm_reads.py``): an RMS norm
   or LayerNorm in any spelling of its square, means, epsilon (none is 0), inverse root
   (``Div``, ``Reciprocal``, ``Div(1, .)``, ``Pow(u, -0.5)``) and centering
@@ -140,6 +146,7 @@ from autofusion.fusion_core.canonical._picks import (
     gather_nd_as_slices,
     slices_before_transposes,
 )
+from autofusion.fusion_core.canonical._position_scale import position_scales
 from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_gathers
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._rotary_halves import rotary_halves, undo_rotary_halves
@@ -160,6 +167,7 @@ from autofusion.fusion_core.canonical._sequence_first import (
     sequence_first_merges,
 )
 from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
+from autofusion.fusion_core.canonical._sink_scale import sink_scales, undo_sink_scales
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._softmax_shift import softmax_shifts_dropped
 from autofusion.fusion_core.canonical._transposes import (
@@ -187,9 +195,11 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "position_scale": position_scales,
     "rotary_halves": rotary_halves,  # before slice_before_transpose reads the halves
     "rotary_sign": rotary_signs,
     "softmax_shift": softmax_shifts_dropped,
+    "sink_scale": sink_scales,
     "norm_spelling": norm_spellings,
     "gelu_spelling": gelu_spellings,
     "heads_in_batch": heads_unfolded,
@@ -233,9 +243,11 @@ _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "gelu_spelling": "GELU blocks written as 0.5 x (1 + erf(x / sqrt(2))) or its tanh form",
+    "position_scale": "rotated heads scaled per position made rotations of the scaled projection",
     "rotary_halves": "rotary embeddings of two halves written with rotate_half",
     "rotary_sign": "rotations by minus the angle written with rotate_half and a negated sine",
     "softmax_shift": "Softmaxes of x - ReduceMax(x) made Softmax(x)",
+    "sink_scale": "contexts scaled by Sigmoid(logsumexp - sink) made Softmaxes with a sink column",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
     "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
@@ -354,6 +366,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "rotary_halves": undo_rotary_halves(graph, MARK),
             "gelu_spelling": undo_gelu_spellings(graph, MARK),
             "context_heads": undo_context_heads(graph, MARK),
+            "sink_scale": undo_sink_scales(graph, MARK),
         }
     )
 
