@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import _llm_families as fam
 from _unseen_more import MORE
+from _unseen_third import THIRD
 
 HEAD_DIM = fam.HEAD_DIM
 _BIGCODE_SIZES = dict(
@@ -216,6 +218,7 @@ UNSEEN = {  # family -> (Family, what sets it apart)
     ),
 }
 UNSEEN.update(MORE)  # the second survey's families (stop 41)
+UNSEEN.update(THIRD)  # the third survey's, hybrids with attention layers among them
 KINDS = {
     "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
     "rotary": ("RotaryEmbedding",),
@@ -251,7 +254,9 @@ def survey(family: str, kind: str, folder: Path) -> dict:
         if not path.exists():
             _llm_torch.export(family, kind, path)
     except Exception as exc:  # an exporter's own failure: the row says which
-        row["error"] = f"export failed: {type(exc).__name__}: {str(exc)[:120]}"
+        cause = exc.__cause__ or exc  # torch.export's own error, not the wrapper's advice
+        text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(cause)).split())  # one table cell
+        row["error"] = f"export failed: {type(cause).__name__}: {text[:120]}"
         return row
     model = onnx.load(str(path))
     started = time.perf_counter()
