@@ -286,12 +286,40 @@ def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
     for node in list(graph):
         found = _kt(node)
         if found is None:
+            merged = _kt_of_repeated(node, graph, fresh)
+            if merged is None:
+                continue
+            heads, olds = merged
+            swap = _transpose(heads.outputs[0], [0, 1, 3, 2], fresh)
+            _take_place(graph, node, [heads, swap], olds, mark, "kt_by_reshape")
+            done += 1
             continue
         k, perm, olds = found
         swap = _transpose(k, perm, fresh)
         _take_place(graph, node, [swap], olds, mark, "kt_by_reshape")
         done += 1
     return done
+
+
+def _kt_of_repeated(
+    unflat: ir.Node, graph: ir.Graph, fresh: _Fresh
+) -> tuple[ir.Node, list[ir.Node]] | None:
+    """The same K^T where the flattening Reshape reads the repeated heads ``[B, KV, G,
+    L, H]`` themselves (an optimizer merged repeat_kv's ``[B, N, L, H]`` Reshape into
+    it): that Reshape is written back, ``Reshape(x, [0, KV * G, -1, H])``, and its
+    swap is K^T. (The Reshape, the nodes it replaces) or None."""
+    found = _sandwich(unflat, [0, 2, 1], (5, 3))
+    if found is None:
+        return None
+    flat, swap, kd, fd, out = found
+    if None in kd or None in fd:
+        return None
+    batch, kv, group, length, size = kd
+    if fd != [batch * kv * group, length, size] or out != [batch, kv * group, size, length]:
+        return None
+    target = int64s(graph, fresh, [0, kv * group, -1, size])
+    heads = _reshape(flat.inputs[0], target, [batch, kv * group, length, size], fresh)
+    return heads, [swap, flat]
 
 
 def _kt(unflat: ir.Node) -> tuple[ir.Value, list[int], list[ir.Node]] | None:

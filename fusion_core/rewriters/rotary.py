@@ -289,6 +289,9 @@ def _angle_table(value: ir.Value | None, x_dims: list, rotary_dim: int, what: st
     halves = _repeated_halves(producer, x_dims, rotary_dim, what)
     if halves is not None:
         return halves
+    folded = _folded_table(value, x_dims, rotary_dim, what)
+    if folded is not None:
+        return folded
     if producer is None or producer.op_type != "Unsqueeze" or axes_of(producer) != [1]:
         name = value.name if value is not None else None
         return (
@@ -342,6 +345,27 @@ def _repeated_halves(
     if dims[0] != 1 and not batched:
         return f"the batch of the {what} table {table.name!r} ({dims[0]}) is neither 1 nor B"
     return _Table(table, batched, None, None, half=True)
+
+
+def _folded_table(
+    value: ir.Value | None, x_dims: list, rotary_dim: int, what: str
+) -> _Table | str | None:
+    """A constant ``[1, 1, S, r]`` cosine or sine: ``Unsqueeze(c, 1)`` of a ``[1, S, r]``
+    table that constant folding computed (a graph exported for one length, whose
+    positions are ``0 .. S - 1``); its first half, one row per position, is the cache.
+    None when ``value`` is no such constant."""
+    array = constant_array(value) if value is not None else None
+    if array is None or array.ndim != 4 or array.shape[:2] != (1, 1):
+        return None
+    if array.shape[2] != x_dims[2] or array.shape[3] != rotary_dim:
+        return (
+            f"the constant {what} {value.name!r} {list(array.shape)} does not cover the "  # type: ignore[union-attr]
+            f"heads {x_dims} (rotary dimension {rotary_dim})"
+        )
+    half = rotary_dim // 2
+    if not np.array_equal(array[..., :half], array[..., half:]):
+        return f"the halves of the constant {what} {value.name!r} differ"  # type: ignore[union-attr]
+    return _Table(value, False, array[0, 0, :, :half].astype(np.float32), None)  # type: ignore[arg-type]
 
 
 def _gathered_table(value: ir.Value, rotary_dim: int) -> _Table | str | None:
@@ -463,6 +487,8 @@ def _positions(
         return nodes[-1].outputs[0]
     if not table.batched and contrib:
         return ctx.initializer("rotary_offset", np.array([0], np.int64))
+    if table.table is not None:  # a folded table: row s for every batch of x
+        return _rows_for_every_batch(table.table.shape[0], x, ctx, nodes)
     key = f"rotary_positions:{table.value.name}" + ("" if table.batched else f":{x.name}")
     found = shared_value(ctx.graph, key)
     if found is not None:
@@ -494,6 +520,21 @@ def _positions(
     nodes[-1].outputs[0].dtype = ir.DataType.INT64
     mark_shared(nodes[-1], key)
     return nodes[-1].outputs[0]
+
+
+def _rows_for_every_batch(
+    rows: int, x: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]
+) -> ir.Value:
+    """``[B, S]`` position ids ``0 .. S - 1`` for each batch of ``x`` (ONNX
+    RotaryEmbedding's 2-D form)."""
+    arange = ctx.initializer(f"rotary_rows_{rows}", np.arange(rows, dtype=np.int64)[None, :])
+    batch = ir.Node("", "Shape", [x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+    length = ctx.initializer(f"rotary_length_{rows}", np.array([rows], np.int64))
+    target = ir.Node("", "Concat", [batch.outputs[0], length], [ir.AttrInt64("axis", 0)])
+    expand = ir.Node("", "Expand", [arange, target.outputs[0]])
+    expand.outputs[0].dtype = ir.DataType.INT64
+    nodes += [batch, target, expand]
+    return expand.outputs[0]
 
 
 def _head_split(x: ir.Value, heads: tuple[int, int]) -> tuple[ir.Node, ir.Node] | None:

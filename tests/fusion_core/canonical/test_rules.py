@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import MARK, canonical_form, undo_unused
 from autofusion.fusion_core.testing import (
@@ -679,6 +681,50 @@ def test_k_transposed_through_a_3d_reshape_is_one_transpose() -> None:
     canonical, done, again = _canonical(model)
     assert done == {"kt_by_reshape": 1} and again == 0
     assert op_sequence(canonical) == ["Transpose", "Mul"]
+    (swap,) = [n for n in canonical.graph.node if n.op_type == "Transpose"]
+    assert list(swap.attribute[0].ints) == [0, 1, 3, 2]
+    run_both(model, canonical, **EXACT)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    kv=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2, 3]),
+    length=st.integers(1, 9),
+    size=st.sampled_from([4, 8]),
+)
+def test_k_transposed_through_a_3d_reshape_of_repeated_heads_is_the_swap_of_the_heads(
+    batch: int, kv: int, group: int, length: int, size: int
+) -> None:
+    """An optimizer merges repeat_kv's ``[B, N, L, H]`` Reshape into K^T's flattening one
+    (a graph exported for one length: Jamba's, Gated DeltaNet hybrids'): the flattening
+    Reshape then reads ``[B, KV, G, L, H]``. The heads' Reshape is written back and K^T
+    is their swap."""
+    heads = kv * group
+    model = _model(
+        [
+            "u = Unsqueeze (k, axis_2)",
+            "e = Expand (u, repeat)",
+            "f = Reshape (e, flat)",
+            "t = Transpose <perm = [0, 2, 1]> (f)",
+            "kt = Reshape (t, back)",
+            "y = Mul (kt, two)",
+        ],
+        f"float[{batch}, {kv}, {length}, {size}] k",
+        f"float[{batch}, {heads}, {size}, {length}] y",
+        {
+            "axis_2": np.array([2], np.int64),
+            "repeat": np.array([1, 1, group, 1, 1], np.int64),
+            "flat": np.array([batch * heads, length, size], np.int64),
+            "back": np.array([batch, heads, size, length], np.int64),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+    canonical, done, _ = _canonical(model)
+    assert done.get("kt_by_reshape") == 1, done
+    ops = op_sequence(canonical)
+    assert ops.count("Transpose") == 1 and ops.count("Reshape") == 1, ops
     (swap,) = [n for n in canonical.graph.node if n.op_type == "Transpose"]
     assert list(swap.attribute[0].ints) == [0, 1, 3, 2]
     run_both(model, canonical, **EXACT)

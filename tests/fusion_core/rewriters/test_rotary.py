@@ -105,3 +105,65 @@ def test_rotary_becomes_rotary_embedding(partial):
         if partial:
             feeds["position_ids"] = rng.integers(0, 100, (batch, seq)).astype(np.int64)
         run_both(model, fused, feeds=feeds, **TOL)
+
+
+def folded_rotary_model(seq: int, rotary: int, *, halves_equal: bool = True) -> onnx.ModelProto:
+    """The rotary of a graph exported for one length: constant folding made the cos and
+    sin ``[1, 1, S, r]`` initializers (positions 0 .. S - 1), as torch.export leaves a
+    Gated DeltaNet hybrid's prefill; x is ``[batch, 4, S, 16]``, the first ``r`` rotated."""
+    inv_freq = 1.0 / (10000 ** (np.arange(0, rotary, 2) / rotary))
+    angles = np.arange(seq)[:, None] * inv_freq[None, :]
+    second = angles if halves_equal else angles * 1.5
+    emb = np.concatenate([angles, second], axis=-1)[None, None].astype(np.float32)
+    inits = {
+        "cos_t": np.cos(emb),
+        "sin_t": np.sin(emb),
+        "zero": np.array([0], np.int64),
+        "half": np.array([rotary // 2], np.int64),
+        "rdim": np.array([rotary], np.int64),
+        "end": np.array([np.iinfo(np.int64).max], np.int64),
+        "last": np.array([-1], np.int64),
+    }
+    body = [
+        "xr = Slice (x, zero, rdim, last)",
+        "xp = Slice (x, rdim, end, last)",
+        "lo = Slice (xr, zero, half, last)",
+        "hi = Slice (xr, half, end, last)",
+        "neg = Neg (hi)",
+        "rot = Concat <axis = -1> (neg, lo)",
+        "c = Mul (xr, cos_t)",
+        "s = Mul (rot, sin_t)",
+        "sum = Add (c, s)",
+        "y = Concat <axis = -1> (sum, xp)",
+    ]
+    text = f"""<ir_version: 10, opset_import: ["" : 23]>
+    g (float[batch, 4, {seq}, 16] x) => (float[batch, 4, {seq}, 16] y) {{
+        {chr(10).join(body)}
+    }}"""
+    return build_model(text, inits)
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "generic"])
+@pytest.mark.parametrize(("seq", "rotary"), [(7, 16), (5, 8), (1, 16)])
+def test_a_folded_constant_table_is_the_cache(target, seq, rotary):
+    """The table's first half, one row per position, is the cache; the op rotates row s
+    of it at position s for every batch (the offset form on onnxruntime, [B, S] position
+    ids for ONNX RotaryEmbedding)."""
+    model = folded_rotary_model(seq, rotary)
+    result = optimize_quiet(model, target=target)
+    assert result.counts == {"rotary_embedding": 1}, result.counts
+    fused = result.to_proto()
+    onnx.checker.check_model(fused, full_check=True)
+    assert "Neg" not in op_sequence(fused)
+    rng = np.random.default_rng(seq)
+    for batch in (1, 3):
+        feeds = {"x": rng.standard_normal((batch, 4, seq, 16)).astype(np.float32)}
+        run_both(model, fused, feeds=feeds, **TOL)
+
+
+def test_a_folded_table_with_unequal_halves_is_refused():
+    model = folded_rotary_model(7, 16, halves_equal=False)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "rotary_embedding" not in result.counts
+    reasons = [m.reason for m in result.near_misses if m.pattern == "rotary_embedding"]
+    assert any("halves of the constant cos" in r for r in reasons), reasons
