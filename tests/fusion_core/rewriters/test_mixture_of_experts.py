@@ -166,6 +166,45 @@ def kernel_routing(
     )[0][:, 1:]
 
 
+def group_mask(
+    g: _Graph, choice: str, experts: int, groups: tuple[int, int], *, score: str, fill: float
+) -> str:
+    """``choice`` with the experts of the groups not kept at ``fill`` (-inf, or 0 where
+    the weights are the TopK's values), as dynamo writes transformers' group-limited
+    routing: ``groups`` is (G, the groups kept), each scored by the sum of its top 2
+    (``score="top2"``: DeepSeek-V3) or by its max (``"max"``: V2)."""
+    count, kept_groups = groups
+    size = experts // count
+    grouped = g.one("Reshape", choice, g.ints(-1, count, size))
+    if score == "max":
+        scores = g.one("ReduceMax", grouped, g.ints(-1), keepdims=0)  # [T, G]
+    else:
+        top2 = g.op("TopK", grouped, g.ints(min(2, size)), outputs=2, axis=-1)[0]
+        scores = g.one("ReduceSum", top2, g.ints(-1), keepdims=0)
+    kept = g.op("TopK", scores, g.ints(kept_groups), outputs=2, axis=-1, sorted=0)[1]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+    zeros = g.one("ConstantOfShape", g.one("Shape", scores), value=zero)
+    ones = g.one("Expand", g.const(np.array(1.0, np.float32), "one"), g.one("Shape", kept))
+    mask = g.one("ScatterElements", zeros, kept, ones, axis=1)
+    spread = g.one("Expand", g.one("Unsqueeze", mask, g.ints(-1)), g.ints(1, count, size))
+    flat = g.one("Reshape", spread, g.ints(-1, experts))
+    dropped = g.one("Not", g.one("Cast", flat, to=TensorProto.BOOL))
+    return g.one("Where", dropped, g.const(np.array(fill, np.float32), "fill"), choice)
+
+
+def scaled_weights(g: _Graph, weights: str, *, normalize: bool, epsilon: bool, scale: float) -> str:
+    """The routing weights as transformers' routers finish them: divided by their sum
+    (TorchScript adds 1e-20 to it: ``epsilon``), then times ``routed_scaling_factor``."""
+    if normalize:
+        total = g.one("ReduceSum", weights, g.ints(-1), keepdims=1)
+        if epsilon:
+            total = g.one("Add", total, g.const(np.array(1e-20, np.float32), "eps"))
+        weights = g.one("Div", weights, total)
+    if scale != 1.0:
+        weights = g.one("Mul", weights, g.const(np.array(scale, np.float32), "scale"))
+    return weights
+
+
 def _silu(g: _Graph, value: str) -> str:
     return g.one("Mul", value, g.one("Sigmoid", value))
 

@@ -30,7 +30,7 @@ import onnx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import helper
 from test_mixture_of_experts import (
     _PLAIN,
     HIDDEN,
@@ -39,8 +39,10 @@ from test_mixture_of_experts import (
     _dense,
     _Graph,
     generated,
+    group_mask,
     kernel_routing,
     ops_of,
+    scaled_weights,
     token_feeds,
 )
 
@@ -97,29 +99,6 @@ def blocks(draw) -> tuple[Router, Spelling]:
     return router, experts_spelling
 
 
-def _group_mask(g: _Graph, r: Router, choice: str, experts: int) -> str:
-    """``choice`` with the experts of the groups not kept at -inf, or at 0 where the
-    weights are the TopK's values (transformers' group-limited routing as dynamo writes
-    it: DeepSeek-V3's groups scored by the sum of their top 2, V2's by their max)."""
-    size = experts // r.groups
-    grouped = g.one("Reshape", choice, g.ints(-1, r.groups, size))
-    if r.group_score == "max":
-        scores = g.one("ReduceMax", grouped, g.ints(-1), keepdims=0)  # [T, G]
-    else:
-        top2 = g.op("TopK", grouped, g.ints(min(2, size)), outputs=2, axis=-1)[0]
-        scores = g.one("ReduceSum", top2, g.ints(-1), keepdims=0)
-    kept = g.op("TopK", scores, g.ints(r.topk_group), outputs=2, axis=-1, sorted=0)[1]
-    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
-    zeros = g.one("ConstantOfShape", g.one("Shape", scores), value=zero)
-    ones = g.one("Expand", g.const(np.array(1.0, np.float32), "one"), g.one("Shape", kept))
-    mask = g.one("ScatterElements", zeros, kept, ones, axis=1)
-    spread = g.one("Expand", g.one("Unsqueeze", mask, g.ints(-1)), g.ints(1, r.groups, size))
-    flat = g.one("Reshape", spread, g.ints(-1, experts))
-    dropped = g.one("Not", g.one("Cast", flat, to=TensorProto.BOOL))
-    fill = 0.0 if r.weights == "values" else -np.inf
-    return g.one("Where", dropped, g.const(np.array(fill, np.float32), "fill"), choice)
-
-
 def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
     """(routing weights [T, k], chosen experts [T, k])."""
     logits = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.experts), "router"))
@@ -132,17 +111,13 @@ def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
             bias = np.random.default_rng(7).uniform(-0.3, 0.3, s.experts).astype(np.float32)
         choice = g.one("Add", probs, g.const(bias, "selection_bias"))
     if r.groups:
-        choice = _group_mask(g, r, choice, s.experts)
+        fill = 0.0 if r.weights == "values" else -np.inf  # the TopK's values: 0 is no weight
+        groups = (r.groups, r.topk_group)
+        choice = group_mask(g, choice, s.experts, groups, score=r.group_score, fill=fill)
     top, chosen = g.op("TopK", choice, g.ints(s.k), outputs=2, axis=-1, sorted=0)
     weights = top if r.weights == "values" else g.one("GatherElements", probs, chosen, axis=1)
-    if r.normalize:
-        total = g.one("ReduceSum", weights, g.ints(-1), keepdims=1)
-        if r.epsilon:
-            total = g.one("Add", total, g.const(np.array(1e-20, np.float32), "eps"))
-        weights = g.one("Div", weights, total)
-    if r.scale != 1.0:
-        weights = g.one("Mul", weights, g.const(np.array(r.scale, np.float32), "scale"))
-    return weights, chosen
+    finished = dict(normalize=r.normalize, epsilon=r.epsilon, scale=r.scale)
+    return scaled_weights(g, weights, **finished), chosen
 
 
 def routed_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:

@@ -31,7 +31,7 @@ import onnx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from test_mixture_of_experts import (
     _PLAIN,
     HIDDEN,
@@ -39,8 +39,10 @@ from test_mixture_of_experts import (
     _batched,
     _Graph,
     generated,
+    group_mask,
     kernel_routing,
     ops_of,
+    scaled_weights,
     token_feeds,
 )
 
@@ -91,25 +93,6 @@ def blocks(draw) -> tuple[Router, Spelling]:
     return router, experts_spelling
 
 
-def _group_mask(g: _Graph, r: Router, choice: str, experts: int) -> str:
-    """``choice`` with the experts of the groups not kept at -inf, as dynamo writes
-    transformers' group-limited routing."""
-    size = experts // r.groups
-    grouped = g.one("Reshape", choice, g.ints(-1, r.groups, size))
-    top2 = g.op("TopK", grouped, g.ints(2), outputs=2, axis=-1)[0]
-    scores = g.one("ReduceSum", top2, g.ints(-1), keepdims=0)  # [T, G]
-    kept = g.op("TopK", scores, g.ints(r.topk_group), outputs=2, axis=-1, sorted=0)[1]
-    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
-    zeros = g.one("ConstantOfShape", g.one("Shape", scores), value=zero)
-    ones = g.one("Expand", g.const(np.array(1.0, np.float32), "one"), g.one("Shape", kept))
-    mask = g.one("ScatterElements", zeros, kept, ones, axis=1)
-    spread = g.one("Expand", g.one("Unsqueeze", mask, g.ints(-1)), g.ints(1, r.groups, size))
-    flat = g.one("Reshape", spread, g.ints(-1, experts))
-    dropped = g.one("Not", g.one("Cast", flat, to=TensorProto.BOOL))
-    minus_inf = g.const(np.array(-np.inf, np.float32), "minus_inf")
-    return g.one("Where", dropped, minus_inf, choice)
-
-
 def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
     """(routing weights [T, k], chosen experts [T, k])."""
     weight = g.weight(s.experts, HIDDEN) * np.float32(r.router_gain)
@@ -125,17 +108,12 @@ def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
             bias = np.random.default_rng(7).uniform(-0.2, 0.2, s.experts).astype(np.float32)
         choice = g.one("Add", scores, g.const(bias, "e_score_correction_bias"))
     if r.groups:
-        choice = _group_mask(g, r, choice, s.experts)
+        groups = (r.groups, r.topk_group)
+        choice = group_mask(g, choice, s.experts, groups, score="top2", fill=-np.inf)
     chosen = g.op("TopK", choice, g.ints(s.k), outputs=2, axis=-1, sorted=0)[1]
     weights = g.one("GatherElements", scores, chosen, axis=1)
-    if r.normalize:
-        total = g.one("ReduceSum", weights, g.ints(-1), keepdims=1)
-        if r.epsilon:
-            total = g.one("Add", total, g.const(np.array(1e-20, np.float32), "eps"))
-        weights = g.one("Div", weights, total)
-    if r.scale != 1.0:
-        weights = g.one("Mul", weights, g.const(np.array(r.scale, np.float32), "scale"))
-    return weights, chosen
+    finished = dict(normalize=r.normalize, epsilon=r.epsilon, scale=r.scale)
+    return scaled_weights(g, weights, **finished), chosen
 
 
 def sigmoid_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:
