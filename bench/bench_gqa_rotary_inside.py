@@ -20,6 +20,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from probe_gqa_rotary_inside import rotary_nodes
 
 MS = "com.microsoft"
 D, N, KV, H = 2048, 32, 8, 64
@@ -65,18 +66,7 @@ def model(variant, rng):
         inits.append(numpy_helper.from_array(np.array([N * H, KV * H, KV * H], np.int64), "sizes"))
         nodes.append(helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1))
     if not fused:
-        for x, heads in (("q", N), ("k", KV)):
-            nodes.append(
-                helper.make_node(
-                    "RotaryEmbedding",
-                    [x, "pos", "cos", "sin"],
-                    [x + "r"],
-                    domain=MS,
-                    num_heads=heads,
-                    rotary_embedding_dim=H,
-                )
-            )
-        q, k = "qr", "kr"
+        q, k = rotary_nodes(nodes, ("q", "k"), (N, KV), H)
     gin = [q, k, v, "past_k", "past_v", "seqlens_k", "total"]
     gin += ["cos", "sin", "pos"] if fused else ["", "", ""]
     gin += ["bias", "", "", "", "", "", "qsl"]

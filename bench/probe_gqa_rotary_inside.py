@@ -53,19 +53,7 @@ def gqa_model(*, fused, packed, past, bias, r, interleaved, dtype, query_seqlens
         nodes.append(helper.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], axis=-1))
         q, k, v = "q", "k", "v"
     if not fused:
-        for x, heads in ((q, N), (k, KV)):
-            nodes.append(
-                helper.make_node(
-                    "RotaryEmbedding",
-                    [x, "pos", "cos", "sin"],
-                    [x + "_rot"],
-                    domain=MS,
-                    num_heads=heads,
-                    rotary_embedding_dim=r,
-                    interleaved=int(interleaved),
-                )
-            )
-        q, k = q + "_rot", k + "_rot"
+        q, k = rotary_nodes(nodes, (q, k), (N, KV), r, interleaved=interleaved)
     gin = [q, k, v, "past_k" if past else "", "past_v" if past else "", "seqlens_k", "total"]
     if fused:
         gin += ["cos", "sin", "pos"]
@@ -136,6 +124,28 @@ def session(m):
     o = ort.SessionOptions()
     o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
+
+
+def rotary_nodes(
+    nodes: list, qk: tuple[str, str], heads: tuple[int, int], rotary_dim: int, *, interleaved=False
+) -> tuple[str, str]:
+    """com.microsoft RotaryEmbedding of q and of k (``pos``, ``cos``, ``sin`` the graph's
+    position ids and caches) appended to ``nodes``; the rotated names."""
+    rotated = []
+    for x, count in zip(qk, heads, strict=True):
+        nodes.append(
+            helper.make_node(
+                "RotaryEmbedding",
+                [x, "pos", "cos", "sin"],
+                [x + "_rot"],
+                domain=MS,
+                num_heads=count,
+                rotary_embedding_dim=rotary_dim,
+                interleaved=int(interleaved),
+            )
+        )
+        rotated.append(x + "_rot")
+    return rotated[0], rotated[1]
 
 
 def case(dtype, packed, S, P, bias, r, interleaved, pad, past=None):
