@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import int64s, take_place
+from autofusion.fusion_core.canonical._edits import by_op_type, int64s, take_place
 from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -45,14 +45,15 @@ _MAX_DEPTH = 8
 
 def position_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Move every per-position scale of rotated heads onto the projection; how many."""
-    moved = 0
-    for node in list(graph):
-        if node.op_type != "Mul" or node.domain not in _ONNX or node.graph is not graph:
-            continue
+
+    def step(node: ir.Node) -> int:
         found = _scaled_heads(node)
-        if found is not None:
-            _move(graph, fresh_name, mark, node, *found)
-            moved += 1
+        if found is None:
+            return 0
+        _move(graph, fresh_name, mark, node, *found)
+        return 1
+
+    moved = by_op_type(graph, {"Mul": step})
     if moved:
         graph.sort()  # the factor may be computed after the projection it now scales
     return moved

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import (
+    by_op_type,
     drop_unread,
     int64s,
     new_initializer,
@@ -44,15 +45,15 @@ _ONNX = ("", "ai.onnx")
 
 def sink_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Write every context scaled by ``Sigmoid(lse - b)`` with the sinks' column; how many."""
-    done = 0
-    for node in list(graph):
-        if node.op_type != "Mul" or node.domain not in _ONNX or node.graph is not graph:
-            continue
+
+    def step(node: ir.Node) -> int:
         found = _scaled_context(node)
-        if found is not None:
-            _write_sinks(graph, fresh_name, mark, node, *found)
-            done += 1
-    return done
+        if found is None:
+            return 0
+        _write_sinks(graph, fresh_name, mark, node, *found)
+        return 1
+
+    return by_op_type(graph, {"Mul": step})
 
 
 def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:

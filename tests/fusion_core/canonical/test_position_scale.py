@@ -21,15 +21,11 @@ import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import build_model, canonical_twice, run_both
+from autofusion.fusion_core.testing import build_model, canonical_twice, op_sequence, run_both
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 HEADS, HALF = 4, 4
-
-
-def _ops(model: onnx.ModelProto) -> list[str]:
-    return [n.op_type for n in model.graph.node]
 
 
 def rotated_scaled(
@@ -127,7 +123,7 @@ def test_a_per_position_scale_of_rotated_heads_scales_the_projection(
     model = rotated_scaled(factor=layout, swap=swap, split=split)
     canonical, done, again, _work = canonical_twice(model)
     assert done.get("position_scale") == 1 and again == 0, done
-    ops = _ops(canonical)
+    ops = op_sequence(canonical)
     first_mul, transpose = ops.index("Mul"), ops.index("Transpose")
     assert first_mul < transpose, ops  # the scale comes before the head split now
     for batch, seq in ((1, 1), (2, 5), (1, 9)):
