@@ -83,9 +83,12 @@ FACTOR_RANGE = (0.05, 20.0)
 def fit_verdict_factors(
     records: Iterable[VerdictRecord], base: Mapping[str, float] | None = None
 ) -> tuple[list[FittedFactor], int]:
-    """One kernel factor per rewriter from measured verdicts, and how many records were
-    usable. ``base``: the kernel factors the predictions were made with (the profile's),
-    which the fitted correction multiplies.
+    """One kernel factor per ``kernel_factors`` key from measured verdicts, and how many
+    records were usable. A verdict's key is the one that priced every fusion of its group
+    (``predicted.kernel_factor_key``: ``attention+softcap+cache``), else its rewriter.
+    The fitted correction multiplies the factor the prediction was made with: the
+    verdict's ``predicted.kernel_factor`` where it names one, else ``base`` (the
+    profile's factors) for the key.
 
     A record holds the cost model's prediction for its group of fusions (``predicted``:
     ``before_us`` of the replaced nodes and ``after_us`` of the fused kernels, roofline
@@ -95,38 +98,51 @@ def fit_verdict_factors(
     prices the replaced nodes right (their measured time is ``before_us``), the fused
     kernels took ``before_us - saved`` and the correction that makes the prediction match
     is that over ``after_us``, clamped to ``FACTOR_RANGE``; times the factor ``after_us``
-    was predicted with, it is the record's factor. Per rewriter, the median."""
+    was predicted with, it is the record's factor. Per key, the median."""
     base = base or {}
-    by_rewriter: dict[str, list[float]] = defaultdict(list)
+    by_key: dict[str, list[float]] = defaultdict(list)
     for record in records:
         found = _verdict_factor(record)
         if found is not None:
-            by_rewriter[found[0]].append(found[1] * base.get(found[0], 1.0))
+            key, correction, priced_with = found
+            by_key[key].append(correction * (priced_with or base.get(key, 1.0)))
     fitted = [
         FittedFactor(name, statistics.median(values), len(values), min(values), max(values))
-        for name, values in sorted(by_rewriter.items())
+        for name, values in sorted(by_key.items())
     ]
     return fitted, sum(f.regions for f in fitted)
 
 
-def _verdict_factor(record: VerdictRecord) -> tuple[str, float] | None:
+def _verdict_factor(record: VerdictRecord) -> tuple[str, float, float | None] | None:
+    """The record's key, its correction of the prediction (clamped) and the factor the
+    prediction was made with (None: not recorded); None when the record is not usable."""
     predicted = record.predicted or {}
     rewriter, before, after = (predicted.get(k) for k in ("rewriter", "before_us", "after_us"))
     numbers = (before, after, record.with_ms)
     if not isinstance(rewriter, str) or not rewriter:
         return None
-    if not all(isinstance(n, int | float) and math.isfinite(n) and n > 0 for n in numbers):
+    if not all(_positive(n) for n in numbers):
         return None
+    key = predicted.get("kernel_factor_key")
+    key = key if isinstance(key, str) and key else rewriter
+    priced_with = predicted.get("kernel_factor")
     saved_us = record.with_ms * 1000.0 * (1.0 / record.ratio.median - 1.0)
     low, high = FACTOR_RANGE
-    return rewriter, min(max((before - saved_us) / after, low), high)
+    correction = min(max((before - saved_us) / after, low), high)
+    return key, correction, float(priced_with) if _positive(priced_with) else None
+
+
+def _positive(value: object) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
 
 
 def run_from_verdicts(args: argparse.Namespace) -> int:
     """``--from-verdicts FILE``: the base profile with the factors fitted from the export
-    (the base's own factors kept for rewriters the verdicts do not name). The verdicts'
-    predictions are taken to be the base profile's (``cpu``, the default, is what a job
-    predicts with unless its config names another ``target_profile``)."""
+    (the base's own factors kept for keys the verdicts do not name). A verdict that does
+    not record the factor it was predicted with is taken to be the base profile's
+    (``cpu``, the default, is what a job predicts with unless its config names another
+    ``target_profile``)."""
     records = _read_exports(args.from_verdicts)
     if records is None:
         return EXIT_USAGE
@@ -152,8 +168,8 @@ def run_from_verdicts(args: argparse.Namespace) -> int:
     header = (
         f"The {base.name!r} profile with kernel factors fitted by `autofusion calibrate "
         f"--from-verdicts` from {used} measured verdict(s) on {classes} machine class(es); "
-        "it assumes the verdicts were predicted with this profile and that its roofline "
-        "prices the replaced nodes right."
+        "it assumes that its roofline prices the replaced nodes right, and that verdicts "
+        "which do not record their kernel factor were predicted with this profile."
     )
     path = Path(args.output)
     if not write_profile(path, profile, header):
@@ -191,7 +207,7 @@ def _verdict_table(path: Path, used: int, classes: int, fitted: list[FittedFacto
     lines = [
         f"autofusion calibrate: wrote {path}",
         f"  {used} verdict(s) with a prediction, {classes} machine class(es)",
-        f"  {'rewriter':<28} {'factor':>8} {'verdicts':>8}   range",
+        f"  {'key':<28} {'factor':>8} {'verdicts':>8}   range",
     ]
     for f in fitted:
         lines.append(f"  {f.key:<28} {f.factor:8.3g} {f.regions:8d}   {f.low:.3g} .. {f.high:.3g}")

@@ -17,9 +17,9 @@ the roofline from profiled reports and adds those kernel factors to ``--base``
 (``app/cli/_calibrate_kernels.py``). ``--from-verdicts V.json`` does the same from a
 verdicts export (``autofusion verdicts export``): what measured selection measured, per
 group of fusions, against what the cost model predicted for it. It assumes the base
-profile's roofline prices the replaced (unfused) nodes right, and that the verdicts'
-predictions were made with that profile (its kernel factors: the fitted correction
-multiplies them).
+profile's roofline prices the replaced (unfused) nodes right; the fitted correction
+multiplies the factor each verdict was predicted with (its own record of it, else the
+base profile's), per ``kernel_factors`` key.
 
 Exit codes: 0 measured and written, 2 usage or option error, a report or verdicts file
 that is missing or invalid or holds nothing usable, or the file cannot be written.
@@ -116,10 +116,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=[],
         metavar="FILE",
         help="fit kernel factors from a verdicts export (`autofusion verdicts export`) "
-        "instead of measuring: per rewriter, the factor that makes the cost model's "
-        "predicted saving match the measured one (median over the verdicts, each clamped "
-        "to 0.05..20). Assumes the verdicts were predicted with the --base profile and "
-        "that it prices the replaced nodes right; repeat for several files",
+        "instead of measuring: per kernel_factors key (the one that priced the group, "
+        "else its rewriter), the factor that makes the cost model's predicted saving "
+        "match the measured one (median over the verdicts, each clamped to 0.05..20). "
+        "Assumes the --base profile prices the replaced nodes right; repeat for several "
+        "files",
     )
     p.add_argument(
         "--machine-key",

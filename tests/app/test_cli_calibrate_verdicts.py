@@ -120,6 +120,38 @@ def test_the_fit_corrects_the_factor_the_prediction_was_made_with(capsys, tmp_pa
     assert factors["skip_rms_norm"] == load_target_profile("cpu").kernel_factors["skip_rms_norm"]
 
 
+def test_each_kernel_factor_key_is_fitted_apart(capsys, tmp_path) -> None:
+    # Two groups of one rewriter whose kernels were priced by different keys: the
+    # soft-capped attention with a cache (predicted with 4.3) measured as predicted, the
+    # plain one 2% slower. One factor per rewriter would mix them; each key keeps its own.
+    on = machine()
+    saved_ms = 0.05
+    median = 1.0 / (1.0 + saved_ms)
+    softcap = dict(
+        _predicted("attention_block", 100, 50), kernel_factor_key="attention+softcap+cache"
+    )
+    plain = dict(_predicted("attention_block", 100, 50), kernel_factor_key="attention")
+    records = [
+        record(
+            (median, median * 0.99, median * 1.01),
+            job="s",
+            on=on,
+            with_ms=1.0,
+            predicted=dict(softcap, kernel_factor=4.3),
+        ),
+        record((1.02, 1.01, 1.03), job="p", on=on, with_ms=1.0, predicted=plain),
+    ]
+    write_verdicts(tmp_path / "v.json", records)
+    code, out, err = run_calibrate(
+        capsys, "--from-verdicts", tmp_path / "v.json", "-o", tmp_path / "p.yaml"
+    )
+    assert code == 0, err
+    factors = load_target_profile(tmp_path / "p.yaml").kernel_factors
+    assert factors["attention+softcap+cache"] == pytest.approx(4.3, rel=5e-3)
+    assert factors["attention"] == pytest.approx((100 - SLOWER_THAN_PREDICTED) / 50, rel=5e-3)
+    assert "attention_block" not in factors and "attention+softcap+cache" in out
+
+
 def test_only_one_machine_class_when_asked(capsys, tmp_path) -> None:
     export = _export(tmp_path / "verdicts.json", threads=4)
     other = machine_key(machine(threads=1))

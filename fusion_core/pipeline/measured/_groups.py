@@ -63,10 +63,25 @@ class FusionGroup:
             "after_us": total("after_us"),
             "rewriter": next((f.rewriter for f in self.fusions if f.rewriter), None),
             "fusions": len(self.fusions),
+            **_common_pricing(gains),
         }
 
     def skip(self, reason: str) -> SkipMap:
         return {(f.pattern, frozenset(f.replaced_nodes)): reason for f in self.fusions}
+
+
+def _common_pricing(gains: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``kernel_factors`` key and factor that priced every fusion of the group, so
+    that ``calibrate --from-verdicts`` learns that key apart (``attention+softcap+cache``
+    is not ``attention``); nothing when the fusions were priced by different keys, whose
+    kernels one measurement cannot tell apart."""
+    keys = {g.get("kernel_factor_key") for g in gains}
+    factors = {g.get("kernel_factor") for g in gains}
+    if len(keys) != 1 or not isinstance(key := keys.pop(), str) or not key:
+        return {}
+    factor = factors.pop() if len(factors) == 1 else None
+    valid = isinstance(factor, int | float) and not isinstance(factor, bool) and factor > 0
+    return {"kernel_factor_key": key, **({"kernel_factor": float(factor)} if valid else {})}
 
 
 def group_fusions(applied: Sequence[AppliedFusion]) -> list[FusionGroup]:
