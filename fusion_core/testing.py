@@ -20,6 +20,7 @@ at the optimizer, not at the test model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from autofusion.fusion_core.pipeline import Result, optimize
 from autofusion.fusion_core.validate import make_session, random_inputs
 
 __all__ = [
+    "FusedForTest",
     "assert_fusion",
     "assert_no_fusion",
     "bn_params",
@@ -41,6 +43,7 @@ __all__ = [
     "constant_fills",
     "conv_bn_relu",
     "deep_conv_net",
+    "fuse_quiet",
     "misses",
     "op_sequence",
     "optimize_quiet",
@@ -238,6 +241,32 @@ def optimize_quiet(
             **config,
         ),
     )
+
+
+@dataclass(frozen=True)
+class FusedForTest:
+    """What a generated case reads after fusing: the result, the fused proto, its op
+    types in order (``ops``, without domains) and the near misses about one kind of
+    block (``misses_about``), which its assertion message prints."""
+
+    result: Result
+    model: onnx.ModelProto
+    ops: list[str]
+
+    def misses_about(self, kind: str) -> list[str]:
+        """``pattern: reason`` of every near miss whose pattern names ``kind``."""
+        return [f"{m.pattern}: {m.reason}" for m in self.result.near_misses if kind in m.pattern]
+
+    def ops_among(self, wanted: tuple[str, ...]) -> list[str]:
+        """The fused ops of the ``wanted`` types, in graph order."""
+        return [op for op in self.ops if op in wanted]
+
+
+def fuse_quiet(model: onnx.ModelProto, **config: Any) -> FusedForTest:
+    """``optimize_quiet`` for the onnxruntime target unless ``config`` names another."""
+    result = optimize_quiet(model, **{"target": "onnxruntime", **config})
+    fused = result.to_proto()
+    return FusedForTest(result, fused, [n.op_type for n in fused.graph.node])
 
 
 def op_sequence(model: onnx.ModelProto) -> list[str]:

@@ -49,7 +49,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import (
     CAUSAL,
     MERGE,
@@ -615,12 +615,10 @@ def _ops(model: onnx.ModelProto) -> list[str]:
 )
 def test_every_spelling_fuses_into_one_group_query_attention_exactly(s: Spelling) -> None:
     model = attention_block(s)
-    result = optimize_quiet(model, target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
-    fused = result.to_proto()
-    ops = _ops(fused)
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
-    fused_attention = [op for op in ops if op in ATTENTION]
-    assert len(fused_attention) == 1, f"{s}: {fused_attention}; {reasons[:3]}"
+    done = fuse_quiet(model, exclude=["qkv_merge", "kv_merge"])
+    fused, ops, fused_attention = done.model, done.ops, done.ops_among(ATTENTION)
+    reasons = done.misses_about("attention")[:3]
+    assert len(fused_attention) == 1, f"{s}: {fused_attention}; {reasons}"
     if s.cache or s.kv_heads != s.heads or s.sinks:
         assert fused_attention == ["GroupQueryAttention"], s
     assert ops.count(ROTARY) == 2, f"{s}: {ops.count(ROTARY)} RotaryEmbedding"

@@ -35,7 +35,7 @@ import onnx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, graph_model, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -316,12 +316,10 @@ MINICPM3 = Latent(  # MiniCPM3's own spelling (TorchScript): every part as the m
 @example(MINICPM3)
 def test_every_latent_attention_fuses_into_one_attention_exactly(s: Latent) -> None:
     model = latent_block(s)
-    result = optimize_quiet(model, target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
-    fused = result.to_proto()
-    ops = _ops(fused)
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
-    fused_attention = [op for op in ops if op in ATTENTION]
-    assert fused_attention == ["MultiHeadAttention"], f"{s}: {fused_attention}; {reasons[:3]}"
+    done = fuse_quiet(model, exclude=["qkv_merge", "kv_merge"])
+    fused, ops, fused_attention = done.model, done.ops, done.ops_among(ATTENTION)
+    reasons = done.misses_about("attention")[:3]
+    assert fused_attention == ["MultiHeadAttention"], f"{s}: {fused_attention}; {reasons}"
     assert "Softmax" not in ops, s
     if s.rotary:
         assert ops.count("RotaryEmbedding") == 2, f"{s}: {ops.count('RotaryEmbedding')} rotary"

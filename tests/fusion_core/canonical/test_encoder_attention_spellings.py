@@ -40,7 +40,7 @@ import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import build_model, optimize_quiet, run_both
+from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
@@ -305,12 +305,10 @@ def feeds(s: Spelling, batch: int) -> dict:
 def test_every_encoder_spelling_fuses_into_one_attention_exactly(s: Spelling) -> None:
     model = attention_block(s)
     exclude = ["qkv_merge", "qkv_bias_merge", "kv_merge", "kv_bias_merge"]
-    result = optimize_quiet(model, target="onnxruntime", exclude=exclude)
-    fused = result.to_proto()
-    ops = [node.op_type for node in fused.graph.node]
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
-    attention = [op for op in ops if op in ("MultiHeadAttention", "Attention")]
-    assert len(attention) == 1, f"{s}: {ops}; {reasons[:3]}"
+    done = fuse_quiet(model, exclude=exclude)
+    fused, ops = done.model, done.ops
+    attention = done.ops_among(("MultiHeadAttention", "Attention"))
+    assert len(attention) == 1, f"{s}: {ops}; {done.misses_about('attention')[:3]}"
     assert "Softmax" not in ops, s
     for batch in (1, 3):
         run_both(model, fused, feeds=feeds(s, batch), **TOL)

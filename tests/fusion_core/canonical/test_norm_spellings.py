@@ -50,7 +50,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import fuse_quiet, run_both
 
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 TOL_FP32 = dict(rtol=1e-4, atol=1e-5)
@@ -201,11 +201,9 @@ def fused_op(n: Norm) -> str:
 @given(norms())
 def test_every_norm_spelling_fuses_once_into_the_norm_op_exactly(n: Norm) -> None:
     model = norm_model(n)
-    result = optimize_quiet(model, target="onnxruntime")
-    fused = result.to_proto()
-    ops = [node.op_type for node in fused.graph.node]
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "norm" in m.pattern]
-    assert ops.count(fused_op(n)) == 1, f"{n}: {ops}; {reasons[:3]}"
+    done = fuse_quiet(model)
+    result, fused, ops = done.result, done.model, done.ops
+    assert ops.count(fused_op(n)) == 1, f"{n}: {ops}; {done.misses_about('norm')[:3]}"
     assert not WRITTEN_OUT & set(ops), f"{n}: {ops}"
     pattern = "layer_norm" if n.kind == "layer" else "rms_norm"
     if n.kind == "rms" and n.gamma == "none":

@@ -37,7 +37,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autofusion.fusion_core.testing import build_model, make_session, optimize_quiet, run_both
+from autofusion.fusion_core.testing import (
+    build_model,
+    fuse_quiet,
+    make_session,
+    optimize_quiet,
+    run_both,
+)
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
@@ -334,11 +340,9 @@ def generated(examples: int = EXAMPLES) -> settings:
 @given(spellings())
 def test_every_spelling_becomes_one_moe_exactly(s: Spelling) -> None:
     model = moe_block(s)
-    result = optimize_quiet(model, target="onnxruntime")
-    fused = result.to_proto()
-    ops = ops_of(fused)
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "moe" in m.pattern]
-    assert ops.count("MoE") == 1, f"{s}: {reasons}"
+    done = fuse_quiet(model)
+    fused, ops = done.model, done.ops
+    assert ops.count("MoE") == 1, f"{s}: {done.misses_about('moe')}"
     assert "TopK" not in ops and "Softmax" not in ops, f"{s}: {ops}"
     (moe,) = [n for n in fused.graph.node if n.op_type == "MoE"]
     attrs = {a.name: helper.get_attribute_value(a) for a in moe.attribute}
