@@ -96,6 +96,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``one_context`` (``_contexts.py``): contexts ``P @ V_i`` of one softmax joined on the
   last axis (differential attention's two halves of the value) are the context of the
   joined values, joined before their repeat_kv;
+* ``context_read_after_transpose`` (``_context_turn.py``): elementwise ops with a
+  constant (a per-head gate ``[N, 1, Hv]``) between a context and its head Transpose run
+  after the Transpose on the constant transposed alike, exactly;
 * ``context_heads`` (``_contexts.py``): a context read per head (any op after the head
   Transpose) is read through a merge/split Reshape pair of its
   heads, which the attention pattern's head merge binds.
@@ -118,6 +121,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
+from autofusion.fusion_core.canonical._context_turn import context_reads_after_transpose
 from autofusion.fusion_core.canonical._contexts import (
     context_heads,
     one_context,
@@ -237,6 +241,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "concat_heads": concat_heads,
     "head_split": split_heads_last,
     "one_context": one_context,
+    "context_read_after_transpose": context_reads_after_transpose,
     "context_heads": context_heads,
 }
 _WORDS = {
@@ -283,6 +288,7 @@ _WORDS = {
     "concat_heads": "heads formed by a Concat, Split or Slice of parts made head splits",
     "head_split": "head splits moved after their per-head ops",
     "one_context": "contexts of one softmax joined on the last axis made one context",
+    "context_read_after_transpose": "elementwise ops on contexts moved after their head Transpose",
     "context_heads": "contexts read per head read through a merge and split of their heads",
 }
 

@@ -32,7 +32,14 @@ from autofusion.fusion_core.canonical._edits import int64s
 from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["HEADS_RULE", "JOIN_RULE", "context_heads", "one_context", "undo_context_heads"]
+__all__ = [
+    "HEADS_RULE",
+    "JOIN_RULE",
+    "context_heads",
+    "is_context",
+    "one_context",
+    "undo_context_heads",
+]
 
 JOIN_RULE, HEADS_RULE = "one_context", "context_heads"
 _MERGE, _SPLIT, _TURN = (f"{HEADS_RULE}:{role}" for role in ("merge", "split", "transpose"))
@@ -55,7 +62,7 @@ def _only_reader(value: ir.Value) -> ir.Node | None:
     return uses[0].node if len(uses) == 1 and not value.is_graph_output() else None
 
 
-def _is_context(node: ir.Node) -> bool:
+def is_context(node: ir.Node) -> bool:
     """``MatMul(P, V)`` with ``P`` a Softmax (through a NaN guard, a Slice or a Cast)."""
     if not _is(node, "MatMul"):
         return False
@@ -99,7 +106,7 @@ def _joined_contexts(concat: ir.Node) -> list[tuple[ir.Node, ir.Node | None]] | 
         producer = value.producer() if value is not None else None
         turn = producer if _head_transpose(producer) else None
         matmul = turn.inputs[0].producer() if turn is not None else producer  # type: ignore[union-attr]
-        if matmul is None or not _is_context(matmul):
+        if matmul is None or not is_context(matmul):
             return None
         if turn is not None and _only_reader(matmul.outputs[0]) is not turn:
             return None
@@ -178,7 +185,7 @@ def context_heads(graph: ir.Graph, fresh_name: Fresh, mark: str) -> int:
     """Put the merge/split pair after every context read per head; how many."""
     done = 0
     for node in list(graph):
-        if not _is_context(node):
+        if not is_context(node):
             continue
         dims = known_dims(node.outputs[0])
         if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in dims[1::2]):

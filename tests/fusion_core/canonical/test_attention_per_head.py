@@ -41,7 +41,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
-READS = ("merged", "sub_halves", "norm", "mul")
+READS = ("merged", "sub_halves", "norm", "mul", "mul_before_transpose", "gate_before_transpose")
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,7 @@ class Block:
 def blocks(draw) -> Block:
     two = draw(st.booleans())
     kv = draw(st.sampled_from([2, 4]))
-    # two contexts with ungrouped heads are left (their joined value is no head split)
-    heads = draw(st.sampled_from([h for h in (2, 4, 8) if h > kv or (h == kv and not two)]))
+    heads = draw(st.sampled_from([h for h in (2, 4, 8) if h >= kv]))
     tile = heads > kv and not two and draw(st.booleans())
     return Block(
         heads=heads,
@@ -116,6 +115,14 @@ def _read(s: Block) -> list[str]:
             f"ct = {t} (cw)",
             "merged = Reshape (ct, merge)",
         ]
+    if s.read == "gate_before_transpose":  # (1 - lambda) * C + b_n, per head, then a scalar
+        return [
+            "cw = Mul (w_heads_bnsh, context)",
+            "cb = Add (cw, b_heads)",
+            "cs = Div (cb, two)",
+            f"ct = {t} (cs)",
+            "merged = Reshape (ct, merge)",
+        ]
     lines = [f"ct = {t} (context)"]
     if s.read == "sub_halves":
         lines += [
@@ -161,6 +168,8 @@ def _inits(s: Block, rng: np.random.Generator) -> dict:
         "eps": np.array(1e-6, np.float32),
         "w_heads": rng.standard_normal((n, vh)).astype(np.float32),
         "w_heads_bnsh": rng.standard_normal((n, 1, vh)).astype(np.float32),
+        "b_heads": rng.standard_normal((n, 1, 1)).astype(np.float32),
+        "two": np.array(2.0, np.float32),
     }
 
 
@@ -215,6 +224,8 @@ def fuses_exactly_once(s: Block) -> None:
 @example(Block(4, 4, 8, 6, False, "mul", "batch"))
 @example(Block(8, 2, 8, 8, False, "merged", "none", "tile"))  # mixture of attention heads
 @example(Block(4, 2, 8, 6, False, "norm", "heads", "tile"))
+@example(Block(4, 4, 8, 8, True, "mul_before_transpose", "none"))  # a gate before the Transpose
+@example(Block(8, 2, 8, 6, False, "gate_before_transpose", "heads"))
 @given(blocks())
 def test_block_fuses_exactly_once(s: Block) -> None:
     fuses_exactly_once(s)
