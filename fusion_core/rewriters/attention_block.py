@@ -18,7 +18,8 @@ has for it:
   causal, not a Where of finite constants), a value head size of its own
   (``attention``'s ``grouped_multi_head_attention``), and over ``[B, N, L, H]`` key
   and value heads as they are where they are no head split (heads repeated in block
-  order by a Tile: JetMoE's mixture of attention heads);
+  order by a Tile: JetMoE's mixture of attention heads); ONNX ``Attention`` over the
+  same heads on the generic target at opset 23;
 * else a near miss naming, for each op, the step that failed.
 
 Without grouped heads, a soft-cap or a cache, MultiHeadAttention is tried first (the
@@ -44,6 +45,7 @@ from autofusion.fusion_core.rewriters.group_query_attention import (
     GroupQueryAttention,
     head_split,
 )
+from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["AttentionBlock"]
 
@@ -112,7 +114,8 @@ class AttentionBlock(Rewriter):
             if not isinstance(mha, str):
                 return mha
             which = "the repeated heads" if grouped else "the heads as they are"
-            tried.append(f"not MultiHeadAttention of {which}: {mha}")
+            op = "MultiHeadAttention" if ctx.target.can_emit(MS_DOMAIN) else "ONNX Attention"
+            tried.append(f"not {op} of {which}: {mha}")
         return "; ".join(tried)
 
     def cost_effect(self, match: Match, params: AttentionBlockParams) -> RewriteEffect:

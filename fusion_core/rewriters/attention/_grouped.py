@@ -14,6 +14,11 @@ the unfused block to float rounding on onnxruntime 1.32's CPU kernel (probed wit
 random scores and masks of shape ``[B or 1, N or 1, S, L]``). The repeat is recomputed
 by copies of the matched Unsqueeze, Expand and Reshape; the mask stays the bias, exact
 for any additive mask.
+
+The generic target (opset 23) emits ONNX ``Attention`` instead, over the same repeated
+heads merged to ``[B, L, N * H]`` (its 3-D query takes a 3-D key and value), with
+``q_num_heads = kv_num_heads = N``; rows the mask covers everywhere get the graph's
+mean of the values back, as on the generic path of ``attention``.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
-from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext
-from autofusion.fusion_core.rewriters.attention._rewriter import attention_of
+from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext, opset_refusal
+from autofusion.fusion_core.rewriters.attention._rewriter import ATTENTION_OPSET, attention_of
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["grouped_multi_head_attention"]
@@ -42,8 +47,12 @@ def grouped_multi_head_attention(
     Reshape of the key's (``"k"``) and the value's (``"v"``) repeat_kv; without them
     (empty), the key and value heads ``$k`` and ``$v`` are ``[B, N, L, H]`` as they are
     (heads repeated in block order by a Tile, picked by a Gather: not a head split)."""
-    if not ctx.target.can_emit(MS_DOMAIN):
-        return "the generic target has no MultiHeadAttention for repeated key/value heads"
+    contrib = ctx.target.can_emit(MS_DOMAIN)
+    if not contrib and ctx.opset < ATTENTION_OPSET:
+        instead = "the block stays as it is"
+        return opset_refusal(
+            "ONNX Attention over the repeated heads", ATTENTION_OPSET, ctx, instead
+        )
     heads = heads_of([match.node(params.q_reshape_node)])
     if isinstance(heads, str):
         return heads
@@ -67,7 +76,9 @@ def grouped_multi_head_attention(
     (key, key_size), (value, value_size) = repeated
     if key_size != size:
         return f"the key's head size {key_size} is not the query's {size}"
-    if value_size != size:  # BNSH key and value must have one shape: merge the heads
+    # BNSH key and value must have one shape, and ONNX Attention's 3-D query takes a 3-D
+    # key and value: merge the heads
+    if value_size != size or not contrib:
         key, value = (_merged(x, count * s, nodes, ctx) for x, s in repeated)
     query = match.input(params.q_reshape_node, 0)
     return attention_of(match, params, [query, key, value], (count, value_size), ctx, nodes)

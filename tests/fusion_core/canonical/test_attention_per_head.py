@@ -34,13 +34,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
-ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
+ATTENTION = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
 READS = ("merged", "sub_halves", "norm", "mul", "mul_before_transpose", "gate_before_transpose")
 
 
@@ -207,11 +207,12 @@ def _feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int) -> dict:
     return feeds
 
 
-def fuses_exactly_once(s: Block) -> None:
+def fuses_exactly_once(s: Block, target: str = "onnxruntime") -> None:
     model = block_model(s)
-    fused = optimize_quiet(model, target="onnxruntime").to_proto()
-    ops = [n.op_type for n in fused.graph.node]
-    assert sum(op in ATTENTION for op in ops) == 1, (s, ops)
+    generic = target == "generic"  # ONNX Attention, opset 23
+    done = fuse_quiet(model, target=target, upgrade_opset=23 if generic else None)
+    fused, ops = done.model, done.ops
+    assert len(done.ops_among(ATTENTION)) == 1, (s, ops, done.misses_about("attention")[:2])
     assert "Softmax" not in ops, (s, ops)
     for batch, seq in ((1, 5), (2, 7)):
         run_both(model, fused, feeds=_feeds(model, batch, seq, seq), **TOL)
@@ -229,6 +230,16 @@ def fuses_exactly_once(s: Block) -> None:
 @given(blocks())
 def test_block_fuses_exactly_once(s: Block) -> None:
     fuses_exactly_once(s)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(Block(8, 2, 8, 8, False, "merged", "none", "tile"))  # heads in block order
+@example(Block(4, 2, 8, 6, False, "gate_before_transpose", "heads"))
+@given(blocks())
+def test_block_fuses_exactly_once_on_the_generic_target(s: Block) -> None:
+    """ONNX Attention over the repeated heads, where the onnxruntime target emits
+    MultiHeadAttention over them (or GroupQueryAttention)."""
+    fuses_exactly_once(s, target="generic")
 
 
 @pytest.mark.parametrize("read", READS)
