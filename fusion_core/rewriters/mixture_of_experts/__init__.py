@@ -37,6 +37,13 @@ sparse_mixer``; a softmax or sigmoid picked with a selection bias, or within the
 groups, ``router: gathered`` or ``sigmoid``) keeps that subgraph, and the kernel is fed
 ``log`` of its weights scattered over the experts, its output times their sum
 (``_any_router.py``). A copy of a router kept that way is not a router to fuse again.
+
+Experts dispatched by sorting tokens (the slots sorted by expert, split by each
+expert's count, a linear per slab, scattered back weighted: ``_sorted_dispatch.py``) are
+found and proven like the others, then kept unless the param ``sorted_dispatch`` is set:
+onnxruntime's CPU kernel measured slower than the Gemms such a graph already runs per
+slab. Experts around another computation (an attention between their two projections)
+get a near miss that names it.
 """
 
 from __future__ import annotations
@@ -88,8 +95,21 @@ class MixtureOfExpertsParams(Params):
     router: Literal["top_k", "sparse_mixer", "sigmoid", "gathered"] = "top_k"
     argmax_node: str | None = None
     pick_node: str | None = None
+    # Experts dispatched by sorting tokens (``_sorted_dispatch.py``) are proven and then
+    # kept as they are unless this is set: onnxruntime's CPU MoE kernel measured slower
+    # than the per-expert Gemms over the sorted slabs such a graph already runs (from 16
+    # tokens on; docs/patterns.md), a loss the cost model, which prices the router's
+    # nodes, cannot see.
+    sorted_dispatch: bool = False
 
 
+_SORTED_SLOWER = (
+    "com.microsoft.MoE reproduces these experts dispatched by sorting tokens (proven by "
+    "running the block), but onnxruntime's CPU MoE kernel measured slower than the "
+    "per-expert Gemms over the sorted slabs that the graph already runs (from 16 tokens "
+    "on; docs/patterns.md): the block stays (the rewriter's param sorted_dispatch: true "
+    "fuses it)"
+)
 _OWN_PATTERNS = ("moe_",)  # the builtin patterns of this rewriter
 _MOST_REASONS = 3  # refusals (fast path, general readings) joined in a near miss
 
@@ -177,7 +197,10 @@ class MixtureOfExperts(Rewriter):
             logits = argmax_logits(argmax)
             if isinstance(logits, str):
                 return logits
-            return self._fuse(ctx, match, (argmax, logits, 0), list(match.nodes.values()))
+            nodes = list(match.nodes.values())
+            return self._fuse(
+                ctx, match, (argmax, logits, 0), nodes, sorted_ok=params.sorted_dispatch
+            )
         softmax, topk = match.node(params.softmax_node), match.node(params.topk_node)
         if params.router == "sigmoid":
             return self._sigmoid(match, params, ctx)
@@ -191,7 +214,10 @@ class MixtureOfExperts(Rewriter):
         if isinstance(k, str):
             return k
         nodes = list(match.nodes.values())
-        return self._fuse(ctx, match, (topk, logits, k), nodes, lambda block: SOFTMAX)
+        return self._fuse(
+            ctx, match, (topk, logits, k), nodes, lambda block: SOFTMAX,
+            sorted_ok=params.sorted_dispatch,
+        )  # fmt: skip
 
     def _gathered(
         self, match: Match, params: MixtureOfExpertsParams, ctx: RewriteContext
@@ -202,7 +228,7 @@ class MixtureOfExperts(Rewriter):
         softmax, topk = match.node(params.softmax_node), match.node(params.topk_node)
         logits = softmax.inputs[0]
         nodes = [*match.nodes.values(), *between(softmax, topk)]
-        return self._fuse(ctx, match, (topk, logits, 0), nodes)
+        return self._fuse(ctx, match, (topk, logits, 0), nodes, sorted_ok=params.sorted_dispatch)
 
     def _sigmoid(
         self, match: Match, params: MixtureOfExpertsParams, ctx: RewriteContext
@@ -230,7 +256,10 @@ class MixtureOfExperts(Rewriter):
             return opset_refusal("the sigmoid router's ReduceSum", 13, ctx)
         matched = list(match.nodes.values())
         fast = sigmoid_routing if reason is None else None
-        return self._fuse(ctx, match, (topk, logits, k), [*matched, *nodes], fast, reason)
+        return self._fuse(
+            ctx, match, (topk, logits, k), [*matched, *nodes], fast, reason,
+            sorted_ok=params.sorted_dispatch,
+        )  # fmt: skip
 
     def _fuse(
         self,
@@ -240,10 +269,13 @@ class MixtureOfExperts(Rewriter):
         nodes: list[ir.Node],
         fast: Callable[[Block], Routing] | None = None,
         why_not_fast: str | None = None,
+        *,
+        sorted_ok: bool = False,
     ) -> Rewrite | str:
         """The first block the router's ``nodes`` feed that the experts prove, as one MoE
         routed by ``fast`` (the block's routing with the router's own k) where it applies,
-        else by the router as the graph computes it (``_any_router.py``)."""
+        else by the router as the graph computes it (``_any_router.py``); experts
+        dispatched by sorting tokens only where ``sorted_ok``."""
         anchor, logits, k = router
         if logits.shape is None or len(logits.shape) != 2:
             return f"the router's logits {logits.name!r} are not [tokens, experts]"
@@ -260,6 +292,8 @@ class MixtureOfExperts(Rewriter):
                 reason = found
                 continue
             experts, routes = found
+            if block.sorted_slabs and not sorted_ok:
+                return _SORTED_SLOWER
             extra = [n for n in nodes if all(n is not m for m in match.nodes.values())]
             return self._emit(ctx, anchor, block, experts, routes, extra)
         return reason

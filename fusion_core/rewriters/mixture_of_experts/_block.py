@@ -16,7 +16,8 @@ not by spelling:
   gathers by the router's indices (transformers' batched experts), each with the
   [experts, n] bias gathered the same way and added to its product where there is one
   (gpt-oss), or one SwiGLU MLP per expert with its own weights (an unrolled loop over
-  the experts: ``_units.py``).
+  the experts: ``_units.py``), or each expert's linear on its slab of the tokens sorted
+  by expert (``_sorted_dispatch.py``).
 
 What the block computes is then proven by evaluating it (``_proof.py``), not read from
 its ops.
@@ -30,6 +31,11 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.rewriters.mixture_of_experts._sorted_dispatch import (
+    SlabLinears,
+    experts_around,
+    slab_linears,
+)
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
 
 __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
@@ -69,6 +75,7 @@ class Block:
     absorbed: list[ir.Node]  # those the rewrite removes (nothing outside reads them)
     weights: list[StackedWeight]  # the experts' weights stacked [experts, ...], or
     units: list[Unit]  # one SwiGLU MLP per expert, in the experts' order
+    sorted_slabs: bool = False  # the weights are linears on slabs of the sorted tokens
 
 
 def _under_bias(node: ir.Node | None) -> ir.Node | None:
@@ -290,8 +297,8 @@ def _block(
 ) -> Block | str:
     hidden, root, logits, experts = reads
     nodes = upstream(output, {id(root), id(logits)})
-    if isinstance(nodes, str):
-        return nodes
+    if isinstance(nodes, str):  # experts around an attention read more: say so plainly
+        return experts_around(graph, output, {id(root), id(logits)}, experts) or nodes
     order = {id(n): i for i, n in enumerate(graph)}
     nodes.sort(key=lambda n: order[id(n)])
     routed = {id(v) for n in [*router, *downstream] for v in n.outputs}
@@ -307,13 +314,32 @@ def _block(
         return absorbed
     weights = _stacked(nodes, experts, routed)
     units = swiglu_units(nodes) if len(weights) < 2 else []
+    slabbed = False
     if len(weights) < 2 and len(units) != experts:
-        return (
-            f"the block's experts are neither constants [{experts}, out, in] gathered by "
-            f"the router's indices (found {len(weights)}) nor {experts} SwiGLU MLPs with "
-            f"their own weights (found {len(units)})"
-        )
-    return Block(hidden, root, logits, experts, output, nodes, absorbed, weights, units)
+        slabs = slab_linears(nodes, experts)
+        if slabs is None:
+            return (
+                f"the block's experts are neither constants [{experts}, out, in] gathered "
+                f"by the router's indices (found {len(weights)}) nor {experts} SwiGLU MLPs "
+                f"with their own weights (found {len(units)}) nor {experts} linears per "
+                "projection on the slabs of the tokens sorted by expert"
+            )
+        if isinstance(slabs, str):
+            return slabs
+        weights, units, slabbed = [_slab_weight(s) for s in slabs], [], True
+    return Block(hidden, root, logits, experts, output, nodes, absorbed, weights, units, slabbed)
+
+
+def _slab_weight(slabs: SlabLinears) -> StackedWeight:
+    """A projection over the sorted tokens' slabs as the stacked [experts, out, in]
+    weight (and [experts, out] bias) the proof reads (``_sorted_dispatch.py``)."""
+    first = slabs.linears[0]  # the projection's place in graph order
+
+    def value(array):
+        return ir.Value(name=f"{first.name}_stacked", const_value=ir.tensor(array))
+
+    bias = None if slabs.bias is None else value(slabs.bias)
+    return StackedWeight(slabs.split, value(slabs.weight), first, True, bias)
 
 
 def _absorbed(

@@ -326,12 +326,28 @@ def sized(value: ir.Value, nodes: list[ir.Node], sizes: dict[str, int]) -> np.nd
         return f"the block reads {value.name!r}, which is not a constant"
     if value.shape is None or value.dtype is None:
         return f"the block reads the shape of {value.name!r}, which is not known"
+    read = _read_dims(readers, len(value.shape))
     dims = []
-    for dim in value.shape:
-        if not isinstance(dim, int) and str(dim) not in sizes:
+    for axis, dim in enumerate(value.shape):
+        if isinstance(dim, int) or str(dim) in sizes:
+            dims.append(dim if isinstance(dim, int) else sizes[str(dim)])
+        elif axis in read:
             return f"the block reads the shape of {value.name!r}, whose {dim} it cannot size"
-        dims.append(dim if isinstance(dim, int) else sizes[str(dim)])
+        else:  # a dim no Shape reads (a cache's past length beside its batch): any size
+            dims.append(1)
     return np.zeros(dims, value.dtype.numpy())
+
+
+def _read_dims(readers: list[ir.Node], rank: int) -> set[int]:
+    """The axes the readers read: a Shape's from its start to its end, a Size's all."""
+    read: set[int] = set()
+    for node in readers:
+        if node.op_type != "Shape":
+            return set(range(rank))
+        start, end = node.attributes.get("start"), node.attributes.get("end")
+        axes = slice(start.value if start else 0, end.value if end else rank)
+        read |= set(range(rank)[axes])
+    return read
 
 
 def external(nodes: list[ir.Node]) -> list[ir.Value]:
