@@ -14,6 +14,11 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``position_scale`` (``_position_scale.py``): rotated query heads scaled by one factor
   per position (Ministral-3's ``llama_4_scaling``) are the rotation of the projection so
   scaled;
+* ``interleaved_columns`` (``_interleaved_columns.py``): heads whose last axis is read
+  in another order (the interleaved rope part of multi-head latent attention, DeepSeek's
+  ``view(.., d/2, 2).transpose(-1, -2).reshape`` or ``x[..., 0::2]``, ``x[..., 1::2]``)
+  are computed in that order by their projection, its weight (and bias) columns
+  permuted, and read as contiguous Slices;
 * ``rotary_halves`` (``_rotary_halves.py``): gpt-oss's rotary embedding of two halves,
   ``Concat(x1 * c - x2 * s, x2 * c + x1 * s)``, in the rotate-half spelling;
 * ``rotary_sign`` (``_rotary_sign.py``): a rotation with the halves swapped the other
@@ -140,6 +145,7 @@ from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
 )
+from autofusion.fusion_core.canonical._interleaved_columns import interleaved_columns
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._norm_spelling import norm_spellings, undo_norm_spellings
@@ -200,6 +206,7 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
     "position_scale": position_scales,
+    "interleaved_columns": interleaved_columns,  # makes the halves rotary_halves reads
     "rotary_halves": rotary_halves,  # before slice_before_transpose reads the halves
     "rotary_sign": rotary_signs,
     "softmax_shift": softmax_shifts_dropped,
@@ -249,6 +256,7 @@ _WORDS = {
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "gelu_spelling": "GELU blocks written as 0.5 x (1 + erf(x / sqrt(2))) or its tanh form",
     "position_scale": "rotated heads scaled per position made rotations of the scaled projection",
+    "interleaved_columns": "heads read in another order computed so by their projection",
     "rotary_halves": "rotary embeddings of two halves written with rotate_half",
     "rotary_sign": "rotations by minus the angle written with rotate_half and a negated sine",
     "softmax_shift": "Softmaxes of x - ReduceMax(x) made Softmax(x)",
