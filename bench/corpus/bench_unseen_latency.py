@@ -20,6 +20,11 @@ export, such as MiniCPM3), optimized for onnxruntime with the default profile
 interleaved rounds after 20 (``bench/_interleaved.py``): per variant the median ms and
 the median ratio to the original paired by round, with p10-p90, and the largest
 difference of the logits from the original's.
+
+``--sorted-dispatch`` fuses with the MoE router patterns copied with
+``sorted_dispatch: true`` (experts dispatched by sorting tokens become ``MoE``; by
+default they are kept): ``--write /tmp/default jetmoe`` under this checkout without it,
+then ``--before /tmp/default --sorted-dispatch jetmoe`` times the default against it.
 """
 
 from __future__ import annotations
@@ -36,18 +41,39 @@ from _interleaved import interleaved_ms, paired_summary
 from _sessions import session
 
 
-def fuse(source: Path, target: Path) -> str:
-    """Optimize ``source`` into ``target``; what fused, in a few words."""
+def sorted_dispatch_patterns() -> list[dict]:
+    """The built-in MoE router patterns with ``mixture_of_experts``' param
+    ``sorted_dispatch`` on, as a user registers them to fuse experts dispatched by
+    sorting tokens (kept by default: docs/patterns.md)."""
+    import json
+
+    from autofusion.fusion_core.catalog import builtin_patterns, pattern_to_json
+
+    found = []
+    for pattern in builtin_patterns():
+        spec = json.loads(pattern_to_json(pattern))
+        if (spec.get("rewriter") or {}).get("name") == "mixture_of_experts":
+            spec["name"] = f"{spec['name']}_sorted"
+            spec["rewriter"].setdefault("params", {})["sorted_dispatch"] = True
+            found.append(spec)
+    return found
+
+
+def fuse(source: Path, target: Path, extra: list[dict] | None = None) -> str:
+    """Optimize ``source`` into ``target`` (with the ``extra`` patterns); what fused, in a
+    few words."""
     import onnx
 
     from autofusion.fusion_core import OptimizeConfig, optimize
 
-    result = optimize(onnx.load(str(source)), OptimizeConfig(target="onnxruntime"))
+    config = OptimizeConfig(target="onnxruntime", extra_patterns=extra or [])
+    result = optimize(onnx.load(str(source)), config)
     onnx.save(result.to_proto(), str(target))
     ops = {k.split("::")[-1]: v for k, v in result.ops_after.items()}
     attention = sum(ops.get(op, 0) for op in ("MultiHeadAttention", "GroupQueryAttention"))
     passed = result.check.passed if result.check else None
-    return f"{attention} attention op(s), check {'passed' if passed else passed}"
+    moe = f", {ops['MoE']} MoE" if ops.get("MoE") else ""
+    return f"{attention} attention op(s){moe}, check {'passed' if passed else passed}"
 
 
 def feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -73,7 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exporter", default="dynamo", help="torchscript for a family dynamo cannot export"
     )
+    parser.add_argument(
+        "--sorted-dispatch",
+        action="store_true",
+        help="fuse experts dispatched by sorting tokens too (the MoE router patterns with "
+        "mixture_of_experts' sorted_dispatch on; with --before: against the default)",
+    )
     args = parser.parse_args(argv)
+    extra = sorted_dispatch_patterns() if args.sorted_dispatch else None
     out = args.write or Path(args.exports) / "after"
     out.mkdir(parents=True, exist_ok=True)
     sample = feeds(args.batch, args.seq)
@@ -82,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for family in args.families:
         original = args.exports / f"{family}_{args.exporter}.onnx"
         fused = out / original.name
-        note = fuse(original, fused)
+        note = fuse(original, fused, extra)
         if args.write:
             print(f"{family}: {note}")
             continue
