@@ -150,7 +150,8 @@ def _dominators(
     rank = len(hidden.shape) if hidden.shape is not None else None
     width = hidden.shape[-1] if hidden.shape is not None else None
     for node in order[start + 1 : start + 1 + _SCAN_LIMIT]:
-        read = [v for v in node.inputs if v is not None and id(v) in pending]
+        # each value once: a node may read one twice (Mul(r, r), a squared ReLU)
+        read = list({id(v): v for v in node.inputs if v is not None and id(v) in pending}.values())
         if not read or id(node) in members:
             continue
         downstream.append(node)
