@@ -101,7 +101,7 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``one_context`` (``_contexts.py``): contexts ``P @ V_i`` of one softmax joined on the
   last axis (differential attention's two halves of the value) are the context of the
   joined values, joined before their repeat_kv;
-* ``context_read_after_transpose`` (``_context_turn.py``): elementwise ops with a
+* ``context_read_after_transpose`` (``_head_turns.py``): elementwise ops with a
   constant (a per-head gate ``[N, 1, Hv]``) between a context and its head Transpose run
   after the Transpose on the constant transposed alike, exactly;
 * ``context_heads`` (``_contexts.py``): a context read per head (any op after the head
@@ -126,7 +126,6 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
-from autofusion.fusion_core.canonical._context_turn import context_reads_after_transpose
 from autofusion.fusion_core.canonical._contexts import (
     context_heads,
     one_context,
@@ -140,6 +139,10 @@ from autofusion.fusion_core.canonical._fill_masks import (
 )
 from autofusion.fusion_core.canonical._gelu_spelling import gelu_spellings, undo_gelu_spellings
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
+from autofusion.fusion_core.canonical._head_turns import (
+    context_reads_after_transpose,
+    head_reads_before_transpose,
+)
 from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
@@ -244,6 +247,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "transpose_after_norm": transpose_after_norms,
     "transpose_before_rotary": transposes_before_rotaries,
     "transpose_after_rotary": transpose_after_rotaries,
+    "head_read_before_transpose": head_reads_before_transpose,
     "scatter_parts": scatter_parts,
     "concat_heads": concat_heads,
     "head_split": split_heads_last,
@@ -297,6 +301,7 @@ _WORDS = {
     "head_split": "head splits moved after their per-head ops",
     "one_context": "contexts of one softmax joined on the last axis made one context",
     "context_read_after_transpose": "elementwise ops on contexts moved after their head Transpose",
+    "head_read_before_transpose": "elementwise ops on q or k heads moved before their Transpose",
     "context_heads": "contexts read per head read through a merge and split of their heads",
 }
 

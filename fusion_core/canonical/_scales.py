@@ -9,7 +9,9 @@ attention multiplies the scores. Every attention pattern reads the second form, 
 
 for scalar constants ``a`` and ``b`` (either may be absent; a Div by ``c`` is a Mul by
 ``1 / c``: DeBERTa divides its K^T by ``sqrt(H * scale_factor)``), where the product is
-attention scores: rank 4 and read, through the mask and the soft-cap, by a Softmax. In
+attention scores: rank 4 and read, through the mask and the soft-cap, by a Softmax.
+Where the scores are scaled as well (a query divided by a constant, then the eager
+scale), that scale is taken into the one Mul: ``Mul(MatMul(Q, K^T), a * b * c)``. In
 real arithmetic the two are equal; in floating point the product is rounded once
 instead of per operand (exact where ``a`` and ``b`` are powers of two, as for head sizes
 16, 64 and 256), and the check of every job compares the results as it does for any
@@ -66,6 +68,9 @@ def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
         (q, a), (k, b) = found
         out_type = matmul.outputs[0].dtype
         product = np.float32(_factor(a)) * np.float32(_factor(b))
+        outer = _outer_scale(matmul.outputs[0])  # the scores' own scale: one Mul for both
+        if outer is not None:
+            product = product * np.float32(_factor(outer[1]))
         scale = ir.Value(
             name=fresh_name(f"{RULE}_scale"),
             shape=ir.Shape([]),
@@ -82,9 +87,14 @@ def scales_to_scores(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
         scaled.outputs[0].name = fresh_name(out.name or RULE)
         for node in (scores, scaled):
             node.metadata_props[mark] = RULE
-        scaled.metadata_props[_SPLIT] = json.dumps([a, b])
+        scaled.metadata_props[_SPLIT] = json.dumps([a, b] if outer is None else [a, b, outer[1]])
         graph.insert_before(matmul, [scores, scaled])
-        out.replace_all_uses_with(scaled.outputs[0])
+        if outer is not None:  # the scores' scale goes into this one
+            scaled.outputs[0].name = fresh_name(outer[0].outputs[0].name or RULE)
+            outer[0].outputs[0].replace_all_uses_with(scaled.outputs[0], replace_graph_outputs=True)
+            graph.remove(outer[0], safe=True)
+        else:
+            out.replace_all_uses_with(scaled.outputs[0])
         operands = [v.producer() for v in matmul.inputs]
         graph.remove(matmul, safe=True)
         for producer in operands:
@@ -108,36 +118,44 @@ def undo_scales(graph: ir.Graph, mark: str) -> int:
         scores = scaled.inputs[0].producer() if scaled.inputs[0] is not None else None
         if scores is None or scores.op_type != "MatMul" or len(scores.outputs[0].uses()) != 1:
             continue
-        a, b = json.loads(scaled.metadata_props[_SPLIT])
+        a, b, *outer = json.loads(scaled.metadata_props[_SPLIT])
         operands = []
         nodes = []
         for value, factor in zip(scores.inputs, (a, b), strict=True):
             if factor is None:
                 operands.append(value)
                 continue
-            op, number = factor if isinstance(factor, list) else ("Mul", factor)
-            constant = ir.Value(
-                name=f"{scaled.name}_{len(nodes)}_factor",
-                shape=ir.Shape([]),
-                const_value=ir.tensor(np.array(number, value.dtype.numpy())),  # type: ignore[union-attr]
-            )
-            constant.dtype = value.dtype  # type: ignore[union-attr]
-            graph.register_initializer(constant)
-            nodes.append(ir.Node("", op, [value, constant], name=f"{scaled.name}_{len(nodes)}"))
-            nodes[-1].outputs[0].dtype = value.dtype  # type: ignore[union-attr]
-            nodes[-1].outputs[0].shape = value.shape  # type: ignore[union-attr]
+            nodes.append(_scaled_by(graph, value, factor, f"{scaled.name}_{len(nodes)}"))
             operands.append(nodes[-1].outputs[0])
         again = ir.Node("", "MatMul", operands, name=f"{scaled.name}_MatMul")
         again.outputs[0].dtype, again.outputs[0].shape = (
             scaled.outputs[0].dtype,
             scaled.outputs[0].shape,
         )
-        graph.insert_before(scaled, [*nodes, again])
-        scaled.outputs[0].replace_all_uses_with(again.outputs[0])
+        written = [*nodes, again]
+        if outer:  # the scores' own scale, which the moved one had taken in
+            written.append(_scaled_by(graph, again.outputs[0], outer[0], f"{scaled.name}_outer"))
+        graph.insert_before(scaled, written)
+        scaled.outputs[0].replace_all_uses_with(written[-1].outputs[0], replace_graph_outputs=True)
         graph.remove(scaled, safe=True)
         graph.remove(scores, safe=True)
         undone += 1
     return undone
+
+
+def _scaled_by(graph: ir.Graph, value: ir.Value, factor: float | list, name: str) -> ir.Node:
+    """``value`` times the recorded ``factor`` (a Div by ``c`` for ``["Div", c]``)."""
+    op, number = factor if isinstance(factor, list) else ("Mul", factor)
+    constant = ir.Value(
+        name=f"{name}_factor",
+        shape=ir.Shape([]),
+        const_value=ir.tensor(np.array(number, value.dtype.numpy())),  # type: ignore[union-attr]
+    )
+    constant.dtype = value.dtype
+    graph.register_initializer(constant)
+    node = ir.Node("", op, [value, constant], name=name)
+    node.outputs[0].dtype, node.outputs[0].shape = value.dtype, value.shape
+    return node
 
 
 def _split_scales(matmul: ir.Node):
@@ -157,6 +175,29 @@ def _split_scales(matmul: ir.Node):
     if all(factor is None for _, factor in sides):
         return None
     return sides[0], sides[1]
+
+
+def _outer_scale(scores: ir.Value) -> tuple[ir.Node, float | list] | None:
+    """(the node, its scalar as ``_scaled`` records it) where the scores' one reader
+    multiplies or divides them by a scalar constant: the eager attention's scale after a
+    scale on Q or K^T (a query divided by a constant, then the scores scaled)."""
+    readers = [use.node for use in scores.uses()]
+    if len(readers) != 1 or scores.is_graph_output():
+        return None
+    node = readers[0]
+    if node.op_type not in ("Mul", "Div") or node.domain not in _ONNX:
+        return None
+    if node.op_type == "Div" and node.inputs[0] is not scores:
+        return None
+    constant = constant_array(node.inputs[1] if node.inputs[0] is scores else node.inputs[0])
+    if constant is None or constant.size != 1 or node.outputs[0].is_graph_output():
+        return None
+    if any(use.node.op_type == "Tanh" for use in node.outputs[0].uses()):
+        return None  # a soft-cap's division (c * tanh(s / c)), no scale
+    number = float(constant.reshape(-1)[0])
+    if node.op_type == "Div":
+        return (node, ["Div", number]) if number != 0 else None
+    return node, number
 
 
 def _factor(scale: float | list | None) -> float:

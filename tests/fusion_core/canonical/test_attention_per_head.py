@@ -42,6 +42,9 @@ HIDDEN = 16
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
 READS = ("merged", "sub_halves", "norm", "mul", "mul_before_transpose", "gate_before_transpose")
+# after the head Transpose: a scale per head and channel (nGPT's s_qk), then a shift and a
+# scalar Div
+QUERIES = ("plain", "scaled", "scaled_shifted")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Block:
     read: str  # how the context is read (READS)
     mask: str  # "none", "batch" ([B, 1, S, S]) or "heads" ([B, N, S, S])
     repeat: str = "expand"  # repeat_kv ("expand") or the heads in block order ("tile")
+    query: str = "plain"  # QUERIES: the query heads as the scores read them
 
 
 @st.composite
@@ -71,6 +75,7 @@ def blocks(draw) -> Block:
         read=draw(st.sampled_from(READS)),
         mask=draw(st.sampled_from(["none", "batch", "heads"])),
         repeat="tile" if tile else "expand",
+        query=draw(st.sampled_from(QUERIES)),
     )
 
 
@@ -144,6 +149,16 @@ def _read(s: Block) -> list[str]:
     return [*lines, "merged = Reshape (cd, merge)"]
 
 
+def _query(s: Block) -> list[str]:
+    """``q_read`` [B, N, S, H], the query heads ``qt`` as drawn (none for "plain")."""
+    if s.query == "plain":
+        return []
+    lines = ["q_read = Mul (qt, s_qk)"]
+    if s.query == "scaled_shifted":
+        lines = ["qs = Mul (s_qk, qt)", "qb = Add (qs, b_q)", "q_read = Div (qb, two)"]
+    return lines
+
+
 def _inits(s: Block, rng: np.random.Generator) -> dict:
     n, kv, h = s.heads, s.kv_heads, s.size
     vh = s.value_size * (2 if s.two_contexts else 1)  # the context's head size
@@ -169,6 +184,8 @@ def _inits(s: Block, rng: np.random.Generator) -> dict:
         "w_heads": rng.standard_normal((n, vh)).astype(np.float32),
         "w_heads_bnsh": rng.standard_normal((n, 1, vh)).astype(np.float32),
         "b_heads": rng.standard_normal((n, 1, 1)).astype(np.float32),
+        "s_qk": rng.uniform(0.5, 2.0, (n, 1, h)).astype(np.float32),
+        "b_q": rng.standard_normal((1, n, 1, h)).astype(np.float32),
         "two": np.array(2.0, np.float32),
     }
 
@@ -178,12 +195,13 @@ def block_model(s: Block, seed: int = 0) -> onnx.ModelProto:
         "qm = MatMul (x, wq)",
         "qr = Reshape (qm, q_split)",
         "qt = Transpose <perm = [0, 2, 1, 3]> (qr)",
+        *_query(s),
         "km = MatMul (x, wk)",
         "kr = Reshape (km, k_split)",
         "kt = Transpose <perm = [0, 2, 1, 3]> (kr)",
         *_repeat("k_rep", "kt", s, s.size),
         "kT = Transpose <perm = [0, 1, 3, 2]> (k_rep)",
-        "qk = MatMul (qt, kT)",
+        f"qk = MatMul ({'qt' if s.query == 'plain' else 'q_read'}, kT)",
         "scaled = Mul (qk, scale)",
         "biased = Add (scaled, mask)" if s.mask != "none" else "biased = Identity (scaled)",
         "probs = Softmax <axis = -1> (biased)",
@@ -227,6 +245,8 @@ def fuses_exactly_once(s: Block, target: str = "onnxruntime") -> None:
 @example(Block(4, 2, 8, 6, False, "norm", "heads", "tile"))
 @example(Block(4, 4, 8, 8, True, "mul_before_transpose", "none"))  # a gate before the Transpose
 @example(Block(8, 2, 8, 6, False, "gate_before_transpose", "heads"))
+@example(Block(4, 2, 8, 8, False, "merged", "batch", query="scaled"))  # nGPT's s_qk
+@example(Block(4, 4, 8, 8, False, "norm", "none", query="scaled_shifted"))
 @given(blocks())
 def test_block_fuses_exactly_once(s: Block) -> None:
     fuses_exactly_once(s)

@@ -226,6 +226,36 @@ def test_scaled_scores_get_no_second_scale(body) -> None:
     assert "unit_scale" not in _canonical(model)[1]
 
 
+@pytest.mark.parametrize("outer", ["Mul (qk, eighth)", "Div (qk, eight)"])
+def test_a_scale_on_q_and_one_on_the_scores_are_one_scale_and_both_come_back(outer) -> None:
+    """``MatMul(Q * a, K^T) * c`` is ``MatMul(Q, K^T) * (a * c)``: one scale for the pattern,
+    and both written back where no fusion took it."""
+    inits = {k: np.array(v, np.float32) for k, v in [("a", 0.5), ("eighth", 0.125), ("eight", 8.0)]}
+    model = _attention(["qa = Mul (q, a)", "qk = MatMul (qa, kt)", f"scores = {outer}"], inits)
+    canonical, done, again, work = _canonical(model)
+    assert done == {"scale_to_scores": 1} and again == 0
+    assert _ops(canonical) == ["MatMul", "Mul", "Softmax", "MatMul"]
+    (scale,) = [n for n in canonical.graph.node if n.op_type == "Mul"]
+    factor = {i.name: i for i in canonical.graph.initializer}[scale.input[1]]
+    assert float(onnx.numpy_helper.to_array(factor)) == 0.0625
+    run_both(model, canonical, feeds=_attention_feeds(), rtol=1e-6, atol=1e-7)
+    assert undo_unused(work.graph)["scale_to_scores"] == 1
+    back = ir.to_proto(work)
+    assert op_sequence(back) == ["Mul", "MatMul", outer.split()[0], "Softmax", "MatMul"]
+    run_both(model, back, feeds=_attention_feeds(), **EXACT)
+
+
+def test_a_scale_on_q_leaves_a_soft_caps_division_alone() -> None:
+    model = _attention(
+        ["qa = Mul (q, a)", "qk = MatMul (qa, kt)", "into = Div (qk, cap)", "capped = Tanh (into)",
+         "scores = Mul (capped, cap)"],
+        {"a": np.array(0.5, np.float32), "cap": np.array(5.0, np.float32)},
+    )  # fmt: skip
+    canonical, done, _, _ = _canonical(model)
+    assert done == {"scale_to_scores": 1}
+    assert _ops(canonical)[:4] == ["MatMul", "Mul", "Div", "Tanh"]
+
+
 def test_a_soft_caps_division_is_not_a_scale() -> None:
     """Gemma-2 unscaled: ``c * tanh(s / c)``; the Div by c is the cap's, not a scale."""
     model = _attention(
