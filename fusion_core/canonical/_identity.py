@@ -12,23 +12,24 @@ readers read the input instead.
 The Slice is the eager attention's ``causal_mask[:, :, :, : key.shape[-2]]`` of a mask
 built as long as the keys already (optimum's KV-cache exports): with the Slice between
 them the mask's builder (``Where(allowed, 0, lowest)``) is hidden from the rewriter
-that reads it. A Slice whose steps are all forward (absent, or constant and positive)
-and whose output has the input's known shape picks every element in order.
+that reads it. A Slice is proven whole by its own bounds (start 0, step 1, an end that
+is the input's own size on each axis it names), never by the shape inferred for its
+output (``_whole_slice`` says why).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.canonical._shape_values import Dim, dim_entries, entries, known_dims
 
 __all__ = ["drop_identity_reshapes", "drop_identity_slices"]
 
 _ONNX = ("", "ai.onnx")
+_WHOLE = 2**31 - 1  # an end this large is "to the end" (torch writes INT64_MAX)
 
 
 def drop_identity_reshapes(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -70,27 +71,58 @@ def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
 
 
 def drop_identity_slices(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
-    """Bypass every forward Slice proven to keep its input's shape; how many."""
+    """Bypass every Slice proven whole by its own bounds; how many."""
     del fresh_name, mark
-    return _bypass(graph, _forward_slice)
+    return _bypass(graph, _whole_slice, compare_shapes=False)
 
 
-def _forward_slice(node: ir.Node) -> bool:
+def _whole_slice(node: ir.Node) -> bool:
+    """Whether the Slice picks every element of its input in order, proven from its
+    bounds: on every axis it names, step 1 (or none), start 0, and an end at least the
+    input's size there: a constant as large, or a size read from a shape that is the
+    input's own dimension (the same number or symbol).
+
+    Not from the output's inferred shape: where onnxruntime's symbolic inference cannot
+    decide ``end <= dim`` it treats them as equal ("treat as equal"), so a Slice that
+    cuts a padded length back (``rows[:, :, :S]`` of ``P >= S`` rows) would read as
+    keeping its input."""
     if node.op_type != "Slice" or len(node.inputs) < 3:
         return False  # before opset 10 the bounds are attributes: not exported any more
-    if len(node.inputs) < 5 or node.inputs[4] is None:
-        return True
-    steps = constant_array(node.inputs[4])
-    return steps is not None and bool(np.all(steps > 0))
+    dims = known_dims(node.inputs[0])
+    starts, ends = entries(node.inputs[1]), dim_entries(node.inputs[2])
+    if dims is None or starts is None or ends is None or len(starts) != len(ends):
+        return False
+    axes = entries(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
+    axes = list(range(len(starts))) if axes is None and len(node.inputs) <= 3 else axes
+    steps = entries(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
+    if axes is None or len(axes) != len(starts) or (steps is not None and set(steps) != {1}):
+        return False
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        if axis is None or not -len(dims) <= axis < len(dims) or start != 0:
+            return False
+        if not _reaches(end, dims[axis]):
+            return False
+    return True
 
 
-def _bypass(graph: ir.Graph, kind: Callable[[ir.Node], bool]) -> int:
+def _reaches(end: Dim, dim: Dim) -> bool:
+    """Whether a Slice's ``end`` is at least the dimension ``dim``."""
+    if isinstance(end, int):
+        return end >= _WHOLE or (isinstance(dim, int) and end >= dim)
+    return end is not None and end == dim  # the dimension read back from a shape
+
+
+def _bypass(
+    graph: ir.Graph, kind: Callable[[ir.Node], bool], *, compare_shapes: bool = True
+) -> int:
     dropped = 0
     for node in list(graph):
         if node.domain not in _ONNX or not kind(node):
             continue
         source, out = node.inputs[0], node.outputs[0]
-        if source is None or out.is_graph_output() or not _same_known_dims(source, out):
+        if source is None or out.is_graph_output():
+            continue
+        if compare_shapes and not _same_known_dims(source, out):
             continue
         out.replace_all_uses_with(source)
         graph.remove(node, safe=True)

@@ -296,6 +296,36 @@ def test_a_slice_that_keeps_the_whole_shape_goes() -> None:
     run_both(model, canonical, **EXACT)
 
 
+def _padded_rows() -> onnx.ModelProto:
+    """Heads padded to a multiple of 4 rows, worked on per chunk, cut back to the first S
+    rows: the Slice's end is S, its input P >= S rows, which onnxruntime's symbolic
+    inference cannot compare and "treats as equal" (Kimi's delta attention)."""
+    body = [
+        "x4 = Reshape (x, heads)", "xt = Transpose <perm = [0, 2, 1, 3]> (x4)",
+        "xs = Shape (x)", "s1 = Slice (xs, one, two_axis)", "b1 = Slice (xs, zero, one)",
+        "rem = Mod (s1, chunk)", "gap = Sub (chunk, rem)", "pad_n = Mod (gap, chunk)",
+        "pads = ScatterElements <axis = 0> (pads0, pad_at, pad_n)", "padded = Pad (xt, pads)",
+        "t5 = Concat <axis = 0> (b1, hh, minus1, chunk, dd)", "chunks = Reshape (padded, t5)",
+        "work = Mul (chunks, two)", "t4 = Concat <axis = 0> (b1, hh, minus1, dd)",
+        "rows = Reshape (work, t4)", "kept = Slice (rows, zero, s1, two_axis)",
+        "y = Transpose <perm = [0, 2, 1, 3]> (kept)",
+    ]  # fmt: skip
+    ints = {"heads": [0, 0, 2, 4], "two_axis": [2], "chunk": [4], "pads0": [0] * 8,
+            "pad_at": [6], "minus1": [-1], "hh": [2], "dd": [4], "one": [1]}  # fmt: skip
+    inits = {k: np.array(v, np.int64) for k, v in ints.items()} | {"two": np.float32(2.0)}
+    return _model(body, "float[batch, sequence, 8] x", "float[batch, sequence, 2, 4] y", inits)
+
+
+def test_a_slice_cutting_padded_rows_back_stays_at_every_length() -> None:
+    """The Slice is whole at the lengths that are a multiple of the chunk only: dropping
+    it (from its output's inferred shape) hands out P rows for S elsewhere."""
+    model = _padded_rows()
+    fused = optimize_quiet(model, target="onnxruntime").to_proto()
+    for length in (3, 4, 5):  # the shapes differ first
+        feeds = {"x": np.random.default_rng(length).standard_normal((1, length, 8), np.float32)}
+        run_both(model, fused, feeds=feeds, **EXACT)
+
+
 @pytest.mark.parametrize("steps", [[1], [-1]])
 def test_a_slice_that_shortens_or_reverses_stays(steps) -> None:
     """A reversed slice keeps the shape and changes the order: not an identity."""
