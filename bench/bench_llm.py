@@ -69,6 +69,7 @@ MOE_PATTERNS = [  # every pattern that makes a com.microsoft.MoE
     "moe_topk_softmax",
     "moe_sigmoid_topk",
     "moe_sigmoid_topk_values",
+    "moe_topk_pick_sigmoid",
     "moe_softmax_pick",
     "moe_softmax_masked_topk",
     "moe_sparse_mixer",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from onnx import helper
 from test_mixture_of_experts import (
@@ -63,6 +63,9 @@ class Router:
     scale: float  # routed_scaling_factor
     weights: str = "gathered"  # or "values": the TopK's values (the groups filled with 0)
     group_score: str = "top2"  # a group's score: the sum of its top 2, or its "max"
+    # "probabilities": the choice and weights read the Softmax or Sigmoid; "logits": the
+    # top k of the logits (plus the bias), weighed by Sigmoid(GatherElements(logits))
+    picked_from: str = "probabilities"
 
 
 @st.composite
@@ -85,6 +88,8 @@ def blocks(draw) -> tuple[Router, Spelling]:
         weights="values" if values else "gathered",
         group_score=draw(st.sampled_from(["top2", "max"])),
     )
+    if not values and not groups and router.probability == "Sigmoid" and draw(st.booleans()):
+        router = replace(router, picked_from="logits")
     experts_spelling = replace(
         _PLAIN,
         experts=experts,
@@ -103,7 +108,8 @@ def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
     """(routing weights [T, k], chosen experts [T, k])."""
     logits = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.experts), "router"))
     attrs = {"axis": -1} if r.probability == "Softmax" else {}
-    probs = g.one(r.probability, logits, **attrs)
+    by_logits = r.picked_from == "logits"
+    probs = logits if by_logits else g.one(r.probability, logits, **attrs)
     choice = probs
     if r.bias != "none":
         bias = np.zeros(s.experts, np.float32)
@@ -116,6 +122,8 @@ def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
         choice = group_mask(g, choice, s.experts, groups, score=r.group_score, fill=fill)
     top, chosen = g.op("TopK", choice, g.ints(s.k), outputs=2, axis=-1, sorted=0)
     weights = top if r.weights == "values" else g.one("GatherElements", probs, chosen, axis=1)
+    if by_logits:  # sigmoid is increasing: after the gather it weighs the same experts
+        weights = g.one("Sigmoid", weights)
     finished = dict(normalize=r.normalize, epsilon=r.epsilon, scale=r.scale)
     return scaled_weights(g, weights, **finished), chosen
 
@@ -136,6 +144,7 @@ def _misses(result) -> list[str]:
 
 
 @generated()
+@example((Router("Sigmoid", "trained", 0, 0, False, False, 1.0, picked_from="logits"), _PLAIN))
 @given(blocks())
 def test_every_router_becomes_one_moe_exactly(block) -> None:
     r, s = block
