@@ -6,7 +6,8 @@ several ways, all the same value:
 
 * the square: ``Pow(d, 2)`` or ``Mul(d, d)``;
 * a mean: ``ReduceMean(t)``, or ``ReduceSum(t)`` divided by the number of elements it
-  adds (``Div(s, N)`` or ``Mul(s, 1 / N)``);
+  adds (``Div(s, N)`` or ``Mul(s, 1 / N)``); or no mean at all, an L2 norm's sum of
+  squares over the last axis (``SumSquares``: ``N`` times the mean);
 * epsilon: ``Add(v, eps)`` either way round, or none (Helium's 1e-8, which the dynamo
   exporter leaves out): ``eps = 0``;
 * the inverse root: ``Div(d, Sqrt(u))``, ``Mul(d, Reciprocal(Sqrt(u)))``,
@@ -32,6 +33,7 @@ from autofusion.fusion_core.ir import constant_array
 __all__ = [
     "NormBlock",
     "SumMean",
+    "SumSquares",
     "centering",
     "read_block",
     "reduced_axes",
@@ -52,12 +54,21 @@ class SumMean:
 
 
 @dataclass(frozen=True)
+class SumSquares:
+    """``ReduceSum(t)`` over the last axis and nothing divides it: an L2 norm's sum of
+    squares, ``count`` times their mean."""
+
+    reduce: ir.Node
+    count: int
+
+
+@dataclass(frozen=True)
 class NormBlock:
     """The parts of one block, each as the graph spells it."""
 
     d: ir.Value
     square: ir.Node  # Pow(d, 2) or Mul(d, d)
-    mean: ir.Node | SumMean  # of the squares: its output is the variance
+    mean: ir.Node | SumMean | SumSquares  # of the squares (the sum, for an L2 norm)
     epsilon: ir.Node | None  # Add(v, eps); None when the graph adds none
     root: ir.Node  # Sqrt(u), or Pow(u, -0.5)
     inverse: ir.Node | None  # Reciprocal(s) or Div(1, s); None for Div(d, s) and Pow
@@ -68,8 +79,10 @@ class NormBlock:
         return last_of(self.mean).outputs[0]
 
 
-def last_of(mean: ir.Node | SumMean) -> ir.Node:
-    """The node whose output is the mean."""
+def last_of(mean: ir.Node | SumMean | SumSquares) -> ir.Node:
+    """The node whose output is the mean (the sum, for an L2 norm)."""
+    if isinstance(mean, SumSquares):
+        return mean.reduce
     return mean.scale if isinstance(mean, SumMean) else mean
 
 
@@ -180,12 +193,26 @@ def read_block(square: ir.Node) -> NormBlock | None:
     if mean is None and reader.op_type == "ReduceSum":
         scale = _only_reader(reader.outputs[0], "Div", "Mul")
         mean = _mean_of(scale.outputs[0], square.outputs[0]) if scale is not None else None
+        if mean is None and scale is None:
+            mean = _sum_of_squares(reader)
     if mean is None:
         return None
     return _tail(d, square, mean)
 
 
-def _tail(d: ir.Value, square: ir.Node, mean: ir.Node | SumMean) -> NormBlock | None:
+def _sum_of_squares(reduce: ir.Node) -> SumSquares | None:
+    """``reduce`` as an L2 norm's sum over the last axis, whose size the shapes fix."""
+    dims, axes = known_dims(reduce.inputs[0]), reduced_axes(reduce)
+    if dims is None or axes is None or len(axes) != 1 or axes[0] % len(dims) != len(dims) - 1:
+        return None
+    keep = reduce.attributes.get("keepdims")
+    if keep is not None and keep.value == 0:
+        return None
+    count = dims[-1]
+    return SumSquares(reduce, count) if isinstance(count, int) and count > 0 else None
+
+
+def _tail(d: ir.Value, square: ir.Node, mean: ir.Node | SumMean | SumSquares) -> NormBlock | None:
     """The rest of the block after the variance: epsilon, the root, its inverse and
     the product with ``d``."""
     u = last_of(mean).outputs[0]

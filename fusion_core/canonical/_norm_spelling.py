@@ -6,7 +6,10 @@ read (``rms_norm.yaml``, ``layer_norm.yaml``)::
 
 from any of the spellings ``_norm_reads`` reads (the square as ``Mul(d, d)``, a mean as
 ``ReduceSum / N``, no epsilon, the inverse root as ``Div(d, s)``, ``Div(1, s)`` or
-``Pow(u, -0.5)``, the centering as ``Add(x, Neg(m))``). Each step is the same value:
+``Pow(u, -0.5)``, the centering as ``Add(x, Neg(m))``). An L2 norm, ``d * rsqrt(sum(d^2)
++ eps)`` over N features (nGPT), is the RMS norm ``N^-1/2 * d * rsqrt(mean(d^2) + eps /
+N)``: its sum becomes a mean, its epsilon ``eps / N``, and a constant per-feature scale
+``N^-1/2`` follows the product, which the pattern reads as its gamma. Each step is the same value:
 ``d * d`` is ``d^2`` (onnxruntime computes ``Pow(d, 2)`` as ``d * d``), no epsilon is
 ``+ 0`` (exact: a mean of squares is never -0), ``x + (-m)`` is ``x - m`` bit for bit,
 ``1 / s`` is ``Reciprocal(s)``; ``sum / N`` and the mean, ``d / s`` and ``d * (1 / s)``,
@@ -34,6 +37,7 @@ from autofusion.fusion_core.canonical._edits import new_initializer, take_place
 from autofusion.fusion_core.canonical._norm_reads import (
     NormBlock,
     SumMean,
+    SumSquares,
     centering,
     read_block,
     reduced_axes,
@@ -48,6 +52,7 @@ RULE = "norm_spelling"
 _PART = "autofusion.norm_spelling"  # metadata key: the spelling a part had, for the undo
 _CONSTANT = "autofusion.norm_spelling.constant"  # the name of the constant it read
 _VALUES = "autofusion.norm_spelling.values"  # the names of the old spelling's inner values
+_L2 = "autofusion.norm_spelling.l2"  # an L2 norm's scale node and epsilon, for the undo
 _MEAN_AXES_INPUT = 18  # ReduceMean takes its axes as an input from opset 18
 _SUM_AXES_INPUT = 13  # ReduceSum from opset 13
 _REDUCE_ATTRIBUTES = ("keepdims", "noop_with_empty_axes")
@@ -74,6 +79,11 @@ class _Writer:
 
     def constant(self, like: ir.Value, number: float) -> ir.Value:
         return new_initializer(self.graph, self.fresh_name(f"{RULE}_constant"), number, like.dtype)
+
+    def vector(self, like: ir.Value, number: float, size: int) -> ir.Value:
+        """``number`` in each of ``size`` features, ``like``'s type."""
+        name = self.fresh_name(f"{RULE}_scale")
+        return new_initializer(self.graph, name, number, like.dtype, (size,))
 
     def node(self, op: str, inputs: list, like: ir.Value, attrs: list | None = None) -> ir.Node:
         """A new node whose output has ``like``'s type and shape, standing for no old
@@ -109,7 +119,10 @@ def _name(node: ir.Node) -> str:
 
 def _one_spelling(block: NormBlock, w: _Writer) -> int:
     """Rewrite the parts of ``block`` not in the patterns' spelling; how many."""
-    done = _centered(block.d, w)  # first: the parts after it read the new ``d``
+    l2 = isinstance(block.mean, SumSquares)
+    if l2 and not _l2_as_rms(block, w):
+        return 0
+    done = int(l2) + _centered(block.d, w)  # first: the parts after it read the new ``d``
     d = block.square.inputs[0]
     assert d is not None
     if block.square.op_type == "Mul":
@@ -166,6 +179,63 @@ def _centered(d: ir.Value, w: _Writer) -> int:
         _as_mean(mean, w)
         done += 1
     return done
+
+
+def _l2_as_rms(block: NormBlock, w: _Writer) -> bool:
+    """An L2 norm ``d * rsqrt(sum(d^2) + eps)`` over ``N`` features as the RMS norm
+    ``N^-1/2 * d * rsqrt(mean(d^2) + eps / N)``: the same value (``sum = N * mean``),
+    the ``N^-1/2`` a per-feature scale after the product, which the pattern reads as its
+    gamma. False (nothing written) where the epsilon is no scalar constant."""
+    mean = block.mean
+    assert isinstance(mean, SumSquares)
+    eps = scalar_constant(_other_input(block.epsilon, mean.reduce.outputs[0]))
+    if block.epsilon is not None and eps is None:
+        return False
+    reduce, product = mean.reduce, block.product.outputs[0]
+    scale = w.node("Mul", [product, w.vector(product, mean.count**-0.5, mean.count)], product)
+    scale.metadata_props[w.mark], scale.metadata_props[_PART] = RULE, "l2_scale"
+    w.graph.insert_after(block.product, [scale])
+    take_place(product, scale.outputs[0])  # the readers, the name, the graph output
+    scale.replace_input_with(0, product)  # which take_place gave the scale itself
+    product.name = w.fresh_name(f"{RULE}_l2_product")
+    attrs = [a for a in reduce.attributes.values() if a.name in _REDUCE_ATTRIBUTES]
+    inputs, attrs = _axes_for(w.graph, reduce, attrs, _MEAN_AXES_INPUT, w.fresh_name)
+    new = w.node("ReduceMean", inputs, reduce.outputs[0], attrs)
+    eps_first = block.epsilon is not None and block.epsilon.inputs[1] is reduce.outputs[0]
+    new.metadata_props[_L2] = json.dumps([scale.name, eps, eps_first])
+    w.swap([reduce], [new], f"l2_mean:{mean.count}")
+    if block.epsilon is not None:
+        old_eps = _other_input(block.epsilon, new.outputs[0])
+        added = w.node("Add", [new.outputs[0], w.constant(product, eps / mean.count)], product)
+        w.swap([block.epsilon], [added], "l2_epsilon", old_eps)
+    return True
+
+
+def _other_input(node: ir.Node | None, value: ir.Value) -> ir.Value | None:
+    if node is None or len(node.inputs) != 2:
+        return None
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _axes_for(
+    graph: ir.Graph,
+    reduce: ir.Node,
+    attrs: list,
+    opset_input: int,
+    fresh_name: Callable[[str], str],
+) -> tuple[list, list]:
+    """The inputs and attributes of a Reduce* node with ``reduce``'s axes at this opset
+    (an input from ``opset_input`` on, else the attribute)."""
+    axes = reduced_axes(reduce)
+    assert axes is not None
+    inputs = [reduce.inputs[0]]
+    if _opset(graph) >= opset_input and len(reduce.inputs) > 1:
+        inputs.append(reduce.inputs[1])  # the same axes input
+    elif _opset(graph) >= opset_input:
+        inputs.append(new_initializer(graph, fresh_name(f"{RULE}_axes"), axes, ir.DataType.INT64))
+    else:
+        attrs = [*attrs, ir.AttrInt64s("axes", axes)]
+    return inputs, attrs
 
 
 def _as_mean(mean: SumMean, w: _Writer) -> None:
@@ -298,7 +368,34 @@ def _undo_inverse(graph: ir.Graph, node: ir.Node, detail: str) -> bool:
     return True
 
 
+def _undo_l2(graph: ir.Graph, node: ir.Node, detail: str) -> bool:
+    """An L2 norm back from its ReduceMean: the ReduceSum, the epsilon as it was (the
+    Add reading the mean, if the rule wrote one) and no scale after the product."""
+    scale_name, eps, eps_first = json.loads(node.metadata_props[_L2])
+    scale = next((n for n in graph if n.name == scale_name), None)
+    if scale is None:
+        return False
+    readers = [use.node for use in node.outputs[0].uses()]
+    epsilon = readers[0] if len(readers) == 1 else None
+    if epsilon is not None and epsilon.metadata_props.get(_PART) != "l2_epsilon":
+        epsilon = None
+    attrs = [a for a in node.attributes.values() if a.name in _REDUCE_ATTRIBUTES]
+    name = node.name or RULE
+    inputs, attrs = _axes_for(graph, node, attrs, _SUM_AXES_INPUT, lambda h: f"{name}_{h}")
+    summed = ir.Node("", "ReduceSum", inputs, attrs)
+    _put_back(graph, [summed], [node])
+    if epsilon is not None:
+        constant = _constant_like(graph, epsilon, "epsilon", eps)
+        inputs = [constant, summed.outputs[0]] if eps_first else [summed.outputs[0], constant]
+        _put_back(graph, [ir.Node("", "Add", inputs)], [epsilon])
+    product = scale.inputs[0]
+    take_place(scale.outputs[0], product)
+    graph.remove(scale, safe=True)
+    return True
+
+
 _UNDO: dict[str, Callable[[ir.Graph, ir.Node, str], bool]] = {
+    "l2_mean": _undo_l2,
     "square": _undo_square,
     "epsilon": _undo_epsilon,
     "centering": _undo_centering,

@@ -97,6 +97,42 @@ def test_the_parts_no_fusion_took_are_written_back_as_they_were() -> None:
     run_both(model, restored, **EXACT)
 
 
+# nGPT's L2 norm as TorchScript writes it: a sum of squares, not a mean, and rsqrt as
+# Div(1, Sqrt); no weight of its own
+L2_NORM = [
+    "[sq1] q = Pow (x, two)",
+    "[sum1] s = ReduceSum <keepdims = 1> (q, last)",
+    "[eps1] u = Add (s, eps)",
+    "[root1] r = Sqrt (u)",
+    "[rec1] i = Div (one, r)",
+    "[mul1] y = Mul (x, i)",
+]
+
+
+def test_an_l2_norm_is_an_rms_norm_of_a_smaller_epsilon_times_a_constant_gamma() -> None:
+    """``x * rsqrt(sum(x^2) + eps) == N^-1/2 * x * rsqrt(mean(x^2) + eps / N)``."""
+    model = _model(L2_NORM)
+    canonical, done, again = canonical_twice(model)[:3]
+    assert done == {"norm_spelling": 2} and again == 0  # the L2 reading, Div(1, .)
+    assert op_sequence(canonical) == [
+        "Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul",
+    ]  # fmt: skip
+    run_both(model, canonical, rtol=1e-5, atol=1e-6)
+    fused = optimize_quiet(model, target="onnxruntime")
+    assert fused.counts == {"rms_norm": 1}
+    run_both(model, fused.to_proto(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_l2_norm_nothing_fused_is_written_back_as_it_was() -> None:
+    model = _model(L2_NORM)
+    restored, undone = _restored(model)
+    assert undone == {"norm_spelling": 2}  # the mean (with its epsilon and scale), Div(1, .)
+    assert op_sequence(restored) == op_sequence(model)
+    assert [n.name for n in restored.graph.node] == [n.name for n in model.graph.node]
+    assert [n.input for n in restored.graph.node] == [n.input for n in model.graph.node]
+    run_both(model, restored, **EXACT)
+
+
 def test_a_norm_nothing_fuses_comes_out_of_the_pipeline_as_it_went_in() -> None:
     """An RMS norm on the generic target below opset 23: no op to fuse into."""
     body = ["[sq1] q = Mul (x, x)", "[var1] v = ReduceMean <keepdims = 1> (q, last)"]

@@ -7,7 +7,7 @@ write them:
 * the square: ``Pow(d, 2)`` or ``Mul(d, d)``;
 * each mean: ``ReduceMean`` (axes as the attribute below opset 18, as an input from
   it; ``-1`` or ``rank - 1``), or ``ReduceSum`` divided by N (``Div(s, N)``) or times
-  ``1 / N``;
+  ``1 / N``; an RMS norm's squares also summed and not divided (an L2 norm: nGPT);
 * epsilon added either way round (``Add(v, eps)``, ``Add(eps, v)``) or not at all (the
   dynamo export of Helium), eps from 1e-12 to 1e-3;
 * the inverse RMS: ``Div(d, Sqrt(u))``, ``Mul(d, Reciprocal(Sqrt(u)))``,
@@ -81,11 +81,13 @@ class Norm:
 def norms(draw) -> Norm:
     kind = draw(st.sampled_from(["rms", "layer"]))
     mean = st.sampled_from(["mean", "sum_div", "sum_mul"])
+    # an RMS norm's squares may be summed, not averaged: an L2 norm (nGPT)
+    squares = st.sampled_from(["mean", "sum_div", "sum_mul", *(["sum"] if kind == "rms" else [])])
     batch = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
     return Norm(
         kind=kind,
         square=draw(st.sampled_from(["pow", "mul"])),
-        means=(draw(mean), draw(mean)),
+        means=(draw(mean), draw(squares)),
         last_axis_positive=draw(st.booleans()),
         eps=draw(st.sampled_from([None, 1e-12, 1e-6, 1e-5, 1e-3])),
         eps_first=draw(st.booleans()),
@@ -130,6 +132,8 @@ class _Graph:
                 return self.op("ReduceMean", t, axes, keepdims=1)
             return self.op("ReduceMean", t, axes=[axis], keepdims=1)
         summed = self.op("ReduceSum", t, axes, keepdims=1)
+        if spelling == "sum":  # an L2 norm's sum of squares: sqrt(N) times an RMS norm
+            return summed
         if spelling == "sum_div":
             return self.op("Div", summed, self.const(float(n.dims[-1])))
         return self.op("Mul", summed, self.const(1.0 / n.dims[-1]))
@@ -206,8 +210,8 @@ def test_every_norm_spelling_fuses_once_into_the_norm_op_exactly(n: Norm) -> Non
     assert ops.count(fused_op(n)) == 1, f"{n}: {ops}; {done.misses_about('norm')[:3]}"
     assert not WRITTEN_OUT & set(ops), f"{n}: {ops}"
     pattern = "layer_norm" if n.kind == "layer" else "rms_norm"
-    if n.kind == "rms" and n.gamma == "none":
-        pattern = "rms_norm_unscaled"
+    if n.kind == "rms" and n.gamma == "none" and n.means[1] != "sum":
+        pattern = "rms_norm_unscaled"  # an L2 norm's N^-1/2 is a gamma of its own
     assert result.counts.get(pattern) == 1, f"{n}: {result.counts}"
     rng = np.random.default_rng(7)
     x = rng.standard_normal(n.dims).astype(np.float16 if n.fp16 else np.float32)
