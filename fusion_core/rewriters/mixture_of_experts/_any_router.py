@@ -54,6 +54,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
     Routing,
     external,
     options,
+    probe_rows,
     subgraph_model,
 )
 
@@ -231,13 +232,14 @@ def _shaped_values(block: Block, part: list[ir.Node], opsets):
     if not typed:
         return "the router computes no typed value"
     rng = np.random.default_rng(0)
-    logits = rng.standard_normal((_PROBE_TOKENS, block.experts)).astype(np.float32)
+    rows = probe_rows(block.logits, _PROBE_TOKENS)
+    logits = rng.standard_normal((rows, block.experts)).astype(np.float32)
     got = _run(part, block.logits, typed, logits, opsets)
     if isinstance(got, str):
         return got
     choices, weights = [], []
     for value, array in zip(typed, got, strict=True):
-        if array.ndim != 2 or array.shape[0] != _PROBE_TOKENS:
+        if array.ndim != 2 or array.shape[0] != rows:
             continue
         if not 1 <= array.shape[1] <= block.experts:
             continue

@@ -48,7 +48,16 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
 )
 from autofusion.fusion_core.targets import MS_DOMAIN
 
-__all__ = ["SOFTMAX", "Routing", "external", "options", "prove", "sized", "subgraph_model"]
+__all__ = [
+    "probe_rows",
+    "SOFTMAX",
+    "Routing",
+    "external",
+    "options",
+    "prove",
+    "sized",
+    "subgraph_model",
+]
 
 RTOL, ATOL = 1e-4, 1e-5
 _TOKENS = (2, 3)  # the random inputs: 2 sequences of 3 tokens (or 6 tokens)
@@ -316,6 +325,15 @@ def _random_inputs(block: Block):
             return array, None, None
         feeds[value.name] = array
     return feeds, root.reshape(tokens, width), logits
+
+
+def probe_rows(logits: ir.Value, wanted: int) -> int:
+    """How many tokens a router run alone may be fed: ``wanted``, or the count a graph
+    exported for one length fixed (its logits ``[T, E]`` with ``T`` a number: constants
+    folded from that count inside the router, a ``[T, G]`` group mask, fail at any
+    other)."""
+    first = logits.shape[0] if logits.shape is not None and len(logits.shape) else None
+    return first if isinstance(first, int) and first > 0 else wanted
 
 
 def sized(value: ir.Value, nodes: list[ir.Node], sizes: dict[str, int]) -> np.ndarray | str:

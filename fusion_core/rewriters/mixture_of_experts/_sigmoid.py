@@ -55,6 +55,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
     Routing,
     external,
     options,
+    probe_rows,
     sized,
     subgraph_model,
 )
@@ -152,8 +153,11 @@ def choice_reason(
     experts = logits.shape[-1] if logits.shape is not None else None
     if not isinstance(experts, int):
         return f"the router's logits {logits.name!r} have no known width"
-    scores = (rng.standard_normal((_CHOICE_TOKENS, experts)) * _LOGIT_SPREAD).astype(np.float32)
-    got = _run_choice(found, logits, chosen, scores, opsets)
+    rows = probe_rows(logits, _CHOICE_TOKENS)  # a graph exported for one length: its count
+    runs = max(1, _CHOICE_TOKENS // rows)
+    scores = rng.standard_normal((runs * rows, experts)) * _LOGIT_SPREAD
+    scores = scores.astype(np.float32)
+    got = _run_choice(found, logits, chosen, np.split(scores, runs), opsets)
     if isinstance(got, str):
         return got
     expected = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
@@ -162,11 +166,13 @@ def choice_reason(
     return None
 
 
-def _run_choice(nodes, logits, chosen, scores, opsets) -> np.ndarray | str:
+def _run_choice(nodes, logits, chosen, parts, opsets) -> np.ndarray | str:
+    """The router's choice on each part of the scores (one session), joined."""
     import onnxruntime as ort  # only a sigmoid router pays for it
 
-    feeds = {logits.name: scores}
-    tokens = {str(d): len(scores) for d in (logits.shape or [])[:-1] if not isinstance(d, int)}
+    rows = len(parts[0])
+    feeds = {logits.name: parts[0]}
+    tokens = {str(d): rows for d in (logits.shape or [])[:-1] if not isinstance(d, int)}
     for value in external(nodes):
         if value is logits:
             continue
@@ -182,10 +188,10 @@ def _run_choice(nodes, logits, chosen, scores, opsets) -> np.ndarray | str:
             options(ort),
             providers=["CPUExecutionProvider"],
         )
-        (got,) = session.run(None, feeds)
+        got = [session.run(None, {**feeds, logits.name: part})[0] for part in parts]
     except Exception as exc:
         return f"onnxruntime cannot run the router's choice on its own ({type(exc).__name__})"
-    return got
+    return np.concatenate(got)
 
 
 def _sigmoid_top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

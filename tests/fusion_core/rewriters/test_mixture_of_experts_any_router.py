@@ -128,12 +128,13 @@ def _router(g: _Graph, r: Router, s: Spelling, x: str) -> tuple[str, str]:
     return scaled_weights(g, weights, **finished), chosen
 
 
-def routed_block(r: Router, s: Spelling, seed: int = 0) -> onnx.ModelProto:
+def routed_block(r: Router, s: Spelling, seed: int = 0, tokens: int | str = "tokens"):
+    """The block for ``tokens`` tokens (a number: a graph exported for one length)."""
     g = _Graph(seed)
     weights, chosen = _router(g, r, s, "hidden")
     build = _batched if s.layout == "batched" else _dense
     out = g.one("Add", build(g, s, "hidden", weights, chosen), "hidden")  # the residual
-    return g.model("routed_moe", out, ["tokens", HIDDEN])
+    return g.model("routed_moe", out, [tokens, HIDDEN])
 
 
 feeds = token_feeds
@@ -156,6 +157,23 @@ def test_every_router_becomes_one_moe_exactly(block) -> None:
     assert "MatMul" not in ops[ops.index("MoE") :], f"{r} {s}: the experts stay: {ops}"
     for tokens in (1, 5, 17):
         run_both(model, fused, feeds=feeds(tokens), **TOL)
+
+
+@pytest.mark.parametrize(
+    "r",
+    [
+        Router("Sigmoid", "zero", 4, 4, True, False, 2.5),  # the kernel's own routing
+        Router("Sigmoid", "none", 4, 2, True, False, 1.0),  # the groups drop experts
+    ],
+    ids=["kernel", "any"],
+)
+def test_a_router_exported_for_one_token_count_is_proven_at_that_count(r) -> None:
+    """Group masks folded to ``[7, G]`` constants (a graph exported for one length) run
+    at 7 tokens only: the router is proven there, not at the probe's own count."""
+    model = routed_block(r, replace(_PLAIN, experts=8), tokens=7)
+    result = optimize_quiet(model, target="onnxruntime")
+    assert ops_of(result.to_proto()).count("MoE") == 1, _misses(result)
+    run_both(model, result.to_proto(), feeds=feeds(7), **TOL)
 
 
 @pytest.mark.parametrize(
