@@ -36,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 import _llm_families as fam
+from _unseen_fourth import FOURTH
 from _unseen_more import MORE
 from _unseen_third import THIRD
 
@@ -219,6 +220,7 @@ UNSEEN = {  # family -> (Family, what sets it apart)
 }
 UNSEEN.update(MORE)  # the second survey's families (stop 41)
 UNSEEN.update(THIRD)  # the third survey's, hybrids with attention layers among them
+UNSEEN.update(FOURTH)  # the fourth survey's
 KINDS = {
     "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
     "rotary": ("RotaryEmbedding",),
@@ -275,6 +277,8 @@ def survey(family: str, kind: str, folder: Path) -> dict:
         if result.check and result.check.passed
         else (result.check.failure if result.check else "none")
     )
+    if result.fallback:  # the fused model failed its check: it came back (partly) unfused
+        row["check"] = f"fell back: {result.fallback.get('failure')}"
     misses = [m for m in result.near_misses if "attention" in m.pattern or "rotary" in m.pattern]
     experts = [m for m in result.near_misses if m.pattern.startswith("moe_")]
     # a block of experts that did not fuse keeps its router's Softmax (most have one)
