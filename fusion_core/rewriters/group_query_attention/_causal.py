@@ -200,17 +200,29 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
 def _shifted_range(node: ir.Node) -> tuple[Dim] | str:
     """The first value of ``Add(Range(0, _, 1), offset)`` with a scalar offset: the
     offset's dimension (torch's dynamo exporter spells ``cache_position`` so), as a
-    1-tuple (a ``Dim`` may be a symbol's name: a string), or why it is not one."""
+    1-tuple (a ``Dim`` may be a symbol's name: a string), or why it is not one. The
+    Range may be a constant ``[0, 1, .., n - 1]``: a graph exported for ``n`` new tokens
+    (one, a decode step) has it folded so."""
     for ranged, offset in (node.inputs, reversed(node.inputs)):
         source = ranged.producer() if ranged is not None else None
-        if source is None or source.op_type != "Range":
+        if _counts_from_zero(ranged):
+            pass
+        elif source is None or source.op_type != "Range":
             continue
-        if scalar(source.inputs[0]) != 0 or scalar(source.inputs[2]) != 1:
+        elif scalar(source.inputs[0]) != 0 or scalar(source.inputs[2]) != 1:
             return f"Range {source.name!r} does not count 0, 1, 2, ..."
         if offset is None or offset.shape is None or offset.shape.rank() > 1:
             return f"Add {node.name!r} does not add a scalar to its Range"
         return (dim_of(offset),)
     return f"Add {node.name!r} does not shift a Range"
+
+
+def _counts_from_zero(value: ir.Value | None) -> bool:
+    """Whether ``value`` is a constant 1-D ``[0, 1, .., n - 1]``."""
+    array = constant_array(value) if value is not None else None
+    if array is None or array.ndim != 1 or array.dtype.kind not in "iu" or not array.size:
+        return False
+    return bool(np.array_equal(array, np.arange(array.size)))
 
 
 def _as_unsqueeze(node: ir.Node) -> list[int] | None:

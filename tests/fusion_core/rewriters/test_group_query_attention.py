@@ -351,6 +351,37 @@ def test_dynamo_spelling_with_cache_becomes_group_query_attention():
     assert ops.count("Shape") == 6, ops  # the bias's, the rows', the lengths'
 
 
+def _one_new_token(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The decode graph torch.export writes for one new token: S fixed to 1, the mask
+    ``past + 1`` long, and the query positions' ``Range(0, S)`` folded to ``[0]``."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "seq":
+                dim.dim_value = 1
+            elif dim.dim_param == "total_sequence_length":
+                dim.dim_param = "past + 1"
+            elif "seq" in dim.dim_param:
+                dim.dim_param = dim.dim_param.replace("seq", "1")
+    index = next(i for i, n in enumerate(model.graph.node) if n.output[0] == "q_count")
+    zero = onnx.numpy_helper.from_array(np.array([0], np.int64))
+    model.graph.node[index].CopyFrom(onnx.helper.make_node("Constant", [], ["q_count"], value=zero))
+    return model
+
+
+def test_a_decode_step_exported_for_one_token_becomes_group_query_attention():
+    """Its query positions ``[0] + P`` (a constant where the Range was) still prove the
+    mask causal."""
+    model = _one_new_token(decoder_attention(dynamo=True, lowest=float(np.finfo(np.float32).min)))
+    result = optimize_quiet(model, **ORT)
+    fused = result.to_proto()
+    reasons = [m.reason for m in result.near_misses if m.pattern == "attention"]
+    assert "com.microsoft::GroupQueryAttention" in op_sequence(fused), reasons
+    for batch, past in ((1, 3), (2, 5)):
+        for mask in ("none", "left", "right"):
+            run_both(model, fused, feeds=feeds(batch, 1, past, mask), **TOL)
+
+
 def test_dynamo_spelling_with_a_finite_mask_becomes_group_query_attention():
     """The dynamo exporter's mask is finite (float32's lowest): the padding term is the
     bias, and a row with nothing to attend to (left padding) gets the cache's mean
