@@ -64,7 +64,10 @@ test-corpus: $(CORPUS_STAMP)
 		tests/fusion_core/canonical/test_gelu_spellings.py \
 		tests/fusion_core/canonical/test_concat_heads.py \
 		tests/fusion_core/canonical/test_attention_per_head.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_any_router.py
+		tests/fusion_core/rewriters/test_mixture_of_experts_any_router.py \
+		tests/fusion_core/rewriters/test_mixture_of_experts_sorted.py \
+		tests/fusion_core/canonical/test_interleaved_columns.py \
+		tests/bench/test_kv_states.py
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's

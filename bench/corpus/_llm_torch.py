@@ -4,25 +4,34 @@ decode graph with the KV cache from the dynamo exporter.
 Why: users export decoders themselves as often as through optimum. A prefill graph is
 ``model(input_ids, attention_mask).logits`` without a cache; the decode graph is how one
 exports a cache with ``torch.onnx.export(dynamo=True)`` in transformers 5.24: a wrapper
-whose inputs are the past keys and values as tensors, which it loads into a
-``DynamicCache`` (without a config: every layer keeps the whole past, Mistral's window
-is applied by the mask, as in optimum's export), and whose outputs are the logits and
-the cache's keys and values after the step. The TorchScript exporter is not used for the
-cache: optimum's export is that (it calls ``torch.onnx.export(dynamo=False)``).
+whose inputs are the cache's past states as tensors, which it loads into the cache the
+model builds for itself (``_kv_states``: ``DynamicCache(config=...)``, keys and values of
+the attention layers, convolution and recurrent states of a hybrid's other layers, the
+latent key and value of multi-head latent attention; sliding layers keep the whole past,
+Mistral's window is applied by the mask, as in optimum's export), and whose outputs are
+the logits and the cache's states after the step. The step takes any number of new
+tokens where torch.export can trace that; a recurrent layer's chunked scan cannot (its
+loop over chunks and its in-place state fix the length), so those models export the
+step ``generate`` takes, one new token, with the mask ``past_sequence_length + 1`` long.
+The TorchScript exporter is not used for the cache: optimum's export is that (it calls
+``torch.onnx.export(dynamo=False)``).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import _kv_states as kv
 import _llm_families as fam
 import numpy as np
 import torch
-import transformers
 from torch import nn
 
 TORCHSCRIPT_OPSET, DYNAMO_OPSET = 17, 18
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+KV_NEW_TOKENS = 2  # the KV export's new tokens, where their count can be a dim
+log = logging.getLogger(__name__)
 
 
 class PrefillLogits(nn.Module):
@@ -38,18 +47,16 @@ class PrefillLogits(nn.Module):
 
 
 class DecodeWithCache(nn.Module):
-    """input_ids, attention_mask, position_ids, [past key, past value per layer] ->
-    logits, present key, present value per layer."""
+    """input_ids, attention_mask, position_ids, [past state per cache tensor] ->
+    logits, present state per cache tensor (``_kv_states.layout``'s order)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, states: list[kv.State]) -> None:
         super().__init__()
         self.model = model
-        self.layers = model.config.num_hidden_layers
+        self.states = states
 
     def forward(self, input_ids, attention_mask, position_ids, past: list[torch.Tensor]):
-        cache = transformers.DynamicCache()
-        for layer in range(self.layers):
-            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        cache = kv.load(self.model.config, self.states, past)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -57,12 +64,7 @@ class DecodeWithCache(nn.Module):
             past_key_values=cache,
             use_cache=True,
         )
-        presents = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *presents)
-
-
-def _kv_names(layers: int, prefix: str) -> list[str]:
-    return [f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+        return (out.logits, *kv.read(out.past_key_values, self.states))
 
 
 def _strip_stack_traces(program) -> None:
@@ -101,23 +103,39 @@ def _export_prefill(model: nn.Module, path: Path, kind: str) -> None:
 
 
 def _export_kv(model: nn.Module, path: Path) -> None:
-    config = model.config
-    layers = config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    batch, past, new = 1, 3, 2  # sizes above 1: torch.export specializes 0 and 1
+    """Any number of new tokens if torch.export can trace it, else one new token."""
+    states = kv.layout(model, fam.prompt())
+    wrapper = DecodeWithCache(model, states).train(False)
+    try:
+        program = _export_step(wrapper, states, KV_NEW_TOKENS)
+    except Exception as exc:  # a recurrent layer's chunked scan specializes the length
+        cause = exc.__cause__ or exc
+        log.warning("KV export for any length failed, exporting one token: %s", cause)
+        program = _export_step(wrapper, states, 1)
+    _strip_stack_traces(program)
+    program.save(str(path), external_data=False)
+
+
+def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int):
+    """The decode graph after 3 cached tokens. ``new`` > 1: the count of new tokens is a
+    dim (sizes above 1: torch.export specializes 0 and 1); ``new`` == 1: the step
+    ``generate`` takes, and the mask spans ``past_sequence_length + 1``."""
+    batch, past = 1, 3
     gen = torch.Generator().manual_seed(fam.SEED)
-    shape = (batch, config.num_key_value_heads, past, head_dim)
-    pasts = [torch.randn(shape, generator=gen) for _ in range(2 * layers)]
-    ids = torch.randint(3, config.vocab_size, (batch, new), generator=gen)
+    pasts = kv.example(states, batch, past, gen)
+    ids = torch.randint(3, wrapper.model.config.vocab_size, (batch, new), generator=gen)
     mask = torch.ones(batch, past + new, dtype=torch.int64)
     positions = torch.arange(past, past + new)[None]
     b = torch.export.Dim("batch")
-    s = torch.export.Dim("sequence_length", max=fam.POSITIONS)
     p = torch.export.Dim("past_sequence_length", max=fam.POSITIONS)
-    total = torch.export.Dim("total_sequence_length", max=2 * fam.POSITIONS)
-    shapes = ({0: b, 1: s}, {0: b, 1: total}, {0: b, 1: s}, [{0: b, 2: p}] * (2 * layers))
-    program = torch.onnx.export(
-        DecodeWithCache(model).train(False),
+    if new > 1:
+        s = torch.export.Dim("sequence_length", max=fam.POSITIONS)
+        total = torch.export.Dim("total_sequence_length", max=2 * fam.POSITIONS)
+        tokens, length = {0: b, 1: s}, {0: b, 1: total}
+    else:
+        tokens, length = {0: b}, {0: b, 1: p + new}
+    return torch.onnx.export(
+        wrapper,
         (ids, mask, positions, pasts),
         dynamo=True,
         opset_version=DYNAMO_OPSET,
@@ -125,13 +143,11 @@ def _export_kv(model: nn.Module, path: Path) -> None:
             "input_ids",
             "attention_mask",
             "position_ids",
-            *_kv_names(layers, "past_key_values"),
+            *(state.name("past_key_values") for state in states),
         ],
-        output_names=["logits", *_kv_names(layers, "present")],
-        dynamic_shapes=shapes,
+        output_names=["logits", *(state.name("present") for state in states)],
+        dynamic_shapes=(tokens, length, dict(tokens), kv.dynamic_shapes(states, b, p)),
     )
-    _strip_stack_traces(program)
-    program.save(str(path), external_data=False)
 
 
 def export(family: str, kind: str, path: Path) -> None:
