@@ -1,0 +1,152 @@
+"""What the fourth survey's MoE reproductions share: a graph writer, the experts block as
+transformers 5's ``batched_mm`` exports it (each token's k chosen experts' stacked
+weights gathered, SwiGLU or another activation, weighted, summed per token), its numpy
+reference, and a runner that checks onnxruntime against the reference and prints what
+the fusion makes of the block. Not a reproduction of its own.
+
+The routers are each file's own: moe_router_mlp_skip_expert.py and
+moe_shared_gates.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+HIDDEN, EXPERTS, K, INTER = 16, 4, 2, 8
+RTOL, ATOL = 1e-4, 1e-5  # the MoE kernel sums the experts in another order
+
+
+class Graph:
+    """Nodes and initializers under fresh names (as tests' test_mixture_of_experts._Graph)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}  # the weights, for the reference
+        self.rng = np.random.default_rng(seed)
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, array, hint: str = "c") -> str:
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        self.arrays[hint] = np.asarray(array)
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, np.int64), "shape")
+
+    def f32(self, value: float, hint: str = "scalar") -> str:
+        return self.const(np.array(value, np.float32), hint)
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> list[str]:
+        names = [self.name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
+        return names
+
+    def one(self, op_type: str, *inputs: str, **attrs) -> str:
+        return self.op(op_type, *inputs, **attrs)[0]
+
+    def weight(self, *shape: int) -> np.ndarray:
+        return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def model(self, name: str, out: str, shape: list) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
+            self.inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+
+def swiglu(g: Graph, gate: str, up: str) -> str:
+    return g.one("Mul", g.one("Mul", gate, g.one("Sigmoid", gate)), up)
+
+
+def batched_experts(
+    g: Graph,
+    x: str,
+    weights: str,
+    chosen: str,
+    *,
+    k: int = K,
+    experts: int = EXPERTS,
+    activation: Callable[[Graph, str, str], str] = swiglu,
+    gated: bool = True,
+) -> str:
+    """sum_j weights[t, j] * down_e(act(gate_e(x_t), up_e(x_t))), e = chosen[t, j], as
+    ``batched_mm`` writes it: x repeated k times, the chosen experts' [out, in] weights
+    gathered, a column MatMul per linear. ``gated=False``: one up projection, no gate
+    (act reads it twice: ``activation(g, up, up)``)."""
+    ids = g.one("Reshape", chosen, g.ints(-1))
+    tiled = g.one("Expand", g.one("Unsqueeze", x, g.ints(1)), g.ints(1, k, 1))
+    rows = g.one("Reshape", tiled, g.ints(-1, HIDDEN))
+
+    def linear(value: str, array: np.ndarray, hint: str) -> str:
+        gathered = g.one("Gather", g.const(array, hint), ids, axis=0)
+        column = g.one("Unsqueeze", value, g.ints(-1))
+        return g.one("Squeeze", g.one("MatMul", gathered, column), g.ints(-1))
+
+    up = linear(rows, g.weight(experts, INTER, HIDDEN), "up_w")
+    gate = linear(rows, g.weight(experts, INTER, HIDDEN), "gate_w") if gated else up
+    down = linear(activation(g, gate, up), g.weight(experts, HIDDEN, INTER), "down_w")
+    scale = g.one("Unsqueeze", g.one("Reshape", weights, g.ints(-1)), g.ints(-1))
+    per_token = g.one("Reshape", g.one("Mul", down, scale), g.ints(-1, k, HIDDEN))
+    return g.one("ReduceSum", per_token, g.ints(1), keepdims=0)
+
+
+def experts_reference(
+    arrays: dict, x: np.ndarray, weights: np.ndarray, chosen: np.ndarray, act=None
+) -> np.ndarray:
+    """numpy of ``batched_experts`` (float64); ``act(gate, up)`` defaults to SwiGLU."""
+    act = act or (lambda gate, up: gate / (1 + np.exp(-gate)) * up)
+    out = np.zeros((len(x), HIDDEN))
+    for t, j in np.ndindex(*chosen.shape):
+        e = chosen[t, j]
+        up = arrays["up_w"][e] @ x[t]
+        gate = arrays["gate_w"][e] @ x[t] if "gate_w" in arrays else up
+        out[t] += weights[t, j] * (arrays["down_w"][e] @ act(gate, up))
+    return out
+
+
+def check_and_report(
+    cases: dict[str, Callable[[], tuple[onnx.ModelProto, Callable]]], tokens: int = 6
+) -> None:
+    """Each case: (model, reference(hidden) -> output). onnxruntime must match the
+    reference; then what optimize() makes of it (the MoE ops, the first MoE near miss)."""
+    rng = np.random.default_rng(1)
+    for make in cases.values():
+        model, reference = make()
+        shape = [d.dim_value or tokens for d in model.graph.input[0].type.tensor_type.shape.dim]
+        x = rng.standard_normal(shape).astype(np.float32)
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        (got,) = session.run(None, {"hidden": x})
+        np.testing.assert_allclose(got, reference(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+    print("onnxruntime matches the reference in every case")
+    try:  # what the fusion makes of it, where the project is importable
+        from autofusion.fusion_core import OptimizeConfig, optimize
+    except ImportError:
+        return
+    config = OptimizeConfig(target="onnxruntime", target_profile="cpu-roofline")
+    for name, make in cases.items():
+        result = optimize(make()[0], config)
+        fused = {op: n for op, n in result.ops_after.items() if op.endswith("MoE")}
+        misses = [f"{m.pattern}: {m.reason[:300]}" for m in result.near_misses]
+        moe = [m for m in misses if m.startswith("moe_")]
+        bugs = [r.failed for r in result.rejected]
+        bug = f"; BUG: {bugs}" if bugs else ""
+        print(f"{name}: {fused or 'no MoE'}; near miss: {moe[:1]}{bug}")
