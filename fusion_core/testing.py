@@ -35,6 +35,7 @@ from autofusion.fusion_core.validate import make_session, random_inputs
 
 __all__ = [
     "FusedForTest",
+    "GraphWriter",
     "assert_fusion",
     "assert_no_fusion",
     "bn_params",
@@ -215,6 +216,57 @@ def bn_params(
         f"{prefix}_mean": rng.standard_normal(channels),
         f"{prefix}_var": rng.uniform(0.5, 2.0, channels),
     }
+
+
+class GraphWriter:
+    """Nodes and initializers of a test model under fresh names, for blocks built op by
+    op (a mixture of experts, whose shape varies with every draw): ``one`` adds a node and
+    gives its output, ``const`` an initializer (kept in ``arrays`` by its hint, for a
+    numpy reference), ``weight`` seeded weights scaled by their fan-in, ``model`` the
+    checked opset-18 model from ``hidden`` to ``out``."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.rng = np.random.default_rng(seed)
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, array: Any, hint: str = "c") -> str:
+        name = self.name(hint)
+        self.inits.append(nh.from_array(np.asarray(array), name))
+        self.arrays[hint] = np.asarray(array)
+        return name
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, np.int64), "shape")
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: Any) -> list[str]:
+        names = [self.name(op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(oh.make_node(op_type, list(inputs), names, **attrs))
+        return names
+
+    def one(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+        return self.op(op_type, *inputs, **attrs)[0]
+
+    def weight(self, *shape: int) -> np.ndarray:
+        return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def model(self, name: str, out: str, shape: list) -> onnx.ModelProto:
+        graph = oh.make_graph(
+            self.nodes,
+            name,
+            [oh.make_tensor_value_info("hidden", _F32, shape)],
+            [oh.make_tensor_value_info(out, _F32, shape)],
+            self.inits,
+        )
+        model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+        onnx.checker.check_model(model, full_check=True)
+        return model
 
 
 def optimize_quiet(

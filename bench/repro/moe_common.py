@@ -15,60 +15,18 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+
+from autofusion.fusion_core.testing import GraphWriter
 
 HIDDEN, EXPERTS, K, INTER = 16, 4, 2, 8
 RTOL, ATOL = 1e-4, 1e-5  # the MoE kernel sums the experts in another order
 
 
-class Graph:
-    """Nodes and initializers under fresh names (as tests' test_mixture_of_experts._Graph)."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.arrays: dict[str, np.ndarray] = {}  # the weights, for the reference
-        self.rng = np.random.default_rng(seed)
-        self._count = 0
-
-    def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
-
-    def const(self, array, hint: str = "c") -> str:
-        name = self.name(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        self.arrays[hint] = np.asarray(array)
-        return name
-
-    def ints(self, *values: int) -> str:
-        return self.const(np.array(values, np.int64), "shape")
+class Graph(GraphWriter):
+    """``GraphWriter`` with a float32 scalar constant."""
 
     def f32(self, value: float, hint: str = "scalar") -> str:
         return self.const(np.array(value, np.float32), hint)
-
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> list[str]:
-        names = [self.name(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
-        return names
-
-    def one(self, op_type: str, *inputs: str, **attrs) -> str:
-        return self.op(op_type, *inputs, **attrs)[0]
-
-    def weight(self, *shape: int) -> np.ndarray:
-        return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-
-    def model(self, name: str, out: str, shape: list) -> onnx.ModelProto:
-        graph = helper.make_graph(
-            self.nodes,
-            name,
-            [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-            self.inits,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        onnx.checker.check_model(model, full_check=True)
-        return model
 
 
 def swiglu(g: Graph, gate: str, up: str) -> str:

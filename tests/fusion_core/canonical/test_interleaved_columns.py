@@ -39,7 +39,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import optimize_quiet, run_both
+from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.canonical.test_concat_heads import (
     ATTENTION,
     HIDDEN,
@@ -228,10 +228,9 @@ def test_every_interleaved_latent_attention_fuses_into_one_attention_exactly(
 ) -> None:
     model = interleaved_block(s)
     onnx.checker.check_model(model, full_check=True)
-    result = optimize_quiet(model, target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
-    fused = result.to_proto()
-    ops = [n.op_type for n in fused.graph.node]
-    reasons = [f"{m.pattern}: {m.reason}" for m in result.near_misses if "attention" in m.pattern]
+    done = fuse_quiet(model, exclude=["qkv_merge", "kv_merge"])
+    result, fused, ops = done.result, done.model, done.ops
+    reasons = done.misses_about("attention")
     assert _applied(result) == 2, f"{s}: {result.prepasses}"
     assert [op for op in ops if op in ATTENTION] == ["MultiHeadAttention"], f"{s}: {reasons[:3]}"
     assert "Softmax" not in ops and ops.count("RotaryEmbedding") == 2, f"{s}: {ops}"

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from autofusion.fusion_core.testing import (
+    GraphWriter,
     build_model,
     fuse_quiet,
     make_session,
@@ -90,50 +91,7 @@ def spellings(draw) -> Spelling:
     )
 
 
-class _Graph:
-    """Nodes and initializers under fresh names."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.rng = np.random.default_rng(seed)
-        self._count = 0
-
-    def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
-
-    def const(self, array, hint: str = "c") -> str:
-        name = self.name(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def ints(self, *values: int) -> str:
-        return self.const(np.array(values, np.int64), "shape")
-
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> list[str]:
-        names = [self.name(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
-        return names
-
-    def one(self, op_type: str, *inputs: str, **attrs) -> str:
-        return self.op(op_type, *inputs, **attrs)[0]
-
-    def weight(self, *shape: int) -> np.ndarray:
-        return (self.rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-
-    def model(self, name: str, out: str, shape: list) -> onnx.ModelProto:
-        """The checked opset-18 model of these nodes from ``hidden`` to ``out``."""
-        graph = helper.make_graph(
-            self.nodes,
-            name,
-            [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, shape)],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)],
-            self.inits,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        onnx.checker.check_model(model, full_check=True)
-        return model
+_Graph = GraphWriter  # the name the MoE tests import
 
 
 def kernel_routing(
