@@ -37,6 +37,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._sorted_dispatch import
     slab_linears,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import walk_back
 
 __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 
@@ -45,7 +46,6 @@ __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 _SCAN_LIMIT = 2000
 _BLOCK_LIMIT = 600
 _CANDIDATES = 3  # outputs tried, nearest first
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
 # Ops that only move data: a value read through them is still the hidden states.
 _LAYOUT = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
 
@@ -174,30 +174,16 @@ def _dominators(
 
 
 def upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
-    """The nodes ``output`` is computed from, back to ``stops`` and constants. A Shape
-    (or Size) reads no data: the walk does not go past it (what it reads is sized, not
-    computed, when the block runs on its own: ``_proof.py``)."""
-    seen: dict[int, ir.Node] = {}
-    stack = [output]
-    visited: set[int] = set()
-    while stack:
-        value = stack.pop()
-        if id(value) in visited or id(value) in stops:
-            continue
-        visited.add(id(value))
-        node = value.producer()
-        if node is None:
-            if constant_array(value) is not None:
-                continue
-            return f"the block reads {value.name!r}, neither the hidden states nor a constant"
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        if len(seen) > _BLOCK_LIMIT:
-            return f"the block would have more than {_BLOCK_LIMIT} nodes"
-        if node.op_type not in _SHAPE_ONLY:
-            stack.extend(v for v in node.inputs if v is not None)
-    return list(seen.values())
+    """The nodes ``output`` is computed from, back to ``stops`` and constants (past no
+    Shape: ``walk_back``), or why the block is not so computed."""
+    walked = walk_back(output, stops, _BLOCK_LIMIT)
+    if walked is None:
+        return f"the block would have more than {_BLOCK_LIMIT} nodes"
+    nodes, reads = walked
+    if reads:
+        value = next(iter(reads.values()))
+        return f"the block reads {value.name!r}, neither the hidden states nor a constant"
+    return list(nodes.values())
 
 
 def _routed_gather(node: ir.Node | None, experts: int, routed: set[int], ndim: int) -> bool:

@@ -36,13 +36,13 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import walk_back
 
 __all__ = ["SlabLinears", "experts_around", "slab_linears"]
 
 _WALK_LIMIT = 3000  # nodes walked back from a block's output to say what is around
 _MOST_OPS = 8  # op types named between the projections
 _MOST_READS = 3  # outside values named
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
 # Ops that move or index data: not named among what lies between the projections
 # (the unsort and re-sort of the slots, the head reshapes), what computes is.
 _MOVES = frozenset(
@@ -190,34 +190,6 @@ def slab_linears(nodes: list[ir.Node], experts: int) -> list[SlabLinears] | str 
     return groups
 
 
-def _walk(
-    output: ir.Value, stops: set[int]
-) -> tuple[dict[int, ir.Node], dict[int, ir.Value]] | None:
-    """The nodes ``output`` is computed from back to ``stops`` and constants, and the
-    values read that are neither (graph inputs); None past the walk's limit."""
-    seen: dict[int, ir.Node] = {}
-    reads: dict[int, ir.Value] = {}
-    stack, visited = [output], set()
-    while stack:
-        value = stack.pop()
-        if id(value) in visited or id(value) in stops:
-            continue
-        visited.add(id(value))
-        node = value.producer()
-        if node is None:
-            if constant_array(value) is None:
-                reads[id(value)] = value
-            continue
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        if len(seen) > _WALK_LIMIT:
-            return None
-        if node.op_type not in _SHAPE_ONLY:
-            stack.extend(v for v in node.inputs if v is not None)
-    return seen, reads
-
-
 def _between(first: SlabLinears, second: SlabLinears, nodes: dict[int, ir.Node]) -> list[ir.Node]:
     """The nodes on a path from ``first``'s products to ``second``'s Split."""
     before: set[int] = set()
@@ -245,7 +217,7 @@ def experts_around(graph: ir.Graph, output: ir.Value, stops: set[int], experts: 
     """Why the block computing ``output`` is experts around another computation (two
     projections over slabs of the sorted tokens, something between them that reads more
     than the hidden states), or None if it is not."""
-    walked = _walk(output, stops)
+    walked = walk_back(output, stops, _WALK_LIMIT)
     if walked is None:
         return None
     nodes, reads = walked

@@ -1,0 +1,43 @@
+"""The walk back from a value to what computes it, which the block finder (``_block.py``)
+and the reading of experts around another computation (``_sorted_dispatch.py``) share."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from autofusion.fusion_core.ir import constant_array
+
+__all__ = ["SHAPE_ONLY", "walk_back"]
+
+SHAPE_ONLY = frozenset({"Shape", "Size"})
+
+
+def walk_back(
+    output: ir.Value, stops: set[int], limit: int
+) -> tuple[dict[int, ir.Node], dict[int, ir.Value]] | None:
+    """The nodes ``output`` is computed from back to ``stops`` (value ids) and constants,
+    in the order the walk meets them, and the values read that are neither (graph
+    inputs), in that order too; None past ``limit`` nodes. A Shape (or Size) reads no
+    data: the walk does not go past it (what it reads is sized, not computed, when the
+    block runs on its own: ``_proof.py``)."""
+    seen: dict[int, ir.Node] = {}
+    reads: dict[int, ir.Value] = {}
+    stack, visited = [output], set()
+    while stack:
+        value = stack.pop()
+        if id(value) in visited or id(value) in stops:
+            continue
+        visited.add(id(value))
+        node = value.producer()
+        if node is None:
+            if constant_array(value) is None:
+                reads[id(value)] = value
+            continue
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if len(seen) > limit:
+            return None
+        if node.op_type not in SHAPE_ONLY:
+            stack.extend(v for v in node.inputs if v is not None)
+    return seen, reads
