@@ -57,6 +57,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
     probe_rows,
     subgraph_model,
 )
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing
 
 __all__ = ["any_routings", "nonnegative", "router_part"]
 
@@ -149,15 +150,7 @@ def _sign_reason(value: ir.Value, inside: set[int], seen: dict[int, str | None])
 
 def _closure(part: list[ir.Node], values: list[ir.Value]) -> list[ir.Node]:
     """The nodes of ``part`` that ``values`` are computed from, in ``part``'s order."""
-    members = {id(n): n for n in part}
-    needed: set[int] = set()
-    todo = list(values)
-    while todo:
-        node = todo.pop().producer()
-        if node is None or id(node) not in members or id(node) in needed:
-            continue
-        needed.add(id(node))
-        todo.extend(v for v in node.inputs if v is not None)
+    needed = computing({id(n): n for n in part}, list(values))
     return [n for n in part if id(n) in needed]
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.rewriters.mixture_of_experts._walk import walk_back
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing, walk_back
 
 __all__ = ["SlabLinears", "experts_around", "slab_linears"]
 
@@ -192,14 +192,7 @@ def slab_linears(nodes: list[ir.Node], experts: int) -> list[SlabLinears] | str 
 
 def _between(first: SlabLinears, second: SlabLinears, nodes: dict[int, ir.Node]) -> list[ir.Node]:
     """The nodes on a path from ``first``'s products to ``second``'s Split."""
-    before: set[int] = set()
-    stack = [second.split.inputs[0]]
-    while stack:
-        node = stack.pop().producer()
-        if node is None or id(node) not in nodes or id(node) in before:
-            continue
-        before.add(id(node))
-        stack.extend(v for v in node.inputs if v is not None)
+    before = computing(nodes, [second.split.inputs[0]])
     after: dict[int, ir.Node] = {}
     frontier = list(first.linears)
     while frontier:

@@ -7,7 +7,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["SHAPE_ONLY", "walk_back"]
+__all__ = ["SHAPE_ONLY", "computing", "walk_back"]
 
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
@@ -41,3 +41,17 @@ def walk_back(
         if node.op_type not in SHAPE_ONLY:
             stack.extend(v for v in node.inputs if v is not None)
     return seen, reads
+
+
+def computing(members: dict[int, ir.Node], values: list[ir.Value | None]) -> set[int]:
+    """The ids of the ``members`` (nodes by id) that ``values`` are computed from, walking
+    back through members only."""
+    needed: set[int] = set()
+    todo = [v for v in values if v is not None]
+    while todo:
+        node = todo.pop().producer()
+        if node is None or id(node) not in members or id(node) in needed:
+            continue
+        needed.add(id(node))
+        todo.extend(v for v in node.inputs if v is not None)
+    return needed
