@@ -52,6 +52,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   (``_fill_masks.py``): the
   float causal mask of transformers' older mask converter (``triu`` of the lowest float,
   the padding written in place by a ScatterND) read as ``Where(allowed, 0, lowest)``;
+* ``mask_guard`` (``_mask_guard.py``): a Softmax's output zeroed by the condition
+  that masked its input (CPM-Ant's ``Where(c, 0, Softmax(Where(c, -inf, s)))``) is
+  SDPA's NaN guard ``Where(IsNaN(P), 0, P)``; a finite fill is written ``-inf`` for it;
 * ``mask_clamp`` (``_masks.py``): ``Max(scores + finite mask, lowest)`` (XGLM) is no op;
 * ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
   added to the scores one after the other are summed first, so the scores take one;
@@ -150,6 +153,7 @@ from autofusion.fusion_core.canonical._identity import (
 )
 from autofusion.fusion_core.canonical._interleaved_columns import interleaved_columns
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
+from autofusion.fusion_core.canonical._mask_guard import masks_as_guards, undo_mask_guards
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._norm_spelling import norm_spellings, undo_norm_spellings
 from autofusion.fusion_core.canonical._packed import packed_heads
@@ -221,6 +225,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "causal_fill": causal_fills,
     "padding_fill": padding_fills,
     "identity_mask_expand": identity_mask_expands,
+    "mask_guard": masks_as_guards,  # reads the fill's condition before mask_as_bias rewrites it
     "mask_as_bias": masks_as_bias,
     "mask_clamp": clamps_dropped,
     "scale_to_scores": scales_to_scores,
@@ -273,6 +278,7 @@ _WORDS = {
     "padding_fill": "padding written into a float mask (mask + m == 0) made a condition of it",
     "identity_mask_expand": "Expands of a mask to its own shape removed",
     "unit_scale": "unscaled attention scores multiplied by 1",
+    "mask_guard": "probabilities zeroed by their own mask's condition made NaN guards",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
     "one_bias": "a mask and another bias added to the scores one after the other summed first",
     "repeat_kv": "repeated key/value heads written as Unsqueeze, Expand, Reshape",
@@ -379,6 +385,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "unit_scale": undo_unit_scales(graph, MARK),
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
+            "mask_guard": undo_mask_guards(graph, MARK),
             "kt_of_heads": undo_kt_splits(graph, MARK),
             "one_kv_head": undo_one_head_splits(graph, MARK),
             "norm_spelling": undo_norm_spellings(graph, MARK),

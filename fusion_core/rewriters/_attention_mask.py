@@ -11,6 +11,21 @@ from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 
+_ONNX = ("", "ai.onnx")
+# ops that give finite values from finite operands (short of a float overflow, which no
+# position bias reaches), read through by ``_minus_inf_source``; Gather reads its data
+_FINITE_OPS = frozenset(
+    {
+        "Identity", "Transpose", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice",
+        "Gather", "GatherElements", "Concat", "Tile", "Cast", "Where", "Add", "Sub", "Mul",
+        "Neg", "Abs", "MatMul", "Gemm", "Tanh", "Sigmoid", "Relu",
+    }
+)  # fmt: skip
+_FLOAT_TYPES = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+_CONE = 64  # nodes read back from a bias before it is called unproven
+
 
 def attention_bias(
     add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention", *, one_query: bool = False
@@ -75,6 +90,10 @@ def guarded_mask(
     if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
         return f"Where {guard.name!r} after the Softmax does not replace NaN by 0"
     producer = mask.producer()
+    if producer is not None and producer.op_type == "Add" and producer.domain in _ONNX:
+        biased = _biased_guarded_mask(mask, producer, ctx)
+        if biased is not None:
+            return biased
     arrays = (
         [constant_array(v) for v in producer.inputs[1:]]
         if producer is not None and producer.op_type == "Where"
@@ -102,23 +121,133 @@ def guarded_mask(
             f"the mask {mask.name!r} is not Where(cond, finite, -inf) or Where(cond, -inf, finite)"
         )
     cond = producer.inputs[0]
+    refused = _per_row_condition(cond, mask)
+    if refused is not None:
+        return refused
+    assert cond is not None
+    finite = [np.where(np.isneginf(a), np.finfo(a.dtype).min, a).astype(a.dtype) for a in arrays]
+    values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
+    where = ir.Node("", "Where", [cond, *values])
+    keep, nodes = _keep_rows(cond, minus_inf[0], mask.dtype, ctx)
+    return where.outputs[0], keep, [where, *nodes]
+
+
+def _biased_guarded_mask(
+    mask: ir.Value, add: ir.Node, ctx: RewriteContext
+) -> tuple[ir.Value, ir.Value, list[ir.Node]] | str | None:
+    """``guarded_mask`` for ``mask = bias + Where(cond, k, -inf)`` (either order, either
+    side ``-inf``, ``k`` finite): CPM-Ant's position bias beside its mask once
+    ``one_bias`` has summed them. The finite mask is ``Where(cond, bias + k, lowest)``
+    (``bias`` alone where ``k`` is 0: the graph's own sum on the rows it keeps, and no
+    float16 overflow of ``bias + lowest`` on the others), and the rows ``cond`` masks
+    fully are zeroed after the op as for ``Where(cond, k, -inf)`` alone. With both sides
+    finite no row is NaN and the guard never fires: the mask is taken as it is. Either
+    holds only if the bias is never ``-inf``: a row the bias alone masks fully is NaN in
+    the graph, then 0, while the op gives it the average of the keys ``cond`` masks. So
+    the bias must be proven free of ``-inf`` (``_minus_inf_source``). None where ``mask``
+    is not this form."""
+    for index, operand in enumerate(add.inputs):
+        where = operand.producer() if operand is not None else None
+        if where is None or where.op_type != "Where" or where.domain not in _ONNX:
+            continue
+        arrays = [constant_array(v) for v in where.inputs[1:]]
+        if any(a is None for a in arrays):
+            continue
+        minus_inf = [bool(np.all(np.isneginf(a))) for a in arrays]  # type: ignore[arg-type]
+        finite = [bool(np.all(np.isfinite(a))) for a in arrays]  # type: ignore[arg-type]
+        one_side = sorted(minus_inf) == [False, True] and finite == [not m for m in minus_inf]
+        if not all(finite) and not one_side:
+            continue
+        bias, cond = add.inputs[1 - index], where.inputs[0]
+        why = _minus_inf_source(bias)
+        if why is not None:
+            return (
+                f"the bias {bias.name!r} beside the mask {operand.name!r} is not proven free "  # type: ignore[union-attr]
+                f"of -inf ({why}): a row it masks fully is NaN, then 0 in the graph, and "
+                "MultiHeadAttention does not give 0 there"
+            )
+        if all(finite):  # a finite bias plus finite constants: no row is NaN, no guard fires
+            return mask, None, []
+        refused = _per_row_condition(cond, mask)
+        if refused is not None:
+            return refused
+        assert bias is not None and cond is not None
+        return _bias_where_finite(mask, (bias, cond), arrays, minus_inf[0], ctx)
+    return None
+
+
+def _bias_where_finite(
+    mask: ir.Value,
+    bias_and_cond: tuple[ir.Value, ir.Value],
+    arrays: list,
+    true_is_minus_inf: bool,
+    ctx: RewriteContext,
+) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
+    """``Where(cond, bias + k, lowest)`` (the sides in the mask's order) and the rows to
+    keep."""
+    bias, cond = bias_and_cond
+    k = arrays[1] if true_is_minus_inf else arrays[0]
+    nodes: list[ir.Node] = []
+    kept = bias
+    if np.any(k != 0):
+        nodes.append(ir.Node("", "Add", [bias, ctx.initializer(f"{mask.name}_kept", k)]))
+        kept = nodes[-1].outputs[0]
+    dtype = np.dtype(k.dtype)
+    lowest = ctx.initializer(f"{mask.name}_lowest", np.array(np.finfo(dtype).min, dtype))
+    sides = [lowest, kept] if true_is_minus_inf else [kept, lowest]
+    nodes.append(ir.Node("", "Where", [cond, *sides]))
+    finite = nodes[-1].outputs[0]
+    finite.dtype, finite.shape = mask.dtype, mask.shape
+    keep, keep_nodes = _keep_rows(cond, true_is_minus_inf, mask.dtype, ctx)
+    return finite, keep, [*nodes, *keep_nodes]
+
+
+def _minus_inf_source(bias: ir.Value | None) -> str | None:
+    """Where ``bias`` may take ``-inf`` from, or None when it cannot: its float values
+    come, through ops that keep finite values finite, from constants that are finite
+    (CPM-Ant's bias is a Gather from its table of bucket weights, transposed). Integer
+    and boolean inputs (a Gather's indices, a Where's condition) are not followed."""
+    pending, seen = [bias], 0
+    while pending:
+        value = pending.pop()
+        if value is None or value.dtype not in _FLOAT_TYPES:
+            continue
+        seen += 1
+        if seen > _CONE:
+            return f"more than {_CONE} values to read back"
+        array = constant_array(value)
+        if array is not None:
+            if not np.all(np.isfinite(array)):
+                return f"the constant {value.name!r} is not finite"
+            continue
+        producer = value.producer()
+        if producer is None:
+            return f"the graph input {value.name!r}"
+        if producer.op_type not in _FINITE_OPS or producer.domain not in _ONNX:
+            return f"{producer.op_type} {producer.name!r}"
+        inputs = producer.inputs[:1] if producer.op_type.startswith("Gather") else producer.inputs
+        pending += list(inputs)
+    return None
+
+
+def _per_row_condition(cond: ir.Value | None, mask: ir.Value) -> str | None:
+    """Why the rows ``cond`` masks fully cannot be zeroed after the heads are merged
+    (it is not known to be ``[B or 1, 1, S, L]``), or None."""
     dims = known_dims(cond) if cond is not None else None
     if dims is None or len(dims) != 4 or dims[1] != 1:
         return (
             f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L]: "
             "rows fully masked for some heads only cannot be kept apart after the merge"
         )
-    return _finite_mask_and_keep_rows(mask, cond, arrays, minus_inf[0], ctx)
+    return None
 
 
-def _finite_mask_and_keep_rows(
-    mask: ir.Value, cond: ir.Value, arrays: list, true_is_minus_inf: bool, ctx: RewriteContext
-) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
-    """``-inf`` as the lowest finite value of the mask's type, and ``[B, S, 1]`` in that
-    type: 1 where the row attends to something, 0 where the whole row was masked."""
-    finite = [np.where(np.isneginf(a), np.finfo(a.dtype).min, a).astype(a.dtype) for a in arrays]
-    values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
-    nodes = [ir.Node("", "Where", [cond, *values])]
+def _keep_rows(
+    cond: ir.Value, true_is_minus_inf: bool, dtype: ir.DataType | None, ctx: RewriteContext
+) -> tuple[ir.Value, list[ir.Node]]:
+    """``[B, S, 1]`` in ``dtype`` (the mask's): 1 where the row of ``cond`` attends to
+    something, 0 where the whole row was masked; and the nodes computing it."""
+    nodes: list[ir.Node] = []
     attend = cond
     if true_is_minus_inf:  # True selects -inf: the positions attended to are the False ones
         nodes.append(ir.Node("", "Not", [cond]))
@@ -138,9 +267,9 @@ def _finite_mask_and_keep_rows(
         )
     nodes.append(reduce)  # [B, 1, S]: 1 where the row attends to something
     nodes.append(ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])]))
-    if mask.dtype != ir.DataType.FLOAT:  # multiplies the attention's output, of its type
-        nodes.append(ir.Node("", "Cast", [nodes[-1].outputs[0]], [ir.AttrInt64("to", mask.dtype)]))
-    return nodes[0].outputs[0], nodes[-1].outputs[0], nodes
+    if dtype != ir.DataType.FLOAT:  # multiplies the attention's output, of its type
+        nodes.append(ir.Node("", "Cast", [nodes[-1].outputs[0]], [ir.AttrInt64("to", dtype)]))
+    return nodes[-1].outputs[0], nodes
 
 
 def empty_rows_as_mean(
