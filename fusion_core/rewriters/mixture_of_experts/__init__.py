@@ -38,6 +38,15 @@ groups, ``router: gathered`` or ``sigmoid``) keeps that subgraph, and the kernel
 ``log`` of its weights scattered over the experts, its output times their sum
 (``_any_router.py``). A copy of a router kept that way is not a router to fuse again.
 
+Logits ``[B, S, E]`` of a router that runs before the flattening the experts read
+(ZAYA) are read merged to ``[B * S, E]`` (``_merged.py``; proven by running the block on
+them unmerged). A router with more classes than experts (ZAYA's skip class, its weight
+zeroed and its index sent to expert 0; Inkling's shared experts' gates) takes the
+general path, the kernel fed its own choice and weights over the experts; where the
+router's values are also read outside the block (Inkling's shared experts weighted by
+their gates, ``moe_topk_pick_slice``), the block is the routed experts' term of the sum
+and those readers read the router's copy the rewrite keeps (``Block.kept``).
+
 Experts dispatched by sorting tokens (the slots sorted by expert, split by each
 expert's count, a linear per slab, scattered back weighted: ``_sorted_dispatch.py``) are
 found and proven like the others, then kept unless the param ``sorted_dispatch`` is set:
@@ -71,6 +80,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._block import (
     router_input,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._experts import Experts
+from autofusion.fusion_core.rewriters.mixture_of_experts._merged import merged
 from autofusion.fusion_core.rewriters.mixture_of_experts._proof import SOFTMAX, Routing, prove
 from autofusion.fusion_core.rewriters.mixture_of_experts._sigmoid import (
     between,
@@ -111,6 +121,7 @@ _SORTED_SLOWER = (
     "fuses it)"
 )
 _OWN_PATTERNS = ("moe_",)  # the builtin patterns of this rewriter
+_NO_BLOCK = "no mixture-of-experts block after the router"
 _MOST_REASONS = 3  # refusals (fast path, general readings) joined in a near miss
 
 
@@ -144,6 +155,29 @@ def _copied_router(match: Match) -> NotACandidate | None:
     return None
 
 
+def _own_routing_reason(block: Block) -> str | None:
+    """Why the kernel cannot route the block itself from the logits (None: it may)."""
+    if block.classes is not None:
+        return (
+            f"the router scores {block.classes} classes for {block.experts} experts (a skip "
+            "class, or shared experts' gates): the kernel's own routing picks among experts"
+        )
+    if block.kept:
+        return (
+            f"the router's {block.kept[0].name!r} is also read outside the block: the "
+            "kernel's own routing does not give it"
+        )
+    return None
+
+
+def _shaped(routing: Routing, block: Block) -> Routing:
+    """``routing``, over the leading axes merged where the logits are [B, S, E]."""
+    if len(block.logits.shape or ()) <= 2:
+        return routing
+    width = block.hidden.shape[-1] if block.hidden.shape is not None else None
+    return merged(routing, block.columns, int(width))
+
+
 def _proven(
     ctx: RewriteContext,
     block: Block,
@@ -154,12 +188,14 @@ def _proven(
     first, then each reading of the router as the graph computes it; or why none."""
     opsets = dict(ctx.model.opset_imports)
     routing_of, k = fast
-    if routing_of is not None:
-        routes = routing_of(block)
+    if routing_of is not None and _own_routing_reason(block) is None:
+        routes = _shaped(routing_of(block), block)
         experts = prove(block, k, opsets, routes)
         if not isinstance(experts, str):
             return experts, routes
         reasons.append(experts)
+    elif routing_of is not None:
+        reasons.append(_own_routing_reason(block))
     if ctx.opset < 16:  # ScatterElements' reduction
         reasons.append(opset_refusal("the general router's ScatterElements(add)", 16, ctx))
         return "; ".join(reasons)
@@ -167,6 +203,7 @@ def _proven(
         if isinstance(routes, str):
             reasons.append(routes)
             continue
+        routes = _shaped(routes, block)
         try:
             experts = prove(block, routes.k or k, opsets, routes)
         except RuntimeError as exc:  # the router cannot run alone on the proof's logits
@@ -175,6 +212,24 @@ def _proven(
             return experts, routes
         reasons.append(experts)
     return "; ".join(dict.fromkeys(reasons[:_MOST_REASONS]))
+
+
+def _merge_reason(block: Block) -> Block | str:
+    """The block, where its [B, S, E] logits may be merged to [B * S, E] (``_merged.py``:
+    the router reads the hidden states as they are, unflattened), or why not."""
+    hidden, logits = block.hidden.shape, block.logits.shape
+    if hidden is None or len(hidden) != len(logits) or not isinstance(hidden[-1], int):
+        return (
+            f"the router's logits {block.logits.name!r} are not [tokens, experts], nor "
+            "[B, S, experts] over the hidden states [B, S, hidden]"
+        )
+    if block.kept:
+        return (
+            f"the router's {block.kept[0].name!r}, read outside the block, is computed on "
+            f"[B, S, experts] logits {block.logits.name!r}: the rewrite's copy of the "
+            "router runs them merged"
+        )
+    return block
 
 
 class MixtureOfExperts(Rewriter):
@@ -245,7 +300,7 @@ class MixtureOfExperts(Rewriter):
         if isinstance(k, str):
             return k
         logits = sigmoid.inputs[0]
-        if logits.shape is None or len(logits.shape) != 2:
+        if logits.shape is None or len(logits.shape) < 2:
             return f"the router's logits {logits.name!r} are not [tokens, experts]"
         found = router_input(logits)  # before running anything: is this a router at all
         if isinstance(found, str):
@@ -277,10 +332,12 @@ class MixtureOfExperts(Rewriter):
         else by the router as the graph computes it (``_any_router.py``); experts
         dispatched by sorting tokens only where ``sorted_ok``."""
         anchor, logits, k = router
-        if logits.shape is None or len(logits.shape) != 2:
+        if logits.shape is None or len(logits.shape) < 2:
             return f"the router's logits {logits.name!r} are not [tokens, experts]"
-        reason = "no mixture-of-experts block after the router"
+        reason = _NO_BLOCK
         for block in find_blocks(ctx.graph, nodes, logits):
+            if isinstance(block, str) or len(logits.shape) > 2:
+                block = _merge_reason(block) if not isinstance(block, str) else block
             if isinstance(block, str):
                 reason = block
                 continue
@@ -289,7 +346,8 @@ class MixtureOfExperts(Rewriter):
             reasons = [why_not_fast] if why_not_fast else []
             found = _proven(ctx, block, (fast, k), reasons)
             if isinstance(found, str):
-                reason = found
+                # a term beside a shared expert says less than the whole block's refusal
+                reason = reason if block.beside and reason != _NO_BLOCK else found
                 continue
             experts, routes = found
             if block.sorted_slabs and not sorted_ok:
@@ -315,6 +373,8 @@ class MixtureOfExperts(Rewriter):
         def constant(hint, array):
             return ctx.initializer(f"{prefix}_{hint}", array)
 
-        nodes, out = routing.emit(block.hidden, block.logits, experts, constant, lambda v: v)
+        emitted = routing.emit(block.hidden, block.logits, experts, constant, lambda v: v)
+        out = emitted.output
         out.dtype, out.shape = block.output.dtype, block.output.shape
-        return Rewrite(nodes, [(block.output, out)], absorbed=[*block.absorbed, *extra])
+        replaced = [(block.output, out), *emitted.kept]
+        return Rewrite(emitted.nodes, replaced, absorbed=[*block.absorbed, *extra])

@@ -50,6 +50,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
     moe_node,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
+    Emitted,
     Outside,
     Routing,
     external,
@@ -57,7 +58,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
     probe_rows,
     subgraph_model,
 )
-from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing, from_logits
 
 __all__ = ["any_routings", "nonnegative", "router_part"]
 
@@ -83,17 +84,7 @@ def router_part(block: Block) -> list[ir.Node]:
     """The block's nodes computed from the logits, constants and shapes alone, in graph
     order: the router (its choice, its weights and the masks between; a mask's shape
     may be read from the hidden states)."""
-    known = {id(block.logits)}
-    made = {id(v) for n in block.nodes for v in n.outputs}
-    part = []
-    for node in block.nodes:
-        data = [v for v in node.inputs if v is not None and constant_tensor(v) is None]
-        # a shape read of what the block reads (not of what the rewrite removes)
-        sized = node.op_type in _SHAPE_ONLY and all(id(v) not in made for v in data)
-        if sized or all(id(v) in known for v in data):
-            part.append(node)
-            known.update(id(v) for v in node.outputs)
-    return part
+    return from_logits(block.nodes, block.logits)
 
 
 def nonnegative(value: ir.Value, inside: set[int], seen: dict[int, str | None]) -> str | None:
@@ -226,7 +217,7 @@ def _shaped_values(block: Block, part: list[ir.Node], opsets):
         return "the router computes no typed value"
     rng = np.random.default_rng(0)
     rows = probe_rows(block.logits, _PROBE_TOKENS)
-    logits = rng.standard_normal((rows, block.experts)).astype(np.float32)
+    logits = rng.standard_normal((rows, block.columns)).astype(np.float32)
     got = _run(part, block.logits, typed, logits, opsets)
     if isinstance(got, str):
         return got
@@ -281,7 +272,7 @@ def any_routings(block: Block, opsets: dict[str, int]) -> Iterator[Routing | str
 
 def _routing(block: Block, part, pair: tuple[ir.Value, ir.Value, int], opsets) -> Routing:
     idx, w, k = pair
-    nodes = _closure(part, [idx, w])
+    nodes = _closure(part, [idx, w, *block.kept])
 
     def choose(logits: np.ndarray, _k: int) -> tuple[np.ndarray, np.ndarray]:
         got = _run(nodes, block.logits, [idx, w], logits.astype(np.float32), opsets)
@@ -292,8 +283,8 @@ def _routing(block: Block, part, pair: tuple[ir.Value, ir.Value, int], opsets) -
             raise RuntimeError(f"{idx.name!r} names no expert on the proof's logits")
         return chosen.astype(np.int64), weights.astype(np.float64)
 
-    def emit(hidden, logits, experts, constant, outside):
-        reads = (block.logits, idx, w)
+    def emit(hidden, logits, experts, constant, outside) -> Emitted:
+        reads = (block.logits, idx, w, block.kept)
         return _emit(nodes, reads, (hidden, logits), experts, (constant, outside))
 
     name = f"the experts {idx.name!r} weighted by {w.name!r} (k = {k})"
@@ -301,11 +292,16 @@ def _routing(block: Block, part, pair: tuple[ir.Value, ir.Value, int], opsets) -
 
 
 def _clone(
-    nodes: list[ir.Node], mapping: dict[int, ir.Value], constant: Constant, outside: Outside
+    nodes: list[ir.Node],
+    mapping: dict[int, ir.Value],
+    makers: tuple[Constant, Outside],
+    shaped: bool,
 ) -> list[ir.Node]:
     """Copies of ``nodes`` reading the values ``mapping`` gives (constants through
     ``constant``, anything else through ``outside``), their outputs added to
-    ``mapping``."""
+    ``mapping``; each typed as its original, and shaped so where ``shaped`` (not over
+    [B, S, E] logits run merged: ``_merged.py``)."""
+    constant, outside = makers
     clones = []
     for node in nodes:
         inputs = []
@@ -326,23 +322,24 @@ def _clone(
             num_outputs=len(node.outputs), version=node.version,
         )  # fmt: skip
         for old, new in zip(node.outputs, clone.outputs, strict=True):
-            new.dtype, new.shape = old.dtype, old.shape
+            new.dtype, new.shape = old.dtype, (old.shape if shaped else None)
             mapping[id(old)] = new
         clones.append(clone)
     return clones
 
 
-def _emit(nodes, reads, inputs, experts: Experts, makers: tuple[Constant, Outside]):
-    """The router's clone, the dense log-weights, the MoE and the product by sum(w)."""
-    old_logits, idx, w = reads
+def _emit(nodes, reads, inputs, experts: Experts, makers: tuple[Constant, Outside]) -> Emitted:
+    """The router's clone, the dense log-weights, the MoE and the product by sum(w); the
+    clone's values stand for the router's that are read outside the block (``kept``)."""
+    old_logits, idx, w, kept = reads
     hidden, logits = inputs
-    constant, outside = makers
+    constant = makers[0]
     mapping = {id(old_logits): logits}
-    clones = _clone(nodes, mapping, constant, outside)
+    clones = _clone(nodes, mapping, makers, len(old_logits.shape or ()) <= 2)
     chosen, weights = mapping[id(idx)], mapping[id(w)]
+    shape = _dense_shape(logits, experts.fc1.shape[0], constant)
     zero = ir.tensor(np.zeros(1, np.float32))
-    shape = ir.node("Shape", [logits])
-    zeros = ir.node("ConstantOfShape", [shape.outputs[0]], {"value": zero})
+    zeros = ir.node("ConstantOfShape", [shape[-1].outputs[0]], {"value": zero})
     dense = ir.node(
         "ScatterElements",
         [zeros.outputs[0], chosen, weights],
@@ -350,10 +347,22 @@ def _emit(nodes, reads, inputs, experts: Experts, makers: tuple[Constant, Outsid
     )
     router = ir.node("Log", [dense.outputs[0]])
     moe = moe_node(hidden, router.outputs[0], replace(experts, normalize=True), constant)
-    made = [*clones, shape, zeros, dense, router, moe]
+    made = [*clones, *shape, zeros, dense, router, moe]
+    copies = [(value, mapping[id(value)]) for value in kept]
     if experts.normalize:  # the block divides w by its sum itself
-        return made, moe.outputs[0]
+        return Emitted(made, moe.outputs[0], copies)
     axes = constant("last_axis", np.array([-1], np.int64))
     total = ir.node("ReduceSum", [weights, axes], {"keepdims": 1})
     weighted = ir.node("Mul", [moe.outputs[0], total.outputs[0]])
-    return [*made, total, weighted], weighted.outputs[0]
+    return Emitted([*made, total, weighted], weighted.outputs[0], copies)
+
+
+def _dense_shape(logits: ir.Value, experts: int, constant: Constant) -> list[ir.Node]:
+    """The nodes whose last gives [tokens, experts]: the logits' shape, or where they
+    have more classes than there are experts (a skip class, shared experts' gates) their
+    rows and the experts' count."""
+    if logits.shape is not None and logits.shape[-1] == experts:
+        return [ir.node("Shape", [logits])]
+    rows = ir.node("Shape", [logits], {"start": 0, "end": 1})
+    count = constant("experts_count", np.array([experts], np.int64))
+    return [rows, ir.node("Concat", [rows.outputs[0], count], {"axis": 0})]

@@ -25,19 +25,20 @@ its ops.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_array, constant_tensor
 from autofusion.fusion_core.rewriters.mixture_of_experts._sorted_dispatch import (
     SlabLinears,
     experts_around,
     slab_linears,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
-from autofusion.fusion_core.rewriters.mixture_of_experts._walk import walk_back
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import from_logits, walk_back
 
 __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 
@@ -46,6 +47,7 @@ __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 _SCAN_LIMIT = 2000
 _BLOCK_LIMIT = 600
 _CANDIDATES = 3  # outputs tried, nearest first
+_MOST_TERMS = 6  # terms of such an output tried beside shared experts (_summands)
 # Ops that only move data: a value read through them is still the hidden states.
 _LAYOUT = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
 
@@ -76,6 +78,18 @@ class Block:
     weights: list[StackedWeight]  # the experts' weights stacked [experts, ...], or
     units: list[Unit]  # one SwiGLU MLP per expert, in the experts' order
     sorted_slabs: bool = False  # the weights are linears on slabs of the sorted tokens
+    # the logits' width where it is more than the experts (ZAYA's skip class, Inkling's
+    # shared experts' gates: classes no stacked weight has), else None
+    classes: int | None = None
+    # the router's values that nodes outside the block read (Inkling's shared experts'
+    # gates): the rewrite hands those readers its copy of the router's (_any_router.py)
+    kept: list[ir.Value] = field(default_factory=list)
+    beside: bool = False  # a term of the first value all results flow into (_summands)
+
+    @property
+    def columns(self) -> int:
+        """The logits' width: the experts, and the classes no expert has."""
+        return self.classes or self.experts
 
 
 def _under_bias(node: ir.Node | None) -> ir.Node | None:
@@ -186,25 +200,38 @@ def upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
     return list(nodes.values())
 
 
-def _routed_gather(node: ir.Node | None, experts: int, routed: set[int], ndim: int) -> bool:
+def _routed_gather(
+    node: ir.Node | None, experts: int, routed: set[int], ndim: int, *, at_most: bool = False
+) -> bool:
     """Whether ``node`` gathers rows of a constant [experts, ...] of rank ``ndim`` by the
-    router's indices."""
+    router's indices (``at_most``: [n, ...] with n up to ``experts``)."""
     if node is None or node.op_type not in ("Gather", "GatherND") or len(node.inputs) < 2:
         return False
     attrs = {a.name: a.value for a in node.attributes.values()}
     if attrs.get("axis", 0) != 0 or attrs.get("batch_dims", 0) != 0:
         return False
     array = constant_array(node.inputs[0])
-    if array is None or array.ndim != ndim or array.shape[0] != experts:
+    if array is None or array.ndim != ndim:
         return False
-    return id(node.inputs[1]) in routed
+    fits = 0 < array.shape[0] <= experts if at_most else array.shape[0] == experts
+    return fits and id(node.inputs[1]) in routed
 
 
-def _stacked(nodes: list[ir.Node], experts: int, routed: set[int]) -> list[StackedWeight]:
-    """The block's gathers of a constant [experts, a, b] by the router's indices."""
-    found = []
+def _rows(value: ir.Value) -> int:
+    """The first dimension of a constant (its tensor's, not read)."""
+    return int(constant_tensor(value).shape[0])
+
+
+def _stacked(nodes: list[ir.Node], classes: int, routed: set[int]) -> list[StackedWeight]:
+    """The block's gathers of a constant [experts, a, b] by the router's indices: as many
+    experts as the logits have classes, or fewer (a skip class, shared experts' gates:
+    ``Block.classes``); those of the first gather's count."""
+    found: list[StackedWeight] = []
     for node in nodes:
-        if not _routed_gather(node, experts, routed, 3):
+        if not _routed_gather(node, classes, routed, 3, at_most=True):
+            continue
+        experts = _rows(node.inputs[0])
+        if found and experts != _rows(found[0].array_value):
             continue
         matmul = _reading(node.outputs[0], "MatMul")
         if matmul is None:
@@ -262,17 +289,43 @@ def find_blocks(graph: ir.Graph, router: list[ir.Node], logits: ir.Value) -> Ite
             if value.is_graph_output():
                 yield f"the router's {value.name!r} is a graph output, which MoE does not give"
                 return
-    candidates = 0
-    for output, downstream in _dominators(graph, router, hidden):
-        candidates += 1
-        if candidates > _CANDIDATES:
-            return
-        yield _block(graph, router, (hidden, root, logits, experts), output, downstream)
-    if not candidates:
+    reads = (hidden, root, logits, experts)
+    dominators = list(itertools.islice(_dominators(graph, router, hidden), _CANDIDATES))
+    for output, downstream in dominators:
+        yield _block(graph, router, reads, output, downstream)
+    for output, downstream in dominators:  # the routed experts beside shared ones
+        for part in _summands(output, hidden, downstream):
+            block = _block(graph, router, reads, part, downstream)
+            if not isinstance(block, str):  # a term that is no block: nothing to say
+                block.beside = True
+                yield block
+    if not dominators:
         yield (
             "no value after the router that all of its results flow into has the hidden "
             "states' shape"
         )
+
+
+def _summands(output: ir.Value, hidden: ir.Value, downstream: list[ir.Node]) -> list[ir.Value]:
+    """The terms of ``output = a + b (+ c ...)`` computed from the router's results, with
+    the hidden states' rank and width, outer first: the routed experts' sum beside shared
+    experts weighted by gates the router computes too (Inkling), where the sum of all is
+    no MoE."""
+    made = {id(v) for n in downstream for v in n.outputs}
+    rank = len(hidden.shape) if hidden.shape is not None else None
+    found: list[ir.Value] = []
+    todo = [output]
+    while todo and len(found) < _MOST_TERMS:
+        node = todo.pop(0).producer()
+        if node is None or node.op_type != "Add":
+            continue
+        for value in node.inputs:
+            shape = value.shape if value is not None else None
+            wide = shape is not None and len(shape) == rank and shape[-1] == hidden.shape[-1]
+            if id(value) in made and wide:
+                found.append(value)
+                todo.append(value)
+    return found
 
 
 def _block(
@@ -282,39 +335,49 @@ def _block(
     output: ir.Value,
     downstream: list[ir.Node],
 ) -> Block | str:
-    hidden, root, logits, experts = reads
+    hidden, root, logits, classes = reads
     nodes = upstream(output, {id(root), id(logits)})
     if isinstance(nodes, str):  # experts around an attention read more: say so plainly
-        return experts_around(graph, output, {id(root), id(logits)}, experts) or nodes
+        return experts_around(graph, output, {id(root), id(logits)}, classes) or nodes
     order = {id(n): i for i, n in enumerate(graph)}
     nodes.sort(key=lambda n: order[id(n)])
     routed = {id(v) for n in [*router, *downstream] for v in n.outputs}
     inside = {id(n) for n in [*nodes, *router]}
+    own = {id(v) for n in from_logits(nodes, logits) for v in n.outputs}
     for node in downstream:  # what reads the choice and does not make the output
-        if id(node) not in inside:
+        if id(node) not in inside and not _reads_router_only(node, (inside, own), output):
             return (
                 f"{node.op_type} {node.name!r} reads the router's choice but the block's "
                 f"output {output.name!r} does not depend on it"
             )
-    absorbed = _absorbed(nodes, router, output, routed)
+    absorbed = _absorbed(nodes, router, output, (routed, own))
     if isinstance(absorbed, str):
         return absorbed
-    weights = _stacked(nodes, experts, routed)
+    absorbed, kept = absorbed
+    weights = _stacked(nodes, classes, routed)
     units = swiglu_units(nodes) if len(weights) < 2 else []
-    slabbed = False
-    if len(weights) < 2 and len(units) != experts:
-        slabs = slab_linears(nodes, experts)
+    slabbed, experts = False, classes
+    if len(weights) >= 2:
+        experts = _rows(weights[0].array_value)
+    elif 2 <= len(units) <= classes:
+        experts = len(units)
+    else:
+        slabs = slab_linears(nodes, classes)
         if slabs is None:
             return (
-                f"the block's experts are neither constants [{experts}, out, in] gathered "
-                f"by the router's indices (found {len(weights)}) nor {experts} SwiGLU MLPs "
-                f"with their own weights (found {len(units)}) nor {experts} linears per "
+                f"the block's experts are neither constants [{classes}, out, in] gathered "
+                f"by the router's indices (found {len(weights)}) nor {classes} SwiGLU MLPs "
+                f"with their own weights (found {len(units)}) nor {classes} linears per "
                 "projection on the slabs of the tokens sorted by expert"
             )
         if isinstance(slabs, str):
             return slabs
         weights, units, slabbed = [_slab_weight(s) for s in slabs], [], True
-    return Block(hidden, root, logits, experts, output, nodes, absorbed, weights, units, slabbed)
+    extra = classes if classes != experts else None
+    return Block(
+        hidden, root, logits, experts, output, nodes, absorbed, weights, units, slabbed, extra,
+        kept,
+    )  # fmt: skip
 
 
 def _slab_weight(slabs: SlabLinears) -> StackedWeight:
@@ -329,20 +392,41 @@ def _slab_weight(slabs: SlabLinears) -> StackedWeight:
     return StackedWeight(slabs.split, value(slabs.weight), first, True, bias)
 
 
+def _reads_router_only(node: ir.Node, block: tuple[set[int], set[int]], output: ir.Value) -> bool:
+    """Whether what ``node`` reads of the block (``block``: its nodes, and the router's own
+    values, computed from the logits alone, which the rewrite keeps) is the router's own
+    values or the block's output, as a shared expert reads its gate."""
+    inside, own = block
+    for value in node.inputs:
+        producer = value.producer() if value is not None else None
+        if producer is None or id(producer) not in inside or value is output:
+            continue
+        if id(value) not in own:
+            return False
+    return True
+
+
 def _absorbed(
-    nodes: list[ir.Node], router: list[ir.Node], output: ir.Value, routed: set[int]
-) -> list[ir.Node] | str:
+    nodes: list[ir.Node], router: list[ir.Node], output: ir.Value, values: tuple[set, set]
+) -> tuple[list[ir.Node], list[ir.Value]] | str:
     """The block's nodes that nothing outside it reads (the others stay: a Shape of the
-    hidden states the layer reads again). A node computed from the router's choice must
-    be among them: the fused op does not give its value."""
+    hidden states the layer reads again), and the router's own values read outside
+    (``Block.kept``). Any other node computed from the router's choice must be among
+    them: the fused op does not give its value."""
+    routed, own = values
     matched = {id(n) for n in router}
     absorbed = {id(n): n for n in nodes if id(n) not in matched}
+    kept: dict[int, ir.Value] = {}
     changed = True
     while changed:
         changed = False
         for key, node in list(absorbed.items()):
-            value = _read_outside(node, absorbed.keys() | matched, output)
+            value = _read_outside(node, absorbed.keys() | matched, output, kept)
             if value is None:
+                continue
+            if id(value) in own and not value.is_graph_output():
+                kept[id(value)] = value  # the rewrite's copy of the router gives it
+                changed = True
                 continue
             if id(value) in routed or any(id(v) in routed for v in node.outputs):
                 return (
@@ -351,14 +435,21 @@ def _absorbed(
                 )
             del absorbed[key]
             changed = True
-    return [n for n in nodes if id(n) in absorbed]
+    inside = absorbed.keys() | matched
+    for node in router:  # the matched nodes go whatever is read of them
+        for value in node.outputs:
+            if id(value) in own and any(id(u.node) not in inside for u in value.uses()):
+                kept[id(value)] = value
+    return [n for n in nodes if id(n) in absorbed], list(kept.values())
 
 
-def _read_outside(node: ir.Node, inside: set[int], output: ir.Value) -> ir.Value | None:
-    """An output of ``node`` (other than the block's output) read by a node not in
-    ``inside``, or a graph output; None if there is none."""
+def _read_outside(
+    node: ir.Node, inside: set[int], output: ir.Value, known: dict[int, ir.Value] | None = None
+) -> ir.Value | None:
+    """An output of ``node`` (other than the block's output and those ``known``) read by
+    a node not in ``inside``, or a graph output; None if there is none."""
     for value in node.outputs:
-        if value is output:
+        if value is output or (known is not None and id(value) in known):
             continue
         if value.is_graph_output():
             return value

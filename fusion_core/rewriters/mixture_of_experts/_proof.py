@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -51,6 +51,7 @@ from autofusion.fusion_core.targets import MS_DOMAIN
 __all__ = [
     "probe_rows",
     "SOFTMAX",
+    "Emitted",
     "Routing",
     "external",
     "options",
@@ -61,6 +62,9 @@ __all__ = [
 
 RTOL, ATOL = 1e-4, 1e-5
 _TOKENS = (2, 3)  # the random inputs: 2 sequences of 3 tokens (or 6 tokens)
+_MOST_PAIRED = 64  # tokens that pick a class no expert has beside an expert (_paired)
+_PAIRED_LEAD = 4.0  # the second's logit gets this added, the first's twice: the two
+# likeliest by far, in that order, whatever a small selection bias adds
 # The largest weight slice the proof gathers (tokens x top-k experts), in elements.
 _PROOF_ELEMENTS = 400_000_000
 _CLAMP_REACH = 3.0  # the scaled tokens' largest pre-activation, in clamp limits
@@ -79,7 +83,20 @@ def _softmax_top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 # constant (a router's shape arithmetic reads the hidden states' shape): the value
 # itself in the rewrite, a fed input in the proof's model.
 Outside = Callable[[ir.Value], ir.Value]
-Emit = Callable[[ir.Value, ir.Value, Experts, Constant, Outside], tuple[list[ir.Node], ir.Value]]
+
+
+@dataclass
+class Emitted:
+    """What the rewrite puts in the block's place: its nodes, the value that stands for
+    the block's output, and (the router's value read outside the block, the emitted copy's
+    value that stands for it) pairs (``Block.kept``)."""
+
+    nodes: list[ir.Node]
+    output: ir.Value
+    kept: list[tuple[ir.Value, ir.Value]] = field(default_factory=list)
+
+
+Emit = Callable[[ir.Value, ir.Value, Experts, Constant, Outside], Emitted]
 
 
 @dataclass(frozen=True)
@@ -100,9 +117,9 @@ class Routing:
     k: int | None = None
 
 
-def _emit_softmax(hidden, logits, experts, constant, _outside):
+def _emit_softmax(hidden, logits, experts, constant, _outside) -> Emitted:
     node = moe_node(hidden, logits, experts, constant)
-    return [node], node.outputs[0]
+    return Emitted([node], node.outputs[0])
 
 
 # Softmax routers (Mixtral, Qwen3-MoE...): the kernel reads the logits as they are.
@@ -157,7 +174,7 @@ def _matching(candidates, acts, probes, logits, k, routing: Routing) -> Experts 
                 outputs = [_combined(layout, activation, pre, chosen, weights) for pre in pres]
                 for scale in routing.scales:
                     if all(
-                        _close(scale * out, got)
+                        _close(scale * out, got.reshape(out.shape))
                         for out, (_, got) in zip(outputs, probes, strict=True)
                     ):
                         return scaled(as_moe(layout, activation, k, normalize), scale)
@@ -190,10 +207,11 @@ def prove(
     if not candidates:
         return "the stacked weights are not a fused gate/up pair or a gate, an up and a down"
     first = candidates[0]
-    cost = int(np.prod(_TOKENS)) * k * (2 * first.gate[0].size + first.down[0].size)
+    rows = int(np.prod(_TOKENS)) + len(_paired(block, k))
+    cost = rows * k * (2 * first.gate[0].size + first.down[0].size)
     if cost > _PROOF_ELEMENTS:
         return "the experts are too large to prove by running the block"
-    feeds, x, logits = _random_inputs(block)
+    feeds, x, logits = _random_inputs(block, _paired(block, k))
     if isinstance(feeds, str):
         return feeds
     acts = activations(block.nodes)
@@ -207,7 +225,8 @@ def prove(
             f"the block does not compute {routing.name} and SwiGLU experts (silu(gate) * "
             "up, or gpt-oss's clamped form, then down) with its stacked weights"
         )
-    return _kernel_agrees(ort, experts, (probes, feeds, logits), routing, opsets)
+    shaped = feeds[block.logits.name]  # as the block reads them: [B, S, E] or [T, E]
+    return _kernel_agrees(ort, experts, (probes, feeds, shaped), routing, opsets)
 
 
 def _run_block(ort, block: Block, opsets, feeds, x, scales):
@@ -225,7 +244,7 @@ def _run_block(ort, block: Block, opsets, feeds, x, scales):
             probes.append(((x * np.float32(scale)).astype(np.float32), got))
     except Exception as exc:
         return f"onnxruntime cannot run the block on its own ({type(exc).__name__})"
-    if probes[0][1].shape != x.shape:
+    if probes[0][1].size != x.size:  # [B, S, hidden] where the router reads [B, S, hidden]
         return f"the block's output has shape {list(probes[0][1].shape)}, its input {list(x.shape)}"
     return probes
 
@@ -236,8 +255,8 @@ def _kernel_model(routing: Routing, experts: Experts, inputs, opset: int):
     ``inputs`` holds the block's feeds); and those constants by name."""
     x, logits, block_feeds = inputs
     fed: dict[str, np.ndarray] = {}
-    hidden = ir.val("x", ir.DataType.FLOAT, ["tokens", x.shape[1]])
-    scores = ir.val("logits", ir.DataType.FLOAT, ["tokens", logits.shape[1]])
+    hidden = ir.val("x", ir.DataType.FLOAT, _symbolic(x))
+    scores = ir.val("logits", ir.DataType.FLOAT, _symbolic(logits))
 
     def constant(hint: str, array: np.ndarray) -> ir.Value:
         fed[hint] = array
@@ -246,13 +265,19 @@ def _kernel_model(routing: Routing, experts: Experts, inputs, opset: int):
     def outside(value: ir.Value) -> ir.Value:
         return constant(f"outside_{value.name}", block_feeds[value.name])
 
-    nodes, output = routing.emit(hidden, scores, experts, constant, outside)
+    emitted = routing.emit(hidden, scores, experts, constant, outside)
+    nodes, output = emitted.nodes, emitted.output
     output.name = "y"
     inputs = [hidden, scores, *_fed_inputs(nodes, fed)]
     graph = ir.Graph(
         inputs, [output], nodes=nodes, opset_imports={"": opset, MS_DOMAIN: 1}, name="moe"
     )
     return ir.serde.serialize_model(ir.Model(graph, ir_version=8)), fed
+
+
+def _symbolic(array: np.ndarray) -> list[int | str]:
+    """``array``'s shape with its leading axes (the tokens) symbolic."""
+    return [*(f"rows_{i}" for i in range(array.ndim - 1)), array.shape[-1]]
 
 
 def _fed_inputs(nodes: list[ir.Node], fed: dict[str, np.ndarray]) -> list[ir.Value]:
@@ -273,6 +298,8 @@ def _kernel_agrees(
     router's copied ops are the model's)."""
     probes, feeds, logits = runs_of
     opset = max(17, opsets.get("", opsets.get("ai.onnx", 17)))
+    if logits.ndim > 2:  # the router's [B, S, E]: the tokens as the block reads them
+        probes = [(x.reshape(*logits.shape[:-1], -1), got) for x, got in probes]
     try:
         model, constants = _kernel_model(routing, experts, (probes[0][0], logits, feeds), opset)
         session = ort.InferenceSession(
@@ -297,24 +324,43 @@ def options(ort):
     return options
 
 
-def _random_inputs(block: Block):
+def _paired(block: Block, k: int) -> list[tuple[int, int]]:
+    """(first, second) classes the proof's logits make the two likeliest, one token each:
+    each class no expert has (a skip class) before and after each expert, the first
+    ``_MOST_PAIRED``. Where k >= 2 a router that sends such a class to an expert (ZAYA:
+    the skip to expert 0) may choose that expert twice, which a block may weigh
+    otherwise than as the sum of both (a scatter that overwrites): random logits rarely
+    pick both."""
+    if k < 2 or block.classes is None:
+        return []
+    extra = range(block.experts, block.classes)
+    pairs = [p for e in range(block.experts) for c in extra for p in ((c, e), (e, c))]
+    return pairs[:_MOST_PAIRED]
+
+
+def _random_inputs(block: Block, paired: list[tuple[int, int]]):
     """Feeds for the block model: the root of the hidden states, the logits, every
     constant it reads, and zeros shaped like what it only reads the shape of; and the
-    hidden states and logits as the experts see them."""
+    hidden states and logits as the experts see them (``paired``: tokens whose two
+    largest logits are those classes, ``_paired``)."""
     rng = np.random.default_rng(0)
     shape = block.root.shape
     width = block.hidden.shape[-1] if block.hidden.shape is not None else None
     if shape is None or not isinstance(width, int):
         return "the hidden states have no known width", None, None
-    dims, symbolic, sizes = [], iter(_TOKENS), {}
-    for dim in shape[:-1]:
-        if not isinstance(dim, int):
-            sizes[str(dim)] = next(symbolic, 1)
-        dims.append(dim if isinstance(dim, int) else sizes[str(dim)])
+    sizes = _sizes(shape[:-1], len(paired))
+    dims = [dim if isinstance(dim, int) else sizes[str(dim)] for dim in shape[:-1]]
     tokens = int(np.prod(dims))
     root = rng.standard_normal((*dims, width)).astype(np.float32)
-    logits = rng.standard_normal((tokens, block.experts)).astype(np.float32)
-    feeds = {block.root.name: root, block.logits.name: logits}
+    logits = rng.standard_normal((tokens, block.columns)).astype(np.float32)
+    for row, (first, second) in enumerate(paired[:tokens]):  # in that order
+        logits[row, first] += 2 * _PAIRED_LEAD
+        logits[row, second] += _PAIRED_LEAD
+    rank = len(block.logits.shape or ())
+    if rank > 2 and rank != len(shape):
+        return "the router's logits are not [tokens, experts] nor shaped as the tokens", None, None
+    shaped = logits.reshape(*dims, -1) if rank > 2 else logits  # the router's [B, S, E]
+    feeds = {block.root.name: root, block.logits.name: shaped}
     for value in external(block.nodes):
         if value.name in feeds:
             continue
@@ -327,13 +373,31 @@ def _random_inputs(block: Block):
     return feeds, root.reshape(tokens, width), logits
 
 
+def _sizes(leading, paired: int) -> dict[str, int]:
+    """The sizes of the tokens' symbolic axes: ``_TOKENS`` in order (1 past them), the
+    last one larger where ``paired`` tokens are more than the others give."""
+    sizes: dict[str, int] = {}
+    symbolic = iter(_TOKENS)
+    for dim in leading:
+        if not isinstance(dim, int) and str(dim) not in sizes:
+            sizes[str(dim)] = next(symbolic, 1)
+    fixed = int(np.prod([d for d in leading if isinstance(d, int)] or [1]))
+    if sizes and paired > fixed * int(np.prod(list(sizes.values()))):
+        last = list(sizes)[-1]
+        others = fixed * int(np.prod([v for n, v in sizes.items() if n != last] or [1]))
+        sizes[last] = -(-paired // others)
+    return sizes
+
+
 def probe_rows(logits: ir.Value, wanted: int) -> int:
     """How many tokens a router run alone may be fed: ``wanted``, or the count a graph
-    exported for one length fixed (its logits ``[T, E]`` with ``T`` a number: constants
-    folded from that count inside the router, a ``[T, G]`` group mask, fail at any
-    other)."""
-    first = logits.shape[0] if logits.shape is not None and len(logits.shape) else None
-    return first if isinstance(first, int) and first > 0 else wanted
+    exported for one length fixed (its logits ``[T, E]`` with ``T`` a number, or
+    ``[B, S, E]`` with both: constants folded from that count inside the router, a
+    ``[T, G]`` group mask, fail at any other)."""
+    leading = list(logits.shape[:-1]) if logits.shape is not None else []
+    if not leading or not all(isinstance(d, int) and d > 0 for d in leading):
+        return wanted
+    return int(np.prod(leading))  # [B, S, E] logits run merged: B * S rows
 
 
 def sized(value: ir.Value, nodes: list[ir.Node], sizes: dict[str, int]) -> np.ndarray | str:

@@ -52,6 +52,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
     moe_node,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
+    Emitted,
     Routing,
     external,
     options,
@@ -222,7 +223,7 @@ def _scales(block: Block) -> tuple[float, ...]:
 
 def emit_sigmoid(
     hidden: ir.Value, logits: ir.Value, experts: Experts, constant: Constant, _outside=None
-) -> tuple[list[ir.Node], ir.Value]:
+) -> Emitted:
     """The kernel fed log(sigmoid(logits)) with the experts reversed (the module doc)."""
     count = experts.fc1.shape[0]
     reverse = constant("reverse", np.arange(count - 1, -1, -1, dtype=np.int64))
@@ -241,11 +242,11 @@ def emit_sigmoid(
     moe = moe_node(hidden, router.outputs[0], reversed_experts, constant)
     nodes = [sigmoid, log, router, moe]
     if experts.normalize:
-        return nodes, moe.outputs[0]
+        return Emitted(nodes, moe.outputs[0])
     axes = constant("last_axis", np.array([-1], np.int64))
     total = ir.node("ReduceSum", [sigmoid.outputs[0], axes], {"keepdims": 1})
     weighted = ir.node("Mul", [moe.outputs[0], total.outputs[0]])
-    return [*nodes, total, weighted], weighted.outputs[0]
+    return Emitted([*nodes, total, weighted], weighted.outputs[0])
 
 
 def sigmoid_routing(block: Block) -> Routing:

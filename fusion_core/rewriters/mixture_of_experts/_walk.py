@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_array, constant_tensor
 
-__all__ = ["SHAPE_ONLY", "computing", "walk_back"]
+__all__ = ["SHAPE_ONLY", "computing", "from_logits", "walk_back"]
 
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
@@ -55,3 +55,19 @@ def computing(members: dict[int, ir.Node], values: list[ir.Value | None]) -> set
         needed.add(id(node))
         todo.extend(v for v in node.inputs if v is not None)
     return needed
+
+
+def from_logits(nodes: list[ir.Node], logits: ir.Value) -> list[ir.Node]:
+    """The ``nodes`` (in graph order) computed from ``logits``, constants and shapes alone:
+    a router's own steps (its choice, its weights, the masks between; a mask's shape may
+    be read from what ``nodes`` read, not from what they compute)."""
+    known = {id(logits)}
+    made = {id(v) for n in nodes for v in n.outputs}
+    part = []
+    for node in nodes:
+        data = [v for v in node.inputs if v is not None and constant_tensor(v) is None]
+        sized = node.op_type in SHAPE_ONLY and all(id(v) not in made for v in data)
+        if sized or all(id(v) in known for v in data):
+            part.append(node)
+            known.update(id(v) for v in node.outputs)
+    return part
