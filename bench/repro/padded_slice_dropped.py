@@ -29,14 +29,19 @@ axis), or trusts only static int dims, not symbolic names an inference assigned;
 the check could run a second, odd sequence length (5, 7) besides 16.
 
 Status at a4b9eda: this block is fixed by f2c7622 (identity_slice proves a Slice whole
-from its own bounds: both chunks keep the Slice). The SURVEY GRAPH IS NOT: on
-/tmp/fourth/kimi_linear_torchscript.onnx identity_slice still drops Slice_386, since its
-end (Unsqueeze(Gather(Shape, 1))) reads 'sequence' and the inferred input dim is
-'sequence' too (the padded length, mislabelled), so ``end == dim`` holds in _reaches;
-the fused model still fails to run and falls back. ``trace(path)`` below prints, on that
-graph, the step that drops it. The label itself is the fault (onnxruntime's symbolic
-inference, its "treat as equal"): a rule can only trust a symbolic dim the graph
-computes, not one the inference assigned.
+from its own bounds: both chunks keep the Slice). The survey graph was not: on
+kimi_linear_torchscript.onnx identity_slice still dropped Slice_386, since its end
+(Unsqueeze(Gather(Shape, 1))) read 'sequence' and the inferred input dim was 'sequence'
+too (the padded length, auto-merged by onnxruntime's symbolic inference), so
+``end == dim`` held in _reaches.
+
+Fixed since: identity_slice compares sizes the graph proves (canonical/_sizes.py,
+``axis_size``: declared input dims, constants, Shape reads, Reshape and Expand targets,
+Range lengths, through the ops that keep an axis), never a symbol an inference put on a
+value: Slice_386's input is a Reshape to ``[B, H, -1, D]``, whose -1 proves nothing, so
+the Slice stays (``trace`` prints "kept"). And the check runs a second sequence length
+(7) beside 16 (validate/_dims.py, ``second_length_dims``), so a fused model right only
+at the multiples of a chunk that divides 16 fails it.
 
 Run: .venv/bin/python bench/repro/padded_slice_dropped.py
 """

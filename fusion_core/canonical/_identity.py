@@ -24,7 +24,8 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
-from autofusion.fusion_core.canonical._shape_values import Dim, dim_entries, entries, known_dims
+from autofusion.fusion_core.canonical._shape_values import entries
+from autofusion.fusion_core.canonical._sizes import Size, axis_size, read_sizes
 
 __all__ = ["drop_identity_reshapes", "drop_identity_slices"]
 
@@ -79,37 +80,46 @@ def drop_identity_slices(graph: ir.Graph, fresh_name: Callable[[str], str], mark
 def _whole_slice(node: ir.Node) -> bool:
     """Whether the Slice picks every element of its input in order, proven from its
     bounds: on every axis it names, step 1 (or none), start 0, and an end at least the
-    input's size there: a constant as large, or a size read from a shape that is the
-    input's own dimension (the same number or symbol).
+    input's size there: a constant as large, or a size the graph proves at least as
+    large (``_sizes.axis_size``: read from the shape of a value whose size there the
+    graph ties to the input's, through the ops in between).
 
-    Not from the output's inferred shape: where onnxruntime's symbolic inference cannot
-    decide ``end <= dim`` it treats them as equal ("treat as equal"), so a Slice that
-    cuts a padded length back (``rows[:, :, :S]`` of ``P >= S`` rows) would read as
-    keeping its input."""
+    Not from an inferred shape, the output's or the input's: where onnxruntime's
+    symbolic inference cannot decide ``end <= dim`` it treats them as equal, and it
+    merges symbols it cannot compare ("auto merge": Kimi-Linear's padded length read as
+    ``sequence``), so a Slice that cuts a padded length back (``rows[:, :, :S]`` of
+    ``P >= S`` rows) would read as keeping its input."""
     if node.op_type != "Slice" or len(node.inputs) < 3:
         return False  # before opset 10 the bounds are attributes: not exported any more
-    dims = known_dims(node.inputs[0])
-    starts, ends = entries(node.inputs[1]), dim_entries(node.inputs[2])
-    if dims is None or starts is None or ends is None or len(starts) != len(ends):
+    source = node.inputs[0]
+    starts, ends = entries(node.inputs[1]), read_sizes(node.inputs[2])
+    if source is None or source.shape is None or starts is None or ends is None:
         return False
+    if len(starts) != len(ends):
+        return False
+    rank = len(source.shape)
     axes = entries(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     axes = list(range(len(starts))) if axes is None and len(node.inputs) <= 3 else axes
     steps = entries(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else None
     if axes is None or len(axes) != len(starts) or (steps is not None and set(steps) != {1}):
         return False
     for axis, start, end in zip(axes, starts, ends, strict=True):
-        if axis is None or not -len(dims) <= axis < len(dims) or start != 0:
+        if axis is None or not -rank <= axis < rank or start != 0:
             return False
-        if not _reaches(end, dims[axis]):
+        if not _reaches(end, axis_size(source, axis)):
             return False
     return True
 
 
-def _reaches(end: Dim, dim: Dim) -> bool:
-    """Whether a Slice's ``end`` is at least the dimension ``dim``."""
-    if isinstance(end, int):
-        return end >= _WHOLE or (isinstance(dim, int) and end >= dim)
-    return end is not None and end == dim  # the dimension read back from a shape
+def _reaches(end: Size | None, size: Size | None) -> bool:
+    """Whether a Slice's ``end`` is at least the input's proven ``size`` on its axis."""
+    if end is None:
+        return False
+    if end.value is not None and end.value >= _WHOLE:
+        return True
+    if size is None or end.atoms != size.atoms:
+        return False
+    return end.constant >= size.constant
 
 
 def _bypass(
