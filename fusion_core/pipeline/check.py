@@ -92,8 +92,9 @@ def check_against_original(
     if result.check.failure in (ORIGINAL_CANNOT_RUN, CANNOT_LOAD):
         return  # nothing ran: no region or range can be compared either
     if feeds is None and (not result.check.passed or config.precision == "fp16"):
-        # the sizes the check settled on: ones the original runs on
-        dims = result.check.profiles[0].dims if result.check.profiles else c.shape_profiles()[0]
+        # the sizes the check settled on (ones the original runs on), where it failed first
+        failed = [p for p in result.check.profiles if not p.passed] or result.check.profiles
+        dims = failed[0].dims if failed else c.shape_profiles()[0]
         graph = original.graph_proto() if isinstance(original, ModelFile) else original
         feeds = [
             random_inputs(graph, seed=c.seed + k, dims=dims, distribution=distribution)

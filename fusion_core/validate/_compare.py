@@ -39,7 +39,13 @@ import onnxruntime as ort
 
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.ir import PROTOBUF_LIMIT_BYTES
-from autofusion.fusion_core.validate._dims import CANDIDATES, InputDims, candidate_dims, input_dims
+from autofusion.fusion_core.validate._dims import (
+    CANDIDATES,
+    InputDims,
+    candidate_dims,
+    input_dims,
+    second_length_dims,
+)
 from autofusion.fusion_core.validate._exact import (
     EXACT_LEVEL,
     ExactCheck,
@@ -125,6 +131,17 @@ class ProfileCheck:
     passed: bool = False
     outputs: list[OutputCheck] = field(default_factory=list)
     error: str | None = None
+    # Why the check added this profile, for one it added ("" for those asked for)
+    added: str = ""
+
+
+# The profile the check adds after each one whose sequence it chose (validate/_dims.py,
+# second_length_dims): a fusion wrong at lengths 16 hides (a lost cut of padded rows)
+SECOND_LENGTH_WHY = (
+    "a second sequence length: a model that pads the sequence to a multiple of a chunk "
+    "computes the same at 16 for every chunk dividing 16, a wrong fusion of it too"
+)
+SECOND_LENGTH_SAMPLES = 1  # enough to see a wrong shape or value; each sample costs a run
 
 
 # Why a check that did not pass failed (CheckResult.failure):
@@ -178,6 +195,9 @@ class CheckResult:
     # computes in float16 (_floor_fp16.py): the measured floor and the tolerance each
     # output was compared with; None otherwise
     noise_floor: NoiseFloor | None = None
+    # Profiles the check added and left out since the original cannot run at their sizes
+    # (a model that runs only at some lengths): their dims and why, not a failure
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def max_abs_diff(self) -> float:
@@ -319,20 +339,41 @@ def compare_models(
         raise expected.pending  # an input the generator cannot make: the caller's to fix
     new_stats = result.noise_floor.stats if result.noise_floor else _plain_stats
     overall = {n: new_stats(n, tol) for n, tol in tols.items()}
-    for index, (plan, ran) in enumerate(zip(plans, expected.plans, strict=True)):
-        stats = {n: new_stats(n, tol) for n, tol in tols.items()}
-        error, failure = _compare_runs(candidate, expected.names, ran, [stats, overall])
-        check = plan.check
-        check.error = error
-        check.outputs = [OutputCheck.from_stats(n, dtypes[n], stats[n]) for n in dtypes]
-        check.passed = error is None and all(o.passed for o in check.outputs)
-        if error and result.error is None:
-            where = f" (profile {index}: {check.dims})" if len(plans) > 1 else ""
-            result.error, result.failure = f"{error}{where}", failure
-        result.profiles.append(check)
+    for plan, ran in zip(plans, expected.plans, strict=True):
+        _compare_profile(plan, ran, candidate, expected, tols, overall, len(plans) > 1, result)
     del candidate  # one session at a time: the level-0 ones follow
     _exact_check(original, fused, graph, expected, configured, result)
     return _conclude(result, dtypes, overall)
+
+
+def _compare_profile(
+    plan: _Plan,
+    ran: _Ran,
+    candidate: ort.InferenceSession,
+    expected: _Expected,
+    tols: dict[str, Tolerance],
+    overall: dict[str, ErrorStats],
+    several: bool,
+    result: CheckResult,
+) -> None:
+    """One profile's fused runs against the original's, into ``result``: the profile's
+    check and, the first time one fails, the check's error, named by its profile when
+    there are several. A profile the original could not run at is noted, not compared."""
+    if ran.skipped is not None:
+        if ran.skipped:
+            result.skipped.append(f"{plan.check.dims}: {ran.skipped}")
+        return
+    new_stats = result.noise_floor.stats if result.noise_floor else _plain_stats
+    stats = {n: new_stats(n, tol) for n, tol in tols.items()}
+    error, failure = _compare_runs(candidate, expected.names, ran, [stats, overall])
+    check, dtypes = plan.check, expected.dtypes
+    check.error = error
+    check.outputs = [OutputCheck.from_stats(n, dtypes[n], stats[n]) for n in dtypes]
+    check.passed = error is None and all(o.passed for o in check.outputs)
+    if error and result.error is None:
+        where = f" (profile {len(result.profiles)}: {check.dims})" if several else ""
+        result.error, result.failure = f"{error}{where}", failure
+    result.profiles.append(check)
 
 
 def _conclude(
@@ -462,6 +503,7 @@ class _Ran:
     outputs: list[list[np.ndarray]] = field(default_factory=list)
     error: str | None = None
     failure: str | None = None
+    skipped: str | None = None  # a profile the check added, left out: why
 
 
 @dataclass
@@ -496,14 +538,41 @@ def _run_original(
         for plan in plans:
             ran = _Ran()
             expected.plans.append(ran)
-            if plan.feeds is None and (error := _runnable_dims(reference, plan, generate)):
+            if plan.follows is not None:
+                _run_second_length(reference, expected, plan, generate, ran)
+                continue
+            if plan.feeds is None and (error := _runnable_dims(reference, plan, generate, ran)):
                 ran.error, ran.failure = error, ORIGINAL_CANNOT_RUN  # nothing to compare
                 continue
-            generated = (generate(seed=s, dims=plan.check.dims) for s in plan.seeds)
+            rest = plan.seeds[len(ran.feeds) :]  # the first sample ran as the candidate's trial
+            generated = (generate(seed=s, dims=plan.check.dims) for s in rest)
             _run_reference(reference, expected.names, plan.feeds or generated, ran)
     except ConfigError as exc:  # without its frames, which hold the session
         expected.pending = exc.with_traceback(None)
     return expected  # the session goes here: its weights with it
+
+
+def _run_second_length(
+    reference: ort.InferenceSession,
+    expected: _Expected,
+    plan: _Plan,
+    generate: Callable[..., dict],
+    ran: _Ran,
+) -> None:
+    """The original at the sizes the plan it follows settled on, its sequence changed:
+    left out (``ran.skipped``) where that plan did not run or the original cannot run at
+    these sizes (a model that runs at some lengths only), as a candidate that does not
+    run is (``_runnable_dims``)."""
+    follows, before = plan.follows, expected.plans[plan.index_of_follows]
+    if follows is None or plan.info is None or before.error is not None:
+        ran.skipped = ""  # the profile it varies failed: that says it all
+        return
+    plan.check.dims = second_length_dims(plan.info, follows.check.dims, plan.given) or {}
+    generated = (generate(seed=s, dims=plan.check.dims) for s in plan.seeds)
+    _run_reference(reference, expected.names, generated, ran)
+    if ran.error is not None:
+        ran.skipped = f"left out: {ran.error}"
+        ran.feeds, ran.outputs, ran.error, ran.failure = [], [], None, None
 
 
 def _run_reference(
@@ -557,9 +626,13 @@ def _compare_runs(
 
 
 def _runnable_dims(
-    reference: ort.InferenceSession, plan: _Plan, generate: Callable[..., dict]
+    reference: ort.InferenceSession,
+    plan: _Plan,
+    generate: Callable[..., dict],
+    ran: _Ran,
 ) -> str | None:
-    """Settle ``plan``'s dims on the first candidate the original runs on; else say why.
+    """Settle ``plan``'s dims on the first candidate the original runs on (its run is
+    the plan's first sample, kept in ``ran``); else say why.
 
     Sizes the user gave are kept; the others are tried in ``candidate_dims`` order, so a
     detector whose Resize needs a multiple of 32 is not judged on a 1x1 image.
@@ -573,13 +646,15 @@ def _runnable_dims(
         tried.append(dims)
         try:
             feed = generate(seed=plan.seeds[0], dims=dims)
-            reference.run(None, feed)
+            outputs = reference.run(None, feed)
         except ConfigError:
             raise  # an input the generator cannot make: the caller's to fix
         except Exception as exc:
             last_error = _first_line(str(exc))
             continue
         plan.check.dims = dims
+        ran.feeds.append(feed)
+        ran.outputs.append(outputs)
         return None
     free = [name for name in plan.info.names if name not in plan.given]
     hint = (
@@ -605,6 +680,8 @@ class _Plan:
     feeds: list[Mapping[str, np.ndarray]] | None
     check: ProfileCheck  # its dims are every free name's size, once settled
     info: InputDims | None = None
+    follows: _Plan | None = None  # a second length: the plan whose settled sizes it varies
+    index_of_follows: int = -1
 
     @property
     def samples(self) -> int:
@@ -622,12 +699,29 @@ def _plans(
     if feeds:
         return [_Plan({}, [], list(feeds), ProfileCheck({}, len(feeds), []))]
     info = input_dims(model)
-    plans = []
+    asked = []
     for p, profile in enumerate(profiles or [dims or {}]):
         _check_profile(profile, info.names, p)
         used = candidate_dims(info, profile, 0)
         seeds = [seed + p * samples + j for j in range(samples)]
-        plans.append(_Plan(dict(profile), seeds, None, ProfileCheck(used, samples, seeds), info))
+        asked.append(_Plan(dict(profile), seeds, None, ProfileCheck(used, samples, seeds), info))
+    return _with_second_lengths(asked, seed + len(asked) * samples)
+
+
+def _with_second_lengths(asked: list[_Plan], next_seed: int) -> list[_Plan]:
+    """``asked``, each followed by its second sequence length where it has a sequence the
+    caller left to the check (``second_length_dims``); their seeds from ``next_seed`` on."""
+    plans: list[_Plan] = []
+    for plan in asked:
+        plans.append(plan)
+        info = plan.info
+        if info is None or second_length_dims(info, plan.check.dims, plan.given) is None:
+            continue
+        seeds = list(range(next_seed, next_seed + SECOND_LENGTH_SAMPLES))
+        next_seed += SECOND_LENGTH_SAMPLES
+        check = ProfileCheck({}, SECOND_LENGTH_SAMPLES, seeds, added=SECOND_LENGTH_WHY)
+        extra = _Plan(dict(plan.given), seeds, None, check, info, plan, len(plans) - 1)
+        plans.append(extra)
     return plans
 
 

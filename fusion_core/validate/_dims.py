@@ -26,6 +26,11 @@ mask spans the cached and the new tokens, which names alone do not say.
 
 ``candidate_dims`` lists a few such assignments, most typical first; the check runs the
 original model on each until one runs (``fusion_core.validate._compare``).
+
+``second_length_dims`` is the settled assignment again with every free sequence name at
+7 (``SECOND_LENGTH``): a model that pads the sequence to a multiple of a chunk and cuts
+it back computes the same at 16 for every chunk that divides 16, so a fusion that lost
+the cut passes at 16 alone; 7 is prime and below the usual chunks, and odd.
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ import onnx
 
 __all__ = [
     "CANDIDATES",
+    "SECOND_LENGTH",
     "DimExpressionError",
     "InputDims",
     "candidate_dims",
     "dim_key",
     "evaluate_dim",
     "input_dims",
+    "second_length_dims",
     "unnamed_dim_name",
 ]
 
@@ -65,6 +72,7 @@ _ROLE_SIZES: dict[str, tuple[int, ...]] = {
     "other": (1, 512, 16, 64, 1024, 4),
 }
 CANDIDATES = max(len(sizes) for sizes in _ROLE_SIZES.values())
+SECOND_LENGTH = 7
 _BATCH = re.compile(r"batch|^n$|^b$|^bs$", re.IGNORECASE)
 _PAST = re.compile(r"past|cache|history", re.IGNORECASE)
 _RNN_STATE = re.compile(r"state|hidden|^h0?$|^c0?$|cell", re.IGNORECASE)  # [layers, batch, size]
@@ -155,6 +163,24 @@ def candidate_dims(dims: InputDims, given: Mapping[str, int], k: int) -> dict[st
         if _TOTAL.search(name) and name not in given and past and sequence:
             chosen[name] = chosen[past] + chosen[sequence]
     return chosen
+
+
+def second_length_dims(
+    dims: InputDims, settled: Mapping[str, int], given: Mapping[str, int]
+) -> dict[str, int] | None:
+    """``settled`` with every sequence name the caller did not give at ``SECOND_LENGTH``
+    (13 where it is that already) and the totals computed from it; None when no free
+    name is a sequence (nothing to vary, or the caller chose every length)."""
+    free = [
+        n
+        for n, role in dims.roles.items()
+        if role == "sequence" and n not in given and not _TOTAL.search(n)
+    ]
+    if not free:
+        return None
+    length = 13 if SECOND_LENGTH in {settled.get(n) for n in free} else SECOND_LENGTH
+    kept = {n: v for n, v in settled.items() if n in given or not _TOTAL.search(n)}
+    return candidate_dims(dims, {**kept, **dict.fromkeys(free, length)}, 0)
 
 
 def _solve(expression: str, name: str, target: int, values: Mapping[str, int]) -> int:

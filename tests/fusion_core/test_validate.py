@@ -136,9 +136,12 @@ def test_a_failure_in_one_profile_fails_the_verdict_and_names_the_profile() -> N
 
 def test_dims_is_the_single_profile_and_unset_dims_take_their_role_default() -> None:
     result = compare_models(SYM, SYM, samples=1, dims={"batch": 2})
-    (profile,) = result.profiles
+    # The check adds a second profile at another length where it chose the sequence
+    # (fusion_core.validate._dims, second_length_dims): dims is still the only one asked
+    profile, second = result.profiles
     assert profile.dims == {"batch": 2, "seq": 16}  # a sequence: 16 (fusion_core.validate._dims)
     assert profile.outputs[0].elements == 2 * 16 * 4
+    assert not profile.added and second.added and second.dims == {"batch": 2, "seq": 7}
 
 
 @pytest.mark.parametrize(
@@ -291,6 +294,7 @@ def test_to_dict_is_plain_json_without_infinities() -> None:
         "reason",
         "dynamic_dims",
         "noise_floor",  # None: the model quantizes no activation (validate/_floor.py)
+        "skipped",  # []: profiles the check added and could not run (a second length)
     }
     assert set(json.loads(text)) == expected_keys
     assert {"cosine_similarity", "histogram", "mean_abs_diff", "tolerance_source"} <= set(
