@@ -53,8 +53,12 @@ parameter:
   has no such guard: with ``-inf`` in ``attention_bias`` such a row is not zeros. So the
   guard is dropped only when the mask is ``Where(cond, a, b)`` of finite constants (dynamo
   writes ``Where(mask, 0, -3.4e38)``): then no score is ``-inf``, a fully masked row gets
-  a uniform softmax in both graphs, and the guard never fires. A mask that may hold
-  ``-inf`` (TorchScript's ``Where(mask, 0, -inf)``, or a graph input) is refused.
+  a uniform softmax in both graphs, and the guard never fires. TorchScript's
+  ``Where(mask, 0, -inf)`` goes in with the lowest float for ``-inf`` and the rows with no
+  key zeroed after the op (``_attention_mask``); a mask ``bias + Where(cond, k, -inf)``
+  whose bias is proven free of ``-inf`` (CPM-Ant's) goes in as ``Where(cond, bias + k,
+  lowest)`` with the same rows zeroed. A mask that may hold ``-inf`` otherwise (a graph
+  input) is refused.
 
 Grouped key/value heads (repeat_kv) that GroupQueryAttention cannot take become
 MultiHeadAttention over the repeated heads (``_grouped``: ``attention_block`` tries it
