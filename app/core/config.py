@@ -23,6 +23,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -348,6 +349,24 @@ class Settings(BaseSettings):
     webhook_retry_s: float = Field(default=15.0, gt=0)
     # How often each worker process looks for deliveries that are due.
     webhook_poll_s: float = Field(default=1.0, gt=0)
+    # The address clients reach this server at ("https://autofusion.example.com", or a
+    # proxy's, with a path prefix if it adds one): a webhook's links are made absolute
+    # from it. Unset: from the address of the request that submitted the job.
+    public_url: str | None = None
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(
+                'must be an absolute http(s) URL, e.g. "https://autofusion.example.com"'
+            )
+        if parts.query or parts.fragment:
+            raise ValueError("must have no query (?...) and no fragment (#...)")
+        return value.strip().rstrip("/")
 
     @field_validator("webhook_allowed_hosts", mode="before")
     @classmethod

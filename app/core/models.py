@@ -295,6 +295,9 @@ class JobWebhook(Base):
         DateTime(timezone=True), nullable=True, index=True
     )
     claimed_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The address the job was submitted to: the message's links are made absolute from
+    # it when public_url is unset (null: a callback attached before migration 0012).
+    base_url: Mapped[str | None] = mapped_column(String(2000), nullable=True)
 
 
 class WebhookDelivery(Base):

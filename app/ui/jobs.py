@@ -121,7 +121,8 @@ def job_page(
     context["artifacts"] = sorted((job.summary or {}).get("artifacts") or {})
     context["model_data"] = fused_data_names(job)
     context["problem"] = job_problem(job)
-    context["webhooks"] = job_webhooks(session, job)  # the _webhooks.html partial
+    # the _webhooks.html partial
+    context["webhooks"] = job_webhooks(session, job, settings.public_url)
     return render(request, "job.html", context)
 
 

@@ -111,7 +111,10 @@ async def submit(
             remove_folder(upload.folder)
             raise
         stored = await accept_received(upload, settings, store)
-        job_id, created = await run_in_threadpool(_create_job, settings, principal, stored)
+        base_url = str(request.base_url)  # the webhook's links start here (no public_url)
+        job_id, created = await run_in_threadpool(
+            _create_job, settings, principal, stored, base_url
+        )
     except (ProblemError, FusionError) as exc:
         status, errors = form_errors(exc, "model")
         for error in errors:
@@ -131,7 +134,7 @@ def _check_quotas(settings, principal, length: str | None) -> None:
         check_before_upload(session, quotas, principal.tenant_id, length)
 
 
-def _create_job(settings, principal, stored) -> tuple[str, bool]:
+def _create_job(settings, principal, stored, base_url: str) -> tuple[str, bool]:
     with session_factory(settings.resolved_database_url)() as session:
         job, created = create_job_for_upload(
             session,
@@ -140,6 +143,7 @@ def _create_job(settings, principal, stored) -> tuple[str, bool]:
             idempotency_key=None,
             max_attempts=settings.max_attempts,
             quotas=Quotas.from_settings(settings),
+            base_url=base_url,
         )
         return job.id, created
 

@@ -135,7 +135,7 @@ def test_a_job_that_ends_posts_its_signed_summary_once(
     data = payload["data"]
     assert (data["id"], data["status"], data["fusions"]) == (job_id, "succeeded", 3)
     assert (data["verdict"], data["speedup"]) == ("faster", 1.25)
-    assert data["links"]["model"] == f"/v1/jobs/{job_id}/model"
+    assert data["links"]["model"] == f"http://testserver/v1/jobs/{job_id}/model"
 
     log = _log(service, job_id)
     assert log["state"] == "delivered" and log["message_id"] == headers["webhook-id"]

@@ -123,7 +123,7 @@ async def optimize(
             incoming(request, settings), settings, store, tenant=principal.tenant_id
         )
         public, created = await run_in_threadpool(
-            _create_job, settings, principal, stored, idempotency_key
+            _create_job, settings, principal, stored, idempotency_key, str(request.base_url)
         )
     finally:
         if token is not None:
@@ -139,7 +139,11 @@ async def optimize(
 
 
 def _create_job(
-    settings: Settings, principal: Principal, stored: StoredUpload, idempotency_key: str | None
+    settings: Settings,
+    principal: Principal,
+    stored: StoredUpload,
+    idempotency_key: str | None,
+    base_url: str,
 ) -> tuple[JobPublic, bool]:
     """The job row, in a session of its own held only for this write."""
     with session_factory(settings.resolved_database_url)() as session:
@@ -151,6 +155,7 @@ def _create_job(
             max_attempts=settings.max_attempts,
             quotas=Quotas.from_settings(settings),
             key_ttl_s=settings.idempotency_key_ttl_s,
+            base_url=base_url,
         )
         return JobPublic.from_job(job), created
 

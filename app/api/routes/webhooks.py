@@ -33,10 +33,11 @@ WriterDep = Annotated[Principal, Depends(require_scope("jobs:write"))]
     operation_id="listJobWebhooks",
 )
 def read_job_webhooks(
-    job_id: str, principal: PrincipalDep, session: SessionDep
+    job_id: str, principal: PrincipalDep, session: SessionDep, settings: SettingsDep
 ) -> JobWebhooksPublic:
     """The job's callback and every delivery attempt so far (the delivery log)."""
-    return webhooks.job_webhooks(session, get_job(session, principal.tenant_id, job_id))
+    job = get_job(session, principal.tenant_id, job_id)
+    return webhooks.job_webhooks(session, job, settings.public_url)
 
 
 @router.get(

@@ -149,10 +149,12 @@ def create_job_for_upload(
     max_attempts: int,
     quotas: Quotas | None = None,
     key_ttl_s: float | None = None,
+    base_url: str | None = None,
 ) -> tuple[Job, bool]:
     """Create (and commit) the job, or find the one this Idempotency-Key made before
     (less than ``key_ttl_s`` ago). ``quotas``: the tenant's limits, checked with the
-    insert (429 or 507, nothing kept)."""
+    insert (429 or 507, nothing kept). ``base_url``: the address the request came to,
+    kept with the job's callback for its message's absolute links."""
     strategy = stored.options.strategy
     if strategy is not None and session.get(Strategy, strategy) is None:
         raise invalid_config("config.strategy", f"there is no strategy named {strategy!r}")
@@ -176,7 +178,7 @@ def create_job_for_upload(
         job, created = create_job(session, principal, **arguments)
         if created:  # its callback (or the tenant's default), committed with the job
             recheck_data_uploads(session, principal.tenant_id, stored.data_uploads)
-            attach_callback(session, job, stored.options.callback_url)
+            attach_callback(session, job, stored.options.callback_url, base_url=base_url)
         session.commit()
     except IntegrityError:
         if not idempotency_key:

@@ -23,6 +23,8 @@ from autofusion.app.services.webhooks._records import (
     TenantWebhookPublic,
     TenantWebhookUpdate,
     WebhookDeliveryPublic,
+    absolute_links,
+    message_base_url,
     message_body,
 )
 from autofusion.app.services.webhooks._tenants import (
@@ -42,11 +44,13 @@ __all__ = [
     "TenantWebhookPublic",
     "TenantWebhookUpdate",
     "WebhookDeliveryPublic",
+    "absolute_links",
     "attach_callback",
     "callback_problem",
     "check_callback_url",
     "deliver_due",
     "job_webhooks",
+    "message_base_url",
     "message_body",
     "rotate_secret",
     "set_default_url",

@@ -26,7 +26,7 @@ from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
 from autofusion.app.core.models import Job, JobStatus, JobWebhook, WebhookDelivery, utcnow
 from autofusion.app.services.webhooks._hosts import url_problem
-from autofusion.app.services.webhooks._records import message_body
+from autofusion.app.services.webhooks._records import message_base_url, message_body
 from autofusion.app.services.webhooks._tenants import signing_secret
 
 __all__ = ["Attempt", "deliver_due", "sign_headers"]
@@ -181,7 +181,7 @@ def _claim(settings: Settings, job_id: str, now: datetime) -> _Message | None:
             callback.url,
             callback.message_id,
             callback.attempts + 1,
-            message_body(job),
+            message_body(job, message_base_url(settings.public_url, callback)),
             secret.value,
         )
 

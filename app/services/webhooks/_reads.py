@@ -13,15 +13,16 @@ from autofusion.app.services.webhooks._tenants import signing_secret
 __all__ = ["job_webhooks", "tenant_settings"]
 
 
-def job_webhooks(session: Session, job: Job) -> JobWebhooksPublic:
-    """The job's callback and every attempt so far, oldest first."""
+def job_webhooks(session: Session, job: Job, public_url: str | None = None) -> JobWebhooksPublic:
+    """The job's callback and every attempt so far, oldest first (``public_url``: the
+    server's, which the message's links start with when set)."""
     callback = session.get(JobWebhook, job.id)
     deliveries = session.scalars(
         select(WebhookDelivery)
         .where(WebhookDelivery.job_id == job.id)
         .order_by(WebhookDelivery.attempt, WebhookDelivery.id)
     ).all()
-    return JobWebhooksPublic.from_rows(callback, list(deliveries))
+    return JobWebhooksPublic.from_rows(callback, list(deliveries), public_url)
 
 
 def tenant_settings(session: Session, tenant_id: str, settings: Settings) -> TenantWebhookPublic:

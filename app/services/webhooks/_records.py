@@ -18,6 +18,8 @@ __all__ = [
     "TenantWebhookPublic",
     "TenantWebhookUpdate",
     "WebhookDeliveryPublic",
+    "absolute_links",
+    "message_base_url",
     "message_body",
 ]
 
@@ -63,12 +65,22 @@ class JobWebhooksPublic(BaseModel):
         "attempt failed, or the host is no longer allowed"
     )
     message_id: str | None = Field(description="The webhook-id header, the same on each retry")
+    links_base: str | None = Field(
+        default=None,
+        description="The address the message's links start with (they are absolute URLs): "
+        "the server's public_url (AUTOFUSION_PUBLIC_URL) when set, else the address the job "
+        "was submitted to; null: the links are null (a callback attached by a server "
+        "version that did not keep that address, and no public_url)",
+    )
     next_attempt_at: datetime | None = None
     deliveries: list[WebhookDeliveryPublic]
 
     @classmethod
     def from_rows(
-        cls, callback: JobWebhook | None, deliveries: list[WebhookDelivery]
+        cls,
+        callback: JobWebhook | None,
+        deliveries: list[WebhookDelivery],
+        public_url: str | None = None,
     ) -> JobWebhooksPublic:
         if callback is None:
             return cls(url=None, state="none", message_id=None, deliveries=[])
@@ -77,6 +89,7 @@ class JobWebhooksPublic(BaseModel):
             url=callback.url,
             state=callback.state,  # type: ignore[arg-type]
             message_id=callback.message_id,
+            links_base=message_base_url(public_url, callback),
             next_attempt_at=_utc(callback.next_attempt_at) if due else None,
             deliveries=[WebhookDeliveryPublic.from_row(d) for d in deliveries],
         )
@@ -105,12 +118,33 @@ class TenantWebhookUpdate(BaseModel):
     )
 
 
-def message_body(job: Job) -> bytes:
-    """The JSON a receiver gets when ``job`` has ended: the same on every retry."""
-    return json.dumps(_message(job), separators=(",", ":")).encode()
+def message_body(job: Job, base_url: str | None) -> bytes:
+    """The JSON a receiver gets when ``job`` has ended: the same on every retry. Its
+    links are absolute, made from ``base_url`` (``links_base``); without one (a callback
+    attached before the server kept it, and no ``public_url``) they are null, never a
+    path a receiver on another host cannot follow."""
+    return json.dumps(_message(job, base_url), separators=(",", ":")).encode()
 
 
-def _message(job: Job) -> dict[str, Any]:
+def message_base_url(public_url: str | None, callback: JobWebhook) -> str | None:
+    """Where a message's links point: the configured ``public_url``, else the address
+    the job was submitted to."""
+    return public_url or callback.base_url
+
+
+def absolute_links(links: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """The job resource's links (paths on this server) joined to ``base_url``."""
+    base = base_url.rstrip("/")
+
+    def joined(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: joined(v) for name, v in value.items()}
+        return f"{base}{value}" if isinstance(value, str) else value
+
+    return joined(links)
+
+
+def _message(job: Job, base_url: str | None) -> dict[str, Any]:
     public = JobPublic.from_job(job)
     summary = job.summary or {}
     speed = summary.get("speed") if isinstance(summary.get("speed"), dict) else {}
@@ -124,7 +158,7 @@ def _message(job: Job) -> dict[str, Any]:
         "model_name": public.model_name,
         "created_at": public.created_at.isoformat(),
         "finished_at": public.finished_at.isoformat() if public.finished_at else None,
-        "links": public.links.model_dump(),
+        "links": absolute_links(public.links.model_dump(), base_url) if base_url else None,
     }
     ended = public.finished_at or public.updated_at
     return {"type": f"job.{public.status.value}", "timestamp": ended.isoformat(), "data": data}

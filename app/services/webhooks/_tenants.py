@@ -82,15 +82,20 @@ def set_default_url(session: Session, tenant_id: str, url: str | None) -> Tenant
     return row
 
 
-def attach_callback(session: Session, job: Job, url: str | None) -> JobWebhook | None:
+def attach_callback(
+    session: Session, job: Job, url: str | None, *, base_url: str | None = None
+) -> JobWebhook | None:
     """The job's callback: ``url`` (checked by the caller), or its tenant's default;
-    None when neither is set. It waits for the job to end."""
+    None when neither is set. It waits for the job to end. ``base_url``: the address
+    the job was submitted to (the request's), kept for the message's absolute links."""
     if url is None:
         row = session.get(TenantWebhook, job.tenant_id)
         url = row.default_url if row is not None else None
     if url is None:
         return None
-    callback = JobWebhook(job_id=job.id, url=url, state="waiting", attempts=0)
+    base = base_url.rstrip("/") if base_url else None
+    base = base if base and len(base) <= 2000 else None  # longer: no link beats a cut one
+    callback = JobWebhook(job_id=job.id, url=url, state="waiting", attempts=0, base_url=base)
     session.add(callback)
     session.flush()
     return callback
