@@ -187,7 +187,7 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
         "counts": facts.counts,
         "fusions": facts.fusions,
         "check": None,
-        "nodes": {"before": facts.nodes_before, "after": facts.nodes_after},
+        "nodes": {"before": facts.nodes_before, "after": facts.nodes_after},  # main graph
         "timings": {**facts.timings_s, "sandbox": round(seconds, 3)},
         "attempts": attempts,
         "speed": _speed(facts.speed),
@@ -208,6 +208,9 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
         }
     if facts.rejected:
         summary["rejected"] = facts.rejected
+    if facts.subgraph_nodes is not None:  # If/Loop/Scan bodies, apart from the main graph
+        bodies = {"before": facts.subgraph_nodes_before, "after": facts.subgraph_nodes_after}
+        summary["nodes"]["subgraphs"] = bodies
     if plan.snapshot.skipped:
         summary["skipped_patterns"] = sorted(plan.snapshot.skipped)
     measured = measured_by_pattern(report)

@@ -85,6 +85,16 @@ def _check(summary: ReportSummary) -> dict[str, Any]:
     }
 
 
+def _nodes(summary: ReportSummary) -> dict[str, Any]:
+    """The main graph's node counts; ``subgraphs``, the If/Loop/Scan bodies', only when
+    the model has a body (as the job's summary)."""
+    nodes: dict[str, Any] = {"before": summary.nodes_before, "after": summary.nodes_after}
+    if summary.subgraph_nodes is not None:
+        bodies = {"before": summary.subgraph_nodes_before, "after": summary.subgraph_nodes_after}
+        nodes["subgraphs"] = bodies
+    return nodes
+
+
 def _details(outcome: Any, summary: ReportSummary | None) -> dict[str, Any]:
     job = outcome.job
     details: dict[str, Any] = {
@@ -100,7 +110,7 @@ def _details(outcome: Any, summary: ReportSummary | None) -> dict[str, Any]:
         **details,
         "target": summary.target,
         "fusions_by_pattern": dict(summary.counts),
-        "nodes": {"before": summary.nodes_before, "after": summary.nodes_after},
+        "nodes": _nodes(summary),
         "size_bytes": {"before": summary.size_before_bytes, "after": summary.size_after_bytes},
         "peak_memory_bytes": {
             "before": summary.peak_memory_before_bytes,

@@ -316,7 +316,9 @@ def facts(outcome: Any) -> Iterator[tuple[str, str]]:
                 ),
             )
         before, after = summary.nodes_before, summary.nodes_after
-        yield "nodes", f"{'?' if before is None else before} -> {'?' if after is None else after}"
+        nodes = f"{'?' if before is None else before} -> {'?' if after is None else after}"
+        bodies = summary.subgraph_nodes  # apart from the main graph's headline
+        yield "nodes", f"{nodes} (and {bodies})" if bodies else nodes
         unfinished = profile_error(outcome.report)
         yield "speedup", speed_line(summary.speed, outcome.profiled, unfinished)
         measured = measured_line(outcome.report)

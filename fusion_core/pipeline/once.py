@@ -124,7 +124,7 @@ def _one_pass(
     chosen = select_patterns(config, registry, patterns)
     result = Result(model=work, target=config.target, patterns_used=[p.name for p in chosen])
     result.switches = [s.to_dict() for s in switched]
-    result.ops_before, result.input_bytes = _op_counts(work), constant_bytes(work)
+    _measure_input(result, work)
 
     start = time.perf_counter()
     phase("prepasses")
@@ -153,7 +153,7 @@ def _one_pass(
 
     _cleanup(work, timings)
     check_output_size(result, config)  # before onnxruntime loads a model past the cap
-    result.ops_after = _op_counts(work)
+    result.ops_after, result.subgraph_ops_after = _op_counts(work)
 
     if config.check.enabled and original is not None:
         start = time.perf_counter()
@@ -238,8 +238,8 @@ def unchanged(
     a run hands back when not even the model without fusions passes its check."""
     original, work = _load(model, keep_original=True)
     result = Result(model=work, target=config.target, patterns_used=[])
-    result.input_bytes = constant_bytes(work)
-    result.ops_before = result.ops_after = _op_counts(work)
+    _measure_input(result, work)
+    result.ops_after, result.subgraph_ops_after = _op_counts(work)
     if config.check.enabled and original is not None:
         check_against_original(result, original, config, set(), feeds)
     return result
@@ -290,9 +290,19 @@ def _prepass_options(config: OptimizeConfig) -> PrepassOptions:
     )
 
 
-def _op_counts(model: ir.Model) -> Counter:
-    """Op types over every graph, If/Loop/Scan bodies included."""
-    return Counter(
-        f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-        for n in ir.traversal.RecursiveGraphIterator(model.graph)
-    )
+def _measure_input(result: Result, work: ir.Model) -> None:
+    """What the report compares the result with: the input's op counts and constant bytes."""
+    result.ops_before, result.subgraph_ops_before = _op_counts(work)
+    result.input_bytes = constant_bytes(work)
+
+
+def _op_counts(model: ir.Model) -> tuple[Counter, Counter]:
+    """Op types of the main graph, and of the If/Loop/Scan bodies apart: a body's nodes
+    are not the model's nodes (an If emitted with two branches runs one of them)."""
+    main = Counter(_op_name(n) for n in model.graph)
+    every = Counter(_op_name(n) for n in ir.traversal.RecursiveGraphIterator(model.graph))
+    return main, every - main
+
+
+def _op_name(node: ir.Node) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type

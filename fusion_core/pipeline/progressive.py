@@ -254,6 +254,7 @@ def _combined(
     final.applied = [a for stage in stages for a in stage.applied]
     final.near_misses = [m for stage in stages for m in stage.near_misses]
     final.ops_before = first.ops_before
+    final.subgraph_ops_before = first.subgraph_ops_before
     final.prepasses = first.prepasses
     final.folding, final.input_bytes = first.folding, first.input_bytes
     final.rounds = sum(stage.rounds for stage in stages)

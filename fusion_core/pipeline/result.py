@@ -92,8 +92,11 @@ class Result:
     patterns_used: list[str]
     applied: list[AppliedFusion] = field(default_factory=list)
     near_misses: list[NearMiss] = field(default_factory=list)
+    # Op types of the main graph; the If/Loop/Scan bodies' are counted apart.
     ops_before: Counter = field(default_factory=Counter)
     ops_after: Counter = field(default_factory=Counter)
+    subgraph_ops_before: Counter = field(default_factory=Counter)
+    subgraph_ops_after: Counter = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
     rounds: int = 0
     prepasses: list[str] = field(default_factory=list)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -108,12 +109,21 @@ def _what_was_fused(result: Result, profile: dict[str, Any] | None) -> dict[str,
         "applied": fusion_entries([f.to_dict() for f in result.applied], profile),
         "near_misses": [m.to_dict() for m in result.near_misses],
         "nodes": {
-            "before": sum(result.ops_before.values()),
-            "after": sum(result.ops_after.values()),
-            "by_op_before": dict(sorted(result.ops_before.items())),
-            "by_op_after": dict(sorted(result.ops_after.items())),
+            **_counts(result.ops_before, result.ops_after),
+            "subgraphs": _counts(result.subgraph_ops_before, result.subgraph_ops_after)
+            if result.subgraph_ops_before or result.subgraph_ops_after
+            else None,
         },
         "timings_s": {k: round(v, 6) for k, v in result.timings.items()},
+    }
+
+
+def _counts(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "before": sum(before.values()),
+        "after": sum(after.values()),
+        "by_op_before": dict(sorted(before.items())),
+        "by_op_after": dict(sorted(after.items())),
     }
 
 

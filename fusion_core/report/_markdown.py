@@ -10,7 +10,7 @@ from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
 from autofusion.fusion_core.report._own_memory import optimize_memory_line
-from autofusion.fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._reader import BODIES, read_report
 from autofusion.fusion_core.report._units import saved_text
 from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
 
@@ -25,7 +25,7 @@ def format_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"## autofusion: {_md(report.get('model') or 'model')} -> {_md(report.get('target'))}",
         "",
-        f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}  ",
+        f"**Nodes:** {nodes.get('before')} -> {nodes.get('after')}{_bodies(nodes)}  ",
         f"**Check:** {_verdict(report.get('check'))}  ",
         f"**Speed:** {_speed(report)}  ",
         *_medians(report),
@@ -60,6 +60,14 @@ def _md(value: Any) -> str:
     text = _CONTROL.sub(" ", str(value))
     text = text.replace("&", "&amp;").replace("<", "&lt;")
     return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def _bodies(nodes: dict[str, Any]) -> str:
+    """The If/Loop/Scan bodies' node counts, apart from the main graph's headline."""
+    bodies = nodes.get("subgraphs")
+    if not isinstance(bodies, dict):
+        return ""
+    return f" (and {bodies.get('before')} -> {bodies.get('after')} in {BODIES})"
 
 
 def _verdict(check: dict[str, Any] | None) -> str:

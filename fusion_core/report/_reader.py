@@ -22,6 +22,7 @@ from autofusion.fusion_core.profiling.stats import VERDICTS
 from autofusion.fusion_core.report._units import change_words
 
 __all__ = [
+    "BODIES",
     "DEPLOYMENT_LEVEL",
     "ReportSummary",
     "Speed",
@@ -32,6 +33,8 @@ __all__ = [
 
 # The level a user who deploys with onnxruntime gets, and so the one the verdict is on.
 DEPLOYMENT_LEVEL = "ORT_ENABLE_ALL"
+# What the nodes counted apart from the main graph's are, in every rendering.
+BODIES = "If/Loop/Scan bodies"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class ReportSummary:
     target: str | None
     fusions: int
     counts: dict[str, int]  # fusions per pattern
-    nodes_before: int | None
+    nodes_before: int | None  # the main graph's (If/Loop/Scan bodies apart, below)
     nodes_after: int | None
     check_passed: bool | None  # None: the check was skipped
     check_failure: str | None  # fusion_core.validate's failure kind, when it failed
@@ -94,6 +97,18 @@ class ReportSummary:
     fallback_dropped: int = 0  # fusions the fallback took out
     fallback_unchanged: bool = False  # no set of fusions passed: the model as it came
     rejected: int = 0  # steps taken back as bugs of autofusion (the report's ``rejected``)
+    # The nodes inside If/Loop/Scan bodies; None: no body (or a report from before they
+    # were counted apart, when nodes_before/after included them)
+    subgraph_nodes_before: int | None = None
+    subgraph_nodes_after: int | None = None
+
+    @property
+    def subgraph_nodes(self) -> str | None:
+        """``"0 -> 6 in If/Loop/Scan bodies"``, or None when the models have no body."""
+        before, after = self.subgraph_nodes_before, self.subgraph_nodes_after
+        if before is None and after is None:
+            return None
+        return f"{_or_unknown(before)} -> {_or_unknown(after)} in {BODIES}"
 
 
 def speed_section(profile: Mapping[str, Any] | None, threads: int | None = None) -> dict | None:
@@ -168,6 +183,8 @@ def read_report(report: Mapping[str, Any]) -> ReportSummary:
         timings_s=timings,
         nodes_before=_int(nodes.get("before")),
         nodes_after=_int(nodes.get("after")),
+        subgraph_nodes_before=_int(_map(nodes.get("subgraphs")).get("before")),
+        subgraph_nodes_after=_int(_map(nodes.get("subgraphs")).get("after")),
         check_passed=bool(check.get("passed")) if check else None,
         check_failure=check.get("failure") if isinstance(check.get("failure"), str) else None,
         check_error=check.get("error") if isinstance(check.get("error"), str) else None,
@@ -199,6 +216,10 @@ def _speed(entry: Mapping[str, Any] | None) -> Speed | None:
         verdict=verdict if verdict in VERDICTS else None,
         threads=_int(entry.get("threads")),
     )
+
+
+def _or_unknown(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def _map(value: Any) -> Mapping[str, Any]:

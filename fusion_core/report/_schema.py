@@ -110,12 +110,30 @@ class NearMiss(BaseModel):
     )
 
 
-class Nodes(BaseModel):
+class SubgraphNodes(BaseModel):
+    """The nodes inside If, Loop and Scan bodies (every level), counted apart from the
+    main graph's: a body runs once per iteration, or not at all (an If's other branch)."""
+
     model_config = _CLOSED
     before: int
     after: int
     by_op_before: dict[str, int]
     by_op_after: dict[str, int]
+
+
+class Nodes(BaseModel):
+    """The main graph's nodes by op type, before and after; the bodies' apart."""
+
+    model_config = _CLOSED
+    before: int = Field(description="Nodes of the main graph before (bodies not counted)")
+    after: int = Field(description="Nodes of the main graph after (bodies not counted)")
+    by_op_before: dict[str, int]
+    by_op_after: dict[str, int]
+    subgraphs: SubgraphNodes | None = Field(
+        default=None,
+        description="The nodes inside If, Loop and Scan bodies, before and after; null when "
+        "neither model has a body (reports before this field counted bodies in before/after)",
+    )
 
 
 class OutputCheck(BaseModel):

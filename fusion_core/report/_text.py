@@ -9,7 +9,7 @@ from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._footprint import memory_line, size_line
 from autofusion.fusion_core.report._growth import growth
 from autofusion.fusion_core.report._own_memory import optimize_memory_line
-from autofusion.fusion_core.report._reader import read_report
+from autofusion.fusion_core.report._reader import BODIES, read_report
 from autofusion.fusion_core.report._verdict import PAIRED_WHY, speed_verdict
 
 __all__ = ["fallback_line", "format_summary"]
@@ -53,11 +53,19 @@ def _fusions(report: dict[str, Any]) -> list[str]:
 
 
 def _ops(nodes: dict[str, Any]) -> list[str]:
+    """The main graph's op counts; the If/Loop/Scan bodies' after them, apart."""
+    lines = _op_table("nodes", nodes)
+    if nodes.get("subgraphs"):
+        lines += _op_table(f"nodes in {BODIES}", nodes["subgraphs"])
+    return lines
+
+
+def _op_table(title: str, nodes: dict[str, Any]) -> list[str]:
     before, after = nodes["by_op_before"], nodes["by_op_after"]
     ops = sorted(set(before) | set(after), key=lambda op: (-before.get(op, 0), op))
     width = max([len(op) for op in ops] + [7])
     lines = [
-        f"nodes: {nodes['before']} -> {nodes['after']}",
+        f"{title}: {nodes['before']} -> {nodes['after']}",
         f"  {'op type':<{width}}  before  after",
     ]
     for op in ops:

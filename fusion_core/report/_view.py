@@ -387,6 +387,7 @@ def report_view(
         **_steps(report),
         "nodes_before": summary.nodes_before,
         "nodes_after": summary.nodes_after,
+        "subgraph_nodes": summary.subgraph_nodes,
         "fusion_count": len(applied),
         "fusions": groups,
         "pictured": sum(len(g["examples"]) + len(g["more_examples"]) for g in groups),
