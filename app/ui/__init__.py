@@ -1,7 +1,8 @@
 """The web dashboard under ``/ui``: server-rendered pages (Jinja2) with vendored htmx.
 
 ``install_ui(app)`` adds the pages (left out of the OpenAPI document: the API is the
-published contract, the dashboard is not), the static files at ``/ui/static``, a
+published contract, the dashboard is not), the static files at ``/ui/static`` and the
+report's one stylesheet at ``/ui/report.css`` (fusion_core's, which report.html inlines), a
 Content-Security-Policy on every ``/ui`` response, and error pages: a problem raised
 under ``/ui`` renders as HTML, everywhere else it stays problem+json.
 """
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +23,7 @@ from autofusion.app.core.errors import ProblemError
 from autofusion.app.ui.common import LoginRequired, login_redirect, render
 from autofusion.app.ui.routes import router
 from autofusion.fusion_core.errors import FusionError, describe_fields, field_errors
+from autofusion.fusion_core.report import REPORT_STYLESHEET
 
 __all__ = ["CSP", "install_ui"]
 
@@ -29,6 +32,8 @@ CSP = (
     "script-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 )
 _STATIC = Path(__file__).resolve().parent / "static"
+# The report's styles, one file for report.html and the dashboard (fusion_core's).
+REPORT_CSS = "/ui/report.css"
 
 
 def is_ui_path(path: str) -> bool:
@@ -135,8 +140,16 @@ def _install_error_pages(app: FastAPI) -> None:
     app.add_exception_handler(LoginRequired, login_required)
 
 
+async def _report_stylesheet() -> FileResponse:
+    """The report's one sheet, which report.html inlines (base.html links it)."""
+    return FileResponse(REPORT_STYLESHEET, media_type="text/css")
+
+
 def install_ui(app: FastAPI) -> None:
     app.include_router(router)
+    app.add_api_route(
+        REPORT_CSS, _report_stylesheet, methods=["GET", "HEAD"], include_in_schema=False
+    )
     app.mount("/ui/static", StaticFiles(directory=_STATIC), name="ui-static")
     app.add_middleware(SecurityHeaders)
     _install_error_pages(app)

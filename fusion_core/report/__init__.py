@@ -4,8 +4,10 @@
 ``docs/report.schema.json``); ``format_summary`` (terminal), ``format_markdown`` (CI)
 and ``render_html`` (one self-contained page) render it, all stating the one speed
 verdict of ``speed_verdict``. ``report_view`` and the templates in ``REPORT_TEMPLATES``
-are what report.html and the dashboard's job page both render. ``read_report`` is the one
-typed reader every consumer (worker, dashboard, CI client) takes its facts from.
+are what report.html and the dashboard's job page both render, in the styles of the one
+sheet ``REPORT_STYLESHEET`` (inlined in report.html, linked by the dashboard).
+``read_report`` is the one typed reader every consumer (worker, dashboard, CI client)
+takes its facts from.
 
 The names load on first use (``lazy_loader``): ``read_report`` needs none of the
 renderings, so a client that only reads a report imports no onnx.
@@ -20,7 +22,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "_folding": ["FOLDING_PART", "left_alone_records", "unfolded_text"],
         "_graph": ["GraphIndex", "region_svg"],
         "_growth": ["GROWTH_FLOORS", "GROWTH_LIMITS", "Growth", "growth"],
-        "_page": ["REPORT_TEMPLATES", "render_html"],
+        "_page": ["REPORT_STYLESHEET", "REPORT_TEMPLATES", "render_html"],
         "_json": ["REPORT_VERSION", "build_report", "file_sha256"],
         "_markdown": ["format_markdown"],
         "_provenance": ["final_nodes"],

@@ -23,10 +23,12 @@ from autofusion.fusion_core.report._view import report_view
 if TYPE_CHECKING:  # the dashboard imports REPORT_TEMPLATES and loads no onnx
     import onnx
 
-__all__ = ["REPORT_TEMPLATES", "render_html"]
+__all__ = ["REPORT_STYLESHEET", "REPORT_TEMPLATES", "render_html"]
 
 # The folder of the report's templates; the dashboard adds it to its loader.
 REPORT_TEMPLATES = Path(__file__).resolve().parent / "templates"
+# The one sheet of the report's styles: inlined in report.html, linked by the dashboard.
+REPORT_STYLESHEET = REPORT_TEMPLATES / "report.css"
 
 
 @cache
