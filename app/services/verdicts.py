@@ -44,7 +44,12 @@ from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import Job, Verdict, as_utc, utcnow
 from autofusion.app.services.pattern_class_rules import apply_auto_disable
 from autofusion.fusion_core.profiling.stats import VERDICTS, PairedRatio
-from autofusion.fusion_core.profiling.verdicts import VERDICTS_FORMAT, VerdictRecord, parse_verdicts
+from autofusion.fusion_core.profiling.verdicts import (
+    CLOCK_SKEW,
+    VERDICTS_FORMAT,
+    VerdictRecord,
+    parse_verdicts,
+)
 
 __all__ = [
     "EXPORT_LIMIT",
@@ -239,17 +244,21 @@ def fresh_for(
     session: Session, host: Mapping[str, Any], *, tenant_id: str, settings: Settings
 ) -> list[VerdictRecord]:
     """The verdicts a job of ``tenant_id`` may reuse on ``host`` (``host_class()``): the
-    same onnxruntime and CPU, measured within ``verdict_max_age_days``, of the tenant's
+    same onnxruntime and CPU, measured within ``verdict_max_age_days`` (and not dated
+    more than ``CLOCK_SKEW`` ahead), of the tenant's
     own jobs only unless ``verdicts_shared``; newest first, at most
     ``verdicts_prefetch_limit``. Another tenant's job id is left out of each record."""
     limit = settings.verdicts_prefetch_limit
     if limit <= 0:
         return []
-    since = utcnow() - timedelta(days=settings.verdict_max_age_days)
+    now = utcnow()
+    since = now - timedelta(days=settings.verdict_max_age_days)
     where = [
         Verdict.onnxruntime == str(host.get("onnxruntime", "")),
         Verdict.cpu == str(host.get("cpu", "")),
         Verdict.measured_at >= since,
+        # an imported record dated ahead of the clock would never age out
+        Verdict.measured_at <= now + CLOCK_SKEW,
     ]
     if not settings.verdicts_shared:
         where.append(Verdict.tenant_id == tenant_id)

@@ -31,7 +31,7 @@ import platform
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from typing import Any
 
@@ -45,11 +45,14 @@ from autofusion.fusion_core.profiling.stats import (
 )
 
 __all__ = [
+    "CLOCK_SKEW",
     "VERDICTS_FORMAT",
     "CombinedVerdict",
     "VerdictRecord",
     "combine_verdicts",
+    "fresh",
     "host_class",
+    "onnxruntime_version",
     "machine_class",
     "machine_key",
     "measuring_machine",
@@ -59,6 +62,10 @@ __all__ = [
 ]
 
 VERDICTS_FORMAT = "autofusion-verdicts/1"
+# How far in the future a verdict's measured_at may lie and still be reused (another
+# machine's clock runs ahead). Past it the record is not fresh: a time far ahead (a
+# wrong clock, an edited file) would otherwise keep a verdict from ever ageing out.
+CLOCK_SKEW = timedelta(days=1)
 _Z = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 _HEX64 = frozenset("0123456789abcdef")
 # CPU flags that decide which kernels onnxruntime's MLAS picks (x86 and Arm).
@@ -74,17 +81,36 @@ def host_class() -> dict[str, Any]:
     architecture and onnxruntime's version (read from its metadata: onnxruntime itself
     is not imported, so the worker can ask cheaply)."""
     cpu, flags = _cpuinfo()
-    try:
-        ort_version = metadata.version("onnxruntime")
-    except metadata.PackageNotFoundError:
-        ort_version = "none"
     return {
         "cpu": cpu,
         "isa": sorted(set(flags) & set(_ISA_FLAGS)),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
-        "onnxruntime": ort_version,
+        "onnxruntime": onnxruntime_version(),
     }
+
+
+def onnxruntime_version() -> str:
+    """The installed onnxruntime's version: of the ``onnxruntime`` distribution, or of
+    the variant build that provides the ``onnxruntime`` import package (onnxruntime-gpu,
+    -openvino, -directml...), so a verdict of one version is never reused under another;
+    ``"none"`` when there is none."""
+    try:
+        return metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:
+        pass
+    for provider in metadata.packages_distributions().get("onnxruntime", []):
+        try:
+            return metadata.version(provider)
+        except metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def fresh(when: datetime, now: datetime, max_age_days: float) -> bool:
+    """A verdict measured at ``when`` may be reused at ``now``: at most ``max_age_days``
+    old, and not further ahead than ``CLOCK_SKEW``."""
+    return -CLOCK_SKEW <= now - when <= timedelta(days=max_age_days)
 
 
 def machine_class(*, level: str, threads: int, providers: Sequence[str]) -> dict[str, Any]:

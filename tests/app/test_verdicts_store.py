@@ -138,6 +138,23 @@ def test_a_job_reuses_fresh_verdicts_of_its_host(url, tmp_path):
     assert [r.signature for r in _fresh(url, tmp_path, host=newer_ort)] == [record(4)["signature"]]
 
 
+def test_a_verdict_dated_ahead_of_the_clock_is_not_reused(url, tmp_path):
+    """An imported verdict whose measured_at lies far ahead (a wrong clock, an edited
+    file) would pass every age limit until that day: it is not reused; one a few hours
+    ahead (another machine's clock) still is."""
+    now = datetime.now(UTC)
+    with session_scope(url) as session:
+        session.execute(delete(Verdict))
+        session.add_all(
+            [
+                row(10, source="imported", measured_at=now + timedelta(hours=3)),
+                row(11, source="imported", measured_at=now + timedelta(days=400)),
+            ]
+        )
+    fresh = _fresh(url, tmp_path, verdict_max_age_days=36_500)
+    assert [r.signature for r in fresh] == [record(10)["signature"]]
+
+
 def _page(url, filters=None, size=None, token=None, viewer="acme", shared=True):
     with session_scope(url) as session:
         return list_verdicts(

@@ -16,7 +16,8 @@ Both are files in the verdicts format (``fusion_core.profiling.verdicts``):
 A file that cannot be read, or is not a verdicts file, and a record that is not valid,
 are misses, never errors: they are counted (``unreadable``, ``skipped``) and the report
 says how many. Of what is read, only records of this run's machine class
-(``machine_key``) measured within ``verdict_max_age_days`` are used, by signature.
+(``machine_key``) measured within ``verdict_max_age_days`` (and not dated more than
+``CLOCK_SKEW`` ahead) are used, by signature.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from autofusion.fusion_core.config import MeasureOptions
 from autofusion.fusion_core.profiling.verdicts import (
     VerdictRecord,
+    fresh,
     read_verdicts,
     write_verdicts,
 )
@@ -64,7 +66,7 @@ class VerdictStore:
     ) -> None:
         self.folder = Path(folder) if folder is not None else None
         self.machine_key = machine_key
-        self.max_age = timedelta(days=max_age_days)
+        self.max_age_days = max_age_days
         self.now = now or datetime.now(UTC)
         self.read = self.skipped = self.unreadable = self.written = 0
         self.problems: list[str] = []
@@ -89,7 +91,7 @@ class VerdictStore:
         return list(self._by_signature.get(signature, ()))
 
     def fresh(self, record: VerdictRecord) -> bool:
-        return self.now - record.when <= self.max_age
+        return fresh(record.when, self.now, self.max_age_days)
 
     def add(self, records: Sequence[VerdictRecord]) -> int:
         """Appends ``records`` to the local store; how many were written (0: no store,
