@@ -260,3 +260,28 @@ def test_a_new_client_resumes_the_upload_an_earlier_one_left(idle, tmp_path):
     with _client(idle, again) as client:
         client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
     assert again.patches() == []
+
+
+def test_an_upload_whose_parts_the_server_lost_is_sent_again_from_its_start(idle, tmp_path):
+    """A part the server listed is gone from its store: the last chunk is answered 409
+    with Upload-Offset: 0, not a 500 on every try, and the client sends the file again."""
+    data = tmp_path / "w.data"
+    data.write_bytes(np.random.default_rng(4).bytes(3 * 1000 + 5))
+    digest = _sha(data)
+    body = {"name": "w.data", "size": data.stat().st_size, "sha256": digest}
+    artifacts = idle.log.parent / "data" / "artifacts"
+    before = set(artifacts.rglob("*"))
+    created = httpx.post(f"{idle.url}/v1/uploads", json=body)
+    assert created.status_code == 201
+    head = {"Content-Type": "application/offset+octet-stream", "Upload-Offset": "0"}
+    url = f"{idle.url}{created.headers['Location']}"
+    assert httpx.patch(url, content=data.read_bytes()[:1000], headers=head).status_code == 204
+    [part] = [p for p in set(artifacts.rglob("*")) - before if p.is_file()]
+    part.unlink()
+    model = tmp_path / "model.onnx"
+    onnx.save_model(conv_bn_relu(), model)
+    transport = Recording()
+    with _client(idle, transport) as client:
+        job = client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
+    assert job.data["data_files"] == [{"name": "w.data", "digest": digest}]
+    assert transport.patches() == [1000, 2000, 3000, 0, 1000, 2000, 3000]

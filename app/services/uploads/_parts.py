@@ -12,13 +12,16 @@ hashed as they go; a hash that is not the declared sha256 drops them all (422, t
 client starts over), else the file is stored as one blob (its ``digest``) and the parts
 are deleted. The request that sent the last byte does this, and answers with the
 complete upload; one that finds ``received == size`` but no ``digest`` (that request
-died) does it again.
+died) does it again. A part the row lists that is gone from the store (or short) can
+never make the file: the upload drops its parts and starts again from 0 (409 with
+``Upload-Offset: 0``), instead of failing every try after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -49,6 +52,8 @@ from autofusion.app.services.uploads._staged import (
 )
 
 __all__ = ["OFFSET_MEDIA_TYPE", "offset_mismatch", "receive_part"]
+
+logger = logging.getLogger(__name__)
 
 OFFSET_MEDIA_TYPE = "application/offset+octet-stream"
 _CHUNK = 1 << 20
@@ -266,12 +271,11 @@ def _complete(settings: Settings, store: ArtifactStore, full: _Snapshot) -> Data
     try:
         try:
             digest = _assemble(store, full.parts, folder / "file", folder / "piece")
-        except Exception:
-            # A part gone: another request completed (or deleted) the upload meanwhile.
-            current = _read(settings, full.tenant_id, full.id)
-            if current.row.status == DataUploadStatus.complete.value:
-                return current.row
-            raise
+        except Exception as exc:
+            settled = _unassembled(settings, store, full, exc)
+            if settled is None:
+                raise
+            return settled
         declared = full.row.sha256
         if declared is not None and digest != declared:
             if _swap(settings, full, received=0, parts=[]) is not None:
@@ -281,13 +285,48 @@ def _complete(settings: Settings, store: ArtifactStore, full: _Snapshot) -> Data
     finally:
         remove_folder(folder)
     done = _swap(settings, full, status=DataUploadStatus.complete.value, digest=digest, parts=[])
-    if done is not None:
-        drop_parts(store, full.parts)
-        return done.row
+    if done is None:
+        return _changed_meanwhile(settings, full)
+    drop_parts(store, full.parts)
+    return done.row
+
+
+def _changed_meanwhile(settings: Settings, full: _Snapshot) -> DataUploadPublic:
+    """Another request moved the upload on from ``full``: complete, the upload (its last
+    PATCH's answer); else 409 with where it stands now (404 if it was deleted)."""
     current = _read(settings, full.tenant_id, full.id)
     if current.row.status == DataUploadStatus.complete.value:
         return current.row
     raise offset_mismatch(current.row, full.row.received)
+
+
+def _unassembled(
+    settings: Settings, store: ArtifactStore, full: _Snapshot, exc: Exception
+) -> DataUploadPublic | None:
+    """Why the parts could not be read back. Another request completed, reset or deleted
+    the upload meanwhile: as ``_changed_meanwhile``. A part the row still lists is gone
+    or short: no later try can succeed, so the upload starts again from 0 (409). None
+    for anything else (a store that failed for now: the client's retry completes it)."""
+    if _read(settings, full.tenant_id, full.id).revision != full.revision:
+        return _changed_meanwhile(settings, full)
+    lost = [p["digest"] for p in full.parts if not store.exists(p["digest"])]
+    if not lost and not isinstance(exc, _PartLost):
+        return None
+    if _swap(settings, full, received=0, parts=[]) is None:
+        return _changed_meanwhile(settings, full)
+    logger.warning(
+        "data upload %s cannot be put together (%s; parts missing from the store: %s): "
+        "its parts are dropped and it starts again from 0",
+        full.id,
+        exc,
+        lost,
+    )
+    drop_parts(store, full.parts)
+    raise _parts_lost(full.row)
+
+
+class _PartLost(OSError):
+    """A part's blob holds fewer bytes than its listing says."""
 
 
 def _assemble(
@@ -305,13 +344,26 @@ def _assemble(
                     while left:
                         chunk = source.read(min(_CHUNK, left))
                         if not chunk:
-                            raise OSError(f"part {part['digest']} is shorter than listed")
+                            raise _PartLost(f"part {part['digest']} is shorter than listed")
                         digest.update(chunk)
                         target.write(chunk)
                         left -= len(chunk)
             finally:
                 piece.unlink(missing_ok=True)
     return digest.hexdigest()
+
+
+def _parts_lost(row: DataUploadPublic) -> ProblemError:
+    return ProblemError(
+        409,
+        "upload-parts-lost",
+        "Upload parts lost",
+        f"data upload {row.id} had all its {row.size} bytes, but some of them are no longer "
+        "in the server's store, so the file cannot be put together; what it had was "
+        "dropped: send the file again from its start (PATCH with Upload-Offset: 0)",
+        headers={"Upload-Offset": "0"},
+        offset=0,
+    )
 
 
 def _digest_mismatch(row: DataUploadPublic, digest: str) -> ProblemError:

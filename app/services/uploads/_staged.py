@@ -9,9 +9,10 @@ deletes, and what retention asks of them (expiry, the blobs they refer to).
 Where the bytes live while they arrive: as *parts*, blobs of the artifact store listed
 on the row. Several API processes that share no disk (distributed mode) can each take a
 PATCH, and the S3 store works as the local one does. A part's blob begins with a header
-naming its upload, offset and revision (``part_header``), so no other upload or job can
-hold the same bytes: a part belongs to its upload alone and is deleted the moment the
-upload no longer lists it, without the sweeper's grace that shared blobs need.
+naming its upload, offset, revision and request (``part_header``), so no other upload,
+job or request can hold the same bytes: a part belongs to its PATCH alone and is deleted
+the moment the upload no longer lists it, without the sweeper's grace that shared blobs
+need.
 """
 
 from __future__ import annotations
@@ -117,8 +118,12 @@ def public_view(row: DataUpload) -> DataUploadPublic:
 
 
 def part_header(upload_id: str, offset: int, revision: int) -> bytes:
-    """The bytes a part's blob begins with: its own, whatever the file holds."""
-    return f"autofusion data upload part\n{upload_id} {offset} {revision}\n".encode()
+    """The bytes a part's blob begins with: its own, whatever the file holds. A token of
+    its request too: two PATCHes of one offset that read one revision (a client that
+    retried while the server still kept its cut chunk) may carry the same bytes, and
+    the loser drops its part's blob, which must not be the winner's."""
+    token = uuid.uuid4().hex
+    return f"autofusion data upload part\n{upload_id} {offset} {revision} {token}\n".encode()
 
 
 def is_upload_id(text: str) -> bool:
