@@ -40,12 +40,19 @@ groups, ``router: gathered`` or ``sigmoid``) keeps that subgraph, and the kernel
 
 Logits ``[B, S, E]`` of a router that runs before the flattening the experts read
 (ZAYA) are read merged to ``[B * S, E]`` (``_merged.py``; proven by running the block on
-them unmerged). A router with more classes than experts (ZAYA's skip class, its weight
-zeroed and its index sent to expert 0; Inkling's shared experts' gates) takes the
-general path, the kernel fed its own choice and weights over the experts; where the
-router's values are also read outside the block (Inkling's shared experts weighted by
-their gates, ``moe_topk_pick_slice``), the block is the routed experts' term of the sum
-and those readers read the router's copy the rewrite keeps (``Block.kept``).
+them unmerged; a copy of the graph's router reads them as they are). A router that
+computes features of its own before its logits (ZAYA's down_proj and router MLP) leaves
+the experts reading another tensor: the input of the router's linear with the block's
+width (``_tokens.py``). Experts whose sum is shaped back to ``[B, S, D]`` before what
+follows (Inkling's, added to the shared experts' so) are fed the hidden states
+``[B, S, D]``, merged, and the output shaped back.
+
+A router with more classes than experts (ZAYA's skip class, its weight zeroed and its
+index sent to expert 0; Inkling's shared experts' gates) takes the general path, the
+kernel fed its own choice and weights over the experts; where the router's values are
+also read outside the block (Inkling's shared experts weighted by their gates,
+``moe_topk_pick_slice``), the block is the routed experts' term of the sum and those
+readers read the router's copy the rewrite keeps (``Block.kept``).
 
 Experts dispatched by sorting tokens (the slots sorted by expert, split by each
 expert's count, a linear per slab, scattered back weighted: ``_sorted_dispatch.py``) are
@@ -171,8 +178,9 @@ def _own_routing_reason(block: Block) -> str | None:
 
 
 def _shaped(routing: Routing, block: Block) -> Routing:
-    """``routing``, over the leading axes merged where the logits are [B, S, E]."""
-    if len(block.logits.shape or ()) <= 2:
+    """``routing``, over the leading axes merged where the logits are [B, S, E] or the
+    hidden states the kernel reads [B, S, D] (the block's output shaped as them)."""
+    if len(block.logits.shape or ()) <= 2 and len(block.hidden.shape or ()) <= 2:
         return routing
     width = block.hidden.shape[-1] if block.hidden.shape is not None else None
     return merged(routing, block.columns, int(width))
@@ -223,13 +231,7 @@ def _merge_reason(block: Block) -> Block | str:
             f"the router's logits {block.logits.name!r} are not [tokens, experts], nor "
             "[B, S, experts] over the hidden states [B, S, hidden]"
         )
-    if block.kept:
-        return (
-            f"the router's {block.kept[0].name!r}, read outside the block, is computed on "
-            f"[B, S, experts] logits {block.logits.name!r}: the rewrite's copy of the "
-            "router runs them merged"
-        )
-    return block
+    return block  # the router's values read outside: its copy runs unmerged (_merged.py)
 
 
 class MixtureOfExperts(Rewriter):

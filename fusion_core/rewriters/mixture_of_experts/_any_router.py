@@ -56,6 +56,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._proof import (
     external,
     options,
     probe_rows,
+    router_feed,
     subgraph_model,
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing, from_logits
@@ -166,11 +167,12 @@ def _run(nodes: list[ir.Node], logits: ir.Value, outputs, feed: np.ndarray, opse
     import onnxruntime as ort  # only a router the fast paths refuse pays for it
 
     feeds = {logits.name: feed}
+    tokens = int(np.prod(feed.shape[:-1]))
     for value in external(nodes):
         if value is not logits:
             array = constant_array(value)
             if array is None:
-                array = _sized(value, nodes, len(feed))
+                array = _sized(value, nodes, tokens)
             if isinstance(array, str):
                 return array
             feeds[value.name] = array
@@ -218,7 +220,7 @@ def _shaped_values(block: Block, part: list[ir.Node], opsets):
     rng = np.random.default_rng(0)
     rows = probe_rows(block.logits, _PROBE_TOKENS)
     logits = rng.standard_normal((rows, block.columns)).astype(np.float32)
-    got = _run(part, block.logits, typed, logits, opsets)
+    got = _run(part, block.logits, typed, router_feed(block.logits, logits), opsets)
     if isinstance(got, str):
         return got
     choices, weights = [], []
@@ -275,7 +277,8 @@ def _routing(block: Block, part, pair: tuple[ir.Value, ir.Value, int], opsets) -
     nodes = _closure(part, [idx, w, *block.kept])
 
     def choose(logits: np.ndarray, _k: int) -> tuple[np.ndarray, np.ndarray]:
-        got = _run(nodes, block.logits, [idx, w], logits.astype(np.float32), opsets)
+        feed = router_feed(block.logits, logits.astype(np.float32))
+        got = _run(nodes, block.logits, [idx, w], feed, opsets)
         if isinstance(got, str):
             raise RuntimeError(got)
         chosen, weights = got
@@ -288,19 +291,16 @@ def _routing(block: Block, part, pair: tuple[ir.Value, ir.Value, int], opsets) -
         return _emit(nodes, reads, (hidden, logits), experts, (constant, outside))
 
     name = f"the experts {idx.name!r} weighted by {w.name!r} (k = {k})"
-    return Routing(choose, emit, (1.0,), name=name, k=k)
+    return Routing(choose, emit, (1.0,), name=name, k=k, unmerged=True)
 
 
 def _clone(
-    nodes: list[ir.Node],
-    mapping: dict[int, ir.Value],
-    makers: tuple[Constant, Outside],
-    shaped: bool,
+    nodes: list[ir.Node], mapping: dict[int, ir.Value], makers: tuple[Constant, Outside]
 ) -> list[ir.Node]:
     """Copies of ``nodes`` reading the values ``mapping`` gives (constants through
     ``constant``, anything else through ``outside``), their outputs added to
-    ``mapping``; each typed as its original, and shaped so where ``shaped`` (not over
-    [B, S, E] logits run merged: ``_merged.py``)."""
+    ``mapping``; each typed and shaped as its original (the copy reads the logits as
+    the graph shapes them, [B, S, E] too: ``Routing.unmerged``)."""
     constant, outside = makers
     clones = []
     for node in nodes:
@@ -322,7 +322,7 @@ def _clone(
             num_outputs=len(node.outputs), version=node.version,
         )  # fmt: skip
         for old, new in zip(node.outputs, clone.outputs, strict=True):
-            new.dtype, new.shape = old.dtype, (old.shape if shaped else None)
+            new.dtype, new.shape = old.dtype, old.shape
             mapping[id(old)] = new
         clones.append(clone)
     return clones
@@ -335,9 +335,9 @@ def _emit(nodes, reads, inputs, experts: Experts, makers: tuple[Constant, Outsid
     hidden, logits = inputs
     constant = makers[0]
     mapping = {id(old_logits): logits}
-    clones = _clone(nodes, mapping, makers, len(old_logits.shape or ()) <= 2)
+    clones = _clone(nodes, mapping, makers)
     chosen, weights = mapping[id(idx)], mapping[id(w)]
-    shape = _dense_shape(logits, experts.fc1.shape[0], constant)
+    shape = _dense_shape((logits, chosen), experts.fc1.shape[0], constant)
     zero = ir.tensor(np.zeros(1, np.float32))
     zeros = ir.node("ConstantOfShape", [shape[-1].outputs[0]], {"value": zero})
     dense = ir.node(
@@ -357,12 +357,15 @@ def _emit(nodes, reads, inputs, experts: Experts, makers: tuple[Constant, Outsid
     return Emitted([*made, total, weighted], weighted.outputs[0], copies)
 
 
-def _dense_shape(logits: ir.Value, experts: int, constant: Constant) -> list[ir.Node]:
-    """The nodes whose last gives [tokens, experts]: the logits' shape, or where they
-    have more classes than there are experts (a skip class, shared experts' gates) their
-    rows and the experts' count."""
-    if logits.shape is not None and logits.shape[-1] == experts:
+def _dense_shape(
+    read: tuple[ir.Value, ir.Value], experts: int, constant: Constant
+) -> list[ir.Node]:
+    """The nodes whose last gives [tokens, experts]: the shape of the logits [T, E], or
+    else (more classes than there are experts: a skip class, shared experts' gates;
+    logits [B, S, E]) the rows of the chosen experts [T, k] and the experts' count."""
+    logits, chosen = read
+    if logits.shape is not None and len(logits.shape) == 2 and logits.shape[-1] == experts:
         return [ir.node("Shape", [logits])]
-    rows = ir.node("Shape", [logits], {"start": 0, "end": 1})
+    rows = ir.node("Shape", [chosen], {"start": 0, "end": 1})
     count = constant("experts_count", np.array([experts], np.int64))
     return [rows, ir.node("Concat", [rows.outputs[0], count], {"axis": 0})]

@@ -8,10 +8,11 @@ halves, repeat_interleave as Tile or Expand...), so the block is found by data f
 not by spelling:
 
 * its **output** is the first value after the router that every path from the TopK's
-  results goes through (a dominator), with the hidden states' rank and width: the sum of
-  the weighted expert outputs;
-* its **nodes** are what that output is computed from, back to the hidden states (the
-  router's input and the Reshapes it came through), the logits and constants;
+  results goes through (a dominator), shaped like the hidden states: the sum of the
+  weighted expert outputs (``_tokens.py``: the hidden states are the router's input, or
+  the input of one of its linears where the router computes features of its own);
+* its **nodes** are what that output is computed from, back to the hidden states (and
+  the Reshapes they came through), the logits and constants;
 * its **experts** are the rank-3 constants with one row per expert that the block
   gathers by the router's indices (transformers' batched experts), each with the
   [experts, n] bias gathered the same way and added to its product where there is one
@@ -37,19 +38,25 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._sorted_dispatch import
     experts_around,
     slab_linears,
 )
+from autofusion.fusion_core.rewriters.mixture_of_experts._tokens import (
+    LAYOUT,
+    dominators,
+    hidden_states,
+    root,
+    summands,
+)
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
-from autofusion.fusion_core.rewriters.mixture_of_experts._walk import from_logits, walk_back
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import (
+    from_logits,
+    reading,
+    walk_back,
+)
 
 __all__ = ["Block", "StackedWeight", "find_blocks", "router_input", "upstream"]
 
-# Nodes scanned after the router before giving up on finding the block's output, and
-# the most nodes a block may have (Qwen3-MoE's batched experts: about 90 per layer).
-_SCAN_LIMIT = 2000
+# The most nodes a block may have (Qwen3-MoE's batched experts: about 90 per layer).
 _BLOCK_LIMIT = 600
 _CANDIDATES = 3  # outputs tried, nearest first
-_MOST_TERMS = 6  # terms of such an output tried beside shared experts (_summands)
-# Ops that only move data: a value read through them is still the hidden states.
-_LAYOUT = frozenset({"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"})
 
 
 @dataclass
@@ -125,68 +132,6 @@ def router_input(logits: ir.Value) -> tuple[ir.Value, int] | str:
     return node.inputs[0], int(experts)
 
 
-def _root(hidden: ir.Value) -> ir.Value:
-    """The earliest value ``hidden`` is a reshaping of (a norm's [batch, seq, hidden])."""
-    value = hidden
-    for _ in range(8):
-        node = value.producer()
-        if node is None or node.op_type not in _LAYOUT or not node.inputs:
-            return value
-        value = node.inputs[0]
-    return value
-
-
-def _readers(value: ir.Value) -> set[int]:
-    """The nodes in a graph that read ``value`` (a node an earlier pass took out of the
-    graph may still be listed as a use)."""
-    return {id(use.node) for use in value.uses() if use.node.graph is not None}
-
-
-def _dominators(
-    graph: ir.Graph, router: list[ir.Node], hidden: ir.Value
-) -> Iterator[tuple[ir.Value, list[ir.Node]]]:
-    """The values after ``router`` that all of the router's results flow through, with
-    ``hidden``'s rank and width, in graph order; each with the nodes that read the
-    router's results up to it. (The first may be the experts' outputs per token and
-    choice, [tokens * k, hidden], before their sum: the proof tells them apart.)"""
-    order = list(graph)
-    members = {id(n) for n in router}
-    # from the first router node: a reader of an early one may come before the last
-    # (an exporter's order puts one round of a two-round router's nodes after the next)
-    start = min(i for i, n in enumerate(order) if id(n) in members)
-    pending: dict[int, tuple[ir.Value, set[int]]] = {}
-    for node in router:
-        for value in node.outputs:
-            readers = _readers(value) - members
-            if readers or value.is_graph_output():
-                pending[id(value)] = (value, readers)
-    downstream: list[ir.Node] = []
-    rank = len(hidden.shape) if hidden.shape is not None else None
-    width = hidden.shape[-1] if hidden.shape is not None else None
-    for node in order[start + 1 : start + 1 + _SCAN_LIMIT]:
-        # each value once: a node may read one twice (Mul(r, r), a squared ReLU)
-        read = list({id(v): v for v in node.inputs if v is not None and id(v) in pending}.values())
-        if not read or id(node) in members:
-            continue
-        downstream.append(node)
-        for value in read:
-            readers = pending[id(value)][1]
-            readers.discard(id(node))
-            if not readers and not value.is_graph_output():
-                del pending[id(value)]
-        for value in node.outputs:
-            readers = _readers(value)
-            if readers or value.is_graph_output():
-                pending[id(value)] = (value, readers)
-        if len(pending) == 1:
-            ((value, _),) = pending.values()
-            shape = value.shape
-            if shape is not None and len(shape) == rank and shape[-1] == width:
-                yield value, list(downstream)
-        if not pending:
-            return
-
-
 def upstream(output: ir.Value, stops: set[int]) -> list[ir.Node] | str:
     """The nodes ``output`` is computed from, back to ``stops`` and constants (past no
     Shape: ``walk_back``), or why the block is not so computed."""
@@ -254,7 +199,7 @@ def _bias_of(matmul: ir.Node, experts: int, routed: set[int]) -> ir.Value | None
         node = other.producer() if other is not None else None
         if _routed_gather(node, experts, routed, 2):
             return node.inputs[0]
-        if node is None or node.op_type not in _LAYOUT or not node.inputs:
+        if node is None or node.op_type not in LAYOUT or not node.inputs:
             return None
         other = node.inputs[0]
     return None
@@ -269,7 +214,7 @@ def _reading(value: ir.Value, op_type: str) -> tuple[ir.Node, int] | None:
         node, index = uses[0].node, uses[0].idx
         if node.op_type == op_type:
             return node, index
-        if node.op_type not in _LAYOUT:
+        if node.op_type not in LAYOUT:
             return None
         value = node.outputs[0]
     return None
@@ -277,55 +222,45 @@ def _reading(value: ir.Value, op_type: str) -> tuple[ir.Node, int] | None:
 
 def find_blocks(graph: ir.Graph, router: list[ir.Node], logits: ir.Value) -> Iterator[Block | str]:
     """The blocks the ``router`` nodes (its Softmax, TopK and what is between) may
-    choose experts for, nearest output first, or why there is none (a string)."""
+    choose experts for, nearest output first, or why there is none (a string). The
+    hidden states are the first of ``hidden_states`` that a value after the router is
+    shaped like (``_tokens.py``)."""
     found = router_input(logits)
     if isinstance(found, str):
         yield found
         return
-    hidden, experts = found
-    root = _root(hidden)
+    router_in, experts = found
     for node in router:
         for value in node.outputs:
             if value.is_graph_output():
                 yield f"the router's {value.name!r} is a graph output, which MoE does not give"
                 return
-    reads = (hidden, root, logits, experts)
-    dominators = list(itertools.islice(_dominators(graph, router, hidden), _CANDIDATES))
-    for output, downstream in dominators:
+    for hidden in hidden_states(router_in):
+        tokens = (hidden, root(hidden))
+        outputs = list(itertools.islice(dominators(graph, router, tokens), _CANDIDATES))
+        if outputs:
+            yield from _blocks_at(graph, router, (*tokens, logits, experts), outputs)
+            return
+    yield (
+        "no value after the router that all of its results flow into has the hidden states' shape"
+    )
+
+
+def _blocks_at(
+    graph: ir.Graph,
+    router: list[ir.Node],
+    reads: tuple[ir.Value, ir.Value, ir.Value, int],
+    outputs: list[tuple[ir.Value, list[ir.Node]]],
+) -> Iterator[Block | str]:
+    """The blocks ending at each of ``outputs``, then at each term of those sums."""
+    for output, downstream in outputs:
         yield _block(graph, router, reads, output, downstream)
-    for output, downstream in dominators:  # the routed experts beside shared ones
-        for part in _summands(output, hidden, downstream):
+    for output, downstream in outputs:  # the routed experts beside shared ones
+        for part in summands(output, reads[:2], downstream):
             block = _block(graph, router, reads, part, downstream)
             if not isinstance(block, str):  # a term that is no block: nothing to say
                 block.beside = True
                 yield block
-    if not dominators:
-        yield (
-            "no value after the router that all of its results flow into has the hidden "
-            "states' shape"
-        )
-
-
-def _summands(output: ir.Value, hidden: ir.Value, downstream: list[ir.Node]) -> list[ir.Value]:
-    """The terms of ``output = a + b (+ c ...)`` computed from the router's results, with
-    the hidden states' rank and width, outer first: the routed experts' sum beside shared
-    experts weighted by gates the router computes too (Inkling), where the sum of all is
-    no MoE."""
-    made = {id(v) for n in downstream for v in n.outputs}
-    rank = len(hidden.shape) if hidden.shape is not None else None
-    found: list[ir.Value] = []
-    todo = [output]
-    while todo and len(found) < _MOST_TERMS:
-        node = todo.pop(0).producer()
-        if node is None or node.op_type != "Add":
-            continue
-        for value in node.inputs:
-            shape = value.shape if value is not None else None
-            wide = shape is not None and len(shape) == rank and shape[-1] == hidden.shape[-1]
-            if id(value) in made and wide:
-                found.append(value)
-                todo.append(value)
-    return found
 
 
 def _block(
@@ -335,15 +270,19 @@ def _block(
     output: ir.Value,
     downstream: list[ir.Node],
 ) -> Block | str:
-    hidden, root, logits, classes = reads
-    nodes = upstream(output, {id(root), id(logits)})
+    hidden, earliest, logits, classes = reads
+    if len(output.shape) != len(hidden.shape):
+        # the experts' sum shaped back as the value the hidden states flatten (shaped_like):
+        # the kernel reads that value flattened, its output shaped back the same way
+        hidden = earliest
+    nodes = upstream(output, {id(earliest), id(logits)})
     if isinstance(nodes, str):  # experts around an attention read more: say so plainly
-        return experts_around(graph, output, {id(root), id(logits)}, classes) or nodes
+        return experts_around(graph, output, {id(earliest), id(logits)}, classes) or nodes
     order = {id(n): i for i, n in enumerate(graph)}
     nodes.sort(key=lambda n: order[id(n)])
     routed = {id(v) for n in [*router, *downstream] for v in n.outputs}
     inside = {id(n) for n in [*nodes, *router]}
-    own = {id(v) for n in from_logits(nodes, logits) for v in n.outputs}
+    own = reading(from_logits(nodes, logits), logits)  # not a shape read beside them
     for node in downstream:  # what reads the choice and does not make the output
         if id(node) not in inside and not _reads_router_only(node, (inside, own), output):
             return (
@@ -375,7 +314,7 @@ def _block(
         weights, units, slabbed = [_slab_weight(s) for s in slabs], [], True
     extra = classes if classes != experts else None
     return Block(
-        hidden, root, logits, experts, output, nodes, absorbed, weights, units, slabbed, extra,
+        hidden, earliest, logits, experts, output, nodes, absorbed, weights, units, slabbed, extra,
         kept,
     )  # fmt: skip
 

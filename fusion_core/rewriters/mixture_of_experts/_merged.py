@@ -8,7 +8,9 @@ with merging the leading axes::
     route(Reshape(r, [-1, E])) = Reshape(route(r), [-1, k])
 
 so the routing ``com.microsoft.MoE`` is given (its ``router_probs`` are 2-D) reads the
-logits merged, and the kernel the hidden states merged::
+logits merged, and the kernel the hidden states merged (a copy of the graph's own router,
+``Routing.unmerged``, reads the logits as the graph does and gives the choice and weights
+[B * S, k] as the graph's router does: only the hidden states are merged)::
 
     y = Reshape(routed(Reshape(x, [-1, D]), Reshape(r, [-1, E])), Shape(x))
 
@@ -37,17 +39,18 @@ def merged(routing: Routing, classes: int, width: int) -> Routing:
 
     def emit(hidden, logits, experts, constant, outside) -> Emitted:
         rows = constant("merged_tokens", np.array([-1, width], np.int64))
-        scores = constant("merged_logits", np.array([-1, classes], np.int64))
         flat_hidden = ir.node("Reshape", [hidden, rows])
-        flat_logits = ir.node("Reshape", [logits, scores])
-        for flat, value in ((flat_hidden, hidden), (flat_logits, logits)):
+        flats = [flat_hidden]
+        if not routing.unmerged:  # the kernel's own routing reads [tokens, classes]
+            scores = constant("merged_logits", np.array([-1, classes], np.int64))
+            flats.append(ir.node("Reshape", [logits, scores]))
+        for flat, value in zip(flats, (hidden, logits), strict=False):
             flat.outputs[0].dtype = value.dtype  # the patterns read the router's dtype
-        inner = routing.emit(
-            flat_hidden.outputs[0], flat_logits.outputs[0], experts, constant, outside
-        )
+        read = flats[1].outputs[0] if len(flats) > 1 else logits
+        inner = routing.emit(flat_hidden.outputs[0], read, experts, constant, outside)
         shape = ir.node("Shape", [hidden])
         back = ir.node("Reshape", [inner.output, shape.outputs[0]])
-        nodes = [flat_hidden, flat_logits, *inner.nodes, shape, back]
+        nodes = [*flats, *inner.nodes, shape, back]
         return Emitted(nodes, back.outputs[0], inner.kept)
 
     return replace(routing, emit=emit)

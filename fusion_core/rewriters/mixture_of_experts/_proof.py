@@ -33,7 +33,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters.mixture_of_experts._block import Block
 from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
     Activation,
@@ -46,10 +45,20 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._experts import (
     moe_node,
     scaled,
 )
+from autofusion.fusion_core.rewriters.mixture_of_experts._feeds import (
+    TOKENS,
+    paired,
+    probe_rows,
+    random_inputs,
+    router_feed,
+    sized,
+)
+from autofusion.fusion_core.rewriters.mixture_of_experts._walk import external
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = [
     "probe_rows",
+    "router_feed",
     "SOFTMAX",
     "Emitted",
     "Routing",
@@ -61,10 +70,6 @@ __all__ = [
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
-_TOKENS = (2, 3)  # the random inputs: 2 sequences of 3 tokens (or 6 tokens)
-_MOST_PAIRED = 64  # tokens that pick a class no expert has beside an expert (_paired)
-_PAIRED_LEAD = 4.0  # the second's logit gets this added, the first's twice: the two
-# likeliest by far, in that order, whatever a small selection bias adds
 # The largest weight slice the proof gathers (tokens x top-k experts), in elements.
 _PROOF_ELEMENTS = 400_000_000
 _CLAMP_REACH = 3.0  # the scaled tokens' largest pre-activation, in clamp limits
@@ -115,6 +120,9 @@ class Routing:
     scales: tuple[float, ...] = (1.0,)
     name: str = "softmax, top-k"
     k: int | None = None
+    # emit reads the logits as the graph shapes them, [B, S, E] too (a copy of the
+    # graph's own router, ``_any_router.py``), not merged as the kernel reads them
+    unmerged: bool = False
 
 
 def _emit_softmax(hidden, logits, experts, constant, _outside) -> Emitted:
@@ -155,8 +163,8 @@ def _combined(layout: Layout, activation: Activation, pre, chosen, weights) -> n
 
 
 def _close(expected: np.ndarray, got: np.ndarray) -> bool:
-    if expected.shape != got.shape:
-        return False
+    if expected.shape != got.shape or not np.all(np.isfinite(expected)):
+        return False  # a hypothesis that weighs a token by 0 / 0 reproduces nothing
     scale = float(np.abs(expected).max()) or 1.0
     return bool(np.allclose(got, expected, rtol=RTOL, atol=ATOL * scale))
 
@@ -164,7 +172,8 @@ def _close(expected: np.ndarray, got: np.ndarray) -> bool:
 def _matching(candidates, acts, probes, logits, k, routing: Routing) -> Experts | None:
     """The first hypothesis that reproduces the block on every probe (x, output)."""
     chosen, top = routing.choose(logits, k)
-    renormalized = top / top.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a token weighing nothing (a
+        renormalized = top / top.sum(-1, keepdims=True)  # skip class): no renormalizing
     for layout in candidates:
         if layout.gate.shape[1:] != (layout.down.shape[2], probes[0][0].shape[1]):
             continue
@@ -207,11 +216,11 @@ def prove(
     if not candidates:
         return "the stacked weights are not a fused gate/up pair or a gate, an up and a down"
     first = candidates[0]
-    rows = int(np.prod(_TOKENS)) + len(_paired(block, k))
+    rows = int(np.prod(TOKENS)) + len(paired(block, k))
     cost = rows * k * (2 * first.gate[0].size + first.down[0].size)
     if cost > _PROOF_ELEMENTS:
         return "the experts are too large to prove by running the block"
-    feeds, x, logits = _random_inputs(block, _paired(block, k))
+    feeds, x, logits = random_inputs(block, paired(block, k))
     if isinstance(feeds, str):
         return feeds
     acts = activations(block.nodes)
@@ -226,6 +235,11 @@ def prove(
             "up, or gpt-oss's clamped form, then down) with its stacked weights"
         )
     shaped = feeds[block.logits.name]  # as the block reads them: [B, S, E] or [T, E]
+    if len(block.hidden.shape) > 2:  # the kernel reads [B, S, D] merged (_merged.py)
+        dims = feeds[block.root.name].shape[:-1]
+        if len(block.root.shape) != len(block.hidden.shape):
+            return f"the hidden states {block.hidden.name!r} are not shaped as the tokens"
+        probes = [(x.reshape(*dims, -1), got) for x, got in probes]
     return _kernel_agrees(ort, experts, (probes, feeds, shaped), routing, opsets)
 
 
@@ -298,8 +312,6 @@ def _kernel_agrees(
     router's copied ops are the model's)."""
     probes, feeds, logits = runs_of
     opset = max(17, opsets.get("", opsets.get("ai.onnx", 17)))
-    if logits.ndim > 2:  # the router's [B, S, E]: the tokens as the block reads them
-        probes = [(x.reshape(*logits.shape[:-1], -1), got) for x, got in probes]
     try:
         model, constants = _kernel_model(routing, experts, (probes[0][0], logits, feeds), opset)
         session = ort.InferenceSession(
@@ -322,125 +334,6 @@ def options(ort):
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
     return options
-
-
-def _paired(block: Block, k: int) -> list[tuple[int, int]]:
-    """(first, second) classes the proof's logits make the two likeliest, one token each:
-    each class no expert has (a skip class) before and after each expert, the first
-    ``_MOST_PAIRED``. Where k >= 2 a router that sends such a class to an expert (ZAYA:
-    the skip to expert 0) may choose that expert twice, which a block may weigh
-    otherwise than as the sum of both (a scatter that overwrites): random logits rarely
-    pick both."""
-    if k < 2 or block.classes is None:
-        return []
-    extra = range(block.experts, block.classes)
-    pairs = [p for e in range(block.experts) for c in extra for p in ((c, e), (e, c))]
-    return pairs[:_MOST_PAIRED]
-
-
-def _random_inputs(block: Block, paired: list[tuple[int, int]]):
-    """Feeds for the block model: the root of the hidden states, the logits, every
-    constant it reads, and zeros shaped like what it only reads the shape of; and the
-    hidden states and logits as the experts see them (``paired``: tokens whose two
-    largest logits are those classes, ``_paired``)."""
-    rng = np.random.default_rng(0)
-    shape = block.root.shape
-    width = block.hidden.shape[-1] if block.hidden.shape is not None else None
-    if shape is None or not isinstance(width, int):
-        return "the hidden states have no known width", None, None
-    sizes = _sizes(shape[:-1], len(paired))
-    dims = [dim if isinstance(dim, int) else sizes[str(dim)] for dim in shape[:-1]]
-    tokens = int(np.prod(dims))
-    root = rng.standard_normal((*dims, width)).astype(np.float32)
-    logits = rng.standard_normal((tokens, block.columns)).astype(np.float32)
-    for row, (first, second) in enumerate(paired[:tokens]):  # in that order
-        logits[row, first] += 2 * _PAIRED_LEAD
-        logits[row, second] += _PAIRED_LEAD
-    rank = len(block.logits.shape or ())
-    if rank > 2 and rank != len(shape):
-        return "the router's logits are not [tokens, experts] nor shaped as the tokens", None, None
-    shaped = logits.reshape(*dims, -1) if rank > 2 else logits  # the router's [B, S, E]
-    feeds = {block.root.name: root, block.logits.name: shaped}
-    for value in external(block.nodes):
-        if value.name in feeds:
-            continue
-        array = constant_array(value)
-        if array is None:
-            array = sized(value, block.nodes, sizes)
-        if isinstance(array, str):
-            return array, None, None
-        feeds[value.name] = array
-    return feeds, root.reshape(tokens, width), logits
-
-
-def _sizes(leading, paired: int) -> dict[str, int]:
-    """The sizes of the tokens' symbolic axes: ``_TOKENS`` in order (1 past them), the
-    last one larger where ``paired`` tokens are more than the others give."""
-    sizes: dict[str, int] = {}
-    symbolic = iter(_TOKENS)
-    for dim in leading:
-        if not isinstance(dim, int) and str(dim) not in sizes:
-            sizes[str(dim)] = next(symbolic, 1)
-    fixed = int(np.prod([d for d in leading if isinstance(d, int)] or [1]))
-    if sizes and paired > fixed * int(np.prod(list(sizes.values()))):
-        last = list(sizes)[-1]
-        others = fixed * int(np.prod([v for n, v in sizes.items() if n != last] or [1]))
-        sizes[last] = -(-paired // others)
-    return sizes
-
-
-def probe_rows(logits: ir.Value, wanted: int) -> int:
-    """How many tokens a router run alone may be fed: ``wanted``, or the count a graph
-    exported for one length fixed (its logits ``[T, E]`` with ``T`` a number, or
-    ``[B, S, E]`` with both: constants folded from that count inside the router, a
-    ``[T, G]`` group mask, fail at any other)."""
-    leading = list(logits.shape[:-1]) if logits.shape is not None else []
-    if not leading or not all(isinstance(d, int) and d > 0 for d in leading):
-        return wanted
-    return int(np.prod(leading))  # [B, S, E] logits run merged: B * S rows
-
-
-def sized(value: ir.Value, nodes: list[ir.Node], sizes: dict[str, int]) -> np.ndarray | str:
-    """Zeros shaped like ``value``, which ``nodes`` read only the shape of (a graph
-    input's batch and sequence, named like the hidden states' dims: ``sizes``)."""
-    readers = [u.node for u in value.uses() if any(u.node is n for n in nodes)]
-    if not readers or any(n.op_type not in ("Shape", "Size") for n in readers):
-        return f"the block reads {value.name!r}, which is not a constant"
-    if value.shape is None or value.dtype is None:
-        return f"the block reads the shape of {value.name!r}, which is not known"
-    read = _read_dims(readers, len(value.shape))
-    dims = []
-    for axis, dim in enumerate(value.shape):
-        if isinstance(dim, int) or str(dim) in sizes:
-            dims.append(dim if isinstance(dim, int) else sizes[str(dim)])
-        elif axis in read:
-            return f"the block reads the shape of {value.name!r}, whose {dim} it cannot size"
-        else:  # a dim no Shape reads (a cache's past length beside its batch): any size
-            dims.append(1)
-    return np.zeros(dims, value.dtype.numpy())
-
-
-def _read_dims(readers: list[ir.Node], rank: int) -> set[int]:
-    """The axes the readers read: a Shape's from its start to its end, a Size's all."""
-    read: set[int] = set()
-    for node in readers:
-        if node.op_type != "Shape":
-            return set(range(rank))
-        start, end = node.attributes.get("start"), node.attributes.get("end")
-        axes = slice(start.value if start else 0, end.value if end else rank)
-        read |= set(range(rank)[axes])
-    return read
-
-
-def external(nodes: list[ir.Node]) -> list[ir.Value]:
-    """The values ``nodes`` read that none of them computes."""
-    made = {id(v) for n in nodes for v in n.outputs}
-    seen: dict[int, ir.Value] = {}
-    for node in nodes:
-        for value in node.inputs:
-            if value is not None and id(value) not in made:
-                seen.setdefault(id(value), value)
-    return list(seen.values())
 
 
 def subgraph_model(

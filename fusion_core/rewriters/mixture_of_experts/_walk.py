@@ -7,7 +7,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_tensor
 
-__all__ = ["SHAPE_ONLY", "computing", "from_logits", "walk_back"]
+__all__ = ["SHAPE_ONLY", "computing", "external", "from_logits", "reading", "walk_back"]
 
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
@@ -71,3 +71,24 @@ def from_logits(nodes: list[ir.Node], logits: ir.Value) -> list[ir.Node]:
             part.append(node)
             known.update(id(v) for v in node.outputs)
     return part
+
+
+def reading(nodes: list[ir.Node], value: ir.Value) -> set[int]:
+    """The ids of the outputs of ``nodes`` (in graph order) computed from ``value``: of
+    a router's own steps, those its logits reach (not a shape read beside them)."""
+    reached = {id(value)}
+    for node in nodes:
+        if any(v is not None and id(v) in reached for v in node.inputs):
+            reached.update(id(v) for v in node.outputs)
+    return reached - {id(value)}
+
+
+def external(nodes: list[ir.Node]) -> list[ir.Value]:
+    """The values ``nodes`` read that none of them computes."""
+    made = {id(v) for n in nodes for v in n.outputs}
+    seen: dict[int, ir.Value] = {}
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and id(value) not in made:
+                seen.setdefault(id(value), value)
+    return list(seen.values())

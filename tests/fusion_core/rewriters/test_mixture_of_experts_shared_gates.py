@@ -11,8 +11,10 @@ experts, the others the shared experts' outputs. A generator (hypothesis) draws 
 scale and the experts' spelling; each block must become one MoE (the shared experts'
 MLPs left after it) and compute what the original computes (onnxruntime, its
 optimizations off) on 1, 5 and 17 tokens: rtol = 1e-4, atol = 1e-5 (the kernel sums the
-experts in another order). A negative scale (weights the kernel's softmax cannot give)
-stays with a near miss.
+experts in another order). Drawn too, as the TorchScript export writes it: the block reads
+[B, S, D], the router and the experts its flattening, and each sum is shaped back to
+[B, S, D] before the routed and the shared experts' are added. A negative scale
+(weights the kernel's softmax cannot give) stays with a near miss.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Inkling:
     shared: int  # the shared experts, each gated by a logit of the router
     bias: str  # "none", "zero" or "trained" (moves the choice)
     scale: float  # route_scale * global_scale
+    # as the TorchScript export writes it: the block reads [B, S, D], the router and the
+    # experts its flattening [B * S, D], and the routed and each shared expert's sum are
+    # shaped back to [B, S, D] before they are added
+    three_d: bool = False
 
 
 @st.composite
@@ -43,6 +49,7 @@ def blocks(draw) -> tuple[Inkling, Spelling]:
         shared=draw(st.integers(1, 2)),
         bias=draw(st.sampled_from(["none", "zero", "trained"])),
         scale=draw(st.sampled_from([1.0, 2.0])),
+        three_d=draw(st.booleans()),
     )
     spelling = replace(
         _PLAIN,
@@ -56,10 +63,10 @@ def blocks(draw) -> tuple[Inkling, Spelling]:
     return inkling, spelling
 
 
-def _router(g: _Graph, r: Inkling, s: Spelling) -> tuple[str, str, str]:
+def _router(g: _Graph, r: Inkling, s: Spelling, x: str) -> tuple[str, str, str]:
     """(routed weights [T, k], chosen [T, k], the shared gates [T, S])."""
     classes, e = s.experts + r.shared, s.experts
-    logits = g.one("MatMul", "hidden", g.const(g.weight(HIDDEN, classes), "router"))
+    logits = g.one("MatMul", x, g.const(g.weight(HIDDEN, classes), "router"))
     zero, cut, last = g.ints(0), g.ints(e), g.ints(1)
     routed_scores = g.one("Slice", g.one("Sigmoid", logits), zero, cut, last)
     if r.bias != "none":
@@ -79,27 +86,34 @@ def _router(g: _Graph, r: Inkling, s: Spelling) -> tuple[str, str, str]:
     return weights, chosen, gates
 
 
-def _shared_expert(g: _Graph, s: Spelling, gate: str) -> str:
+def _shared_expert(g: _Graph, s: Spelling, gate: str, x: str) -> str:
     """A SwiGLU MLP on every token, times its gate [T, 1]."""
-    up = g.one("MatMul", "hidden", g.const(g.weight(HIDDEN, s.inter), "shared_up"))
-    v = g.one("MatMul", "hidden", g.const(g.weight(HIDDEN, s.inter), "shared_gate"))
+    up = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.inter), "shared_up"))
+    v = g.one("MatMul", x, g.const(g.weight(HIDDEN, s.inter), "shared_gate"))
     h = g.one("Mul", g.one("Mul", g.one("Mul", v, g.one("Sigmoid", v)), up), gate)
     return g.one("MatMul", h, g.const(g.weight(s.inter, HIDDEN), "shared_down"))
 
 
 def inkling_block(r: Inkling, s: Spelling, seed: int = 0):
     g = _Graph(seed)
-    weights, chosen, gates = _router(g, r, s)
-    y = _batched(g, s, "hidden", weights, chosen)
+    x = g.one("Reshape", "hidden", g.ints(-1, HIDDEN)) if r.three_d else "hidden"
+
+    def unflattened(value: str) -> str:  # [T, D] back to [B, S, D]
+        return g.one("Reshape", value, g.one("Shape", "hidden")) if r.three_d else value
+
+    weights, chosen, gates = _router(g, r, s, x)
+    y = unflattened(_batched(g, s, x, weights, chosen))
     for j in range(r.shared):
         gate = g.one("Slice", gates, g.ints(j), g.ints(j + 1), g.ints(1))
-        y = g.one("Add", y, _shared_expert(g, s, gate))
-    return g.model("inkling_moe", g.one("Add", y, "hidden"), ["tokens", HIDDEN])
+        y = g.one("Add", y, unflattened(_shared_expert(g, s, gate, x)))
+    shape = ["batch", "seq", HIDDEN] if r.three_d else ["tokens", HIDDEN]
+    return g.model("inkling_moe", g.one("Add", y, "hidden"), shape)
 
 
-def feeds(tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"hidden": rng.standard_normal((tokens, HIDDEN)).astype(np.float32)}
+def feeds(tokens: int, seed: int = 1, *, three_d: bool = False) -> dict[str, np.ndarray]:
+    """The hidden states: ``tokens`` rows, or two sequences of them (``three_d``)."""
+    shape = (2, tokens, HIDDEN) if three_d else (tokens, HIDDEN)
+    return {"hidden": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
 
 
 _INKLING = Inkling(shared=1, bias="trained", scale=2.0)
@@ -107,6 +121,7 @@ _INKLING = Inkling(shared=1, bias="trained", scale=2.0)
 
 @generated()
 @example((_INKLING, _PLAIN))
+@example((replace(_INKLING, three_d=True), _PLAIN))
 @example((replace(_INKLING, shared=2, bias="none"), replace(_PLAIN, k=3, experts=6)))
 @given(blocks())
 def test_every_inkling_router_becomes_one_moe_exactly(block) -> None:
@@ -117,7 +132,7 @@ def test_every_inkling_router_becomes_one_moe_exactly(block) -> None:
     shared = done.ops[done.ops.index("MoE") :].count("MatMul")
     assert shared == r.shared, f"{r} {s}: the shared experts' MLPs: {done.ops}"
     for tokens in (1, 5, 17):
-        run_both(model, done.model, feeds=feeds(tokens), **TOL)
+        run_both(model, done.model, feeds=feeds(tokens, three_d=r.three_d), **TOL)
 
 
 def test_the_shared_gates_read_the_routers_copy() -> None:
@@ -140,3 +155,18 @@ def test_a_negative_scale_is_a_near_miss() -> None:
     assert "MoE" not in done.ops, done.ops
     assert any("may be negative" in m for m in done.misses_about("moe")), done.misses_about("moe")
     run_both(model, done.model, feeds=feeds(9), rtol=1e-5, atol=1e-6)
+
+
+def test_inkling_as_exported_shapes_its_sums_back_before_adding_them() -> None:
+    """TorchScript's Inkling: the router and the experts read the hidden states
+    flattened, the routed and the shared experts' sums are added as [B, S, D]: the
+    routed term is the block, its kernel reads the hidden states [B, S, D] merged and
+    its output is shaped back (exact on two sequences of 1, 5 and 17 tokens)."""
+    r = replace(_INKLING, three_d=True)
+    model = inkling_block(r, _PLAIN)
+    done = fuse_quiet(model)
+    assert done.ops.count("MoE") == 1, done.misses_about("moe")
+    after = done.ops[done.ops.index("MoE") :]
+    assert after.count("MatMul") == r.shared and "Reshape" in after, done.ops
+    for tokens in (1, 5, 17):
+        run_both(model, done.model, feeds=feeds(tokens, seed=3, three_d=True), **TOL)

@@ -8,7 +8,11 @@ the flattened ``[T, D]``; E and k; a skip class or not (one more class: its weig
 0 by ``Where(chosen == E, 0, w)`` and its index sent to expert 0); a balancing bias added
 to the probabilities before the TopK (none, zeros, or trained values, the skip's high
 enough that tokens pick it); the weights gathered from the probabilities or the TopK's
-values. Each block must become exactly one MoE with no expert MatMul left after it and
+values; and what the real exports write: the router's own features before its logits
+(ZayaRouter's down_proj to a narrower width, a norm, a linear and a GELU: the experts
+read another tensor than the router), its axes written as 2 (dynamo, over [B, S, E]),
+the Shape the output is shaped back with read again after the block. Each block must
+become exactly one MoE with no expert MatMul left after it and
 compute what the original computes (onnxruntime, its optimizations off) on 1, 5 and 17
 tokens (two sequences where the batch is symbolic): rtol = 1e-4, atol = 1e-5 (the kernel
 sums the experts in another order). A router step over another axis than the experts'
@@ -23,13 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from onnx import TensorProto
 from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _dense, _Graph, generated
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 
 TOL = dict(rtol=1e-4, atol=1e-5)
+ROUTER_WIDTH = 8  # ZAYA's router_hidden_size: narrower than the hidden states
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,14 @@ class Zaya:
     weights: str  # "gathered" from the probabilities, or the TopK's "values"
     softmax_axis: int = -1  # a router step over another axis: no MoE (a near miss)
     skip_fill: float = 0.0  # the skip's weight after the Where
+    # as the real exports write it: the router's own features (a down_proj to
+    # ROUTER_WIDTH, an RMS norm, a linear and an erf GELU) before its logits, so the
+    # experts read another tensor than the router's logits do; the router's axes
+    # written as 2 (dynamo) where its logits are [B, S, E]; the Shape of the hidden
+    # states the output is shaped back with read again after the block
+    features: bool = False
+    positive_axis: bool = False
+    shape_outside: bool = False
 
 
 @st.composite
@@ -53,6 +68,9 @@ def blocks(draw) -> tuple[Zaya, Spelling]:
         skip=draw(st.booleans()),
         bias="none" if values else draw(st.sampled_from(["none", "zero", "trained"])),
         weights="values" if values else "gathered",
+        features=draw(st.booleans()),
+        positive_axis=draw(st.booleans()),
+        shape_outside=draw(st.booleans()),
     )
     k = draw(st.integers(1, min(3, experts)))
     # dense experts weigh a routing matrix scattered without a reduction: the skip sent
@@ -70,11 +88,33 @@ def blocks(draw) -> tuple[Zaya, Spelling]:
     return zaya, spelling
 
 
+def _features(g: _Graph, source: str) -> str:
+    """ZayaRouter's down_proj and ZayaRouterMLP's norm and first linear with its GELU
+    (erf), as TorchScript writes them: [.., ROUTER_WIDTH]."""
+
+    def linear(x: str, rows: int, hint: str) -> str:
+        product = g.one("MatMul", x, g.const(g.weight(rows, ROUTER_WIDTH), hint))
+        return g.one("Add", g.const(g.weight(ROUTER_WIDTH) * 0.1, f"{hint}_bias"), product)
+
+    r = linear(source, HIDDEN, "down_proj")
+    square = g.one("Pow", r, g.const(np.array(2.0, np.float32), "two"))
+    mean = g.one("ReduceMean", square, g.ints(-1), keepdims=1)
+    eps = g.const(np.array(1e-6, np.float32), "eps")
+    r = g.one("Mul", r, g.one("Reciprocal", g.one("Sqrt", g.one("Add", mean, eps))))
+    h = linear(r, ROUTER_WIDTH, "fc1")
+    erf = g.one("Erf", g.one("Div", h, g.const(np.array(np.sqrt(2), np.float32), "root2")))
+    half = g.one("Mul", h, g.const(np.array(0.5, np.float32), "half"))
+    return g.one("Mul", half, g.one("Add", erf, g.const(np.array(1.0, np.float32), "one")))
+
+
 def _router(g: _Graph, z: Zaya, s: Spelling, source: str) -> tuple[str, str]:
     """(weights [T, k], chosen [T, k]) as ZayaRouter computes them from ``source``."""
     classes = s.experts + int(z.skip)
-    logits = g.one("MatMul", source, g.const(g.weight(HIDDEN, classes), "router"))
-    probs = g.one("Softmax", logits, axis=z.softmax_axis)
+    width = ROUTER_WIDTH if z.features else HIDDEN
+    source = _features(g, source) if z.features else source
+    logits = g.one("MatMul", source, g.const(g.weight(width, classes), "router"))
+    last = 2 if z.positive_axis and z.three_d else -1
+    probs = g.one("Softmax", logits, axis=last if z.softmax_axis == -1 else z.softmax_axis)
     choice = probs
     if z.bias != "none":
         bias = np.zeros(classes, np.float32)
@@ -82,8 +122,8 @@ def _router(g: _Graph, z: Zaya, s: Spelling, source: str) -> tuple[str, str]:
             bias = np.random.default_rng(3).uniform(-0.2, 0.2, classes).astype(np.float32)
             bias[-1] = 0.3 if z.skip else bias[-1]  # the skip is picked by some tokens
         choice = g.one("Add", probs, g.const(bias, "balancing_biases"))
-    top, chosen = g.op("TopK", choice, g.ints(s.k), outputs=2, axis=-1)
-    weights = top if z.weights == "values" else g.one("GatherElements", probs, chosen, axis=-1)
+    top, chosen = g.op("TopK", choice, g.ints(s.k), outputs=2, axis=last)
+    weights = top if z.weights == "values" else g.one("GatherElements", probs, chosen, axis=last)
     if z.skip:
         is_skip = g.one("Equal", chosen, g.const(np.array(s.experts, np.int64), "skip_id"))
         fill = g.const(np.array(z.skip_fill, np.float32), "skip_weight")
@@ -98,9 +138,16 @@ def zaya_block(z: Zaya, s: Spelling, seed: int = 0):
     flat = g.one("Reshape", "hidden", g.ints(-1, HIDDEN))
     weights, chosen = _router(g, z, s, "hidden" if z.three_d else flat)
     build = _batched if s.layout == "batched" else _dense
-    y = g.one("Reshape", build(g, s, flat, weights, chosen), g.one("Shape", "hidden"))
+    dims = g.one("Shape", "hidden")
+    if z.shape_outside:  # TorchScript's [B, S, D]: each size gathered from the Shape
+        sizes = [g.one("Gather", dims, g.const(np.array(i, np.int64), "axis")) for i in (0, 1)]
+        axes = [g.one("Unsqueeze", size, g.ints(0)) for size in sizes]
+        dims = g.one("Concat", *axes, g.ints(HIDDEN), axis=0)
+    out = g.one("Add", g.one("Reshape", build(g, s, flat, weights, chosen), dims), "hidden")
+    if z.shape_outside:  # what follows the block reads the sequence's length too
+        out = g.one("Div", out, g.one("Cast", sizes[1], to=TensorProto.FLOAT))
     batch = 1 if z.batch == "1" else "batch"
-    return g.model("zaya_moe", g.one("Add", y, "hidden"), [batch, "seq", HIDDEN])
+    return g.model("zaya_moe", out, [batch, "seq", HIDDEN])
 
 
 def feeds(z: Zaya, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
@@ -112,8 +159,16 @@ def feeds(z: Zaya, tokens: int, seed: int = 1) -> dict[str, np.ndarray]:
 _ZAYA = Zaya(three_d=True, batch="batch", skip=True, bias="trained", weights="gathered")
 
 
+# as the real graphs have it (ZAYA's TorchScript export, then dynamo's): top 1, the
+# router's MLP on its own features, the output shaped back by a Shape read again after
+_EXPORTED = replace(_ZAYA, features=True, shape_outside=True)
+_DYNAMO = replace(_EXPORTED, positive_axis=True)
+
+
 @generated()
 @example((_ZAYA, _PLAIN))
+@example((_EXPORTED, replace(_PLAIN, k=1)))
+@example((_DYNAMO, replace(_PLAIN, k=1)))
 @example((replace(_ZAYA, skip=False, bias="none", weights="values"), _PLAIN))
 @given(blocks())
 def test_every_zaya_router_becomes_one_moe_exactly(block) -> None:
@@ -199,3 +254,17 @@ def test_a_scatter_that_overwrites_expert_0s_weight_is_a_near_miss() -> None:
     done = fuse_quiet(model)
     assert "MoE" not in done.ops, done.ops
     assert any("does not compute" in m for m in done.misses_about("moe")), done.misses_about("moe")
+
+
+@pytest.mark.parametrize("zaya", [_EXPORTED, _DYNAMO], ids=["torchscript", "dynamo"])
+def test_zaya_as_exported_becomes_one_moe_beside_its_router_mlp(zaya: Zaya) -> None:
+    """The router reads its own features (a down_proj to a narrower width, a norm, an
+    MLP), the experts the hidden states: the hidden states are the router's linear's
+    input with the output's width; the router's MLP stays and feeds the MoE its logits
+    (its three linears before it), the Shape read again after the block stays."""
+    model = zaya_block(zaya, replace(_PLAIN, k=1))
+    done = fuse_quiet(model)
+    assert done.ops.count("MoE") == 1, done.misses_about("moe")
+    assert done.ops[: done.ops.index("MoE")].count("MatMul") == 3, done.ops
+    assert "Shape" in done.ops[done.ops.index("MoE") :], done.ops
+    run_both(model, done.model, feeds=feeds(zaya, 33, seed=4), **TOL)
