@@ -133,6 +133,7 @@ from autofusion.fusion_core.canonical._contexts import (
     context_heads,
     one_context,
     undo_context_heads,
+    undo_one_context,
 )
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
@@ -163,7 +164,7 @@ from autofusion.fusion_core.canonical._picks import (
     gather_nd_as_slices,
     slices_before_transposes,
 )
-from autofusion.fusion_core.canonical._position_scale import position_scales
+from autofusion.fusion_core.canonical._position_scale import position_scales, undo_position_scales
 from autofusion.fusion_core.canonical._repeats import repeats_as_expand, undo_gathers
 from autofusion.fusion_core.canonical._reshape_targets import copy_reshape_dims
 from autofusion.fusion_core.canonical._rotary_halves import rotary_halves, undo_rotary_halves
@@ -393,6 +394,8 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "gelu_spelling": undo_gelu_spellings(graph, MARK),
             "context_heads": undo_context_heads(graph, MARK),
             "sink_scale": undo_sink_scales(graph, MARK),
+            "position_scale": undo_position_scales(graph, MARK),
+            "one_context": undo_one_context(graph, MARK),
         }
     )
 

@@ -11,6 +11,8 @@ column of one ``V_i``)::
 repeat_kv with one group ``G`` are joined before the repeat, which repeats the joined
 heads: ``Reshape(Expand(Unsqueeze(Concat(a_i, -1), 2), [1, 1, G, 1, 1]), [0, KV * G,
 -1, sum H_i])``. Differential attention computes two contexts of one softmax so.
+``undo_one_context`` writes the contexts apart again where no fusion took the joined
+one: the same ops as before (each value's repeat with its own constants), the same values.
 
 ``context_heads``: a context read per head (ops on ``[B, S, N, Hv]`` after the head
 Transpose) is read through the identity "merge the heads, split them again"::
@@ -24,12 +26,14 @@ the fused op writes in its place. A pair no fusion took is taken out again
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s
 from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = [
@@ -39,12 +43,14 @@ __all__ = [
     "is_context",
     "one_context",
     "undo_context_heads",
+    "undo_one_context",
 ]
 
 JOIN_RULE, HEADS_RULE = "one_context", "context_heads"
 _MERGE, _SPLIT, _TURN = (f"{HEADS_RULE}:{role}" for role in ("merge", "split", "transpose"))
 _HEAD_PERM = [0, 2, 1, 3]
 _ONNX = ("", "ai.onnx")
+_PARTS = "autofusion.one_context"  # on the joined MatMul: how the contexts were written
 _BETWEEN = frozenset({"Where", "Slice", "Cast"})  # a NaN guard, sinks dropped, a cast
 Fresh = Callable[[str], str]
 
@@ -121,6 +127,7 @@ def _joined_contexts(concat: ir.Node) -> list[tuple[ir.Node, ir.Node | None]] | 
 def _join(graph: ir.Graph, concat: ir.Node, parts: list, fresh_name: Fresh, mark: str) -> None:
     values = [m.inputs[1] for m, _ in parts]
     new = _repeat_of_joined(values, graph, fresh_name)
+    repeats = [_repeat_constants(v) for v in values] if new is not None else None
     if new is None:
         dims = known_dims(values[0]) or [None] * 4
         sizes = [(known_dims(v) or [None] * 4)[3] for v in values]
@@ -138,6 +145,10 @@ def _join(graph: ir.Graph, concat: ir.Node, parts: list, fresh_name: Fresh, mark
     for made in new:
         made.metadata_props[mark] = JOIN_RULE
         made.name = fresh_name(f"{JOIN_RULE}_{made.op_type}")
+    turned = parts[0][1] is not None
+    record = {"axis": attribute_value(concat, "axis", 0), "name": concat.outputs[0].name}
+    record |= {"repeats": repeats, "turn": turned, "values": [v.name for v in values]}
+    new[-2 if turned else -1].metadata_props[_PARTS] = json.dumps(record)
     graph.insert_before(concat, new)
     concat.outputs[0].replace_all_uses_with(new[-1].outputs[0], replace_graph_outputs=True)
     graph.remove([concat, *[n for part in parts for n in part if n is not None]], safe=True)
@@ -256,3 +267,140 @@ def undo_context_heads(graph: ir.Graph, mark: str) -> int:
         graph.remove(chain, safe=True)
         undone += 1
     return undone
+
+
+def _repeat_constants(value: ir.Value) -> list:
+    """The constants of the repeat_kv computing ``value`` (Unsqueeze axes, Expand shape,
+    Reshape target; None for one the graph computes), for the undo to write again."""
+    reshape = value.producer()
+    expand = reshape.inputs[0].producer()  # type: ignore[union-attr]
+    unsqueeze = expand.inputs[0].producer()  # type: ignore[union-attr]
+    inputs = (unsqueeze.inputs[1], expand.inputs[1], reshape.inputs[1])  # type: ignore[union-attr]
+    arrays = (constant_array(v) if v is not None else None for v in inputs)
+    return [a.ravel().tolist() if a is not None else None for a in arrays]
+
+
+def undo_one_context(graph: ir.Graph, mark: str) -> int:
+    """Write the contexts of one ``P`` apart again, joined by their Concat, for every join
+    this rule made that no fusion took (its nodes all there, read as it left them). The
+    values are the graph's own where its repeats are still there (unread until the
+    clean-up after the rounds), else repeated again with the constants they had."""
+    joins = [n for n in graph if _PARTS in n.metadata_props]
+    if not joins:
+        return 0
+    by_name = {v.name: v for node in graph for v in node.outputs if v.name}
+    undone = 0
+    for matmul in joins:
+        record = json.loads(matmul.metadata_props[_PARTS])
+        found = _still_joined(matmul, record, mark)
+        if found is None:
+            continue
+        values, written = found
+        parts: list[list[ir.Node]] = []
+        for i, value in enumerate(values):
+            repeat = []
+            if record["repeats"] is not None:
+                kept = by_name.get(record["values"][i])
+                kept_node = kept.producer() if kept is not None else None
+                if kept_node is None or kept_node.graph is not graph:
+                    repeat = _repeat_again(graph, value, record["repeats"][i], matmul)
+                value = repeat[-1].outputs[0] if repeat else kept  # type: ignore[assignment]
+            parts.append(repeat + _context_of(matmul.inputs[0], value, turn=record["turn"]))  # type: ignore[arg-type]
+        _write_apart(graph, matmul, parts, written, record)
+        undone += 1
+    return undone
+
+
+def _write_apart(
+    graph: ir.Graph, matmul: ir.Node, parts: list[list[ir.Node]], written: list, record: dict
+) -> None:
+    """Each part's nodes after what they read (as an exporter writes them, value by
+    value), their Concat in the place of ``written``, which goes."""
+    order = {node: i for i, node in enumerate(graph)}
+    after, at = None, -1
+    for part in parts:
+        reads = [v.producer() for node in part for v in node.inputs if v is not None]
+        anchor = max((n for n in reads if n in order), key=order.__getitem__)
+        if order[anchor] > at:
+            after, at = anchor, order[anchor]
+        graph.insert_after(after, part)  # type: ignore[arg-type]
+        after = part[-1]
+    contexts = [part[-1].outputs[0] for part in parts]
+    join = ir.Node("", "Concat", contexts, [ir.AttrInt64("axis", record["axis"])])
+    out = written[-1].outputs[0]
+    join.outputs[0].dtype, join.outputs[0].shape = out.dtype, out.shape
+    for k, node in enumerate([*(n for part in parts for n in part), join]):
+        node.name = f"{matmul.name}_apart_{k}_{node.op_type}"
+    graph.insert_after(after, [join])  # type: ignore[arg-type]
+    out.replace_all_uses_with(join.outputs[0], replace_graph_outputs=True)
+    graph.remove(written, safe=True)
+    join.outputs[0].name = record["name"] or join.outputs[0].name
+
+
+def _still_joined(
+    matmul: ir.Node, record: dict, mark: str
+) -> tuple[list[ir.Value], list[ir.Node]] | None:
+    """(the joined parts: values, or the sources a repeat_kv repeats; the nodes the rule
+    wrote, in order) where all are still there, each read only by the next."""
+    written = [matmul]
+    if record["turn"]:
+        turn = _only_reader(matmul.outputs[0])
+        if turn is None or turn.metadata_props.get(mark) != JOIN_RULE:
+            return None
+        written.append(turn)
+    joined = matmul.inputs[1]
+    for _ in range(4 if record["repeats"] is not None else 1):  # the repeat, then the join
+        producer = joined.producer() if joined is not None else None
+        if producer is None or producer.metadata_props.get(mark) != JOIN_RULE:
+            return None
+        if _only_reader(joined) is not written[0]:  # type: ignore[arg-type]
+            return None
+        written.insert(0, producer)
+        joined = producer.inputs[0]
+    concat, values = written[0], list(written[0].inputs)
+    if not _is(concat, "Concat") or any(v is None or known_dims(v) is None for v in values):
+        return None
+    return values, written  # type: ignore[return-value]
+
+
+def _repeat_again(graph: ir.Graph, source: ir.Value, constants: list, joined: ir.Node) -> list:
+    """repeat_kv of ``source`` ``[B, KV, L, H]`` as the graph had it, to the heads of the
+    joined context's value."""
+    b, kv, length, size = known_dims(source)  # type: ignore[misc]
+    heads = (known_dims(joined.inputs[1]) or [None] * 4)[1]  # type: ignore[arg-type]
+    group = heads // kv if isinstance(heads, int) and isinstance(kv, int) else None
+    axes, shape, target = constants
+    fresh = _fresh_for(graph, joined)
+    unsqueeze = ir.Node("", "Unsqueeze", [source, int64s(graph, fresh, axes or [2])])
+    expand = ir.Node(
+        "", "Expand", [unsqueeze.outputs[0], int64s(graph, fresh, shape or [1, 1, group, 1, 1])]
+    )
+    target = target or [0, heads, -1, size]
+    reshape = ir.Node("", "Reshape", [expand.outputs[0], int64s(graph, fresh, target)])
+    shapes = ([b, kv, 1, length, size], [b, kv, group, length, size], [b, heads, length, size])
+    return [_typed(n, source, d) for n, d in zip((unsqueeze, expand, reshape), shapes, strict=True)]
+
+
+def _context_of(probs: ir.Value, value: ir.Value, *, turn: bool) -> list[ir.Node]:
+    """``P @ value`` and, with ``turn``, its head Transpose."""
+    dims = known_dims(value) or [None] * 4
+    rows = (known_dims(probs) or [None] * 4)[:3]
+    made = [_typed(ir.Node("", "MatMul", [probs, value]), value, [*rows, dims[3]])]
+    if turn:
+        turned = [[*rows, dims[3]][i] for i in _HEAD_PERM]
+        node = ir.Node("", "Transpose", [made[0].outputs[0]], [ir.AttrInt64s("perm", _HEAD_PERM)])
+        made.append(_typed(node, value, turned))
+    return made
+
+
+def _fresh_for(graph: ir.Graph, near: ir.Node) -> Fresh:
+    """Initializer names not yet taken, after ``near``'s name (the undo runs outside the
+    rounds, without their name source)."""
+
+    def fresh(hint: str) -> str:
+        base, k = f"{near.name or JOIN_RULE}_{hint}", 0
+        while f"{base}_{k}" in graph.initializers:
+            k += 1
+        return f"{base}_{k}"
+
+    return fresh

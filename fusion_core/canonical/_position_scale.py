@@ -22,10 +22,15 @@ product is rounded at another place, so the two agree to float rounding; the che
 every job compares them. Only a factor the graph computes is moved (a constant scalar on
 the query is SDPA's split scale, ``scale_to_scores``'s), and only where the head split,
 ``R`` and ``y`` have no reader outside this chain.
+
+``undo_position_scales`` puts ``R * c`` back where no fusion took the rotation: the
+scaled projection still feeds the head split alone, and ``R`` is still linear in the
+heads row by row (no rotary op read it), so the graph computes what it did, bit for bit.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import onnx_ir as ir
@@ -35,12 +40,13 @@ from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["RULE", "position_scales"]
+__all__ = ["RULE", "position_scales", "undo_position_scales"]
 
 RULE = "position_scale"
 _ONNX = ("", "ai.onnx")
 _HEAD_PERM = [0, 2, 1, 3]
 _MAX_DEPTH = 8
+_MOVED = "autofusion.position_scale"  # on the scaled projection: what the undo puts back
 
 
 def position_scales(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -197,7 +203,66 @@ def _move(
     scaled.outputs[0].dtype, scaled.outputs[0].shape = projection.dtype, projection.shape  # type: ignore[union-attr]
     for node in (rows, scaled):
         node.metadata_props[mark] = RULE
+    factor_first = mul.inputs[0] is factor
+    term_name = heads.name
     graph.insert_before(reshape, [rows, scaled])
     reshape.replace_input_with(0, scaled.outputs[0])
     take_place(mul.outputs[0], heads)
     graph.remove(mul, safe=True)
+    # the heads term now carries the product's name: the undo finds it by that name
+    scaled.metadata_props[_MOVED] = json.dumps([heads.name, term_name, factor_first])
+
+
+def undo_position_scales(graph: ir.Graph, mark: str) -> int:
+    """Scale the rotated heads again, not their projection, for every move this rule made
+    that no fusion took; how many."""
+    moved = [n for n in graph if n.metadata_props.get(mark) == RULE and _MOVED in n.metadata_props]
+    if not moved:
+        return 0
+    by_name = {v.name: v for node in graph for v in node.outputs if v.name}
+    undone = 0
+    for scaled in moved:
+        found = _still_moved(scaled, by_name, mark)
+        if found is None:
+            continue
+        rows, reshape, heads = found
+        _name, term_name, factor_first = json.loads(scaled.metadata_props[_MOVED])
+        factor = rows.inputs[0]
+        operands = [factor, heads] if factor_first else [heads, factor]
+        mul = ir.Node("", "Mul", operands, name=f"{scaled.name or RULE}_undone")
+        mul.outputs[0].dtype, mul.outputs[0].shape = heads.dtype, heads.shape
+        graph.insert_after(heads.producer(), [mul])  # type: ignore[arg-type]
+        take_place(heads, mul.outputs[0])  # the Mul's own read too: read the term again
+        mul.replace_input_with(0 if not factor_first else 1, heads)
+        heads.name = term_name
+        reshape.replace_input_with(0, scaled.inputs[0])
+        graph.remove([scaled, rows], safe=True)
+        undone += 1
+    if undone:
+        graph.sort()  # the factor may be computed after the rotation's first op
+    return undone
+
+
+def _still_moved(
+    scaled: ir.Node, by_name: dict[str, ir.Value], mark: str
+) -> tuple[ir.Node, ir.Node, ir.Value] | None:
+    """(the factor's Reshape, the head split, the heads term) of a move whose every part
+    is still there and read only as the rule left it; None where a fusion took some."""
+    rows = scaled.inputs[1].producer() if scaled.inputs[1] is not None else None
+    if rows is None or rows.metadata_props.get(mark) != RULE or rows.inputs[0] is None:
+        return None
+    out = scaled.outputs[0]
+    readers = [use.node for use in out.uses()]
+    if out.is_graph_output() or len(readers) != 1 or readers[0].op_type != "Reshape":
+        return None
+    if scaled.inputs[0] is None or not _splits_heads(readers[0]):
+        return None
+    heads = by_name.get(json.loads(scaled.metadata_props[_MOVED])[0])
+    producer = heads.producer() if heads is not None else None
+    if heads is None or producer is None or producer.graph is not scaled.graph:
+        return None
+    chain: set[ir.Node] = set()
+    turn = _linear_source(heads, chain, 0)
+    if turn is None or turn.inputs[0].producer() is not readers[0]:  # type: ignore[union-attr]
+        return None
+    return (rows, readers[0], heads) if _closed(chain, producer) else None

@@ -10,6 +10,11 @@ draws the factor's layout, the Mul's operand order, the halves cut by Slices or 
 and the sizes; the budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``).
 A factor per head, one computed from the heads themselves (a norm of each head) and a
 slice along the positions are no such scale and stay.
+
+Where no fusion took the rotation, ``undo_unused`` scales the rotated heads again: the
+model comes out with the op sequence it went in with and computes the same values bit
+for bit (rtol = atol = 0: the same ops on the same inputs). Where the rotary fuses (a
+projected query, angles from the position ids), the rule still serves it.
 """
 
 from __future__ import annotations
@@ -18,12 +23,21 @@ import os
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import build_model, canonical_twice, op_sequence, run_both
+from autofusion.fusion_core.canonical import undo_unused
+from autofusion.fusion_core.testing import (
+    build_model,
+    canonical_twice,
+    op_sequence,
+    optimize_quiet,
+    run_both,
+)
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
+EXACT = dict(rtol=0, atol=0)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 HEADS, HALF = 4, 4
 
@@ -138,3 +152,84 @@ def test_a_scale_per_head_of_the_heads_or_across_positions_stays() -> None:
     ):
         _canonical, done, _again, _work = canonical_twice(model)
         assert "position_scale" not in done, done
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    swap=st.booleans(),
+    split=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_scale_no_fusion_took_comes_back_as_it_went_in(layout, swap, split, seed) -> None:
+    model = rotated_scaled(factor=layout, swap=swap, split=split)
+    _canonical, done, _again, work = canonical_twice(model)
+    assert done.get("position_scale") == 1, done
+    assert undo_unused(work.graph)["position_scale"] == 1
+    undone = ir.to_proto(work)
+    assert op_sequence(undone) == op_sequence(model)
+    scale = [n for n in undone.graph.node if n.op_type == "Mul"][-1]
+    assert list(scale.input) == (["c", "r"] if swap else ["r", "c"]), scale
+    feeds = _feeds(LAYOUTS[layout], 2, 5, seed)
+    run_both(model, undone, feeds=feeds, **EXACT)
+    # through the whole optimizer, the rotary pattern left out: nothing fuses
+    result = optimize_quiet(model, target="onnxruntime", patterns=["gelu_tanh"])
+    assert op_sequence(result.to_proto()) == op_sequence(model), result.prepasses
+    run_both(model, result.to_proto(), feeds=feeds, **EXACT)
+
+
+def projected_rotation(heads: int = HEADS, half: int = HALF) -> onnx.ModelProto:
+    """``rotated_scaled``'s block with the query projected from ``x`` and the angles
+    computed from ``position_ids`` as transformers does: the rotary pattern fuses it."""
+    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    g (float[batch, seq, 16] x, int64[batch, seq] position_ids, float[1, 1, seq, 1] c)
+      => (float[batch, {heads}, seq, {2 * half}] y) {{
+        q = MatMul (x, wq)
+        split = Reshape (q, split_shape)
+        t = Transpose <perm = [0, 2, 1, 3]> (split)
+        pos = Cast <to = 1> (position_ids)
+        pos_u = Unsqueeze (pos, last)
+        freqs = Mul (pos_u, inv_freq)
+        emb = Concat <axis = -1> (freqs, freqs)
+        cos = Cos (emb)
+        sin = Sin (emb)
+        t1 = Slice (t, zero, h, last)
+        t2 = Slice (t, h, end, last)
+        neg = Neg (t2)
+        turned = Concat <axis = -1> (neg, t1)
+        cu = Unsqueeze (cos, one)
+        su = Unsqueeze (sin, one)
+        tc = Mul (t, cu)
+        ts = Mul (turned, su)
+        r = Add (tc, ts)
+        y = Mul (r, c)
+    }}"""
+    inits = {
+        "wq": np.random.default_rng(0).standard_normal((16, heads * 2 * half)) * 0.3,
+        "inv_freq": 1.0 / (10000 ** (np.arange(0, 2 * half, 2) / (2 * half))),
+        "split_shape": np.array([0, 0, heads, 2 * half], np.int64),
+        "zero": np.array([0], np.int64),
+        "h": np.array([half], np.int64),
+        "end": np.array([np.iinfo(np.int64).max], np.int64),
+        "last": np.array([-1], np.int64),
+        "one": np.array([1], np.int64),
+    }
+    return build_model(text, inits)
+
+
+def test_a_scale_of_a_fused_rotation_stays_on_the_projection() -> None:
+    model = projected_rotation()
+    result = optimize_quiet(model, target="onnxruntime")
+    assert result.counts == {"rotary_embedding": 1}, result.counts
+    words = "rotated heads scaled per position made rotations of the scaled projection"
+    assert f"canonical form: 1 {words}" in result.prepasses, result.prepasses
+    ops = op_sequence(result.to_proto())
+    assert ops.index("Mul") < ops.index("com.microsoft::RotaryEmbedding"), ops
+    rng = np.random.default_rng(3)
+    for batch, seq in ((1, 3), (2, 5)):
+        feeds = {
+            "x": rng.standard_normal((batch, seq, 16)).astype(np.float32),
+            "position_ids": rng.integers(0, 64, (batch, seq)).astype(np.int64),
+            "c": rng.uniform(0.5, 2.0, (1, 1, seq, 1)).astype(np.float32),
+        }
+        run_both(model, result.to_proto(), feeds=feeds, **CLOSE)
