@@ -98,6 +98,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   ``cat(q_nope, rot(q_pe))``, its shared one-head ``k_pe`` expanded, its ``k_nope`` and
   ``v`` split from one projection) are the head split of the parts laid out as
   ``[B, S, N, *]``;
+* ``value_scale`` (``_value_scale.py``): values scaled by a constant (one number, one
+  per head or per channel) after their head split (MiMo-V2-Flash's ``v * v_scale``) are
+  the head split of the projection so scaled, exactly;
 * ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
   (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
   merge/split Reshape pair;
@@ -193,6 +196,7 @@ from autofusion.fusion_core.canonical._transposes import (
     transpose_after_rotaries,
 )
 from autofusion.fusion_core.canonical._unsqueezed import one_kv_heads, undo_one_head_splits
+from autofusion.fusion_core.canonical._value_scale import undo_value_scales, value_scales
 
 __all__ = [
     "MARK",
@@ -256,6 +260,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "head_read_before_transpose": head_reads_before_transpose,
     "scatter_parts": scatter_parts,
     "concat_heads": concat_heads,
+    "value_scale": value_scales,  # before head_split would split around a scale of [B, S, N, H]
     "head_split": split_heads_last,
     "one_context": one_context,
     "context_read_after_transpose": context_reads_after_transpose,
@@ -305,6 +310,7 @@ _WORDS = {
     "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
     "scatter_parts": "heads written slab by slab by ScatterNDs made a Concat of the slabs",
     "concat_heads": "heads formed by a Concat, Split or Slice of parts made head splits",
+    "value_scale": "constant scales of the values moved before their head split",
     "head_split": "head splits moved after their per-head ops",
     "one_context": "contexts of one softmax joined on the last axis made one context",
     "context_read_after_transpose": "elementwise ops on contexts moved after their head Transpose",
@@ -362,7 +368,8 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
     still reads as a pair (the split's readers read the merge's input again), each
     scale on scores still there (``undo_scales``, ``undo_unit_scales``), each repeat
     that was a Gather (``undo_gathers``), each masked_fill of the scores that was made
-    an added bias (``undo_fills``) and each K^T split in two (``undo_kt_splits``).
+    an added bias (``undo_fills``), each K^T split in two (``undo_kt_splits``) and each
+    scale of the values moved before a head split still there (``undo_value_scales``).
     Returns how many, per rule."""
     undone = 0
     for merge in [n for n in graph if n.metadata_props.get(MARK) == MERGE]:
@@ -396,6 +403,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "sink_scale": undo_sink_scales(graph, MARK),
             "position_scale": undo_position_scales(graph, MARK),
             "one_context": undo_one_context(graph, MARK),
+            "value_scale": undo_value_scales(graph, MARK),
         }
     )
 

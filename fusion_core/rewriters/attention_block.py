@@ -20,6 +20,10 @@ has for it:
   and value heads as they are where they are no head split (heads repeated in block
   order by a Tile: JetMoE's mixture of attention heads); ONNX ``Attention`` over the
   same heads on the generic target at opset 23;
+* GroupQueryAttention over value heads padded with zeros to the query's head size, the
+  context cut back (``group_query_attention``'s ``_narrow_values``: exact), where value
+  heads narrower than the key's kept every op above from the block (MiMo-V2-Flash's
+  sliding layers: sinks) and there is no KV cache;
 * else a near miss naming, for each op, the step that failed.
 
 Without grouped heads, a soft-cap or a cache, MultiHeadAttention is tried first (the
@@ -44,6 +48,7 @@ from autofusion.fusion_core.rewriters.group_query_attention import (
     GQAParams,
     GroupQueryAttention,
     head_split,
+    narrow_values,
 )
 from autofusion.fusion_core.targets import MS_DOMAIN
 
@@ -116,6 +121,14 @@ class AttentionBlock(Rewriter):
             which = "the repeated heads" if grouped else "the heads as they are"
             op = "MultiHeadAttention" if ctx.target.can_emit(MS_DOMAIN) else "ONNX Attention"
             tried.append(f"not {op} of {which}: {mha}")
+        if params.mask_node is not None and ctx.target.can_emit(MS_DOMAIN) and narrow_values(match):
+            gqa_params = GQAParams(**params.model_dump(include=_GQA_FIELDS))
+            padded = GroupQueryAttention(pad_values=True).rewrite(match, gqa_params, ctx)
+            if not isinstance(padded, str):
+                return padded
+            tried.append(
+                f"not GroupQueryAttention of values padded to the key's head size: {padded}"
+            )
         return "; ".join(tried)
 
     def cost_effect(self, match: Match, params: AttentionBlockParams) -> RewriteEffect:

@@ -104,6 +104,11 @@ On the generic target (opset 23, or ``--upgrade-opset 23``) the same block becom
 not causal, takes the whole mask as it is, so neither the causal proof nor a limit on
 the cache applies; the ``-inf`` rows are handled as above.
 
+Value heads narrower than the query's (``Hv < H``: MiMo-V2-Flash), which the kernel does
+not take, are padded with zeros to ``H`` and each context head cut back to ``Hv``
+(``GroupQueryAttention(pad_values=True)``, exact; without a KV cache only:
+``_narrow_values``); ``attention_block`` asks for it where nothing else takes the block.
+
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
 The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the sliding
 window's in ``_window``, the padding term's in ``_padding``, the bias and lengths built
@@ -113,9 +118,10 @@ in ``_bias``.
 from __future__ import annotations
 
 from autofusion.fusion_core.rewriters.group_query_attention._inputs import head_split
+from autofusion.fusion_core.rewriters.group_query_attention._narrow_values import narrow_values
 from autofusion.fusion_core.rewriters.group_query_attention._rewriter import (
     GQAParams,
     GroupQueryAttention,
 )
 
-__all__ = ["GQAParams", "GroupQueryAttention", "head_split"]
+__all__ = ["GQAParams", "GroupQueryAttention", "head_split", "narrow_values"]

@@ -45,6 +45,10 @@ from autofusion.fusion_core.rewriters.group_query_attention._inputs import (
     repeats_heads,
     split_source,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._narrow_values import (
+    narrowed_context,
+    padded_values,
+)
 from autofusion.fusion_core.rewriters.group_query_attention._sink import head_sink
 from autofusion.fusion_core.targets import MS_DOMAIN
 
@@ -81,17 +85,21 @@ class GroupQueryAttention(Rewriter):
     targets = frozenset({"onnxruntime", "generic"})
     Params = GQAParams
 
+    def __init__(self, *, pad_values: bool = False) -> None:
+        # value heads narrower than the query's padded to its head size (``_narrow_values``)
+        self.pad_values = pad_values
+
     def rewrite(self, match: Match, params: GQAParams, ctx: RewriteContext) -> Rewrite | str:
         query = split_source(match.node(params.q_transpose_node).outputs[0], "query")
         if isinstance(query, str):
             return query
         q, (heads, size) = query
-        sides = _kv_sides(match, params, heads)
+        sides = _kv_sides(match, params, heads, narrow=self.pad_values)
         if isinstance(sides, str):
             return sides
         key, value = sides
         output = match.node(params.output_node)
-        layout = merged_layout(match, params, q, (heads, size))
+        layout = merged_layout(match, params, q, (heads, value.size))
         if isinstance(layout, str):
             return layout
         reshape_after, scale = layout
@@ -108,11 +116,14 @@ class GroupQueryAttention(Rewriter):
         if isinstance(masked, str):
             return masked
         nodes = [*(sinks[1] if sinks else []), *masked.nodes]
+        padded = padded_values(value, size, ctx, nodes, contrib=contrib)  # value where Hv = H
+        if isinstance(padded, str):
+            return padded
         if contrib:
             sink = sinks[0] if sinks else None
-            gqa = _group_query_attention(q, (key, value), masked, (heads, scale), ctx, nodes, sink)
+            gqa = _group_query_attention(q, (key, padded), masked, (heads, scale), ctx, nodes, sink)
         else:
-            gqa = _onnx_attention(q, key, value, masked.bias, (heads, scale), nodes)
+            gqa = _onnx_attention(q, key, padded, masked.bias, (heads, scale), nodes)
         if softcap:
             gqa.attributes["softcap"] = ir.AttrFloat32("softcap", softcap)
         if masked.window is not None:
@@ -127,19 +138,19 @@ class GroupQueryAttention(Rewriter):
         _empty_rows(masked, gqa, (q, heads // key.heads), ctx, nodes)
         if not contrib and masked.keep is None and masked.bias is not None:
             _generic_empty_rows(masked.bias, gqa, value, heads, ctx, nodes)
+        if padded is not value:  # each head's first Hv columns
+            narrowed_context(nodes[-1].outputs[0], heads, (size, value.size), ctx, nodes)
         if reshape_after:
-            nodes.append(
-                ir.Node(
-                    "",
-                    "Reshape",
-                    [nodes[-1].outputs[0], output.inputs[1]],
-                    output.attributes.values(),
-                )
-            )
+            nodes.append(_reshaped_as(nodes[-1].outputs[0], output))
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
         notes = [masked.note] if masked.note else []
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced], notes=notes)
+
+
+def _reshaped_as(merged: ir.Value, output: ir.Node) -> ir.Node:
+    """The matched output Reshape (target and attributes) of the fused op's output."""
+    return ir.Node("", "Reshape", [merged, output.inputs[1]], output.attributes.values())
 
 
 def _sinks(
@@ -315,9 +326,12 @@ def _onnx_attention(
     return ir.Node("", "Attention", inputs, attrs, num_outputs=3 if key.past is not None else 1)
 
 
-def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSide] | str:
+def _kv_sides(
+    match: Match, params: GQAParams, heads: int, *, narrow: bool = False
+) -> tuple[KVSide, KVSide] | str:
     """Key and value, their caches, and the proof that repeat_kv (if any) maps query
-    head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does."""
+    head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does;
+    ``narrow``: value heads narrower than the key's are taken (to be padded)."""
     sides = []
     for what, free in (("key", "$k"), ("value", "$v")):
         side = kv_side(match.value(free), what)
@@ -327,7 +341,8 @@ def _kv_sides(match: Match, params: GQAParams, heads: int) -> tuple[KVSide, KVSi
     key, value = sides
     if (key.past is None) != (value.past is None):
         return "only one of key and value has a past: not a KV cache GroupQueryAttention takes"
-    if key.heads != value.heads or key.size != value.size:
+    padded = narrow and value.size < key.size
+    if key.heads != value.heads or (key.size != value.size and not padded):
         return (
             f"key ({key.heads} x {key.size}) and value ({value.heads} x {value.size}) heads differ"
         )

@@ -283,14 +283,28 @@ def test_a_sink_block_the_recognizer_cannot_read_gets_a_near_miss() -> None:
     assert any("expected Transpose 'q_t'" in r for r in reasons), reasons
 
 
-def test_sinks_over_values_scaled_after_the_head_split_get_a_near_miss() -> None:
-    """Left for issue 24 (MiMo-V2-Flash): ``P @ (c V) = c (P @ V)``, but no rule moves the
-    constant yet, and GroupQueryAttention, the one op with sinks, wants the value as a head
-    split. The block stays, computing what it did, and the near miss names the value."""
-    model = gpt_oss_block(window=None, split=False, cache=False, scaled=True)
+def test_sinks_over_values_scaled_after_the_head_split_fuse() -> None:
+    """Issue 24 (MiMo-V2-Flash): ``value_scale`` moves the constant onto the value
+    projection, exactly, and GroupQueryAttention takes the sinks over it (with a KV cache
+    too: tests/fusion_core/canonical/test_value_scale.py)."""
+    model = gpt_oss_block(window=3, split=False, cache=False, scaled=True)
+    result = optimize_quiet(model, **ORT)
+    fused = result.to_proto()
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("GroupQueryAttention") == 1 and "Softmax" not in ops, ops
+    for batch, seq in ((2, 6), (1, 4)):
+        run_both(model, fused, feeds=_feeds(batch, seq, 0, False), **TOL)
+
+
+def test_sinks_over_a_scale_of_the_whole_cache_get_a_near_miss() -> None:
+    """Here the scale is applied after the cache's Concat, to the past values too (MiMo
+    scales the new values before ``cache.update`` stores them, which fuses, above):
+    moving it onto the projection would leave the past unscaled, so ``value_scale`` does
+    not, and the near miss names the value GroupQueryAttention cannot read."""
+    model = gpt_oss_block(window=None, split=False, cache=True, scaled=True)
     result = optimize_quiet(model, target="onnxruntime")
     fused = result.to_proto()
     assert "Softmax" in [n.op_type for n in fused.graph.node]
     reasons = misses(result, "attention")
     assert any("the value 'v_scaled' is not a head split" in r for r in reasons), reasons
-    run_both(model, fused, feeds=_feeds(2, 5, 0, False), **TOL)
+    run_both(model, fused, feeds=_feeds(2, 1, 5, True), **TOL)
