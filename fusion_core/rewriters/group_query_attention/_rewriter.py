@@ -59,6 +59,9 @@ _BIAS_INPUT = 10  # attention_bias
 _QUERY_SEQLENS_INPUT = 16  # query_seqlens
 
 
+_KERNEL_SIZE_STEP = 8  # onnxruntime: "head_size must be a multiple of 8"
+
+
 class GQAParams(HeadNodes):
     k_flat_node: str | None = None  # dynamo: K^T as Reshape, Transpose, Reshape
     k_unflat_node: str | None = None
@@ -107,6 +110,8 @@ class GroupQueryAttention(Rewriter):
         if isinstance(softcap, str):
             return softcap
         contrib = ctx.target.can_emit(MS_DOMAIN)
+        if contrib and size % _KERNEL_SIZE_STEP:
+            return _head_size_refusal(size)
         if not contrib and ctx.opset < ATTENTION_OPSET:
             return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx)
         sinks = _sinks(match, params, heads, q, ctx, contrib=contrib)
@@ -146,6 +151,13 @@ class GroupQueryAttention(Rewriter):
         _like(nodes[-1].outputs[0], old)
         notes = [masked.note] if masked.note else []
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced], notes=notes)
+
+
+def _head_size_refusal(size: int) -> str:
+    return (
+        f"the heads are {size} wide: GroupQueryAttention takes a head size that is a"
+        f" multiple of {_KERNEL_SIZE_STEP} (onnxruntime's kernel refuses others)"
+    )
 
 
 def _reshaped_as(merged: ir.Value, output: ir.Node) -> ir.Node:
