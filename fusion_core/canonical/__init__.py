@@ -156,6 +156,7 @@ from autofusion.fusion_core.canonical._identity import (
     drop_identity_slices,
 )
 from autofusion.fusion_core.canonical._interleaved_columns import interleaved_columns
+from autofusion.fusion_core.canonical._interleaved_undo import undo_interleaved_columns
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
 from autofusion.fusion_core.canonical._mask_guard import masks_as_guards, undo_mask_guards
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
@@ -403,6 +404,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "sink_scale": undo_sink_scales(graph, MARK),
             "position_scale": undo_position_scales(graph, MARK),
             "one_context": undo_one_context(graph, MARK),
+            "interleaved_columns": undo_interleaved_columns(graph),  # after rotary_halves
             "value_scale": undo_value_scales(graph, MARK),
         }
     )

@@ -41,11 +41,19 @@ and the picks is read by anything but the next op on the way or a Shape (a Split
 other outputs read other columns), where the picks do not cover the last axis exactly
 once, or where the weight is no constant. The weight, bias and scale become new
 initializers, the old ones dropped where nothing else reads them (a tied weight keeps
-its columns for its other readers). No undo: the values are the same either way.
+its columns for its other readers). The walk back to the projection is
+``_interleaved_projection.py``.
+
+What no fusion took is written back (``_interleaved_undo.py``): the rule notes, on each
+node whose constant it permutes, the columns and the old constant, and on the MatMul the
+heads' name, the order and how each pick was written; the write-back finds the reads
+again where later rules replaced them. A flattened Concat that is a graph output keeps
+its three inputs (its name is the graph's).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,17 +61,20 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread, int64s, replace
-from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
+from autofusion.fusion_core.canonical._interleaved_projection import (
+    ONNX,
+    projection,
+    slice_columns,
+)
+from autofusion.fusion_core.canonical._interleaved_undo import GROUPED, KEPT, note, recorded
+from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["RULE", "interleaved_columns"]
 
 RULE = "interleaved_columns"
-_ONNX = ("", "ai.onnx")
-_WALK = 8  # ops from the picks back to the projection, at most
 _PICKS = frozenset({"Slice", "Gather", "Reshape"})
-_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
 @dataclass
@@ -89,12 +100,18 @@ def interleaved_columns(graph: ir.Graph, fresh_name: Callable[[str], str], mark:
         order = np.array([c for pick in picks for c in pick.columns], np.int64)
         if np.array_equal(order, np.arange(order.size)):
             continue  # read in order already (rotate_half's own halves)
-        constants = _projection(heads, order)
-        if constants is None:
+        found = projection(heads, order)
+        if found is None:
             continue
-        for node, index, columns in constants:
-            _permute(graph, node, index, columns, fresh_name)
-        parts = _read_in_order(graph, heads, picks, fresh_name, mark)
+        heads.name = heads.name or fresh_name(f"{RULE}_heads")  # the write-back finds it so
+        site = {"site": fresh_name(f"{RULE}_site"), "constants": len(found.constants)}
+        reads = {"heads": heads.name, "order": order.tolist(), "reads": _as_written(picks)}
+        for node, index, columns in found.constants:
+            was = node.inputs[index].name  # type: ignore[union-attr]
+            now = _permute(graph, node, index, columns, fresh_name)
+            entry = {"input": index, "columns": columns.tolist(), "was": was, "now": now}
+            note(node, site | entry | (reads if node is found.way[-1] else {}))
+        parts = _read_in_order(graph, heads, picks, fresh_name, mark, site["site"])
         _group_rotations(graph, parts, fresh_name, mark)
         done += 1
     return done
@@ -105,7 +122,7 @@ def _picked_heads(graph: ir.Graph) -> list[ir.Value]:
     interleaved GLU (``x[..., ::2] * act(x[..., 1::2])`` of a 3-D projection) is left."""
     found: dict[int, ir.Value] = {}
     for node in graph:
-        if node.op_type in _PICKS and node.domain in _ONNX and node.inputs:
+        if node.op_type in _PICKS and node.domain in ONNX and node.inputs:
             value = node.inputs[0]
             dims = known_dims(value)
             if value is not None and dims is not None and len(dims) == 4:
@@ -124,7 +141,7 @@ def _picks(heads: ir.Value) -> list[_Pick] | None:
     for use in heads.uses():
         if use.node.op_type == "Shape":
             continue  # reads the shape only, which stays
-        pick = _pick(use.node, use.idx, size) if use.node.domain in _ONNX else None
+        pick = _pick(use.node, use.idx, size) if use.node.domain in ONNX else None
         if pick is None or pick.last.outputs[0].is_graph_output():
             return None
         picks.append(pick)
@@ -140,23 +157,12 @@ def _pick(node: ir.Node, index: int, size: int) -> _Pick | None:
     if index != 0:
         return None
     if node.op_type == "Slice":
-        columns = _slice_columns(node, size, rank=4)
+        columns = slice_columns(node, size, rank=4)
         return _Pick(node, columns, node) if columns else None
     if node.op_type == "Gather":
         columns = _gather_columns(node, size)
         return _Pick(node, columns, node) if columns else None
     return _shuffle(node, size)
-
-
-def _slice_columns(node: ir.Node, size: int, rank: int) -> list[int] | None:
-    """The columns a Slice of the last axis reads (constant bounds, a positive step)."""
-    if len(node.inputs) < 4 or node.inputs[3] is None:
-        return None  # no axes: the Slice reads the first axes
-    start, end, axis = (scalar(v) for v in node.inputs[1:4])
-    step = scalar(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else 1
-    if start is None or end is None or axis not in (-1, rank - 1) or step is None or step < 1:
-        return None
-    return list(range(size)[start:end:step])  # Python's clamping is ONNX's for step > 0
 
 
 def _gather_columns(node: ir.Node, size: int) -> list[int] | None:
@@ -196,114 +202,12 @@ def _only_reader(value: ir.Value) -> ir.Node | None:
     readers = [use for use in value.uses() if use.node.op_type != "Shape"]
     if len(readers) != 1 or readers[0].idx != 0 or value.is_graph_output():
         return None
-    return readers[0].node if readers[0].node.domain in _ONNX else None
+    return readers[0].node if readers[0].node.domain in ONNX else None
 
 
-def _read_only_by(value: ir.Value, reader: ir.Node) -> bool:
-    """Whether ``reader`` and Shapes are all that read ``value``."""
-    return not value.is_graph_output() and all(
-        use.node is reader or use.node.op_type == "Shape" for use in value.uses()
-    )
-
-
-def _projection(heads: ir.Value, order: np.ndarray) -> list[tuple[ir.Node, int, np.ndarray]] | None:
-    """(node, input, columns) of each constant to permute (the weight, a bias, a scale) so
-    ``heads`` comes out as ``heads[..., order]``; None where the way back to a MatMul
-    with a constant weight is not one of the module's ops, or is read elsewhere."""
-    value, columns, reader = heads, order, None
-    found: list[tuple[ir.Node, int, np.ndarray]] = []
-    for _ in range(_WALK):
-        if reader is not None and not _read_only_by(value, reader):
-            return None  # read by another op: it would see the columns moved
-        node = value.producer()
-        if node is None or node.domain not in _ONNX or value.is_graph_output():
-            return None
-        if node.op_type == "MatMul":
-            weight = constant_array(node.inputs[1])
-            if weight is None or weight.ndim != 2 or weight.shape[1] != columns.size:
-                return None
-            return [*found, (node, 1, columns)]
-        step = _carried(node, value, columns)
-        if step is None:
-            return None
-        value, columns, constants = step
-        found += constants
-        reader = node
-    return None
-
-
-def _carried(
-    node: ir.Node, value: ir.Value, columns: np.ndarray
-) -> tuple[ir.Value, np.ndarray, list] | None:
-    """(the input, its columns, a constant to permute) for ``node``'s ``value`` read in the
-    order ``columns``, where ``node`` carries the last axis (the module's list)."""
-    if node.op_type in _ELEMENTWISE:
-        return _with_constant(node, columns)
-    source = node.inputs[0]
-    outer = known_dims(source)
-    if source is None or outer is None or not outer or not isinstance(outer[-1], int):
-        return None
-    width, rank = outer[-1], len(outer)
-    if node.op_type == "Transpose":
-        perm = attribute_value(node, "perm", None)
-        kept = perm and perm[-1] == rank - 1 and width == columns.size
-        return (source, columns, []) if kept else None
-    if node.op_type == "Reshape":
-        size = columns.size
-        if width % size:
-            return None
-        inner = np.arange(width)
-        return source, (inner // size) * size + columns[inner % size], []
-    if node.op_type in ("Split", "Slice"):
-        start = _offset(node, value, width, rank)
-        if start is None:
-            return None
-        whole = np.arange(width)
-        whole[start : start + columns.size] = start + columns
-        return source, whole, []
-    return None
-
-
-def _offset(node: ir.Node, value: ir.Value, width: int, rank: int) -> int | None:
-    """Where ``value`` starts among the columns of the Split or step-1 Slice computing it
-    from the last axis of its input."""
-    if node.op_type == "Slice":
-        columns = _slice_columns(node, width, rank)
-        contiguous = columns and columns == list(range(columns[0], columns[0] + len(columns)))
-        return columns[0] if contiguous else None  # type: ignore[index]
-    if attribute_value(node, "axis", 0) not in (-1, rank - 1):
-        return None
-    start = 0
-    for out in node.outputs:
-        if out is value:
-            return start
-        dims = known_dims(out)
-        if dims is None or not isinstance(dims[-1], int):
-            return None
-        start += dims[-1]
-    return None
-
-
-def _with_constant(node: ir.Node, columns: np.ndarray) -> tuple[ir.Value, np.ndarray, list] | None:
-    """``y op b`` (elementwise) with ``b`` constant: (``y``, the same columns, ``b`` to
-    permute where it has a column each; one for all columns stays). ``y`` has the
-    columns itself (it is not broadcast over them)."""
-    constant = [constant_array(v) is not None for v in node.inputs]
-    if len(node.inputs) != 2 or constant.count(True) != 1:
-        return None
-    at = constant.index(True)
-    other, source = constant_array(node.inputs[at]), node.inputs[1 - at]
-    dims = known_dims(source)
-    if other is None or source is None or dims is None or not dims or dims[-1] != columns.size:
-        return None
-    if other.ndim == 0 or other.shape[-1] == 1:
-        return source, columns, []
-    return (source, columns, [(node, at, columns)]) if other.shape[-1] == columns.size else None
-
-
-def _permute(graph: ir.Graph, node: ir.Node, index: int, columns: np.ndarray, fresh_name) -> None:
+def _permute(graph: ir.Graph, node: ir.Node, index: int, columns: np.ndarray, fresh_name) -> str:
     """``node`` reads a new initializer holding its constant input's columns in the order
-    ``columns``; the old constant goes where nothing else reads it."""
+    ``columns`` (its name returned); the old constant goes where nothing else reads it."""
     old = node.inputs[index]
     assert old is not None
     array = constant_array(old)
@@ -318,24 +222,27 @@ def _permute(graph: ir.Graph, node: ir.Node, index: int, columns: np.ndarray, fr
     graph.register_initializer(value)
     node.replace_input_with(index, value)
     if old.uses() or old.is_graph_output() or old.is_graph_input():
-        return
+        return value.name  # type: ignore[return-value]
     if old.producer() is not None:
         drop_unread(graph, [old.producer()])
     elif old.name in graph.initializers:
         graph.initializers.pop(old.name)
+    return value.name  # type: ignore[return-value]
 
 
 def _read_in_order(
-    graph: ir.Graph, heads: ir.Value, picks: list[_Pick], fresh_name, mark: str
+    graph: ir.Graph, heads: ir.Value, picks: list[_Pick], fresh_name, mark: str, site: str
 ) -> list[ir.Value]:
     """Each pick made a contiguous Slice of ``heads`` (now in the picks' order); a
-    shuffle's last Reshape reads ``heads`` itself. The Slices' outputs, in order."""
+    shuffle's last Reshape reads ``heads`` itself (marked with the ``site``). The
+    Slices' outputs, in order."""
     parts, start = [], 0
     for pick in picks:
         end = start + len(pick.columns)
         if pick.last is not pick.reader:  # the shuffle: the Reshape back reads the heads
             swap = pick.last.inputs[0].producer()  # type: ignore[union-attr]
             pick.last.replace_input_with(0, heads)
+            pick.last.metadata_props[KEPT] = site
             drop_unread(graph, [swap])
         else:
             bounds = [int64s(graph, fresh_name, [v]) for v in (start, end, -1)]
@@ -347,6 +254,34 @@ def _read_in_order(
             parts.append(out)
         start = end
     return parts
+
+
+def _as_written(picks: list[_Pick]) -> list[dict]:
+    """How each pick read the heads (its columns ``[start, end)`` once read in order), for
+    the write-back to write it so again: its nodes' and outputs' names, its constants."""
+    written, start = [], 0
+    for pick in picks:
+        reader, end = pick.reader, start + len(pick.columns)
+        nodes = [reader]
+        if pick.last is not reader:  # the shuffle: the split, the swap, the Reshape back
+            nodes += [_only_reader(reader.outputs[0]), pick.last]  # type: ignore[list-item]
+        entry = {
+            "start": start,
+            "end": end,
+            "op": "shuffle" if pick.last is not reader else reader.op_type,
+            "nodes": [n.name for n in nodes],
+            "outputs": [n.outputs[0].name for n in nodes],
+        }
+        if pick.last is not reader:  # where a target is computed, 0 copies the same size
+            a, b = known_dims(reader.outputs[0])[3:]  # type: ignore[index]
+            entry["inputs"] = [recorded(reader.inputs[1], [0, 0, 0, a, b])]
+            entry["back"] = recorded(pick.last.inputs[1], [0, 0, 0, end - start])
+        else:
+            entry["inputs"] = [recorded(v) for v in reader.inputs[1:]]
+            entry["axis"] = attribute_value(reader, "axis", 0)
+        written.append(entry)
+        start = end
+    return written
 
 
 def _group_rotations(graph: ir.Graph, parts: list[ir.Value], fresh_name, mark: str) -> None:
@@ -364,6 +299,8 @@ def _group_rotations(graph: ir.Graph, parts: list[ir.Value], fresh_name, mark: s
     }
     for concat in concats.values():
         dims = known_dims(concat.outputs[0])
+        if concat.outputs[0].is_graph_output():
+            continue  # its name is the graph's: a Concat of Concats would need another
         if dims is None or attribute_value(concat, "axis", 0) not in (-1, len(dims) - 1):
             continue
         inputs = list(concat.inputs)
@@ -403,4 +340,6 @@ def _join(graph: ir.Graph, concat: ir.Node, at: int, fresh_name, mark: str) -> N
     kept = concat.outputs[0]
     outer.outputs[0].name = fresh_name(f"{RULE}_heads")
     outer.outputs[0].dtype, outer.outputs[0].shape = kept.dtype, kept.shape
+    axis = attribute_value(concat, "axis", 0)
+    outer.metadata_props[GROUPED] = json.dumps([at, axis, kept.name])
     replace(graph, concat, [inner, outer], mark, RULE)

@@ -78,7 +78,7 @@ def undo_rotary_halves(graph: ir.Graph, mark: str) -> int:
         first = ir.Node("", "Sub", [nodes[0].outputs[0], nodes[1].outputs[0]])
         second = ir.Node("", "Add", [nodes[2].outputs[0], nodes[3].outputs[0]])
         joined = ir.Node("", "Concat", [first.outputs[0], second.outputs[0]], [_last_axis()])
-        nodes += [first, second, joined]
+        nodes = [*nodes[:2], first, *nodes[2:], second, joined]  # the order it was written in
         for node in nodes[:-1]:
             _like_half(node.outputs[0], low.outputs[0], out)
         joined.outputs[0].dtype, joined.outputs[0].shape = out.dtype, out.shape
