@@ -67,7 +67,14 @@ test-corpus: $(CORPUS_STAMP)
 		tests/fusion_core/rewriters/test_mixture_of_experts_any_router.py \
 		tests/fusion_core/rewriters/test_mixture_of_experts_sorted.py \
 		tests/fusion_core/canonical/test_interleaved_columns.py \
-		tests/bench/test_kv_states.py
+		tests/bench/test_kv_states.py \
+		tests/fusion_core/canonical/test_mask_after_softmax.py \
+		tests/fusion_core/rewriters/test_mixture_of_experts_skip_class.py \
+		tests/fusion_core/rewriters/test_mixture_of_experts_shared_gates.py \
+		tests/fusion_core/canonical/test_value_scale.py \
+		tests/fusion_core/rewriters/test_group_query_attention_narrow_values.py \
+		tests/fusion_core/rewriters/test_group_query_attention_head_sizes.py \
+		tests/fusion_core/canonical/test_interleaved_undo.py
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's

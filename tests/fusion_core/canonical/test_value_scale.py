@@ -10,6 +10,8 @@ is written after the head Transpose again."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 from hypothesis import given, settings
@@ -32,12 +34,15 @@ blocks = st.builds(
     sinks=st.booleans(),
 )
 
+# the example budget: 16 in `make test`, AUTOFUSION_SPELLING_EXAMPLES in the corpus tier
+EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "16"))
+
 
 def _ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(block=blocks)
 def test_scaled_values_fuse_once_and_compute_the_same(block: Block) -> None:
     model = value_block(block)

@@ -8,6 +8,8 @@ rtol = atol = 1e-5, as in tests/fusion_core/rewriters/test_group_query_attention
 
 from __future__ import annotations
 
+import os
+
 import onnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +18,9 @@ from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
 from tests.fusion_core.value_block import Block, feeds, value_block
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+# the example budget: 16 in `make test`, AUTOFUSION_SPELLING_EXAMPLES in the corpus tier
+EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "16"))
 
 
 @st.composite
@@ -33,7 +38,7 @@ def blocks(draw) -> Block:
     )
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(block=blocks())
 def test_group_query_attention_only_over_heads_its_kernel_takes(block: Block) -> None:
     model = value_block(block)

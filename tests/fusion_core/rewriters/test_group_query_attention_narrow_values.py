@@ -10,6 +10,8 @@ the present value would be padded: a near miss that says so."""
 
 from __future__ import annotations
 
+import os
+
 import onnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,9 @@ from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
 from tests.fusion_core.value_block import Block, feeds, value_block
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+# the example budget: 14 in `make test`, AUTOFUSION_SPELLING_EXAMPLES in the corpus tier
+EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "14"))
 
 
 @st.composite
@@ -34,7 +39,7 @@ def narrow_blocks(draw) -> Block:
     )
 
 
-@settings(max_examples=14, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(block=narrow_blocks())
 def test_narrow_value_heads_fuse_and_compute_the_same(block: Block) -> None:
     model = value_block(block)
