@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     support.chromium_available_for_scripts()
     with tempfile.TemporaryDirectory(prefix="autofusion-screenshots-") as work:
+        # mkdtemp makes it private (700); a service started as root runs its sandboxes as
+        # `nobody`, which must pass through the data directory's parents (docs/service.md)
+        Path(work).chmod(0o711)
         take(args.out.resolve(), Path(work))
     return 0
 
