@@ -33,6 +33,19 @@ MERGE = [
 ]
 CAUSAL = "causal = LessOrEqual (kv_u, q_u)"  # a key at or before its query
 PADDING = ["mask_u = Unsqueeze (attention_mask, axes_pad)", "padding = Cast <to = 9> (mask_u)"]
+# gpt-oss's attention sinks on ``biased`` scores: one more column, the row's max subtracted,
+# the column dropped again (reads x_shape, seq_len, sinks, sink_heads and TEXT_CONSTANTS')
+SINK_SOFTMAX = [
+    "batch_1 = Gather <axis = 0> (x_shape, zero)",
+    "seq_1 = Unsqueeze (seq_len, zero)",
+    "sink_rows = Concat <axis = 0> (batch_1, sink_heads, seq_1, one)",
+    "sink_column = Expand (sinks, sink_rows)",
+    "combined = Concat <axis = -1> (biased, sink_column)",
+    "peak = ReduceMax <keepdims = 1> (combined, axis_last)",
+    "shifted = Sub (combined, peak)",
+    "both = Softmax <axis = -1> (shifted)",
+    "probs = Slice (both, zero, minus_one, axis_last)",
+]
 
 
 class Cache(NamedTuple):

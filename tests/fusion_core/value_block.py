@@ -12,7 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, graph_model, kv_cache, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    PADDING,
+    SINK_SOFTMAX,
+    graph_model,
+    kv_cache,
+    positions,
+)
 
 HIDDEN = 32
 LOWEST = float(np.finfo(np.float32).min)
@@ -119,17 +126,7 @@ def value_block(block: Block, seed: int = 3) -> onnx.ModelProto:
 def _softmax(sinks: bool) -> list[str]:
     if not sinks:
         return ["probs = Softmax <axis = -1> (biased)"]
-    return [  # gpt-oss's: one more column, the row's max subtracted, the column dropped
-        "batch_1 = Gather <axis = 0> (x_shape, zero)",
-        "seq_1 = Unsqueeze (seq_len, zero)",
-        "sink_rows = Concat <axis = 0> (batch_1, sink_heads, seq_1, one)",
-        "sink_column = Expand (sinks, sink_rows)",
-        "combined = Concat <axis = -1> (biased, sink_column)",
-        "peak = ReduceMax <keepdims = 1> (combined, axis_last)",
-        "shifted = Sub (combined, peak)",
-        "both = Softmax <axis = -1> (shifted)",
-        "probs = Slice (both, zero, minus_one, axis_last)",
-    ]
+    return SINK_SOFTMAX
 
 
 def feeds(block: Block, batch: int, seq: int, past: int, seed: int = 0) -> dict:

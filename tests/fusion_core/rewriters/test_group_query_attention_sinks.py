@@ -29,7 +29,15 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, MERGE, PADDING, graph_model, kv_cache, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    MERGE,
+    PADDING,
+    SINK_SOFTMAX,
+    graph_model,
+    kv_cache,
+    positions,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
@@ -203,16 +211,7 @@ def gpt_oss_block(
         "qk = MatMul (q_emb, kT)",
         "scaled = Mul (qk, scale)",
         "biased = Add (scaled, bias)",
-        # the sinks: one more column, the row's max subtracted, the column dropped again
-        "batch_1 = Gather <axis = 0> (x_shape, zero)",
-        "seq_1 = Unsqueeze (seq_len, zero)",
-        "sink_rows = Concat <axis = 0> (batch_1, sink_heads, seq_1, one)",
-        "sink_column = Expand (sinks, sink_rows)",
-        "combined = Concat <axis = -1> (biased, sink_column)",
-        "peak = ReduceMax <keepdims = 1> (combined, axis_last)",
-        "shifted = Sub (combined, peak)",
-        "both = Softmax <axis = -1> (shifted)",
-        "probs = Slice (both, zero, minus_one, axis_last)",
+        *SINK_SOFTMAX,
         *MERGE,
     ]
     return graph_model(inputs, outputs, body, inits)
