@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
 from autofusion.fusion_core.canonical._shape_values import entries
-from autofusion.fusion_core.canonical._sizes import Size, axis_size, read_sizes
+from autofusion.fusion_core.sizes import Size, axis_size, read_sizes
 
 __all__ = ["drop_identity_reshapes", "drop_identity_slices"]
 
@@ -81,7 +81,7 @@ def _whole_slice(node: ir.Node) -> bool:
     """Whether the Slice picks every element of its input in order, proven from its
     bounds: on every axis it names, step 1 (or none), start 0, and an end at least the
     input's size there: a constant as large, or a size the graph proves at least as
-    large (``_sizes.axis_size``: read from the shape of a value whose size there the
+    large (``fusion_core.sizes``: read from the shape of a value whose size there the
     graph ties to the input's, through the ops in between).
 
     Not from an inferred shape, the output's or the input's: where onnxruntime's

@@ -5,13 +5,18 @@ hand (``Shape(context)[0]`` for the batch of an attention output), and the dynam
 exporter reads ``Shape(K)`` inside scaled-dot-product attention. Such a read makes the
 inner tensor "escape" any fusion around it, although only its dimensions are used.
 
-Once whole-graph shape inference has named those dimensions (``batch``, ``sequence``,
-or a number), this pass replaces ``Shape(x)[start:end]`` by the same dimensions taken
-from where they come from: a constant for a known size, ``Shape(input)[j:j+1]`` for a
-symbol that is dimension ``j`` of a graph input. A read with any other dimension (an
-unknown, or a symbol no graph input carries, such as ``batch*sequence``) stays as it is.
-The result is only as true as the inferred shapes, which every fusion relies on anyway,
-and each fused model is checked against the original.
+This pass replaces ``Shape(x)[start:end]`` by the same dimensions taken from where they
+come from: a constant for a known size, ``Shape(input)[j:j+1]`` for dimension ``j`` of a
+graph input. Each dimension must be proven by the graph's structure
+(``fusion_core.sizes``: declared input dims, constants, Reshape and Expand targets read
+from sizes, Range lengths, through the ops that keep or move an axis), never taken from
+the symbol a shape inference put on ``x``: onnxruntime's symbolic inference merges
+symbols it cannot compare (Kimi-Linear's sequence padded to a multiple of a chunk was
+labelled ``sequence``), and a read of the padded length rewritten as the ids' length
+computes with the wrong length wherever the padding is not zero. A read with any
+dimension not proven so, or proven a size no graph input declares (``past + 1``),
+stays as it is. Reads are proven in graph order with one ``SizeProof``, so a chain as
+long as the model's layers is proven step by step.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import Size, SizeProof, declared
 
 __all__ = ["ShapeReadsFromInputsPass"]
 
@@ -35,13 +41,14 @@ class ShapeReadsFromInputsPass(ir.passes.InPlacePass):
             | {v.name for n in graph for v in n.outputs}
             | {v.name for v in graph.inputs}
         )
-        symbols = _input_symbols(graph)
+        symbols = _input_dims(graph)
+        proof = SizeProof()
         shapes_of_inputs: dict[tuple[str, int], ir.Value] = {}
         modified = False
         for node in list(graph):
             if node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
                 continue
-            sources = _sources(node, symbols)
+            sources = _sources(node, symbols, proof)
             if sources is None:
                 continue
             parts = self._parts(graph, node, sources, shapes_of_inputs)
@@ -135,19 +142,24 @@ class ShapeReadsFromInputsPass(ir.passes.InPlacePass):
         return reads
 
 
-def _input_symbols(graph: ir.Graph) -> dict[str, tuple[ir.Value, int]]:
-    symbols: dict[str, tuple[ir.Value, int]] = {}
+def _input_dims(graph: ir.Graph) -> dict[Size, tuple[ir.Value, int]]:
+    """Each size a graph input declares, and the first (input, axis) that declares it."""
+    dims: dict[Size, tuple[ir.Value, int]] = {}
     for value in graph.inputs:
         if value.shape is None:
             continue
         for axis, dim in enumerate(value.shape):
-            if isinstance(dim, ir.SymbolicDim) and dim.value and not dim.value.startswith("unk__"):
-                symbols.setdefault(dim.value, (value, axis))
-    return symbols
+            size = declared(dim, f"{value.name}[{axis}]")
+            if size.atoms:
+                dims.setdefault(size, (value, axis))
+    return dims
 
 
-def _sources(node: ir.Node, symbols: dict[str, tuple[ir.Value, int]]) -> list[_Source] | None:
-    """Where each dimension read by this Shape comes from, or None if any is unknown."""
+def _sources(
+    node: ir.Node, dims: dict[Size, tuple[ir.Value, int]], proof: SizeProof
+) -> list[_Source] | None:
+    """Where each dimension read by this Shape comes from, or None if any is not proven
+    to be a number or a graph input's declared dimension."""
     x = node.inputs[0]
     if x is None or x.is_graph_input() or x.shape is None or x.const_value is not None:
         return None
@@ -155,11 +167,14 @@ def _sources(node: ir.Node, symbols: dict[str, tuple[ir.Value, int]]) -> list[_S
     start = _clamp(attribute_value(node, "start", 0), rank)
     end = _clamp(attribute_value(node, "end", rank), rank)
     sources: list[_Source] = []
-    for dim in list(x.shape)[start:end]:
-        if isinstance(dim, int):
-            sources.append(dim)
-        elif dim.value in symbols:
-            sources.append(symbols[dim.value])
+    for axis in range(start, end):
+        size = proof.size(x, axis)
+        if size is None:
+            return None
+        if size.value is not None:
+            sources.append(size.value)
+        elif size in dims:
+            sources.append(dims[size])
         else:
             return None
     return sources or None

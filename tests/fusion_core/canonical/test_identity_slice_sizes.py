@@ -1,5 +1,5 @@
 """``identity_slice`` proves a Slice whole from sizes the graph ties together
-(``canonical/_sizes.py``), never from a symbol a shape inference put on a value.
+(``fusion_core/sizes.py``), never from a symbol a shape inference put on a value.
 
 Kimi-Linear's delta attention pads the sequence to a multiple of its chunk, works per
 chunk and cuts the first S rows back; onnxruntime's symbolic inference auto-merged the

@@ -1,0 +1,35 @@
+"""Sizes proven from the graph's structure, never from an inferred shape.
+
+A rewrite that relies on two sizes being equal needs them equal at every input size,
+not at the ones a shape inference guessed. onnxruntime's symbolic inference
+"auto-merges" symbols it cannot compare: it labelled Kimi-Linear's padded length (the
+sequence rounded up to a chunk) ``sequence``, the very symbol of the unpadded length.
+So ``axis_size`` follows a value back to where its size is fixed: a graph input's
+declared dimension, a constant's shape, an entry of a Reshape or Expand target read
+from another size (a ``-1`` entry where the other sizes cancel against the input's),
+the length of ``Range(a, b, 1)``, a Conv's or pool's window, a Pad by numbers, a Split;
+through the ops that keep or move an axis (elementwise ops, whose other inputs are 1 or
+the same size there, Transpose, Unsqueeze, Squeeze, Concat, Gather, MatMul, Slices of
+proven bounds, reductions). What it cannot follow is None, not a guess. A Slice of a
+constant cut at a size ``e`` (learned positions ``table[:S]``) is ``min(e, n)``: it is
+"capped", proven only where it broadcasts against ``e`` itself.
+The inferred shapes give only ranks here.
+
+A size is a sum of atoms and a constant (``Size``): an atom is a declared symbol of a
+graph input (``batch``), or an unnamed input dimension. A declared expression
+``past_sequence_length + sequence_length`` is that sum, so it equals the length of a
+Range to ``past + sequence`` read from the cache's and the ids' shapes. Symbols the
+model declares on its inputs are its interface (the check generates inputs that keep
+them), unlike those an inference assigned to inner values.
+
+Readers: the pre-pass ``shape_reads`` (a Shape read becomes a read of the graph input
+whose declared dimension it is proven to be) and canonical's ``identity_slice``. One
+``SizeProof`` remembers what it proved, so the many reads of one graph cost one walk
+(a residual stream's sizes are asked again through every layer); it stays right while
+the graph changes only in ways that keep every value (a read replaced by an equal one).
+"""
+
+from autofusion.fusion_core.sizes._proof import SizeProof, axis_size, read_sizes
+from autofusion.fusion_core.sizes._size import ONE, Size, declared
+
+__all__ = ["ONE", "Size", "SizeProof", "axis_size", "declared", "read_sizes"]
