@@ -35,7 +35,7 @@ kimi_linear_torchscript.onnx identity_slice still dropped Slice_386, since its e
 too (the padded length, auto-merged by onnxruntime's symbolic inference), so
 ``end == dim`` held in _reaches.
 
-Fixed since: identity_slice compares sizes the graph proves (canonical/_sizes.py,
+Fixed since: identity_slice compares sizes the graph proves (fusion_core/sizes/,
 ``axis_size``: declared input dims, constants, Shape reads, Reshape and Expand targets,
 Range lengths, through the ops that keep an axis), never a symbol an inference put on a
 value: Slice_386's input is a Reshape to ``[B, H, -1, D]``, whose -1 proves nothing, so
