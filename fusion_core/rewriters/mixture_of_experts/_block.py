@@ -8,9 +8,11 @@ halves, repeat_interleave as Tile or Expand...), so the block is found by data f
 not by spelling:
 
 * its **output** is the first value after the router that every path from the TopK's
-  results goes through (a dominator), shaped like the hidden states: the sum of the
-  weighted expert outputs (``_tokens.py``: the hidden states are the router's input, or
-  the input of one of its linears where the router computes features of its own);
+  results goes through (a dominator), shaped like the hidden states and computed from
+  them by more than the router (a dense routing matrix [tokens, experts] is the router's
+  alone): the sum of the weighted expert outputs (``_tokens.py``: the hidden states are
+  the router's input, or the input of one of its linears where the router computes
+  features of its own);
 * its **nodes** are what that output is computed from, back to the hidden states (and
   the Reshapes they came through), the logits and constants;
 * its **experts** are the rank-3 constants with one row per expert that the block
@@ -47,6 +49,7 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._tokens import (
 )
 from autofusion.fusion_core.rewriters.mixture_of_experts._units import Unit, swiglu_units
 from autofusion.fusion_core.rewriters.mixture_of_experts._walk import (
+    SHAPE_ONLY,
     from_logits,
     reading,
     walk_back,
@@ -224,7 +227,8 @@ def find_blocks(graph: ir.Graph, router: list[ir.Node], logits: ir.Value) -> Ite
     """The blocks the ``router`` nodes (its Softmax, TopK and what is between) may
     choose experts for, nearest output first, or why there is none (a string). The
     hidden states are the first of ``hidden_states`` that a value after the router is
-    shaped like (``_tokens.py``)."""
+    shaped like (``_tokens.py``) and computed from by more than the router
+    (``_experts_read``)."""
     found = router_input(logits)
     if isinstance(found, str):
         yield found
@@ -237,12 +241,30 @@ def find_blocks(graph: ir.Graph, router: list[ir.Node], logits: ir.Value) -> Ite
                 return
     for hidden in hidden_states(router_in):
         tokens = (hidden, root(hidden))
-        outputs = list(itertools.islice(dominators(graph, router, tokens), _CANDIDATES))
+        ends = dominators(graph, router, tokens)
+        sums = (end for end in ends if _experts_read(end[0], tokens[1], logits))
+        outputs = list(itertools.islice(sums, _CANDIDATES))
         if outputs:
             yield from _blocks_at(graph, router, (*tokens, logits, experts), outputs)
             return
     yield (
         "no value after the router that all of its results flow into has the hidden states' shape"
+    )
+
+
+def _experts_read(output: ir.Value, earliest: ir.Value, logits: ir.Value) -> bool:
+    """Whether ``output`` may be the experts' sum: False only where it is provably one
+    of the router's own values, computed from its logits, constants and shapes alone
+    (the hidden states, ``earliest`` their root, read by no data op on the way). A dense
+    routing matrix [tokens, experts] is one, shaped like the hidden states where the
+    router's own features are as wide as there are experts (ZAYA's down_proj to 8 with 8
+    experts): taken for the block's output, it hid the block the wider hidden states end."""
+    walked = walk_back(output, {id(earliest), id(logits)}, _BLOCK_LIMIT)
+    if walked is None or walked[1]:
+        return True  # too large, or reads more: the block says what it is (upstream)
+    return any(
+        node.op_type not in SHAPE_ONLY and any(v is earliest for v in node.inputs)
+        for node in walked[0].values()
     )
 
 

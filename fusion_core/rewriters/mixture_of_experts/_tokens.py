@@ -10,8 +10,10 @@ The block's **output** is a value after the router that every path from the rout
 results goes through (a dominator) shaped like the hidden states: their rank and width,
 or the rank of the value they are a flattening of (``root``), where the experts' sum is
 shaped back to [B, S, D] before what follows reads it (Inkling: the routed and the shared
-experts' sums added as [B, S, D]). Which of these the block computes, and with which
-experts, the proof says (``_proof.py``), never the shapes alone.
+experts' sums added as [B, S, D]). A value the router computes alone (a dense routing
+matrix [tokens, experts], shaped like a router's own features as wide as there are
+experts) is no such output (``_block.py``). Which of these the block computes, and with
+which experts, the proof says (``_proof.py``), never the shapes alone.
 """
 
 from __future__ import annotations

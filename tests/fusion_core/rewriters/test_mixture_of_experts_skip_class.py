@@ -163,6 +163,13 @@ _ZAYA = Zaya(three_d=True, batch="batch", skip=True, bias="trained", weights="ga
 # router's MLP on its own features, the output shaped back by a Shape read again after
 _EXPORTED = replace(_ZAYA, features=True, shape_outside=True)
 _DYNAMO = replace(_EXPORTED, positive_axis=True)
+# the router's features as wide as there are experts (ROUTER_WIDTH of them) and dense
+# experts: the routing matrix [T, E] is shaped like the features, and is no block's end
+_AS_WIDE = (
+    Zaya(three_d=False, batch="batch", skip=False, bias="none", weights="values", features=True),
+    replace(_PLAIN, experts=ROUTER_WIDTH, k=1, inter=4, layout="dense", weight_first=False,
+            fused_gate_up=False),
+)  # fmt: skip
 
 
 @generated()
@@ -170,6 +177,7 @@ _DYNAMO = replace(_EXPORTED, positive_axis=True)
 @example((_EXPORTED, replace(_PLAIN, k=1)))
 @example((_DYNAMO, replace(_PLAIN, k=1)))
 @example((replace(_ZAYA, skip=False, bias="none", weights="values"), _PLAIN))
+@example(_AS_WIDE)
 @given(blocks())
 def test_every_zaya_router_becomes_one_moe_exactly(block) -> None:
     z, s = block
