@@ -23,8 +23,9 @@ split the other way round, to the very shape the product has unmerged.
 Between the MatMul and the split, the scores may be scaled and a folded bias added
 (BLOOM's ALiBi: ``baddbmm(alibi, Q, K^T, alpha=1 / sqrt(H))``, the bias ``[B * N, 1, L]``):
 a scale by a scalar constant is the same after the split, and since a Reshape only
-renumbers elements, ``split(s + c) = split(s) + unfold(c)`` for any ``c: [B * N or 1, 1 or
-S, L]`` unfolded by the same rule, ``Reshape(Unsqueeze(c, 1), [-1, N, 0, 0])``; so they
+renumbers elements, ``split(s + c) = split(s) + unfold(c)`` for any ``c: [B * N or 1, s,
+l]`` (``s, l`` broadcasting to ``S, L``, in either form alike) unfolded by the same
+rule, ``Reshape(Unsqueeze(c, 1), [-1, N, 0, 0])``; so they
 move after the split too (opset 13 on, where Unsqueeze takes its axes as an input). The
 bias must be proven a fold (a Reshape of ``[B, N, ...]``, perhaps scaled): a leading size
 merely inferred equal to the scores' may be 1 at run time. A scalar scale of either
@@ -225,11 +226,11 @@ def _foldable(bias: ir.Value, scores: list, want: list | None) -> bool:
     """The bias is one row for every batch and head (a leading 1), or the fold of a
     ``[B, N, ...]`` value by a Reshape: then its rows are the scores' rows. (A leading
     size merely inferred equal to the scores' may be 1 at run time, where the Add
-    broadcasts and an unfold to N heads would not.)"""
+    broadcasts and an unfold to N heads would not.) Its trailing sizes may be any: the
+    unfold keeps them, so the Add broadcasts them as before (BLOOM's decode step reads
+    ALiBi's key length from the mask, a symbol other than the scores' ``past + seq``)."""
     dims = known_dims(bias)
-    if dims is None or len(dims) != 3 or want is None or None in dims:
-        return False
-    if not (dims[1] in (1, scores[1]) and dims[2] in (1, scores[2])):
+    if dims is None or len(dims) != 3 or want is None or dims[0] is None:
         return False
     if dims[0] == 1:
         return True
