@@ -52,6 +52,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   (``_fill_masks.py``): the
   float causal mask of transformers' older mask converter (``triu`` of the lowest float,
   the padding written in place by a ScatterND) read as ``Where(allowed, 0, lowest)``;
+* ``buffer_mask`` (``_buffer_masks.py``): a causal or banded mask sliced out of a
+  constant buffer (GPT-Neo's ``bias[:, :, L - S : L, :L]``) computed as ``key <= query``
+  (``And key > query - W``) over ``[1, 1, S, L]``;
 * ``mask_guard`` (``_mask_guard.py``): a Softmax's output zeroed by the condition
   that masked its input (CPM-Ant's ``Where(c, 0, Softmax(Where(c, -inf, s)))``) is
   SDPA's NaN guard ``Where(IsNaN(P), 0, P)``; a finite fill is written ``-inf`` for it;
@@ -131,6 +134,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
+from autofusion.fusion_core.canonical._buffer_masks import buffer_masks
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
 from autofusion.fusion_core.canonical._contexts import (
     context_heads,
@@ -231,6 +235,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "causal_fill": causal_fills,
     "padding_fill": padding_fills,
     "identity_mask_expand": identity_mask_expands,
+    "buffer_mask": buffer_masks,  # a condition mask_as_bias then reads as the causal term
     "mask_guard": masks_as_guards,  # reads the fill's condition before mask_as_bias rewrites it
     "mask_as_bias": masks_as_bias,
     "mask_clamp": clamps_dropped,
@@ -284,6 +289,7 @@ _WORDS = {
     "causal_fill": "float causal masks (Trilu of the lowest float times key > query) made Wheres",
     "padding_fill": "padding written into a float mask (mask + m == 0) made a condition of it",
     "identity_mask_expand": "Expands of a mask to its own shape removed",
+    "buffer_mask": "causal masks sliced from a constant buffer computed from key and query",
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_guard": "probabilities zeroed by their own mask's condition made NaN guards",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",

@@ -1,0 +1,107 @@
+"""Rule ``buffer_mask``: a causal or banded mask sliced from a constant buffer
+(GPT-Neo's ``bias[:, :, P : P + S, : P + S]``) is computed from key and query indices,
+with the same value wherever the original graph runs (``P + S <= N``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from autofusion.fusion_core.canonical import RULES
+
+
+def _buffer(n: int, window: int | None) -> np.ndarray:
+    i, j = np.indices((n, n))
+    allowed = (j <= i) & (j > i - window) if window else j <= i
+    return allowed.reshape(1, 1, n, n)
+
+
+def _model(n: int, window: int | None, heads: int) -> onnx.ModelProto:
+    """masked_fill of the scores [1, heads, S, P + S] by the buffer's slice, spelled as
+    torch.export writes it (start ``Shape(past)[2]``, end ``P + S``)."""
+    i64 = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["past"], ["p"], start=2, end=3),
+        helper.make_node("Shape", ["scores_in"], ["s"], start=2, end=3),
+        helper.make_node("Add", ["p", "s"], ["end"]),
+        helper.make_node("Slice", ["bias", "p", "end", "two", "one"], ["rows"]),
+        helper.make_node("Slice", ["rows", "zero", "end", "three", "one"], ["mask"]),
+        helper.make_node("Where", ["mask", "scores_in", "fill"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+    ]
+    inits = [
+        helper.make_tensor("bias", TensorProto.BOOL, [1, 1, n, n], _buffer(n, window).ravel()),
+        i64("zero", [0]), i64("one", [1]), i64("two", [2]), i64("three", [3]),
+        helper.make_tensor("fill", TensorProto.FLOAT, [], [float(np.finfo(np.float32).min)]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "buffer_mask",
+        [
+            helper.make_tensor_value_info("scores_in", TensorProto.FLOAT, [1, heads, "S", "P + S"]),
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, heads, "P", 4]),
+        ],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, heads, "S", "P + S"])],
+        inits,
+        value_info=[
+            helper.make_tensor_value_info("masked", TensorProto.FLOAT, [1, heads, "S", "P + S"])
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _rewritten(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    graph_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
+    names = itertools.count()
+    done = RULES["buffer_mask"](graph_model.graph, lambda s: f"{s}_{next(names)}", "mark")
+    return ir.serde.serialize_model(graph_model), done
+
+
+def _run(model: onnx.ModelProto, scores: np.ndarray, past: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"scores_in": scores, "past": past})[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(2, 24),
+    window=st.one_of(st.none(), st.integers(1, 23)),
+    heads=st.integers(1, 3),
+    data=st.data(),
+)
+def test_buffer_slice_is_computed_mask(n, window, heads, data):
+    window = window if window is None or window < n else None
+    total = data.draw(st.integers(1, n), label="P + S")
+    past_length = data.draw(st.integers(0, total - 1), label="P")
+    seq = total - past_length
+    model = _model(n, window, heads)
+    fused, done = _rewritten(model)
+    assert done == 1  # on HEAD no rule reads the buffer's slice
+    onnx.checker.check_model(fused, full_check=True)
+    ops = [node.op_type for node in fused.graph.node]
+    assert "Slice" not in ops and "LessOrEqual" in ops
+    assert ("Greater" in ops) == (window is not None)
+    mask = next(v for v in fused.graph.value_info if v.name.startswith("buffer_mask_"))
+    assert mask is not None
+    rng = np.random.default_rng(n * 1000 + total)
+    scores = rng.standard_normal((1, heads, seq, total)).astype(np.float32)
+    past = np.zeros((1, heads, past_length, 4), np.float32)
+    np.testing.assert_allclose(_run(fused, scores, past), _run(model, scores, past), rtol=0, atol=0)
+
+
+def test_other_buffer_is_left():
+    """A buffer that is neither causal nor a band (its transpose) is no causal mask."""
+    model = _model(6, None, 1)
+    bias = next(t for t in model.graph.initializer if t.name == "bias")
+    bias.CopyFrom(
+        helper.make_tensor("bias", TensorProto.BOOL, [1, 1, 6, 6], _buffer(6, None)[0, 0].T.ravel())
+    )
+    _, done = _rewritten(model)
+    assert done == 0
