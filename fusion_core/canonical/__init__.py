@@ -134,7 +134,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blocked import blocked_projections
-from autofusion.fusion_core.canonical._buffer_masks import buffer_masks
+from autofusion.fusion_core.canonical._buffer_masks import buffer_masks, undo_buffer_masks
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
 from autofusion.fusion_core.canonical._contexts import (
     context_heads,
@@ -400,6 +400,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "unit_scale": undo_unit_scales(graph, MARK),
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
+            "buffer_mask": undo_buffer_masks(graph, MARK),  # reads the masked_fill put back
             "mask_guard": undo_mask_guards(graph, MARK),
             "kt_of_heads": undo_kt_splits(graph, MARK),
             "one_kv_head": undo_one_head_splits(graph, MARK),

@@ -15,12 +15,20 @@ do not broadcast, so the original graph fails there and no input it runs on chan
 The shapes ``torch.export`` writes for the slice (``[.., Max(0, -P + Min(N, P + S)),
 Min(N, P + S)]``) equal ``[S, L]`` only while ``P + S <= N``; the computed mask's
 ``[1, 1, S, L]`` is what the attention rewriters take.
+
+What no fusion took is put back (``undo_buffer_masks``): where every reader of the
+computed mask is still the ``Where`` of scores a Softmax reads, the two Slices come back
+with their own inputs, names and shapes (a constant no longer in the graph is made an
+initializer of the value it had), and once no computed mask is left, every size label
+the rule rewrote gets its old spelling. The record lives in the nodes' and values'
+in-memory ``meta``: the undo runs on the same graph, in the same run.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -30,12 +38,32 @@ from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.canonical._shape_values import Dim, dim_entries, known_dims
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["RULE", "buffer_masks"]
+__all__ = ["RULE", "buffer_masks", "undo_buffer_masks"]
 
 RULE = "buffer_mask"
 _ONNX = ("", "ai.onnx")
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Cast"})
 _DEPTH = 8
+_WAS = "autofusion.canonical.buffer_mask.was"  # on the computed mask's node: the Slices
+_LABELS = "autofusion.canonical.buffer_mask.shape"  # on a relabeled value: its old shape
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One Slice as the rule found it: enough to write it again."""
+
+    name: str | None
+    inputs: tuple[ir.Value | None, ...]
+    constants: tuple[np.ndarray | None, ...]  # each input's value where constant
+    out_name: str | None
+    out_shape: ir.Shape | None
+    out_dtype: ir.DataType | None
+
+    @classmethod
+    def of(cls, node: ir.Node) -> _Slice:
+        out = node.outputs[0]
+        constants = tuple(constant_array(v) if v is not None else None for v in node.inputs)
+        return cls(node.name, tuple(node.inputs), constants, out.name, out.shape, out.dtype)
 
 
 def buffer_masks(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -58,6 +86,7 @@ def buffer_masks(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -
             made.outputs[0].name = fresh_name(f"{RULE}_{made.op_type.lower()}")
         new[-1].outputs[0].dtype = ir.DataType.BOOL
         new[-1].outputs[0].shape = ir.Shape([1] * (rank - 2) + list(sizes))
+        new[-1].meta[_WAS] = (_Slice.of(rows), _Slice.of(node))
         replace(graph, node, new, mark, RULE)
         drop_unread(graph, [rows])
         _sizes_where_run(graph, start, sizes[0], n)
@@ -85,6 +114,7 @@ def _sizes_where_run(graph: ir.Graph, start: ir.Value, rows: Dim, n: Dim) -> Non
             _simpler(d.value, spelled) if isinstance(d, ir.SymbolicDim) else d for d in value.shape
         ]
         if dims != list(value.shape):
+            value.meta.setdefault(_LABELS, value.shape)  # the first spelling, for the undo
             value.shape = ir.Shape(dims)
 
 
@@ -248,3 +278,97 @@ def _int64(values: int | list[int], fresh_name) -> ir.Value:
     value = ir.Value(name=fresh_name(f"{RULE}_const"), const_value=ir.tensor(array))
     value.dtype, value.shape = ir.DataType.INT64, ir.Shape(list(array.shape))
     return value
+
+
+def undo_buffer_masks(graph: ir.Graph, mark: str) -> int:
+    """Put back the buffer's two Slices wherever no fusion took the computed mask (each
+    reader still the ``Where`` of scores a Softmax reads), and, once no computed mask is
+    left, the size labels the rule rewrote; how many masks."""
+    undone = 0
+    masks = [n for n in graph if n.metadata_props.get(mark) == RULE and _WAS in n.meta]
+    for mask in masks:
+        out = mask.outputs[0]
+        readers = out.uses()
+        if out.is_graph_output() or not readers or not all(_fills_scores(u) for u in readers):
+            continue
+        rows, cols = mask.meta[_WAS]
+        inputs, later = _inputs_back(graph, rows, 0), _inputs_back(graph, cols, 1)
+        if inputs is None or later is None:
+            continue  # the start or end P, L is gone: the computed mask stays
+        first = _written(rows, inputs)
+        again = _written(cols, [first.outputs[0], *later])
+        graph.insert_before(mask, [first, again])
+        out.replace_all_uses_with(again.outputs[0])
+        drop_unread(graph, [mask])  # the computed nodes; P and L stay, the Slices read them
+        undone += 1
+    _drop_unread_constants(graph)
+    if undone == len(masks) and masks:  # no computed mask left: the labels are the graph's own
+        for value in _values(graph):
+            if _LABELS in value.meta:
+                value.shape = value.meta.pop(_LABELS)
+    return undone
+
+
+def _fills_scores(use: ir.Usage) -> bool:
+    """Whether ``use`` is still what the rule read: the condition of a Where into a Softmax."""
+    where = use.node
+    return (
+        where.op_type == "Where"
+        and where.domain in _ONNX
+        and use.idx == 0
+        and reads_into_softmax(where.outputs[0])
+    )
+
+
+def _inputs_back(graph: ir.Graph, was: _Slice, skip: int) -> list[ir.Value | None] | None:
+    """The inputs of ``was`` after the first ``skip``, each as the graph has it now;
+    None where one the Slice had is gone for good."""
+    back = []
+    for value, constant in zip(was.inputs[skip:], was.constants[skip:], strict=True):
+        again = _available(graph, value, constant)
+        if again is None and value is not None:
+            return None
+        back.append(again)
+    return back
+
+
+def _available(graph: ir.Graph, value: ir.Value | None, constant: np.ndarray | None):
+    """``value`` where the graph still has it; else, for a constant, a new initializer of
+    its name (a suffix where taken) and value; else None."""
+    if value is None:
+        return None
+    producer = value.producer()
+    if (
+        value.is_graph_input()
+        or (producer is not None and producer.graph is graph)
+        or graph.initializers.get(value.name or "") is value
+    ):
+        return value
+    if constant is None:
+        return None
+    name, k = value.name or f"{RULE}_const", 0
+    unique = name
+    while unique in graph.initializers:
+        k += 1
+        unique = f"{name}_{k}"
+    again = ir.Value(name=unique, shape=ir.Shape(constant.shape), const_value=ir.tensor(constant))
+    again.dtype = ir.DataType.from_numpy(constant.dtype)
+    graph.register_initializer(again)
+    return again
+
+
+def _written(was: _Slice, inputs: list[ir.Value | None]) -> ir.Node:
+    """The Slice ``was`` describes, over ``inputs`` (trailing empty ones left off)."""
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    node = ir.Node("", "Slice", inputs, name=was.name)
+    out = node.outputs[0]
+    out.name, out.shape, out.dtype = was.out_name, was.out_shape, was.out_dtype
+    return node
+
+
+def _drop_unread_constants(graph: ir.Graph) -> None:
+    """Remove the initializers ``_computed`` made that nothing reads any more."""
+    for name, value in list(graph.initializers.items()):
+        if name.startswith(f"{RULE}_const") and not value.uses() and not value.is_graph_output():
+            graph.initializers.pop(name)

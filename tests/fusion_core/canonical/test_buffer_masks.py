@@ -8,13 +8,15 @@ import itertools
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
 import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from autofusion.fusion_core.canonical import RULES
+from autofusion.fusion_core.canonical import RULES, canonical_form, undo_unused
+from autofusion.fusion_core.testing import canonical_twice, op_sequence, optimize_quiet, run_both
 
 
 def _buffer(n: int, window: int | None) -> np.ndarray:
@@ -23,9 +25,13 @@ def _buffer(n: int, window: int | None) -> np.ndarray:
     return allowed.reshape(1, 1, n, n)
 
 
-def _model(n: int, window: int | None, heads: int) -> onnx.ModelProto:
+def _model(n: int, window: int | None, heads: int, *, exported: bool = False) -> onnx.ModelProto:
     """masked_fill of the scores [1, heads, S, P + S] by the buffer's slice, spelled as
-    torch.export writes it (start ``Shape(past)[2]``, end ``P + S``)."""
+    torch.export writes it (start ``Shape(past)[2]``, end ``P + S``); ``exported``: the
+    output's sizes labeled as torch.export carries them from the slice (Max, Min)."""
+    out_rows, out_keys = "S", "P + S"
+    if exported:
+        out_rows, out_keys = f"Max(0, -P + Min({n}, P + S))", f"Min({n}, P + S)"
     i64 = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
     nodes = [
         helper.make_node("Shape", ["past"], ["p"], start=2, end=3),
@@ -48,7 +54,7 @@ def _model(n: int, window: int | None, heads: int) -> onnx.ModelProto:
             helper.make_tensor_value_info("scores_in", TensorProto.FLOAT, [1, heads, "S", "P + S"]),
             helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, heads, "P", 4]),
         ],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, heads, "S", "P + S"])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, heads, out_rows, out_keys])],
         inits,
         value_info=[
             helper.make_tensor_value_info("masked", TensorProto.FLOAT, [1, heads, "S", "P + S"])
@@ -58,10 +64,13 @@ def _model(n: int, window: int | None, heads: int) -> onnx.ModelProto:
 
 
 def _rewritten(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with the rule alone applied, through ``canonical_form`` (the others
+    disabled); how often it applied."""
     graph_model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
     names = itertools.count()
-    done = RULES["buffer_mask"](graph_model.graph, lambda s: f"{s}_{next(names)}", "mark")
-    return ir.serde.serialize_model(graph_model), done
+    others = [name for name in RULES if name != "buffer_mask"]
+    done = canonical_form(graph_model.graph, lambda s: f"{s}_{next(names)}", disabled=others)
+    return ir.serde.serialize_model(graph_model), done["buffer_mask"]
 
 
 def _run(model: onnx.ModelProto, scores: np.ndarray, past: np.ndarray) -> np.ndarray:
@@ -105,3 +114,55 @@ def test_other_buffer_is_left():
     )
     _, done = _rewritten(model)
     assert done == 0
+
+
+def _constants(model: onnx.ModelProto, names: set[str]) -> dict[str, list]:
+    return {
+        t.name: onnx.numpy_helper.to_array(t).tolist()
+        for t in model.graph.initializer
+        if t.name in names
+    }
+
+
+def _sizes(values) -> list[tuple[str, list]]:
+    return [
+        (v.name, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]) for v in values
+    ]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(2, 12),
+    window=st.one_of(st.none(), st.integers(1, 11)),
+    heads=st.integers(1, 3),
+    exported=st.booleans(),
+    data=st.data(),
+)
+def test_a_mask_no_fusion_took_comes_back_as_it_went_in(n, window, heads, exported, data):
+    """Nothing fuses: the two Slices of the buffer come back (their constants and names),
+    and so do the output's size labels the rule wrote as S and P + S."""
+    window = window if window is None or window < n else None
+    model = _model(n, window, heads, exported=exported)
+    _canonical, done, _again, work = canonical_twice(model)
+    assert done.get("buffer_mask") == 1, done
+    assert undo_unused(work.graph)["buffer_mask"] == 1
+    undone = ir.to_proto(work)
+    onnx.checker.check_model(undone, full_check=True)
+    assert op_sequence(undone) == op_sequence(model)
+    slices = [list(node.input) for node in undone.graph.node if node.op_type == "Slice"]
+    assert slices == [list(node.input) for node in model.graph.node if node.op_type == "Slice"]
+    read = {name for inputs in slices for name in inputs}
+    assert _constants(undone, read) == _constants(model, read)  # mask_as_bias leaves its 0
+    assert _sizes(undone.graph.output) == _sizes(model.graph.output)
+    total = data.draw(st.integers(1, n), label="P + S")
+    past_length = data.draw(st.integers(0, total - 1), label="P")
+    rng = np.random.default_rng(n * 1000 + total)
+    feeds = {
+        "scores_in": rng.standard_normal((1, heads, total - past_length, total)).astype(np.float32),
+        "past": np.zeros((1, heads, past_length, 4), np.float32),
+    }
+    run_both(model, undone, feeds=feeds, rtol=0, atol=0)
+    # through the whole optimizer, no attention pattern among those tried: nothing fuses
+    result = optimize_quiet(model, target="onnxruntime", patterns=["gelu_tanh"])
+    assert op_sequence(result.to_proto()) == op_sequence(model), result.prepasses
+    run_both(model, result.to_proto(), feeds=feeds, rtol=0, atol=0)
