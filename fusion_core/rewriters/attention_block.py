@@ -117,6 +117,8 @@ class AttentionBlock(Rewriter):
             repeats = _repeats(params) if grouped else {}
             mha = grouped_multi_head_attention(match, mha_params, repeats, ctx)
             if not isinstance(mha, str):
+                # why not the op that reads the cache itself: a near miss beside the fusion
+                mha.notes += [t for t in tried if t.startswith("not GroupQueryAttention")]
                 return mha
             which = "the repeated heads" if grouped else "the heads as they are"
             op = "MultiHeadAttention" if ctx.target.can_emit(MS_DOMAIN) else "ONNX Attention"

@@ -471,14 +471,16 @@ def test_prefill_without_cache_finite_mask_is_not_causal():
 def test_mask_without_causal_term_with_cache_becomes_multi_head_attention():
     """With a cache GroupQueryAttention must be causal; a mask that lets a query see
     later keys is not, so the grouped heads go to MultiHeadAttention over the repeated
-    key and value heads, where the mask is the bias (exact for any mask)."""
+    key and value heads, where the mask is the bias (exact for any mask). Why not
+    GroupQueryAttention stays beside the fusion as a near miss."""
     model = decoder_attention(causal=False)
     result = optimize_quiet(model, **ORT)
     assert result.counts == {"rotary_embedding": 2, "attention": 1}, result.counts
     ops = op_sequence(result.to_proto())
     assert MHA in ops and GQA not in ops, ops
-    reasons = misses(result, "attention")
-    assert not reasons, reasons
+    (reason,) = misses(result, "attention")
+    assert reason.startswith("not GroupQueryAttention: with a KV cache GroupQueryAttention"), reason
+    assert "must be causal" in reason, reason
     for batch, seq, past in SHAPES:
         for mask in MASKS:
             run_both(model, result.to_proto(), feeds=feeds(batch, seq, past, mask), **TOL)
@@ -494,6 +496,8 @@ def test_infinite_mask_without_nan_guard_becomes_multi_head_attention():
     assert result.counts == {"rotary_embedding": 2, "attention": 1}, result.counts
     ops = op_sequence(result.to_proto())
     assert MHA in ops and GQA not in ops, ops
+    (reason,) = misses(result, "attention")  # why not GroupQueryAttention, beside the fusion
+    assert reason.startswith("not GroupQueryAttention: the mask") and "NaN" in reason, reason
     empty = feeds(2, 3, 4, "left")
     empty["attention_mask"][-1, :] = 0  # every row of the last batch attends to nothing
     for case in (empty, feeds(2, 3, 4, "random"), feeds(1, 1, 5, "left")):
