@@ -49,6 +49,7 @@ __all__ = [
     "PROTOBUF_LIMIT_BYTES",
     "check_external_data",
     "constant_array",
+    "constant_picks",
     "constant_tensor",
     "consumers",
     "load_model",
@@ -535,6 +536,22 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     """
     tensor = constant_tensor(value)
     return tensor.numpy() if tensor is not None else None
+
+
+def constant_picks(items: list, index: ir.Value | None) -> list | None:
+    """``items`` picked by the constant indices ``index`` holds (a Gather on axis 0 of a
+    shape's entries: negative indices count from the end), or None where ``index`` is no
+    constant or an index falls outside."""
+    indices = constant_array(index)
+    if indices is None:
+        return None
+    picked = []
+    for i in indices.reshape(-1):
+        i = int(i) + (len(items) if i < 0 else 0)
+        if not 0 <= i < len(items):
+            return None
+        picked.append(items[i])
+    return picked
 
 
 def constant_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:

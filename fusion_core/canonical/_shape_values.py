@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_array, constant_picks
 from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = [
@@ -121,16 +121,7 @@ def _shape_entries(node: ir.Node, symbolic: bool) -> list[Dim] | None:
 
 def _gathered(node: ir.Node, depth: int, symbolic: bool) -> list[Dim] | None:
     data = _entries(node.inputs[0], depth + 1, symbolic)
-    index = constant_array(node.inputs[1])
-    if data is None or index is None:
-        return None
-    picked = []
-    for i in index.reshape(-1):
-        i = int(i) + (len(data) if i < 0 else 0)
-        if not 0 <= i < len(data):
-            return None
-        picked.append(data[i])
-    return picked
+    return constant_picks(data, node.inputs[1]) if data is not None else None
 
 
 def _sliced(node: ir.Node, depth: int, symbolic: bool) -> list[Dim] | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.ir import constant_array, constant_picks
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes._size import Size, arithmetic
 
@@ -53,16 +53,10 @@ def _concat_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None:
 
 
 def _gather_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None:
-    data, index = proof.entries(node.inputs[0], depth), constant_array(node.inputs[1])
-    if data is None or index is None or attribute_value(node, "axis", 0) != 0:
+    data = proof.entries(node.inputs[0], depth)
+    if data is None or attribute_value(node, "axis", 0) != 0:
         return None
-    picked = []
-    for i in index.reshape(-1):
-        i = int(i) + (len(data) if i < 0 else 0)
-        if not 0 <= i < len(data):
-            return None
-        picked.append(data[i])
-    return picked
+    return constant_picks(data, node.inputs[1])
 
 
 def _slice_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None:
