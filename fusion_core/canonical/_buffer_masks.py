@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import drop_unread, replace
+from autofusion.fusion_core.canonical._edits import array_initializer, drop_unread, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.canonical._shape_values import Dim, dim_entries, known_dims
 from autofusion.fusion_core.ir import constant_array
@@ -346,15 +346,7 @@ def _available(graph: ir.Graph, value: ir.Value | None, constant: np.ndarray | N
         return value
     if constant is None:
         return None
-    name, k = value.name or f"{RULE}_const", 0
-    unique = name
-    while unique in graph.initializers:
-        k += 1
-        unique = f"{name}_{k}"
-    again = ir.Value(name=unique, shape=ir.Shape(constant.shape), const_value=ir.tensor(constant))
-    again.dtype = ir.DataType.from_numpy(constant.dtype)
-    graph.register_initializer(again)
-    return again
+    return array_initializer(graph, value.name or f"{RULE}_const", constant)
 
 
 def _written(was: _Slice, inputs: list[ir.Value | None]) -> ir.Node:

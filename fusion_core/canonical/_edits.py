@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 __all__ = [
     "INTEGER_TYPES",
+    "array_initializer",
     "by_op_type",
     "drop_unread",
     "int64s",
@@ -56,6 +57,12 @@ def new_initializer(
     named ``name`` or, where that is taken, with a suffix; float32 without a ``dtype``."""
     numpy_type = dtype.numpy() if dtype is not None else np.float32
     array = np.array(number, numpy_type) if shape is None else np.full(shape, number, numpy_type)
+    return array_initializer(graph, name, array)
+
+
+def array_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer holding ``array``, named ``name`` or, where that is taken, with
+    a suffix."""
     unique, k = name, 0
     while unique in graph.initializers:
         k += 1
