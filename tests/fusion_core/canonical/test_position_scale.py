@@ -124,13 +124,21 @@ LAYOUTS = {  # the factor as the model writes it, and its sizes
 }
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# the blocks both generated tests draw: the factor's layout, the Mul's operand order, the
+# projection split or not, the inputs' seed
+_SCALED_BLOCKS = given(
     layout=st.sampled_from(sorted(LAYOUTS)),
     swap=st.booleans(),
     split=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+_BUDGET = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@_BUDGET
+@_SCALED_BLOCKS
 def test_a_per_position_scale_of_rotated_heads_scales_the_projection(
     layout, swap, split, seed
 ) -> None:
@@ -154,13 +162,8 @@ def test_a_scale_per_head_of_the_heads_or_across_positions_stays() -> None:
         assert "position_scale" not in done, done
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    layout=st.sampled_from(sorted(LAYOUTS)),
-    swap=st.booleans(),
-    split=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@_BUDGET
+@_SCALED_BLOCKS
 def test_a_scale_no_fusion_took_comes_back_as_it_went_in(layout, swap, split, seed) -> None:
     model = rotated_scaled(factor=layout, swap=swap, split=split)
     _canonical, done, _again, work = canonical_twice(model)
