@@ -119,6 +119,18 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _submit_in_chunks(server: Server, tmp_path: Path, data: Path) -> Recording:
+    """Submit a small model with ``data`` sent in resumable chunks of 1000 bytes; the
+    job lists the file by its digest. The transport the client used, for its PATCHes."""
+    model = tmp_path / "model.onnx"
+    onnx.save_model(conv_bn_relu(), model)
+    transport = Recording()
+    with _client(server, transport) as client:
+        job = client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
+    assert job.data["data_files"] == [{"name": data.name, "digest": _sha(data)}]
+    return transport
+
+
 def test_the_job_of_an_uploaded_data_file_computes_what_the_original_does(
     server, weights_model, tmp_path
 ):
@@ -249,16 +261,13 @@ def test_a_new_client_resumes_the_upload_an_earlier_one_left(idle, tmp_path):
         chunk = data.read_bytes()[offset : offset + 1000]
         sent = httpx.patch(url, content=chunk, headers={**head, "Upload-Offset": str(offset)})
         assert sent.status_code == 204
-    model = tmp_path / "model.onnx"
-    onnx.save_model(conv_bn_relu(), model)
-    transport = Recording()
-    with _client(idle, transport) as client:
-        job = client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
-    assert job.data["data_files"] == [{"name": "w.data", "digest": digest}]
+    transport = _submit_in_chunks(idle, tmp_path, data)
     assert transport.patches() == [2000, 3000, 4000, 5000]
     again = Recording()
-    with _client(idle, again) as client:
-        client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
+    with _client(idle, again) as client:  # the same file again: nothing left to send
+        client.submit(
+            tmp_path / "model.onnx", data=[data], chunked_upload_bytes=10, chunk_bytes=1000
+        )
     assert again.patches() == []
 
 
@@ -278,10 +287,5 @@ def test_an_upload_whose_parts_the_server_lost_is_sent_again_from_its_start(idle
     assert httpx.patch(url, content=data.read_bytes()[:1000], headers=head).status_code == 204
     [part] = [p for p in set(artifacts.rglob("*")) - before if p.is_file()]
     part.unlink()
-    model = tmp_path / "model.onnx"
-    onnx.save_model(conv_bn_relu(), model)
-    transport = Recording()
-    with _client(idle, transport) as client:
-        job = client.submit(model, data=[data], chunked_upload_bytes=10, chunk_bytes=1000)
-    assert job.data["data_files"] == [{"name": "w.data", "digest": digest}]
+    transport = _submit_in_chunks(idle, tmp_path, data)
     assert transport.patches() == [1000, 2000, 3000, 0, 1000, 2000, 3000]

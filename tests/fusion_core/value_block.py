@@ -16,6 +16,7 @@ from tests.fusion_core.decoder_text import (
     CAUSAL,
     PADDING,
     SINK_SOFTMAX,
+    TEXT_CONSTANTS,
     graph_model,
     kv_cache,
     positions,
@@ -66,13 +67,9 @@ def value_block(block: Block, seed: int = 3) -> onnx.ModelProto:
             name: np.array(v, np.int64)
             for name, v in {
                 "zero": [0], "one": [1], "axis_2": [2], "axis_last": [-1], "minus_one": [-1],
-                "axes_kv": [0, 1, 2], "axes_q": [0, 1, 3], "axes_pad": [1, 2],
             }.items()
         },
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
+        **TEXT_CONSTANTS,
     }  # fmt: skip
     body = []
     for p, count, size in (("q", n, h), ("k", kv, h), ("v", kv, hv)):

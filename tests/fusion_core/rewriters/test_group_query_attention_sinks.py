@@ -34,6 +34,7 @@ from tests.fusion_core.decoder_text import (
     MERGE,
     PADDING,
     SINK_SOFTMAX,
+    TEXT_CONSTANTS,
     graph_model,
     kv_cache,
     positions,
@@ -127,14 +128,10 @@ def gpt_oss_block(
             name: np.array(value, np.int64)
             for name, value in {
                 "zero": [0], "one": [1], "axis_1": [1], "axis_2": [2], "axis_last": [-1],
-                "half": [half], "end": [SIZE], "minus_one": [-1], "axes_kv": [0, 1, 2],
-                "axes_q": [0, 1, 3], "axes_pad": [1, 2],
+                "half": [half], "end": [SIZE], "minus_one": [-1],
             }.items()
         },
-        "index_1": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
+        **TEXT_CONSTANTS,
     }  # fmt: skip
     body = [
         "pos = Cast <to = 1> (position_ids)",
