@@ -1,20 +1,6 @@
 """Validation: does the fused model still compute what the original computed?"""
 
-from autofusion.fusion_core.validate._compare import (
-    CANNOT_LOAD,
-    FAILURE_WORDS,
-    FUSED_CANNOT_RUN,
-    INVALID_GRAPH,
-    MISMATCH,
-    ORIGINAL_CANNOT_RUN,
-    CheckResult,
-    ModelFile,
-    OutputCheck,
-    ProfileCheck,
-    compare_models,
-    describe_failure,
-    make_session,
-)
+from autofusion.fusion_core.validate._compare import compare_models
 from autofusion.fusion_core.validate._dims import (
     CANDIDATES,
     candidate_dims,
@@ -48,7 +34,20 @@ from autofusion.fusion_core.validate._regions import (
     fused_regions,
     tensor_diffs,
 )
+from autofusion.fusion_core.validate._result import (
+    CANNOT_LOAD,
+    FAILURE_WORDS,
+    FUSED_CANNOT_RUN,
+    INVALID_GRAPH,
+    MISMATCH,
+    ORIGINAL_CANNOT_RUN,
+    CheckResult,
+    OutputCheck,
+    ProfileCheck,
+    describe_failure,
+)
 from autofusion.fusion_core.validate._session_file import MIN_COPY_BYTES, session_file
+from autofusion.fusion_core.validate._sessions import ModelFile, make_session
 from autofusion.fusion_core.validate._stats import (
     HISTOGRAM_EDGES,
     ErrorStats,

@@ -25,7 +25,7 @@ past plus the sequence when the model has free names of both roles: a cache grap
 mask spans the cached and the new tokens, which names alone do not say.
 
 ``candidate_dims`` lists a few such assignments, most typical first; the check runs the
-original model on each until one runs (``fusion_core.validate._compare``).
+original model on each until one runs (``fusion_core.validate._reference``).
 
 ``second_length_dims`` is the settled assignment again with every free sequence name at
 7 (``SECOND_LENGTH``): a model that pads the sequence to a multiple of a chunk and cuts

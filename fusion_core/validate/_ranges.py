@@ -24,6 +24,7 @@ import onnx
 
 from autofusion.fusion_core import provenance
 from autofusion.fusion_core.validate._regions import _with_outputs, fused_regions
+from autofusion.fusion_core.validate._sessions import make_session
 
 __all__ = ["FP16_MAX", "FP16_MIN_NORMAL", "PrecisionReport", "RangeFlag", "check_fp16"]
 
@@ -72,8 +73,6 @@ def check_fp16(
     keep_fp32: set[str],
 ) -> PrecisionReport:
     """Flag fused regions whose values leave float16, from the original's observed ranges."""
-    from autofusion.fusion_core.validate._compare import make_session
-
     report = PrecisionReport()
     original_values = {o for n in original.graph.node for o in n.output}
     regions = []

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from autofusion.fusion_core import provenance
+from autofusion.fusion_core.validate._sessions import make_session
 from autofusion.fusion_core.validate._stats import ErrorStats, Tolerance
 
 __all__ = ["RegionCheck", "RegionReport", "compare_regions", "fused_regions", "tensor_diffs"]
@@ -116,8 +117,6 @@ def tensor_diffs(
 ) -> dict[str, tuple[float, float, bool]]:
     """(max abs diff, max rel diff, within tolerance) of each named tensor of both models
     over the feeds; onnxruntime's errors propagate."""
-    from autofusion.fusion_core.validate._compare import make_session  # one session factory for all
-
     reference = make_session(_with_outputs(a, names))
     candidate = make_session(_with_outputs(b, names))
     # the check's own comparison rule (NaN matches NaN; shape or dtype differences fail)

@@ -1,6 +1,6 @@
 """The check with the weights held once (issue 29): onnxruntime reads both models from
 files, one session at a time, and the original is not read in at load
-(fusion_core/pipeline/check.py, fusion_core/validate/_compare.py, pipeline/once.py).
+(fusion_core/pipeline/check.py, fusion_core/validate/_sessions.py, pipeline/once.py).
 
 What it reports must not change: on a decoder with external data built by
 bench/_big_models.py (a few MB, target onnxruntime) and on a small model in one file

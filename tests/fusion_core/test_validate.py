@@ -16,7 +16,7 @@ import onnx.parser
 import pytest
 from pydantic import ValidationError
 
-import autofusion.fusion_core.validate._compare as compare_module
+import autofusion.fusion_core.validate._sessions as sessions_module
 from autofusion.fusion_core.config import CheckOptions
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.validate import compare_models, make_session, random_inputs
@@ -78,7 +78,7 @@ def test_session_for_a_model_over_the_protobuf_limit(monkeypatch: pytest.MonkeyP
     # data, and the caller's model must keep its weights.
     model = onnx.load("tests/data/resnet/resnet50_w8_torchscript.onnx")
     size = model.ByteSize()
-    monkeypatch.setattr(compare_module, "PROTOBUF_LIMIT_BYTES", 1000)
+    monkeypatch.setattr(sessions_module, "PROTOBUF_LIMIT_BYTES", 1000)
     big = make_session(model)
     monkeypatch.undo()
     small = make_session(model)
