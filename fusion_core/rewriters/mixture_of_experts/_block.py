@@ -326,7 +326,8 @@ def _block(
         slabs = slab_linears(nodes, classes)
         if slabs is None:
             return (
-                f"the block's experts are neither constants [{classes}, out, in] gathered "
+                f"the block ending at {_value_and_producer(output)} has experts neither constants "
+                f"[{classes}, out, in] gathered "
                 f"by the router's indices (found {len(weights)}) nor {classes} SwiGLU MLPs "
                 f"with their own weights (found {len(units)}) nor {classes} linears per "
                 "projection on the slabs of the tokens sorted by expert"
@@ -339,6 +340,14 @@ def _block(
         hidden, earliest, logits, experts, output, nodes, absorbed, weights, units, slabbed, extra,
         kept,
     )  # fmt: skip
+
+
+def _value_and_producer(value: ir.Value) -> str:
+    """``'v' (Add 'name')``: a value as a near miss names it, with the op computing it."""
+    node = value.producer()
+    if node is None:
+        return repr(value.name)
+    return f"{value.name!r} ({node.op_type}{f' {node.name!r}' if node.name else ''})"
 
 
 def _slab_weight(slabs: SlabLinears) -> StackedWeight:

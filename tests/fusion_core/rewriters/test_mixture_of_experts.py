@@ -27,7 +27,9 @@ The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -350,6 +352,28 @@ def test_gelu_experts_are_a_near_miss() -> None:
     result = optimize_quiet(model, target="onnxruntime")
     assert "MoE" not in ops_of(result.to_proto())
     assert any("SwiGLU" in r for r in _near_misses(result)), _near_misses(result)
+
+
+def test_experts_not_found_name_the_block_end() -> None:
+    """Dense experts with another activation: none of the three kinds of experts is
+    found, and the near miss says at which value the block it searched ends (a block
+    ending somewhere unexpected is the first thing to look at)."""
+    model = moe_block(dataclasses.replace(_PLAIN, layout="dense"))
+    for node in model.graph.node:
+        if node.op_type == "Sigmoid":
+            node.op_type = "Tanh"
+    producers = {out: node.op_type for node in model.graph.node for out in node.output}
+    result = optimize_quiet(model, target="onnxruntime")
+    assert "MoE" not in ops_of(result.to_proto())
+    reasons = _near_misses(result)
+    named = [
+        re.search(r"the block ending at '([^']+)' \((\w+)\) has experts neither", r)
+        for r in reasons
+    ]
+    ends = [m.groups() for m in named if m]
+    assert ends, reasons
+    for value, op in ends:  # a value of the model, with the op that computes it there
+        assert producers.get(value) == op, (value, op)
 
 
 def test_an_expert_op_reading_one_value_twice_is_a_near_miss_not_a_crash() -> None:
