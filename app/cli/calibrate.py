@@ -55,6 +55,7 @@ from autofusion.fusion_core.cost import (
     Calibration,
     TargetProfile,
 )
+from autofusion.fusion_core.profiling.cpus import usable_cpus
 
 __all__ = ["Measurement", "Sizes", "add_parser", "measure", "run"]
 
@@ -97,8 +98,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        default=os.cpu_count() or 1,
-        help="onnxruntime intra-op threads (default: every CPU)",
+        default=usable_cpus(),
+        help="onnxruntime intra-op threads (default: every CPU this process may use)",
     )
     p.add_argument("--name", default="calibrated", help="the profile's name (calibrated)")
     p.add_argument("--quick", action="store_true", help="small sizes, few runs: a few seconds")
@@ -268,7 +269,7 @@ def _profile(
     l1, l2 = _cache_sizes()
     return TargetProfile(
         name=name,
-        description=f"measured on this machine ({os.cpu_count()} CPU(s), onnxruntime CPU)",
+        description=f"measured on this machine ({usable_cpus()} CPU(s), onnxruntime CPU)",
         memory_bandwidth_bytes_per_s=measured.memory_bandwidth_bytes_per_s,
         launch_overhead_s=measured.launch_overhead_s,
         peak_flops_per_s=measured.peak_flops_per_s,

@@ -24,6 +24,7 @@ from autofusion.app.services.sandbox import (
     secure_data_dir,
     unreachable,
 )
+from autofusion.fusion_core.profiling.cpus import usable_cpus
 
 __all__ = [
     "isolation_request",
@@ -116,10 +117,11 @@ def prepare_data_dir(settings: Settings, role: str) -> None:
 
 
 def job_cpu_limit_s(settings: Settings) -> int:
-    """A job sandbox's CPU seconds: the setting, or the time limit on every core."""
+    """A job sandbox's CPU seconds: the setting, or the time limit on every CPU the
+    service may use (its container's, not the host's)."""
     if settings.job_cpu_limit_s is not None:
         return settings.job_cpu_limit_s
-    return settings.job_time_limit_s * (os.cpu_count() or 1)
+    return settings.job_time_limit_s * usable_cpus()
 
 
 def _protect_alone(settings: Settings, role: str) -> None:

@@ -4,7 +4,8 @@
 paired ratio and its verdict; ``_paired.py`` the paired timer that measured selection
 decides with; ``_trace.py`` sessions and onnxruntime's profiler trace;
 ``footprint.py`` file size and peak memory (in a child process, ``_memory_child.py``);
-``verdicts.py`` what measured selection learned: a region's paired ratio on a machine
+``cpus.py`` how many CPUs this process may use (its affinity and its cgroup's
+quota); ``verdicts.py`` what measured selection learned: a region's paired ratio on a machine
 class, its file format and how measurements combine.
 
 The names load on first use (``lazy_loader``): ``stats`` (the verdicts a report
@@ -17,6 +18,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "_paired": ["PairedTimer"],
+        "cpus": ["usable_cpus"],
         "_trace": ["inputs_for", "make_session", "prepare_model", "session_options"],
         "footprint": [
             "MEMORY_LEVEL",

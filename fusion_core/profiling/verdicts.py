@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from typing import Any
 
+from autofusion.fusion_core.profiling.cpus import usable_cpus
 from autofusion.fusion_core.profiling.stats import (
     CONFIDENCE,
     FASTER,
@@ -77,14 +78,15 @@ _ISA_FLAGS = (
 
 
 def host_class() -> dict[str, Any]:
-    """What this host is, for timings: CPU model and instruction set, CPU count,
+    """What this host is, for timings: CPU model and instruction set, the CPUs this
+    process may use (``cpus.usable_cpus``: a container's quota or pinning, not the host's),
     architecture and onnxruntime's version (read from its metadata: onnxruntime itself
     is not imported, so the worker can ask cheaply)."""
     cpu, flags = _cpuinfo()
     return {
         "cpu": cpu,
         "isa": sorted(set(flags) & set(_ISA_FLAGS)),
-        "cpus": os.cpu_count(),
+        "cpus": usable_cpus(),
         "machine": platform.machine(),
         "onnxruntime": onnxruntime_version(),
     }
