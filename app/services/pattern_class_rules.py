@@ -8,7 +8,11 @@ verdict and the verdict rows' ids). The worker adds the patterns disabled on its
 to every job's ``exclude`` (``worker/plan.py``, ``excluded_for``), measured or not. A
 rule is made by a person (the dashboard, ``POST /v1/patterns/{name}/rules``) or, with
 ``verdicts_auto_disable`` on, by ``apply_auto_disable`` after a job's verdicts are
-stored; deleting it enables the pattern again. Services flush; the caller commits.
+stored, from the verdicts still fresh (``verdict_max_age_days``, as their reuse); deleting
+it enables the pattern again. An automatic rule lapses once the verdicts it was made on
+are that old (``lapse_auto_rules``, by the retention sweep): while it stands nothing
+measures the pattern on its class, so no newer evidence could ever lift it. A person's
+rule stays until a person deletes it. Services flush; the caller commits.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -47,6 +52,7 @@ __all__ = [
     "enable_on_class",
     "evidence_url",
     "excluded_for",
+    "lapse_auto_rules",
     "pattern_stats",
     "rule_counts",
     "rules",
@@ -198,22 +204,26 @@ def describe_rule(rule: PatternClassRule) -> str:
     )
 
 
-def apply_auto_disable(session: Session, settings: Settings, patterns: Iterable[str]) -> list[str]:
+def apply_auto_disable(
+    session: Session, settings: Settings, patterns: Iterable[str], *, now: datetime | None = None
+) -> list[str]:
     """With ``verdicts_auto_disable`` on, disable each of ``patterns`` (the patterns of
-    the verdicts a job just stored) on every machine class where its measurements,
-    combined, are slower with confidence, from at least
-    ``verdicts_auto_disable_min_jobs`` distinct jobs. Returns the patterns disabled
+    the verdicts a job just stored) on every machine class where its fresh measurements
+    (at most ``verdict_max_age_days`` old at ``now``), combined, are slower with
+    confidence, from at least ``verdicts_auto_disable_min_jobs`` distinct jobs. Returns
+    the patterns disabled
     (each once); rules that exist stay as they are. A rule a person deleted is made
     again by the next job whose verdicts still add up to this (the evidence is all the
     class's measurements of the pattern's version): to keep a pattern on against
     it, turn the setting off."""
     if not settings.verdicts_auto_disable:
         return []
+    since = (now or utcnow()) - timedelta(days=settings.verdict_max_age_days)
     disabled: list[str] = []
     for name in sorted(set(patterns)):
         if not _in_registry(session, name):  # a job's own extra pattern: not ours to rule
             continue
-        for stats in pattern_stats(session, name):
+        for stats in pattern_stats(session, name, since=since):
             if stats.rule is None and _slower_enough(stats, settings):
                 reason = (
                     f"measured slower with confidence in {stats.jobs} jobs "
@@ -231,6 +241,37 @@ def apply_auto_disable(session: Session, settings: Settings, patterns: Iterable[
                     )
                     disabled.append(name)
     return list(dict.fromkeys(disabled))
+
+
+def lapse_auto_rules(
+    session: Session, settings: Settings, *, now: datetime | None = None
+) -> list[tuple[str, str]]:
+    """Delete the automatic rules made more than ``verdict_max_age_days`` before ``now``
+    (every verdict they were made on is older: none is reused any more); (pattern,
+    machine key) of each. The pattern is measured on that class again, and fresh
+    verdicts that add up to slower make the rule again."""
+    cutoff = (now or utcnow()) - timedelta(days=settings.verdict_max_age_days)
+    query = select(PatternClassRule).where(
+        PatternClassRule.created_by == AUTO, PatternClassRule.created_at < cutoff
+    )
+    lapsed = [(rule.pattern, rule.machine_key) for rule in session.scalars(query)]
+    for pattern, key in lapsed:
+        session.execute(
+            delete(PatternClassRule).where(
+                PatternClassRule.pattern == pattern,
+                PatternClassRule.machine_key == key,
+                PatternClassRule.created_by == AUTO,
+                PatternClassRule.created_at < cutoff,  # one a person remade meanwhile stays
+            )
+        )
+        logger.warning(
+            "pattern %s enabled again on machine class %s: its automatic rule lapsed "
+            "(the verdicts it was made on are older than %g days and no longer reused)",
+            pattern,
+            key,
+            settings.verdict_max_age_days,
+        )
+    return lapsed
 
 
 def _in_registry(session: Session, name: str) -> bool:

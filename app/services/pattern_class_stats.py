@@ -142,12 +142,16 @@ def pattern_stats(
     machine_key: str | None = None,
     tenant_id: str | None = None,
     only_tenant: str | None = None,
+    since: datetime | None = None,
 ) -> list[ClassStats]:
     """Per pattern (or only ``pattern``) and machine class, the newest ``MAX_ROWS``
     verdicts counted and combined; by pattern, then newest measurement first.
     ``tenant_id``: whose source jobs ``tenant_jobs`` lists; ``only_tenant``: count only
-    that tenant's verdicts (where ``verdicts_shared`` is off, a tenant sees only those)."""
+    that tenant's verdicts (where ``verdicts_shared`` is off, a tenant sees only those);
+    ``since``: only verdicts measured then or later (the fresh ones)."""
     query = select(*_COLUMNS).order_by(Verdict.measured_at.desc(), Verdict.id.desc())
+    if since is not None:
+        query = query.where(Verdict.measured_at >= since)
     if only_tenant is not None:
         query = query.where(Verdict.tenant_id == only_tenant)
     if pattern is not None:

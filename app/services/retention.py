@@ -6,7 +6,9 @@
   too): the jobs that ended ``job_retention_s`` ago; then, while all jobs' blobs take
   more than ``max_stored_bytes_total``, the ended jobs that ended first; then the sizes
   not known yet; then the data uploads past their expiry (``upload_expiry_s`` after
-  their last write), with their parts; then the blobs nothing refers to.
+  their last write), with their parts; then the blobs nothing refers to; then the
+  automatic pattern rules whose evidence is no longer fresh
+  (``pattern_class_rules.lapse_auto_rules``).
 
 What is never deleted:
 
@@ -40,6 +42,7 @@ from autofusion.app.core.db import session_scope
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import DataUpload, Job, JobArtifact, JobStatus, utcnow
 from autofusion.app.services.artifacts import ArtifactStore
+from autofusion.app.services.pattern_class_rules import lapse_auto_rules
 from autofusion.app.services.quotas import stored_bytes
 from autofusion.app.services.uploads import expire_data_uploads, upload_digests
 
@@ -60,6 +63,8 @@ class RetentionSweep:
     sized: int = 0  # artifact sizes filled in
     uploads: list[str] = field(default_factory=list)  # data uploads past their expiry
     blobs: list[str] = field(default_factory=list)  # digests removed from the store
+    # automatic pattern rules lapsed: (pattern, machine key)
+    rules: list[tuple[str, str]] = field(default_factory=list)
 
 
 def delete_job(session: Session, job: Job) -> None:
@@ -245,6 +250,8 @@ def sweep_retention(
     done.uploads = expire_data_uploads(settings, store, now)
     current = time.time() if now_s is None else now_s
     done.blobs = _sweep_blobs(url, store, settings.scratch_max_age_s, current)
+    with session_scope(url) as session:
+        done.rules = lapse_auto_rules(session, settings, now=now)
     for what, ids in (("ended", done.expired), ("over the total cap", done.over_total)):
         if ids:
             logger.info("retention: deleted %d jobs (%s)", len(ids), what)

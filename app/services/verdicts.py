@@ -209,7 +209,7 @@ def record_job_verdicts(
     )
     session.flush()
     if kept:  # the registry's hook: patterns measured slower here, disabled here
-        apply_auto_disable(session, settings, sorted({r.pattern for r in kept}))
+        apply_auto_disable(session, settings, sorted({r.pattern for r in kept}), now=now)
     return len(kept)
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
-from verdict_rows import FASTER, LEVEL, SLOWER, machine, record, store
+from verdict_rows import FASTER, LEVEL, SLOWER, T0, machine, record, store
 
 from autofusion.app.core.config import Settings
 from autofusion.app.core.db import session_scope
@@ -128,11 +129,15 @@ def test_disable_needs_evidence_refuses_twice_and_enable_reverses_it(database) -
         assert (none.value.status, none.value.slug) == (404, "pattern-rule-not-found")
 
 
-def _job_slower(database: str, job: str, minutes: int, settings: Settings) -> list[str]:
-    """A job stored a slower verdict of conv_bn_relu here, then the hook ran."""
+def _job_slower(
+    database: str, job: str, minutes: int, settings: Settings, *, now_days: float = 1
+) -> list[str]:
+    """A job stored a slower verdict of conv_bn_relu here, then the hook ran, ``now_days``
+    after T0 (the verdicts' clock)."""
+    now = T0 + timedelta(days=now_days)
     with session_scope(database) as session:
         store(session, [record(SLOWER, job=job, minutes=minutes, region=job)])
-        return class_rules.apply_auto_disable(session, settings, ["conv_bn_relu", "other"])
+        return class_rules.apply_auto_disable(session, settings, ["conv_bn_relu", "other"], now=now)
 
 
 def test_auto_disable_after_enough_jobs_and_not_before(database, caplog) -> None:
@@ -182,3 +187,52 @@ def test_auto_disable_is_off_by_default_and_never_on_faster_or_mixed(database) -
 def test_settings_refuse_a_threshold_below_one() -> None:
     with pytest.raises(ValueError, match="verdicts_auto_disable_min_jobs"):
         Settings(verdicts_auto_disable_min_jobs=0)
+
+
+def test_auto_disable_counts_only_fresh_verdicts(database) -> None:
+    """Two jobs measured slower long ago and one now: the old two are not reused, so
+    they are no evidence either (three jobs needed, one fresh)."""
+    settings = Settings(
+        verdicts_auto_disable=True, verdicts_auto_disable_min_jobs=3, verdict_max_age_days=30
+    )
+    day = 24 * 60
+    assert _job_slower(database, "j1", 0, settings, now_days=0) == []
+    assert _job_slower(database, "j2", 1, settings, now_days=0) == []
+    assert _job_slower(database, "j3", 40 * day, settings, now_days=40) == []
+    with session_scope(database) as session:
+        assert class_rules.rules(session) == []
+    assert _job_slower(database, "j4", 40 * day + 1, settings, now_days=40) == []
+    assert _job_slower(database, "j5", 40 * day + 2, settings, now_days=40) == ["conv_bn_relu"]
+
+
+def _rule_made(database: str, by: str, pattern: str, days: float) -> None:
+    with session_scope(database) as session:
+        store(session, [record(SLOWER, job=f"{by}-{pattern}", pattern=pattern)])
+        if by == class_rules.AUTO:
+            on = Settings(verdicts_auto_disable=True, verdicts_auto_disable_min_jobs=1)
+            now = T0 + timedelta(days=days)
+            assert class_rules.apply_auto_disable(session, on, [pattern], now=now) == [pattern]
+        else:
+            class_rules.disable_on_class(session, pattern, HERE_KEY, by=by, reason="slower")
+        rule = next(r for r in class_rules.rules(session, pattern))
+        rule.created_at = T0 + timedelta(days=days)
+
+
+def test_an_automatic_rule_lapses_with_its_evidence_a_persons_stays(database, caplog) -> None:
+    """While a rule stands nothing measures the pattern on its class: an automatic rule
+    lapses once its evidence is older than verdicts are reused; a person's stays."""
+    settings = Settings(verdict_max_age_days=30)
+    _rule_made(database, class_rules.AUTO, "conv_bn_relu", days=0)
+    _rule_made(database, "key:1", "other", days=0)
+    with session_scope(database) as session:
+        assert class_rules.lapse_auto_rules(session, settings, now=T0 + timedelta(days=29)) == []
+    with (
+        session_scope(database) as session,
+        caplog.at_level(logging.WARNING, logger=class_rules.__name__),
+    ):
+        lapsed = class_rules.lapse_auto_rules(session, settings, now=T0 + timedelta(days=31))
+    assert lapsed == [("conv_bn_relu", HERE_KEY)]
+    assert "automatic rule lapsed" in caplog.text
+    with session_scope(database) as session:
+        assert [r.pattern for r in class_rules.rules(session)] == ["other"]
+        assert set(class_rules.excluded_for(session, HERE_KEY)) == {"other"}

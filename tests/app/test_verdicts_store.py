@@ -69,7 +69,7 @@ def test_a_jobs_verdicts_are_stored_as_the_worker_says(url, tmp_path, monkeypatc
     hooked: list[list[str]] = []
     monkeypatch.setattr(
         "autofusion.app.services.verdicts.apply_auto_disable",
-        lambda session, settings, patterns: hooked.append(list(patterns)) or [],
+        lambda session, settings, patterns, now: hooked.append(list(patterns)) or [],
     )
     other = {**MACHINE, "threads": 4}
     forged = {"job_id": "someone-else", "source": "imported", "measured_at": "2001-01-01T00:00Z"}

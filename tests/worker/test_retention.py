@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import insert, select, update
 
-from autofusion.app.core.models import Job, JobArtifact, JobStatus
+from autofusion.app.core.models import Job, JobArtifact, JobStatus, PatternClassRule
 from autofusion.app.migrate import downgrade, upgrade
 from autofusion.app.services.auth import ensure_tenant
 from autofusion.app.services.jobs import claim_job, finish_job
@@ -196,6 +196,32 @@ def test_the_reaper_sweeps_retention_when_it_starts_and_each_interval(kept) -> N
     reaper._turn()  # not due yet: scratch_sweep_interval_s has not passed
     assert _ids(kept) == {second}
     assert reaper.retain_once().expired == [second]
+
+
+def test_the_sweep_lapses_automatic_pattern_rules_past_the_verdicts_age(kept) -> None:
+    """An automatic rule older than verdict_max_age_days goes (its evidence is no longer
+    reused, and while it stands nothing measures the pattern there again); a person's
+    rule as old, and an automatic one made recently, stay."""
+    made = {"auto-old": ("auto", 40), "auto-new": ("auto", 1), "person-old": ("key:1", 40)}
+    with kept.db() as session:
+        for pattern, (by, days) in made.items():
+            session.add(
+                PatternClassRule(
+                    pattern=pattern,
+                    machine_key="k" * 64,
+                    machine={},
+                    reason="slower",
+                    evidence={},
+                    created_by=by,
+                    created_at=NOW - timedelta(days=days),
+                )
+            )
+    swept = sweep_retention(kept.settings, kept.store)
+    assert kept.settings.verdict_max_age_days == 30
+    assert swept.rules == [("auto-old", "k" * 64)]
+    with kept.db() as session:
+        left = {rule.pattern for rule in session.scalars(select(PatternClassRule))}
+    assert left == {"auto-new", "person-old"}
 
 
 def test_sizes_of_jobs_stored_before_the_table_are_asked_of_the_store(tmp_path) -> None:
