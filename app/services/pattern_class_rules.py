@@ -53,6 +53,7 @@ __all__ = [
     "evidence_url",
     "excluded_for",
     "lapse_auto_rules",
+    "lapses_at",
     "pattern_stats",
     "rule_counts",
     "rules",
@@ -241,6 +242,14 @@ def apply_auto_disable(
                     )
                     disabled.append(name)
     return list(dict.fromkeys(disabled))
+
+
+def lapses_at(rule: PatternClassRule, settings: Settings) -> datetime | None:
+    """When the retention sweep lets an automatic rule lapse (``lapse_auto_rules``);
+    None for a person's rule, which never does."""
+    if rule.created_by != AUTO:
+        return None
+    return as_utc(rule.created_at) + timedelta(days=settings.verdict_max_age_days)
 
 
 def lapse_auto_rules(

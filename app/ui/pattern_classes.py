@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from autofusion.app.api.deps import SessionDep, SettingsDep
 from autofusion.app.api.schemas.pattern_rules import MACHINE_KEY_PATTERN
+from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.services import pattern_class_rules as class_rules
 from autofusion.app.ui.common import UIPrincipal, require
@@ -29,15 +30,21 @@ ANCHOR = "machine-classes"
 
 
 def class_context(
-    session: Session, name: str, tenant_id: str, *, shared: bool = True
+    session: Session, name: str, tenant_id: str, settings: Settings
 ) -> dict[str, Any]:
-    """The page's per-class table and rules; a reason to start from for each class.
-    ``shared``: ``verdicts_shared`` (off: the tenant's own verdicts only)."""
-    only = None if shared else tenant_id
+    """The page's per-class table and rules (when an automatic one lapses); a reason to
+    start from for each class. With ``verdicts_shared`` off, the tenant's own verdicts."""
+    only = None if settings.verdicts_shared else tenant_id
     stats = class_rules.pattern_stats(session, name, tenant_id=tenant_id, only_tenant=only)
+    rules = class_rules.rules(session, name)
     return {
         "class_stats": stats,
-        "class_rules": class_rules.rules(session, name),
+        "class_rules": rules,
+        "rule_lapses": {
+            rule.machine_key: lapses
+            for rule in rules
+            if (lapses := class_rules.lapses_at(rule, settings)) is not None
+        },
         "suggested_reasons": {s.machine_key: _suggested_reason(s) for s in stats},
         "slower": SLOWER,
         "class_label": class_rules.class_label,

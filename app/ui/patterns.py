@@ -13,6 +13,7 @@ from markupsafe import Markup
 from autofusion.app.api.deps import SessionDep, SettingsDep
 from autofusion.app.api.schemas.registry import PatternSummary, PatternTestResult
 from autofusion.app.api.uploads import incoming
+from autofusion.app.core.config import Settings
 from autofusion.app.core.errors import ProblemError
 from autofusion.app.core.models import PatternRecord
 from autofusion.app.services import registry
@@ -94,7 +95,7 @@ def create_pattern(request: Request, principal: UIPrincipal, session: SessionDep
 
 
 def _pattern_context(
-    session: SessionDep, record: PatternRecord, tenant_id: str, *, shared: bool = True
+    session: SessionDep, record: PatternRecord, tenant_id: str, settings: Settings
 ) -> dict:
     usage = pattern_usage(session, tenant_id)
     summary = PatternSummary.from_record(record)
@@ -108,7 +109,7 @@ def _pattern_context(
         "family_slug": family_slug(family),
         "usage": usage.of(record.name),
         "usage_window": usage,
-        **class_context(session, record.name, tenant_id, shared=shared),  # issue 28
+        **class_context(session, record.name, tenant_id, settings),  # issue 28
     }
 
 
@@ -119,8 +120,7 @@ def pattern_page(
     """A pattern: its YAML, history, per machine class, enable/disable, edit, and try on
     a model."""
     record = registry.get_pattern(session, name)
-    shared = settings.verdicts_shared
-    context = _pattern_context(session, record, principal.tenant_id, shared=shared)
+    context = _pattern_context(session, record, principal.tenant_id, settings)
     return render(request, "pattern.html", context)
 
 
@@ -188,9 +188,7 @@ async def try_pattern_page(
 ):
     """Match the pattern on an uploaded model (the API's /test): matches and near misses."""
     record = registry.get_pattern(session, name)
-    context = _pattern_context(
-        session, record, principal.tenant_id, shared=settings.verdicts_shared
-    )
+    context = _pattern_context(session, record, principal.tenant_id, settings)
     session.close()  # hold no connection while the upload streams and the trial runs
     try:
         # The model is drawn in the trial's child process too: the API never loads it.

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import html as html_lib
 import re
+from datetime import timedelta
 
 import pytest
 from ui_testing import assert_page
-from verdict_rows import FASTER, LEVEL, SLOWER, machine, record, store
+from verdict_rows import FASTER, LEVEL, SLOWER, T0, machine, record, store
 
 from autofusion.app.services.auth import create_key
-from autofusion.app.services.pattern_class_rules import rules
+from autofusion.app.services.pattern_class_rules import apply_auto_disable, rules
 from autofusion.fusion_core.profiling.verdicts import machine_key
 
 HERE_KEY, THERE_KEY = machine_key(machine(threads=1)), machine_key(machine(threads=4))
@@ -204,6 +205,7 @@ def test_the_pattern_page_shows_each_class_and_its_buttons_work(service) -> None
     assert rule.group(1) == THERE_KEY
     assert "slower with 4 threads" in rule.group(2) and "anonymous" in rule.group(2)
     assert "Enable again</button>" in rule.group(2) and "the verdicts</a>" in rule.group(2)
+    assert "rule-lapses" not in rule.group(2)  # a person's rule never lapses
     listing = service.client.get("/ui/patterns").text
     marker = re.search(r'<tr data-pattern="conv_bn_relu".*?</tr>', listing, re.S).group(0)
     assert 'class="class-rule-marker"' in marker and "disabled on 1 machine class" in marker
@@ -217,6 +219,22 @@ def test_the_pattern_page_shows_each_class_and_its_buttons_work(service) -> None
     assert 'data-disabled="false"' in _class_row(page, THERE_KEY)
     missing = service.client.post(f"/ui/patterns/conv_bn_relu/classes/{THERE_KEY}/enable")
     assert_page(missing, status=404)
+
+
+def test_an_automatic_rule_says_when_it_lapses(service) -> None:
+    """The page dates an automatic rule's lapse: its creation plus verdict_max_age_days."""
+    on = service.settings.model_copy(
+        update={"verdicts_auto_disable": True, "verdicts_auto_disable_min_jobs": 1}
+    )
+    made = T0 + timedelta(days=2)
+    with service.db() as session:
+        store(session, [record(SLOWER, job="j1")])
+        assert apply_auto_disable(session, on, ["conv_bn_relu"], now=made) == ["conv_bn_relu"]
+        rules(session, "conv_bn_relu")[0].created_at = made
+    page = assert_page(service.client.get("/ui/patterns/conv_bn_relu"), "class-rules")
+    rule = re.search(r'<tr id="rule-[0-9a-f]{12}" data-machine-key="\w+">(.*?)</tr>', page, re.S)
+    lapses = made + timedelta(days=service.settings.verdict_max_age_days)
+    assert f"lapses {lapses:%Y-%m-%d}, when its evidence is no longer fresh" in rule.group(1)
 
 
 def test_a_pattern_never_measured_says_so(service) -> None:
