@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html as html_lib
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from ui_testing import assert_page
@@ -104,6 +104,7 @@ def test_disable_needs_the_scope_and_evidence_and_is_reversible(keyed, problem) 
         body["reason"],
     )
     assert rule["created_by"].startswith("key:") and rule["machine"]["threads"] == 1
+    assert rule["lapses_at"] is None  # a person's rule never lapses
     assert rule["evidence"]["combined"]["ratio"]["verdict"] == "slower"
     assert rule["evidence"]["measurements"] == 3 and len(rule["evidence"]["verdict_ids"]) == 3
     assert rule["evidence_url"].endswith(f"machine_key={HERE_KEY}")
@@ -235,6 +236,9 @@ def test_an_automatic_rule_says_when_it_lapses(service) -> None:
     rule = re.search(r'<tr id="rule-[0-9a-f]{12}" data-machine-key="\w+">(.*?)</tr>', page, re.S)
     lapses = made + timedelta(days=service.settings.verdict_max_age_days)
     assert f"lapses {lapses:%Y-%m-%d}, when its evidence is no longer fresh" in rule.group(1)
+    (listed,) = service.client.get("/v1/pattern-rules").json()["rules"]
+    assert listed["created_by"] == "auto"
+    assert datetime.fromisoformat(listed["lapses_at"]) == lapses
 
 
 def test_a_pattern_never_measured_says_so(service) -> None:

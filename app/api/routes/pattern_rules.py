@@ -61,8 +61,10 @@ def read_pattern_verdicts(
         )
     return PatternVerdictsPublic(
         pattern=name,
-        classes=[PatternClassVerdictsPublic.from_stats(s) for s in stats],
-        rules=[PatternClassRulePublic.from_rule(r) for r in class_rules.rules(session, name)],
+        classes=[PatternClassVerdictsPublic.from_stats(s, settings) for s in stats],
+        rules=[
+            PatternClassRulePublic.from_rule(r, settings) for r in class_rules.rules(session, name)
+        ],
     )
 
 
@@ -74,11 +76,14 @@ def read_pattern_verdicts(
 def list_pattern_rules(
     session: SessionDep,
     _: PrincipalDep,
+    settings: SettingsDep,
     pattern: Annotated[str | None, Query(max_length=200)] = None,
 ) -> PatternClassRulesPublic:
     """The patterns disabled per machine class (all, or one pattern's)."""
     found = class_rules.rules(session, pattern)
-    return PatternClassRulesPublic(rules=[PatternClassRulePublic.from_rule(r) for r in found])
+    return PatternClassRulesPublic(
+        rules=[PatternClassRulePublic.from_rule(r, settings) for r in found]
+    )
 
 
 @router.post(
@@ -104,7 +109,7 @@ def disable_pattern_on_class(
         reason=body.reason,
         only_tenant=_only(settings, principal),
     )
-    public = PatternClassRulePublic.from_rule(rule)
+    public = PatternClassRulePublic.from_rule(rule, settings)
     session.commit()
     return public
 

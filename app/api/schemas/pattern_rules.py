@@ -13,11 +13,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from autofusion.app.core.config import Settings
 from autofusion.app.core.models import PatternClassRule
 from autofusion.app.services.pattern_class_rules import (
     ClassStats,
     class_label,
     evidence_url,
+    lapses_at,
 )
 
 __all__ = [
@@ -94,9 +96,14 @@ class PatternClassRulePublic(BaseModel):
     created_at: datetime
     evidence: PatternClassRuleEvidence
     evidence_url: str = Field(description="the verdicts behind it: GET /v1/verdicts, filtered")
+    lapses_at: datetime | None = Field(
+        default=None,
+        description="an automatic rule's end: created_at plus verdict_max_age_days, when the "
+        "retention sweep deletes it (its evidence is no longer fresh); null for a person's",
+    )
 
     @classmethod
-    def from_rule(cls, rule: PatternClassRule) -> PatternClassRulePublic:
+    def from_rule(cls, rule: PatternClassRule, settings: Settings) -> PatternClassRulePublic:
         evidence = rule.evidence if isinstance(rule.evidence, Mapping) else {}
         combined = evidence.get("combined")
         return cls(
@@ -114,6 +121,7 @@ class PatternClassRulePublic(BaseModel):
                 verdict_ids=list(evidence.get("verdict_ids") or []),
             ),
             evidence_url=evidence_url(rule.pattern, rule.machine_key),
+            lapses_at=lapses_at(rule, settings),
         )
 
 
@@ -141,7 +149,7 @@ class PatternClassVerdictsPublic(BaseModel):
     evidence_url: str
 
     @classmethod
-    def from_stats(cls, stats: ClassStats) -> PatternClassVerdictsPublic:
+    def from_stats(cls, stats: ClassStats, settings: Settings) -> PatternClassVerdictsPublic:
         return cls(
             machine_key=stats.machine_key,
             label=stats.label,
@@ -164,7 +172,7 @@ class PatternClassVerdictsPublic(BaseModel):
                 )
                 for s in stats.signatures
             ],
-            rule=PatternClassRulePublic.from_rule(stats.rule) if stats.rule else None,
+            rule=PatternClassRulePublic.from_rule(stats.rule, settings) if stats.rule else None,
             evidence_url=stats.evidence_url,
         )
 
