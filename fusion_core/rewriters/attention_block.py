@@ -8,7 +8,8 @@ has for it:
   (repeat_kv, or one KV head broadcast), a KV cache (the heads are a
   ``Concat(past, new)``), a soft-cap, attention sinks (gpt-oss: its ``head_sink``, which
   neither MultiHeadAttention nor ONNX Attention has), or a mask proven causal
-  (``group_query_attention``, which proves each);
+  (``group_query_attention``, which proves each; a causal mask summed with a causal
+  padding mask too, GPT-Neo's: ``_summed``);
 * ``MultiHeadAttention`` (com.microsoft; ONNX ``Attention``) for the rest: an encoder's
   attention, or a decoder's without a cache where its mask rides along as the bias
   (``attention``), when the key and value heads are head splits of ``[B, L, N * H]``

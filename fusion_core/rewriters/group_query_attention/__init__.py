@@ -97,6 +97,20 @@ not proven a window (``W`` read from an input, another orientation) keeps the wh
 mask as the bias, exact, and the fusion's near miss (kind ``rewriter``) says that the
 window stays in the bias and why.
 
+A mask summed from two masks, ``Where(c1, 0, a) + Where(c2, 0, b)`` (GPT-Neo's causal
+buffer filled into the scores beside transformers' 4-D padding mask, once ``one_bias``
+has summed them), is no ``Where`` of its own: a row of padding alone is neither NaN nor
+the average of every key there, but the average of the keys the causal term allows
+(the keys after the query get ``a + b``, ``-inf`` for two lowest floats). Where both
+terms are proven causal, one allows every query its own key (the causal term and
+windows alone) and ``a + b`` is far below ``b`` (``_summed``), that is what the causal
+kernel gives with the whole sum as its bias, exact with no row fixed after it; the sum
+is halved where a level may be the lowest float, which onnxruntime's kernel reads as a
+row with no key (0). The first term's window becomes ``local_window_size`` only where
+``a`` is far below ``b`` too (with ``a = b``, GPT-Neo's, a row whose window is all
+padding spreads over the unpadded keys before it, so the window stays in the bias, and
+a note says so). Float32 only; on the generic target the sum is refused as before.
+
 On the generic target (opset 23, or ``--upgrade-opset 23``) the same block becomes ONNX
 ``Attention(q, k, v, attn_mask=M, past_key, past_value)`` with ``q_num_heads = N``,
 ``kv_num_heads = KV`` and the present outputs
@@ -111,8 +125,8 @@ not take, are padded with zeros to ``H`` and each context head cut back to ``Hv`
 
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
 The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the sliding
-window's in ``_window``, the padding term's in ``_padding``, the bias and lengths built
-in ``_bias``.
+window's in ``_window``, the padding term's in ``_padding``, the sum of two masks' in
+``_summed``, the bias and lengths built in ``_bias``.
 """
 
 from __future__ import annotations

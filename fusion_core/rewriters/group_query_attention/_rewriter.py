@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
+from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_mask import (
@@ -50,6 +50,7 @@ from autofusion.fusion_core.rewriters.group_query_attention._narrow_values impor
     padded_values,
 )
 from autofusion.fusion_core.rewriters.group_query_attention._sink import head_sink
+from autofusion.fusion_core.rewriters.group_query_attention._summed import SummedMask, summed_mask
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["GroupQueryAttention"]
@@ -419,6 +420,12 @@ def _mask(
         return mask
     sink = params.sink_concat_node is not None
     allowed = allowed_of(mask)
+    summed = None
+    if isinstance(allowed, str) and need_causal and not sink:  # a sum of two masks
+        summed = summed_mask(mask, _past_length(key))
+        if isinstance(summed, SummedMask):  # the whole sum is the bias; no row to fix
+            bias, nodes = _halved(mask, ctx) if summed.halved else (mask, [])
+            return EmptyRows(bias, None, True, nodes, window=summed.window, note=summed.note)
     shared = (
         None
         if isinstance(allowed, str)
@@ -435,11 +442,12 @@ def _mask(
             shared.bias, shared.keep, True, shared.nodes, shared.empty_rows, shared.window
         )
     whole = _whole_mask(mask, shared, match, params, ctx)
-    if isinstance(whole, str):
-        return whole
     mean_rows = shared is not None and not isinstance(allowed, str) and not sink
     shape = (key, heads, need_causal)
-    return _causal_or_not(whole, mask, allowed, shape, ctx, mean_rows, sink=sink)
+    if not isinstance(whole, str):
+        whole = _causal_or_not(whole, mask, allowed, shape, ctx, mean_rows, sink=sink)
+    # a sum of two masks the proof refused: its reason says more than the single mask's
+    return summed if isinstance(whole, str) and isinstance(summed, str) else whole
 
 
 def _whole_mask(
@@ -479,7 +487,7 @@ def _causal_or_not(
     handled), not causal without a cache, else why not. ``shape``: the key side, the
     query heads and whether the kernel must be causal."""
     key, heads, need_causal = shape
-    past = known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
+    past = _past_length(key)
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
     if why is None and (masked.keep is not None or sink):  # empty rows: 0 in both
         return masked._replace(causal=True)
@@ -499,6 +507,19 @@ def _causal_or_not(
             "which causal attention does not"
         )
     return f"with a KV cache GroupQueryAttention must be causal, and {why}"
+
+
+def _halved(mask: ir.Value, ctx: RewriteContext) -> tuple[ir.Value, list[ir.Node]]:
+    """``0.5 * mask``: no level the lowest float, which the kernel reads as no key at all
+    (``_summed``)."""
+    half = ir.Node("", "Mul", [mask, ctx.initializer("gqa_half", np.array(0.5, np.float32))])
+    _like(half.outputs[0], mask)
+    return half.outputs[0], [half]
+
+
+def _past_length(key: KVSide) -> Dim:
+    """``P``, the cache's length (a number or a symbol; 0 without a cache)."""
+    return known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
 
 
 def _finite_where(mask: ir.Value) -> str | None:
