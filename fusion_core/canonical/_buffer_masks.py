@@ -14,7 +14,10 @@ dimensions the scores' key axis adds up): ``N`` columns (``N >= 2``) against ``L
 do not broadcast, so the original graph fails there and no input it runs on changes.
 The shapes ``torch.export`` writes for the slice (``[.., Max(0, -P + Min(N, P + S)),
 Min(N, P + S)]``) equal ``[S, L]`` only while ``P + S <= N``; the computed mask's
-``[1, 1, S, L]`` is what the attention rewriters take.
+``[1, 1, S, L]`` is what the attention rewriters take. A later layer's slice may end at
+that key length, ``P + Max(0, -P + Min(N, L))`` (GPT-Neo's local layers): as the end of
+a Slice over the buffer's ``N`` rows it is ``L``'s, ``L`` where ``L <= N`` and, beyond,
+at least ``N``, clamped to ``N`` as ``L`` is (``_clamped_end``).
 
 What no fusion took is put back (``undo_buffer_masks``): where every reader of the
 computed mask is still the ``Where`` of scores a Softmax reads, the two Slices come back
@@ -76,16 +79,18 @@ def buffer_masks(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -
         if found is None:
             continue
         rows, start, end, window, rank = found
-        sizes = _mask_sizes(node.outputs[0], start, end)
+        n = rows.inputs[0].shape[-1]  # type: ignore[union-attr,index]
+        sizes = _mask_sizes(node.outputs[0], start, end, n)
         if sizes is None:
             continue
-        n = rows.inputs[0].shape[-1]  # type: ignore[union-attr,index]
         new = _computed(start, end, window, rank, fresh_name)
         for made in new:
             made.name = fresh_name(f"{RULE}_{made.op_type}")
             made.outputs[0].name = fresh_name(f"{RULE}_{made.op_type.lower()}")
-        new[-1].outputs[0].dtype = ir.DataType.BOOL
-        new[-1].outputs[0].shape = ir.Shape([1] * (rank - 2) + list(sizes))
+        for made in new:  # each comparison and their And: the mask's shape
+            if made.op_type in ("LessOrEqual", "Greater", "And"):
+                made.outputs[0].dtype = ir.DataType.BOOL
+                made.outputs[0].shape = ir.Shape([1] * (rank - 2) + list(sizes))
         new[-1].meta[_WAS] = (_Slice.of(rows), _Slice.of(node))
         replace(graph, node, new, mark, RULE)
         drop_unread(graph, [rows])
@@ -189,10 +194,12 @@ def _band(buffer: np.ndarray) -> int | None | bool:
     return False
 
 
-def _mask_sizes(mask: ir.Value, start: ir.Value, end: ir.Value) -> tuple[Dim, Dim] | None:
+def _mask_sizes(mask: ir.Value, start: ir.Value, end: ir.Value, n: int) -> tuple[Dim, Dim] | None:
     """(S, L) of the scores every reader of ``mask`` fills, where ``end`` adds up to L
-    and ``end - start`` to S (as the dimensions' names say), else None."""
-    end_terms, start_terms = _terms(end), _terms(start)
+    (or clamps like it over the buffer's ``n`` entries: ``_clamped_end``) and ``end -
+    start`` to S (as the dimensions' names say), else None."""
+    start_terms = _terms(start)
+    end_terms = _terms(end) or _clamped_end(end, start_terms, n)
     if end_terms is None or start_terms is None or not mask.uses():
         return None
     sizes: set[tuple[Dim, Dim]] = set()
@@ -228,6 +235,63 @@ def _terms(value: ir.Value | None, depth: int = 0) -> Counter | None:
     if entries is None or len(entries) != 1 or entries[0] is None:
         return None
     return _terms_of_dim(entries[0])
+
+
+def _clamped_end(end: ir.Value, start: Counter | None, n: int) -> Counter | None:
+    """The terms of ``T`` where ``end = P + Max(0, Min(n, T) - P)``, ``P`` the slice's
+    start (``start``: its terms) and ``T`` a sum that holds them (``T >= P``), as
+    torch.export writes GPT-Neo's local layers' key length; else None. As the end of a
+    Slice over ``n`` entries it is ``T``'s: both are ``T`` where ``T <= n``, and beyond
+    it ``P + Max(0, n - P) >= n`` clamps to ``n`` as ``T`` does."""
+    if start is None:
+        return None
+    for p, clamped in _either_order(_operands(end, "Add")):
+        for zero, diff in _either_order(_operands(clamped, "Max")):
+            if _terms(p) != start or _number(zero) != 0:
+                continue
+            minus_p, low = _difference(diff)
+            for bound, t in _either_order(_operands(low, "Min")):
+                total = _terms(t)
+                if _terms(minus_p) == start and _number(bound) == n and total is not None:
+                    return total if not start - total else None
+    return None
+
+
+def _either_order(pair: tuple[ir.Value, ir.Value] | None) -> list[tuple[ir.Value, ir.Value]]:
+    return [] if pair is None else [pair, (pair[1], pair[0])]
+
+
+def _operands(value: ir.Value | None, op: str) -> tuple[ir.Value, ir.Value] | None:
+    """The two inputs of ``value``'s producer ``op`` (through views), or None."""
+    for _ in range(_DEPTH):
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.domain not in _ONNX:
+            return None
+        if producer.op_type == op and len(producer.inputs) == 2 and None not in producer.inputs:
+            return producer.inputs[0], producer.inputs[1]  # type: ignore[return-value]
+        if producer.op_type not in _VIEWS:
+            return None
+        value = producer.inputs[0]
+    return None
+
+
+def _difference(value: ir.Value | None) -> tuple[ir.Value | None, ir.Value | None]:
+    """(b, a) of ``a - b``, spelled ``Sub(a, b)`` or ``Add(a, Mul(-1, b))`` (either
+    order), or (None, None)."""
+    subtracted = _operands(value, "Sub")
+    if subtracted is not None:
+        return subtracted[1], subtracted[0]
+    for a, scaled in _either_order(_operands(value, "Add")):
+        for minus_one, b in _either_order(_operands(scaled, "Mul")):
+            if _number(minus_one) == -1:
+                return b, a
+    return None, None
+
+
+def _number(value: ir.Value | None) -> float | None:
+    """The one number a constant holds, else None."""
+    array = constant_array(value) if value is not None else None
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
 
 
 def _terms_of_dim(dim: Dim) -> Counter | None:

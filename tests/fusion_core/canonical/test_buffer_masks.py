@@ -25,18 +25,32 @@ def _buffer(n: int, window: int | None) -> np.ndarray:
     return allowed.reshape(1, 1, n, n)
 
 
-def _model(n: int, window: int | None, heads: int, *, exported: bool = False) -> onnx.ModelProto:
+def _model(
+    n: int, window: int | None, heads: int, *, exported: bool = False, bound: int | None = None
+) -> onnx.ModelProto:
     """masked_fill of the scores [1, heads, S, P + S] by the buffer's slice, spelled as
     torch.export writes it (start ``Shape(past)[2]``, end ``P + S``); ``exported``: the
-    output's sizes labeled as torch.export carries them from the slice (Max, Min)."""
+    output's sizes labeled as torch.export carries them from the slice (Max, Min);
+    ``bound``: the end spelled ``P + Max(0, -P + Min(bound, P + S))`` (GPT-Neo's local
+    layers, with ``bound`` its buffer's size n)."""
     out_rows, out_keys = "S", "P + S"
     if exported:
         out_rows, out_keys = f"Max(0, -P + Min({n}, P + S))", f"Min({n}, P + S)"
     i64 = lambda name, v: helper.make_tensor(name, TensorProto.INT64, [len(v)], v)  # noqa: E731
+    end = [helper.make_node("Add", ["p", "s"], ["end"])]
+    if bound is not None:
+        end = [
+            helper.make_node("Add", ["p", "s"], ["total"]),
+            helper.make_node("Min", ["bound", "total"], ["low"]),
+            helper.make_node("Mul", ["minus_one", "p"], ["minus_p"]),
+            helper.make_node("Add", ["minus_p", "low"], ["diff"]),
+            helper.make_node("Max", ["zero", "diff"], ["kept"]),
+            helper.make_node("Add", ["p", "kept"], ["end"]),
+        ]
     nodes = [
         helper.make_node("Shape", ["past"], ["p"], start=2, end=3),
         helper.make_node("Shape", ["scores_in"], ["s"], start=2, end=3),
-        helper.make_node("Add", ["p", "s"], ["end"]),
+        *end,
         helper.make_node("Slice", ["bias", "p", "end", "two", "one"], ["rows"]),
         helper.make_node("Slice", ["rows", "zero", "end", "three", "one"], ["mask"]),
         helper.make_node("Where", ["mask", "scores_in", "fill"], ["masked"]),
@@ -47,6 +61,8 @@ def _model(n: int, window: int | None, heads: int, *, exported: bool = False) ->
         i64("zero", [0]), i64("one", [1]), i64("two", [2]), i64("three", [3]),
         helper.make_tensor("fill", TensorProto.FLOAT, [], [float(np.finfo(np.float32).min)]),
     ]  # fmt: skip
+    if bound is not None:
+        inits += [i64("minus_one", [-1]), i64("bound", [bound])]
     graph = helper.make_graph(
         nodes,
         "buffer_mask",
@@ -83,14 +99,17 @@ def _run(model: onnx.ModelProto, scores: np.ndarray, past: np.ndarray) -> np.nda
     n=st.integers(2, 24),
     window=st.one_of(st.none(), st.integers(1, 23)),
     heads=st.integers(1, 3),
+    clamped=st.booleans(),
     data=st.data(),
 )
-def test_buffer_slice_is_computed_mask(n, window, heads, data):
+def test_buffer_slice_is_computed_mask(n, window, heads, clamped, data):
+    """``clamped``: the end spelled ``P + Max(0, -P + Min(n, P + S))``, equal to ``P + S``
+    as the end of a Slice over n rows (both clamp to n beyond it)."""
     window = window if window is None or window < n else None
     total = data.draw(st.integers(1, n), label="P + S")
     past_length = data.draw(st.integers(0, total - 1), label="P")
     seq = total - past_length
-    model = _model(n, window, heads)
+    model = _model(n, window, heads, bound=n if clamped else None)
     fused, done = _rewritten(model)
     assert done == 1  # on HEAD no rule reads the buffer's slice
     onnx.checker.check_model(fused, full_check=True)
@@ -103,6 +122,15 @@ def test_buffer_slice_is_computed_mask(n, window, heads, data):
     scores = rng.standard_normal((1, heads, seq, total)).astype(np.float32)
     past = np.zeros((1, heads, past_length, 4), np.float32)
     np.testing.assert_allclose(_run(fused, scores, past), _run(model, scores, past), rtol=0, atol=0)
+
+
+def test_an_end_clamped_below_the_buffer_is_left():
+    """``P + Max(0, -P + Min(m, P + S))`` with ``m`` below the buffer's n rows is not
+    ``P + S`` where ``m < P + S <= n``: the slice is left as it is."""
+    _, done = _rewritten(_model(6, None, 1, bound=5))
+    assert done == 0
+    _, done = _rewritten(_model(6, None, 1, bound=6))
+    assert done == 1
 
 
 def test_other_buffer_is_left():
