@@ -38,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 import _llm_families as fam
+from _unseen_fifth import FIFTH
 from _unseen_fourth import FOURTH
 from _unseen_more import MORE
 from _unseen_third import THIRD
@@ -223,6 +224,7 @@ UNSEEN = {  # family -> (Family, what sets it apart)
 UNSEEN.update(MORE)  # the second survey's families (stop 41)
 UNSEEN.update(THIRD)  # the third survey's, hybrids with attention layers among them
 UNSEEN.update(FOURTH)  # the fourth survey's
+UNSEEN.update(FIFTH)  # the fifth survey's
 KINDS = {
     "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
     "rotary": ("RotaryEmbedding",),
