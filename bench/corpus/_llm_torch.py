@@ -15,6 +15,13 @@ loop over chunks and its in-place state fix the length), so those models export 
 step ``generate`` takes, one new token, with the mask ``past_sequence_length + 1`` long.
 The TorchScript exporter is not used for the cache: optimum's export is that (it calls
 ``torch.onnx.export(dynamo=False)``).
+
+``batch``: the dynamo exports' example batch (1 for the corpus's exports, whose graphs
+are pinned). torch.export specializes a batch of 1 where a model copies into a slice of a
+buffer it made (DeepSeek-V3's ``expand_kv``, an mrope's sections: the meta ``copy_`` adds
+the guard ``batch < 2``, torch.onnx retries with ``max=1`` and fails with "Invalid ranges
+[2:1]"), and a KV graph exported from one row keeps its batch fixed at 1; an example of
+two rows keeps the batch a dim (``unseen_families.py`` exports so).
 """
 
 from __future__ import annotations
@@ -72,8 +79,8 @@ def _strip_stack_traces(program) -> None:
         node.metadata_props.pop(STACK_TRACE_KEY, None)
 
 
-def _export_prefill(model: nn.Module, path: Path, kind: str) -> None:
-    ids = fam.prompt()
+def _export_prefill(model: nn.Module, path: Path, kind: str, batch: int = 1) -> None:
+    ids = fam.prompt() if kind == "torchscript" else _rows(fam.prompt(), batch)
     args = (ids, torch.ones_like(ids))
     names = dict(input_names=["input_ids", "attention_mask"], output_names=["logits"])
     wrapper = PrefillLogits(model).train(False)
@@ -102,25 +109,32 @@ def _export_prefill(model: nn.Module, path: Path, kind: str) -> None:
     program.save(str(path), external_data=False)
 
 
-def _export_kv(model: nn.Module, path: Path) -> None:
+def _rows(prompt: torch.Tensor, batch: int) -> torch.Tensor:
+    """``prompt`` and ``batch - 1`` other rows of the same length (seeded)."""
+    gen = torch.Generator().manual_seed(fam.SEED + 1)
+    others = torch.randint(3, fam.VOCAB, (batch - 1, prompt.shape[1]), generator=gen)
+    return torch.cat([prompt, others])
+
+
+def _export_kv(model: nn.Module, path: Path, batch: int = 1) -> None:
     """Any number of new tokens if torch.export can trace it, else one new token."""
     states = kv.layout(model, fam.prompt())
     wrapper = DecodeWithCache(model, states).train(False)
     try:
-        program = _export_step(wrapper, states, KV_NEW_TOKENS)
+        program = _export_step(wrapper, states, KV_NEW_TOKENS, batch)
     except Exception as exc:  # a recurrent layer's chunked scan specializes the length
         cause = exc.__cause__ or exc
         log.warning("KV export for any length failed, exporting one token: %s", cause)
-        program = _export_step(wrapper, states, 1)
+        program = _export_step(wrapper, states, 1, batch)
     _strip_stack_traces(program)
     program.save(str(path), external_data=False)
 
 
-def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int):
-    """The decode graph after 3 cached tokens. ``new`` > 1: the count of new tokens is a
-    dim (sizes above 1: torch.export specializes 0 and 1); ``new`` == 1: the step
-    ``generate`` takes, and the mask spans ``past_sequence_length + 1``."""
-    batch, past = 1, 3
+def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int, batch: int = 1):
+    """The decode graph after 3 cached tokens, from ``batch`` rows. ``new`` > 1: the count
+    of new tokens is a dim (sizes above 1: torch.export specializes 0 and 1); ``new`` ==
+    1: the step ``generate`` takes, and the mask spans ``past_sequence_length + 1``."""
+    past = 3
     gen = torch.Generator().manual_seed(fam.SEED)
     pasts = kv.example(states, batch, past, gen)
     ids = torch.randint(3, wrapper.model.config.vocab_size, (batch, new), generator=gen)
@@ -150,12 +164,14 @@ def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int):
     )
 
 
-def export(family: str, kind: str, path: Path) -> None:
+def export(family: str, kind: str, path: Path, *, batch: int = 1) -> None:
+    """``family``'s ``kind`` graph at ``path``; ``batch``: the dynamo exports' example
+    batch (the module docstring says why 2 keeps more models' batch a dim)."""
     model = fam.build(family)
     if kind == "dynamo_kv":
-        _export_kv(model, path)
+        _export_kv(model, path, batch)
     else:
-        _export_prefill(model, path, kind)
+        _export_prefill(model, path, kind, batch)
 
 
 def reference(family: str) -> dict[str, np.ndarray]:

@@ -218,10 +218,11 @@ class TorchDecoder(Decoder):
 def export(family: str, folder: Path) -> Path:
     """The survey's KV export of ``family``, reused when ``folder`` has it."""
     import _llm_torch
+    from unseen_families import EXAMPLE_BATCH
 
     path = folder / f"{family}_dynamo_kv.onnx"
     if not path.exists():
-        _llm_torch.export(family, "dynamo_kv", path)
+        _llm_torch.export(family, "dynamo_kv", path, batch=EXAMPLE_BATCH)
     return path
 
 

@@ -21,7 +21,9 @@ None of these families is in ``export_llm.py``'s corpus, and no rule names them.
 ``--kv`` exports the one-step KV-cache graph instead (``_llm_torch``'s ``dynamo_kv``:
 torch.export of the model with the cache it builds for itself, past and present as inputs
 and outputs: each layer's key and value, or its convolution and recurrent states
-(``_kv_states``); one new token where torch.export cannot keep the length free), where
+(``_kv_states``); one new token where torch.export cannot keep the length free; the
+dynamo exports from an example of two rows, ``EXAMPLE_BATCH``, so the batch stays a
+dim), where
 the attention should become GroupQueryAttention with the cache.
 
 Needs the corpus extra (torch, transformers): ``make .venv/.corpus-installed``.
@@ -225,6 +227,9 @@ UNSEEN.update(MORE)  # the second survey's families (stop 41)
 UNSEEN.update(THIRD)  # the third survey's, hybrids with attention layers among them
 UNSEEN.update(FOURTH)  # the fourth survey's
 UNSEEN.update(FIFTH)  # the fifth survey's
+# The dynamo exports' example batch: from one row torch.export fixes the batch at 1 where
+# a model copies into a slice of a buffer it made ("Invalid ranges [2:1]", _llm_torch)
+EXAMPLE_BATCH = 2
 KINDS = {
     "attention": ("GroupQueryAttention", "MultiHeadAttention", "Attention"),
     "rotary": ("RotaryEmbedding",),
@@ -258,7 +263,7 @@ def survey(family: str, kind: str, folder: Path) -> dict:
     row = {"family": family, "exporter": kind}
     try:
         if not path.exists():
-            _llm_torch.export(family, kind, path)
+            _llm_torch.export(family, kind, path, batch=EXAMPLE_BATCH)
     except Exception as exc:  # an exporter's own failure: the row says which
         cause = exc.__cause__ or exc  # torch.export's own error, not the wrapper's advice
         text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(cause)).split())  # one table cell
