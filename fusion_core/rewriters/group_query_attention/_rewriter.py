@@ -98,7 +98,7 @@ class GroupQueryAttention(Rewriter):
         if isinstance(query, str):
             return query
         q, (heads, size) = query
-        sides = _kv_sides(match, params, heads, narrow=self.pad_values)
+        sides = _kv_sides(match, params, (q, heads), narrow=self.pad_values)
         if isinstance(sides, str):
             return sides
         key, value = sides
@@ -340,11 +340,13 @@ def _onnx_attention(
 
 
 def _kv_sides(
-    match: Match, params: GQAParams, heads: int, *, narrow: bool = False
+    match: Match, params: GQAParams, query: tuple[ir.Value, int], *, narrow: bool = False
 ) -> tuple[KVSide, KVSide] | str:
     """Key and value, their caches, and the proof that repeat_kv (if any) maps query
     head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does;
-    ``narrow``: value heads narrower than the key's are taken (to be padded)."""
+    ``query``: the ``[B, S, heads * H]`` query and ``heads``; ``narrow``: value heads
+    narrower than the key's are taken (to be padded)."""
+    q, heads = query
     sides = []
     for what, free in (("key", "$k"), ("value", "$v")):
         side = kv_side(match.value(free), what)
@@ -354,6 +356,12 @@ def _kv_sides(
     key, value = sides
     if (key.past is None) != (value.past is None):
         return "only one of key and value has a past: not a KV cache GroupQueryAttention takes"
+    if key.past is None and _lengths_differ(q, key.new):
+        return (
+            f"without a KV cache the key {key.new.name!r} must be as long as the query "
+            f"{q.name!r} ({known_dims(key.new)} against {known_dims(q)}): a key computed "
+            "from a cache of another kind (a latent) is not a cache of keys"
+        )
     padded = narrow and value.size < key.size
     if key.heads != value.heads or (key.size != value.size and not padded):
         return (
@@ -515,6 +523,15 @@ def _halved(mask: ir.Value, ctx: RewriteContext) -> tuple[ir.Value, list[ir.Node
     half = ir.Node("", "Mul", [mask, ctx.initializer("gqa_half", np.array(0.5, np.float32))])
     _like(half.outputs[0], mask)
     return half.outputs[0], [half]
+
+
+def _lengths_differ(query: ir.Value, key: ir.Value) -> bool:
+    """Whether the ``[B, S, *]`` query and key are known to differ in length (a number
+    against another number or a symbol); an unknown length proves nothing."""
+    q, k = known_dims(query), known_dims(key)
+    if q is None or k is None or len(q) < 2 or len(k) < 2 or None in (q[1], k[1]):
+        return False
+    return q[1] != k[1]
 
 
 def _past_length(key: KVSide) -> Dim:
