@@ -190,6 +190,8 @@ class _GraphRounds:
             if not applied and not refusals:
                 result.near_misses += self._last_near_misses(found.near_misses)
                 break
+        else:  # max_rounds ran out (a rewriter refusing each round): say what the last found
+            result.near_misses += self._last_near_misses(found.near_misses)
         result.near_misses += self.strategy.dropped  # also when max_rounds ran out
         result.selections += self.strategy.records
         try:
