@@ -19,7 +19,8 @@ through the ops that formed ``X`` (``layout(v)`` below is ``Transpose(v, p)``):
 * ``layout(Expand(z, [B, N, S, d])) = Expand(layout(z), [1, 1, N, 1])`` for one head
   ``z: [B, 1, S, d]`` (only the heads axis broadcast);
 * ``layout(Reshape(x, [B, 1, S, d])) = Reshape(x, [0, 0, 1, d])`` for ``x: [B, S, d]``
-  (one head: the same elements in the same order);
+  (one head: the same elements in the same order), and ``layout(z) = Reshape(z, [0, -1,
+  1, d])`` for one head ``z: [B, 1, S, d]`` a cache's Concat of the length axis forms;
 * ``layout(RotaryEmbedding(z)) = Reshape(RotaryEmbedding_3D(Reshape(layout(z), [0, 0,
   N * d]), num_heads=N), [0, 0, N, d])``: each ``(b, n, s)`` row rotated by position
   ``s`` (``transpose_after_rotary``'s identity).
@@ -152,15 +153,29 @@ class _Layout:
         op = ("" if producer.domain in _ONNX else producer.domain, producer.op_type)
         if op == ("", "Transpose"):
             return producer.inputs[0] if _perm(producer) == _HEAD_PERM else None
-        if op in (("", "Concat"), ("", "Split"), ("", "Slice")):
-            return self._cut(producer, value, depth) if _last_axis(producer) else None
+        if op in (("", "Concat"), ("", "Split"), ("", "Slice")) and _last_axis(producer):
+            return self._cut(producer, value, depth)
         if op == ("", "Expand"):
             return self._expand(producer, dims, depth)
         if op == ("", "Reshape"):
             return self._one_head(producer, dims)
         if op in _ROTARIES:
             return self._rotary(producer, dims, depth)
+        if op == ("", "Concat") and attribute_value(producer, "axis", 0) in (2, -2):
+            return self._one_head_view(value, dims)
         return None
+
+    def _one_head_view(self, value: ir.Value, dims: list) -> ir.Value | None:
+        """One head ``z: [B, 1, S, d]`` a cache's Concat of the length axis appends to:
+        ``Transpose(z, [0, 2, 1, 3])`` keeps the elements' order, so it is ``Reshape(z,
+        [0, -1, 1, d])``. (Not any one head: a rotary still written out waits for its
+        fusion, as above.)"""
+        if dims[1] != 1 or not isinstance(dims[3], int):
+            return None
+        target = _ints(self.fresh_name, [0, -1, 1, dims[3]])
+        reshape = self._add("Reshape", [value, target])
+        self._like(reshape.outputs[0], value, _swapped(dims))
+        return reshape.outputs[0]
 
     def _cut(self, node: ir.Node, value: ir.Value, depth: int) -> ir.Value | None:
         """The Concat, Split or Slice on the laid-out parts (the last axis stays last)."""

@@ -11,8 +11,27 @@ tile ``[0, D)`` without overlap overwrites every element of its first data once:
 
     ScatterND(ScatterND(E, grid[..., 0:a], u1), grid[..., a:D], u2) == Concat(u1, u2, axis=-1)
 
-whatever ``E`` holds. The rule applies where an attention reads the result (through
-``attention_reads``), so it touches key heads, not every ScatterND.
+whatever ``E`` holds.
+
+The dynamo exporter writes each ``copy_`` as a ``slice_scatter`` of the last axis, done
+on the buffer transposed so that axis leads: with ``t`` a permutation with ``t[0]`` the
+last axis (``[3, 1, 2, 0]``) and ``u`` its inverse, ``Transpose(X, t)[i] ==
+X[..., i]`` laid out by ``t``, so a ScatterND whose indices are ``lo .. lo + w - 1``
+(shape ``[w, 1]``: a constant, or a view of ``Range(lo, _, 1)`` sliced with step 1) and
+whose updates are ``Transpose(v, t)`` writes exactly ``X[..., lo : lo + w] = v``; a chain
+of them whose slabs tile ``[0, D)`` without overlap overwrites every element::
+
+    Transpose(ScatterND(ScatterND(Transpose(E, t), [[0] .. [a-1]], Transpose(v1, t)),
+                        [[a] .. [D-1]], Transpose(v2, t)), u) == Concat(v1, v2, axis=-1)
+
+whatever ``E`` holds (an update that is no such Transpose is taken as
+``Transpose(update, u)``). An element no slab writes (or one written twice) is no
+part's: the chain stays, and an attention may still take the key's heads as they are.
+``kt_of_heads`` splits the Transpose back off an eager attention's K^T
+(``Transpose(ScatterND(..), [3, 1, 0, 2])``), so the key reads as the last line's.
+
+The rule applies where an attention reads the result (through ``attention_reads``), so
+it touches key heads, not every ScatterND.
 """
 
 from __future__ import annotations
@@ -50,7 +69,7 @@ def scatter_parts(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) 
         reader, index = reads[1]  # the key's (K^T's input)
         value = reader.inputs[index]
         last = value.producer() if value is not None else None
-        parts = _tiling(last) if last is not None else None
+        parts = _parts(graph, last, fresh_name, mark) if last is not None else None
         if parts is None or value.is_graph_output():  # type: ignore[union-attr]
             continue
         assert last is not None
@@ -64,6 +83,104 @@ def scatter_parts(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) 
         drop_unread(graph, written)
         done += 1
     return done
+
+
+def _parts(
+    graph: ir.Graph, last: ir.Node, fresh_name: Callable[[str], str], mark: str
+) -> list[ir.Value] | None:
+    """The parts whose Concat ``last``'s output is: a chain of ScatterNDs over grids
+    of the last axis, or dynamo's transposed chain; else None."""
+    if last.op_type == "Transpose" and last.domain in _ONNX:
+        return _transposed_tiling(graph, last, fresh_name, mark)
+    return _tiling(last)
+
+
+def _transposed_tiling(
+    graph: ir.Graph, back: ir.Node, fresh_name: Callable[[str], str], mark: str
+) -> list[ir.Value] | None:
+    """The parts, in the order of their slabs, of ``back = Transpose(chain, u)`` (``u``
+    takes the leading axis last) where the chain of ScatterNDs writes slabs of its data's
+    leading axis that tile it; else None."""
+    inverse = _perm(back)
+    if inverse is None or inverse[-1] != 0 or back.inputs[0] is None:
+        return None
+    node = back.inputs[0].producer()
+    slabs: list[tuple[int, int, ir.Value]] = []
+    while node is not None and _plain_scatter(node) and len(slabs) < _WALK:
+        data, indices, updates = node.inputs
+        slab = _leading_slab(data, indices, updates)
+        if slab is None:
+            return None
+        slabs.append(slab)
+        node = data.producer() if data is not None else None  # type: ignore[union-attr]
+        if node is not None and len(node.outputs[0].uses()) != 1:
+            break  # an earlier write read elsewhere: the chain starts here
+    size = known_dims(back.inputs[0])
+    if len(slabs) < 2 or size is None or len(size) != len(inverse) or not _tiles(slabs, size[0]):
+        return None
+    slabs.sort(key=lambda slab: slab[0])
+    return [_untransposed(graph, u, inverse, fresh_name, mark) for _, _, u in slabs]
+
+
+def _leading_slab(
+    data: ir.Value | None, indices: ir.Value | None, updates: ir.Value | None
+) -> tuple[int, int, ir.Value] | None:
+    """``(lo, lo + w, updates)`` where the ScatterND writes rows ``lo .. lo + w - 1`` of
+    its data's leading axis: indices ``[w, 1]`` of consecutive positions (ScatterND's
+    updates are then ``[w, *data.shape[1:]]``, whatever names an inference gave their
+    sizes)."""
+    dims, index_dims = known_dims(data), known_dims(indices)
+    if dims is None or index_dims is None or updates is None:
+        return None
+    if len(index_dims) != 2 or index_dims[1] != 1 or not isinstance(index_dims[0], int):
+        return None
+    start = _start(indices)
+    return None if start is None or start < 0 else (start, start + index_dims[0], updates)
+
+
+def _tiles(slabs: list[tuple[int, int, ir.Value]], size: Dim) -> bool:
+    """Whether the slabs ``[lo, hi)`` cover ``[0, size)`` once each."""
+    if not isinstance(size, int):
+        return False
+    ordered = sorted(slabs, key=lambda slab: slab[0])
+    ends = [0] + [end for _, end, _ in ordered]
+    if any(start != end for (start, _, _), end in zip(ordered, ends, strict=False)):
+        return False
+    return ends[-1] == size
+
+
+def _untransposed(
+    graph: ir.Graph,
+    update: ir.Value,
+    inverse: list[int],
+    fresh_name: Callable[[str], str],
+    mark: str,
+) -> ir.Value:
+    """``v`` for an update ``Transpose(v, t)`` with ``t[inverse]`` the identity; else
+    ``Transpose(update, inverse)``, inserted after the update."""
+    producer = update.producer()
+    turn = _perm(producer) if producer is not None and producer.op_type == "Transpose" else None
+    undone = turn is not None and [turn[i] for i in inverse] == list(range(len(inverse)))
+    if undone and producer.inputs[0] is not None:  # type: ignore[union-attr]
+        return producer.inputs[0]  # type: ignore[union-attr]
+    node = ir.Node(
+        "", "Transpose", [update], [ir.AttrInt64s("perm", inverse)], name=fresh_name(RULE)
+    )
+    dims = list(update.shape) if update.shape is not None else None
+    out = node.outputs[0]
+    out.name, out.dtype = fresh_name(f"{RULE}_part"), update.dtype
+    out.shape = ir.Shape([dims[i] for i in inverse]) if dims else None
+    node.metadata_props[mark] = RULE
+    if producer is not None:
+        graph.insert_after(producer, [node])
+    else:
+        graph.insert_before(next(iter(graph)), [node])
+    return out
+
+
+def _perm(node: ir.Node) -> list[int] | None:
+    perm = attribute_value(node, "perm", None)
+    return list(perm) if perm is not None else None
 
 
 def _tiling(last: ir.Node) -> list[ir.Value] | None:
