@@ -52,6 +52,15 @@ running them before every round (a fusion may expose a spelling) changes nothing
   (``_fill_masks.py``): the
   float causal mask of transformers' older mask converter (``triu`` of the lowest float,
   the padding written in place by a ScatterND) read as ``Where(allowed, 0, lowest)``;
+* ``blend_mask`` (``_blend_masks.py``): a mask blended as ``w * b + c * (1 - b)``
+  with ``b`` a constant of 0s and 1s (or slices of one: OpenAI GPT's ``bias[:, :, :S,
+  :L]``) is the masked_fill ``Where(b, w, c)``, its condition the same slices of the
+  constant made boolean;
+* ``bounded_fill`` (``_bounded_fills.py``, the bounds in ``_score_bounds.py``): a
+  masked_fill of scores by a finite fill they do not absorb (``-1e4``) takes the fill
+  -1e30 where the scores are proven at most ``-c - 104`` in magnitude (norms of the
+  weights) and only pads of 0 or at least ``2**124`` are added after it: no Softmax row
+  changes;
 * ``buffer_mask`` (``_buffer_masks.py``): a causal or banded mask sliced out of a
   constant buffer (GPT-Neo's ``bias[:, :, L - S : L, :L]``) computed as ``key <= query``
   (``And key > query - W``) over ``[1, 1, S, L]``;
@@ -133,7 +142,9 @@ from typing import Protocol
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._biases import biases_summed
+from autofusion.fusion_core.canonical._blend_masks import blend_masks, undo_blend_masks
 from autofusion.fusion_core.canonical._blocked import blocked_projections
+from autofusion.fusion_core.canonical._bounded_fills import bounded_fills, undo_bounded_fills
 from autofusion.fusion_core.canonical._buffer_masks import buffer_masks, undo_buffer_masks
 from autofusion.fusion_core.canonical._concat_heads import concat_heads
 from autofusion.fusion_core.canonical._contexts import (
@@ -235,7 +246,9 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "causal_fill": causal_fills,
     "padding_fill": padding_fills,
     "identity_mask_expand": identity_mask_expands,
+    "blend_mask": blend_masks,  # a masked_fill of a buffer's slices, which buffer_mask reads
     "buffer_mask": buffer_masks,  # a condition mask_as_bias then reads as the causal term
+    "bounded_fill": bounded_fills,  # a fill of -1e30 that mask_as_bias then takes
     "mask_guard": masks_as_guards,  # reads the fill's condition before mask_as_bias rewrites it
     "mask_as_bias": masks_as_bias,
     "mask_clamp": clamps_dropped,
@@ -290,6 +303,8 @@ _WORDS = {
     "padding_fill": "padding written into a float mask (mask + m == 0) made a condition of it",
     "identity_mask_expand": "Expands of a mask to its own shape removed",
     "buffer_mask": "causal masks sliced from a constant buffer computed from key and query",
+    "blend_mask": "masks blended as w * b + c * (1 - b) of a 0/1 constant made masked_fills",
+    "bounded_fill": "masked_fills of scores proven small by a fill they do not absorb made -1e30",
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_guard": "probabilities zeroed by their own mask's condition made NaN guards",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
@@ -400,7 +415,9 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "unit_scale": undo_unit_scales(graph, MARK),
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
+            "bounded_fill": undo_bounded_fills(graph, MARK),  # reads the masked_fill put back
             "buffer_mask": undo_buffer_masks(graph, MARK),  # reads the masked_fill put back
+            "blend_mask": undo_blend_masks(graph, MARK),  # reads the buffer's slices put back
             "mask_guard": undo_mask_guards(graph, MARK),
             "kt_of_heads": undo_kt_splits(graph, MARK),
             "one_kv_head": undo_one_head_splits(graph, MARK),
