@@ -80,9 +80,14 @@ running them before every round (a fusion may expose a spelling) changes nothing
   ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
   layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
   batch-first, and dynamo's K^T through a 3-D Reshape made one Transpose;
-* ``kt_of_heads`` (``_key_transpose.py``): K^T written as one Transpose ``[0, 2, 3,
-  1]`` of the head split is the swap ``[0, 1, 3, 2]`` of the key heads ``[0, 2, 1, 3]``,
-  as a decoder's K^T of its cache and dynamo's unoptimized export write it;
+* ``kt_of_heads`` (``_key_transpose.py``): K^T written as one Transpose ``Transpose(x,
+  p)`` is the swap ``[0, 1, 3, 2]`` of ``Transpose(x, q)``, ``q = p[[0, 1, 3, 2]]``: for
+  ``p = [0, 2, 3, 1]`` the key heads ``[0, 2, 1, 3]`` of a head split (a decoder's K^T of
+  its cache, dynamo's unoptimized export); for any other ``p`` only where ``Transpose(x,
+  q)`` is proven a ``[B, KV, L, H]`` key (``x`` a Transpose, or ScatterNDs into one, that
+  ``q`` undoes to the key or its head split; the key's last sizes the query's head size
+  and the scores' length): eager attention's ``key.transpose(2, 3)`` merged into dynamo's
+  Transpose back of a key written in place (HY-V4, ``[3, 1, 0, 2]``);
 * ``packed_heads`` (``_packed.py``): q, k and v picked from one projection viewed as
   ``[B, S, P, N, H]`` (ModernBERT) by Split and Squeeze, Gather or Slice are head splits
   of their own slices of it;
@@ -103,8 +108,11 @@ running them before every round (a fusion may expose a spelling) changes nothing
   on ``[B, S, N, H]`` heads before their head Transpose (Gemma-4) rotates the
   transposed heads, as Llama's does;
 * ``scatter_parts`` (``_scatter_parts.py``): key heads written slab by slab into an
-  empty tensor by ScatterNDs over index grids (DeepSeek-V2's and MiniCPM3's
-  ``new_empty`` and ``copy_``) are the Concat of the slabs;
+  empty tensor are the Concat of the slabs: ScatterNDs over index grids (TorchScript's
+  ``new_empty`` and ``copy_``: DeepSeek-V2, MiniCPM3), or dynamo's ``slice_scatter`` on
+  the buffer transposed so its last axis leads (``Transpose(ScatterND(.., Unsqueeze(
+  Range(lo, hi)), Transpose(part, t)), t^-1)``: DeepSeek-V3, HY-V4), where the slabs tile
+  the last axis;
 * ``concat_heads`` (``_concat_heads.py``): heads an attention reads as a last-axis
   Concat, Split or Slice of ``[B, N, S, *]`` parts (multi-head latent attention's
   ``cat(q_nope, rot(q_pe))``, its shared one-head ``k_pe`` expanded, its ``k_nope`` and
@@ -320,7 +328,7 @@ _WORDS = {
     "sequence_first_heads": "sequence-first head splits made batch-first",
     "sequence_first_merge": "sequence-first head merges made batch-first",
     "kt_by_reshape": "K^T written Reshape, Transpose, Reshape made one Transpose",
-    "kt_of_heads": "K^T written as one Transpose of the head split made the swap of the key heads",
+    "kt_of_heads": "K^T written as one Transpose made the swap of the key heads",
     "gather_nd_as_slice": "GatherNDs of one index made Slices",
     "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
     "transposes_composed": "Transposes of Transposes made one",
