@@ -10,23 +10,26 @@ from another size (a ``-1`` entry where the other sizes cancel against the input
 the length of ``Range(a, b, 1)``, a Conv's or pool's window, a Pad by numbers, a Split;
 through the ops that keep or move an axis (elementwise ops, whose other inputs are 1 or
 the same size there, Transpose, Unsqueeze, Squeeze, Concat, Gather, MatMul, Slices of
-proven bounds, reductions). What it cannot follow is None, not a guess. A Slice of a
-constant cut at a size ``e`` (learned positions ``table[:S]``) is ``min(e, n)``: it is
-"capped", proven only where it broadcasts against ``e`` itself.
-The inferred shapes give only ranks here.
+proven bounds, reductions). What no rule ties to other sizes (a Pad by computed
+amounts, Swin's windows) is the value's own size (``own``): an atom of its own, equal
+to the sizes read from that value's shape and kept by the ops after it, to nothing
+else; never a guess. A Slice of a constant cut at a size ``e`` (learned positions
+``table[:S]``) is ``min(e, n)``: it is "capped", proven only where it broadcasts
+against ``e`` itself. The inferred shapes give only ranks here.
 
 A size is a sum of atoms and a constant (``Size``): an atom is a declared symbol of a
-graph input (``batch``), or an unnamed input dimension. A declared expression
-``past_sequence_length + sequence_length`` is that sum, so it equals the length of a
-Range to ``past + sequence`` read from the cache's and the ids' shapes. Symbols the
-model declares on its inputs are its interface (the check generates inputs that keep
-them), unlike those an inference assigned to inner values.
+graph input (``batch``), an unnamed input dimension, or an inner value's own size. A
+declared expression ``past_sequence_length + sequence_length`` is that sum, so it
+equals the length of a Range to ``past + sequence`` read from the cache's and the ids'
+shapes. Symbols the model declares on its inputs are its interface (the check
+generates inputs that keep them), unlike those an inference assigned to inner values.
 
 Readers: the pre-pass ``shape_reads`` (a Shape read becomes a read of the graph input
-whose declared dimension it is proven to be) and canonical's ``identity_slice``. One
-``SizeProof`` remembers what it proved, so the many reads of one graph cost one walk
-(a residual stream's sizes are asked again through every layer); it stays right while
-the graph changes only in ways that keep every value (a read replaced by an equal one).
+whose declared dimension it is proven to be) and canonical's ``identity_slice``,
+``identity_reshape`` and ``copied_dims``. One ``SizeProof`` remembers what it proved,
+so the many reads of one graph cost one walk (a residual stream's sizes are asked
+again through every layer); it stays right while the graph changes only in ways that
+keep every value (a read replaced by an equal one).
 """
 
 from autofusion.fusion_core.sizes._proof import SizeProof, axis_size, read_sizes

@@ -9,7 +9,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array, constant_tensor
 from autofusion.fusion_core.sizes._readers import READERS, VIEWS, to_int, unknown
 from autofusion.fusion_core.sizes._rules import RULES, split
-from autofusion.fusion_core.sizes._size import ONE, Size, broadcast, declared
+from autofusion.fusion_core.sizes._size import ONE, Size, broadcast, declared, own
 
 __all__ = ["Entries", "SizeProof", "axis_size", "read_sizes"]
 
@@ -49,20 +49,28 @@ def read_sizes(value: ir.Value | None) -> Entries | None:
 
 class SizeProof:
     """Proves sizes and remembers them. What was cut at the depth bound is not kept (a
-    later read, nearer, may prove it), so asking in graph order proves long chains."""
+    later read, nearer, may prove it), so asking in graph order proves long chains; it
+    is kept for the rest of one question only (``_trial``: a graph of residual diamonds
+    would be walked again from every side), then proven from the top down (``_warm``)."""
 
     def __init__(self) -> None:
         self._sizes: dict[tuple[ir.Value, int], Size | None] = {}
         self._entries: dict[ir.Value, Entries | None] = {}
+        self._trial: dict[tuple[ir.Value, int] | ir.Value, object] = {}
         self._cuts = 0
 
     def size(self, value: ir.Value | None, axis: int, depth: int = 0) -> Size | None:
-        """The size of ``value`` on ``axis``, proven from the graph; None if not proven."""
+        """The size of ``value`` on ``axis``, proven from the graph (where no rule ties it
+        to other sizes, the value's own: ``own``); None where a chain was cut too deep
+        or the value has no such axis."""
         cuts = self._cuts
         found = self.bound(value, axis, depth)
-        if found is None and depth == 0 and self._cuts > cuts and value is not None:
-            self._warm(value)  # a chain past the depth bound: prove it from the top down
-            found = self.bound(value, axis)
+        if depth == 0:
+            self._trial.clear()
+            if found is None and self._cuts > cuts and value is not None:
+                self._warm(value)  # a chain past the depth bound: prove it from the top down
+                found = self.bound(value, axis)
+                self._trial.clear()
         return None if found is None or found.capped else found
 
     def _warm(self, value: ir.Value) -> None:
@@ -86,6 +94,7 @@ class SizeProof:
         for current in order:
             for axis in range(len(current.shape or ())):
                 self.bound(current, axis)
+                self._trial.clear()
 
     def bound(self, value: ir.Value | None, axis: int, depth: int = 0) -> Size | None:
         """``size``, or a capped size (``Size.capped``), which only a broadcast resolves."""
@@ -98,13 +107,16 @@ class SizeProof:
         key = (value, axis)
         if key in self._sizes:
             return self._sizes[key]
-        if depth > _MAX_DEPTH:
-            self._cuts += 1
-            return None
+        if depth > _MAX_DEPTH or key in self._trial:
+            self._cuts += 1  # what it reads was cut: not to be kept either
+            return self._trial.get(key)  # type: ignore[return-value]
         cuts = self._cuts
         found = self._size(value, axis, rank, depth)
         if cuts == self._cuts:
+            found = own(value, axis) if found is None else found
             self._sizes[key] = found
+        else:
+            self._trial[key] = found
         return found
 
     def _size(self, value: ir.Value, axis: int, rank: int, depth: int) -> Size | None:
@@ -139,15 +151,28 @@ class SizeProof:
         ``Concat``, ``Gather``, ``Slice`` and additions make of them."""
         if value is None:
             return None
+        cuts = self._cuts
+        found = self._entries_at(value, depth)
+        if depth == 0:
+            self._trial.clear()
+            if self._cuts > cuts:
+                self._warm(value)  # a chain past the depth bound: prove it from the top down
+                found = self._entries_at(value, 0)
+                self._trial.clear()
+        return found
+
+    def _entries_at(self, value: ir.Value, depth: int) -> Entries | None:
         if value in self._entries:
             return self._entries[value]
-        if depth > _MAX_DEPTH:
+        if depth > _MAX_DEPTH or value in self._trial:
             self._cuts += 1
-            return None
+            return self._trial.get(value)  # type: ignore[return-value]
         cuts = self._cuts
         found = self._read(value, depth)
         if cuts == self._cuts:
             self._entries[value] = found
+        else:
+            self._trial[value] = found
         return found
 
     def _read(self, value: ir.Value, depth: int) -> Entries | None:

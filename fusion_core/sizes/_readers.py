@@ -142,7 +142,23 @@ def _scatter_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None
     return entries
 
 
+def _expand_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None:
+    """A 1-D ``Expand`` of entries to ``[n]``: one entry ``n`` times, or the entries as
+    they are (``n`` is 1 or their count): what ``repeat_kv`` makes of ``Concat(s, s)``."""
+    data, shape = node.inputs[0], proof.entries(node.inputs[1], depth)
+    if data is None or data.shape is None or len(data.shape) > 1 or shape is None:
+        return None
+    entries = proof.entries(data, depth)
+    if entries is None or len(shape) != 1 or shape[0] is None or shape[0].value is None:
+        return None
+    n = shape[0].value
+    if len(entries) == 1:
+        return entries * n
+    return list(entries) if n in (1, len(entries)) else None
+
+
 READERS: dict[str, Callable[[SizeProof, ir.Node, int], Entries | None]] = {
+    "Expand": _expand_read,
     "ScatterElements": _scatter_read,
     "Mul": _arithmetic_read,
     "Div": _arithmetic_read,

@@ -11,7 +11,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes._readers import VIEWS
-from autofusion.fusion_core.sizes._size import ONE, Size, arithmetic, broadcast, scaled
+from autofusion.fusion_core.sizes._size import ONE, Size, arithmetic, broadcast, is_own, scaled
 from autofusion.fusion_core.sizes._windows import WINDOW_RULES, axes_of
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ def _concat(proof: SizeProof, node: ir.Node, axis: int, rank: int, depth: int):
     if axis != joined:
         sizes = [proof.bound(v, axis, depth) for v in node.inputs]
         exact = [s for s in sizes if s is not None and not s.capped]
+        exact.sort(key=is_own)  # an input's own size only where none is tied to others
         return exact[0] if exact else next((s for s in sizes if s is not None), None)
     sizes = [proof.size(v, axis, depth) for v in node.inputs]
     if any(s is None for s in sizes):

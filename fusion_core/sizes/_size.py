@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-__all__ = ["ONE", "Size", "arithmetic", "broadcast", "declared", "scaled"]
+__all__ = ["ONE", "Size", "arithmetic", "broadcast", "declared", "is_own", "own", "scaled"]
 
 _MAX_ATOMS = 256  # k * batch is batch written k times: small multiples only
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9.]*|\d+)\s*$")
@@ -35,6 +35,21 @@ class Size:
 
 
 ONE = Size((), 1)
+_OWN = "@"  # the first character of an atom that is an inner value's own size
+
+
+def own(value: ir.Value, axis: int) -> Size:
+    """The size of ``value`` on ``axis`` where no rule ties it to other sizes (a Pad by
+    computed amounts, a Reshape's -1 over sizes that do not cancel): an atom of its own,
+    so the sizes read from that value's shape, and those of the values that keep that
+    axis, are proven equal to it, and to nothing else. Named by the value's identity:
+    compared within one walk of one graph."""
+    return Size((f"{_OWN}{value.name or ''}#{id(value):x}[{axis}]",), 0)
+
+
+def is_own(size: Size) -> bool:
+    """Whether ``size`` holds an inner value's own size (``own``)."""
+    return any(atom.startswith(_OWN) for atom in size.atoms)
 
 
 def declared(dim: int | ir.SymbolicDim, where: str) -> Size:

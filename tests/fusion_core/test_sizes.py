@@ -63,6 +63,11 @@ CASES = {
         " pads = ScatterElements <axis = 0> (zeros6, four, gap)\n t = Pad (x, pads)",
         0, 1, True, {"x": lambda b, s: (b, s, 4)},
     ),
+    "expanded_lengths": (  # repeat_kv's Expand of Concat(s, s): entries [s, s]
+        "float[batch, sequence, 4] x",
+        "s = Shape <start = 1, end = 2> (x)\n ss = Expand (s, two)\n t = ConstantOfShape (ss)",
+        0, 2, True, {"x": lambda b, s: (b, s, 4)},
+    ),
     "padded_length": (
         "float[batch, sequence, 4] x",
         "s = Shape <start = 1, end = 2> (x)\n gap = Mod (s, three)\n"
