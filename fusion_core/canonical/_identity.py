@@ -4,10 +4,14 @@ and a Slice (forward steps) that keeps its input's whole shape, are no ops.
 Exporters write them where the source reshapes "to the same view" (Falcon's
 ``transpose(1, 2).reshape(batch, heads, q_len, head_dim)``, SDPA's reshape of
 ``P @ V``), from shapes read at run time, so constant folding keeps them, and every
-pattern through that place would need a copy with the Reshape and one without. Where
-every dimension of the input and the output is known and the same (a number, or the
-same symbol: the shape inference gives one symbol to dimensions it proved equal), the
-readers read the input instead.
+pattern through that place would need a copy with the Reshape and one without. A
+Reshape is proven to keep its input's shape by its own target (``_ends_in``): each
+entry the input's size on that axis as the graph proves it (``fusion_core.sizes``), a
+0 that copies it, at most one -1 for the rest; or every dimension of both is the same
+number. Never by a symbol an inference put on the values: onnxruntime's symbolic
+inference merges symbols it cannot compare, so a sequence padded to a multiple of a
+chunk and viewed in chunks can read ``sequence`` before and after a Reshape that
+changes it.
 
 The Slice is the eager attention's ``causal_mask[:, :, :, : key.shape[-2]]`` of a mask
 built as long as the keys already (optimum's KV-cache exports): with the Slice between
@@ -25,28 +29,44 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
 from autofusion.fusion_core.canonical._shape_values import entries
-from autofusion.fusion_core.sizes import Size, axis_size, read_sizes
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import Size, SizeProof, axis_size, read_sizes
 
 __all__ = ["drop_identity_reshapes", "drop_identity_slices"]
 
 _ONNX = ("", "ai.onnx")
 _WHOLE = 2**31 - 1  # an end this large is "to the end" (torch writes INT64_MAX)
+_COPY, _REST = Size((), 0), Size((), -1)  # a Reshape target's 0 (allowzero 0) and -1
 
 
 def drop_identity_reshapes(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Bypass every Reshape proven to keep its input's shape, and every Reshape of a
-    Reshape that gives back the first one's input shape; how many."""
+    Reshape proven to give back the first one's input shape; how many."""
     del fresh_name  # it inserts nothing
-    return _bypass(graph, lambda node: node.op_type == "Reshape") + _bypass_pairs(graph, mark)
+    proof = SizeProof()  # one walk for the graph's many targets read from one residual
+    alone = _bypass(graph, lambda node: _reshape_to_own_shape(node, proof, mark))
+    return alone + _bypass_pairs(graph, mark, proof)
 
 
-def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
+def _reshape_to_own_shape(node: ir.Node, proof: SizeProof, mark: str) -> bool:
+    """A Reshape proven to keep its input's shape. Not one another rule inserted and
+    finds again to undo what no fusion took (``position_scale``'s factor as rows, a
+    Reshape to ``[1, -1, 1]`` of a factor laid out so already), but ``head_split``'s
+    merges and splits may go (its undo takes back the pairs still there)."""
+    inserted = node.metadata_props.get(mark)
+    if node.op_type != "Reshape" or (inserted and inserted not in (MERGE, SPLIT)):
+        return False
+    return _ends_in(node, node.inputs[0], proof)
+
+
+def _bypass_pairs(graph: ir.Graph, mark: str, proof: SizeProof) -> int:
     """A Reshape keeps the row-major order of the elements, so two in a row that end in
     the first one's input shape give back that input: here the fold of the heads into
     the batch and its unfold (``[B, N, S, H]`` to ``[B * N, S, H]`` and back, what
     ``heads_in_batch`` leaves between a Softmax and a product). Other pairs stay: the
     merge/split pairs ``head_split`` inserts on purpose (marked), and the steps of
-    spellings later rules read whole (dynamo's K^T through a 3-D Reshape)."""
+    spellings later rules read whole (dynamo's K^T through a 3-D Reshape). The second
+    one's target is proven to be the first one's input shape, as for one Reshape."""
     dropped = 0
     for node in list(graph):
         if node.graph is not graph or node.op_type != "Reshape" or node.domain not in _ONNX:
@@ -57,7 +77,7 @@ def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
         if {node.metadata_props.get(mark), inner.metadata_props.get(mark)} & {MERGE, SPLIT}:
             continue
         source, out = inner.inputs[0], node.outputs[0]
-        if source is None or out.is_graph_output() or not _same_known_dims(source, out):
+        if source is None or out.is_graph_output() or not _ends_in(node, source, proof):
             continue
         if len(source.shape) != 4 or inner.outputs[0].shape is None:  # type: ignore[arg-type]
             continue  # only the heads' fold [B, N, S, H] -> [B * N, S, H] and its unfold:
@@ -71,10 +91,55 @@ def _bypass_pairs(graph: ir.Graph, mark: str) -> int:
     return dropped
 
 
+def _ends_in(node: ir.Node, source: ir.Value | None, proof: SizeProof) -> bool:
+    """Whether the Reshape ``node`` (of ``source``, or of a Reshape of it: the same
+    elements) gives ``source``'s shape, proven from its target: as many entries as
+    ``source`` has axes, each ``source``'s proven size on its axis, or 0 copying a size
+    proven the same (allowzero 0), or one -1 (the others equal, it is the same too); or
+    every dimension of ``source`` and the output the same number.
+
+    Not from a symbol inferred on the values: onnxruntime's symbolic inference merges
+    symbols it cannot compare ("auto merge"), so a padded length ``P >= S`` viewed in
+    chunks reads ``sequence`` on both sides of a Reshape that changes it."""
+    if source is None or source.shape is None or len(node.inputs) < 2:
+        return False
+    if _same_numbers(source, node.outputs[0]):
+        return True
+    entries = proof.entries(node.inputs[1])
+    if entries is None or len(entries) != len(source.shape):
+        return False
+    copies = not attribute_value(node, "allowzero", 0)
+    rest = [i for i, e in enumerate(entries) if e == _REST]
+    if len(rest) > 1:
+        return False
+    data = node.inputs[0]
+    for axis, entry in enumerate(entries):
+        if axis in rest:
+            continue
+        if entry == _COPY and copies:
+            if data is not source and not _proven_equal(proof, data, source, axis):
+                return False
+        elif entry is None or entry != proof.size(source, axis):
+            return False
+    return True
+
+
+def _proven_equal(proof: SizeProof, a: ir.Value | None, b: ir.Value, axis: int) -> bool:
+    size = proof.size(b, axis)
+    return size is not None and proof.size(a, axis) == size
+
+
+def _same_numbers(a: ir.Value, b: ir.Value) -> bool:
+    """Every dimension of ``a`` and ``b`` the same number (a symbol proves nothing)."""
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(isinstance(x, int) and x == y for x, y in zip(a.shape, b.shape, strict=True))
+
+
 def drop_identity_slices(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Bypass every Slice proven whole by its own bounds; how many."""
     del fresh_name, mark
-    return _bypass(graph, _whole_slice, compare_shapes=False)
+    return _bypass(graph, _whole_slice)
 
 
 def _whole_slice(node: ir.Node) -> bool:
@@ -122,9 +187,7 @@ def _reaches(end: Size | None, size: Size | None) -> bool:
     return end.constant >= size.constant
 
 
-def _bypass(
-    graph: ir.Graph, kind: Callable[[ir.Node], bool], *, compare_shapes: bool = True
-) -> int:
+def _bypass(graph: ir.Graph, kind: Callable[[ir.Node], bool]) -> int:
     dropped = 0
     for node in list(graph):
         if node.domain not in _ONNX or not kind(node):
@@ -132,20 +195,7 @@ def _bypass(
         source, out = node.inputs[0], node.outputs[0]
         if source is None or out.is_graph_output():
             continue
-        if compare_shapes and not _same_known_dims(source, out):
-            continue
         out.replace_all_uses_with(source)
         graph.remove(node, safe=True)
         dropped += 1
     return dropped
-
-
-def _same_known_dims(a: ir.Value, b: ir.Value) -> bool:
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-        return False
-    for x, y in zip(a.shape, b.shape, strict=True):
-        x = x if isinstance(x, int) else x.value
-        y = y if isinstance(y, int) else y.value
-        if x is None or x != y:
-            return False
-    return True
