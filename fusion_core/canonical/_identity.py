@@ -64,7 +64,9 @@ def _bypass_pairs(graph: ir.Graph, mark: str, proof: SizeProof) -> int:
     the first one's input shape give back that input: here the fold of the heads into
     the batch and its unfold (``[B, N, S, H]`` to ``[B * N, S, H]`` and back, what
     ``heads_in_batch`` leaves between a Softmax and a product). Other pairs stay: the
-    merge/split pairs ``head_split`` inserts on purpose (marked), and the steps of
+    pairs a rule inserts on purpose (marked: ``head_split``'s merge and split,
+    ``context_heads``'; dropping them, the rule would insert them again each round and
+    the canonical form would never settle), and the steps of
     spellings later rules read whole (dynamo's K^T through a 3-D Reshape). The second
     one's target is proven to be the first one's input shape, as for one Reshape."""
     dropped = 0
@@ -74,8 +76,8 @@ def _bypass_pairs(graph: ir.Graph, mark: str, proof: SizeProof) -> int:
         inner = node.inputs[0].producer() if node.inputs[0] is not None else None
         if inner is None or inner.op_type != "Reshape" or inner.domain not in _ONNX:
             continue
-        if {node.metadata_props.get(mark), inner.metadata_props.get(mark)} & {MERGE, SPLIT}:
-            continue
+        if node.metadata_props.get(mark) or inner.metadata_props.get(mark):
+            continue  # a rule's own pair (head_split's, context_heads'): its undo reads it
         source, out = inner.inputs[0], node.outputs[0]
         if source is None or out.is_graph_output() or not _ends_in(node, source, proof):
             continue

@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
+from autofusion.fusion_core.testing import canonical_twice, fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -269,3 +269,23 @@ def test_unfused_context_comes_back_as_it_went_in(read: str) -> None:
     fused = optimize_quiet(model, target="onnxruntime", patterns=["gelu_tanh"]).to_proto()
     before = sorted(n.op_type for n in model.graph.node)
     assert sorted(n.op_type for n in fused.graph.node) == before
+
+
+@pytest.mark.parametrize(
+    "s", [Block(8, 2, 8, 8, True, "norm", "batch"), Block(4, 4, 8, 6, False, "mul", "batch")]
+)
+def test_the_context_heads_pair_stays_at_static_sizes(s: Block) -> None:
+    """A decode step of one token at batch 1: every size of the merge/split pair
+    ``context_heads`` inserts is a number, so the pair gives back its input, and
+    ``identity_reshape`` took it out each run, ``context_heads`` put it in again: the
+    canonical form never settled and every round ran (HY-V4's KV graph, 8 rounds). A
+    rule's own pair stays; a second run changes nothing."""
+    model = block_model(s)
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.ClearField("dim_param")
+                dim.dim_value = 1
+    _, done, again, _ = canonical_twice(model)
+    assert done.get("context_heads") == 1 and "identity_reshape" not in done, done
+    assert again == 0, done
