@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._contexts import HEADS_RULE
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
 from autofusion.fusion_core.canonical._shape_values import entries
 from autofusion.fusion_core.patterns import attribute_value
@@ -76,7 +77,7 @@ def _bypass_pairs(graph: ir.Graph, mark: str, proof: SizeProof) -> int:
         inner = node.inputs[0].producer() if node.inputs[0] is not None else None
         if inner is None or inner.op_type != "Reshape" or inner.domain not in _ONNX:
             continue
-        if node.metadata_props.get(mark) or inner.metadata_props.get(mark):
+        if _kept_pair(node.metadata_props.get(mark), inner.metadata_props.get(mark)):
             continue  # a rule's own pair (head_split's, context_heads'): its undo reads it
         source, out = inner.inputs[0], node.outputs[0]
         if source is None or out.is_graph_output() or not _ends_in(node, source, proof):
@@ -91,6 +92,14 @@ def _bypass_pairs(graph: ir.Graph, mark: str, proof: SizeProof) -> int:
             graph.remove(inner, safe=True)
         dropped += 1
     return dropped
+
+
+def _kept_pair(*marks: str | None) -> bool:
+    """Whether a Reshape pair is one a rule inserts on purpose and reads again:
+    ``head_split``'s merge and split, ``context_heads``' (whose every size may be a
+    number: taken out, it would be put back each run). Pairs other rules leave, such as
+    ``heads_in_batch``'s fold and unfold, may go."""
+    return any(m in (MERGE, SPLIT) or (m or "").startswith(f"{HEADS_RULE}:") for m in marks)
 
 
 def _ends_in(node: ir.Node, source: ir.Value | None, proof: SizeProof) -> bool:
