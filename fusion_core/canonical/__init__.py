@@ -72,8 +72,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
   added to the scores one after the other are summed first, so the scores take one;
 * ``repeat_kv`` (``_repeats.py``): KV heads repeated by Tile, Concat or a Gather are
   repeated as transformers' repeat_kv (Unsqueeze, Expand, Reshape);
-* ``identity_reshape`` and ``identity_slice`` (``_identity.py``): a Reshape or a Slice
-  proven to keep its input's shape goes;
+* ``identity_zero_add``, ``identity_reshape`` and ``identity_slice`` (``_identity.py``):
+  ``x + zeros`` (``baddbmm``'s ``beta * 0``: GPT-NeoX-Japanese) where the zeros are
+  proven no larger than ``x`` is ``x``; a Reshape or a Slice proven to keep its input's
+  shape goes;
 * ``copied_dims`` (``_reshape_targets.py``): a Reshape target computed from shapes that
   copies the input's batch and sequence becomes a constant ``[0, 0, ...]``;
 * ``packed_part``, ``sequence_first_heads``, ``sequence_first_merge`` and
@@ -177,6 +179,7 @@ from autofusion.fusion_core.canonical._heads_in_batch import heads_unfolded
 from autofusion.fusion_core.canonical._identity import (
     drop_identity_reshapes,
     drop_identity_slices,
+    drop_zero_adds,
 )
 from autofusion.fusion_core.canonical._interleaved_columns import interleaved_columns
 from autofusion.fusion_core.canonical._interleaved_undo import undo_interleaved_columns
@@ -264,6 +267,8 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "unit_scale": unit_scales,
     "one_bias": biases_summed,
     "repeat_kv": repeats_as_expand,
+    # after blend_mask, which reads w * b + c * (1 - b) whole where 1 - b is zeros
+    "identity_zero_add": drop_zero_adds,
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
     "copied_dims": copy_reshape_dims,
@@ -295,6 +300,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 }
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
+    "identity_zero_add": "Adds of zeros that keep the other operand's shape removed",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "gelu_spelling": "GELU blocks written as 0.5 x (1 + erf(x / sqrt(2))) or its tanh form",
     "position_scale": "rotated heads scaled per position made rotations of the scaled projection",

@@ -1,5 +1,6 @@
-"""Rules ``identity_reshape`` and ``identity_slice``: a Reshape to its input's own shape,
-and a Slice (forward steps) that keeps its input's whole shape, are no ops.
+"""Rules ``identity_reshape``, ``identity_slice`` and ``identity_zero_add``: a Reshape to
+its input's own shape, a Slice (forward steps) that keeps its input's whole shape, and
+an Add of zeros that does not broadcast the other operand larger, are no ops.
 
 Exporters write them where the source reshapes "to the same view" (Falcon's
 ``transpose(1, 2).reshape(batch, heads, q_len, head_dim)``, SDPA's reshape of
@@ -19,25 +20,45 @@ them the mask's builder (``Where(allowed, 0, lowest)``) is hidden from the rewri
 that reads it. A Slice is proven whole by its own bounds (start 0, step 1, an end that
 is the input's own size on each axis it names), never by the shape inferred for its
 output (``_whole_slice`` says why).
+
+The zero Add is ``torch.baddbmm(zeros, q, k^T, beta=1, alpha=1 / norm)`` (GPT-NeoX-
+Japanese: dynamo's ``Expand(0, [B * N, S, T])``, TorchScript's ``ConstantOfShape(..) *
+beta``), which hides the scores' scale from the attention pattern. ``x + 0 = x`` for
+every number. The zeros (a constant all zero, ``ConstantOfShape`` of one, an ``Expand``
+of zeros, zeros times a finite constant) must be proven no larger than ``x`` on any axis
+(``_fits``: each size ``x``'s own there, proven from the graph by ``fusion_core.sizes``,
+or 1; no more axes), or the Add broadcasts ``x`` to a larger shape and stays. Not an Add
+a rule inserted (``norm_spelling`` writes a missing epsilon as ``+ 0``). It runs after
+``blend_mask``, which reads ``w * b + c * (1 - b)`` whole where ``1 - b`` is all zero.
+
+The one value it changes is a zero's sign: ``-0 + 0`` is ``+0`` in IEEE arithmetic, and
+without the Add ``x``'s ``-0`` goes on as ``-0``. The two are equal numbers (every
+comparison, the check's included, and every op but a division by them, ``Div``,
+``Reciprocal`` or a negative ``Pow``, gives equal results for them), and the source
+wrote the zeros as "no bias", not to clear a sign (a fused attention adds no zeros
+either), so the rule takes that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._contexts import HEADS_RULE
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
 from autofusion.fusion_core.canonical._shape_values import entries
+from autofusion.fusion_core.ir import constant_tensor
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import Size, SizeProof, axis_size, read_sizes
+from autofusion.fusion_core.sizes import ONE, Size, SizeProof, axis_size, read_sizes
 
-__all__ = ["drop_identity_reshapes", "drop_identity_slices"]
+__all__ = ["drop_identity_reshapes", "drop_identity_slices", "drop_zero_adds"]
 
 _ONNX = ("", "ai.onnx")
 _WHOLE = 2**31 - 1  # an end this large is "to the end" (torch writes INT64_MAX)
 _COPY, _REST = Size((), 0), Size((), -1)  # a Reshape target's 0 (allowzero 0) and -1
+_MAX_ZEROS = 1 << 16  # a constant read to see it is all zeros: not a weight
 
 
 def drop_identity_reshapes(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
@@ -196,6 +217,76 @@ def _reaches(end: Size | None, size: Size | None) -> bool:
     if size is None or end.atoms != size.atoms:
         return False
     return end.constant >= size.constant
+
+
+def drop_zero_adds(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
+    """Bypass every Add of zeros proven not to broadcast its other operand larger (the
+    other operand goes on in its place); how many. Not an Add a rule inserted
+    (``norm_spelling``'s epsilon of 0, ``+ 0``, which it would insert again)."""
+    del fresh_name  # it inserts nothing
+    proof = SizeProof()
+    dropped = 0
+    for node in list(graph):
+        if node.op_type != "Add" or node.domain not in _ONNX or len(node.inputs) != 2:
+            continue
+        if node.metadata_props.get(mark):
+            continue
+        out = node.outputs[0]
+        if out.is_graph_output():
+            continue
+        for zeros, other in (node.inputs, reversed(node.inputs)):
+            if _all_zero(zeros) and _fits(proof, zeros, other):  # type: ignore[arg-type]
+                out.replace_all_uses_with(other)  # type: ignore[arg-type]
+                graph.remove(node, safe=True)
+                dropped += 1
+                break
+    return dropped
+
+
+def _all_zero(value: ir.Value | None) -> bool:
+    """A tensor of zeros: a small constant all zero, ``ConstantOfShape`` of a zero (its
+    default value is a float 0), or an ``Expand`` of zeros, or zeros times a finite
+    constant (TorchScript's ``beta * zeros``: ``0 * c`` is a zero for finite ``c``)."""
+    if value is None:
+        return False
+    node = value.producer()
+    if node is not None and node.domain in _ONNX and node.op_type == "Expand":
+        return _all_zero(node.inputs[0])
+    if node is not None and node.domain in _ONNX and node.op_type == "Mul":
+        return any(
+            _all_zero(a) and _finite(b)
+            for a, b in (node.inputs, reversed(node.inputs))  # type: ignore[misc]
+        )
+    if node is not None and node.domain in _ONNX and node.op_type == "ConstantOfShape":
+        fill = node.attributes.get("value")
+        return fill is None or not fill.value.numpy().any()
+    tensor = constant_tensor(value)
+    if tensor is None or tensor.size > _MAX_ZEROS:
+        return False
+    return not tensor.numpy().any()
+
+
+def _finite(value: ir.Value | None) -> bool:
+    tensor = constant_tensor(value)
+    if tensor is None or tensor.size > _MAX_ZEROS:
+        return False
+    array = tensor.numpy()
+    return array.dtype.kind in "iub" or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))
+
+
+def _fits(proof: SizeProof, zeros: ir.Value | None, other: ir.Value | None) -> bool:
+    """Whether ``zeros`` broadcasts into ``other``'s shape: no more axes, and each of its
+    sizes 1 or ``other``'s proven size on the axis it aligns with."""
+    if zeros is None or other is None or zeros.shape is None or other.shape is None:
+        return False
+    shift = len(other.shape) - len(zeros.shape)
+    if shift < 0:
+        return False
+    for axis in range(len(zeros.shape)):
+        size = proof.size(zeros, axis)
+        if size is None or (size != ONE and size != proof.size(other, axis + shift)):
+            return False
+    return True
 
 
 def _bypass(graph: ir.Graph, kind: Callable[[ir.Node], bool]) -> int:
