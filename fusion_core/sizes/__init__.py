@@ -15,7 +15,10 @@ amounts, Swin's windows) is the value's own size (``own``): an atom of its own, 
 to the sizes read from that value's shape and kept by the ops after it, to nothing
 else; never a guess. A Slice of a constant cut at a size ``e`` (learned positions
 ``table[:S]``) is ``min(e, n)``: it is "capped", proven only where it broadcasts
-against ``e`` itself. The inferred shapes give only ranks here.
+against ``e`` itself. So is ``Min(x, k * (x Div k))`` and torch.export's ceil spelled
+``Min(x, -k * ((-x) Div k))`` (``_rounding.py``: ONNX's integer Div truncates, so both
+are ``k * floor(x / k) <= x``); ``Min(x, k * ((x + k - 1) Div k))`` is ``x``. The inferred
+shapes give only ranks here.
 
 A size is a sum of atoms and a constant (``Size``): an atom is a declared symbol of a
 graph input (``batch``), an unnamed input dimension, or an inner value's own size. A

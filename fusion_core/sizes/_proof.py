@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_tensor
 from autofusion.fusion_core.sizes._readers import READERS, VIEWS, to_int, unknown
+from autofusion.fusion_core.sizes._rounding import min_read
 from autofusion.fusion_core.sizes._rules import RULES, split
 from autofusion.fusion_core.sizes._size import ONE, Size, broadcast, declared, own
 
@@ -16,6 +17,7 @@ __all__ = ["Entries", "SizeProof", "axis_size", "read_sizes"]
 _ONNX = ("", "ai.onnx")
 _MAX_DEPTH = 48  # a bound on Python's stack, not on what is provable: see SizeProof
 Entries = list[Size | None]
+_READERS = {**READERS, "Min": min_read}  # _rounding imports _readers: joined here
 # Ops whose output 0 has input 0's shape.
 SAME_SHAPE = frozenset(
     {
@@ -186,6 +188,6 @@ class SizeProof:
             return unknown(value)
         if node.op_type in VIEWS or (node.op_type == "Cast" and to_int(node)):
             return self.entries(node.inputs[0], depth + 1)
-        reader = READERS.get(node.op_type)
+        reader = _READERS.get(node.op_type)
         found = reader(self, node, depth + 1) if reader is not None else None
         return found if found is not None else unknown(value)
