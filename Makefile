@@ -74,7 +74,14 @@ test-corpus: $(CORPUS_STAMP)
 		tests/fusion_core/canonical/test_value_scale.py \
 		tests/fusion_core/rewriters/test_group_query_attention_narrow_values.py \
 		tests/fusion_core/rewriters/test_group_query_attention_head_sizes.py \
-		tests/fusion_core/canonical/test_interleaved_undo.py
+		tests/fusion_core/canonical/test_interleaved_undo.py \
+		tests/fusion_core/rewriters/test_group_query_attention_summed_masks.py \
+		tests/fusion_core/canonical/test_buffer_masks.py \
+		tests/fusion_core/canonical/test_identity_reshape_proof.py \
+		tests/fusion_core/canonical/test_blend_masks.py \
+		tests/fusion_core/canonical/test_key_perms.py \
+		tests/fusion_core/canonical/test_zero_adds.py \
+		tests/fusion_core/test_sizes_ceil.py
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
