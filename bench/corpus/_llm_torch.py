@@ -10,9 +10,11 @@ the attention layers, convolution and recurrent states of a hybrid's other layer
 latent key and value of multi-head latent attention; sliding layers keep the whole past,
 Mistral's window is applied by the mask, as in optimum's export), and whose outputs are
 the logits and the cache's states after the step. The step takes any number of new
-tokens where torch.export can trace that; a recurrent layer's chunked scan cannot (its
-loop over chunks and its in-place state fix the length), so those models export the
-step ``generate`` takes, one new token, with the mask ``past_sequence_length + 1`` long.
+tokens where torch.export can trace that and the graph computes the model's logits at
+another batch and count of tokens (``_check_any_length``); a recurrent layer's chunked
+scan cannot (its loop over chunks and its in-place state fix the length), so those models
+export the step ``generate`` takes, one new token, with the mask ``past_sequence_length +
+1`` long.
 The TorchScript exporter is not used for the cache: optimum's export is that (it calls
 ``torch.onnx.export(dynamo=False)``).
 
@@ -38,6 +40,9 @@ from torch import nn
 TORCHSCRIPT_OPSET, DYNAMO_OPSET = 17, 18
 STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
 KV_NEW_TOKENS = 2  # the KV export's new tokens, where their count can be a dim
+# the any-length KV graph is checked at this many new tokens (more than two chunks of the
+# surveyed scans' 4) against the model, within the padded decode's tolerance
+KV_CHECK_TOKENS, KV_CHECK_ATOL = 9, 1e-4
 log = logging.getLogger(__name__)
 
 
@@ -122,12 +127,40 @@ def _export_kv(model: nn.Module, path: Path, batch: int = 1) -> None:
     wrapper = DecodeWithCache(model, states).train(False)
     try:
         program = _export_step(wrapper, states, KV_NEW_TOKENS, batch)
+        _check_any_length(program, wrapper, states, batch)
     except Exception as exc:  # a recurrent layer's chunked scan specializes the length
         cause = exc.__cause__ or exc
         log.warning("KV export for any length failed, exporting one token: %s", cause)
         program = _export_step(wrapper, states, 1, batch)
     _strip_stack_traces(program)
     program.save(str(path), external_data=False)
+
+
+def _check_any_length(program, wrapper: DecodeWithCache, states: list[kv.State], batch: int):
+    """Raises unless the graph exported for any length computes the model's logits (within
+    ``KV_CHECK_ATOL``) at a past and a count of new tokens other than the example's (the
+    example's rows: a graph exported from one row may take one only). torch.onnx retries
+    a failed non-strict torch.export in strict mode, which can fix a size derived from
+    the length without a guard (Falcon-H1's and Zamba2's chunked scan: the chunk count of
+    the example's 2 tokens), so the graph runs for up to one chunk of new tokens only."""
+    rows, past, new = batch, 5, KV_CHECK_TOKENS
+    gen = torch.Generator().manual_seed(fam.SEED + 2)
+    pasts = kv.example(states, rows, past, gen)
+    ids = torch.randint(3, wrapper.model.config.vocab_size, (rows, new), generator=gen)
+    mask = torch.ones(rows, past + new, dtype=torch.int64)
+    positions = torch.arange(past, past + new)[None].repeat(rows, 1)
+    with torch.no_grad():  # clones: a cache may update its states in place
+        want = wrapper(ids, mask, positions, [t.clone() for t in pasts])[0]
+    try:
+        got = program(ids, mask, positions, pasts)[0]
+    finally:
+        program.release()
+    error = (got - want).abs().max().item()
+    if not error <= KV_CHECK_ATOL:  # NaN too
+        raise ValueError(
+            f"the graph for any length is not the model's at {rows} rows, {past} cached and "
+            f"{new} new tokens: logits differ by {error:.2g}"
+        )
 
 
 def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int, batch: int = 1):
@@ -139,7 +172,9 @@ def _export_step(wrapper: DecodeWithCache, states: list[kv.State], new: int, bat
     pasts = kv.example(states, batch, past, gen)
     ids = torch.randint(3, wrapper.model.config.vocab_size, (batch, new), generator=gen)
     mask = torch.ones(batch, past + new, dtype=torch.int64)
-    positions = torch.arange(past, past + new)[None]
+    # one row of positions per row: position_ids' dim 0 is the batch Dim too, and an
+    # example of 1 against ids of ``batch`` rows breaks torch.export's shape hints
+    positions = torch.arange(past, past + new)[None].repeat(batch, 1)
     b = torch.export.Dim("batch")
     p = torch.export.Dim("past_sequence_length", max=fam.POSITIONS)
     if new > 1:
