@@ -240,13 +240,7 @@ def fuse(path: Path, disable: list[str]) -> tuple[Path, dict]:
     row = {name: sum(after[op] for op in ops) for name, ops in unseen.KINDS.items()}
     row["attention_ops"] = {op: after[op] for op in unseen.KINDS["attention"] if after[op]}
     row["seconds"] = round(time.perf_counter() - started, 1)
-    row["check"] = (
-        "passed"
-        if result.check and result.check.passed
-        else (result.check.failure if result.check else "none")
-    )
-    if result.fallback:  # the fused model failed its check: it came back (partly) unfused
-        row["check"] = f"fell back: {result.fallback.get('failure')}"
+    row["check"] = unseen.check_cell(result)
     return fused, row
 
 

@@ -252,6 +252,22 @@ def moe_blocks(family: str) -> int:
     return sum(1 for n in owners if not any(n.startswith(f"{o}.") for o in owners))
 
 
+def check_cell(result) -> str:
+    """The check's verdict as a table cell: passed (with the profiles it left out, since
+    the original cannot run at them: a graph fixed to some lengths says so here), the
+    failure, or the fallback's."""
+    check = result.check
+    if result.fallback:  # the fused model failed its check: it came back (partly) unfused
+        return f"fell back: {result.fallback.get('failure')}"
+    if check is None:
+        return "none"
+    if not check.passed:
+        return check.failure or "failed"
+    if check.skipped:
+        return f"passed; left out, the original cannot run there: {'; '.join(check.skipped)}"[:160]
+    return "passed"
+
+
 def survey(family: str, kind: str, folder: Path) -> dict:
     """One row: export (cached in ``folder``), optimize with the check, count."""
     import _llm_torch
@@ -281,13 +297,7 @@ def survey(family: str, kind: str, folder: Path) -> dict:
     row["softmax_left"] = after["Softmax"]  # a mixture of experts' routers keep theirs
     for name, ops in KINDS.items():
         row[name] = sum(after[op] for op in ops)
-    row["check"] = (
-        "passed"
-        if result.check and result.check.passed
-        else (result.check.failure if result.check else "none")
-    )
-    if result.fallback:  # the fused model failed its check: it came back (partly) unfused
-        row["check"] = f"fell back: {result.fallback.get('failure')}"
+    row["check"] = check_cell(result)
     misses = [m for m in result.near_misses if "attention" in m.pattern or "rotary" in m.pattern]
     experts = [m for m in result.near_misses if m.pattern.startswith("moe_")]
     # a block of experts that did not fuse keeps its router's Softmax (most have one)

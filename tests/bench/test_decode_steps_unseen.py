@@ -121,3 +121,22 @@ def test_the_decode_carries_every_state_call_after_call(toy, length, steps):
     assert len(chosen) == steps
     for got, want in zip(logits, _expected(ids, tokens), strict=True):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_the_check_cell_says_what_the_check_left_out() -> None:
+    """A graph fixed to some lengths passes its check on the lengths the original runs
+    at; the row must say the rest was left out (Falcon-H1's any-length export fixed to 4
+    new tokens read "passed" alone), and a fallback or a failure say so."""
+    from types import SimpleNamespace
+
+    def result(passed=True, skipped=(), failure=None, fallback=None):
+        check = SimpleNamespace(passed=passed, skipped=list(skipped), failure=failure)
+        return SimpleNamespace(check=check, fallback=fallback)
+
+    cell = decode.unseen.check_cell
+    assert cell(result()) == "passed"
+    left = cell(result(skipped=["{'sequence': 7}: left out: the original cannot run"]))
+    assert left.startswith("passed; left out, the original cannot run there: {'sequence': 7}")
+    assert cell(result(passed=False, failure="mismatch")) == "mismatch"
+    assert cell(result(fallback={"failure": "fused_cannot_run"})) == "fell back: fused_cannot_run"
+    assert cell(SimpleNamespace(check=None, fallback=None)) == "none"
