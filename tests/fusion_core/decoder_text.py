@@ -103,3 +103,34 @@ def graph_model(
         {chr(10).join(body)}
     }}"""
     return build_model(text, inits)
+
+
+def padded_feeds(
+    shape: tuple[int, int, int],
+    padding: str,
+    *,
+    hidden: int,
+    cache: tuple[int, int] | None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Inputs ``x`` and ``attention_mask`` of a decoder block for ``batch, seq, past``,
+    with ``past_key``/``past_value`` of ``cache = (kv_heads, head_size)`` (None: no cache,
+    the mask as long as the sequence): ``padding`` "left" (each row padded on the left by
+    0 to all of its keys) or "holes" (random keys masked)."""
+    batch, seq, past = shape
+    rng = np.random.default_rng(seed)
+    total = past + seq if cache else seq
+    mask = np.ones((batch, total), np.int64)
+    for row in range(batch):
+        if padding == "left":
+            mask[row, : rng.integers(0, total + 1)] = 0
+        else:
+            mask[row] = rng.integers(0, 2, total)
+    found = {
+        "x": rng.standard_normal((batch, seq, hidden)).astype(np.float32),
+        "attention_mask": mask,
+    }
+    if cache:
+        for name in ("past_key", "past_value"):
+            found[name] = rng.standard_normal((batch, cache[0], past, cache[1])).astype(np.float32)
+    return found

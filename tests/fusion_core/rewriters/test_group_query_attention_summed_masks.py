@@ -45,6 +45,7 @@ from tests.fusion_core.decoder_text import (
     TEXT_CONSTANTS,
     graph_model,
     kv_cache,
+    padded_feeds,
     positions,
 )
 
@@ -177,25 +178,9 @@ def _scores_lines(b: Block, heads: dict[str, str]) -> list[str]:
 
 
 def feeds(b: Block, shape: tuple[int, int, int], padding: str, seed: int = 0) -> dict:
-    """Inputs for ``batch, seq, past``: ``padding`` "left" (each row padded on the left
-    by 0 to all of its keys) or "holes" (random keys masked)."""
-    batch, seq, past = shape
-    rng = np.random.default_rng(seed)
-    total = past + seq if b.cache else seq
-    mask = np.ones((batch, total), np.int64)
-    for row in range(batch):
-        if padding == "left":
-            mask[row, : rng.integers(0, total + 1)] = 0
-        else:
-            mask[row] = rng.integers(0, 2, total)
-    found = {
-        "x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
-        "attention_mask": mask,
-    }
-    if b.cache:
-        for name in ("past_key", "past_value"):
-            found[name] = rng.standard_normal((batch, b.kv_heads, past, SIZE)).astype(np.float32)
-    return found
+    """Inputs for ``batch, seq, past`` (``padded_feeds``: left padding or holes)."""
+    cache = (b.kv_heads, SIZE) if b.cache else None
+    return padded_feeds(shape, padding, hidden=HIDDEN, cache=cache, seed=seed)
 
 
 def fused_block(b: Block) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str], dict | None]:

@@ -42,6 +42,7 @@ from tests.fusion_core.decoder_text import (
     TEXT_CONSTANTS,
     graph_model,
     kv_cache,
+    padded_feeds,
     positions,
 )
 
@@ -190,24 +191,10 @@ def _scores_lines(b: Block) -> list[str]:
 
 
 def feeds(b: Block, shape: tuple[int, int, int], padding: str, seed: int = 0) -> dict:
-    """Inputs for ``batch, seq, past``: ``padding`` "left" (each row of the batch padded
-    on the left by 0 to all of its keys) or "holes" (random keys masked)."""
-    batch, seq, past = shape
-    rng = np.random.default_rng(seed)
-    total = past + seq if b.cache else seq
-    mask = np.ones((batch, total), np.int64)
-    for row in range(batch):
-        if padding == "left":
-            mask[row, : rng.integers(0, total + 1)] = 0
-        else:
-            mask[row] = rng.integers(0, 2, total)
-    found = {
-        "x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
-        "attention_mask": mask,
-    }
-    if b.cache:
-        for name in ("past_key", "past_value"):
-            found[name] = rng.standard_normal((batch, KV_HEADS, past, SIZE)).astype(np.float32)
+    """Inputs for ``batch, seq, past`` (``padded_feeds``: left padding or holes), and
+    the window where the block reads it from an input."""
+    cache = (KV_HEADS, SIZE) if b.cache else None
+    found = padded_feeds(shape, padding, hidden=HIDDEN, cache=cache, seed=seed)
     if b.spelling == "from_input":
         found["window"] = np.array(b.window, np.int64)
     return found
