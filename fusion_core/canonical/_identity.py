@@ -221,8 +221,12 @@ def _reaches(end: Size | None, size: Size | None) -> bool:
 
 def drop_zero_adds(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Bypass every Add of zeros proven not to broadcast its other operand larger (the
-    other operand goes on in its place); how many. Not an Add a rule inserted
-    (``norm_spelling``'s epsilon of 0, ``+ 0``, which it would insert again)."""
+    other operand goes on in its place) on the way to a Softmax (attention scores:
+    ``baddbmm``'s ``beta * zeros``); how many. Not an Add a rule inserted
+    (``norm_spelling``'s epsilon of 0, ``+ 0``, which it would insert again), and not
+    elsewhere: an Add of zeros may be part of a spelling another recognizer reads whole
+    (a mixture of experts' ``index_add`` starts its sum from zeros; dropping that Add
+    moved the experts' block end past the residual: Qwen3-MoE's MoE 2 -> 0)."""
     del fresh_name  # it inserts nothing
     proof = SizeProof()
     dropped = 0
@@ -232,7 +236,7 @@ def drop_zero_adds(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
         if node.metadata_props.get(mark):
             continue
         out = node.outputs[0]
-        if out.is_graph_output():
+        if out.is_graph_output() or not _into_softmax(out):
             continue
         for zeros, other in (node.inputs, reversed(node.inputs)):
             if _all_zero(zeros) and _fits(proof, zeros, other):  # type: ignore[arg-type]
@@ -241,6 +245,24 @@ def drop_zero_adds(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
                 dropped += 1
                 break
     return dropped
+
+
+_SCORE_STEPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape", "Tanh"})
+
+
+def _into_softmax(value: ir.Value) -> bool:
+    """Whether a Softmax reads ``value`` through a few score steps, each the one reader
+    (a scale, a mask, a soft-cap, the heads unfolded from the batch)."""
+    for _ in range(6):
+        readers = [use.node for use in value.uses()]
+        if len(readers) != 1:
+            return False
+        if readers[0].op_type == "Softmax":
+            return True
+        if readers[0].op_type not in _SCORE_STEPS:
+            return False
+        value = readers[0].outputs[0]
+    return False
 
 
 def _all_zero(value: ir.Value | None) -> bool:
