@@ -78,6 +78,8 @@ def _verdict(check: dict[str, Any] | None) -> str:
     verdict = "passed" if check.get("passed") else "**FAILED**"
     diff = check.get("max_abs_diff")
     detail = f", max abs diff {diff:.3g}" if isinstance(diff, (int, float)) else ""
+    left = check.get("skipped") or []  # sizes the original cannot run at
+    detail += f"; not checked at {_md('; '.join(map(str, left)))}" if left else ""
     return f"{verdict} on {check.get('samples')} sample(s){detail}"
 
 

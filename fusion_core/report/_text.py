@@ -87,6 +87,8 @@ def _check(check: dict[str, Any] | None) -> list[str]:
     for output in check["outputs"]:
         if not output["passed"]:
             lines.append(f"  output {output['name']!r}: {output['detail']}")
+    for left in check.get("skipped") or []:  # sizes the original cannot run at
+        lines.append(f"  not checked at {left}")
     return lines
 
 

@@ -333,6 +333,8 @@ def _check(report: dict[str, Any], summary: ReportSummary) -> dict[str, Any]:
         "checked": summary.check_passed is not None,
         "check_passed": bool(summary.check_passed),
         "check_error": summary.check_reason or summary.check_error,
+        # profiles the check added and left out: the original cannot run at those sizes
+        "check_left_out": [str(s) for s in _list(check.get("skipped"))],
         "max_abs": fmt(summary.max_abs_diff),
         "validation": _validation(check),
         "histograms": error_histograms(check),

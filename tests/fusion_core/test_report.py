@@ -306,3 +306,25 @@ def test_a_failed_check_reports_the_drifting_region_and_validates():
     assert report["check"]["passed"] is False
     assert "bn_b" in report["regions"]["first_drift"]["replaced_nodes"]
     assert report["structure"] == []
+
+
+def test_every_rendering_says_which_sizes_the_check_left_out(tmp_path) -> None:
+    """A model that takes the tokens in pairs runs at the check's 16 tokens and not at
+    its second length, 7: the check passes on 16, and the text, Markdown and HTML
+    renderings say what it could not check (a passed alone would overstate it)."""
+    from autofusion.fusion_core.report import render_html
+
+    pairs = testing.build_model(
+        """<ir_version: 8, opset_import: ["" : 18]>
+        g (float[batch, sequence, 4] x) => (float[batch, pairs, 8] y) {
+            y = Reshape (x, in_pairs)
+        }""",
+        {"in_pairs": np.array([0, -1, 8], np.int64)},
+    )
+    path = tmp_path / "pairs.onnx"
+    onnx.save(pairs, path)
+    config = OptimizeConfig(target="onnxruntime")
+    report = build_report(optimize(path, config), model=str(path), config=config)
+    assert report["check"]["passed"] and report["check"]["skipped"], report["check"]
+    for text in (format_summary(report), format_markdown(report), render_html(report)):
+        assert "not checked at {'batch': 1, 'sequence': 7}" in text.replace("&#39;", "'")
