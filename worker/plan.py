@@ -199,6 +199,7 @@ def summarize(report: dict[str, Any], plan: Plan, attempts: int, seconds: float)
             "failure": facts.check_failure,
             "error": facts.check_error,
             "reason": facts.check_reason,
+            "left_out": list(facts.check_left_out),  # sizes the original cannot run at
         }
     if facts.fallback_reason is not None:
         summary["fallback"] = {

@@ -76,6 +76,7 @@ def _check(summary: ReportSummary) -> dict[str, Any]:
         "passed": summary.check_passed,  # None: the check was skipped
         "max_abs_diff": summary.max_abs_diff,
         "reason": summary.check_reason or summary.check_failure,
+        "left_out": list(summary.check_left_out),  # sizes the original cannot run at
         # the check failed and the server fell back to the fusions that pass
         "fallback": (
             {"reason": summary.fallback_reason, "dropped": summary.fallback_dropped}

@@ -215,7 +215,8 @@ def _check(summary: ReportSummary) -> str:
     if summary.check_passed and summary.fallback_reason:
         return f"passed{shown}, after falling back: {fallback_words(summary)}"
     if summary.check_passed:
-        return "passed" + shown
+        left = "; ".join(summary.check_left_out)
+        return "passed" + shown + (f"; not checked at {left}" if left else "")
     words = _CHECK_FAILURES.get(summary.check_failure or "")
     return f"FAILED: {words}" if words else "FAILED: the outputs differ" + shown
 

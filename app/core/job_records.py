@@ -133,6 +133,11 @@ class CheckSummary(BaseModel):
     reason: str | None = Field(
         default=None, description="Why it did not pass, in one sentence in its kind's words"
     )
+    left_out: list[str] = Field(
+        default_factory=list,
+        description="Sizes the check added and left out because the original cannot run "
+        "there (a model that takes some lengths only): what a passed check did not check",
+    )
 
 
 class FallbackSummary(BaseModel):

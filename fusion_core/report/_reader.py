@@ -101,6 +101,9 @@ class ReportSummary:
     # were counted apart, when nodes_before/after included them)
     subgraph_nodes_before: int | None = None
     subgraph_nodes_after: int | None = None
+    # Sizes the check added and left out, the original cannot run there (the report's
+    # ``check.skipped``, a job summary's ``check.left_out``): a passed check says so
+    check_left_out: tuple[str, ...] = ()
 
     @property
     def subgraph_nodes(self) -> str | None:
@@ -199,6 +202,9 @@ def read_report(report: Mapping[str, Any]) -> ReportSummary:
         fallback_dropped=len(fallback.get("dropped") or []) if fallback else 0,
         fallback_unchanged=bool(fallback.get("unchanged")),
         rejected=len(report.get("rejected") or []),
+        check_left_out=tuple(
+            str(s) for s in (check.get("skipped") or check.get("left_out") or []) if s
+        ),
     )
 
 
