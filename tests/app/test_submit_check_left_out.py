@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from submit_testing import submit_outcome
+
 from autofusion.app.cli._submit_json import submit_document
 from autofusion.app.cli._submit_output import facts
 from autofusion.app.core.job_records import JobSummary
@@ -16,21 +18,7 @@ CHECK = {"passed": True, "max_abs_diff": 1e-6, "samples": 2, "outputs": [], "ski
 
 
 def _outcome(check: dict) -> SimpleNamespace:
-    report = {"target": "onnxruntime", "fusions": {}, "nodes": {}, "check": check}
-    job = {"id": "j1", "status": "succeeded", "links": {}, "summary": {}}
-    return SimpleNamespace(
-        job=job,
-        report=report,
-        server="http://af.example.com",
-        url="http://af.example.com/v1/jobs/j1",
-        profiled=False,
-        reused=None,
-        code=0,
-        message="ok",
-        gates=[],
-        elapsed_s=1.0,
-        idempotency_key=None,
-    )
+    return submit_outcome({"target": "onnxruntime", "fusions": {}, "nodes": {}, "check": check})
 
 
 def test_the_client_says_what_the_check_left_out() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from submit_testing import submit_outcome
 
 from autofusion.app.cli._submit_json import submit_document
 from autofusion.app.cli._submit_output import facts
@@ -20,21 +21,7 @@ BODIES = {"before": 3, "after": 5, "by_op_before": {"Neg": 3}, "by_op_after": {"
 
 
 def _outcome(nodes: dict) -> SimpleNamespace:
-    job = {"id": "j1", "status": "succeeded", "links": {}, "summary": {}}
-    report = {"target": "onnxruntime", "fusions": {"conv_bn_relu": 1}, "nodes": nodes}
-    return SimpleNamespace(
-        job=job,
-        report=report,
-        server="http://af.example.com",
-        url="http://af.example.com/v1/jobs/j1",
-        profiled=False,
-        reused=None,
-        code=0,
-        message="ok",
-        gates=[],
-        elapsed_s=1.0,
-        idempotency_key=None,
-    )
+    return submit_outcome({"target": "onnxruntime", "fusions": {"conv_bn_relu": 1}, "nodes": nodes})
 
 
 @pytest.mark.parametrize(
