@@ -45,7 +45,12 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import array_initializer, drop_unread, replace
+from autofusion.fusion_core.canonical._edits import (
+    array_initializer,
+    drop_unread,
+    free_name,
+    replace,
+)
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
 from autofusion.fusion_core.ir import constant_array
 
@@ -250,7 +255,7 @@ def undo_blend_masks(graph: ir.Graph, mark: str) -> int:
         if id(condition) not in floats:
             floats[id(condition)] = _float_again(graph, where, constant, chain, scores.dtype)
         b = floats[id(condition)]
-        one = _scalar(1.0, scores.dtype, f"{where.name}_one")
+        one = _scalar(1.0, scores.dtype, free_name(graph, f"{where.name}_one"))
         kept = ir.Node("", "Mul", [scores, b])
         inverted = ir.Node("", "Sub", [one, b])
         filled = ir.Node("", "Mul", [inverted.outputs[0], fill])

@@ -60,13 +60,21 @@ def new_initializer(
     return array_initializer(graph, name, array)
 
 
-def array_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """A new initializer holding ``array``, named ``name`` or, where that is taken, with
-    a suffix."""
+def free_name(graph: ir.Graph, name: str) -> str:
+    """``name``, or with a suffix where an initializer has it: an undo names what it puts
+    back after the node it rewrites, and a pass over a model an undo wrote before (each
+    stage of progressive validation starts from the last one's output) finds it taken."""
     unique, k = name, 0
     while unique in graph.initializers:
         k += 1
         unique = f"{name}_{k}"
+    return unique
+
+
+def array_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer holding ``array``, named ``name`` or, where that is taken, with
+    a suffix."""
+    unique = free_name(graph, name)
     value = ir.Value(name=unique, shape=ir.Shape(array.shape), const_value=ir.tensor(array))
     value.dtype = ir.DataType.from_numpy(array.dtype)
     graph.register_initializer(value)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import int64s, put_back, replace
+from autofusion.fusion_core.canonical._edits import free_name, int64s, put_back, replace
 from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
@@ -77,7 +77,7 @@ def undo_gathers(graph: ir.Graph, mark: str) -> int:
             continue
         indices = json.loads(reshape.metadata_props[_GATHER])
         constant = ir.Value(
-            name=f"{reshape.name}_indices",
+            name=free_name(graph, f"{reshape.name}_indices"),
             shape=ir.Shape([len(indices)]),
             const_value=ir.tensor(np.array(indices, np.int64)),
         )

@@ -35,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._edits import array_initializer
 from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
 from autofusion.fusion_core.ir import constant_array
 
@@ -146,13 +147,11 @@ def undo_scales(graph: ir.Graph, mark: str) -> int:
 def _scaled_by(graph: ir.Graph, value: ir.Value, factor: float | list, name: str) -> ir.Node:
     """``value`` times the recorded ``factor`` (a Div by ``c`` for ``["Div", c]``)."""
     op, number = factor if isinstance(factor, list) else ("Mul", factor)
-    constant = ir.Value(
-        name=f"{name}_factor",
-        shape=ir.Shape([]),
-        const_value=ir.tensor(np.array(number, value.dtype.numpy())),  # type: ignore[union-attr]
+    constant = array_initializer(
+        graph,
+        f"{name}_factor",
+        np.array(number, value.dtype.numpy()),  # type: ignore[union-attr]
     )
-    constant.dtype = value.dtype
-    graph.register_initializer(constant)
     node = ir.Node("", op, [value, constant], name=name)
     node.outputs[0].dtype, node.outputs[0].shape = value.dtype, value.shape
     return node

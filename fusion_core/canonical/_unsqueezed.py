@@ -23,7 +23,13 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._edits import by_op_type, int64s, put_back, replace
+from autofusion.fusion_core.canonical._edits import (
+    by_op_type,
+    free_name,
+    int64s,
+    put_back,
+    replace,
+)
 from autofusion.fusion_core.canonical._shape_values import axes_of, dim_entries, known_dims
 from autofusion.fusion_core.patterns import attribute_value
 
@@ -55,7 +61,8 @@ def undo_one_head_splits(graph: ir.Graph, mark: str) -> int:
         if split is None or split.op_type != "Reshape" or len(turn.inputs[0].uses()) != 1:  # type: ignore[union-attr]
             continue
         axes = ir.Value(
-            name=f"{turn.name}_axes", const_value=ir.tensor([1], dtype=ir.DataType.INT64)
+            name=free_name(graph, f"{turn.name}_axes"),
+            const_value=ir.tensor([1], dtype=ir.DataType.INT64),
         )
         axes.dtype, axes.shape = ir.DataType.INT64, ir.Shape([1])
         graph.register_initializer(axes)
