@@ -3,7 +3,8 @@
 A CI pipeline that calls ``optimize`` should not lose its model to one wrong fusion. When
 the check fails because of the fusion (the outputs differ, the fused graph is invalid or
 does not run), ``fall_back`` runs progressive validation (``progressive.py``): fusions in
-checked stages, each failing one found by bisection and dropped. What comes out is
+checked stages, each failing one found (``culprits.py``: the fusion whose node onnxruntime
+refused to run, else by bisection) and dropped alone. What comes out is
 checked against the original; when even that fails (a pre-pass changed what the model
 computes), the model comes back as it was given. ``Result.fallback`` says what happened:
 why the check failed, how many fusions were kept and which were dropped, and why.

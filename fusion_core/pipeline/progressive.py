@@ -3,11 +3,12 @@
 An optimizer that changes a model's answers is worst when the user has to bisect the
 culprit by hand. Here each stage (a group of patterns, by name glob) runs the whole
 pipeline on the previous stage's output and checks it against that input. When the
-check fails, the stage's fusions are bisected: with the fusions in the order they were
-applied, the smallest prefix that still fails ends in a culprit; that fusion is rolled
-back (re-running the stage with it skipped: ``optimize(..., skip=...)``), and the search
-repeats until the stage passes. Everything else the stage fused is kept. Each culprit
-costs about log2(fusions) extra runs of the stage.
+check fails, each culprit is found (``culprits.py``: the fusion that made the node
+onnxruntime refused to run, else by bisection of the fusions in the order they were
+applied) and rolled back alone (re-running the stage with it skipped:
+``optimize(..., skip=...)``) until the stage passes. Everything else the stage fused is
+kept. A refused node costs one extra run of the stage, a bisected culprit about
+log2(fusions).
 
 The default stages put the memory-bound fusions first (folds into weights, normalizations,
 activations: cheap to verify, rarely wrong) and the compute-bound ones (fused convolutions
@@ -23,7 +24,7 @@ import fnmatch
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -32,6 +33,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.catalog import CompiledPattern
 from autofusion.fusion_core.config import OptimizeConfig
 from autofusion.fusion_core.pipeline.check import check_against_original
+from autofusion.fusion_core.pipeline.culprits import Key, OutOfBudget, Rollback, roll_back_culprits
 from autofusion.fusion_core.pipeline.once import optimize_once, original_of, select_patterns
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.pipeline.switches import resolve_switches
@@ -59,20 +61,6 @@ DEFAULT_STAGES: tuple[tuple[str, ...], ...] = (
     ),
     ("*",),
 )
-MAX_ROLLBACKS_PER_STAGE = 16  # past this, the stage as a whole is not kept
-
-_Key = tuple[str, frozenset[str]]
-
-
-@dataclass(frozen=True)
-class Rollback:
-    stage: int
-    pattern: str
-    nodes: list[str]
-    error: str  # what the check said with this fusion applied
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -121,10 +109,10 @@ def optimize_progressive(
     chosen = select_patterns(config, registry, patterns)  # once: every stage takes from it
     available = [p.name for p in chosen]
     keep_fp32 = {p.name for p in chosen if p.spec.keep_fp32}
-    current: ir.Model = first.model  # after loading and the pre-passes, before any fusion
+    current: ir.Model = _named_nodes(first.model)  # after the pre-passes, before any fusion
     done: list[Result] = []
     rollbacks: list[Rollback] = []
-    skip: dict[_Key, str] = {}  # rolled back in an earlier stage stays rolled back
+    skip: dict[Key, str] = {}  # rolled back in an earlier stage stays rolled back
     for number, globs in enumerate(stages, start=1):
         names = [n for n in available if any(fnmatch.fnmatch(n, g) for g in globs)]
         if not names:
@@ -133,13 +121,13 @@ def optimize_progressive(
         stage_config = config.model_copy(update=update | _fold_left(first, done))
 
         def run(
-            skip: dict[_Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
+            skip: dict[Key, str], *, source: ir.Model = current, cfg: OptimizeConfig = stage_config
         ) -> Result:
             return optimize_once(
                 source, cfg, registry=registry, patterns=patterns, skip=skip, feeds=feeds
             )
 
-        result, stage_rollbacks = _bisect_stage(_bounded(run, budget), number, skip)
+        result, stage_rollbacks = roll_back_culprits(_bounded(run, budget), number, skip)
         rollbacks += stage_rollbacks
         if result is None:  # even with nothing fused the stage fails: keep its input
             continue
@@ -175,70 +163,17 @@ def progressive_as_configured(
     )
 
 
-class _OutOfBudget(Exception):
-    """The budget allows no further run: the stage keeps what it verified."""
-
-
 def _bounded(run, budget: Budget | None):
-    """``run``, refused with _OutOfBudget once ``budget`` is spent."""
+    """``run``, refused with OutOfBudget once ``budget`` is spent."""
     if budget is None:
         return run
 
-    def bounded(skip: dict[_Key, str]) -> Result:
+    def bounded(skip: dict[Key, str]) -> Result:
         if not budget.allows():
-            raise _OutOfBudget
+            raise OutOfBudget
         return run(skip)
 
     return bounded
-
-
-def _bisect_stage(run, number: int, skip: dict[_Key, str]) -> tuple[Result | None, list[Rollback]]:
-    """The stage with its culprits rolled back; when the budget runs out, the largest set
-    a run verified (None: none, the stage's input is kept) and a rollback saying so."""
-    verified: list[Result] = []  # the largest passing run so far, alone: each holds a model
-    rollbacks: list[Rollback] = []
-    try:
-        return _bisect(run, number, skip, rollbacks, verified)
-    except _OutOfBudget:
-        best = verified[0] if verified else None
-        kept = f"kept the largest verified set ({len(best.applied)} fusions)" if best else (
-            "kept the stage's input")  # fmt: skip
-        why = f"the fallback's time budget ran out before this stage finished: {kept}"
-        return best, rollbacks + [Rollback(number, "*", [], why)]
-
-
-def _bisect(
-    run, number: int, skip: dict[_Key, str], rollbacks: list[Rollback], verified: list[Result]
-) -> tuple[Result | None, list[Rollback]]:
-    def checked(skip: dict[_Key, str]) -> Result:
-        result = run(skip)
-        if _passed(result) and (not verified or len(result.applied) > len(verified[0].applied)):
-            verified[:] = [result]
-        return result
-
-    result = checked(skip)
-    while not _passed(result):
-        keys = [_key(a.pattern, a.replaced_nodes) for a in result.applied]
-        keys = [k for k in keys if k not in skip]
-        if not keys or len(rollbacks) >= MAX_ROLLBACKS_PER_STAGE:
-            return None, rollbacks + [
-                Rollback(number, "*", [], f"the stage was not kept: {_error(result)}")
-            ]
-        # applying keys[:k] fails for k = len(keys); find the smallest failing k
-        low, high, failing = 1, len(keys), result
-        while low < high:
-            middle = (low + high) // 2
-            trial = checked(skip | {k: "bisecting" for k in keys[middle:]})
-            if _passed(trial):
-                low = middle + 1
-            else:
-                high, failing = middle, trial
-        culprit = keys[low - 1]
-        error = _error(failing)
-        skip[culprit] = f"rolled back by progressive validation: {error}"
-        rollbacks.append(Rollback(number, culprit[0], sorted(culprit[1]), error))
-        result = checked(skip)
-    return result, rollbacks
 
 
 def _combined(
@@ -267,6 +202,22 @@ def _combined(
     return final
 
 
+def _named_nodes(model: ir.Model) -> ir.Model:
+    """``model`` with a name on every node: a rollback skips a fusion by its nodes' names,
+    and two fusions of unnamed nodes (``<Neg>``, ``<Relu>``) would be one to skip."""
+    nodes = list(ir.traversal.RecursiveGraphIterator(model.graph))
+    taken = {n.name for n in nodes if n.name}
+    for number, node in enumerate(nodes):
+        if node.name:
+            continue
+        name, k = f"{node.op_type}_{number}", 1
+        while name in taken:
+            name, k = f"{node.op_type}_{number}_{k}", k + 1
+        node.name = name
+        taken.add(name)
+    return model
+
+
 def _fold_left(first: Result, done: Sequence[Result]) -> dict[str, object]:
     """Config fields giving a stage's constant folding what the fold budget has left.
     Each stage starts from the previous one's model: a budget of its own, relative to
@@ -278,21 +229,3 @@ def _fold_left(first: Result, done: Sequence[Result]) -> dict[str, object]:
         "fold_growth_ratio": 0.0,
         "fold_growth_floor_bytes": max(first.folding.budget_bytes - grown, 0),
     }
-
-
-def _key(pattern: str, nodes: Sequence[str]) -> _Key:
-    return pattern, frozenset(nodes)
-
-
-def _passed(result: Result) -> bool:
-    return result.check is not None and result.check.passed
-
-
-def _error(result: Result) -> str:
-    check = result.check
-    if check is None:
-        return "not checked"
-    if check.error:
-        return check.error
-    failed = [o for o in check.outputs if not o.passed]
-    return "; ".join(f"output {o.name!r}: {o.detail}" for o in failed) or "check failed"

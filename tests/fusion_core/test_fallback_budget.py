@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import onnx_ir as ir
 import pytest
 
-from autofusion.fusion_core.pipeline import fallback, progressive
+from autofusion.fusion_core.pipeline import culprits, fallback, progressive
 from autofusion.fusion_core.pipeline.progressive import Budget
 from autofusion.fusion_core.pipeline.result import Result
 from autofusion.fusion_core.testing import build_model, run_both
@@ -78,7 +78,9 @@ def _stage(culprit: str, fusions: str = "abcd"):
 )
 def test_a_budget_spent_mid_bisection_keeps_the_largest_verified_set(runs, kept, note) -> None:
     budget = _Runs(seconds=0.0, left=runs)
-    result, rollbacks = progressive._bisect_stage(progressive._bounded(_stage("c"), budget), 2, {})
+    result, rollbacks = culprits.roll_back_culprits(
+        progressive._bounded(_stage("c"), budget), 2, {}
+    )
 
     assert (result and "".join(a.pattern for a in result.applied)) == kept
     assert budget.exhausted == (note is not None)
