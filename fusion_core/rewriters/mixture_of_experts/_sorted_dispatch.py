@@ -25,7 +25,10 @@ that was traced.
 
 Experts around another computation (a mixture of attention heads: the experts' query
 projections, an attention, their output projections) are no MoE op: ``experts_around``
-says what lies between the two projections.
+says what lies between the two projections and why the kernel cannot compute it (an
+attention mixes the tokens' rows; the kernel's expert is an elementwise activation
+between two linears on one row), nor either projection alone short of an identity
+second weight that at least doubles the work.
 """
 
 from __future__ import annotations
@@ -40,6 +43,36 @@ from autofusion.fusion_core.rewriters.mixture_of_experts._walk import computing,
 
 __all__ = ["SlabLinears", "experts_around", "slab_linears"]
 
+# Why no com.microsoft.MoE computes experts around another computation. The kernel's
+# expert is fc2(act(fc1(x))) on one row per token, act elementwise (onnxruntime 1.32's
+# CPU kernel: relu, gelu, silu, swiglu, identity), fc2 back to the row's width, and it
+# sums a token's k experts weighted. Each projection alone is one linear per slot (the
+# query's k results per token kept apart, the output's k inputs per token different
+# rows): the kernel takes that only slot by slot, k = 1 over the T * k slots under a
+# one-hot router with identity activation, and its fc2 back to the input's width must
+# then be an identity (zero-padded where the widths differ), at least doubling the
+# multiply-adds of the per-expert Gemms the graph already runs on the sorted slabs,
+# which measured faster than the kernel even for true MLP experts (docs/patterns.md).
+_MIXES_TOKENS = (
+    "what lies between mixes the rows of different tokens, where com.microsoft.MoE "
+    "applies an elementwise activation to each row between its two weights and sums a "
+    "token's k experts, so no MoE computes the block"
+)
+_READS_MORE = (
+    "what lies between reads values other than the tokens' rows, where com.microsoft.MoE "
+    "applies an elementwise activation to each row between its two weights, so no MoE "
+    "computes the block"
+)
+_ONE_MLP = (
+    "com.microsoft.MoE takes experts that are one MLP each (an elementwise activation "
+    "between two linears on each row)"
+)
+_NOR_ALONE = (
+    "nor either projection alone (one linear per slot, a token's k slots not summed or "
+    "not one row): the kernel would take it only slot by slot (k = 1, a one-hot router, "
+    "identity activation, an identity second weight), at least twice the multiply-adds "
+    "of the per-expert Gemms the graph already runs on the sorted slabs"
+)
 _WALK_LIMIT = 3000  # nodes walked back from a block's output to say what is around
 _MOST_OPS = 8  # op types named between the projections
 _MOST_READS = 3  # outside values named
@@ -228,9 +261,11 @@ def experts_around(graph: ir.Graph, output: ir.Value, stops: set[int], experts: 
         what.append(
             "reading " + ", ".join(repr(v.name) for v in list(reads.values())[:_MOST_READS])
         )
+    outside = _READS_MORE if reads else _ONE_MLP
+    why = f"{_MIXES_TOKENS}; {_NOR_ALONE}" if attention else outside
     return (
         f"experts around {'an attention' if attention else 'another computation'} "
         f"({', '.join(what) or 'data movement only'}) between their two projections (the "
         f"linears on the slabs of Splits {first.split.name!r} and {second.split.name!r}): "
-        "com.microsoft.MoE takes experts that are one MLP each"
+        f"{why}"
     )
