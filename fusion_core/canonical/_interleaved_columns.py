@@ -37,9 +37,10 @@ two parts are joined on their own first (a Concat of Concats is the same Concat)
 Why this keeps the model's outputs and its cache: only the projection's columns move,
 and the picks read the same values as before; the key after the rotary (what a cache
 stores) is the same tensor. Refused (nothing changes) where a value between the MatMul
-and the picks is read by anything but the next op on the way or a Shape (a Split's
-other outputs read other columns), where the picks do not cover the last axis exactly
-once, or where the weight is no constant. The weight, bias and scale become new
+and the picks is read by anything but the next op on the way, a Shape, or a Slice of
+columns the order leaves in place (a Split's other outputs read other columns; so does
+a nope part sliced beside the rope part), where the picks do not cover the last axis
+exactly once, or where the weight is no constant. The weight, bias and scale become new
 initializers, the old ones dropped where nothing else reads them (a tied weight keeps
 its columns for its other readers). The walk back to the projection is
 ``_interleaved_projection.py``.

@@ -7,7 +7,8 @@ that keeps the last axis last, a Split or step-1 Slice of the last axis and a Re
 whose last axis divides its input's carry the order to the columns before them (the
 rule's docstring has the math). The rule walks it to permute; the write-back walks it
 again to prove the way is still the one the rule permuted (the same nodes, each value
-on it read only by the next op), so un-permuting cannot change what anything else reads.
+on it read only by the next op, a Shape, or a Slice of columns the order leaves in
+place), so un-permuting cannot change what anything else reads.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def projection(heads: ir.Value, order: np.ndarray) -> Projection | None:
     found: list[tuple[ir.Node, int, np.ndarray]] = []
     way: list[ir.Node] = []
     for _ in range(_WALK):
-        if reader is not None and not _read_only_by(value, reader):
+        if reader is not None and not _read_only_by(value, reader, columns):
             return None
         node = value.producer()
         if node is None or node.domain not in ONNX or value.is_graph_output():
@@ -76,11 +77,24 @@ def slice_columns(node: ir.Node, size: int, rank: int) -> list[int] | None:
     return list(range(size)[start:end:step])  # Python's clamping is ONNX's for step > 0
 
 
-def _read_only_by(value: ir.Value, reader: ir.Node) -> bool:
-    """Whether ``reader`` and Shapes are all that read ``value``."""
-    return not value.is_graph_output() and all(
-        use.node is reader or use.node.op_type == "Shape" for use in value.uses()
-    )
+def _read_only_by(value: ir.Value, reader: ir.Node, columns: np.ndarray) -> bool:
+    """Whether ``reader``, Shapes and Slices of columns the order leaves in place
+    (``columns[c] == c``: a multi-head latent attention's nope part sliced beside the
+    rope part) are all that read ``value``, whose last axis is read in the order
+    ``columns``."""
+    if value.is_graph_output():
+        return False
+    dims = known_dims(value)
+    for use in value.uses():
+        node = use.node
+        if node is reader or node.op_type == "Shape":
+            continue
+        if node.op_type != "Slice" or node.domain not in ONNX or use.idx != 0 or dims is None:
+            return False
+        kept = slice_columns(node, columns.size, len(dims))
+        if not kept or dims[-1] != columns.size or any(columns[c] != c for c in kept):
+            return False
+    return True
 
 
 def _carried(

@@ -26,9 +26,13 @@ from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 
-__all__ = ["interleaved_layout", "interleaved_table", "pairs_source", "transposed_heads"]
-
-_BIG = 2**31 - 1
+__all__ = [
+    "heads_first",
+    "interleaved_layout",
+    "interleaved_table",
+    "pairs_source",
+    "transposed_heads",
+]
 
 
 def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
@@ -37,12 +41,13 @@ def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
     if params.rotary_node is not None:
         x = match.node(params.rotary_node).inputs[0]
     dims = known_dims(x)
-    known = (1, 3) if transposed_heads(x) else (2, 3)
+    known = (1, 3) if heads_first(x, match.value("$cos")) else (2, 3)
     if dims is None or len(dims) != 4 or not all(isinstance(dims[i], int) for i in known):
         name = x.name if x is not None else None
         return (
-            f"the rotated heads {name!r} are not known to be [B, S, heads, head_size] or "
-            "the transposed heads of a [B, S, heads * head_size] projection"
+            f"the rotated heads {name!r} are not known to be [B, S, heads, head_size], "
+            "the transposed heads of a [B, S, heads * head_size] projection or a Slice "
+            "of their last axis"
         )
     size = int(dims[3])  # type: ignore[arg-type]
     rotary_dim = size
@@ -79,6 +84,29 @@ def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
     if known_dims(flat.outputs[0]) != want:
         return f"Reshape {flat.name!r} does not flatten the pairs to {want}"
     return x, rotary_dim
+
+
+def heads_first(x: ir.Value | None, cos: ir.Value | None) -> bool:
+    """Whether ``x`` is laid out ``[B, N, S, H]``: the transposed heads themselves
+    (``transposed_heads``), a part of their last axis cut by a Slice or a Split
+    (DeepSeek-V4's rope part ``x[..., -r:]``: either keeps the other three axes), or
+    any 4-D ``x`` its ``cos`` broadcasts to from ``Unsqueeze(c, 1)`` of ``[Bc, S, r]``
+    (V4's compressed entries, one head ``Unsqueeze(kv, 1)``, and its context
+    rotated back): the angles' own axes say where the positions are."""
+    if transposed_heads(x):
+        return True
+    angles = cos.producer() if cos is not None else None
+    if angles is not None and angles.op_type == "Unsqueeze" and axes_of(angles) == [1]:
+        return len(known_dims(x) or []) == 4
+    part = x.producer() if x is not None else None
+    if part is None or part.domain not in ("", "ai.onnx") or not part.inputs:
+        return False
+    size = (known_dims(part.inputs[0]) or [None])[-1]
+    if part.op_type == "Slice":
+        cut = isinstance(size, int) and _bounds(part, size) is not None
+    else:
+        cut = part.op_type == "Split" and attribute_value(part, "axis", 0) in (-1, 3)
+    return cut and transposed_heads(part.inputs[0])
 
 
 def transposed_heads(x: ir.Value | None) -> bool:
@@ -305,10 +333,13 @@ def _split_of_gathered(table: ir.Value, half: int) -> tuple[np.ndarray | None, i
 
 
 def _bounds(node: ir.Node, size: int) -> tuple[int, int, int] | None:
-    """(start, end, step) of a Slice of the last axis, ends clamped to ``size``."""
+    """(start, end, step) of a Slice of the last axis as ONNX reads them: a negative
+    bound counts from the end (DeepSeek-V4's ``x[..., -r:]``), both clamped to
+    ``[0, size]``."""
     start, end = scalar(node.inputs[1]), scalar(node.inputs[2])
     axes = scalar(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     step = scalar(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else 1
     if start is None or end is None or axes not in (-1, 3) or step is None or step < 1:
         return None
-    return max(start, 0), min(end if end < _BIG else size, size), step
+    start, end = (min(max(v + size if v < 0 else v, 0), size) for v in (start, end))
+    return start, end, step

@@ -3,9 +3,8 @@
 The rotary rewriter (``rotary.py``) proves the rotation; this reads its angles: a
 ``[Bc, S, r]`` value the graph computes (from ``inv_freq`` and the positions, halves
 concatenated or repeated, or folded into the batch), or a constant table gathered by
-position ids, and makes the op's inputs from it: the ``[max_positions, r / 2]`` cos and
-sin caches (``angle_cache``; shared between the layers that read one table) and the
-position ids (``rotary_positions``).
+position ids, or a constant table folded for one length; the op's inputs made from it
+are ``_rotary_inputs``'s.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.rewriters._base import RewriteContext
-from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
 
-__all__ = ["AngleTable", "angle_cache", "angle_table", "rotary_positions"]
+__all__ = ["AngleTable", "angle_table", "one_rotation"]
 
 
 class AngleTable:
@@ -92,6 +89,8 @@ def _repeated_halves(
     first, second = producer.inputs
     if first is None or first is not second or attribute_value(producer, "axis", 0) not in (-1, 3):
         return None
+    if constant_array(first) is not None:
+        return _constant_half(first, x_dims, rotary_dim, what)
     unsqueeze = first.producer()
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
         return f"the {what} {first.name!r} repeated over both halves is not Unsqueeze(c, 1)"
@@ -106,6 +105,29 @@ def _repeated_halves(
     if dims[0] != 1 and not batched:
         return f"the batch of the {what} table {table.name!r} ({dims[0]}) is neither 1 nor B"
     return AngleTable(table, batched, None, None, half=True)
+
+
+def _constant_half(value: ir.Value, x_dims: list, rotary_dim: int, what: str) -> AngleTable | str:
+    """A constant ``[1, 1, S, r / 2]`` angle repeated over both halves: the angles of a
+    graph exported for one length (Bailing-hybrid's dynamo prefill at ``[1, 7]``: the
+    rotary tables folded). Row ``s`` multiplies position ``s`` of every head and batch,
+    so the rows are the cache, read at positions ``0 .. S - 1`` (position ids
+    ``Range(0, S)``, onnxruntime's offset 0); a table with rows per head or per batch,
+    or one row for every position, is no such cache."""
+    array = constant_array(value)
+    assert array is not None
+    half, length = rotary_dim // 2, x_dims[2]
+    if array.ndim != 4 or array.shape[:2] != (1, 1) or array.shape[3] != half:
+        return (
+            f"the constant {what} {value.name!r} {list(array.shape)} is not one row per "
+            f"position [1, 1, S, {half}]"
+        )
+    if not isinstance(length, int) or array.shape[2] != length:
+        return (
+            f"the constant {what} {value.name!r} {list(array.shape)} does not hold one row "
+            f"per position of the heads {x_dims}"
+        )
+    return AngleTable(value, False, array[0, 0].astype(np.float32), None, half=True)
 
 
 def _folded_table(
@@ -186,113 +208,21 @@ def _equal_halves(value: ir.Value) -> str | None:
     return "the angle's computation is longer than the steps followed"
 
 
-def angle_cache(
-    table: AngleTable,
-    rotary_dim: int,
-    ctx: RewriteContext,
-    nodes: list[ir.Node],
-    dtype: ir.DataType | None,
-) -> ir.Value:
-    """``[rows, r / 2]``: the first half of the table, one row per position, in ``dtype``
-    (the rotated input's: the op takes x and its caches in one type, float or float16)."""
-    dtype = dtype or ir.DataType.FLOAT
-    if table.table is not None:
-        suffix = "" if dtype == ir.DataType.FLOAT else f"_{dtype.name.lower()}"
-        cache = table.table.astype(dtype.numpy())
-        return ctx.initializer(f"{table.value.name}angle_cache{suffix}", cache)
-    key = f"rotary_cache:{table.value.name}:{dtype.name}"
-    found = shared_value(ctx.graph, key)
-    if found is not None:
-        return found
-    half = rotary_dim // 2
-    shape = ctx.initializer("rotary_rows", np.array([-1, half], np.int64))
-    if table.half:
-        first = None
-        flat = ir.Node("", "Reshape", [table.value, shape])
-    elif table.pairs:  # one entry of each repeated pair: t[..., 0:r:2]
-        bounds = [
-            ctx.initializer(name, np.array([value], np.int64))
-            for name, value in (
-                ("rotary_zero", 0),
-                (f"rotary_dim_{rotary_dim}", rotary_dim),
-                ("rotary_last_axis", -1),
-                ("rotary_two", 2),
-            )
-        ]
-        first = ir.Node("", "Slice", [table.value, *bounds])
-        flat = ir.Node("", "Reshape", [first.outputs[0], shape])
-    else:
-        starts = ctx.initializer("rotary_zero", np.array([0], np.int64))
-        ends = ctx.initializer("rotary_half", np.array([half], np.int64))
-        axes = ctx.initializer("rotary_last_axis", np.array([-1], np.int64))
-        first = ir.Node("", "Slice", [table.value, starts, ends, axes])
-        flat = ir.Node("", "Reshape", [first.outputs[0], shape])
-    flat.outputs[0].dtype = table.value.dtype
-    nodes += [n for n in (first, flat) if n is not None]
-    if table.value.dtype != dtype:  # angles computed in another type than x (a Cast after)
-        nodes.append(ir.Node("", "Cast", [flat.outputs[0]], [ir.AttrInt64("to", dtype)]))
-        nodes[-1].outputs[0].dtype = dtype
-    mark_shared(nodes[-1], key)
-    return nodes[-1].outputs[0]
-
-
-def rotary_positions(
-    table: AngleTable, x: ir.Value, contrib: bool, ctx: RewriteContext, nodes: list[ir.Node]
-) -> ir.Value:
-    """The cache row of each (batch, position): the table's ids, ``b * S + s``, or
-    ``[0]`` (row ``s`` for every batch) where onnxruntime takes that form."""
-    if table.ids is not None:
-        if table.ids.dtype == ir.DataType.INT64:
-            return table.ids
-        nodes.append(ir.Node("", "Cast", [table.ids], [ir.AttrInt64("to", ir.DataType.INT64)]))
-        return nodes[-1].outputs[0]
-    if not table.batched and contrib:
-        return ctx.initializer("rotary_offset", np.array([0], np.int64))
-    if table.table is not None:  # a folded table: row s for every batch of x
-        return _rows_for_every_batch(table.table.shape[0], x, ctx, nodes)
-    key = f"rotary_positions:{table.value.name}" + ("" if table.batched else f":{x.name}")
-    found = shared_value(ctx.graph, key)
-    if found is not None:
-        return found
-    batch_and_sequence = ir.Node(
-        "", "Shape", [table.value], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 2)]
+def one_rotation(cos: AngleTable, sin: AngleTable) -> str | None:
+    """Why two constant caches are not the cosine and sine of one angle per entry, or
+    None (also where either is computed: its Cos or Sin is read from the graph). The
+    op would compute the same products from any two tables; this keeps a product by
+    two unrelated constants from being named a rotation. ``cos^2 + sin^2`` must be one
+    number over the whole table, 1 or a scaling's square (YaRN scales both)."""
+    if cos.table is None or sin.table is None:
+        return None
+    if cos.table.shape != sin.table.shape:
+        return f"the cos and sin caches are {cos.table.shape} and {sin.table.shape}"
+    norms = cos.table.astype(np.float64) ** 2 + sin.table.astype(np.float64) ** 2
+    # 1e-2: float16 tables round each entry by up to 2^-11; other angles miss by far more
+    if norms.size and np.allclose(norms, norms.flat[0], rtol=1e-2, atol=0) and norms.flat[0] > 0:
+        return None
+    return (
+        f"the constant tables {cos.value.name!r} and {sin.value.name!r} are not the cosine "
+        "and sine of one angle per entry (cos^2 + sin^2 varies)"
     )
-    nodes.append(batch_and_sequence)
-    rows = ir.Node("", "ReduceProd", [batch_and_sequence.outputs[0]], [ir.AttrInt64("keepdims", 0)])
-    zero = ctx.initializer("rotary_first_row", np.array(0, np.int64))
-    one = ctx.initializer("rotary_step", np.array(1, np.int64))
-    arange = ir.Node("", "Range", [zero, rows.outputs[0], one])
-    shaped = ir.Node("", "Reshape", [arange.outputs[0], batch_and_sequence.outputs[0]])
-    nodes += [rows, arange, shaped]
-    if not table.batched:  # generic: [1, S] rows for every batch of x
-        batch = ir.Node("", "Shape", [x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
-        sequence = ir.Node(
-            "", "Shape", [table.value], [ir.AttrInt64("start", 1), ir.AttrInt64("end", 2)]
-        )
-        target = ir.Node(
-            "", "Concat", [batch.outputs[0], sequence.outputs[0]], [ir.AttrInt64("axis", 0)]
-        )
-        nodes += [
-            batch,
-            sequence,
-            target,
-            ir.Node("", "Expand", [shaped.outputs[0], target.outputs[0]]),
-        ]
-    nodes[-1].outputs[0].dtype = ir.DataType.INT64
-    mark_shared(nodes[-1], key)
-    return nodes[-1].outputs[0]
-
-
-def _rows_for_every_batch(
-    rows: int, x: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]
-) -> ir.Value:
-    """``[B, S]`` position ids ``0 .. S - 1`` for each batch of ``x`` (ONNX
-    RotaryEmbedding's 2-D form)."""
-    arange = ctx.initializer(f"rotary_rows_{rows}", np.arange(rows, dtype=np.int64)[None, :])
-    batch = ir.Node("", "Shape", [x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
-    length = ctx.initializer(f"rotary_length_{rows}", np.array([rows], np.int64))
-    target = ir.Node("", "Concat", [batch.outputs[0], length], [ir.AttrInt64("axis", 0)])
-    expand = ir.Node("", "Expand", [arange, target.outputs[0]])
-    expand.outputs[0].dtype = ir.DataType.INT64
-    nodes += [batch, target, expand]
-    return expand.outputs[0]

@@ -42,10 +42,19 @@ When ``x`` is the head split ``Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])
 GPT-J's interleaved spelling (``rotate_every_two``: the features rotated in pairs
 ``(x_2i, x_2i+1)``) is proven in ``_rotary_pairs`` and becomes the same op with
 ``interleaved = 1``, on the ``[B, S, N * H]`` projection its ``[B, S, N, H]`` heads come
-from.
+from; on heads laid out ``[B, N, S, H]`` that are no head split of their own it rotates
+the 4-D ``x`` itself. DeepSeek-V4 rotates the *trailing* ``r`` channels of each head,
+``Concat(x[..., :-r], rot(x[..., -r:]))``: the pattern's whole-head form matches the
+rope part ``x[..., -r:]`` (a Slice or Split of the transposed heads, 4-D), the op
+rotates that part alone and the Concat stays; ``concat_heads`` then lays the parts out
+as a head split the attention reads. Slice bounds are read as ONNX reads them (a
+negative bound counts from the end), never assumed.
 
-Reading the cos and sin (computed, gathered from a table, folded into the batch) and
-making the op's caches and position ids from them is ``_rotary_tables``.
+Reading the cos and sin (computed, gathered from a table, folded into the batch, or a
+constant ``[1, 1, S, r / 2]`` table of a graph exported at one length) and making the
+op's caches and position ids from them are ``_rotary_tables`` and ``_rotary_inputs``;
+two constant caches must be the cosine and sine of one angle per entry (``cos^2 +
+sin^2`` one number).
 
 On the generic target, ONNX ``RotaryEmbedding`` (opset 23,
 https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html) computes the same from the
@@ -66,24 +75,19 @@ from autofusion.fusion_core.rewriters._base import (
     Rewriter,
     opset_refusal,
 )
+from autofusion.fusion_core.rewriters._rotary_inputs import angle_cache, rotary_positions
 from autofusion.fusion_core.rewriters._rotary_pairs import (
+    heads_first,
     interleaved_layout,
     interleaved_table,
     pairs_source,
-    transposed_heads,
 )
-from autofusion.fusion_core.rewriters._rotary_tables import (
-    AngleTable,
-    angle_cache,
-    angle_table,
-    rotary_positions,
-)
+from autofusion.fusion_core.rewriters._rotary_tables import AngleTable, angle_table, one_rotation
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ROTARY_OPSET", "RotaryEmbedding"]
 
 ROTARY_OPSET = 23  # ONNX RotaryEmbedding
-_BIG = 2**31 - 1  # a Slice end at least this large means "to the end"
 
 
 class RotaryParams(Params):
@@ -127,6 +131,9 @@ class RotaryEmbedding(Rewriter):
         assert not isinstance(cos, str) and not isinstance(sin, str)
         if cos.batched != sin.batched or cos.ids is not sin.ids:
             return "cos and sin are not indexed the same way (batch or position ids differ)"
+        unpaired = one_rotation(cos, sin)
+        if unpaired is not None:
+            return unpaired
         nodes: list[ir.Node] = []
         cos_cache = angle_cache(cos, rotary_dim, ctx, nodes, x.dtype)
         sin_cache = angle_cache(sin, rotary_dim, ctx, nodes, x.dtype)
@@ -135,15 +142,7 @@ class RotaryEmbedding(Rewriter):
         split = _head_split(x, (heads, size))
         rotated_in = split[0].inputs[0] if split is not None else x
         attrs = [ir.AttrInt64("num_heads", heads), ir.AttrInt64("rotary_embedding_dim", rotary_dim)]
-        if contrib:
-            ctx.use_domain(MS_DOMAIN)
-            rotary = ir.Node(
-                MS_DOMAIN, "RotaryEmbedding", [rotated_in, positions, cos_cache, sin_cache], attrs
-            )
-        else:
-            rotary = ir.Node(
-                "", "RotaryEmbedding", [rotated_in, cos_cache, sin_cache, positions], attrs
-            )
+        rotary = _rotary_op(rotated_in, positions, (cos_cache, sin_cache), attrs, ctx, contrib)
         nodes.append(rotary)
         _copy_type(rotated_in, rotary.outputs[0])
         if split is not None:  # the head split again, after the rotation
@@ -167,12 +166,52 @@ def _interleaved(
 ) -> Rewrite | str:
     """GPT-J's spelling (``_rotary_pairs``): the [B, S, N * H] projection rotated by an
     interleaved RotaryEmbedding, and the heads split again after it; ``layout`` is the
-    heads x [B, S, N, H], the rotary dimension and x's dims, checked."""
+    heads x, the rotary dimension and x's dims, checked. Heads laid out [B, N, S, H]
+    that are no head split of their own (DeepSeek-V4's rope part, a Slice of the last
+    axis of the heads) are rotated as they are, the op's 4-D form."""
     x, rotary_dim, dims = layout
-    transposed = transposed_heads(x)
+    first = heads_first(x, match.value("$cos"))
+    tables = _interleaved_tables(match, dims, rotary_dim, first)
+    if isinstance(tables, str):
+        return tables
+    cos, sin = tables
+    heads, size = int(dims[1 if first else 2]), int(dims[3])  # type: ignore[arg-type]
+    head_split = _head_split(x, (heads, size)) if first else None
+    split = head_split[0] if head_split is not None else None
+    if not first:
+        split = pairs_source(x, (heads, size))
+        if split is None:
+            return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
+    rotated_in = split.inputs[0] if split is not None else x
+    nodes: list[ir.Node] = []
+    cos_cache = angle_cache(cos, rotary_dim, ctx, nodes, rotated_in.dtype)
+    sin_cache = angle_cache(sin, rotary_dim, ctx, nodes, rotated_in.dtype)
+    positions = rotary_positions(cos, rotated_in, contrib, ctx, nodes)
+    attrs = [
+        ir.AttrInt64("num_heads", heads),
+        ir.AttrInt64("rotary_embedding_dim", rotary_dim),
+        ir.AttrInt64("interleaved", 1),
+    ]
+    nodes.append(_rotary_op(rotated_in, positions, (cos_cache, sin_cache), attrs, ctx, contrib))
+    _copy_type(rotated_in, nodes[-1].outputs[0])
+    if split is not None:  # the heads split again, as x was
+        nodes.append(ir.Node("", "Reshape", [nodes[-1].outputs[0], split.inputs[1]], _attrs(split)))
+        _copy_type(split.outputs[0], nodes[-1].outputs[0])
+    if head_split is not None:  # and transposed again
+        nodes.append(ir.Node("", "Transpose", [nodes[-1].outputs[0]], _attrs(head_split[1])))
+    out = match.node(params.concat_node or params.sum_node).outputs[0]
+    _copy_type(out, nodes[-1].outputs[0])
+    return Rewrite(nodes, [(out, nodes[-1].outputs[0])])
+
+
+def _interleaved_tables(
+    match: Match, dims: list, rotary_dim: int, first: bool
+) -> tuple[AngleTable, AngleTable] | str:
+    """The cos and sin behind the interleaved rotation's repeat_interleave, indexed the
+    same way, or why not."""
     tables = []
     for free, what in (("$cos", "cos"), ("$sin", "sin")):
-        found = interleaved_table(match.value(free), dims, rotary_dim, what, transposed=transposed)
+        found = interleaved_table(match.value(free), dims, rotary_dim, what, transposed=first)
         if isinstance(found, str):
             return found
         value, batched, constant, ids, holds = found
@@ -182,38 +221,23 @@ def _interleaved(
     cos, sin = tables
     if cos.batched != sin.batched or cos.ids is not sin.ids:
         return "cos and sin are not indexed the same way (batch or position ids differ)"
-    heads, size = int(dims[1 if transposed else 2]), int(dims[3])  # type: ignore[arg-type]
-    head_split = _head_split(x, (heads, size)) if transposed else None
-    split = head_split[0] if head_split is not None else pairs_source(x, (heads, size))
-    if split is None or (transposed and head_split is None):
-        return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
-    nodes: list[ir.Node] = []
-    projection = split.inputs[0]
-    cos_cache = angle_cache(cos, rotary_dim, ctx, nodes, projection.dtype)
-    sin_cache = angle_cache(sin, rotary_dim, ctx, nodes, projection.dtype)
-    positions = rotary_positions(cos, projection, contrib, ctx, nodes)
-    attrs = [
-        ir.AttrInt64("num_heads", heads),
-        ir.AttrInt64("rotary_embedding_dim", rotary_dim),
-        ir.AttrInt64("interleaved", 1),
-    ]
+    return one_rotation(cos, sin) or (cos, sin)
+
+
+def _rotary_op(
+    rotated_in: ir.Value,
+    positions: ir.Value,
+    caches: tuple[ir.Value, ir.Value],
+    attrs: list[ir.Attr],
+    ctx: RewriteContext,
+    contrib: bool,
+) -> ir.Node:
+    """com.microsoft RotaryEmbedding (input, position_ids, cos, sin), or ONNX's (input,
+    cos, sin, position_ids) on the generic target."""
     if contrib:
         ctx.use_domain(MS_DOMAIN)
-        inputs = [projection, positions, cos_cache, sin_cache]
-        rotary = ir.Node(MS_DOMAIN, "RotaryEmbedding", inputs, attrs)
-    else:
-        rotary = ir.Node(
-            "", "RotaryEmbedding", [projection, cos_cache, sin_cache, positions], attrs
-        )
-    _copy_type(projection, rotary.outputs[0])
-    heads_again = ir.Node("", "Reshape", [rotary.outputs[0], split.inputs[1]], _attrs(split))
-    _copy_type(split.outputs[0], heads_again.outputs[0])
-    nodes += [rotary, heads_again]
-    if head_split is not None:  # and the heads transposed again, as x was
-        nodes.append(ir.Node("", "Transpose", [heads_again.outputs[0]], _attrs(head_split[1])))
-    out = match.node(params.concat_node or params.sum_node).outputs[0]
-    _copy_type(out, nodes[-1].outputs[0])
-    return Rewrite(nodes, [(out, nodes[-1].outputs[0])])
+        return ir.Node(MS_DOMAIN, "RotaryEmbedding", [rotated_in, positions, *caches], attrs)
+    return ir.Node("", "RotaryEmbedding", [rotated_in, *caches, positions], attrs)
 
 
 def _layout(match: Match, params: RotaryParams) -> tuple[ir.Value, int] | str:
@@ -260,13 +284,15 @@ def _layout(match: Match, params: RotaryParams) -> tuple[ir.Value, int] | str:
 
 
 def _slice_bounds(node: ir.Node, size: int) -> tuple[int, int] | str:
-    """[start, end) of a Slice of the last axis (step 1), ends clamped to ``size``."""
+    """[start, end) of a Slice of the last axis (step 1) as ONNX reads it: a negative
+    bound counts from the end, both clamped to ``[0, size]``."""
     start, end = scalar(node.inputs[1]), scalar(node.inputs[2])
     axes = scalar(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else None
     step = scalar(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else 1
     if start is None or end is None or axes not in (-1, 3) or step != 1:
         return f"Slice {node.name!r} is not a slice of the last axis with bounds the graph fixes"
-    return max(start, 0), min(end if end < _BIG else size, size)
+    start, end = (min(max(v + size if v < 0 else v, 0), size) for v in (start, end))
+    return start, end
 
 
 def _head_split(x: ir.Value, heads: tuple[int, int]) -> tuple[ir.Node, ir.Node] | None:
