@@ -211,6 +211,9 @@ def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
             # and ReduceMean only: without this a ReduceMax (gpt-oss's sinks) ends it
             for op in ("ReduceMax", "ReduceMin"):
                 inference.dispatcher_.setdefault(op, inference._infer_ReduceMean)
+            inference.dispatcher_["Split"] = functools.partial(
+                _split_by_computed_sizes, symbolic_shape_infer, inference
+            )
             complete = False
             inference._preprocess(proto)
             while inference.run_:
@@ -224,6 +227,25 @@ def _onnxruntime_inference(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     finally:
         ort_logger.setLevel(level)
     return result
+
+
+def _split_by_computed_sizes(module: types.ModuleType, inference, node) -> None:
+    """A Split whose sizes are computed at run time gives each part a size of its own.
+    onnxruntime's rule takes such a Split for an even one (``dim / parts``), which is
+    wrong for a sorted dispatch's per-expert slabs (JetMoE: ``2*tokens/3`` written for a
+    part the router sizes); the model it wrote fails in onnxruntime."""
+    computed = len(node.input) > 1 and node.input[1] and inference._try_get_value(node, 1) is None
+    if not computed:
+        inference._infer_Split(node)
+        return
+    shape = inference._get_sympy_shape(node, 0)
+    axis = module.handle_negative_axis(module.get_attribute(node, "axis", 0), len(shape))
+    element = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
+    for index, name in enumerate(node.output):
+        own = inference._new_symbolic_dim_from_output(node, index, axis)
+        dims = module.get_shape_from_sympy_shape([*shape[:axis], own, *shape[axis + 1 :]])
+        value_info = inference.known_vi_[name]
+        value_info.CopyFrom(onnx.helper.make_tensor_value_info(name, element, dims))
 
 
 @functools.cache
