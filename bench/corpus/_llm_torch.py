@@ -5,16 +5,16 @@ Why: users export decoders themselves as often as through optimum. A prefill gra
 ``model(input_ids, attention_mask).logits`` without a cache; the decode graph is how one
 exports a cache with ``torch.onnx.export(dynamo=True)`` in transformers 5.24: a wrapper
 whose inputs are the cache's past states as tensors, which it loads into the cache the
-model builds for itself (``_kv_states``: ``DynamicCache(config=...)``, keys and values of
-the attention layers, convolution and recurrent states of a hybrid's other layers, the
-latent key and value of multi-head latent attention; sliding layers keep the whole past,
-Mistral's window is applied by the mask, as in optimum's export), and whose outputs are
-the logits and the cache's states after the step. The step takes any number of new
-tokens where torch.export can trace that and the graph computes the model's logits at
-another batch and count of tokens (``_check_any_length``); a recurrent layer's chunked
-scan cannot (its loop over chunks and its in-place state fix the length), so those models
-export the step ``generate`` takes, one new token, with the mask ``past_sequence_length +
-1`` long.
+model builds for itself (``_kv_states``: ``DynamicCache(config=...)``, keys and values
+of the attention layers, convolution and recurrent states of a hybrid's other layers,
+the latent key and value of multi-head latent attention, the indexer keys of DeepSeek
+sparse attention; sliding layers keep the whole past, Mistral's window is applied by the
+mask, as in optimum's export), and whose outputs are the logits and the cache's states
+after the step. The step takes any number of new tokens where torch.export can trace
+that and the graph computes the model's logits at another batch and count of tokens
+(``_check_any_length``); a recurrent layer's chunked scan cannot (its loop over chunks
+and its in-place state fix the length), so those models export the step ``generate``
+takes, one new token, with the mask ``past_sequence_length + 1`` long.
 The TorchScript exporter is not used for the cache: optimum's export is that (it calls
 ``torch.onnx.export(dynamo=False)``).
 

@@ -10,12 +10,13 @@ profile ``cpu-roofline``, the check on), and runs ``bench/_decoder_steps.py``'s 
 both: a batch of two 16-token prompts, the second left-padded by 5, prefilled from an
 empty cache, then ``--steps`` greedy one-token steps, every variant fed the original's
 tokens. The survey's graphs carry more than keys and values (``_kv_states``): a state
-whose name ends in ``key`` or ``value`` grows along its length axis and starts empty; a
-convolution or recurrent state has a fixed size, starts at zeros (a causal convolution's
-left padding and a scan's initial state) and is carried from ``present.*`` to
-``past_key_values.*`` as is. A graph exported for one new token (a recurrent layer's
-chunked scan fixes the length) is prefilled one token at a time, and one whose batch the
-export fixed to 1 runs each row alone (the padded row still padded).
+whose name ends in ``key``, ``value`` or ``indexer_key`` (a sparse attention's indexer)
+grows along its length axis and starts empty; a convolution or recurrent state has a
+fixed size, starts at zeros (a causal convolution's left padding and a scan's initial
+state) and is carried from ``present.*`` to ``past_key_values.*`` as is. A graph
+exported for one new token (a recurrent layer's chunked scan fixes the length) is
+prefilled one token at a time, and one whose batch the export fixed to 1 runs each row
+alone (the padded row still padded).
 
 Per family: the attention ops fused against the model's attention layers, the max abs
 difference of the logits over the prefill's real positions and over the steps, the
@@ -50,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ for the d
 from _decoder_steps import compare, positions, prompts
 
 PAST, PRESENT = "past_key_values.", "present."
-GROWING = ("key", "value")  # _kv_states' kinds of an attention layer's cache
-LENGTH_AXIS = 2  # _kv_states.LENGTH_AXIS (imported there with torch)
+# the kinds that grow, and their length axis: _kv_states.LENGTH_AXES (imported there with torch)
+GROWING = {"key": 2, "value": 2, "indexer_key": 1}
 BATCH, LENGTH, PADDING, STEPS = 2, 16, 5, 6
 ATOL, RELATIVE = 1e-4, 1e-5
 CONFIG = dict(target="onnxruntime", target_profile="cpu-roofline")  # the survey's
@@ -80,13 +81,14 @@ def state_kind(name: str) -> str:
 
 
 def empty_state(name: str, shape: list, batch: int, dtype=np.float32) -> np.ndarray:
-    """The state before any token: keys and values of length 0, a fixed-size state
-    (convolution, recurrent) of zeros. Every dim but the batch and the growing length
-    must be a number in the graph."""
+    """The state before any token: keys, values and indexer keys of length 0, a
+    fixed-size state (convolution, recurrent) of zeros. Every dim but the batch and the
+    growing length must be a number in the graph."""
     dims = list(shape)
     dims[0] = batch
-    if state_kind(name) in GROWING:
-        dims[LENGTH_AXIS] = 0
+    kind = state_kind(name)
+    if kind in GROWING:
+        dims[GROWING[kind]] = 0
     unknown = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     if unknown:
         raise ValueError(
@@ -186,7 +188,8 @@ def run_steps(path: Path, ids, mask, steps: int, tokens=None):
 
 class TorchDecoder(Decoder):
     """The family's torch model fed as its graph is (one token a call where the graph
-    takes one): the export's own error, the cache classes as exported."""
+    takes one): the export's own error, the cache classes as exported, a top-k's exact
+    ties broken as onnxruntime breaks them (``_topk_ties``)."""
 
     def __init__(self, family: str, one_token: bool) -> None:
         import _llm_families as fam
@@ -202,8 +205,9 @@ class TorchDecoder(Decoder):
 
     def step(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         import torch
+        from _topk_ties import onnx_ties
 
-        with torch.no_grad():
+        with torch.no_grad(), onnx_ties():
             out = self.model(
                 input_ids=torch.from_numpy(ids),
                 attention_mask=torch.from_numpy(mask),

@@ -19,12 +19,12 @@ None of these families is in ``export_llm.py``'s corpus, and no rule names them.
     python bench/corpus/unseen_families.py [--out DIR] [--markdown FILE] [--kv] [FAMILY ...]
 
 ``--kv`` exports the one-step KV-cache graph instead (``_llm_torch``'s ``dynamo_kv``:
-torch.export of the model with the cache it builds for itself, past and present as inputs
-and outputs: each layer's key and value, or its convolution and recurrent states
-(``_kv_states``); one new token where torch.export cannot keep the length free; the
-dynamo exports from an example of two rows, ``EXAMPLE_BATCH``, so the batch stays a
-dim), where
-the attention should become GroupQueryAttention with the cache.
+torch.export of the model with the cache it builds for itself, past and present as
+inputs and outputs: each layer's key and value (and a sparse attention's indexer keys),
+or its convolution and recurrent states (``_kv_states``); one new token where
+torch.export cannot keep the length free; the dynamo exports from an example of two
+rows, ``EXAMPLE_BATCH``, so the batch stays a dim), where the attention should become
+GroupQueryAttention with the cache.
 
 Needs the corpus extra (torch, transformers): ``make .venv/.corpus-installed``.
 """

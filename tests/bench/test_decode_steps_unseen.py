@@ -1,9 +1,10 @@
-"""The padded decode of the surveyed families (bench/corpus/decode_steps_unseen.py) starts and
-carries every cache state as a generation loop does: keys and values start empty and grow,
-a convolution or recurrent state starts at zeros and is carried as is, a graph exported
-for one new token is prefilled one token at a time, and one exported for one row runs each
-row alone, to the same logits. No torch: a toy decoder graph in ONNX text stands in for an
-export.
+"""The padded decode of the surveyed families (bench/corpus/decode_steps_unseen.py)
+starts and carries every cache state as a generation loop does: keys, values and a
+sparse attention's indexer keys start empty and grow (along axis 2, 2 and 1), a
+convolution or recurrent state starts at zeros and is carried as is, a graph exported
+for one new token is prefilled one token at a time, and one exported for one row runs
+each row alone, to the same logits. No torch: a toy decoder graph in ONNX text stands in
+for an export.
 """
 
 import sys
@@ -21,16 +22,19 @@ import decode_steps_unseen as decode
 
 RTOL, ATOL = 0.0, 1e-6
 
-# Both channels of logits[b, s] are the running sum of every token fed so far: channel 0
-# from the keys (a cache that grows), channel 1 from a fixed-size state (the sum of earlier
-# calls' tokens, carried as is): right whatever the calls' lengths only if the key starts
-# empty, the state at zeros, and both are carried from present to past.
+# The three channels of logits[b, s] are the running sum of every token fed so far: channel
+# 0 from the keys (a cache that grows along axis 2), channel 1 from a fixed-size state (the
+# sum of earlier calls' tokens, carried as is), channel 2 from indexer keys (a cache that
+# grows along axis 1, as DeepSeek sparse attention's): right whatever the calls' lengths
+# only if both caches start empty, the state at zeros, and all are carried from present
+# to past.
 TOY = """
 <ir_version: 8, opset_import: ["" : 18]>
 toy (int64[batch, seq] input_ids, int64[batch, total] attention_mask,
-     float[batch, 1, past, 1] past_key, float[batch, 1, 1] past_conv)
-    => (float[batch, seq, 2] logits, float[batch, 1, total, 1] present_key,
-        float[batch, 1, 1] present_conv) {
+     float[batch, 1, past, 1] past_key, float[batch, 1, 1] past_conv,
+     float[batch, past, 1] past_index)
+    => (float[batch, seq, 3] logits, float[batch, 1, total, 1] present_key,
+        float[batch, 1, 1] present_conv, float[batch, total, 1] present_index) {
     ids = Cast<to = 1>(input_ids)
     heads_and_dim = Constant<value = int64[2] {1, 3}>()
     length_axis = Constant<value = int64[1] {2}>()
@@ -49,7 +53,11 @@ toy (int64[batch, seq] input_ids, int64[batch, total] attention_mask,
     from_state = Add(within, earlier)
     channel_0 = Unsqueeze(from_keys, length_axis)
     channel_1 = Unsqueeze(from_state, length_axis)
-    logits = Concat<axis = 2>(channel_0, channel_1)
+    new_index = Unsqueeze(ids, length_axis)
+    present_index = Concat<axis = 1>(past_index, new_index)
+    index_running = CumSum(present_index, token_axis)
+    channel_2 = Slice(index_running, start, end, token_axis)
+    logits = Concat<axis = 2>(channel_0, channel_1, channel_2)
     call_sum = ReduceSum<keepdims = 1>(ids, token_axis)
     call_total = Unsqueeze(call_sum, length_axis)
     present_conv = Add(past_conv, call_total)
@@ -60,6 +68,8 @@ RENAMED = {
     "past_conv": "past_key_values.0.conv",
     "present_key": "present.0.key",
     "present_conv": "present.0.conv",
+    "past_index": "past_key_values.0.indexer_key",
+    "present_index": "present.0.indexer_key",
 }
 
 
@@ -86,8 +96,10 @@ def toy(request, tmp_path_factory) -> Path:
 
 def test_keys_and_values_start_empty_and_other_states_at_zeros():
     key = decode.empty_state("past_key_values.3.key", ["batch", 2, "past", 32], 2)
+    indexer = decode.empty_state("past_key_values.3.indexer_key", ["batch", "past", 32], 2)
     conv = decode.empty_state("past_key_values.0.conv.1", ["batch", 768, 4], 2)
     assert key.shape == (2, 2, 0, 32)
+    assert indexer.shape == (2, 0, 32)  # [batch, length, dim]: one head, length on axis 1
     assert conv.shape == (2, 768, 4) and not conv.any()
 
 
@@ -107,7 +119,7 @@ def test_each_present_state_becomes_the_next_past_and_a_missing_one_is_an_error(
 def _expected(ids: np.ndarray, tokens: list[np.ndarray]) -> list[np.ndarray]:
     """The toy's logits by hand: the running sum of every token fed so far."""
     whole = np.concatenate([ids, *(t[:, None] for t in tokens)], axis=1).astype(np.float32)
-    running = np.repeat(np.cumsum(whole, axis=1)[..., None], 2, axis=-1)
+    running = np.repeat(np.cumsum(whole, axis=1)[..., None], 3, axis=-1)
     length = ids.shape[1]
     return [running[:, :length]] + [running[:, length + i :][:, :1] for i in range(len(tokens))]
 

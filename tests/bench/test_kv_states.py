@@ -1,6 +1,7 @@
 """The survey's KV-cache wrapper (bench/corpus ``_llm_torch.DecodeWithCache``) loads the
 past into the cache the model builds for itself (``_kv_states``) and computes the decode
-step torch computes, for attention, hybrid, latent-attention and sliding families, so
+step torch computes, for attention, hybrid, latent-attention, sliding and DeepSeek
+sparse-attention families (whose indexer keeps its keys in the cache too), so
 that the survey's KV rows (docs/benchmarks-unseen.md) are the decode step of each family.
 Eager torch only, no export: about 10 s in all; it needs the corpus extra (torch,
 transformers), so the corpus tier runs it.
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "corpus")
 import _kv_states as kv  # noqa: E402 (torch first: importorskip)
 import _llm_families as fam  # noqa: E402 (torch first: importorskip)
 import _llm_torch  # noqa: E402 (torch first: importorskip)
+from _unseen_fifth import FIFTH  # noqa: E402 (torch first: importorskip)
 from _unseen_third import THIRD  # noqa: E402 (torch first: importorskip)
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -29,12 +31,16 @@ CASES = {
     "falcon_h1": [("key", "value", "conv", "recurrent")] * 2,  # both in every layer
     "youtu": [("key", "value")] * 2,  # multi-head latent attention: one latent head
     "modernbert-decoder": [("key", "value")] * 2,  # 8 KV heads, a sliding layer
+    # sparse attention: without its past indexer keys the top-k keeps every key (dense)
+    "deepseek_v32": [("key", "value", "indexer_key")] * 2,
+    "glm_moe_dsa": [("key", "value", "indexer_key"), ("key", "value")],  # reuses the top-k
 }
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _families():
-    added = {name: spec for name, (spec, _) in THIRD.items() if name not in fam.FAMILIES}
+    surveyed = {**THIRD, **FIFTH}
+    added = {name: spec for name, (spec, _) in surveyed.items() if name not in fam.FAMILIES}
     fam.FAMILIES.update(added)
     yield
     for name in added:
@@ -79,11 +85,16 @@ def test_state_names_say_the_layer_and_what_the_tensor_is():
         kv.State(0, "conv", 0, (1, 8, 4), False),
         kv.State(0, "recurrent", 1, (1, 2, 4, 4), False),
         kv.State(1, "key", 0, (1, 2, 7, 4), True),
+        kv.State(1, "indexer_key", 0, (1, 7, 32), True),  # [batch, length, dim]
     ]
     names = [s.name("past_key_values") for s in states]
     assert names == [
         "past_key_values.0.conv",
         "past_key_values.0.recurrent.1",
         "past_key_values.1.key",
+        "past_key_values.1.indexer_key",
     ]
-    assert kv.dynamic_shapes(states, "b", "p") == [{0: "b"}, {0: "b"}, {0: "b", 2: "p"}]
+    dims = [{0: "b"}, {0: "b"}, {0: "b", 2: "p"}, {0: "b", 1: "p"}]
+    assert kv.dynamic_shapes(states, "b", "p") == dims
+    pasts = kv.example(states, 2, 5, torch.Generator().manual_seed(0))
+    assert [tuple(t.shape) for t in pasts] == [(2, 8, 4), (2, 2, 4, 4), (2, 2, 5, 4), (2, 5, 32)]
