@@ -103,6 +103,7 @@ def interleaved_columns(graph: ir.Graph, fresh_name: Callable[[str], str], mark:
             continue  # read in order already (rotate_half's own halves)
         found = projection(heads, order)
         if found is None:
+            done += _gathered_in_order(graph, heads, picks, order, fresh_name, mark)
             continue
         heads.name = heads.name or fresh_name(f"{RULE}_heads")  # the write-back finds it so
         site = {"site": fresh_name(f"{RULE}_site"), "constants": len(found.constants)}
@@ -344,3 +345,29 @@ def _join(graph: ir.Graph, concat: ir.Node, at: int, fresh_name, mark: str) -> N
     axis = attribute_value(concat, "axis", 0)
     outer.metadata_props[GROUPED] = json.dumps([at, axis, kept.name])
     replace(graph, concat, [inner, outer], mark, RULE)
+
+
+def _gathered_in_order(
+    graph: ir.Graph, heads: ir.Value, picks: list[_Pick], order: np.ndarray, fresh_name, mark
+) -> int:
+    """Where no projection computes ``heads`` (one head normed before its rotary: Dots3's
+    shared key part): ``x' = Gather(heads, order, axis=-1)`` read by contiguous Slices, the
+    same elements (``pick_i(x) == Slice(x', [o_i, o_i + n_i))``, exactly). Not for one
+    Gather of every column (what this leaves), nor a shuffle (the Reshape back reads the
+    whole axis in order already); 1 where written."""
+    dims = known_dims(heads)
+    if dims is None or dims[1] != 1:  # one head [B, 1, S, d]; a [B, S, N, d] rotary stays
+        return 0
+    if len(picks) < 2 or any(p.last is not p.reader for p in picks):
+        return 0
+    indices = int64s(graph, fresh_name, order.tolist())
+    gather = ir.Node("", "Gather", [heads, indices], [ir.AttrInt64("axis", -1)])
+    gather.name = fresh_name(RULE)
+    gather.metadata_props[mark] = RULE
+    ordered = gather.outputs[0]
+    ordered.name = fresh_name(f"{RULE}_ordered")
+    ordered.dtype, ordered.shape = heads.dtype, heads.shape
+    graph.insert_before(picks[0].reader, gather)
+    parts = _read_in_order(graph, ordered, picks, fresh_name, mark, fresh_name(f"{RULE}_site"))
+    _group_rotations(graph, parts, fresh_name, mark)
+    return 1

@@ -321,10 +321,8 @@ def test_every_concat_query_fuses_into_one_attention_exactly(s: Query) -> None:
     rotaries = done.ops.count("RotaryEmbedding")
     if s.kv_heads != s.heads:
         assert rotaries == 1, f"{s}: {rotaries} rotary"  # the query's alone
-    elif s.key_rotary != "interleaved" or not s.key_norm:
+    else:  # interleaved picks behind a norm too: gathered in order (interleaved_columns)
         assert rotaries == 2, f"{s}: {rotaries} rotary"
-    else:  # interleaved picks behind a norm: the rotary rules do not fuse them (yet)
-        assert rotaries in (1, 2), f"{s}: {rotaries} rotary"
     onnx.checker.check_model(done.model, full_check=True)
     _assert_same_values(model, done.model)
 
