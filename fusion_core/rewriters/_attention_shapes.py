@@ -2,6 +2,12 @@
 ``rotary``): the head split and merge Reshapes, K^T.
 
 Each function returns what it proved, or a sentence saying why not (a near miss).
+Which sizes a Reshape keeps or swaps is proven from the graph where the caller passes a
+proof (``FusedSizeProof``, ``fusion_core.sizes``: a target's entries read from shapes, 0
+copies, -1 the rest; ``group_query_attention``), not read from the labels an inference
+put on the values, which may name two sizes alike. Callers that pass none (``attention``,
+``rotary``) still compare the labels (``_labels_keep``): the proof does not yet read
+through every op their earlier fusions leave (``attention``'s guard of empty rows).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._base import Params, scale_factor
+from autofusion.fusion_core.sizes import SizeProof
 
 
 class HeadNodes(Params):
@@ -53,9 +60,32 @@ def target_entries(reshape: ir.Node) -> list[int | None] | str:
     return entries
 
 
+def _keeps_axes(reshape: ir.Node, source: ir.Value, axes: range, proof: SizeProof | None) -> bool:
+    """Whether the Reshape's output is proven as large as ``source`` on each of ``axes``
+    (its B and S: see the callers); without a ``proof``, whether the labels say so."""
+    if proof is None:
+        return _labels_keep(reshape, source, axes)
+    out = reshape.outputs[0]
+    for axis in axes:
+        size = proof.size(source, axis)
+        if size is None or proof.size(out, axis) != size:
+            return False
+    return True
+
+
+def _labels_keep(reshape: ir.Node, source: ir.Value, axes: range) -> bool:
+    """Whether each of ``axes`` of the Reshape's output is ``source``'s by its target (a
+    0 that copies, the same number) or by the labels inferred on both."""
+    entries = target_entries(reshape)
+    dims = known_dims(source)
+    if isinstance(entries, str) or dims is None:
+        return False
+    return all(i < len(dims) and _keeps_dim(reshape, entries, i, dims[i]) for i in axes)
+
+
 def _keeps_dim(reshape: ir.Node, entries: list[int | None], i: int, want: Dim) -> bool:
     """Whether output dimension ``i`` of the Reshape is ``want`` (a known dimension)."""
-    if want is None:
+    if want is None or i >= len(entries):
         return False
     entry = entries[i]
     if entry == 0 and not attribute_value(reshape, "allowzero", 0):
@@ -66,8 +96,9 @@ def _keeps_dim(reshape: ir.Node, entries: list[int | None], i: int, want: Dim) -
     return out is not None and len(out) > i and out[i] == want
 
 
-def heads_of(splits: list[ir.Node]) -> tuple[int, int] | str:
-    """(N, H) read from the head-split Reshapes, which must agree and keep [B, S]."""
+def heads_of(splits: list[ir.Node], proof: SizeProof | None = None) -> tuple[int, int] | str:
+    """(N, H) read from the head-split Reshapes, which must agree and keep [B, S]
+    (proven by ``proof``; by the labels without one)."""
     found = None
     for reshape in splits:
         source = reshape.inputs[0]
@@ -89,7 +120,7 @@ def heads_of(splits: list[ir.Node]) -> tuple[int, int] | str:
                 f"the heads and head size {entries[2:]} of the target of Reshape "
                 f"{reshape.name!r} are not constants that split {dims[2]}"
             )
-        if not all(_keeps_dim(reshape, entries, i, dims[i]) for i in (0, 1)):
+        if not _keeps_axes(reshape, source, range(2), proof):
             return (
                 f"cannot show that Reshape {reshape.name!r} keeps the batch and sequence "
                 f"dimensions of {source.name!r} ({dims[:2]})"
@@ -101,7 +132,9 @@ def heads_of(splits: list[ir.Node]) -> tuple[int, int] | str:
     return found
 
 
-def merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> str | None:
+def merges_heads(
+    output: ir.Node, query: ir.Value, heads: tuple[int, int], proof: SizeProof | None
+) -> str | None:
     """The final Reshape goes back to [B, S, N * H] with the query's B and S."""
     entries = target_entries(output)
     if isinstance(entries, str):
@@ -112,7 +145,7 @@ def merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> st
     last_ok = entries[-1] in (hidden, -1) or (out is not None and out[-1] == hidden)
     if len(entries) != 3 or not last_ok:
         return f"Reshape {output.name!r} does not merge the heads into [B, S, {hidden}]"
-    if not all(_keeps_dim(output, entries, i, dims[i]) for i in (0, 1)):
+    if not _keeps_axes(output, query, range(2), proof):
         return (
             f"cannot show that Reshape {output.name!r} restores the batch and sequence "
             f"dimensions of {query.name!r} ({dims[:2]})"
@@ -120,16 +153,18 @@ def merges_heads(output: ir.Node, query: ir.Value, heads: tuple[int, int]) -> st
     return None
 
 
-def swaps_last_axes(flat: ir.Node, unflat: ir.Node) -> str | None:
-    """Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L]) is K^T."""
-    k, flat_dims, out = (
-        known_dims(flat.inputs[0]),
-        known_dims(flat.outputs[0]),
-        known_dims(unflat.outputs[0]),
-    )
-    known = k is not None and flat_dims is not None and out is not None
-    if not known or len(k) != 4 or len(flat_dims) != 3 or len(out) != 4:
+def swaps_last_axes(flat: ir.Node, unflat: ir.Node, proof: SizeProof | None) -> str | None:
+    """Reshape(Transpose(Reshape(K, [B * N, L, H]), [0, 2, 1]), [B, N, H, L]) is K^T: each
+    size of the two Reshapes' outputs proven K's on its axis (by the labels without a
+    ``proof``)."""
+    values = (flat.inputs[0], flat.outputs[0], unflat.outputs[0])
+    ranks = [len(v.shape) if v is not None and v.shape is not None else 0 for v in values]
+    if ranks != [4, 3, 4]:
         return f"the shapes around {flat.name!r} and {unflat.name!r} are not known"
+    k, flat_dims, out = (
+        [proof.size(v, a) for a in range(r)] if proof is not None else known_dims(v)
+        for v, r in zip(values, ranks, strict=True)
+    )
     want_flat, want_out = k[2:], [k[0], k[1], k[3], k[2]]
     same = all(
         a is not None and a == b
@@ -158,7 +193,9 @@ def reshapes_same_data(reshape: ir.Node) -> str | None:
     return None
 
 
-def layout_failure(match: Match, params: Any, reshape: ir.Node | None) -> str | None:
+def layout_failure(
+    match: Match, params: Any, reshape: ir.Node | None, proof: SizeProof | None = None
+) -> str | None:
     """Why the matched reshapes and transposes are not the layout the fused op
     assumes, or None: the Reshape after (when there is one) must move the same data,
     K's flatten/unflatten (``k_flat_node``, ``k_unflat_node``) must swap the last two
@@ -167,21 +204,25 @@ def layout_failure(match: Match, params: Any, reshape: ir.Node | None) -> str | 
         return failure
     if params.k_flat_node is not None and params.k_unflat_node is not None:
         flat, unflat = match.node(params.k_flat_node), match.node(params.k_unflat_node)
-        return swaps_last_axes(flat, unflat)
+        return swaps_last_axes(flat, unflat, proof)
     return None
 
 
 def merged_layout(
-    match: Match, params: Any, query: ir.Value, heads: tuple[int, int]
+    match: Match,
+    params: Any,
+    query: ir.Value,
+    heads: tuple[int, int],
+    proof: SizeProof | None = None,
 ) -> tuple[bool, float] | str:
     """(whether a Reshape must follow the fused op, the scale) of the matched block, or
     why its layout or scale is not the fused op's. The op's ``[B, S, N * H]`` is
     ``out_t``'s ``[B, S, N, H]`` with the heads merged, so any Reshape of ``out_t`` is the
     same Reshape of it, unless it copies a dimension past the second (a 0 entry without
-    allowzero)."""
+    allowzero). ``proof``: the sizes' proof (the labels decide without one)."""
     output = match.node(params.output_node)
-    reshape_after = merges_heads(output, query, heads) is not None
-    failure = layout_failure(match, params, output if reshape_after else None)
+    reshape_after = merges_heads(output, query, heads, proof) is not None
+    failure = layout_failure(match, params, output if reshape_after else None, proof)
     if failure is not None:
         return failure
     scale = matched_scale(match, params)

@@ -17,7 +17,10 @@ with its KV cache, as one com.microsoft ``GroupQueryAttention`` (onnxruntime tar
 exports without one fuse too, with no past inputs). ``q``, ``k`` and ``v`` are read
 back through the head splits (``q`` usually a ``RotaryEmbedding``'s output, see
 ``rotary``), the heads proven from the Reshape targets and the repeat proven to map
-query head ``n`` to KV head ``n // (N / KV)`` from the known shapes.
+query head ``n`` to KV head ``n // (N / KV)`` from the sizes the graph proves. Every
+size a decision rests on (the query's and the key's lengths, ``P``, the graph input a
+length is read from) is proven from the graph, never read from a label an inference
+put on a value, which may name two sizes alike (``_proven``).
 
 The rotary stays in its own ops, and q, k, v stay split, though the kernel can take
 both (``do_rotary`` with ``cos_cache``, ``sin_cache``, ``position_ids``; packed QKV
@@ -126,7 +129,8 @@ not take, are padded with zeros to ``H`` and each context head cut back to ``Hv`
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
 The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the sliding
 window's in ``_window``, the padding term's in ``_padding``, the sum of two masks' in
-``_summed``, the bias and lengths built in ``_bias``.
+``_summed``, the bias built in ``_bias``, the lengths in ``_lengths``, the sizes they
+rest on proven in ``_proven``.
 """
 
 from __future__ import annotations

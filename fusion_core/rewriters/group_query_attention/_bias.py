@@ -1,12 +1,14 @@
 """What GroupQueryAttention takes besides q, k, v and the cache, built once for all
 layers where their shapes agree: the bias from the graph's mask, the rows to keep, and
-the sequence lengths.
+the sequence lengths (``_lengths``).
 
 Every layer of an export slices the model's one mask to its key length (optimum:
 ``Slice(mask, 0, Shape(K)[2], axis 3)``), a Slice that keeps the whole mask; so the bias
 ``Where(allowed, 0, lowest)`` and the keep-rows factor are built from the unsliced mask
-and shared by the layers (``_shared``), as are the lengths for the same symbolic batch,
-sequence and past dimensions.
+and shared by the layers (``_shared``), as are the lengths for the same batch, sequence
+and past sizes. Every size here is proven from the graph (``_proven``): the Slices kept
+whole, the graph input a length is read from and what the layers share, never a label
+an inference put on a value (it may give one label to a padded and an unpadded length).
 
 They are built in the mask's type, float32 or float16 (the attention's: the kernel takes
 one type). A float16 finite mask (-65504, -1e4) is not float32's lowest: onnxruntime's
@@ -26,18 +28,25 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
 from autofusion.fusion_core.rewriters.group_query_attention._inputs import KVSide
+from autofusion.fusion_core.rewriters.group_query_attention._lengths import (
+    graph_input_with_dim,
+)
 from autofusion.fusion_core.rewriters.group_query_attention._padding import padding_rows
+from autofusion.fusion_core.rewriters.group_query_attention._proven import (
+    Past,
+    same_size,
+)
 from autofusion.fusion_core.rewriters.group_query_attention._window import (
     MaskTerms,
     query_free_terms,
 )
+from autofusion.fusion_core.sizes import ONE, SizeProof
 
-__all__ = ["MaskBias", "any_key_rows", "lengths_of", "shared_bias"]
+__all__ = ["MaskBias", "any_key_rows", "shared_bias"]
 
 # the types the bias and the rows to keep are built in: the attention's own
 _BIAS_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
@@ -74,6 +83,7 @@ def shared_bias(
     q: ir.Value,
     key: KVSide,
     *,
+    past: Past,
     causal_kernel: bool,
     sink: bool = False,
 ) -> MaskBias | None:
@@ -92,26 +102,26 @@ def shared_bias(
     key in the graph and only the earlier ones in the kernel, so those rows are the
     mean of the cache's values instead (``empty_rows = "mean"``). With attention sinks
     (``sink``) such a row is 0 in the graph and in the kernel alike: no rows to keep.
-    float16 is built alike but for one row (the module's docstring)."""
-    root = _unsliced(allowed)
-    dims = known_dims(root)
-    if dims is None or len(dims) != 4 or dims[1] != 1:
+    float16 is built alike but for one row (the module's docstring); ``past``: ``P`` and
+    the proof of sizes."""
+    root = _unsliced(allowed, past.proof)
+    if len(root.shape or ()) != 4 or past.proof.size(root, 1) != ONE:
         return None
     if mask.dtype not in _BIAS_TYPES:  # the bias and rows below are built in its type
         return None
     negative = constant_array(mask.producer().inputs[2])  # type: ignore[union-attr]
     assert negative is not None
     infinite = bool(np.any(np.isneginf(negative)))
-    # -inf as the type's lowest: a kernel's row of -inf alone is NaN, which 0 times
-    # the row to keep leaves NaN (float16's -65504 is measured finite in the kernel)
+    # -inf as the type's lowest: a kernel's row of -inf alone is NaN, which 0 times the
+    # row to keep leaves NaN (float16's -65504 is measured finite in the kernel); CumSum
+    # (the rows to keep) is opset 11's
     masked = _lowest(mask.dtype) if infinite else negative.reshape(-1)[:1].reshape(())
-    past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
-    # CumSum (the rows to keep) is opset 11's
     padding_only = causal_kernel and (infinite or key.past is not None or sink) and ctx.opset >= 11
     terms = query_free_terms(root, past) if padding_only else None
     if isinstance(terms, MaskTerms):
         rows = None if sink else infinite  # what an empty row needs: nothing with sinks
-        bias, keep, nodes = _padding_bias(terms, root, masked, q, key, ctx, zero_rows=rows)
+        sides = (q, key, past.proof)
+        bias, keep, nodes = _padding_bias(terms, root, masked, sides, ctx, zero_rows=rows)
         return MaskBias(bias, keep, nodes, True, "zero" if infinite else "mean", terms.window)
     note = terms if isinstance(terms, str) else None
     nodes: list[ir.Node] = []
@@ -132,8 +142,7 @@ def _padding_bias(
     terms: MaskTerms,
     root: ir.Value,
     masked: np.ndarray,
-    q: ir.Value,
-    key: KVSide,
+    sides: tuple[ir.Value, KVSide, SizeProof],
     ctx: RewriteContext,
     *,
     zero_rows: bool | None,
@@ -145,12 +154,13 @@ def _padding_bias(
     keeps iff the running count of ``t`` at ``P + s`` is not 0 (less the count at
     ``P + s - W``; ``CumSum``, its last ``S`` entries): 0 or 1 to multiply by
     (``zero_rows``, in ``masked``'s type), else a bool to pick with; none at all for
-    ``zero_rows=None``."""
+    ``zero_rows=None``; ``sides``: the query, the key and the proof of sizes."""
     if not terms.others:
         return None, None, []
+    q, key, proof = sides
     out = _Emitter()
-    term = _padding_term(terms.others, root, ctx, out)
-    bias = _broadcast_bias(term, root, masked, q, ctx, out)
+    term = _padding_term(terms.others, root, ctx, out, proof)
+    bias = _broadcast_bias(term, (root, masked), (q, proof), ctx, out)
     if zero_rows is None:
         return bias, None, out.nodes
     keep_type = ir.DataType.from_numpy(masked.dtype) if zero_rows else ir.DataType.BOOL
@@ -178,7 +188,7 @@ class _Emitter:
 
 
 def _padding_term(
-    terms: list[ir.Value], root: ir.Value, ctx: RewriteContext, out: _Emitter
+    terms: list[ir.Value], root: ir.Value, ctx: RewriteContext, out: _Emitter, proof: SizeProof
 ) -> ir.Value:
     """The conjunction of the terms, each read from the graph's 2-D mask where it is
     that mask (``padding_rows``)."""
@@ -188,7 +198,7 @@ def _padding_term(
         return found
     parts = []
     for term in terms:
-        rows = padding_rows(term)
+        rows = padding_rows(term, proof)
         if rows is not None:
             axes = ctx.initializer("gqa_padding_axes", np.array([1, 2], np.int64))
             term = out.add("Unsqueeze", [rows, axes])
@@ -200,16 +210,16 @@ def _padding_term(
 
 def _broadcast_bias(
     term: ir.Value,
-    root: ir.Value,
-    masked: np.ndarray,
-    q: ir.Value,
+    mask: tuple[ir.Value, np.ndarray],
+    query: tuple[ir.Value, SizeProof],
     ctx: RewriteContext,
     out: _Emitter,
 ) -> ir.Value:
     """``Expand(Where(t, 0, lowest), [1, 1, S, 1])``: the kernel wants one row per query.
-    ``S`` is read from a graph input where one has it, and the bias shared by the layers
-    only then (``_lengths`` says why)."""
-    source, axis = _graph_input_with_dim(ctx.graph, q, 1)
+    ``S`` is read from a graph input proven to have it, and the bias shared by the layers
+    only then (``_lengths`` says why); ``mask``: the unsliced mask and the 0-d lowest."""
+    (root, masked), (q, proof) = mask, query
+    source, axis = graph_input_with_dim(ctx.graph, q, 1, proof)
     key = f"gqa_padding_bias:{root.name}:{_signature(masked)}"
     if not source.is_graph_input():
         key += f":{q.name}"
@@ -305,22 +315,28 @@ def _count_before_window(
     return out.add("Slice", [shifted, first, end, axis])
 
 
-def _unsliced(allowed: ir.Value) -> ir.Value:
-    """``allowed`` before Slices that keep its whole shape (known, equal dims)."""
+def _unsliced(allowed: ir.Value, proof: SizeProof) -> ir.Value:
+    """``allowed`` before Slices that keep its whole shape: each size of the Slice's
+    output proven the input's (a label may call a prefix as long as the whole)."""
     for _ in range(4):
         producer = allowed.producer()
-        if producer is None or producer.op_type != "Slice":
+        if producer is None or producer.op_type != "Slice" or producer.inputs[0] is None:
             break
-        before, after = known_dims(producer.inputs[0]), known_dims(allowed)
-        if before is None or before != after or None in before:
+        before = producer.inputs[0]
+        rank = len(before.shape or ())
+        if rank != len(allowed.shape or ()) or not all(
+            same_size(proof.size(before, a), proof.size(allowed, a)) for a in range(rank)
+        ):
             break
-        allowed = producer.inputs[0]
+        allowed = before
     return allowed
 
 
-def any_key_rows(allowed: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
+def any_key_rows(
+    allowed: ir.Value, ctx: RewriteContext, nodes: list[ir.Node], proof: SizeProof
+) -> ir.Value:
     """``[B, S, 1]`` bool: the rows of the whole mask with a key to attend to."""
-    root = _unsliced(allowed)
+    root = _unsliced(allowed, proof)
     key = f"gqa_any_key:{root.name}"
     found = shared_value(ctx.graph, key)
     if found is not None:
@@ -355,79 +371,3 @@ def _keep_rows(
     mark_shared(nodes[-1], key)
     nodes[-1].outputs[0].dtype = dtype
     return nodes[-1].outputs[0]
-
-
-def lengths_of(
-    q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]
-) -> list[ir.Value]:
-    """``seqlens_k`` ([B] int32: every key row is valid, L - 1), ``total_sequence_length``
-    (scalar int32 L) and ``query_seqlens`` ([B] int32 S), L = past length + S; shared
-    by the layers whose batch, sequence and past dimensions are the same symbols."""
-    dims = (known_dims(q) or [None])[0], (known_dims(key.new) or [None, None])[1]
-    past = (known_dims(key.past) or [None] * 3)[2] if key.past is not None else 0
-    shared_key = f"gqa_lengths:{dims[0]}:{dims[1]}:{past}" if None not in (*dims, past) else None
-    if shared_key is not None:
-        found = [shared_value(ctx.graph, f"{shared_key}:{i}") for i in range(3)]
-        if all(v is not None for v in found):
-            return found  # type: ignore[return-value]
-    values, from_inputs = _lengths(q, key, ctx, nodes)
-    if shared_key is not None and from_inputs:
-        for i, value in enumerate(values):
-            producer = value.producer()
-            assert producer is not None
-            mark_shared(producer, f"{shared_key}:{i}")
-    return values
-
-
-def _lengths(
-    q: ir.Value, key: KVSide, ctx: RewriteContext, nodes: list[ir.Node]
-) -> tuple[list[ir.Value], bool]:
-    """The three lengths, and whether every size was read from a graph input.
-
-    Only then may other layers share them: read from this layer's query or key, a layer
-    above that fused later would wait for this one's input (SmolLM3, whose NoPE layer
-    fuses a round before the layers with a rotary embedding: a cycle)."""
-    read_from_inputs = []
-
-    def shape(value: ir.Value, start: int) -> ir.Value:
-        value, start = _graph_input_with_dim(ctx.graph, value, start)
-        read_from_inputs.append(value.is_graph_input())
-        attrs = [ir.AttrInt64("start", start), ir.AttrInt64("end", start + 1)]
-        nodes.append(ir.Node("", "Shape", [value], attrs))
-        return nodes[-1].outputs[0]
-
-    def add(op: str, inputs: list[ir.Value | None], attrs: list[ir.Attr] = ()) -> ir.Value:
-        nodes.append(ir.Node("", op, inputs, list(attrs)))
-        return nodes[-1].outputs[0]
-
-    def to_int32(value: ir.Value) -> ir.Value:
-        return add("Cast", [value], [ir.AttrInt64("to", ir.DataType.INT32)])
-
-    sequence = shape(key.new, 1)
-    total = sequence if key.past is None else add("Add", [shape(key.past, 2), sequence])
-    batch = shape(q, 0)
-    one = ctx.initializer("gqa_one", np.array([1], np.int64))
-    scalar_shape = ctx.initializer("gqa_scalar_shape", np.array([], np.int64))
-    seqlens = add("Expand", [to_int32(add("Sub", [total, one])), batch])
-    total_length = to_int32(add("Reshape", [total, scalar_shape]))
-    query_seqlens = add("Expand", [to_int32(sequence), batch])
-    for value in (seqlens, total_length, query_seqlens):
-        value.dtype = ir.DataType.INT32
-    return [seqlens, total_length, query_seqlens], all(read_from_inputs)
-
-
-def _graph_input_with_dim(graph: ir.Graph, value: ir.Value, axis: int) -> tuple[ir.Value, int]:
-    """A graph input and axis whose size is the symbol ``value`` has at ``axis`` (the
-    shape inference names equal sizes alike), else ``value`` and ``axis`` themselves."""
-    if value.is_graph_input() or value.shape is None or axis >= len(value.shape):
-        return value, axis
-    symbol = value.shape[axis]
-    name = getattr(symbol, "value", None)
-    if isinstance(symbol, int) or not name:
-        return value, axis
-    for source in graph.inputs:
-        dims = list(source.shape) if source.shape is not None else []
-        for index, dim in enumerate(dims):
-            if not isinstance(dim, int) and getattr(dim, "value", None) == name:
-                return source, index
-    return value, axis

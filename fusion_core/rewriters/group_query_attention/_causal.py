@@ -8,6 +8,11 @@ then padding and sliding-window terms. A conjunction implies each of its terms, 
 causal term anywhere under ``And``, ``Expand`` and leading ``Slice`` steps proves the
 whole mask causal, whatever the other terms say. Each function returns None when it
 proved its claim, else the step that failed.
+
+``P`` and the first position of a query index are sizes proven from the graph
+(``fusion_core.sizes``: ``Past``), never the labels an inference put on the values:
+onnxruntime's symbolic inference merges symbols it cannot compare, so a position read
+from another length (a sequence padded to a chunk) can carry the label of ``P``.
 """
 
 from __future__ import annotations
@@ -15,16 +20,23 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, axes_of, known_dims, scalar
+from autofusion.fusion_core.canonical import axes_of, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.rewriters.group_query_attention._proven import (
+    ZERO,
+    Past,
+    dim_of,
+    said,
+    same_size,
+)
+from autofusion.fusion_core.sizes import Size, SizeProof
 
 __all__ = [
     "allowed_of",
     "causal_failure",
     "causal_term",
     "conjuncts",
-    "dim_of",
     "index_axis",
     "masked_at_most",
 ]
@@ -60,12 +72,12 @@ def masked_at_most(dtype: np.dtype) -> float:
     return -1e4 if np.dtype(dtype) == np.float16 else -1e30
 
 
-def causal_failure(allowed: ir.Value, past_length: Dim) -> str | None:
-    """Why ``allowed`` is not shown to imply ``key <= past_length + query``, or None."""
-    return _implies(allowed, past_length, 0)
+def causal_failure(allowed: ir.Value, past: Past) -> str | None:
+    """Why ``allowed`` is not shown to imply ``key <= P + query``, or None."""
+    return _implies(allowed, past, 0)
 
 
-def causal_term(node: ir.Node, past: Dim) -> bool:
+def causal_term(node: ir.Node, past: Past) -> bool:
     """Whether ``node`` is the causal term itself, ``key <= P + query`` (non-strict)."""
     return node.op_type in ("LessOrEqual", "GreaterOrEqual") and _comparison(node, past) is None
 
@@ -90,7 +102,7 @@ def _conjuncts(value: ir.Value, leaves: list[ir.Value], depth: int) -> bool:
     return True
 
 
-def _implies(value: ir.Value | None, past: Dim, depth: int) -> str | None:
+def _implies(value: ir.Value | None, past: Past, depth: int) -> str | None:
     producer = value.producer() if value is not None else None
     if producer is None or depth > _MAX_DEPTH:
         name = value.name if value is not None else None
@@ -134,7 +146,7 @@ def _leading_slice(node: ir.Node) -> str | None:
     return None
 
 
-def _comparison(node: ir.Node, past: Dim) -> str | None:
+def _comparison(node: ir.Node, past: Past) -> str | None:
     """``key <= query`` (LessOrEqual(key, query), GreaterOrEqual(query, key), or the
     strict Less/Greater, which imply it)."""
     op = node.op_type
@@ -144,30 +156,30 @@ def _comparison(node: ir.Node, past: Dim) -> str | None:
         query, key = node.inputs[0], node.inputs[1]
     else:
         return f"{op} {node.name!r} {_NOT_COMPARED}"
-    key_index = _index(key)
+    key_index = _index(key, past.proof)
     if isinstance(key_index, str):
         return key_index
-    query_index = _index(query)
+    query_index = _index(query, past.proof)
     if isinstance(query_index, str):
         return query_index
-    if key_index != (1, 0):
+    if key_index != (1, ZERO):
         return f"{key.name!r} is not Range(0, L) along the key axis"
-    if query_index[0] != 2 or not _same_dim(query_index[1], past):
+    if query_index[0] != 2 or not same_size(query_index[1], past.length):
         return (
             f"{query.name!r} is not Range(P, P + S) along the query axis with P the past "
-            f"length ({past})"
+            f"length ({past}): its first position is {said(query_index[1])}"
         )
     return None
 
 
-def index_axis(value: ir.Value) -> tuple[int, Dim] | None:
+def index_axis(value: ir.Value, proof: SizeProof) -> tuple[int, Size | None] | None:
     """(axis counted from the end, first value) of an index ``Range(start, _, 1)``
     unsqueezed into a mask's rank, or None when ``value`` is not one."""
-    found = _index(value)
+    found = _index(value, proof)
     return None if isinstance(found, str) else found
 
 
-def _index(value: ir.Value) -> tuple[int, Dim] | str:
+def _index(value: ir.Value, proof: SizeProof) -> tuple[int, Size | None] | str:
     """(axis counted from the end, first value) of a ``Range(start, _, 1)`` unsqueezed
     into a mask's rank (Expand and Cast keep the axis counted from the end)."""
     unsqueezes = []
@@ -178,9 +190,9 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
         if producer.op_type == "Range":
             if scalar(producer.inputs[2]) != 1:
                 return f"Range {producer.name!r} does not step by 1"
-            return _axis_after(unsqueezes), dim_of(producer.inputs[0])
+            return _axis_after(unsqueezes), dim_of(producer.inputs[0], proof)
         if producer.op_type == "Add":  # dynamo: cache_position = Range(0, S) + P
-            start = _shifted_range(producer)
+            start = _shifted_range(producer, proof)
             if isinstance(start, str):
                 return start
             return _axis_after(unsqueezes), start[0]
@@ -197,10 +209,10 @@ def _index(value: ir.Value) -> tuple[int, Dim] | str:
     return f"{value.name!r} is not an index (Range) unsqueezed along one axis"
 
 
-def _shifted_range(node: ir.Node) -> tuple[Dim] | str:
+def _shifted_range(node: ir.Node, proof: SizeProof) -> tuple[Size | None] | str:
     """The first value of ``Add(Range(0, _, 1), offset)`` with a scalar offset: the
-    offset's dimension (torch's dynamo exporter spells ``cache_position`` so), as a
-    1-tuple (a ``Dim`` may be a symbol's name: a string), or why it is not one. The
+    offset as a proven size (torch's dynamo exporter spells ``cache_position`` so), as a
+    1-tuple, or why it is not one. The
     Range may be a constant ``[0, 1, .., n - 1]``: a graph exported for ``n`` new tokens
     (one, a decode step) has it folded so."""
     for ranged, offset in (node.inputs, reversed(node.inputs)):
@@ -213,7 +225,7 @@ def _shifted_range(node: ir.Node) -> tuple[Dim] | str:
             return f"Range {source.name!r} does not count 0, 1, 2, ..."
         if offset is None or offset.shape is None or offset.shape.rank() > 1:
             return f"Add {node.name!r} does not add a scalar to its Range"
-        return (dim_of(offset),)
+        return (dim_of(offset, proof),)
     return f"Add {node.name!r} does not shift a Range"
 
 
@@ -249,51 +261,3 @@ def _axis_after(unsqueezes: list[list[int]]) -> int:
         source = iter(axes_list)
         axes_list = [False if i in inserted else next(source) for i in range(rank)]
     return len(axes_list) - axes_list.index(True)
-
-
-def dim_of(value: ir.Value | None) -> Dim:
-    """The dimension a scalar (or one-element) shape computation equals: a number, or
-    the symbol of the dimension it reads (``Gather(Shape(past), 2)``), else None."""
-    for _ in range(_MAX_DEPTH):
-        if value is None:
-            return None
-        number = scalar(value)
-        if number is not None:
-            return number
-        producer = value.producer()
-        if producer is None:
-            return None
-        op = producer.op_type
-        if op in ("Squeeze", "Unsqueeze", "Reshape", "Identity", "Cast"):
-            value = producer.inputs[0]
-        elif op == "Shape":
-            dims = known_dims(producer.inputs[0])
-            start = attribute_value(producer, "start", 0) or 0
-            end = attribute_value(producer, "end", None)
-            picked = dims[start:end] if dims is not None else None
-            return picked[0] if picked is not None and len(picked) == 1 else None
-        elif op == "Gather" and attribute_value(producer, "axis", 0) == 0:
-            return _gathered_dim(producer)
-        else:
-            return None
-    return None
-
-
-def _gathered_dim(node: ir.Node) -> Dim:
-    index = constant_array(node.inputs[1])
-    source = node.inputs[0].producer() if node.inputs[0] is not None else None
-    if index is None or index.size != 1 or source is None:
-        return None
-    k = int(index.reshape(-1)[0])
-    if source.op_type == "Shape" and not source.attributes:
-        dims = known_dims(source.inputs[0])
-        return dims[k] if dims is not None and -len(dims) <= k < len(dims) else None
-    if source.op_type == "Concat":  # parts of one element each (shape_reads' form)
-        parts = source.inputs
-        if all(p is not None and p.shape is not None and list(p.shape) == [1] for p in parts):
-            return dim_of(parts[k]) if -len(parts) <= k < len(parts) else None
-    return None
-
-
-def _same_dim(a: Dim, b: Dim) -> bool:
-    return a is not None and a == b

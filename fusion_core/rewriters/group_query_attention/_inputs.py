@@ -15,6 +15,8 @@ from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
+from autofusion.fusion_core.rewriters.group_query_attention._proven import said, same_size
+from autofusion.fusion_core.sizes import Size, SizeProof
 
 __all__ = ["KVSide", "head_split", "kv_side", "repeats_heads", "split_source"]
 
@@ -46,20 +48,22 @@ def head_split(heads: ir.Value, what: str) -> tuple[ir.Node, ir.Node] | str:
     return transpose, reshape
 
 
-def split_source(heads: ir.Value, what: str) -> tuple[ir.Value, tuple[int, int]] | str:
+def split_source(
+    heads: ir.Value, what: str, proof: SizeProof
+) -> tuple[ir.Value, tuple[int, int]] | str:
     """``x`` and (heads, head size) of ``heads = Transpose(Reshape(x, [B, S, N, H]),
     [0, 2, 1, 3])``."""
     split = head_split(heads, what)
     if isinstance(split, str):
         return split
     reshape = split[1]
-    found = heads_of([reshape])
+    found = heads_of([reshape], proof)
     if isinstance(found, str):
         return found
     return reshape.inputs[0], found
 
 
-def kv_side(heads: ir.Value, what: str) -> KVSide | str:
+def kv_side(heads: ir.Value, what: str, proof: SizeProof) -> KVSide | str:
     """The key or value a GroupQueryAttention takes, from the ``[B, kv_heads, L, H]``
     heads the attention reads: ``Concat(past, new, axis=2)`` or the new heads alone."""
     producer = heads.producer()
@@ -72,7 +76,7 @@ def kv_side(heads: ir.Value, what: str) -> KVSide | str:
             )
         past, new_heads = producer.inputs
         present = heads
-    found = split_source(new_heads, what)
+    found = split_source(new_heads, what, proof)
     if isinstance(found, str):
         return found
     new, (count, size) = found
@@ -86,31 +90,37 @@ def kv_side(heads: ir.Value, what: str) -> KVSide | str:
     return KVSide(new, past, present, count, size)
 
 
-def repeats_heads(unsqueeze: ir.Node, expand: ir.Node, reshape: ir.Node, groups: int) -> str | None:
-    """``Reshape(Expand(Unsqueeze(kv, 2), [B, kv, G, L, H]), [B, kv * G, L, H])`` repeats
-    each of the ``kv`` heads ``G`` times in place (head ``n`` reads ``n // G``), as
-    GroupQueryAttention does: proven from the known (possibly symbolic) shapes."""
+def repeats_heads(repeat: list[ir.Node], groups: int, proof: SizeProof) -> str | None:
+    """``Reshape(Expand(Unsqueeze(kv, 2), [B, kv, G, L, H]), [B, kv * G, L, H])`` (the
+    ``repeat`` nodes in that order) repeats each of the ``kv`` heads ``G`` times in place
+    (head ``n`` reads ``n // G``), as GroupQueryAttention does: each size of the Expand's
+    and the Reshape's outputs proven ``kv``'s there (a label may name another length)."""
+    unsqueeze, expand, reshape = repeat
     axes = attribute_value(unsqueeze, "axes", None)
     if axes is None and len(unsqueeze.inputs) > 1:
         array = constant_array(unsqueeze.inputs[1])
         axes = None if array is None else [int(a) for a in array.reshape(-1)]
     if axes is None or list(axes) not in ([2], [-3]):
         return f"Unsqueeze {unsqueeze.name!r} of repeat_kv does not add axis 2"
-    source = known_dims(unsqueeze.inputs[0])
-    grown = known_dims(expand.outputs[0])
-    merged = known_dims(reshape.outputs[0])
-    if source is None or grown is None or merged is None or len(source) != 4:
+    source, grown, merged = unsqueeze.inputs[0], expand.outputs[0], reshape.outputs[0]
+    ranks = [
+        len(v.shape) if v is not None and v.shape is not None else 0
+        for v in (source, grown, merged)
+    ]
+    if ranks != [4, 5, 4]:
         return f"the shapes of repeat_kv ({unsqueeze.name!r} .. {reshape.name!r}) are not known"
-    b, kv, length, size = source
-    want_grown = [b, kv, groups, length, size]
-    if len(grown) != 5 or any(g is None or g != w for g, w in zip(grown, want_grown, strict=True)):
-        return f"Expand {expand.name!r} gives {grown}, not {want_grown}"
-    if not isinstance(kv, int):
-        return f"the KV head count of {unsqueeze.inputs[0].name!r} is not known"
-    want_merged = [b, kv * groups, length, size]
-    if (
-        any(m is None or m != w for m, w in zip(merged, want_merged, strict=True))
-        or len(merged) != 4
+    b, kv, length, size = (proof.size(source, a) for a in range(4))
+    if kv is None or kv.value is None:
+        return f"the KV head count of {source.name!r} is not known"  # type: ignore[union-attr]
+    for value, wanted in (
+        (grown, [b, kv, Size((), groups), length, size]),
+        (merged, [b, Size((), kv.value * groups), length, size]),
     ):
-        return f"Reshape {reshape.name!r} gives {merged}, not {want_merged}"
+        found = [proof.size(value, a) for a in range(len(wanted))]
+        if not all(same_size(f, w) for f, w in zip(found, wanted, strict=True)):
+            node = expand if value is grown else reshape
+            return (
+                f"{node.op_type} {node.name!r} of repeat_kv is not proven to give "
+                f"{[said(w) for w in wanted]} (proven: {[said(f) for f in found]})"
+            )
     return None

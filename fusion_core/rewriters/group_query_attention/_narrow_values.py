@@ -27,6 +27,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import RewriteContext
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof
 from autofusion.fusion_core.rewriters.group_query_attention._inputs import KVSide, kv_side
 
 __all__ = ["narrow_values", "narrowed_context", "padded_values"]
@@ -37,7 +38,9 @@ _PAD_OPSET = 13  # Pad's pads and Slice's bounds as inputs, Reshape's 0 copying 
 def narrow_values(match: Match) -> bool:
     """Whether the matched block's value heads are narrower than its key heads (as many
     heads, each a head split): what ``padded_values`` pads."""
-    key, value = (kv_side(match.value(ref), what) for ref, what in (("$k", "key"), ("$v", "value")))
+    proof = FusedSizeProof()
+    sides = (("$k", "key"), ("$v", "value"))
+    key, value = (kv_side(match.value(ref), what, proof) for ref, what in sides)
     if isinstance(key, str) or isinstance(value, str):
         return False
     return key.heads == value.heads and value.size < key.size

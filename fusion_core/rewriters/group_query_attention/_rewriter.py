@@ -1,5 +1,8 @@
 """``group_query_attention``: the rewriter (the math, and what it proves, is in the
-package's docstring)."""
+package's docstring). Each rewrite proves the sizes it relies on (the query's and the
+key's lengths, the past length, repeat_kv's shapes) with one ``FusedSizeProof``
+(``rewriters/_fused_sizes.py``, ``_proven``), and marks its last node with the sizes of
+the value it replaces (``record_sizes``) for the next layer's proof."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_mask import (
@@ -29,10 +31,10 @@ from autofusion.fusion_core.rewriters._empty_rows_guard import (
     every_row_kept,
     unless_every_row_attends,
 )
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof, record_sizes
 from autofusion.fusion_core.rewriters.group_query_attention._bias import (
     MaskBias,
     any_key_rows,
-    lengths_of,
     shared_bias,
 )
 from autofusion.fusion_core.rewriters.group_query_attention._causal import (
@@ -45,12 +47,20 @@ from autofusion.fusion_core.rewriters.group_query_attention._inputs import (
     repeats_heads,
     split_source,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._lengths import lengths_of
 from autofusion.fusion_core.rewriters.group_query_attention._narrow_values import (
     narrowed_context,
     padded_values,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._proven import (
+    Past,
+    past_of,
+    said,
+    same_size,
+)
 from autofusion.fusion_core.rewriters.group_query_attention._sink import head_sink
 from autofusion.fusion_core.rewriters.group_query_attention._summed import SummedMask, summed_mask
+from autofusion.fusion_core.sizes import SizeProof
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["GroupQueryAttention"]
@@ -94,16 +104,18 @@ class GroupQueryAttention(Rewriter):
         self.pad_values = pad_values
 
     def rewrite(self, match: Match, params: GQAParams, ctx: RewriteContext) -> Rewrite | str:
-        query = split_source(match.node(params.q_transpose_node).outputs[0], "query")
+        proof = FusedSizeProof()  # one walk for every size this rewrite relies on
+        query = split_source(match.node(params.q_transpose_node).outputs[0], "query", proof)
         if isinstance(query, str):
             return query
         q, (heads, size) = query
-        sides = _kv_sides(match, params, (q, heads), narrow=self.pad_values)
+        sides = _kv_sides(match, params, (q, heads), proof, narrow=self.pad_values)
         if isinstance(sides, str):
             return sides
         key, value = sides
+        past = past_of(key.past, proof)
         output = match.node(params.output_node)
-        layout = merged_layout(match, params, q, (heads, value.size))
+        layout = merged_layout(match, params, q, (heads, value.size), proof)
         if isinstance(layout, str):
             return layout
         reshape_after, scale = layout
@@ -115,10 +127,10 @@ class GroupQueryAttention(Rewriter):
             return _head_size_refusal(size)
         if not contrib and ctx.opset < ATTENTION_OPSET:
             return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx)
-        sinks = _sinks(match, params, heads, q, ctx, contrib=contrib)
+        sinks = _sinks(match, params, (heads, q, proof), ctx, contrib=contrib)
         if isinstance(sinks, str):
             return sinks
-        masked = _mask(match, params, q, key, heads, ctx, need_causal=contrib)
+        masked = _mask(match, params, (q, key, past), heads, ctx, need_causal=contrib)
         if isinstance(masked, str):
             return masked
         nodes = [*(sinks[1] if sinks else []), *masked.nodes]
@@ -126,8 +138,8 @@ class GroupQueryAttention(Rewriter):
         if isinstance(padded, str):
             return padded
         if contrib:
-            sink = sinks[0] if sinks else None
-            gqa = _group_query_attention(q, (key, padded), masked, (heads, scale), ctx, nodes, sink)
+            sides, sink = (key, padded, past), sinks[0] if sinks else None
+            gqa = _group_query_attention(q, sides, masked, (heads, scale), ctx, nodes, sink)
         else:
             gqa = _onnx_attention(q, key, padded, masked.bias, (heads, scale), nodes)
         if softcap:
@@ -136,11 +148,7 @@ class GroupQueryAttention(Rewriter):
             gqa.attributes["local_window_size"] = ir.AttrInt64("local_window_size", masked.window)
         nodes.append(gqa)
         _like(gqa.outputs[0], q)
-        replaced = []
-        for side, new in zip((key, value), gqa.outputs[1:], strict=False):
-            if side.present is not None:
-                _like(new, side.present)
-                replaced.append((side.present, new))
+        replaced = _presents((key, value), gqa)
         _empty_rows(masked, gqa, (q, heads // key.heads), ctx, nodes)
         if not contrib and masked.keep is None and masked.bias is not None:
             _generic_empty_rows(masked.bias, gqa, value, heads, ctx, nodes)
@@ -150,8 +158,19 @@ class GroupQueryAttention(Rewriter):
             nodes.append(_reshaped_as(nodes[-1].outputs[0], output))
         old = output.outputs[0]
         _like(nodes[-1].outputs[0], old)
+        record_sizes(nodes[-1], old, proof)  # a later layer's proof reads through it
         notes = [masked.note] if masked.note else []
         return Rewrite(nodes, [(old, nodes[-1].outputs[0]), *replaced], notes=notes)
+
+
+def _presents(sides: tuple[KVSide, KVSide], gqa: ir.Node) -> list[tuple[ir.Value, ir.Value]]:
+    """The graph's present key and value, each with the fused op's output replacing it."""
+    replaced = []
+    for side, new in zip(sides, gqa.outputs[1:], strict=False):
+        if side.present is not None:
+            _like(new, side.present)
+            replaced.append((side.present, new))
+    return replaced
 
 
 def _head_size_refusal(size: int) -> str:
@@ -167,10 +186,17 @@ def _reshaped_as(merged: ir.Value, output: ir.Node) -> ir.Node:
 
 
 def _sinks(
-    match: Match, params: GQAParams, heads: int, q: ir.Value, ctx: RewriteContext, *, contrib: bool
+    match: Match,
+    params: GQAParams,
+    query: tuple[int, ir.Value, SizeProof],
+    ctx: RewriteContext,
+    *,
+    contrib: bool,
 ) -> tuple[ir.Value, list[ir.Node]] | str | None:
     """The ``[heads]`` attention sinks and the nodes computing them (None without
-    sinks), or why the kernel cannot take them."""
+    sinks), or why the kernel cannot take them; ``query``: the heads, the query and the
+    proof of sizes."""
+    heads, q, proof = query
     if params.sink_concat_node is None or params.sink_slice_node is None:
         return None
     if not contrib:
@@ -178,7 +204,8 @@ def _sinks(
             "ONNX Attention has no input for attention sinks (a logit per head in the "
             "softmax's denominator): only com.microsoft GroupQueryAttention's head_sink takes them"
         )
-    return head_sink(match, (params.sink_concat_node, params.sink_slice_node), heads, q.dtype, ctx)
+    names = (params.sink_concat_node, params.sink_slice_node)
+    return head_sink(match, names, (heads, q.dtype), ctx, proof)
 
 
 def _empty_rows(
@@ -290,7 +317,7 @@ def _mean_value(
 
 def _group_query_attention(
     q: ir.Value,
-    sides: tuple[KVSide, KVSide],
+    sides: tuple[KVSide, KVSide, Past],
     masked: EmptyRows,
     heads_and_scale: tuple[int, float],
     ctx: RewriteContext,
@@ -298,8 +325,8 @@ def _group_query_attention(
     sink: ir.Value | None,
 ) -> ir.Node:
     """com.microsoft GroupQueryAttention with the lengths it needs (and the sinks)."""
-    (key, value), (heads, scale) = sides, heads_and_scale
-    lengths = lengths_of(q, key, ctx, nodes)
+    (key, value, past), (heads, scale) = sides, heads_and_scale
+    lengths = lengths_of(q, key, ctx, nodes, past)
     inputs: list[ir.Value | None] = [q, key.new, value.new, key.past, value.past, *lengths[:2]]
     inputs += [None] * (_BIAS_INPUT - len(inputs)) + [masked.bias]
     if sink is not None:
@@ -340,7 +367,12 @@ def _onnx_attention(
 
 
 def _kv_sides(
-    match: Match, params: GQAParams, query: tuple[ir.Value, int], *, narrow: bool = False
+    match: Match,
+    params: GQAParams,
+    query: tuple[ir.Value, int],
+    proof: SizeProof,
+    *,
+    narrow: bool = False,
 ) -> tuple[KVSide, KVSide] | str:
     """Key and value, their caches, and the proof that repeat_kv (if any) maps query
     head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does;
@@ -349,18 +381,19 @@ def _kv_sides(
     q, heads = query
     sides = []
     for what, free in (("key", "$k"), ("value", "$v")):
-        side = kv_side(match.value(free), what)
+        side = kv_side(match.value(free), what, proof)
         if isinstance(side, str):
             return side
         sides.append(side)
     key, value = sides
     if (key.past is None) != (value.past is None):
         return "only one of key and value has a past: not a KV cache GroupQueryAttention takes"
-    if key.past is None and _lengths_differ(q, key.new):
+    lengths = [proof.size(v, 1) for v in (key.new, q)]
+    if not same_size(*lengths):
         return (
-            f"without a KV cache the key {key.new.name!r} must be as long as the query "
-            f"{q.name!r} ({known_dims(key.new)} against {known_dims(q)}): a key computed "
-            "from a cache of another kind (a latent) is not a cache of keys"
+            f"the new key {key.new.name!r} must be as long as the query {q.name!r} and is "
+            f"not proven so ({said(lengths[0])} against {said(lengths[1])}): a key computed "
+            "from a cache of another kind (a latent) or another sequence is not a cache of keys"
         )
     padded = narrow and value.size < key.size
     if key.heads != value.heads or (key.size != value.size and not padded):
@@ -381,7 +414,8 @@ def _kv_sides(
             if groups != 1 and key.heads != 1:
                 return f"{heads} query heads read {key.heads} KV heads without a repeat_kv"
             continue
-        failure = repeats_heads(*(match.node(n) for n in names), groups)  # type: ignore[arg-type]
+        repeat = [match.node(n) for n in names]  # type: ignore[arg-type]
+        failure = repeats_heads(repeat, groups, proof)
         if failure is not None:
             return failure
     return key, value
@@ -402,8 +436,7 @@ class EmptyRows(NamedTuple):
 def _mask(
     match: Match,
     params: GQAParams,
-    q: ir.Value,
-    key: KVSide,
+    sides: tuple[ir.Value, KVSide, Past],
     heads: int,
     ctx: RewriteContext,
     *,
@@ -419,7 +452,9 @@ def _mask(
     row the average of every key: with ``causal = 0`` (without a cache) as it is, with
     ``causal = 1`` by picking those rows from the cache's mean value. With attention
     sinks such a row is 0 in the graph and in the kernel (the sink takes its whole
-    weight, and no row is NaN): nothing to fix after."""
+    weight, and no row is NaN): nothing to fix after. ``sides``: the query, the key and
+    ``P``."""
+    q, key, past = sides
     add = match.node(params.mask_node)
     # the scores the mask is added to: after the soft-cap, the scale, or Q @ K^T itself
     scores = params.softcap_out_node or params.scale_node or params.qk_node
@@ -430,14 +465,16 @@ def _mask(
     allowed = allowed_of(mask)
     summed = None
     if isinstance(allowed, str) and need_causal and not sink:  # a sum of two masks
-        summed = summed_mask(mask, _past_length(key))
+        summed = summed_mask(mask, past)
         if isinstance(summed, SummedMask):  # the whole sum is the bias; no row to fix
             bias, nodes = _halved(mask, ctx) if summed.halved else (mask, [])
             return EmptyRows(bias, None, True, nodes, window=summed.window, note=summed.note)
     shared = (
         None
         if isinstance(allowed, str)
-        else shared_bias(mask, allowed, ctx, q, key, causal_kernel=need_causal, sink=sink)
+        else shared_bias(
+            mask, allowed, ctx, q, key, past=past, causal_kernel=need_causal, sink=sink
+        )
     )
     zero_rows = shared is not None and shared.keep is not None and shared.empty_rows == "zero"
     if zero_rows and params.nan_guard_node is None:
@@ -451,7 +488,7 @@ def _mask(
         )
     whole = _whole_mask(mask, shared, match, params, ctx)
     mean_rows = shared is not None and not isinstance(allowed, str) and not sink
-    shape = (key, heads, need_causal)
+    shape = (key, past, heads, need_causal)
     if not isinstance(whole, str):
         whole = _causal_or_not(whole, mask, allowed, shape, ctx, mean_rows, sink=sink)
     # a sum of two masks the proof refused: its reason says more than the single mask's
@@ -485,17 +522,16 @@ def _causal_or_not(
     masked: EmptyRows,
     mask: ir.Value,
     allowed: ir.Value | str,
-    shape: tuple[KVSide, int, bool],
+    shape: tuple[KVSide, Past, int, bool],
     ctx: RewriteContext,
     mean_rows: bool,
     *,
     sink: bool,
 ) -> EmptyRows | str:
     """The whole mask as the bias: causal where it is proven causal (and its empty rows
-    handled), not causal without a cache, else why not. ``shape``: the key side, the
-    query heads and whether the kernel must be causal."""
-    key, heads, need_causal = shape
-    past = _past_length(key)
+    handled), not causal without a cache, else why not. ``shape``: the key side, ``P``,
+    the query heads and whether the kernel must be causal."""
+    key, past, heads, need_causal = shape
     why = allowed if isinstance(allowed, str) else causal_failure(allowed, past)
     if why is None and (masked.keep is not None or sink):  # empty rows: 0 in both
         return masked._replace(causal=True)
@@ -507,7 +543,7 @@ def _causal_or_not(
     if key.past is None or not need_causal:
         return masked
     if why is None and mean_rows:  # finite, causal: the empty rows take the mean
-        keep = any_key_rows(allowed, ctx, masked.nodes)  # type: ignore[arg-type]
+        keep = any_key_rows(allowed, ctx, masked.nodes, past.proof)  # type: ignore[arg-type]
         return masked._replace(keep=keep, causal=True, empty_rows="mean")
     if why is None:
         why = (
@@ -523,20 +559,6 @@ def _halved(mask: ir.Value, ctx: RewriteContext) -> tuple[ir.Value, list[ir.Node
     half = ir.Node("", "Mul", [mask, ctx.initializer("gqa_half", np.array(0.5, np.float32))])
     _like(half.outputs[0], mask)
     return half.outputs[0], [half]
-
-
-def _lengths_differ(query: ir.Value, key: ir.Value) -> bool:
-    """Whether the ``[B, S, *]`` query and key are known to differ in length (a number
-    against another number or a symbol); an unknown length proves nothing."""
-    q, k = known_dims(query), known_dims(key)
-    if q is None or k is None or len(q) < 2 or len(k) < 2 or None in (q[1], k[1]):
-        return False
-    return q[1] != k[1]
-
-
-def _past_length(key: KVSide) -> Dim:
-    """``P``, the cache's length (a number or a symbol; 0 without a cache)."""
-    return known_dims(key.past)[2] if key.past is not None and key.past.shape is not None else 0
 
 
 def _finite_where(mask: ir.Value) -> str | None:

@@ -24,6 +24,7 @@ from autofusion.fusion_core.canonical import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import RewriteContext
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = ["head_sink"]
 
@@ -33,19 +34,20 @@ _BROADCASTS = frozenset({"Expand", "Identity"})
 def head_sink(
     match: Match,
     nodes: tuple[str, str],
-    heads: int,
-    dtype: ir.DataType | None,
+    heads_and_type: tuple[int, ir.DataType | None],
     ctx: RewriteContext,
+    proof: SizeProof,
 ) -> tuple[ir.Value, list[ir.Node]] | str:
     """The ``[heads]`` sink logits of the matched ``Concat`` and ``Slice`` (``nodes``),
-    in ``dtype``, and the nodes computing them (none for a constant), or why not."""
+    in the type given, and the nodes computing them (none for a constant), or why not."""
+    heads, dtype = heads_and_type
     concat, drop = (match.node(n) for n in nodes)
     scores, column = concat.inputs[0], concat.inputs[1]
     if len(concat.inputs) != 2 or scores is None or column is None:
         return (
             f"Concat {concat.name!r} of the attention sinks does not join the scores and one column"
         )
-    failure = _drops_last_column(drop, scores)
+    failure = _drops_last_column(drop, scores, proof)
     if failure is not None:
         return failure
     dims = known_dims(column)
@@ -82,14 +84,16 @@ def head_sink(
     return added[-1].outputs[0], added
 
 
-def _drops_last_column(drop: ir.Node, scores: ir.Value) -> str | None:
+def _drops_last_column(drop: ir.Node, scores: ir.Value, proof: SizeProof) -> str | None:
     """Why ``drop`` is not ``Slice(P, 0, -1, axis=-1)``: the first ``L`` columns, the
-    scores' own, in order."""
+    scores' own, in order (an end other than -1 proven to keep the scores' sizes)."""
     inputs = list(drop.inputs) + [None] * (5 - len(drop.inputs))
     start, end, axis = (scalar(v) if v is not None else None for v in inputs[1:4])
     step = scalar(inputs[4]) if inputs[4] is not None else 1
-    kept, wanted = known_dims(drop.outputs[0]), known_dims(scores)
-    same_shape = kept is not None and kept == wanted and None not in kept
+    rank = len(scores.shape or ())
+    kept = [proof.size(drop.outputs[0], a) for a in range(rank)]
+    wanted = [proof.size(scores, a) for a in range(rank)]
+    same_shape = rank > 0 and None not in kept and kept == wanted
     if start != 0 or step != 1 or axis not in (-1, 3) or not (end == -1 or same_shape):
         return (
             f"Slice {drop.name!r} after the Softmax does not drop the sinks' column "

@@ -51,13 +51,13 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters.group_query_attention._causal import (
     allowed_of,
     causal_failure,
     masked_at_most,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._proven import Past
 from autofusion.fusion_core.rewriters.group_query_attention._window import (
     MaskTerms,
     query_free_terms,
@@ -76,7 +76,7 @@ class SummedMask(NamedTuple):
     halved: bool = False  # the kernel takes 0.5 * M: some level of M may be the lowest float
 
 
-def summed_mask(mask: ir.Value, past: Dim) -> SummedMask | str | None:
+def summed_mask(mask: ir.Value, past: Past) -> SummedMask | str | None:
     """The proof for ``mask = Where(c1, 0, a) + Where(c2, 0, b)`` (module docstring),
     why it fails as a sentence, or None where ``mask`` is not a sum of two such masks."""
     add = mask.producer()
@@ -121,7 +121,7 @@ def _term(value: ir.Value | None) -> tuple[ir.Value, float] | None:
 
 
 def _anchored(
-    anchor: tuple[ir.Value, float], other: tuple[ir.Value, float], past: Dim
+    anchor: tuple[ir.Value, float], other: tuple[ir.Value, float], past: Past
 ) -> SummedMask | str:
     """The proof with ``anchor`` the term that allows every query its own key."""
     (allowed, a), (_, b) = anchor, other

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, known_dims, scalar
+from autofusion.fusion_core.canonical import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters.group_query_attention._causal import (
@@ -32,6 +32,13 @@ from autofusion.fusion_core.rewriters.group_query_attention._causal import (
     conjuncts,
     index_axis,
 )
+from autofusion.fusion_core.rewriters.group_query_attention._proven import (
+    Past,
+    offset,
+    said,
+    same_size,
+)
+from autofusion.fusion_core.sizes import ONE, Size
 
 __all__ = ["MaskTerms", "query_free_terms", "window_of"]
 
@@ -52,7 +59,7 @@ class MaskTerms(NamedTuple):
     window: int | None = None  # W of a sliding window term, None without one
 
 
-def query_free_terms(allowed: ir.Value, past: Dim) -> MaskTerms | str | None:
+def query_free_terms(allowed: ir.Value, past: Past) -> MaskTerms | str | None:
     """The other conjuncts of ``allowed = (key <= P + query) AND t1 AND t2 ...``, each
     the same for every query (``[B or 1, 1, 1, L]``, L the mask's own key length), with
     constant-true ones dropped, and the smallest ``W`` of the sliding-window conjuncts
@@ -66,9 +73,9 @@ def query_free_terms(allowed: ir.Value, past: Dim) -> MaskTerms | str | None:
     broadcast over the queries: the export's own ``[B, 1, S, L]`` mask (two Ranges, the
     comparisons, the Expand to every query) is not needed for it, nor for the rows to
     keep (``fusion_core/rewriters/group_query_attention/_bias.py``)."""
-    dims = known_dims(allowed)
+    keys = past.proof.size(allowed, 3) if allowed.shape is not None else None
     leaves = conjuncts(allowed)
-    if dims is None or len(dims) != 4 or dims[3] is None or leaves is None:
+    if len(allowed.shape or ()) != 4 or keys is None or leaves is None:
         return None
     causal, others, windows, unproven = 0, [], [], []
     for leaf in leaves:
@@ -79,11 +86,10 @@ def query_free_terms(allowed: ir.Value, past: Dim) -> MaskTerms | str | None:
         if producer is not None and causal_term(producer, past):
             causal += 1
             continue
-        shape = known_dims(leaf)
-        if shape is not None and len(shape) == 4 and shape[1:3] == [1, 1] and shape[3] == dims[3]:
+        if _query_free(leaf, keys, past):
             others.append(leaf)
             continue
-        window = window_of(leaf, dims, past)  # a term that varies with the query
+        window = window_of(leaf, allowed, past)  # a term that varies with the query
         (unproven if isinstance(window, str) else windows).append(window)
     if causal != 1:
         return None
@@ -95,17 +101,29 @@ def query_free_terms(allowed: ir.Value, past: Dim) -> MaskTerms | str | None:
     return MaskTerms(others, min(windows) if windows else None)
 
 
-def window_of(term: ir.Value, mask_dims: list[Dim], past: Dim) -> int | str:
+def _query_free(leaf: ir.Value, keys: Size, past: Past) -> bool:
+    """Whether ``leaf`` is ``[B or 1, 1, 1, L]`` with ``L`` the mask's key length, each
+    size proven (a term as long as the mask by its label alone may be shorter)."""
+    if leaf.shape is None or len(leaf.shape) != 4:
+        return False
+    sizes = [past.proof.size(leaf, axis) for axis in (1, 2, 3)]
+    return sizes[:2] == [ONE, ONE] and same_size(sizes[2], keys)
+
+
+def window_of(term: ir.Value, mask: ir.Value, past: Past) -> int | str:
     """``W`` of a term that says ``key > query - W`` (``W >= 1`` a constant) on the
-    mask's own query and key axes, or why it is not shown to be one."""
+    ``mask``'s own query and key axes, or why it is not shown to be one."""
     node = _comparison_below(term)
     if node is None:
         return f"{term.name!r} is not a comparison of key and query indices"
-    dims = known_dims(term)
-    if dims is None or len(dims) != len(mask_dims) or dims[-2:] != mask_dims[-2:]:
+    # by the labels still: GPT-Neo's causal buffer, sliced by computed bounds, has sizes
+    # the proof does not tie to the mask's (neither is the causal term's query axis
+    # checked); a term of the mask's conjunction is its size there or 1
+    dims, mask_dims = known_dims(term), known_dims(mask)
+    if dims is None or mask_dims is None or dims[-2:] != mask_dims[-2:] or None in dims[-2:]:
         return (
             f"{node.op_type} {node.name!r} gives {dims}, not the mask's queries and keys "
-            f"{mask_dims[-2:]}"
+            f"{(mask_dims or [None, None])[-2:]}"
         )
     sign, strict = _COMPARISONS[node.op_type]
     sides = [_affine(v, past, 0) for v in node.inputs[:2]]
@@ -115,9 +133,9 @@ def window_of(term: ir.Value, mask_dims: list[Dim], past: Dim) -> int | str:
     (ka, qa, ca), (kb, qb, cb) = sides  # type: ignore[misc]
     key, query, constant = sign * (ka - kb), sign * (qa - qb), sign * (ca - cb) + strict
     if (key, query) != (1, -1):
-        said = f"{key} * key {'-' if query < 0 else '+'} {abs(query)} * query"
-        said += f" {'-' if constant < 0 else '+'} {abs(constant)} > 0"
-        return f"{node.op_type} {node.name!r} says {said}, not key > query - W"
+        inequality = f"{key} * key {'-' if query < 0 else '+'} {abs(query)} * query"
+        inequality += f" {'-' if constant < 0 else '+'} {abs(constant)} > 0"
+        return f"{node.op_type} {node.name!r} says {inequality}, not key > query - W"
     if constant < 1:
         return f"{node.op_type} {node.name!r} is a window of {constant} keys: not one a query sees"
     return constant
@@ -139,12 +157,12 @@ def _comparison_below(value: ir.Value) -> ir.Node | None:
     return None
 
 
-def _affine(value: ir.Value | None, past: Dim, depth: int) -> tuple[int, int, int] | str:
+def _affine(value: ir.Value | None, past: Past, depth: int) -> tuple[int, int, int] | str:
     """(key coefficient, query coefficient, constant) of an index plus or minus
     constants, or a description of what it is instead."""
     if value is None or depth > _MAX_DEPTH:
         return "no value"
-    found = index_axis(value)
+    found = index_axis(value, past.proof)
     if found is not None:
         return _index_term(value, *found, past)
     number = scalar(value)
@@ -160,16 +178,17 @@ def _affine(value: ir.Value | None, past: Dim, depth: int) -> tuple[int, int, in
     return f"{value.name!r}, neither a key or query index nor a constant"
 
 
-def _index_term(value: ir.Value, axis: int, start: Dim, past: Dim) -> tuple[int, int, int] | str:
+def _index_term(
+    value: ir.Value, axis: int, start: Size | None, past: Past
+) -> tuple[int, int, int] | str:
     """An index ``Range(start, _, 1)`` on the key axis (the last: ``key + start``) or the
-    query axis (the one before it: ``query + start - P``)."""
-    if axis == 1 and isinstance(start, int):
-        return 1, 0, start
-    if axis == 2 and start is not None and start == past:
-        return 0, 1, 0
-    if axis == 2 and isinstance(start, int) and isinstance(past, int):
-        return 0, 1, start - past
+    query axis (the one before it: ``query + start - P``), ``start - P`` proven a number."""
+    if axis == 1 and start is not None and start.value is not None:
+        return 1, 0, start.value
+    shift = offset(start, past.length) if axis == 2 else None
+    if shift is not None:
+        return 0, 1, shift
     return (
-        f"{value.name!r}, an index along axis -{axis} from {start}: neither the key index "
-        f"Range(0, L) nor the query index Range(P, P + S) with P the past length ({past})"
+        f"{value.name!r}, an index along axis -{axis} from {said(start)}: neither the key "
+        f"index Range(0, L) nor the query index Range(P, P + S) with P the past length ({past})"
     )

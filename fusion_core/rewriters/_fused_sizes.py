@@ -1,0 +1,158 @@
+"""Sizes proven through the ops earlier fusions emit: ``FusedSizeProof`` is a
+``fusion_core.sizes.SizeProof`` whose walk also reads through the rotary, onnxruntime's
+norms and activations, the fused attentions' batch and sequence, an ``If`` whose branches
+give one size, and a fused op's output marked with the sizes of the value it replaced
+(``record_sizes``). Without them a rewrite's proof ends at the first fused op above it:
+a decoder's second layer reads its query from the residual stream that the first
+layer's fused attention adds to.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx_ir as ir
+
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import Size, SizeProof
+
+__all__ = ["SIZES_MARK", "FusedSizeProof", "record_sizes"]
+
+_MS = "com.microsoft"
+_ZERO = Size((), 0)  # a Reshape target's 0: the input's size there (allowzero 0)
+# the metadata of a fused op's last node: the sizes of the value it replaced
+SIZES_MARK = "autofusion.sizes"
+# ops an earlier fusion emits, which the proof's rules (of the standard ops) do not name:
+# how many leading axes of output 0 are input 0's (None: all of them)
+_KEPT_AXES: dict[tuple[str, str], int | None] = {
+    ("", "RotaryEmbedding"): None,
+    ("", "SimplifiedLayerNormalization"): None,
+    (_MS, "RotaryEmbedding"): None,
+    (_MS, "SkipSimplifiedLayerNormalization"): None,
+    (_MS, "SkipLayerNormalization"): None,
+    (_MS, "QuickGelu"): None,
+    (_MS, "FastGelu"): None,
+    (_MS, "BiasGelu"): None,
+    (_MS, "Gelu"): None,
+    (_MS, "MoE"): None,
+    # a 3-D query [B, S, D] gives [B, S, D_v]: the batch and the sequence are the query's
+    ("", "Attention"): 2,
+    (_MS, "GroupQueryAttention"): 2,
+    (_MS, "MultiHeadAttention"): 2,
+    (_MS, "Attention"): 2,
+}
+
+
+class FusedSizeProof(SizeProof):
+    """A ``SizeProof`` that also reads through the ops earlier fusions emit
+    (``_KEPT_AXES``: the rotary, onnxruntime's norms and activations, the fused
+    attentions' batch and sequence), an ``If`` whose branches give one size and a Reshape
+    entry it cannot read where the others are proven (``_rest_of``), which
+    the proof's own rules do not name: the next layer's query is as long as the
+    residual stream the last attention added to. A value a fusion made (``record_sizes``)
+    has the sizes proven for the value it replaced, an equal one."""
+
+    def bound(self, value: ir.Value | None, axis: int, depth: int = 0) -> Size | None:
+        node = value.producer() if value is not None else None
+        recorded = _recorded(node, value, axis) if node is not None else None
+        if recorded is not None:
+            return recorded
+        if node is not None and node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            return self._either_branch(node, value, axis, depth)  # type: ignore[arg-type]
+        source = node.inputs[0] if node is not None and node.inputs else None
+        if node is None or source is None or value is not node.outputs[0]:
+            return super().bound(value, axis, depth)
+        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
+            found = super().bound(value, axis, depth)
+            if found is None or not any(a.startswith("@") for a in found.atoms):
+                return found
+            return self._rest_of(node, axis, depth) or found
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        kept = _KEPT_AXES.get((domain, node.op_type), -1)
+        rank = len(value.shape or ())
+        at = axis + rank if axis < 0 else axis
+        if kept is None and len(source.shape or ()) == rank:
+            return self.bound(source, at, depth + 1)
+        if kept is not None and kept > 0 and rank == 3 == len(source.shape or ()) and at < kept:
+            return self.bound(source, at, depth + 1)
+        return super().bound(value, axis, depth)
+
+    def _rest_of(self, node: ir.Node, axis: int, depth: int) -> Size | None:
+        """A Reshape target's one entry the proof cannot read (torch.export's ``Max`` and
+        ``Min`` of sizes) where every other entry is proven: the rest of the input's
+        elements, as a ``-1`` is, where the symbols cancel and the numbers divide out
+        (``S * 256`` over ``256`` is ``S``)."""
+        source, rank = node.inputs[0], len(node.outputs[0].shape or ())
+        entries = self.entries(node.inputs[1], depth + 1) if len(node.inputs) > 1 else None
+        if source is None or entries is None or len(entries) != rank or entries[axis] is not None:
+            return None
+        tops = [self.size(source, a) for a in range(len(source.shape or ()))]
+        copies = not attribute_value(node, "allowzero", 0)
+        bottoms = [
+            tops[i] if copies and e == _ZERO and i < len(tops) else e
+            for i, e in enumerate(entries)
+            if i != axis
+        ]
+        if any(s is None or s.capped or s.constant < 0 for s in tops + bottoms):
+            return None
+        for size in [s for s in bottoms if s.value is None]:  # type: ignore[union-attr]
+            if size not in tops:
+                return None
+            tops.remove(size)
+            bottoms.remove(size)
+        left = [s for s in tops if s.value is None]  # type: ignore[union-attr]
+        number = int(np.prod([s.constant for s in tops if s.value is not None]))  # type: ignore[union-attr]
+        divisor = int(np.prod([s.constant for s in bottoms]))  # type: ignore[union-attr]
+        if divisor <= 0 or len(left) > 1 or (left and number != divisor):
+            return None
+        if left:
+            return left[0]
+        return Size((), number // divisor) if number % divisor == 0 else None
+
+    def _either_branch(self, node: ir.Node, value: ir.Value, axis: int, depth: int) -> Size | None:
+        """An ``If``'s output has a size where both branches' outputs are proven to have
+        it (an earlier fusion's guard: ``Identity(out)`` or ``out`` with its empty rows
+        fixed); else its own."""
+        index = list(node.outputs).index(value)
+        found = []
+        for name in ("then_branch", "else_branch"):
+            branch = node.attributes.get(name)
+            outputs = branch.value.outputs if branch is not None else []
+            if index >= len(outputs) or len(outputs[index].shape or ()) != len(value.shape or ()):
+                return super().bound(value, axis, depth)
+            found.append(self.bound(outputs[index], axis, depth + 1))
+        if found[0] is None or found[0] != found[1] or found[0].capped:
+            return super().bound(value, axis, depth)
+        return found[0]
+
+
+def record_sizes(node: ir.Node, replaced: ir.Value, proof: SizeProof) -> None:
+    """Mark ``node``, whose output 0 replaces ``replaced`` (an equal value), with the
+    sizes proven for ``replaced`` before the rewrite, so that a later rewrite's proof
+    reads through the fused op, whose own sizes no rule gives (the next layer's query
+    from the residual this attention adds to). Only sizes of the graph's inputs and
+    numbers: an inner value's own size is named by an identity of this run."""
+    sizes = [proof.size(replaced, axis) for axis in range(len(replaced.shape or ()))]
+    kept = [
+        None
+        if s is None or any(a.startswith("@") for a in s.atoms)
+        else [list(s.atoms), s.constant]
+        for s in sizes
+    ]
+    if any(k is not None for k in kept):
+        node.metadata_props[SIZES_MARK] = json.dumps(kept)
+
+
+def _recorded(node: ir.Node, value: ir.Value | None, axis: int) -> Size | None:
+    """The size ``record_sizes`` marked on ``node``'s output 0 at ``axis``, or None."""
+    text = node.metadata_props.get(SIZES_MARK)
+    if text is None or value is not node.outputs[0]:
+        return None
+    try:
+        kept = json.loads(text)
+        at = axis + len(kept) if axis < 0 else axis
+        entry = kept[at] if 0 <= at < len(kept) and len(kept) == len(value.shape or ()) else None
+        return None if entry is None else Size(tuple(sorted(entry[0])), int(entry[1]))
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None  # not a mark this module wrote
