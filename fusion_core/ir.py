@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError, Message
 
 from autofusion.fusion_core.errors import FusionError, ModelLoadError, UnsafeModelError
 from autofusion.fusion_core.onefile import ScannedModel, scan, write_model
+from autofusion.fusion_core.provenance import KEYS as PROVENANCE_KEYS
 
 __all__ = [
     "PROTOBUF_LIMIT_BYTES",
@@ -98,6 +99,7 @@ def load_model(path: str | os.PathLike) -> ir.Model:
         tensor.base_dir = str(path.parent)
     check_external_data(model, path.parent)
     _map_only_their_bytes(model)
+    _drop_working_marks(model)
     if scanned is not None:  # the weights left in the file: read from it when asked
         scanned.attach(proto, model)
     return model
@@ -130,7 +132,32 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: str | os.PathLike = "") -
             tensor.base_dir = str(base_dir)
     check_external_data(model, Path(base_dir or "."))
     _map_only_their_bytes(model)
+    _drop_working_marks(model)
     return model
+
+
+_WORKING_MARK = "autofusion."
+
+
+def _drop_working_marks(model: ir.Model) -> None:
+    """Take off the metadata a pass leaves on nodes and values for itself (``autofusion.*``
+    but the provenance, which describes the output): a canonical rule's "I inserted this,
+    undo it if unused", a shared value's key, the sizes proven for a fused op. A model a
+    user brings is read as it is: a forged or stale mark (this tool's own output, optimized
+    again) would otherwise be believed, an undo taking out a pair it never inserted."""
+    graphs = [model.graph, *(f for f in model.functions.values())]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            _drop_marks(node.metadata_props)
+            for value in node.outputs:
+                _drop_marks(value.metadata_props)
+        for value in graph.inputs:
+            _drop_marks(value.metadata_props)
+
+
+def _drop_marks(props) -> None:
+    for key in [k for k in props if k.startswith(_WORKING_MARK) and k not in PROVENANCE_KEYS]:
+        del props[key]
 
 
 class RangeMappedTensor(ir.ExternalTensor):
