@@ -21,7 +21,7 @@ from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._base import Params, scale_factor
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, is_own
 
 
 class HeadNodes(Params):
@@ -66,11 +66,18 @@ def _keeps_axes(reshape: ir.Node, source: ir.Value, axes: range, proof: SizeProo
     if proof is None:
         return _labels_keep(reshape, source, axes)
     out = reshape.outputs[0]
-    for axis in axes:
-        size = proof.size(source, axis)
-        if size is None or proof.size(out, axis) != size:
-            return False
-    return True
+    sizes = [(proof.size(source, axis), proof.size(out, axis)) for axis in axes]
+    if all(a is not None and a == b for a, b in sizes):
+        return True
+    # Not proven either way: the source's size is a value's own (the proof does not read
+    # it back to the inputs: a hybrid's convolution state sliced by computed bounds, a
+    # padding mask multiplied in, LFM2), so the labels decide as they did before the
+    # proofs; the check runs the fused model at other sizes. Where both sides are read
+    # back to the inputs and differ, the Reshape does not keep them.
+    read_back = [a is not None and b is not None and not (is_own(a) or is_own(b)) for a, b in sizes]
+    if any(known and a != b for known, (a, b) in zip(read_back, sizes, strict=True)):
+        return False
+    return _labels_keep(reshape, source, axes)
 
 
 def _labels_keep(reshape: ir.Node, source: ir.Value, axes: range) -> bool:

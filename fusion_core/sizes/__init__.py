@@ -36,6 +36,6 @@ keep every value (a read replaced by an equal one).
 """
 
 from autofusion.fusion_core.sizes._proof import SizeProof, axis_size, read_sizes
-from autofusion.fusion_core.sizes._size import ONE, Size, declared
+from autofusion.fusion_core.sizes._size import ONE, Size, declared, is_own
 
-__all__ = ["ONE", "Size", "SizeProof", "axis_size", "declared", "read_sizes"]
+__all__ = ["ONE", "Size", "SizeProof", "axis_size", "declared", "is_own", "read_sizes"]
