@@ -10,6 +10,10 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof
+from autofusion.fusion_core.rewriters._mask_sizes import attention_bias as attention_bias
+from autofusion.fusion_core.rewriters._mask_sizes import decided, shown_sizes
+from autofusion.fusion_core.sizes import ONE
 
 _ONNX = ("", "ai.onnx")
 # ops that give finite values from finite operands (short of a float overflow, which no
@@ -27,38 +31,17 @@ _FLOAT_TYPES = frozenset(
 _CONE = 64  # nodes read back from a bias before it is called unproven
 
 
-def attention_bias(
-    add: ir.Node, scale: ir.Node, op: str = "MultiHeadAttention", *, one_query: bool = False
-) -> ir.Value | str:
-    """The mask added to the scores, if onnxruntime's kernel ``op`` takes it as it is
-    (``one_query``: or with one row for every query, [B or 1, heads or 1, 1, L], which
-    the caller expands: ``expand_queries``)."""
-    mask = next(v for v in add.inputs if v is not scale.outputs[0])
-    scores, dims = known_dims(scale.outputs[0]), known_dims(mask)
-    if scores is None or dims is None or len(dims) != 4 or len(scores) != 4:
-        return f"the mask {mask.name!r} is not known to be rank 4 like the scores"
-    fits = all(
-        d == 1 or (d is not None and d == s) for d, s in zip(dims[:2], scores[:2], strict=True)
-    )
-    matches = (one_query and dims[2] == 1 or dims[2] is not None and dims[2] == scores[2]) and (
-        dims[3] is not None and dims[3] == scores[3]
-    )
-    if not (fits and matches):
-        return (
-            f"the mask {mask.name!r} has shape {dims}; {op} takes "
-            f"[B or 1, heads or 1, S, L] for scores of shape {scores}"
-        )
-    return mask
-
-
 def expand_queries(
     mask: ir.Value, q: ir.Value, ctx: RewriteContext
 ) -> tuple[ir.Value, list[ir.Node]]:
     """``mask`` [B or 1, heads or 1, 1, L] broadcast to every query of ``q`` [B, S, E]
     (MultiHeadAttention's attention_bias has a row per query): Expand by [1, 1, S, 1],
-    S read from q's shape; or ``mask`` as it is when it has a row per query already."""
-    dims = known_dims(mask)
-    if dims is None or dims[2] != 1:
+    S read from q's shape; or ``mask`` as it is when it has a row per query already
+    (``attention_bias`` proved it has 1 or S rows: sizes tell which, else the labels)."""
+    rank = len(mask.shape) if mask.shape is not None else None
+    rows = FusedSizeProof().bound(mask, 2) if rank == 4 else None
+    label = (known_dims(mask) or [None] * 3)[2] if rank == 4 else None
+    if rows != ONE and (decided(rows) or label != 1):
         return mask, []
     ones = ctx.initializer("mask_rows_ones", np.array([1, 1], np.int64))
     one = ctx.initializer("mask_rows_one", np.array([1], np.int64))
@@ -129,7 +112,16 @@ def guarded_mask(
     values = [ctx.initializer(f"{mask.name}_finite", a) for a in finite]
     where = ir.Node("", "Where", [cond, *values])
     keep, nodes = _keep_rows(cond, minus_inf[0], mask.dtype, ctx)
-    return where.outputs[0], keep, [where, *nodes]
+    return _like(where.outputs[0], mask), keep, [where, *nodes]
+
+
+def _like(value: ir.Value, mask: ir.Value) -> ir.Value:
+    """``value``, a Where of ``mask``'s condition and constants of its constants' shapes,
+    with ``mask``'s type and shape: sizes needs every value's rank (``expand_queries``
+    reads the rows)."""
+    value.dtype = mask.dtype
+    value.shape = ir.Shape(list(mask.shape)) if mask.shape is not None else None
+    return value
 
 
 def _biased_guarded_mask(
@@ -232,14 +224,18 @@ def _minus_inf_source(bias: ir.Value | None) -> str | None:
 
 def _per_row_condition(cond: ir.Value | None, mask: ir.Value) -> str | None:
     """Why the rows ``cond`` masks fully cannot be zeroed after the heads are merged
-    (it is not known to be ``[B or 1, 1, S, L]``), or None."""
-    dims = known_dims(cond) if cond is not None else None
-    if dims is None or len(dims) != 4 or dims[1] != 1:
-        return (
-            f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L]: "
-            "rows fully masked for some heads only cannot be kept apart after the merge"
-        )
-    return None
+    (its heads axis is not 1, ``[B or 1, 1, S, L]``: proven by ``fusion_core.sizes``, or
+    labelled 1 where sizes cannot tell), or None."""
+    rank = len(cond.shape) if cond is not None and cond.shape is not None else None
+    heads = FusedSizeProof().bound(cond, 1) if rank == 4 else None
+    labels = known_dims(cond) if rank == 4 else None
+    if heads == ONE or (not decided(heads) and labels is not None and labels[1] == 1):
+        return None
+    return (
+        f"the condition of mask {mask.name!r} is not known to be [B or 1, 1, S, L] (its "
+        f"heads proven {shown_sizes([heads])[0]}, labels {labels}): rows fully masked for "
+        "some heads only cannot be kept apart after the merge"
+    )
 
 
 def _keep_rows(
@@ -269,7 +265,20 @@ def _keep_rows(
     nodes.append(ir.Node("", "Transpose", [reduce.outputs[0]], [ir.AttrInt64s("perm", [0, 2, 1])]))
     if dtype != ir.DataType.FLOAT:  # multiplies the attention's output, of its type
         nodes.append(ir.Node("", "Cast", [nodes[-1].outputs[0]], [ir.AttrInt64("to", dtype)]))
+    if cond.shape is not None and len(cond.shape) == 4:
+        _shape_keep_rows(nodes, reduce, tuple(cond.shape))
     return nodes[-1].outputs[0], nodes
+
+
+def _shape_keep_rows(nodes: list[ir.Node], reduce: ir.Node, dims: tuple) -> None:
+    """The shapes of ``_keep_rows``'s values from its condition's ``dims``: [B, 1, S, L]
+    before the ReduceMax, [B, 1, S] out of it, [B, S, 1] after. ``fusion_core.sizes``
+    needs every value's rank: so it proves the sizes of what the keep factor multiplies
+    (the next layer's scores among them)."""
+    b, h, s, _ = dims
+    shapes = iter([list(dims)] * nodes.index(reduce) + [[b, h, s]] + [[b, s, h]] * len(nodes))
+    for node, shape in zip(nodes, shapes, strict=False):
+        node.outputs[0].shape = ir.Shape(shape)
 
 
 def empty_rows_as_mean(

@@ -36,7 +36,8 @@ _KEPT_AXES: dict[tuple[str, str], int | None] = {
     (_MS, "BiasGelu"): None,
     (_MS, "Gelu"): None,
     (_MS, "MoE"): None,
-    # a 3-D query [B, S, D] gives [B, S, D_v]: the batch and the sequence are the query's
+    # a query [B, S, D] gives [B, S, D_v] ([B, N, S, H] gives [B, N, S, H_v]): all but the
+    # last axis are the query's
     ("", "Attention"): 2,
     (_MS, "GroupQueryAttention"): 2,
     (_MS, "MultiHeadAttention"): 2,
@@ -74,8 +75,8 @@ class FusedSizeProof(SizeProof):
         at = axis + rank if axis < 0 else axis
         if kept is None and len(source.shape or ()) == rank:
             return self.bound(source, at, depth + 1)
-        if kept is not None and kept > 0 and rank == 3 == len(source.shape or ()) and at < kept:
-            return self.bound(source, at, depth + 1)
+        if kept is not None and kept > 0 and rank == len(source.shape or ()) and at < rank - 1:
+            return self.bound(source, at, depth + 1)  # [B, S, E] or [B, N, S, H]: all but the last
         return super().bound(value, axis, depth)
 
     def _rest_of(self, node: ir.Node, axis: int, depth: int) -> Size | None:
