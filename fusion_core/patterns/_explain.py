@@ -57,7 +57,18 @@ def explain_unmatched(search, plans: Iterable, result) -> None:
                 best[id(node)] = (failure, plan.pattern.name)
     for node in order:
         failure, pattern = best[id(node)]
-        result.near_misses.append(NearMiss(pattern, failure.names, failure.reason))
+        result.near_misses.append(NearMiss(pattern, *_named(node, failure)))
+
+
+def _named(node: ir.Node, failure: _Failure) -> tuple[tuple[str, ...], str]:
+    """The near miss's nodes and reason, the probed node always among the nodes: a
+    failure at the anchor (or a search out of budget) has bound nothing yet."""
+    reason = failure.reason or (
+        f"{_label(node)} left: the search from it stopped after {_MAX_STATES} partial bindings"
+    )
+    own = node.name or f"<{node.op_type}>"
+    names = failure.names if own in failure.names else (own, *failure.names)
+    return names, reason
 
 
 def _deepest(search, plan, node: ir.Node) -> _Failure | None:

@@ -14,7 +14,14 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_tensor
 
-__all__ = ["PROBES", "attention_softmax", "gelu_activation", "router_sigmoid", "router_softmax"]
+__all__ = [
+    "PROBES",
+    "attention_softmax",
+    "gelu_activation",
+    "rotary_product",
+    "router_sigmoid",
+    "router_softmax",
+]
 
 
 def _activation(value: ir.Value | None) -> bool:
@@ -42,24 +49,30 @@ def _reaches(
     return False
 
 
-# Concat: gpt-oss's sinks; Tanh: a soft-cap, c * tanh(scores / c)
-_SCORE_STEPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Concat", "Tanh"})
+# Concat: gpt-oss's sinks; Tanh: a soft-cap, c * tanh(scores / c); the rest: elementwise
+# steps no rule takes (an Erf, a clamp) that leave the scores' MatMul no less attention's
+# and its block owed a near miss
+_SCORE_STEPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Where", "Cast", "Concat", "Tanh"}
+    | {"Erf", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Pow", "Sin", "Cos"}
+    | {"Relu", "Sigmoid", "Softplus", "LeakyRelu", "Elu", "Clip", "Max", "Min", "Identity"}
+)
 
 
 def _score_steps(node: ir.Node) -> list[ir.Value | None]:
     if node.op_type in _SCORE_STEPS:
         return [v for v in node.inputs if _activation(v)]
-    if node.op_type in ("Reshape", "Squeeze", "Unsqueeze") and node.inputs:
+    if node.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Transpose") and node.inputs:
         return [node.inputs[0]]
     return []
 
 
 def attention_softmax(node: ir.Node) -> bool:
     """A Softmax of scores: its input comes from a MatMul of two activations, possibly
-    through a few elementwise steps (scale, mask, Where, Cast, a soft-cap's Tanh),
-    reshapes (DeBERTa reshapes its scores between the relative-position Add and the
-    mask's Where) and a Concat (gpt-oss's attention sinks, one more column of the
-    scores)."""
+    through a few elementwise steps (scale, mask, Where, Cast, a soft-cap's Tanh, one no
+    rule knows), reshapes (DeBERTa reshapes its scores between the relative-position Add
+    and the mask's Where), a Transpose and a Concat (gpt-oss's attention sinks, one more
+    column of the scores)."""
     return _reaches(
         node.inputs[0] if node.inputs else None,
         lambda n: n.op_type == "MatMul" and all(_activation(v) for v in n.inputs[:2]),
@@ -163,9 +176,94 @@ def gelu_activation(node: ir.Node) -> bool:
     return False
 
 
+# What a rotary's cos and sin tables are read through on their way from the Cos and Sin
+# of the angles (or a constant cache, gathered by position) to the products
+_TABLE_STEPS = frozenset(
+    {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Gather", "GatherND", "Slice", "Split"}
+    | {"Cast", "Concat", "Mul", "Transpose", "Identity", "Tile"}
+)
+# How the rotated features come from the heads: cut (Slice, Split), negated, paired
+# again (Concat, Unsqueeze and Reshape), transposed
+_ROTATION_STEPS = frozenset(
+    {"Slice", "Split", "Concat", "Neg", "Reshape", "Unsqueeze", "Squeeze", "Transpose"}
+    | {"Gather", "Identity", "Mul"}
+)
+
+
+def rotary_product(node: ir.Node) -> bool:
+    """An Add of two products, each of features by a table (the Cos or Sin of angles, or
+    a constant float cache of more than one value), the features of one product cut
+    from the same heads as the other's (``x * cos + rotate_half(x) * sin``, the halves'
+    ``x2 * c + x1 * s``): a rotary embedding, owed a near miss when no pattern binds it.
+    A residual's or a norm's Add (no two tables) and a gate's products are not one."""
+    if node.op_type != "Add" or len(node.inputs) != 2:
+        return False
+    products = [v.producer() if v is not None else None for v in node.inputs]
+    if any(p is None or p.op_type != "Mul" or len(p.inputs) != 2 for p in products):
+        return False
+    sides = [_features_and_table(p) for p in products if p is not None]
+    for (x, cos), (rotated, sin) in (sides, sides[::-1]):
+        if x is None or rotated is None or x is rotated or cos is sin:
+            continue
+        if _ancestors(x, 6) & _ancestors(rotated, 6):
+            return True
+    return False
+
+
+def _features_and_table(product: ir.Node) -> tuple[ir.Value | None, ir.Value | None]:
+    """The activation a Mul multiplies by a table, and the table; Nones if neither
+    operand is a table."""
+    a, b = product.inputs
+    for features, table in ((a, b), (b, a)):
+        if _activation(features) and _a_table(table):
+            return features, table
+    return None, None
+
+
+def _a_table(value: ir.Value | None) -> bool:
+    """Whether ``value`` comes from a Cos or Sin, or a constant float cache of more than
+    one value, a few table steps (gathered, unsqueezed, scaled) away."""
+    todo, seen = [(value, 0)], set()
+    while todo:
+        current, steps = todo.pop()
+        if current is None or steps > 8:
+            continue
+        constant = constant_tensor(current)
+        if constant is not None:
+            if constant.dtype.is_floating_point() and constant.size > 1:
+                return True
+            continue
+        producer = current.producer()
+        if producer is None or id(producer) in seen:
+            continue
+        seen.add(id(producer))
+        if producer.op_type in ("Cos", "Sin"):
+            return True
+        if producer.op_type in _TABLE_STEPS:
+            todo += [(v, steps + 1) for v in producer.inputs]
+    return False
+
+
+def _ancestors(value: ir.Value, depth: int) -> set[int]:
+    """``value`` and the activations it is cut, negated or paired from, at most
+    ``depth`` rotation steps back (by id)."""
+    found, todo = set(), [(value, 0)]
+    while todo:
+        current, steps = todo.pop()
+        if id(current) in found:
+            continue
+        found.add(id(current))
+        producer = current.producer()
+        if producer is None or producer.op_type not in _ROTATION_STEPS or steps >= depth:
+            continue
+        todo += [(v, steps + 1) for v in producer.inputs if _activation(v)]
+    return found
+
+
 PROBES: dict[str, Callable[[ir.Node], bool]] = {
     "attention_softmax": attention_softmax,
     "router_softmax": router_softmax,
     "router_sigmoid": router_sigmoid,
     "gelu_activation": gelu_activation,
+    "rotary_product": rotary_product,
 }
