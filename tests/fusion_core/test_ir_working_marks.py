@@ -5,8 +5,9 @@ undone when no fusion took them), what layers share and the sizes it proved. A m
 user brings may carry such marks, forged or left by an earlier run of this tool on its
 own output; read as they are, ``undo_unused`` took out a "pair" it never inserted: here a
 ``Neg`` and a ``Relu`` marked as a merge and its split, and the model computed
-``sigmoid(x)`` for ``sigmoid(relu(-x))``. The provenance (``autofusion.pattern``, what a fused node replaced) stays:
-it describes the output. Outputs compared exactly (rtol = atol = 0).
+``sigmoid(x)`` for ``sigmoid(relu(-x))``. The provenance (``autofusion.pattern``, what a
+fused node replaced) stays: it describes the output. Outputs compared exactly (rtol =
+atol = 0).
 """
 
 from __future__ import annotations
