@@ -81,7 +81,16 @@ test-corpus: $(CORPUS_STAMP)
 		tests/fusion_core/canonical/test_blend_masks.py \
 		tests/fusion_core/canonical/test_key_perms.py \
 		tests/fusion_core/canonical/test_zero_adds.py \
-		tests/fusion_core/test_sizes_ceil.py
+		tests/fusion_core/test_sizes_ceil.py \
+		tests/fusion_core/canonical/test_undo_again.py \
+		tests/fusion_core/canonical/test_concat_query.py \
+		tests/fusion_core/rewriters/test_rotary_trailing_spellings.py \
+		tests/fusion_core/rewriters/test_rotary_constant_tables_spellings.py \
+		tests/fusion_core/rewriters/test_mask_sizes.py \
+		tests/fusion_core/rewriters/test_gqa_sizes.py \
+		tests/fusion_core/patterns/test_near_miss_attention.py \
+		tests/fusion_core/patterns/test_near_miss_rotary.py \
+		tests/fusion_core/test_fallback_culprits.py
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's
