@@ -7,6 +7,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_tensor
+from autofusion.fusion_core.sizes._extremes import extreme_read
 from autofusion.fusion_core.sizes._readers import READERS, VIEWS, to_int, unknown
 from autofusion.fusion_core.sizes._rounding import min_read
 from autofusion.fusion_core.sizes._rules import RULES, split
@@ -17,7 +18,20 @@ __all__ = ["Entries", "SizeProof", "axis_size", "read_sizes"]
 _ONNX = ("", "ai.onnx")
 _MAX_DEPTH = 48  # a bound on Python's stack, not on what is provable: see SizeProof
 Entries = list[Size | None]
-_READERS = {**READERS, "Min": min_read}  # _rounding imports _readers: joined here
+
+
+def _min_read(proof: SizeProof, node: ir.Node, depth: int) -> Entries | None:
+    """``Min``: a size against its rounded multiple (``_rounding``), else the entries
+    one of which is proven at most the other (``_extremes``)."""
+    found = min_read(proof, node, depth)
+    if found is not None and None not in found:
+        return found
+    ordered = extreme_read(proof, node, depth)
+    return ordered if ordered is not None and None not in ordered else found
+
+
+# _rounding and _extremes import _readers: joined here
+_READERS = {**READERS, "Min": _min_read, "Max": extreme_read}
 # Ops whose output 0 has input 0's shape.
 SAME_SHAPE = frozenset(
     {

@@ -55,11 +55,16 @@ def _squeeze(proof: SizeProof, node: ir.Node, axis: int, rank: int, depth: int):
 
 def _reshape(proof: SizeProof, node: ir.Node, axis: int, rank: int, depth: int):
     """An entry of the target read from a size is that size (a target of sizes that do
-    not fit fails to run); 0 copies the input's (allowzero 0); -1 is the rest (``_rest``)."""
+    not fit fails to run); 0 copies the input's (allowzero 0); -1 is the rest (``_rest``).
+    An entry not read, or capped, is the rest too where the others prove it: whatever it
+    computes (-1, a 0 that copies, a number), the Reshape runs only where the elements
+    count out (torch.export's ``Max(0, -P + Min(128, P + S))``: GPT-Neo's merge of heads)."""
     entries = proof.entries(node.inputs[1], depth) if len(node.inputs) > 1 else None
-    if entries is None or len(entries) != rank or entries[axis] is None:
+    if entries is None or len(entries) != rank:
         return None
     entry = entries[axis]
+    if entry is None or entry.capped:
+        return _rest(proof, node, entries, axis, depth) or entry
     if entry == Size((), 0) and not attribute_value(node, "allowzero", 0):
         return proof.bound(node.inputs[0], axis, depth)
     if entry == Size((), -1):
