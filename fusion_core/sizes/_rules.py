@@ -175,9 +175,11 @@ def _slice(proof: SizeProof, node: ir.Node, axis: int, rank: int, depth: int):
         return None
     if end.value is not None and end.value >= _TO_THE_END:
         return whole
-    if whole.atoms == end.atoms:  # n + a cut at n + b: min(a, b) over n
-        return Size(end.atoms, min(whole.constant, end.constant))
-    return Size(end.atoms, end.constant, capped=True) if whole.value is not None else None
+    if whole.atoms == end.atoms:  # n + a cut at n + b: min(a, b) over n, capped if b is
+        return Size(end.atoms, min(whole.constant, end.constant), capped=end.capped)
+    if whole.value is None or whole.value < 2:  # min(e, 1) is 1 wherever e is not 0
+        return None
+    return Size(end.atoms, end.constant, capped=True)  # a cap of 2 or more: 1 only where e is
 
 
 def _negated(proof: SizeProof, value: ir.Value | None, depth: int) -> Entries | None:

@@ -102,12 +102,14 @@ def scaled(size: Size, times: int, over: int) -> Size | None:
 def arithmetic(op: str, x: Size | None, y: Size | None) -> Size | None:
     if x is None or y is None:
         return None
+    if y.capped or (x.capped and (op != "Sub" or y.value != 0)):
+        return None  # a Range's length from 0 keeps a cap; other arithmetic on one proves none
     if op == "Sub":
         rest = Counter(x.atoms)
         rest.subtract(y.atoms)
         if any(c < 0 for c in rest.values()):
             return None
-        return Size(tuple(sorted(rest.elements())), x.constant - y.constant)
+        return Size(tuple(sorted(rest.elements())), x.constant - y.constant, capped=x.capped)
     if op == "Mul" and x.value is not None:
         x, y = y, x
     if y.value is None or y.value < 0:
