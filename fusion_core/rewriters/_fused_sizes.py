@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes import Size, SizeProof
 
 __all__ = ["SIZES_MARK", "FusedSizeProof", "record_sizes"]
 
 _MS = "com.microsoft"
-_ZERO = Size((), 0)  # a Reshape target's 0: the input's size there (allowzero 0)
 # the metadata of a fused op's last node: the sizes of the value it replaced
 SIZES_MARK = "autofusion.sizes"
 # ops an earlier fusion emits, which the proof's rules (of the standard ops) do not name:
@@ -48,9 +45,9 @@ _KEPT_AXES: dict[tuple[str, str], int | None] = {
 class FusedSizeProof(SizeProof):
     """A ``SizeProof`` that also reads through the ops earlier fusions emit
     (``_KEPT_AXES``: the rotary, onnxruntime's norms and activations, the fused
-    attentions' batch and sequence), an ``If`` whose branches give one size and a Reshape
-    entry it cannot read where the others are proven (``_rest_of``), which
-    the proof's own rules do not name: the next layer's query is as long as the
+    attentions' batch and sequence) and an ``If`` whose branches give one size, which
+    the proof's own rules do not name (a Reshape entry it cannot read is the rest of the
+    elements in ``sizes`` itself): the next layer's query is as long as the
     residual stream the last attention added to. A value a fusion made (``record_sizes``)
     has the sizes proven for the value it replaced, an equal one."""
 
@@ -64,11 +61,6 @@ class FusedSizeProof(SizeProof):
         source = node.inputs[0] if node is not None and node.inputs else None
         if node is None or source is None or value is not node.outputs[0]:
             return super().bound(value, axis, depth)
-        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
-            found = super().bound(value, axis, depth)
-            if found is None or not any(a.startswith("@") for a in found.atoms):
-                return found
-            return self._rest_of(node, axis, depth) or found
         domain = "" if node.domain == "ai.onnx" else node.domain
         kept = _KEPT_AXES.get((domain, node.op_type), -1)
         rank = len(value.shape or ())
@@ -78,38 +70,6 @@ class FusedSizeProof(SizeProof):
         if kept is not None and kept > 0 and rank == len(source.shape or ()) and at < rank - 1:
             return self.bound(source, at, depth + 1)  # [B, S, E] or [B, N, S, H]: all but the last
         return super().bound(value, axis, depth)
-
-    def _rest_of(self, node: ir.Node, axis: int, depth: int) -> Size | None:
-        """A Reshape target's one entry the proof cannot read (torch.export's ``Max`` and
-        ``Min`` of sizes) where every other entry is proven: the rest of the input's
-        elements, as a ``-1`` is, where the symbols cancel and the numbers divide out
-        (``S * 256`` over ``256`` is ``S``)."""
-        source, rank = node.inputs[0], len(node.outputs[0].shape or ())
-        entries = self.entries(node.inputs[1], depth + 1) if len(node.inputs) > 1 else None
-        if source is None or entries is None or len(entries) != rank or entries[axis] is not None:
-            return None
-        tops = [self.size(source, a) for a in range(len(source.shape or ()))]
-        copies = not attribute_value(node, "allowzero", 0)
-        bottoms = [
-            tops[i] if copies and e == _ZERO and i < len(tops) else e
-            for i, e in enumerate(entries)
-            if i != axis
-        ]
-        if any(s is None or s.capped or s.constant < 0 for s in tops + bottoms):
-            return None
-        for size in [s for s in bottoms if s.value is None]:  # type: ignore[union-attr]
-            if size not in tops:
-                return None
-            tops.remove(size)
-            bottoms.remove(size)
-        left = [s for s in tops if s.value is None]  # type: ignore[union-attr]
-        number = int(np.prod([s.constant for s in tops if s.value is not None]))  # type: ignore[union-attr]
-        divisor = int(np.prod([s.constant for s in bottoms]))  # type: ignore[union-attr]
-        if divisor <= 0 or len(left) > 1 or (left and number != divisor):
-            return None
-        if left:
-            return left[0]
-        return Size((), number // divisor) if number % divisor == 0 else None
 
     def _either_branch(self, node: ir.Node, value: ir.Value, axis: int, depth: int) -> Size | None:
         """An ``If``'s output has a size where both branches' outputs are proven to have
