@@ -39,6 +39,11 @@ _KEPT_AXES: dict[tuple[str, str], int | None] = {
     (_MS, "GroupQueryAttention"): 2,
     (_MS, "MultiHeadAttention"): 2,
     (_MS, "Attention"): 2,
+    # a quantized projection [..., K] by a constant weight gives [..., N]: all but the last
+    # axis are its input's (an int4 decoder's q, k and v)
+    (_MS, "MatMulNBits"): 2,
+    (_MS, "DynamicQuantizeMatMul"): 2,
+    (_MS, "MatMulIntegerToFloat"): 2,
 }
 
 
