@@ -87,8 +87,11 @@ _SPELLINGS = {
     "inner": ("xs{i} = Shape (h)\n e{i} = Slice (xs{i}, at{i}, to{i})", True),
     "copy": ("e{i} = Identity (zero)", True),
     "rest": ("e{i} = Identity (minus1)", True),  # proven where every other entry is
+    # Max(S, 1) is S only where S is not 0: unread, and proven only as the rest of the
+    # elements, where it is the one entry unread and no -1 is beside it (a -1 or a second
+    # unread entry leaves the rest unknown)
     "opaque": (
-        "xs{i} = Shape (x)\n s{i} = Slice (xs{i}, at{i}, to{i})\n e{i} = Max (s{i}, s{i})",
+        "xs{i} = Shape (x)\n s{i} = Slice (xs{i}, at{i}, to{i})\n e{i} = Max (s{i}, one)",
         False,
     ),
 }
@@ -97,13 +100,15 @@ _SPELLINGS = {
 def _reshaped(spellings: list[str], start: int, end: int) -> tuple[onnx.ModelProto, bool]:
     """``Shape(Reshape(Relu(x), target))[start:end]`` added to zeros, each target entry
     in its spelling; whether every entry read is proven."""
-    lines, inits = [], {"zero": [0], "minus1": [-1], "zeros": [0] * (end - start)}
+    lines, inits = [], {"zero": [0], "one": [1], "minus1": [-1], "zeros": [0] * (end - start)}
     for i, name in enumerate(spellings):
         lines.append(_SPELLINGS[name][0].format(i=i, a=i, b=i + 1))
         inits |= {f"at{i}": [i], f"to{i}": [i + 1], f"n{i}": i}
     opaque = "opaque" in spellings
+    alone = spellings.count("opaque") == 1 and "rest" not in spellings  # the rest, then
     proven = all(
-        _SPELLINGS[name][1] and not (name == "rest" and opaque) for name in spellings[start:end]
+        (_SPELLINGS[name][1] or alone) and not (name == "rest" and opaque)
+        for name in spellings[start:end]
     )
     body = "\n        ".join(lines)
     text = f"""<ir_version: 8, opset_import: ["" : 18]>
@@ -130,9 +135,10 @@ def test_a_read_through_a_reshape_target_is_rewritten_where_each_entry_is_proven
 ) -> None:
     """Entries read from the input's shape (Gather, Slice, Shape's start and end, an
     inner tensor's shape) or copied (0) prove their size, and ``-1`` where the others
-    do; an entry through an op no reader follows (``Max``) does not, whatever the
-    inference says of it. A proven read becomes reads of ``x`` and constants; the
-    model computes the same at every size either way."""
+    do; an entry through an op no reader follows (``Max(S, 1)``) does not, whatever the
+    inference says of it, unless it is the one such entry with no ``-1`` beside it (then
+    it is the rest of the elements, as a ``-1`` is). A proven read becomes reads of ``x``
+    and constants; the model computes the same at every size either way."""
     if spellings.count("rest") > 1:
         spellings = [s if s != "rest" else "copy" for s in spellings]  # one -1 at most
     model, proven = _reshaped(spellings, *bounds)
