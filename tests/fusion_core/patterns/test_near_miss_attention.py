@@ -18,24 +18,17 @@ attention near miss. ``AUTOFUSION_SPELLING_EXAMPLES`` sets the example budget.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet
+from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
 HIDDEN = 16
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
 BROKEN = ["scatter_key", "cumsum_key", "erf_scores", "sin_scores", "transposed_scores", "axis"]
 ATTENTION_OPS = ("MultiHeadAttention", "Attention", "GroupQueryAttention")
 

@@ -20,24 +20,17 @@ same ``x`` twice, ``x`` and an activation of it; none gets a rotary near miss.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet
 from tests.fusion_core.rewriters.test_rotary_interleaved import gptj_block
+from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
 SEQ = 5
 BROKEN = ["neg_abs", "concat_order", "low_sin"]
 

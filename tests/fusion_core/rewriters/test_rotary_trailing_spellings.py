@@ -31,29 +31,22 @@ the corpus tier).
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 _OPSET = {False: 18, True: 23}  # ONNX RotaryEmbedding is opset 23's
 _IR = {False: 8, True: 10}
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
 
 
 @dataclass(frozen=True)
