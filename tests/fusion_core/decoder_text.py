@@ -32,6 +32,21 @@ MERGE = [
     "y = MatMul (merged, wo)",
 ]
 CAUSAL = "causal = LessOrEqual (kv_u, q_u)"  # a key at or before its query
+# the rotary angles of the position ids, ``freqs`` [B, S, r/2] (reads ``inv_freq``)
+ANGLES = [
+    "pos = Cast <to = 1> (position_ids)",
+    "pos_u = Unsqueeze (pos, axis_last)",
+    "freqs = Mul (pos_u, inv_freq)",
+]
+# rotate_half's tables ``cos_u``/``sin_u`` [B, 1, S, r]: the angles repeated over both halves
+HALF_TABLES = [
+    *ANGLES,
+    "emb = Concat <axis = -1> (freqs, freqs)",
+    "cos = Cos (emb)",
+    "sin = Sin (emb)",
+    "cos_u = Unsqueeze (cos, axis_1)",
+    "sin_u = Unsqueeze (sin, axis_1)",
+]
 PADDING = ["mask_u = Unsqueeze (attention_mask, axes_pad)", "padding = Cast <to = 9> (mask_u)"]
 # gpt-oss's attention sinks on ``biased`` scores: one more column, the row's max subtracted,
 # the column dropped again (reads x_shape, seq_len, sinks, sink_heads and TEXT_CONSTANTS')

@@ -36,7 +36,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, graph_model, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    HALF_TABLES,
+    PADDING,
+    TEXT_CONSTANTS,
+    graph_model,
+    positions,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
@@ -243,14 +250,7 @@ def latent_block(s: Latent, seed: int = 0) -> onnx.ModelProto:
     body = [
         "past_len = Identity (start)",
         *positions(),
-        "pos = Cast <to = 1> (position_ids)",
-        "pos_u = Unsqueeze (pos, axis_last)",
-        "freqs = Mul (pos_u, inv_freq)",
-        "emb = Concat <axis = -1> (freqs, freqs)",
-        "cos = Cos (emb)",
-        "sin = Sin (emb)",
-        "cos_u = Unsqueeze (cos, axis_1)",
-        "sin_u = Unsqueeze (sin, axis_1)",
+        *HALF_TABLES,
         "qm = MatMul (x, wq)",
         "qr = Reshape (qm, q_split)",
         f"qt = {t} (qr)",

@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, positions
+from tests.fusion_core.decoder_text import CAUSAL, HALF_TABLES, PADDING, TEXT_CONSTANTS, positions
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
@@ -173,14 +173,7 @@ def _rotated(p: str, source: str, how: str) -> list[str]:
 def _tables() -> list[str]:
     """``cos_u``/``sin_u`` ``[B, 1, S, r]`` (rotate_half's) and their first halves."""
     return [
-        "pos = Cast <to = 1> (position_ids)",
-        "pos_u = Unsqueeze (pos, axis_last)",
-        "freqs = Mul (pos_u, inv_freq)",
-        "emb = Concat <axis = -1> (freqs, freqs)",
-        "cos = Cos (emb)",
-        "sin = Sin (emb)",
-        "cos_u = Unsqueeze (cos, axis_1)",
-        "sin_u = Unsqueeze (sin, axis_1)",
+        *HALF_TABLES,
         "cos_f = Cos (freqs)",
         "sin_f = Sin (freqs)",
         "cos_half = Unsqueeze (cos_f, axis_1)",
