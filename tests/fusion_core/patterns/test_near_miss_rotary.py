@@ -28,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet
+from tests.fusion_core.rewriters.test_rotary import rotary_constants
 from tests.fusion_core.rewriters.test_rotary_interleaved import gptj_block
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
@@ -93,16 +94,7 @@ def _rotation(broken: str, rotated: str) -> list[str]:
 def rotary_block(s: Rotary) -> onnx.ModelProto:
     rotary = 8 if s.partial else 16
     inits = {
-        "zero": np.array([0], np.int64),
-        "half": np.array([rotary // 2], np.int64),
-        "rdim": np.array([rotary], np.int64),
-        "end": np.array([np.iinfo(np.int64).max], np.int64),
-        "last": np.array([-1], np.int64),
-        "axis_1": np.array([1], np.int64),
-        "axis_last": np.array([-1], np.int64),
-        "start": np.array(0, np.int64),
-        "step": np.array(1, np.int64),
-        "index_2": np.array(2, np.int64),
+        **rotary_constants(rotary),
     }
     body = _tables(s, rotary, inits)
     rotated = "xr" if s.partial else "x"

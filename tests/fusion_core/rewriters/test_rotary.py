@@ -20,10 +20,10 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 ROTARY = "com.microsoft::RotaryEmbedding"
 
 
-def rotary_model(*, partial: bool) -> onnx.ModelProto:
-    rotary = 8 if partial else 16
-    inits = {
-        "inv_freq": 1.0 / (10000 ** (np.arange(0, rotary, 2) / rotary)),
+def rotary_constants(rotary: int) -> dict[str, np.ndarray]:
+    """The index constants of a rotary block of ``rotary`` rotated features: its halves'
+    and parts' bounds, the axes, the positions' Range."""
+    return {
         "zero": np.array([0], np.int64),
         "half": np.array([rotary // 2], np.int64),
         "rdim": np.array([rotary], np.int64),
@@ -34,6 +34,14 @@ def rotary_model(*, partial: bool) -> onnx.ModelProto:
         "start": np.array(0, np.int64),
         "step": np.array(1, np.int64),
         "index_2": np.array(2, np.int64),
+    }
+
+
+def rotary_model(*, partial: bool) -> onnx.ModelProto:
+    rotary = 8 if partial else 16
+    inits = {
+        "inv_freq": 1.0 / (10000 ** (np.arange(0, rotary, 2) / rotary)),
+        **rotary_constants(rotary),
     }
     if partial:  # angles from the position ids: [batch, seq, 8]
         angles = [
