@@ -38,15 +38,17 @@ ANGLES = [
     "pos_u = Unsqueeze (pos, axis_last)",
     "freqs = Mul (pos_u, inv_freq)",
 ]
-# rotate_half's tables ``cos_u``/``sin_u`` [B, 1, S, r]: the angles repeated over both halves
-HALF_TABLES = [
-    *ANGLES,
+# rotate_half's tables ``cos_u``/``sin_u`` [B, 1, S, r] of any angles ``freqs`` [B, S, r/2]
+# (a block whose angles come from elsewhere, e.g. Range(0, S), reads these alone): the
+# angles repeated over both halves
+FREQ_TABLES = [
     "emb = Concat <axis = -1> (freqs, freqs)",
     "cos = Cos (emb)",
     "sin = Sin (emb)",
     "cos_u = Unsqueeze (cos, axis_1)",
     "sin_u = Unsqueeze (sin, axis_1)",
 ]
+HALF_TABLES = [*ANGLES, *FREQ_TABLES]  # the tables of the position ids' angles
 PADDING = ["mask_u = Unsqueeze (attention_mask, axes_pad)", "padding = Cast <to = 9> (mask_u)"]
 # gpt-oss's attention sinks on ``biased`` scores: one more column, the row's max subtracted,
 # the column dropped again (reads x_shape, seq_len, sinks, sink_heads and TEXT_CONSTANTS')

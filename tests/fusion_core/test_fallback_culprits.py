@@ -13,7 +13,6 @@ still two rollbacks, not one that takes both.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -34,9 +33,9 @@ from autofusion.fusion_core.rewriters import (
 )
 from autofusion.fusion_core.testing import build_model, run_both
 from autofusion.fusion_core.validate import FUSED_CANNOT_RUN
+from tests.fusion_core.spelling_settings import EXAMPLES
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 REFUSED, WRONG = "test.refused_reshape", "test.forgets_neg"
 BLOCKS = {  # the nodes of one block from h to its output o
     "good": "s{i} = Sigmoid (h{i})\n    h{o} = Mul (h{i}, s{i})",

@@ -14,7 +14,6 @@ branches widened, the model put back byte for byte after.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from autofusion.fusion_core.validate import (
     in_float32,
     make_session,
 )
+from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import _big_models
@@ -51,7 +51,6 @@ FP16_DEFAULT = {"rtol": 1e-2, "atol": 1e-3}  # validate._stats' default for floa
 NORM, GQA = "SimplifiedLayerNormalization", "com.microsoft::GroupQueryAttention"
 # The spellings profile's budget (25 in make test, more in the corpus tier); the decoder's
 # wrong fusions cost a comparison each, so they take a third of it
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
 
 
@@ -315,12 +314,7 @@ def _random_model(spec: _Spec, rng: np.random.Generator) -> tuple[onnx.ModelProt
     return model, {"feeds": feeds, "reference": ref}
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(specs(), st.integers(0, 2**16))
 def test_in_float32_computes_the_graph_in_float32_and_puts_it_back(spec, seed) -> None:
     model, made = _random_model(spec, np.random.default_rng(seed))

@@ -17,19 +17,18 @@ where ``k`` divides it. Exact integers: no tolerance. The example budget is
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 import onnxruntime
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.sizes import Size, read_sizes
 from autofusion.fusion_core.testing import build_model
+from tests.fusion_core.spelling_settings import SPELLINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 # ``r``: x rounded to a multiple of k; what the proof of Min(x, r) must be
 ROUNDINGS = {
     "neg_trunc": (["nx = Neg (x)", "q = Div (nx, k)", "r = Mul (minus_k, q)"], "capped"),
@@ -99,12 +98,7 @@ def _model(c: Case):
     return build_model(text, {name: a for name, a in inits.items() if name in used})
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(cases())
 def test_min_of_a_size_and_its_rounded_multiple_is_proven_as_onnxruntime_computes_it(
     c: Case,

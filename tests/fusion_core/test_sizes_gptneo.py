@@ -14,19 +14,17 @@ Exact integers: no tolerance. The example budget is ``AUTOFUSION_SPELLING_EXAMPL
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx_ir as ir
 import onnxruntime
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.sizes import Size, axis_size, read_sizes
 from autofusion.fusion_core.testing import build_model
+from tests.fusion_core.spelling_settings import SPELLINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 S, P = Size(("S",), 0), Size(("P",), 0)
 
 
@@ -55,12 +53,7 @@ def _merge_model(n: int, heads: int, max_first: bool, min_first: bool):
     return build_model(text, inits)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(
     n=st.integers(1, 12),
     heads=st.integers(1, 4),

@@ -25,7 +25,6 @@ compute what the original computes (onnxruntime, its optimizations off): rtol = 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,10 +35,10 @@ from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import canonical_twice, fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
+from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
 READS = ("merged", "sub_halves", "norm", "mul", "mul_before_transpose", "gate_before_transpose")
 # after the head Transpose: a scale per head and channel (nGPT's s_qk), then a shift and a
@@ -236,7 +235,7 @@ def fuses_exactly_once(s: Block, target: str = "onnxruntime") -> None:
         run_both(model, fused, feeds=_feeds(model, batch, seq, seq), **TOL)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @example(Block(8, 2, 8, 8, True, "sub_halves", "none"))  # differential attention
 @example(Block(8, 2, 8, 8, True, "norm", "batch"))
 @example(Block(4, 2, 8, 8, False, "merged", "heads"))  # a mask computed from the values

@@ -40,17 +40,17 @@ The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import (
+    ANGLES,
     CAUSAL,
     MERGE,
     PADDING,
@@ -59,10 +59,10 @@ from tests.fusion_core.decoder_text import (
     kv_cache,
     positions,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 # One attention op: GroupQueryAttention for a decoder's (a cache or grouped KV heads),
 # MultiHeadAttention for a block with neither (the rewriters choose, and say why).
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
@@ -277,9 +277,7 @@ def attention_block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
     inputs.append(f"int64[batch, {total}] attention_mask")
     outputs = ["float[batch, seq, 32] y"]
     body = [
-        "pos = Cast <to = 1> (position_ids)",
-        "pos_u = Unsqueeze (pos, axis_last)",
-        "freqs = Mul (pos_u, inv_freq)",
+        *ANGLES,
         *(
             [  # repeat_interleave(freqs, 2, -1)
                 "freqs_u = Unsqueeze (freqs, axis_last)",
@@ -581,12 +579,7 @@ def _ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # make test draws the same examples each run; the corpus tier more
-)
+@SPELLINGS
 @given(spellings())
 @example(  # nanochat's rotation by minus the angle: seen at every budget, not only 200
     Spelling(

@@ -18,7 +18,6 @@ scores that could reach ``-c - 104`` (a norm scaled up, or scores from a graph i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, op_sequence, run_both
+from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 LOWEST = float(np.finfo(np.float32).min)
 BUFFER = 16  # the buffer's rows and columns where b is a slice of it
 EXCLUDE = ["qkv_merge", "kv_merge"]  # the three projections stay three MatMuls
@@ -286,7 +285,7 @@ def _largest_scores(model: onnx.ModelProto, x: np.ndarray, heads: int) -> float:
     return float(np.abs(q @ k.transpose(0, 1, 3, 2)).max() / np.sqrt(size))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(gamma=st.floats(1.0, 300.0), spread=st.floats(0.1, 100.0))
 def test_a_fill_is_made_absorbed_only_below_its_bound(gamma: float, spread: float) -> None:
     """Where the -1e4 fill fused (the rule proved ``|w| + 104 < 1e4``), no input makes a

@@ -27,12 +27,11 @@ kernel sums in another order; at these sizes outputs differ by about 1e-6).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
@@ -44,10 +43,10 @@ from tests.fusion_core.decoder_text import (
     graph_model,
     positions,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 
 
@@ -306,12 +305,7 @@ MINICPM3 = Latent(  # MiniCPM3's own spelling (TorchScript): every part as the m
 )  # fmt: skip
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(latents())
 @example(MINICPM3)
 def test_every_latent_attention_fuses_into_one_attention_exactly(s: Latent) -> None:

@@ -38,21 +38,20 @@ the original's.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
 from tests.fusion_core.decoder_text import CAUSAL, HALF_TABLES, PADDING, TEXT_CONSTANTS, positions
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
 POSITIONS = 64  # the fused rotary's table rows: every position the feeds draw
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
 T = "Transpose <perm = [0, 2, 1, 3]>"
 # the merges change nothing here; SimplifiedLayerNormalization (the key head's norm) is an
@@ -295,12 +294,7 @@ def _assert_same_values(model: onnx.ModelProto, fused: onnx.ModelProto) -> None:
             run_both(model, fused, feeds=feeds(batch, seq, padded=padded), **TOL)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(queries())
 @example(DOTS3)
 @example(replace(DOTS3, key_rotary="written", fused_query=False, nope_first=False))

@@ -32,19 +32,18 @@ optimizations off) at rtol = atol = 1e-5 on two shapes with a padded row.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 LOWEST = float(np.finfo(np.float32).min)
 
 
@@ -295,12 +294,7 @@ def feeds(s: Spelling, batch: int) -> dict:
     return found
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(spellings())
 @example(  # heads folded into the batch around a Softmax whose output is unfolded again
     Spelling(2, "separate", "direct", "projection", "none", False, True, True)

@@ -30,13 +30,12 @@ the corpus tier).
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as oh
@@ -45,8 +44,8 @@ from onnx import numpy_helper as nh
 from autofusion.fusion_core.canonical import MARK, RULES
 from autofusion.fusion_core.ir import model_from_proto
 from autofusion.fusion_core.testing import op_sequence, optimize_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 TOL = dict(rtol=1e-5, atol=1e-5)
 WRITTEN_OUT = {"Erf", "Tanh", "Pow", "Div"}
 C, K = math.sqrt(2.0 / math.pi), 0.044715
@@ -169,14 +168,6 @@ def _feeds(g: Gelu) -> dict[str, np.ndarray]:
 def _in_the_patterns_spelling(g: Gelu) -> bool:
     argument = g.argument == "div" if g.form == "erf" else (g.argument, g.cube) == ("sum", "pow")
     return argument and g.gate == "one_plus" and g.half == "first" and not g.half_div
-
-
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # make test draws the same examples each run; the corpus tier more
-)
 
 
 @SETTINGS

@@ -13,19 +13,17 @@ draws the shapes and the spelling; the example budget is ``AUTOFUSION_SPELLING_E
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import build_model, canonical_twice, run_both
+from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 EXACT = dict(rtol=0, atol=0)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:
@@ -85,7 +83,7 @@ def _feeds(half: int, batch: int, seq: int, seed: int) -> dict:
     }
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(
     half=st.sampled_from([2, 4, 8]),
     split=st.booleans(),

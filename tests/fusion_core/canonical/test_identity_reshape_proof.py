@@ -22,19 +22,18 @@ example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, canonical_twice, optimize_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 EXACT = dict(rtol=0, atol=0)
 D = 4
 PAD_INTS = {"one": [1], "two": [2], "zero": [0], "pads0": [0] * 6, "pad_at": [4]}
@@ -325,12 +324,7 @@ def target_model(t: Target) -> onnx.ModelProto:
     return build_model(text, inits)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # make test draws the same examples each run; the corpus tier more
-)
+@SPELLINGS
 @given(targets(), st.integers(1, 3), st.integers(1, 5))
 def test_a_reshape_goes_exactly_when_its_target_is_its_inputs_shape(
     t: Target, batch: int, length: int

@@ -28,7 +28,6 @@ products; the kernel sums the attention in another order, about 1e-6 apart).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, replace
 
@@ -36,7 +35,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, optimize_quiet, run_both
@@ -48,9 +47,9 @@ from tests.fusion_core.canonical.test_concat_heads import (
     feeds,
     latent_block,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 SPELLINGS = ("shuffle", "gather", "strided")
 WORDS = "heads read in another order computed so by their projection"
 LORA = 12  # the query's low rank (q_a_proj's output)
@@ -213,12 +212,7 @@ DEEPSEEK = Interleaved(  # Youtu's and GLM-4.7-Flash's TorchScript spelling (tra
 )  # fmt: skip
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SETTINGS
 @given(interleaved())
 @example(DEEPSEEK)
 @example(replace(DEEPSEEK, spelling="shuffle", flat_concat=False, after="bias"))

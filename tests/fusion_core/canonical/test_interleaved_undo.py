@@ -17,13 +17,12 @@ form stays (test_interleaved_columns.py counts it in every fused block).
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
@@ -38,9 +37,9 @@ from tests.fusion_core.canonical.test_interleaved_columns import (
     interleaved,
 )
 from tests.fusion_core.decoder_text import graph_model
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 EXACT = dict(rtol=0, atol=0)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 T = "Transpose <perm = [0, 2, 1, 3]>"
 
 
@@ -140,12 +139,7 @@ def _feeds(s: Interleaved, batch: int, seq: int, seed: int) -> dict[str, np.ndar
     }
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(s=interleaved(), seed=st.integers(0, 2**16))
 @example(s=DEEPSEEK, seed=0)
 @example(s=replace(DEEPSEEK, spelling="shuffle", flat_concat=False, after="bias"), seed=1)

@@ -28,12 +28,11 @@ what it did.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, canonical_twice, fuse_quiet, run_both
@@ -45,10 +44,10 @@ from tests.fusion_core.decoder_text import (
     graph_model,
     positions,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, LATENT = 32, 16
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention")
 TURN = "Transpose <perm = [3, 1, 2, 0]>"  # t: the last axis leads (its own inverse)
 
@@ -251,12 +250,7 @@ HY_V4 = Keyed(  # HY-V4's decode step: 8 heads of 32 + 16, a latent cache, the m
 )  # fmt: skip
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(keyed_blocks())
 @example(HY_V4)
 def test_every_key_written_in_place_and_transposed_fuses_exactly(s: Keyed) -> None:

@@ -21,14 +21,13 @@ may hold -inf, so MultiHeadAttention is refused with that reason. The example bu
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as oh
@@ -37,9 +36,9 @@ from onnx import numpy_helper as nh
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import canonical_twice, fuse_quiet, run_both
 from autofusion.fusion_core.validate import make_session
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 LOWEST = float(np.finfo(np.float32).min)
 BUCKETS = 16
 F32 = TensorProto.FLOAT
@@ -212,7 +211,7 @@ def _fused_ops(fused) -> list[str]:
     return [op for op in fused.ops if op in ("MultiHeadAttention", "Softmax", "IsNaN", "If")]
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(case=cases())
 def test_the_mask_after_the_softmax_fuses_once_and_computes_the_same(case: Case) -> None:
     model = build(case)

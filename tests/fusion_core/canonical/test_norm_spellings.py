@@ -38,21 +38,20 @@ the corpus tier).
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS
 
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 TOL_FP32 = dict(rtol=1e-4, atol=1e-5)
 TOL_FP16 = dict(rtol=4e-3, atol=4e-3)
 # What a written-out block is made of; none may be left after the fusion.
@@ -196,12 +195,7 @@ def fused_op(n: Norm) -> str:
     return "RMSNormalization" if n.opset >= 23 else "SimplifiedLayerNormalization"
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # make test draws the same examples each run; the corpus tier more
-)
+@SPELLINGS
 @given(norms())
 def test_every_norm_spelling_fuses_once_into_the_norm_op_exactly(n: Norm) -> None:
     model = norm_model(n)

@@ -18,23 +18,22 @@ its blocks with two contexts).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import canonical_twice, op_sequence, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 EXACT = dict(rtol=0, atol=0)
 HIDDEN, SIZE = 16, 8
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 WORDS = "contexts of one softmax joined on the last axis made one context"
 
 
@@ -133,7 +132,7 @@ def _feeds(batch: int, seq: int) -> dict:
     return {"x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32)}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(joined_blocks())
 def test_contexts_no_fusion_took_come_back_apart(s: Joined) -> None:
     model = joined_block(s)
@@ -155,7 +154,7 @@ def test_contexts_no_fusion_took_come_back_apart(s: Joined) -> None:
         run_both(model, fused, feeds=_feeds(batch, seq), **EXACT)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(joined_blocks())
 def test_repeats_cleaned_up_before_the_undo_are_written_again(s: Joined) -> None:
     """The graph's own repeats gone (nothing read them): each value is repeated again

@@ -19,12 +19,10 @@ projected query, angles from the position ids), the rule still serves it.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
@@ -35,10 +33,10 @@ from autofusion.fusion_core.testing import (
     optimize_quiet,
     run_both,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
 EXACT = dict(rtol=0, atol=0)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 HEADS, HALF = 4, 4
 
 
@@ -132,12 +130,9 @@ _SCALED_BLOCKS = given(
     split=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-_BUDGET = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
 
 
-@_BUDGET
+@SPELLINGS
 @_SCALED_BLOCKS
 def test_a_per_position_scale_of_rotated_heads_scales_the_projection(
     layout, swap, split, seed
@@ -162,7 +157,7 @@ def test_a_scale_per_head_of_the_heads_or_across_positions_stays() -> None:
         assert "position_scale" not in done, done
 
 
-@_BUDGET
+@SPELLINGS
 @_SCALED_BLOCKS
 def test_a_scale_no_fusion_took_comes_back_as_it_went_in(layout, swap, split, seed) -> None:
     model = rotated_scaled(factor=layout, swap=swap, split=split)

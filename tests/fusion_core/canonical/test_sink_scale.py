@@ -15,19 +15,17 @@ no fusion took is put back by ``undo_unused``.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import build_model, canonical_twice, op_sequence, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 HEADS, HEAD_DIM = 4, 8
 
 
@@ -84,7 +82,7 @@ def _feeds(logits: tuple[int, ...], batch: int, seq: int, spread: float, seed: i
     }
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SPELLINGS
 @given(
     logits=st.sampled_from([(1, HEADS, 1), (HEADS, 1), (1,), (1, 1, 1)]),
     swap=st.booleans(),

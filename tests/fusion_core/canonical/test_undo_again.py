@@ -13,8 +13,6 @@ the original's: rtol = atol = 1e-5, as those tests.
 
 from __future__ import annotations
 
-import os
-
 import onnx
 import onnx_ir as ir
 from hypothesis import HealthCheck, given, settings
@@ -29,11 +27,11 @@ from tests.fusion_core.canonical.test_attention_spellings import (
 from tests.fusion_core.canonical.test_attention_spellings import feeds as attention_feeds
 from tests.fusion_core.canonical.test_blend_masks import Blend, blend_block, blends
 from tests.fusion_core.canonical.test_blend_masks import feeds as blend_feeds
+from tests.fusion_core.spelling_settings import EXAMPLES
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-EXAMPLES = max(5, int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25")) // 2)
-SETTINGS = settings(
-    max_examples=EXAMPLES,
+SETTINGS = settings(  # half the shared budget, its own health checks
+    max_examples=max(5, EXAMPLES // 2),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

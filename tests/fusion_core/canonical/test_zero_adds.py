@@ -21,21 +21,20 @@ away); the fused block rtol = atol = 1e-5, as in test_encoder_attention_spelling
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, optimize_quiet, run_both
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 EXACT = dict(rtol=0, atol=0)
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, SEQ = 16, 5
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 LOWEST = float(np.finfo(np.float32).min)
 # ``zeros`` as exporters write them; ``zshape`` is the folded scores' shape [B * N, S, S]
 ZEROS = {
@@ -140,12 +139,7 @@ def feeds(batch: int) -> dict:
     }
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,
-)
+@SPELLINGS
 @given(blocks())
 def test_scores_plus_zeros_in_any_spelling_fuse_into_one_attention(b: Block) -> None:
     model = attention_block(b)

@@ -28,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet
+from tests.fusion_core.decoder_text import FREQ_TABLES
 from tests.fusion_core.rewriters.test_rotary import rotary_constants
 from tests.fusion_core.rewriters.test_rotary_interleaved import gptj_block
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
@@ -67,11 +68,7 @@ def _tables(s: Rotary, rotary: int, inits: dict) -> list[str]:
         "ar_u = Unsqueeze (ar_f, axis_last)",
         "freqs_2d = Mul (ar_u, inv_freq)",
         "freqs = Unsqueeze (freqs_2d, zero)",
-        "emb = Concat <axis = -1> (freqs, freqs)",
-        "cos = Cos (emb)",
-        "sin = Sin (emb)",
-        "cos_u = Unsqueeze (cos, axis_1)",
-        "sin_u = Unsqueeze (sin, axis_1)",
+        *FREQ_TABLES,
     ]
 
 

@@ -26,6 +26,7 @@ from autofusion.fusion_core.testing import (
     run_both,
 )
 from tests.fusion_core.decoder_text import (
+    ANGLES,
     CAUSAL,
     PADDING,
     TEXT_CONSTANTS,
@@ -114,9 +115,7 @@ def decoder_attention(
     inputs.append(f"int64[batch, {'total_sequence_length' if dynamo else 'total'}] attention_mask")
     outputs = ["float[batch, seq, 32] y"]
     body = [
-        "pos = Cast <to = 1> (position_ids)",
-        "pos_u = Unsqueeze (pos, axis_last)",
-        "freqs = Mul (pos_u, inv_freq)",
+        *ANGLES,
         "other = Mul (freqs, twice)" if not halves_equal else "other = Identity (freqs)",
         "emb = Concat <axis = -1> (freqs, other)"
         if not halves_equal

@@ -30,6 +30,7 @@ from onnx import helper as oh
 
 from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import (
+    ANGLES,
     CAUSAL,
     MERGE,
     PADDING,
@@ -134,9 +135,7 @@ def gpt_oss_block(
         **TEXT_CONSTANTS,
     }  # fmt: skip
     body = [
-        "pos = Cast <to = 1> (position_ids)",
-        "pos_u = Unsqueeze (pos, axis_last)",
-        "freqs = Mul (pos_u, inv_freq)",
+        *ANGLES,
         "cos_f = Cos (freqs)",
         "sin_f = Sin (freqs)",
         "cos = Mul (cos_f, scaling)",

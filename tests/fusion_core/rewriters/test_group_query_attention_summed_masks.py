@@ -28,14 +28,13 @@ another order; at these sizes the outputs differ by about 1e-6). The example bud
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import optimize_quiet, run_both
@@ -48,10 +47,10 @@ from tests.fusion_core.decoder_text import (
     padded_feeds,
     positions,
 )
+from tests.fusion_core.spelling_settings import SPELLINGS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, SIZE = 32, 4, 8
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 ORT = dict(target="onnxruntime", exclude=["qkv_merge", "kv_merge"])
 LOWEST = float(np.finfo(np.float32).min)
 
@@ -217,12 +216,7 @@ def _some_shapes(b: Block, data) -> list[tuple[tuple[int, int, int], str]]:
     ]
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # make test draws the same examples each run
-)
+@SPELLINGS
 @given(b=blocks(), data=st.data())
 def test_a_causal_mask_summed_with_a_causal_padding_mask_becomes_gqa_exactly(b, data) -> None:
     model, fused, misses, attrs = fused_block(b)

@@ -28,14 +28,13 @@ The example budget is ``AUTOFUSION_SPELLING_EXAMPLES`` (25 in ``make test``, 200
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -47,9 +46,9 @@ from autofusion.fusion_core.testing import (
     optimize_quiet,
     run_both,
 )
+from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 TOL = dict(rtol=1e-4, atol=1e-5)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 HIDDEN = 16
 
 
@@ -286,14 +285,9 @@ def ops_of(model: onnx.ModelProto) -> list[str]:
 
 
 def generated(examples: int = EXAMPLES) -> settings:
-    """The MoE generators' hypothesis settings: ``examples`` drawn, the same each run of
-    make test (derandomized), no deadline (each example builds and optimizes a model)."""
-    return settings(
-        max_examples=examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-        derandomize=True,
-    )
+    """The MoE generators' hypothesis settings: the spelling tests' shared ones
+    (``spelling_settings.SPELLINGS``) with ``examples`` drawn."""
+    return settings(SPELLINGS, max_examples=examples)
 
 
 @generated()

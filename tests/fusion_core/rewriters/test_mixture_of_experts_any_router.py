@@ -22,7 +22,6 @@ test``, 200 in ``make test-corpus``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -49,7 +48,6 @@ from test_mixture_of_experts import (
 from autofusion.fusion_core.testing import build_model, make_session, optimize_quiet, run_both
 
 TOL = dict(rtol=1e-4, atol=1e-5)
-EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))
 
 
 @dataclass(frozen=True)

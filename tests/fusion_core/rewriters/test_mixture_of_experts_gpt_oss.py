@@ -26,7 +26,6 @@ values of tens; the kernel sums in another order). The example budget is half of
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,11 +36,12 @@ from onnx import helper
 from test_mixture_of_experts import HIDDEN, _Graph, generated
 
 from autofusion.fusion_core.testing import make_session, optimize_quiet
+from tests.fusion_core.spelling_settings import EXAMPLES
 
 RTOL, ATOL = 1e-4, 1e-5  # atol in units of the output's largest magnitude
 # Half the shared budget: each example runs the whole pipeline and six comparisons
 # (about 2 s on 2 cores), so 12 keep the file near 30 s; the corpus tier's 200 give 100.
-EXAMPLES = max(1, int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25")) // 2)
+HALF_BUDGET = max(1, EXAMPLES // 2)
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def _misses(result) -> list[str]:
     return [m.reason for m in result.near_misses if m.pattern.startswith("moe_")]
 
 
-@generated(EXAMPLES)
+@generated(HALF_BUDGET)
 @given(gpt_oss_spellings())
 def test_every_gpt_oss_spelling_becomes_one_moe_exactly(s: GptOss) -> None:
     model = gpt_oss_block(s)

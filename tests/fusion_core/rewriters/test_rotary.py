@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 from autofusion.fusion_core.testing import build_model, op_sequence, optimize_quiet, run_both
+from tests.fusion_core.decoder_text import ANGLES, FREQ_TABLES
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 ROTARY = "com.microsoft::RotaryEmbedding"
@@ -44,11 +45,7 @@ def rotary_model(*, partial: bool) -> onnx.ModelProto:
         **rotary_constants(rotary),
     }
     if partial:  # angles from the position ids: [batch, seq, 8]
-        angles = [
-            "pos = Cast <to = 1> (position_ids)",
-            "pos_u = Unsqueeze (pos, axis_last)",
-            "freqs = Mul (pos_u, inv_freq)",
-        ]
+        angles = ANGLES
         inputs = "float[batch, 4, seq, 16] x, int64[batch, seq] position_ids"
         body = ["xr = Slice (x, zero, rdim, last)", "xp = Slice (x, rdim, end, last)"]
         rotated = "xr"
@@ -65,12 +62,9 @@ def rotary_model(*, partial: bool) -> onnx.ModelProto:
         inputs = "float[batch, 4, seq, 16] x"
         body = []
         rotated = "x"
-    body = angles + [
-        "emb = Concat <axis = -1> (freqs, freqs)",
-        "cos = Cos (emb)",
-        "sin = Sin (emb)",
-        "cos_u = Unsqueeze (cos, axis_1)",
-        "sin_u = Unsqueeze (sin, axis_1)",
+    body = [
+        *angles,
+        *FREQ_TABLES,
         *body,
         f"lo = Slice ({rotated}, zero, half, last)",
         f"hi = Slice ({rotated}, half, end, last)",

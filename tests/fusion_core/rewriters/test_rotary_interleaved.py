@@ -21,6 +21,7 @@ from autofusion.fusion_core.testing import (
     optimize_quiet,
     run_both,
 )
+from tests.fusion_core.decoder_text import ANGLES
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 ROTARY = "com.microsoft::RotaryEmbedding"
@@ -66,9 +67,7 @@ def gptj_block(
         ]
     else:
         angle_lines = [
-            "pos = Cast <to = 1> (position_ids)",
-            "pos_u = Unsqueeze (pos, axis_last)",
-            "freqs = Mul (pos_u, inv_freq)",
+            *ANGLES,
             "sin_h = Sin (freqs)",
             "cos_h = Cos (freqs)",
         ]
