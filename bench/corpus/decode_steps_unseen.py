@@ -39,184 +39,22 @@ import json
 import logging
 import sys
 import time
-import warnings
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
 
-import numpy as np
 import unseen_families as unseen
+from _decode_loop import Decoder, carry, empty_state, generate, run_steps, state_kind
+from _decode_plan import ATOL, BATCH, LENGTH, PADDING, RELATIVE, STEPS, Plan
+from _decode_table import markdown
+from _decode_torch import TorchDecoder
+from _decoder_steps import compare, prompts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ for the decode loop
-from _decoder_steps import compare, positions, prompts
-
-PAST, PRESENT = "past_key_values.", "present."
-# the kinds that grow, and their length axis: _kv_states.LENGTH_AXES (imported there with torch)
-GROWING = {"key": 2, "value": 2, "indexer_key": 1}
-BATCH, LENGTH, PADDING, STEPS = 2, 16, 5, 6
-ATOL, RELATIVE = 1e-4, 1e-5
+# The decode (_decode_loop, first: it puts bench/ on sys.path for _decoder_steps), its
+# plan, the torch reference and the table are the _decode_*.py beside this. __all__: the
+# names the tests read from here.
+__all__ = ["Plan", "carry", "empty_state", "main", "measure", "prompts", "run_steps", "unseen"]
 CONFIG = dict(target="onnxruntime", target_profile="cpu-roofline")  # the survey's
 log = logging.getLogger(__name__)
-
-
-class Plan(NamedTuple):
-    """What one run measures: the decode's length, the padded row's padding, the patterns
-    excluded from the fusion, and whether torch is run too."""
-
-    steps: int = STEPS
-    padding: int = PADDING
-    disable: tuple[str, ...] = ()
-    with_torch: bool = False
-
-    def suffix(self) -> str:
-        """Names a saved row of a run other than the default."""
-        default = (self.steps, self.padding) == (STEPS, PADDING)
-        shape = "" if default else f".s{self.steps}p{self.padding}"
-        return shape + "".join(f".no-{name}" for name in self.disable)
-
-
-def state_kind(name: str) -> str:
-    """``past_key_values.{layer}.{kind}[.{index}]`` -> kind."""
-    return name.split(".")[2]
-
-
-def empty_state(name: str, shape: list, batch: int, dtype=np.float32) -> np.ndarray:
-    """The state before any token: keys, values and indexer keys of length 0, a
-    fixed-size state (convolution, recurrent) of zeros. Every dim but the batch and the
-    growing length must be a number in the graph."""
-    dims = list(shape)
-    dims[0] = batch
-    kind = state_kind(name)
-    if kind in GROWING:
-        dims[GROWING[kind]] = 0
-    unknown = [i for i, d in enumerate(dims) if not isinstance(d, int)]
-    if unknown:
-        raise ValueError(
-            f"{name}: dims {unknown} of {shape} are not numbers, so its empty state has "
-            "no size; export the graph with those dims static"
-        )
-    return np.zeros(dims, dtype)
-
-
-def carry(outputs: dict[str, np.ndarray], inputs: list[str]) -> dict[str, np.ndarray]:
-    """Each ``present.X`` becomes the next step's ``past_key_values.X``, grown or not."""
-    state = {PAST + n[len(PRESENT) :]: v for n, v in outputs.items() if n.startswith(PRESENT)}
-    missing = sorted(set(inputs) - set(state))
-    if missing:
-        raise ValueError(f"the graph takes {missing} but outputs no present state for them")
-    return {name: state[name] for name in inputs}
-
-
-class Decoder:
-    """One session and its cache; ``step`` feeds new tokens and the whole mask so far."""
-
-    def __init__(self, path: Path) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.args = self.session.get_inputs()
-        self.names = {arg.name for arg in self.args}
-        self.outputs = [out.name for out in self.session.get_outputs()]
-        self.past = [arg.name for arg in self.args if arg.name.startswith(PAST)]
-        self.cache: dict[str, np.ndarray] = {}
-        ids = next(arg for arg in self.args if arg.name == "input_ids")
-        if isinstance(ids.shape[1], int) and ids.shape[1] != 1:
-            raise ValueError(
-                f"{path.name} takes exactly {ids.shape[1]} new tokens a call (the export "
-                "fixed the count), so neither a prefill nor a one-token step can be fed"
-            )
-        self.one_token = ids.shape[1] == 1  # exported for generate's step only
-        self.one_row = ids.shape[0] == 1  # torch.onnx fixed the batch to the traced 1
-
-    def start(self, batch: int) -> None:
-        """An empty cache for ``batch`` rows."""
-        self.cache = {
-            a.name: empty_state(a.name, a.shape, batch) for a in self.args if a.name in self.past
-        }
-
-    def step(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        feed = {"input_ids": ids, "attention_mask": mask, **self.cache}
-        if "position_ids" in self.names:
-            feed["position_ids"] = positions(mask, ids.shape[1])
-        result = dict(zip(self.outputs, self.session.run(None, feed), strict=True))
-        self.cache = carry(result, self.past)
-        return result["logits"]
-
-    def prefill(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        if not self.one_token:
-            return self.step(ids, mask)
-        columns = [self.step(ids[:, i : i + 1], mask[:, : i + 1]) for i in range(ids.shape[1])]
-        return np.concatenate(columns, axis=1)
-
-
-def generate(decoder: Decoder, ids, mask, steps: int, tokens=None):
-    """The prefill from an empty cache, then ``steps`` one-token steps."""
-    decoder.start(ids.shape[0])
-    logits = [decoder.prefill(ids, mask)]
-    chosen = []
-    for step in range(steps):
-        token = tokens[step] if tokens is not None else logits[-1][:, -1].argmax(-1)
-        chosen.append(token)
-        mask = np.concatenate([mask, np.ones((mask.shape[0], 1), np.int64)], axis=1)
-        logits.append(decoder.step(token.astype(np.int64)[:, None], mask)[:, -1:])
-    return logits, chosen
-
-
-def run_steps(path: Path, ids, mask, steps: int, tokens=None):
-    """Logits of the prefill (every position) and of each step; with ``tokens`` None
-    each step feeds the variant's own argmax, and the tokens are returned. A graph whose
-    batch the export fixed to 1 runs each row alone (the padded row still padded)."""
-    decoder = Decoder(path)
-    if not decoder.one_row:
-        return generate(decoder, ids, mask, steps, tokens)
-    rows = [
-        generate(
-            decoder,
-            ids[r : r + 1],
-            mask[r : r + 1],
-            steps,
-            tokens and [t[r : r + 1] for t in tokens],
-        )
-        for r in range(ids.shape[0])
-    ]
-    logits = [
-        np.concatenate(parts, axis=0) for parts in zip(*(row[0] for row in rows), strict=True)
-    ]
-    chosen = [np.concatenate(parts) for parts in zip(*(row[1] for row in rows), strict=True)]
-    return logits, chosen
-
-
-class TorchDecoder(Decoder):
-    """The family's torch model fed as its graph is (one token a call where the graph
-    takes one): the export's own error, the cache classes as exported, a top-k's exact
-    ties broken as onnxruntime breaks them (``_topk_ties``)."""
-
-    def __init__(self, family: str, one_token: bool) -> None:
-        import _llm_families as fam
-
-        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
-        self.model = fam.build(family)
-        self.one_token, self.one_row = one_token, False
-
-    def start(self, batch: int) -> None:
-        import _kv_states as kv
-
-        self.cache = kv.new_cache(self.model.config)
-
-    def step(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        import torch
-        from _topk_ties import onnx_ties
-
-        with torch.no_grad(), onnx_ties():
-            out = self.model(
-                input_ids=torch.from_numpy(ids),
-                attention_mask=torch.from_numpy(mask),
-                position_ids=torch.from_numpy(positions(mask, ids.shape[1])),
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        self.cache = out.past_key_values
-        return out.logits.numpy()
 
 
 def export(family: str, folder: Path) -> Path:
@@ -300,59 +138,6 @@ def measure(family: str, folder: Path, plan: Plan) -> dict:
         log.debug("%s failed", family, exc_info=True)
         row["error"] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
     return row
-
-
-def _cell(value: float) -> str:
-    return f"{value:.1e}" if value == value else "NaN"  # NaN != NaN
-
-
-def _calls(row: dict) -> str:
-    tokens = "one token a call" if row["one_token"] else "any length"
-    return tokens + (", batch fixed to 1: rows alone" if row.get("one_row") else "")
-
-
-def _ops(counts: dict[str, int]) -> str:
-    short = {"GroupQueryAttention": "GQA", "MultiHeadAttention": "MHA"}
-    return " + ".join(f"{n} {short.get(op, op)}" for op, n in counts.items()) or "0"
-
-
-def _name(row: dict) -> str:
-    shape = (row.get("steps", STEPS), row.get("padding", PADDING))
-    name = row["family"] + (
-        f", {shape[0]} steps, padding {shape[1]}" if shape != (STEPS, PADDING) else ""
-    )
-    return name + (f" (no {', '.join(row['disabled'])})" if row["disabled"] else "")
-
-
-def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| family | tokens a call | attention fused of layers | rotary, norms | check "
-        "| prefill / steps max abs | logits up to | relative | 1e-4 | rel 1e-5 "
-        "| original vs torch |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        name = _name(row)
-        if "error" in row:
-            lines.append(f"| {name} | {row['error']} |" + " |" * 9)
-            continue
-        fused, diffs, verdict = row["fused"], row["fused_vs_original"], row["verdict"]
-        torch_diff = row.get("original_vs_torch")
-        torch_cell = (
-            f"{_cell(torch_diff['prefill_max_abs'])} / {_cell(torch_diff['decode_max_abs'])}"
-            if torch_diff
-            else ""
-        )
-        lines.append(
-            f"| {name} | {_calls(row)} "
-            f"| {_ops(fused['attention_ops'])} of {row['attention_layers']} "
-            f"| {fused['rotary']}, {fused['norms']} | {fused['check']} "
-            f"| {_cell(diffs['prefill_max_abs'])} / {_cell(diffs['decode_max_abs'])} "
-            f"| {diffs['original_logits_max_abs']:.2g} | {_cell(verdict['relative'])} "
-            f"| {'pass' if verdict['abs_pass'] else '**FAIL**'} "
-            f"| {'pass' if verdict['rel_pass'] else '**FAIL**'} | {torch_cell} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def family_row(family: str, args) -> dict:
