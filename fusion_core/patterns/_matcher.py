@@ -35,6 +35,9 @@ _STANDARD_DOMAINS = ("", "ai.onnx")
 class MatchResult:
     candidates: list[Match] = field(default_factory=list)
     near_misses: list[NearMiss] = field(default_factory=list)
+    # a pattern whose search raised (a bug of ours or of a user pattern's constraint on a
+    # graph nobody tried): its name and the exception; the other patterns' matches stand
+    failed: dict[str, Exception] = field(default_factory=dict)
 
     def by_pattern(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
@@ -127,21 +130,25 @@ class Matcher:
         result = MatchResult()
         for pattern in self.patterns:
             found = MatchResult()
-            for variant in pattern.variants():
-                plan = self._plan(variant, index)
-                if plan is not None:
-                    search.run(plan, found, self.max_matches)
+            try:
+                for variant in pattern.variants():
+                    plan = self._plan(variant, index)
+                    if plan is not None:
+                        search.run(plan, found, self.max_matches)
+            except Exception as exc:  # this pattern's matches only: the rest still fuse
+                result.failed[pattern.name] = exc
+                continue
             _largest_variants(found, result)
         # the fewest optional steps first: at equal depth the first variant names the near
         # miss, and a step every spelling has is the one to name
         explained = [
             self._explain_plan(v)
             for p in self.patterns
-            if p.explain is not None
+            if p.explain is not None and p.name not in result.failed
             for v in reversed(p.variants())
         ]
         if explained:
-            explain_unmatched(search, explained, result)
+            _explain(search, explained, result)
         result.candidates.sort(key=lambda m: min(search.positions[id(n)] for n in m.nodes.values()))
         return result
 
@@ -356,3 +363,15 @@ def escape_reason(match: Match, internal: set[tuple[str, int]]) -> str | None:
                     f"{reader.op_type} {reader.name!r} outside the match"
                 )
     return None
+
+
+def _explain(search: _Search, plans: list[_Plan], result: MatchResult) -> None:
+    """The near misses of the explained patterns; where that raises, none of them (a near
+    miss only explains what did not fuse: the matches found stand)."""
+    misses = list(result.near_misses)
+    try:
+        explain_unmatched(search, plans, result)
+    except Exception as exc:
+        result.near_misses = misses
+        names = ", ".join(dict.fromkeys(p.pattern.name for p in plans))
+        result.failed[f"explaining {names}"] = exc

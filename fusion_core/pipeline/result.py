@@ -62,8 +62,9 @@ class Rejection:
     """A step that broke the graph or raised, rolled back (or skipped) while the run went
     on (``fusion_core.pipeline.transaction``): always a bug of ours, never the model's."""
 
-    # "rewrite", "canonical" (a canonical-form rule), "pre-pass", or "rounds" (matching
-    # and selection themselves: no fusion at all then)
+    # "rewrite", "canonical" (a canonical-form rule), "pre-pass", "match" (one pattern's
+    # search: that pattern is left out) or "rounds" (selection and the rounds themselves:
+    # no fusion at all then)
     step: str
     name: str  # the pattern, the rule or the pre-pass
     nodes: tuple[str, ...]  # the matched nodes (a rewrite) or the nodes the step wrote

@@ -170,6 +170,7 @@ class _GraphRounds:
                 # moved before the Transpose makes the heads a rotary reads transposed)
                 self.refused = {k: v for k, v in self.refused.items() if k in self.skipped}
             found = self.matcher.find(self.graph)
+            self._leave_out_failed(found.failed)
             candidates = [m for m in found.candidates if _key(m) not in self.refused]
             result.match_s += time.perf_counter() - start
             start = time.perf_counter()
@@ -201,6 +202,18 @@ class _GraphRounds:
                 "undo_unused", exc
             ) from exc
         result.canonical += canonical
+
+    def _leave_out_failed(self, failed: Mapping[str, Exception]) -> None:
+        """A pattern whose search raised is a rejected step, left out of the later rounds;
+        every other pattern's matches stand (one broken pattern costs only itself)."""
+        for name, exc in failed.items():
+            said = describe_exception(f"matching {name!r}", exc)
+            rejection = Rejection("match", name, (), said)
+            if rejection not in self.result.rejected:
+                self.result.rejected.append(rejection)
+        kept = [spec for spec in self.matcher.patterns if spec.name not in failed]
+        if len(kept) < len(self.matcher.patterns):
+            self.matcher = Matcher(kept, max_matches=self.matcher.max_matches)
 
     def _round(self, candidates: list[Match], round_number: int) -> tuple[int, int]:
         """One round's rewrites: how many applied, how many a rewriter refused."""

@@ -527,9 +527,10 @@ class Rollback(BaseModel):
 
 class Rejected(BaseModel):
     model_config = _OPEN
-    step: Literal["rewrite", "canonical", "pre-pass", "rounds"] = Field(
-        description="What was taken back: a rewrite, a canonical-form rule, a pre-pass, or "
-        "the rounds of matching and rewriting as a whole (the model then comes unfused)"
+    step: Literal["rewrite", "canonical", "pre-pass", "match", "rounds"] = Field(
+        description="What was taken back: a rewrite, a canonical-form rule, a pre-pass, one "
+        "pattern's search (that pattern is left out, the others still fuse), or the rounds "
+        "of matching and rewriting as a whole (the model then comes unfused)"
     )
     name: str = Field(description="The pattern, canonical-form rule or pre-pass")
     nodes: list[str] = Field(description="The matched nodes, or the nodes the step wrote")
