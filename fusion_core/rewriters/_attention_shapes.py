@@ -2,12 +2,12 @@
 ``rotary``): the head split and merge Reshapes, K^T.
 
 Each function returns what it proved, or a sentence saying why not (a near miss).
-Which sizes a Reshape keeps or swaps is proven from the graph where the caller passes a
-proof (``FusedSizeProof``, ``fusion_core.sizes``: a target's entries read from shapes, 0
-copies, -1 the rest; ``group_query_attention``), not read from the labels an inference
-put on the values, which may name two sizes alike. Callers that pass none (``attention``,
-``rotary``) still compare the labels (``_labels_keep``): the proof does not yet read
-through every op their earlier fusions leave (``attention``'s guard of empty rows).
+Which sizes a Reshape keeps or swaps, and the hidden size its heads split, are proven
+from the graph where the caller passes a proof (``FusedSizeProof``, ``fusion_core.sizes``:
+a target's entries read from shapes, 0 copies, -1 the rest), not read from the labels an
+inference put on the values, which may name two sizes alike. Every rewriter passes one
+(``attention``, ``rotary``, ``group_query_attention``); the labels decide only where the
+proof cannot tell (``_labels_keep``, ``proven_dims``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._base import Params, scale_factor
+from autofusion.fusion_core.rewriters._fused_sizes import proven_dims
 from autofusion.fusion_core.sizes import SizeProof, is_own
 
 
@@ -109,7 +110,9 @@ def heads_of(splits: list[ir.Node], proof: SizeProof | None = None) -> tuple[int
     found = None
     for reshape in splits:
         source = reshape.inputs[0]
-        dims = known_dims(source)
+        # the hidden size a -1 entry resolves with: a number the proof gives outranks a
+        # label (an inference may label a [B, S, 64] projection 32)
+        dims = known_dims(source) if proof is None else proven_dims(source, proof)
         if dims is None or len(dims) != 3 or not isinstance(dims[2], int):
             return f"{source.name!r} (read by Reshape {reshape.name!r}) is not [B, S, hidden]"
         entries = target_entries(reshape)
@@ -148,7 +151,7 @@ def merges_heads(
         return entries
     dims = known_dims(query) or [None, None]
     hidden = heads[0] * heads[1]
-    out = known_dims(output.outputs[0])
+    out = known_dims(output.outputs[0]) if proof is None else proven_dims(output.outputs[0], proof)
     last_ok = entries[-1] in (hidden, -1) or (out is not None and out[-1] == hidden)
     if len(entries) != 3 or not last_ok:
         return f"Reshape {output.name!r} does not merge the heads into [B, S, {hidden}]"

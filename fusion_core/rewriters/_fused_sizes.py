@@ -13,9 +13,18 @@ import json
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.sizes import Size, SizeProof
+from autofusion.fusion_core.canonical import Dim, known_dims
+from autofusion.fusion_core.sizes import ONE, Size, SizeProof, is_own
 
-__all__ = ["SIZES_MARK", "FusedSizeProof", "record_sizes"]
+__all__ = [
+    "SIZES_MARK",
+    "FusedSizeProof",
+    "one_or_same",
+    "proven_dims",
+    "proven_equal",
+    "record_sizes",
+    "same_axis",
+]
 
 _MS = "com.microsoft"
 # the metadata of a fused op's last node: the sizes of the value it replaced
@@ -122,3 +131,67 @@ def _recorded(node: ir.Node, value: ir.Value | None, axis: int) -> Size | None:
         return None if entry is None else Size(tuple(sorted(entry[0])), int(entry[1]))
     except (ValueError, TypeError, IndexError, KeyError):
         return None  # not a mark this module wrote
+
+
+# Decisions on sizes, for the rewriters that once compared labels (``attention``,
+# ``rotary``): proven equal, go; proven different, refuse; undecided (a value's own size,
+# a chain the proof cannot read), the labels decide as they did. A label is what an
+# inference wrote, and onnxruntime's merges two sizes under one symbol.
+
+
+def proven_equal(a: Size | None, b: Size | None) -> bool | None:
+    """True where ``a`` and ``b`` are proven one size; False where both are read back to
+    the graph's inputs and constants (neither a value's own size) and differ; None where
+    the proof cannot tell."""
+    if a is not None and a == b:
+        return True
+    if a is not None and b is not None and not is_own(a) and not is_own(b):
+        return False
+    return None
+
+
+def same_axis(
+    proof: SizeProof, a: tuple[ir.Value | None, int], b: tuple[ir.Value | None, int]
+) -> bool:
+    """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by
+    the proof where it decides, else by the labels (known and equal)."""
+    proven = proven_equal(proof.size(*a), proof.size(*b))
+    if proven is not None:
+        return proven
+    first, second = (_label(value, axis) for value, axis in (a, b))
+    return first is not None and first == second
+
+
+def one_or_same(
+    proof: SizeProof, a: tuple[ir.Value | None, int], b: tuple[ir.Value | None, int]
+) -> bool | None:
+    """Whether ``a``'s axis broadcasts against ``b``'s as a table's batch does: False
+    where it is 1, True where it is ``b``'s (and not 1), None where neither. Each fact by
+    the proof where it decides, else by the labels."""
+    size = proof.size(*a)
+    one = size == ONE if size is not None and not is_own(size) else _label(*a) == 1
+    return False if one else (True if same_axis(proof, a, b) else None)
+
+
+def proven_dims(value: ir.Value | None, proof: SizeProof) -> list[Dim] | None:
+    """``known_dims`` with the proof's word first: a number where it proves one, the
+    label where it proves a symbol (None where the label is a number: it lies), the
+    label where it cannot tell."""
+    labels = known_dims(value)
+    if labels is None:
+        return None
+    dims: list[Dim] = []
+    for axis, label in enumerate(labels):
+        size = proof.size(value, axis)
+        if size is None or is_own(size):
+            dims.append(label)
+        elif size.value is not None:
+            dims.append(size.value)
+        else:
+            dims.append(label if isinstance(label, str) else None)
+    return dims
+
+
+def _label(value: ir.Value | None, axis: int) -> Dim:
+    dims = known_dims(value)
+    return dims[axis] if dims is not None and -len(dims) <= axis < len(dims) else None
