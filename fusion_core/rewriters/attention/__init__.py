@@ -22,14 +22,18 @@ Attention both take; its heads must be ``N``.
 ``N`` and ``H`` come from the graph, never from the user: the last two entries of the
 head-split Reshape's target (a constant, or a ``Concat`` whose last two parts are
 constants, as both exporters write it), a ``-1`` among them resolved with the hidden
-size (the last dimension of ``q``, which must be known). The pattern language cannot
-say this (it compares whole constants, not entries of a Concat, and cannot relate them
-to another value's dimension), so this module checks it, and that each Reshape keeps
-the batch and sequence dimensions (``B`` and ``S`` or ``L``): its target entry is 0
-(without ``allowzero``) or the input's known dimension, or the known output dimension
-equals the input's. Without that proof (TorchScript exports leave the shapes unknown)
-the match is refused with the reason, since a Reshape to ``[B * S, 1, N, H]`` would
-compute another attention.
+size (the last dimension of ``q``, proven from the graph where it can be). The pattern
+language cannot say this (it compares whole constants, not entries of a Concat, and
+cannot relate them to another value's dimension), so this module checks it, and that
+each Reshape keeps the batch and sequence dimensions (``B`` and ``S`` or ``L``), and that
+the key and value have the query's batch (the graph's MatMuls broadcast a batch of 1,
+the op does not). Each is decided on the sizes ``FusedSizeProof`` proves
+(``rewriters/_fused_sizes.py``), not on the labels an inference wrote, which may call
+``[S, B]`` heads ``[batch, seq]``: proven different refuses; where the proof cannot tell,
+the labels decide (a target entry 0 without ``allowzero``, the input's known dimension,
+or a known output dimension equal to the input's). Without either (TorchScript exports
+leave the shapes unknown) the match is refused with the reason, since a Reshape to
+``[B * S, 1, N, H]`` would compute another attention.
 
 The additive mask ``M`` becomes ``attention_bias`` (input 5). onnxruntime 1.32's CPU
 kernel takes it only as rank 4 ``[B or 1, N or 1, S, L]`` and rejects a

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
 from autofusion.fusion_core.rewriters._base import Rewrite, RewriteContext, opset_refusal
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof, proven_dims
 from autofusion.fusion_core.rewriters.attention._rewriter import ATTENTION_OPSET, attention_of
 from autofusion.fusion_core.targets import MS_DOMAIN
 
@@ -53,7 +53,8 @@ def grouped_multi_head_attention(
         return opset_refusal(
             "ONNX Attention over the repeated heads", ATTENTION_OPSET, ctx, instead
         )
-    heads = heads_of([match.node(params.q_reshape_node)])
+    proof = FusedSizeProof()  # the heads' counts and sizes as proven (labels where it cannot tell)
+    heads = heads_of([match.node(params.q_reshape_node)], proof)
     if isinstance(heads, str):
         return heads
     count, size = heads
@@ -63,13 +64,14 @@ def grouped_multi_head_attention(
         names = repeats.get(what)
         if names:  # the matched repeat goes with the rewrite: computed again by copies
             copies = _copied(match, names)
-            value, dims = copies[-1].outputs[0], known_dims(match.node(names[-1]).outputs[0])
+            value = copies[-1].outputs[0]
+            dims = proven_dims(match.node(names[-1]).outputs[0], proof)
             nodes += copies
         else:  # heads the block reads as they are (a Tile of heads, a Gather of heads)
             value = match.value(f"${what}")
             if value is None:
                 return f"the block reads no {_WORD[what]} heads"
-            dims = known_dims(value)
+            dims = proven_dims(value, proof)
         if dims is None or len(dims) != 4 or dims[1] != count or not isinstance(dims[3], int):
             return f"the {_WORD[what]} heads {value.name!r} are not [B, {count}, L, H]"
         repeated.append((value, dims[3]))
@@ -81,7 +83,8 @@ def grouped_multi_head_attention(
     if value_size != size or not contrib:
         key, value = (_merged(x, count * s, nodes, ctx) for x, s in repeated)
     query = match.input(params.q_reshape_node, 0)
-    return attention_of(match, params, [query, key, value], (count, value_size), ctx, nodes)
+    heads_and_size = (count, value_size)
+    return attention_of(match, params, [query, key, value], heads_and_size, ctx, nodes, proof=proof)
 
 
 _WORD = {"k": "key", "v": "value"}
@@ -110,5 +113,9 @@ def _merged(heads: ir.Value, hidden: int, nodes: list[ir.Node], ctx: RewriteCont
     target = ctx.initializer(f"merged_heads_{hidden}", np.array([0, 0, hidden], np.int64))
     reshape = ir.Node("", "Reshape", [transpose.outputs[0], target])
     reshape.outputs[0].dtype = heads.dtype
+    if heads.shape is not None and len(heads.shape) == 4:  # ranks for the proof of the batch
+        batch, count, length, _ = heads.shape
+        transpose.outputs[0].shape = ir.Shape([batch, length, count, heads.shape[3]])
+        reshape.outputs[0].shape = ir.Shape([batch, length, hidden])
     nodes += [transpose, reshape]
     return reshape.outputs[0]

@@ -26,6 +26,9 @@ from autofusion.fusion_core.rewriters._empty_rows_guard import (
     every_row_attends,
     unless_every_row_attends,
 )
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof, same_axis
+from autofusion.fusion_core.rewriters._mask_sizes import shown_sizes
+from autofusion.fusion_core.sizes import SizeProof
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["FuseAttention", "attention_of", "multi_head_attention"]
@@ -73,12 +76,13 @@ def multi_head_attention(
     if not contrib and ctx.opset < ATTENTION_OPSET:
         instead = "the generic target folds the attention scale into the projection instead"
         return opset_refusal("ONNX Attention", ATTENTION_OPSET, ctx, instead)
-    heads = _heads(splits)
+    proof = FusedSizeProof()  # one per rewrite: the sizes every step below decides on
+    heads = _heads(splits, proof)
     if isinstance(heads, str):
         return heads
     (count, _), value_size = heads
     inputs: list[ir.Value | None] = [s.inputs[0] for s in splits]
-    return attention_of(match, params, inputs, (count, value_size), ctx)
+    return attention_of(match, params, inputs, (count, value_size), ctx, proof=proof)
 
 
 def attention_of(
@@ -88,14 +92,21 @@ def attention_of(
     heads: tuple[int, int],
     ctx: RewriteContext,
     before: list[ir.Node] | None = None,
+    *,
+    proof: SizeProof | None = None,
 ) -> Rewrite | str:
     """The fused op over ``inputs`` (q ``[B, S, N * H]``, and k and v as the op takes
     them), ``heads`` (N, the value's head size), after the nodes ``before`` that compute
-    k and v, in place of the matched block's output; or why not (layout, scale, mask)."""
+    k and v, in place of the matched block's output; or why not (batch, layout, scale,
+    mask). ``proof``: the rewrite's sizes (a new ``FusedSizeProof`` without one)."""
     contrib = ctx.target.can_emit(MS_DOMAIN)
     count, value_size = heads
     output = match.node(params.output_node)
-    layout = merged_layout(match, params, inputs[0], (count, value_size))  # type: ignore[arg-type]
+    proof = proof if proof is not None else FusedSizeProof()
+    unbatched = _batch_refusal(inputs, proof)
+    if unbatched is not None:
+        return unbatched
+    layout = merged_layout(match, params, inputs[0], (count, value_size), proof)  # type: ignore[arg-type]
     if isinstance(layout, str):
         return layout
     reshape_after, scale = layout
@@ -148,13 +159,30 @@ def _guarded_empty_rows(
     nodes.append(unless_every_row_attends(attends, [mean, *empty], attention, ctx))
 
 
-def _heads(splits: list[ir.Node]) -> tuple[tuple[int, int], int] | str:
+def _batch_refusal(inputs: list[ir.Value | None], proof: SizeProof) -> str | None:
+    """Why the key or value may have another batch than the query, or None. The graph's
+    MatMuls broadcast a key of batch 1 against the queries' B; the fused op's kernel
+    takes one batch for all three (proven, or labelled alike where sizes cannot tell)."""
+    query = inputs[0]
+    for what, value in zip(("key", "value"), inputs[1:3], strict=False):
+        if value is not None and not same_axis(proof, (value, 0), (query, 0)):
+            names = [v.name if v is not None else None for v in (value, query)]
+            sizes = shown_sizes([proof.size(value, 0), proof.size(query, 0)])
+            return (
+                f"the {what} {names[0]!r} (batch {sizes[0]}) is not proven to have the batch "
+                f"of the query {names[1]!r} ({sizes[1]}): the graph broadcasts a batch of 1, "
+                "the fused op does not"
+            )
+    return None
+
+
+def _heads(splits: list[ir.Node], proof: SizeProof) -> tuple[tuple[int, int], int] | str:
     """((N, H) of the query and key, the value's head size), or why not: the value may
     have a head size of its own (multi-head latent attention), its heads must be N."""
-    heads = heads_of(splits[:2])
+    heads = heads_of(splits[:2], proof)
     if isinstance(heads, str):
         return heads
-    value = heads_of(splits[2:])
+    value = heads_of(splits[2:], proof)
     if isinstance(value, str):
         return value
     if value[0] != heads[0]:
