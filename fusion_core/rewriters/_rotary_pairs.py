@@ -25,6 +25,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
+from autofusion.fusion_core.rewriters._fused_sizes import same_axis
+from autofusion.fusion_core.rewriters._rotary_tables import Heads
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = [
     "heads_first",
@@ -35,12 +38,14 @@ __all__ = [
 ]
 
 
-def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
-    """(the heads x [B, S, N, H], the rotary dimension r), every slice checked."""
+def interleaved_layout(match: Match, params, proof: SizeProof) -> tuple[ir.Value, int] | str:
+    """(the heads x [B, S, N, H], the rotary dimension r), every slice checked; sizes as
+    ``proof`` gives them (the labels where it cannot tell)."""
     x = match.value("$x")
     if params.rotary_node is not None:
         x = match.node(params.rotary_node).inputs[0]
-    dims = known_dims(x)
+    x_heads = Heads.of(x, proof) if x is not None else None
+    dims = x_heads.dims if x_heads is not None else None
     known = (1, 3) if heads_first(x, match.value("$cos")) else (2, 3)
     if dims is None or len(dims) != 4 or not all(isinstance(dims[i], int) for i in known):
         name = x.name if x is not None else None
@@ -81,7 +86,10 @@ def interleaved_layout(match: Match, params) -> tuple[ir.Value, int] | str:
             return f"the pairs of {pairs.name!r} are not Unsqueezes on a new last axis"
     flat = match.node(params.flatten_node or "")
     want = [*dims[:3], rotary_dim]
-    if known_dims(flat.outputs[0]) != want:
+    assert x_heads is not None
+    flat_dims = x_heads.dims_of(flat.outputs[0])
+    kept = all(x_heads.same(flat.outputs[0], axis, axis) for axis in range(3))
+    if flat_dims is None or len(flat_dims) != 4 or flat_dims[3] != rotary_dim or not kept:
         return f"Reshape {flat.name!r} does not flatten the pairs to {want}"
     return x, rotary_dim
 
@@ -121,7 +129,7 @@ def transposed_heads(x: ir.Value | None) -> bool:
 
 
 def interleaved_table(
-    value: ir.Value | None, x_dims: list, rotary_dim: int, what: str, *, transposed: bool
+    value: ir.Value | None, heads: Heads, rotary_dim: int, what: str, *, transposed: bool
 ):
     """(the angles' table, batched, constant half table or None, position ids or None,
     what the table holds) behind the repeat_interleave of ``value``, or why it is not
@@ -129,36 +137,36 @@ def interleaved_table(
     ``transposed`` heads (``repeated_angles``) ``"pairs"``, each angle twice (Cohere), or
     ``"first"``, the angles in the first half of a wider table (GLM)."""
     if transposed:
-        return repeated_angles(value, x_dims, rotary_dim, what)
+        return repeated_angles(value, heads, rotary_dim, what)
     half = rotary_dim // 2
     name = value.name if value is not None else None
     reshape = value.producer() if value is not None else None
     repeat = None
     if reshape is not None and reshape.op_type == "Reshape" and reshape.inputs[0] is not None:
         repeat = reshape.inputs[0].producer()
-    if repeat is None or not _repeats_pairs(repeat):
+    if repeat is None or not _repeats_pairs(repeat, heads):
         return (
             f"the {what} {name!r} is not a Reshape of a Tile or Expand repeating each angle twice"
         )
-    dims = known_dims(value)
-    if dims is None or len(dims) != 4 or dims[2:] != [1, rotary_dim] or dims[1] != x_dims[1]:
+    dims = heads.dims_of(value)
+    if dims is None or len(dims) != 4 or dims[2:] != [1, rotary_dim] or not heads.same(value, 1, 1):
         return f"the {what} {name!r} ({dims}) is not [batch or 1, S, 1, {rotary_dim}]"
     table = _unsqueezed_for_pairs(repeat.inputs[0])
     if table is None:
         return (
             f"the {what} {name!r} is not repeated from Unsqueeze(c, [2, 4]) of a [B, S, {half}] c"
         )
-    table_dims = known_dims(table)
-    if table_dims is None or table_dims[1:] != [x_dims[1], half]:
-        return f"the {what} angles {table.name!r} ({table_dims}) are not [batch or 1, S, {half}]"
-    batched = table_dims[0] is not None and table_dims[0] == x_dims[0] and table_dims[0] != 1
-    if table_dims[0] != 1 and not batched:
+    if not heads.covers(table, half, 1):
+        shown = heads.dims_of(table)
+        return f"the {what} angles {table.name!r} ({shown}) are not [batch or 1, S, {half}]"
+    batched = heads.batched(table)
+    if batched is None:
         return f"the batch of the {what} angles {table.name!r} is neither 1 nor the heads'"
     constant, ids = _split_of_gathered(table, half)
     return table, batched, constant, ids, "half"
 
 
-def repeated_angles(value: ir.Value | None, x_dims: list, rotary_dim: int, what: str):
+def repeated_angles(value: ir.Value | None, heads: Heads, rotary_dim: int, what: str):
     """Cohere's and GLM's table for ``[B, N, S, H]`` heads: ``Unsqueeze(t, 1)`` with ``t``
     elementwise steps (Cos or Sin, Casts, scalar constants) of ``repeat_interleave(f, 2)``
     = ``Reshape(Expand(Unsqueeze(f, -1), [.., 2]), [Bc, S, r])``. The steps act on each
@@ -167,27 +175,27 @@ def repeated_angles(value: ir.Value | None, x_dims: list, rotary_dim: int, what:
     name = value.name if value is not None else None
     unsqueeze = value.producer() if value is not None else None
     if unsqueeze is not None and unsqueeze.op_type == "Reshape":
-        return _first_half_repeated(unsqueeze, x_dims, rotary_dim, what)
+        return _first_half_repeated(unsqueeze, heads, rotary_dim, what)
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
         return f"the {what} {name!r} is not Unsqueeze(t, 1) of a [batch or 1, S, r] table"
     table = unsqueeze.inputs[0]
-    dims = known_dims(table)
-    if dims is None or len(dims) != 3 or dims[1:] != [x_dims[2], rotary_dim]:
-        return f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim}]"
-    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
-    if dims[0] != 1 and not batched:
+    if not heads.covers(table, rotary_dim, 2):
+        shown = heads.dims_of(table)
+        return f"the {what} table {table.name!r} ({shown}) is not [batch or 1, S, {rotary_dim}]"
+    batched = heads.batched(table)
+    if batched is None:
         return f"the batch of the {what} table {table.name!r} is neither 1 nor the heads'"
-    repeated = _repeated_through_steps(table, rotary_dim)
+    repeated = _repeated_through_steps(table, rotary_dim, heads)
     if repeated is not None:
         return f"cannot show that the {what} table {table.name!r} repeats each angle: {repeated}"
     return table, batched, None, None, "pairs"
 
 
-def _first_half_repeated(reshape: ir.Node, x_dims: list, rotary_dim: int, what: str):
+def _first_half_repeated(reshape: ir.Node, heads: Heads, rotary_dim: int, what: str):
     """GLM's ``repeat_interleave(Unsqueeze(c, 1)[..., : r / 2], 2)``: the pairs turn by
     the angles of ``c[..., :r / 2]``, whatever the rest of ``c`` holds."""
     name = reshape.outputs[0].name
-    failure = _interleaves_by_two(reshape, rotary_dim)
+    failure = _interleaves_by_two(reshape, rotary_dim, heads)
     if failure is not None:
         return f"cannot show that the {what} {name!r} repeats each angle: {failure}"
     half = rotary_dim // 2
@@ -201,11 +209,11 @@ def _first_half_repeated(reshape: ir.Node, x_dims: list, rotary_dim: int, what: 
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
         return f"the {what} angles of {name!r} are not Unsqueeze(c, 1)[..., :{half}]"
     table = unsqueeze.inputs[0]
-    dims = known_dims(table)
-    if dims is None or len(dims) != 3 or dims[1] != x_dims[2] or dims[2] != rotary_dim:
-        return f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim}]"
-    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
-    if dims[0] != 1 and not batched:
+    if not heads.covers(table, rotary_dim, 2):
+        shown = heads.dims_of(table)
+        return f"the {what} table {table.name!r} ({shown}) is not [batch or 1, S, {rotary_dim}]"
+    batched = heads.batched(table)
+    if batched is None:
         return f"the batch of the {what} table {table.name!r} is neither 1 nor the heads'"
     return table, batched, None, None, "first"
 
@@ -213,7 +221,7 @@ def _first_half_repeated(reshape: ir.Node, x_dims: list, rotary_dim: int, what: 
 _STEPS = frozenset({"Cos", "Sin", "Cast", "Identity"})
 
 
-def _repeated_through_steps(value: ir.Value, rotary_dim: int) -> str | None:
+def _repeated_through_steps(value: ir.Value, rotary_dim: int, heads: Heads) -> str | None:
     """Why ``value`` is not elementwise steps of a repeat_interleave by 2, or None."""
     for _ in range(8):
         producer = value.producer()
@@ -229,7 +237,7 @@ def _repeated_through_steps(value: ir.Value, rotary_dim: int) -> str | None:
             value = producer.inputs[1]
             continue
         if producer.op_type == "Reshape":
-            return _interleaves_by_two(producer, rotary_dim)
+            return _interleaves_by_two(producer, rotary_dim, heads)
         return f"{producer.op_type} {producer.name!r} is not an elementwise step of the angle"
     return "the angle's computation is longer than the steps followed"
 
@@ -239,20 +247,26 @@ def _scalar_constant(value: ir.Value | None) -> bool:
     return array is not None and array.size == 1
 
 
-def _interleaves_by_two(reshape: ir.Node, rotary_dim: int) -> str | None:
+def _interleaves_by_two(reshape: ir.Node, rotary_dim: int, heads: Heads) -> str | None:
     """Why ``reshape`` is not ``Reshape(Expand|Tile(Unsqueeze(f, -1)), [.., r])`` taking
     ``[.., r / 2, 1]`` to ``[.., r / 2, 2]`` and back to ``[.., r]``, or None."""
     repeat = reshape.inputs[0].producer() if reshape.inputs[0] is not None else None
     if repeat is None or repeat.op_type not in ("Expand", "Tile"):
         return f"Reshape {reshape.name!r} does not flatten an Expand or Tile"
-    source, out = known_dims(repeat.inputs[0]), known_dims(repeat.outputs[0])
-    flat = known_dims(reshape.outputs[0])
+    # numbers as proven (``heads.dims_of``); the leading axes kept, proven (``heads.proof``)
+    source, out = heads.dims_of(repeat.inputs[0]), heads.dims_of(repeat.outputs[0])
+    flat = heads.dims_of(reshape.outputs[0])
     half = rotary_dim // 2
     if source is None or out is None or flat is None or len(source) not in (4, 5):
         return f"the shapes around {repeat.name!r} are not known"
-    if source[-2:] != [half, 1] or out[-2:] != [half, 2] or out[:-2] != source[:-2]:
+    lead = len(source) - 2
+    kept = [
+        all(same_axis(heads.proof, (v, i), (repeat.inputs[0], i)) for i in range(lead))
+        for v in (repeat.outputs[0], reshape.outputs[0])
+    ]
+    if source[-2:] != [half, 1] or out[-2:] != [half, 2] or len(out) != len(source) or not kept[0]:
         return f"{repeat.op_type} {repeat.name!r} ({source} -> {out}) does not pair each angle"
-    if flat != [*source[:-2], rotary_dim]:
+    if len(flat) != lead + 1 or flat[-1] != rotary_dim or not kept[1]:
         return f"Reshape {reshape.name!r} ({flat}) does not flatten the pairs to {rotary_dim}"
     unsqueeze = repeat.inputs[0].producer()
     if (
@@ -264,7 +278,7 @@ def _interleaves_by_two(reshape: ir.Node, rotary_dim: int) -> str | None:
     return None
 
 
-def _repeats_pairs(node: ir.Node) -> bool:
+def _repeats_pairs(node: ir.Node, heads: Heads) -> bool:
     """``Tile(u, [1, 1, 1, 1, 2])`` or ``Expand(u, [1, 1, 1, 1, 2])`` of a ``u`` whose last
     axis is 1: each angle twice, side by side."""
     if node.op_type not in ("Tile", "Expand") or len(node.inputs) < 2:
@@ -272,7 +286,7 @@ def _repeats_pairs(node: ir.Node) -> bool:
     repeats = constant_array(node.inputs[1])
     if repeats is None or repeats.tolist() != [1, 1, 1, 1, 2]:
         return False
-    source = known_dims(node.inputs[0])
+    source = heads.dims_of(node.inputs[0])
     return source is not None and len(source) == 5 and source[4] == 1
 
 
@@ -289,14 +303,17 @@ def _unsqueezed_for_pairs(value: ir.Value | None) -> ir.Value | None:
     return inner.inputs[0]
 
 
-def pairs_source(x: ir.Value, heads: tuple[int, int]) -> ir.Node | None:
-    """The Reshape making ``x`` [B, S, N, H] from a [B, S, N * H] projection, or None."""
+def pairs_source(x_heads: Heads, heads: tuple[int, int]) -> ir.Node | None:
+    """The Reshape making ``x`` [B, S, N, H] from a [B, S, N * H] projection (its batch
+    and sequence kept: proven, or labelled alike where the proof cannot tell), or None."""
+    x = x_heads.value
     reshape = x.producer()
     if reshape is None or reshape.op_type != "Reshape":
         return None
-    source = known_dims(reshape.inputs[0])
-    dims = known_dims(x)
-    if source is None or dims is None or len(source) != 3 or source[:2] != dims[:2]:
+    source = x_heads.dims_of(reshape.inputs[0])
+    if source is None or len(source) != 3:
+        return None
+    if not all(x_heads.same(reshape.inputs[0], axis, axis) for axis in range(2)):
         return None
     return reshape if source[2] == heads[0] * heads[1] else None
 

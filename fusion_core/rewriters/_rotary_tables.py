@@ -5,18 +5,69 @@ The rotary rewriter (``rotary.py``) proves the rotation; this reads its angles: 
 concatenated or repeated, or folded into the batch), or a constant table gathered by
 position ids, or a constant table folded for one length; the op's inputs made from it
 are ``_rotary_inputs``'s.
+
+Whether a table's rows are the heads' positions and its batch theirs (or 1) is decided
+on the sizes the graph proves (``Heads``: ``FusedSizeProof``), the labels only where the
+proof cannot tell: an inference may label a table of other positions with the heads'
+sequence symbol, and the op then reads rows the table does not have.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import axes_of, known_dims
+from autofusion.fusion_core.canonical import Dim, axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.rewriters._fused_sizes import one_or_same, proven_dims, same_axis
+from autofusion.fusion_core.rewriters._mask_sizes import shown_sizes
+from autofusion.fusion_core.sizes import SizeProof
 
-__all__ = ["AngleTable", "angle_table", "one_rotation"]
+__all__ = ["AngleTable", "Heads", "angle_table", "one_rotation"]
+
+
+class Heads(NamedTuple):
+    """The rotated heads ``x`` the angles are checked against: its ``dims``
+    (``proven_dims``: the numbers the proof gives, labels where it cannot tell) and the
+    rewrite's ``proof``."""
+
+    value: ir.Value
+    dims: list[Dim]
+    proof: SizeProof
+
+    @classmethod
+    def of(cls, value: ir.Value, proof: SizeProof) -> Heads | None:
+        dims = proven_dims(value, proof)
+        return None if dims is None else cls(value, dims, proof)
+
+    def same(self, table: ir.Value | None, axis: int, x_axis: int) -> bool:
+        """Whether ``table`` is as long on ``axis`` as the heads on ``x_axis``."""
+        return same_axis(self.proof, (table, axis), (self.value, x_axis))
+
+    def batched(self, table: ir.Value | None, x_axis: int = 0) -> bool | None:
+        """Whether ``table``'s axis 0 is the heads' batch (True) or 1 (False); None: neither."""
+        return one_or_same(self.proof, (table, 0), (self.value, x_axis))
+
+    def dims_of(self, value: ir.Value | None) -> list[Dim] | None:
+        """Another value's dims as ``dims`` are read (numbers proven first)."""
+        return proven_dims(value, self.proof)
+
+    def covers(self, table: ir.Value | None, last: int, x_axis: int) -> bool:
+        """Whether ``table`` is ``[Bc, S, last]``, ``S`` the heads' on ``x_axis``."""
+        dims = self.dims_of(table)
+        return (
+            dims is not None and len(dims) == 3 and dims[2] == last and self.same(table, 1, x_axis)
+        )
+
+    def shown(self, table: ir.Value | None, axis: int, x_axis: int) -> str:
+        """The proven sizes of ``table`` on ``axis`` and of the heads on ``x_axis``, for
+        a near miss."""
+        sizes = [self.proof.size(table, axis), self.proof.size(self.value, x_axis)]
+        found, want = shown_sizes(sizes)
+        return f"proven {found} against the heads' {want}"
 
 
 class AngleTable:
@@ -39,12 +90,13 @@ class AngleTable:
 
 
 def angle_table(
-    value: ir.Value | None, x_dims: list, rotary_dim: int, what: str
+    value: ir.Value | None, heads: Heads, rotary_dim: int, what: str
 ) -> AngleTable | str:
     """The ``[Bc, S, r]`` cosine or sine behind ``Unsqueeze(c, 1)``, proven to have equal
     halves, or why not."""
     producer = value.producer() if value is not None else None
-    halves = _repeated_halves(producer, x_dims, rotary_dim, what)
+    x_dims = heads.dims
+    halves = _repeated_halves(producer, heads, rotary_dim, what)
     if halves is not None:
         return halves
     folded = _folded_table(value, x_dims, rotary_dim, what)
@@ -56,18 +108,19 @@ def angle_table(
             f"the {what} {name!r} is not Unsqueeze(c, axis 1) of a [batch, S, {rotary_dim}] table"
         )
     table = producer.inputs[0]
-    dims = known_dims(table)
+    dims = heads.dims_of(table)
     if dims is None or len(dims) != 3 or dims[2] != rotary_dim:
         return f"the {what} table {table.name!r} is not known to be [batch or 1, S, {rotary_dim}]"
-    if dims[1] is None or dims[1] != x_dims[2]:
+    if not heads.same(table, 1, 2):
         return (
-            f"the {what} table {table.name!r} ({dims}) does not cover the S of the heads {x_dims}"
+            f"the {what} table {table.name!r} ({dims}) does not cover the S of the heads "
+            f"{x_dims} ({heads.shown(table, 1, 2)})"
         )
-    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
-    if dims[0] != 1 and not batched:
+    batched = heads.batched(table)
+    if batched is None:
         return (
             f"the batch of the {what} table {table.name!r} ({dims[0]}) is neither 1 nor "
-            f"that of the heads ({x_dims[0]})"
+            f"that of the heads ({x_dims[0]}; {heads.shown(table, 0, 0)})"
         )
     gathered = _gathered_table(table, rotary_dim)
     if gathered is not None:
@@ -79,7 +132,7 @@ def angle_table(
 
 
 def _repeated_halves(
-    producer: ir.Node | None, x_dims: list, rotary_dim: int, what: str
+    producer: ir.Node | None, heads: Heads, rotary_dim: int, what: str
 ) -> AngleTable | str | None:
     """``Concat(u, u, axis=-1)`` of ``u = Unsqueeze(t, 1)``, ``t`` a ``[Bc, S, r / 2]``
     table (the canonical ``rotary_halves`` repeats gpt-oss's angles so): its halves are
@@ -89,20 +142,21 @@ def _repeated_halves(
     first, second = producer.inputs
     if first is None or first is not second or attribute_value(producer, "axis", 0) not in (-1, 3):
         return None
+    x_dims = heads.dims
     if constant_array(first) is not None:
         return _constant_half(first, x_dims, rotary_dim, what)
     unsqueeze = first.producer()
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or axes_of(unsqueeze) != [1]:
         return f"the {what} {first.name!r} repeated over both halves is not Unsqueeze(c, 1)"
     table = unsqueeze.inputs[0]
-    dims = known_dims(table)
-    if dims is None or len(dims) != 3 or dims[2] != rotary_dim // 2 or dims[1] != x_dims[2]:
+    dims = heads.dims_of(table)
+    if not heads.covers(table, rotary_dim // 2, 2):
         return (
             f"the {what} table {table.name!r} ({dims}) is not [batch or 1, S, {rotary_dim // 2}] "
             f"for heads {x_dims}"
         )
-    batched = dims[0] is not None and dims[0] == x_dims[0] and dims[0] != 1
-    if dims[0] != 1 and not batched:
+    batched = heads.batched(table)
+    if batched is None:
         return f"the batch of the {what} table {table.name!r} ({dims[0]}) is neither 1 nor B"
     return AngleTable(table, batched, None, None, half=True)
 

@@ -56,6 +56,12 @@ op's caches and position ids from them are ``_rotary_tables`` and ``_rotary_inpu
 two constant caches must be the cosine and sine of one angle per entry (``cos^2 +
 sin^2`` one number).
 
+The sizes the rewrite rests on (the heads' count and size, the tables' rows against the
+heads' positions, their batch against the heads' or 1, the Reshapes around the pairs) are
+proven by ``FusedSizeProof`` (``_rotary_tables.Heads``), not read from the labels an
+inference wrote, which may give a table of other positions the heads' sequence symbol:
+proven different refuses, and the labels decide only where the proof cannot tell.
+
 On the generic target, ONNX ``RotaryEmbedding`` (opset 23,
 https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html) computes the same from the
 same cache and 2-D position ids; below opset 23 the block is left as it is.
@@ -65,7 +71,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims, scalar
+from autofusion.fusion_core.canonical import scalar
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
 from autofusion.fusion_core.rewriters._base import (
@@ -75,6 +81,7 @@ from autofusion.fusion_core.rewriters._base import (
     Rewriter,
     opset_refusal,
 )
+from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof
 from autofusion.fusion_core.rewriters._rotary_inputs import angle_cache, rotary_positions
 from autofusion.fusion_core.rewriters._rotary_pairs import (
     heads_first,
@@ -82,7 +89,13 @@ from autofusion.fusion_core.rewriters._rotary_pairs import (
     interleaved_table,
     pairs_source,
 )
-from autofusion.fusion_core.rewriters._rotary_tables import AngleTable, angle_table, one_rotation
+from autofusion.fusion_core.rewriters._rotary_tables import (
+    AngleTable,
+    Heads,
+    angle_table,
+    one_rotation,
+)
+from autofusion.fusion_core.sizes import SizeProof
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ROTARY_OPSET", "RotaryEmbedding"]
@@ -115,16 +128,20 @@ class RotaryEmbedding(Rewriter):
         contrib = ctx.target.can_emit(MS_DOMAIN)
         if not contrib and ctx.opset < ROTARY_OPSET:
             return opset_refusal("ONNX RotaryEmbedding", ROTARY_OPSET, ctx)
-        layout = (interleaved_layout if params.interleaved else _layout)(match, params)
+        # the sizes the heads and the tables are checked on, proven (labels where it
+        # cannot tell): one proof per rewrite
+        proof = FusedSizeProof()
+        layout = (interleaved_layout if params.interleaved else _layout)(match, params, proof)
         if isinstance(layout, str):
             return layout
         x, rotary_dim = layout
-        dims = known_dims(x)
-        assert dims is not None
+        x_heads = Heads.of(x, proof)
+        assert x_heads is not None
+        dims = x_heads.dims
         if params.interleaved:
-            return _interleaved(match, params, (x, rotary_dim, dims), ctx, contrib)
-        cos = angle_table(match.value("$cos"), dims, rotary_dim, "cos")
-        sin = angle_table(match.value("$sin"), dims, rotary_dim, "sin")
+            return _interleaved(match, params, (x_heads, rotary_dim), ctx, contrib)
+        cos = angle_table(match.value("$cos"), x_heads, rotary_dim, "cos")
+        sin = angle_table(match.value("$sin"), x_heads, rotary_dim, "sin")
         for table in (cos, sin):
             if isinstance(table, str):
                 return table
@@ -139,7 +156,7 @@ class RotaryEmbedding(Rewriter):
         sin_cache = angle_cache(sin, rotary_dim, ctx, nodes, x.dtype)
         positions = rotary_positions(cos, x, contrib, ctx, nodes)
         heads, size = int(dims[1]), int(dims[3])  # type: ignore[arg-type]
-        split = _head_split(x, (heads, size))
+        split = _head_split(x, (heads, size), proof)
         rotated_in = split[0].inputs[0] if split is not None else x
         attrs = [ir.AttrInt64("num_heads", heads), ir.AttrInt64("rotary_embedding_dim", rotary_dim)]
         rotary = _rotary_op(rotated_in, positions, (cos_cache, sin_cache), attrs, ctx, contrib)
@@ -160,26 +177,28 @@ class RotaryEmbedding(Rewriter):
 def _interleaved(
     match: Match,
     params: RotaryParams,
-    layout: tuple[ir.Value, int, list],
+    layout: tuple[Heads, int],
     ctx: RewriteContext,
     contrib: bool,
 ) -> Rewrite | str:
     """GPT-J's spelling (``_rotary_pairs``): the [B, S, N * H] projection rotated by an
     interleaved RotaryEmbedding, and the heads split again after it; ``layout`` is the
-    heads x, the rotary dimension and x's dims, checked. Heads laid out [B, N, S, H]
-    that are no head split of their own (DeepSeek-V4's rope part, a Slice of the last
-    axis of the heads) are rotated as they are, the op's 4-D form."""
-    x, rotary_dim, dims = layout
+    heads x (with their proven dims and the proof) and the rotary dimension, checked.
+    Heads laid out [B, N, S, H] that are no head split of their own (DeepSeek-V4's rope
+    part, a Slice of the last axis of the heads) are rotated as they are, the op's 4-D
+    form."""
+    x_heads, rotary_dim = layout
+    x, dims = x_heads.value, x_heads.dims
     first = heads_first(x, match.value("$cos"))
-    tables = _interleaved_tables(match, dims, rotary_dim, first)
+    tables = _interleaved_tables(match, x_heads, rotary_dim, first)
     if isinstance(tables, str):
         return tables
     cos, sin = tables
     heads, size = int(dims[1 if first else 2]), int(dims[3])  # type: ignore[arg-type]
-    head_split = _head_split(x, (heads, size)) if first else None
+    head_split = _head_split(x, (heads, size), x_heads.proof) if first else None
     split = head_split[0] if head_split is not None else None
     if not first:
-        split = pairs_source(x, (heads, size))
+        split = pairs_source(x_heads, (heads, size))
         if split is None:
             return f"the heads {x.name!r} are not a Reshape of a [B, S, {heads * size}] projection"
     rotated_in = split.inputs[0] if split is not None else x
@@ -205,13 +224,13 @@ def _interleaved(
 
 
 def _interleaved_tables(
-    match: Match, dims: list, rotary_dim: int, first: bool
+    match: Match, x_heads: Heads, rotary_dim: int, first: bool
 ) -> tuple[AngleTable, AngleTable] | str:
     """The cos and sin behind the interleaved rotation's repeat_interleave, indexed the
     same way, or why not."""
     tables = []
     for free, what in (("$cos", "cos"), ("$sin", "sin")):
-        found = interleaved_table(match.value(free), dims, rotary_dim, what, transposed=first)
+        found = interleaved_table(match.value(free), x_heads, rotary_dim, what, transposed=first)
         if isinstance(found, str):
             return found
         value, batched, constant, ids, holds = found
@@ -240,14 +259,16 @@ def _rotary_op(
     return ir.Node("", "RotaryEmbedding", [rotated_in, *caches, positions], attrs)
 
 
-def _layout(match: Match, params: RotaryParams) -> tuple[ir.Value, int] | str:
-    """(the 4-D heads x, the rotary dimension r), after checking every slice."""
+def _layout(match: Match, params: RotaryParams, proof: SizeProof) -> tuple[ir.Value, int] | str:
+    """(the 4-D heads x, the rotary dimension r), after checking every slice; x's heads
+    and head size as ``proof`` gives them (the labels where it cannot tell)."""
     lo, hi = match.node(params.low_node), match.node(params.high_node)
     x = match.value("$x")
     if params.rotary_node is not None:
         part = match.node(params.rotary_node)
         x = part.inputs[0]
-    dims = known_dims(x)
+    x_heads = Heads.of(x, proof) if x is not None else None
+    dims = x_heads.dims if x_heads is not None else None
     if dims is None or len(dims) != 4 or not all(isinstance(d, int) for d in (dims[1], dims[3])):
         name = x.name if x is not None else None
         return f"the rotated heads {name!r} are not known to be [B, heads, S, head_size]"
@@ -295,8 +316,11 @@ def _slice_bounds(node: ir.Node, size: int) -> tuple[int, int] | str:
     return start, end
 
 
-def _head_split(x: ir.Value, heads: tuple[int, int]) -> tuple[ir.Node, ir.Node] | None:
-    """(Reshape, Transpose) when ``x`` is the head split of a [B, S, N * H] tensor."""
+def _head_split(
+    x: ir.Value, heads: tuple[int, int], proof: SizeProof
+) -> tuple[ir.Node, ir.Node] | None:
+    """(Reshape, Transpose) when ``x`` is the head split of a [B, S, N * H] tensor (its
+    batch and sequence kept, proven by ``proof``)."""
     transpose = x.producer()
     if transpose is None or transpose.op_type != "Transpose":
         return None
@@ -305,7 +329,7 @@ def _head_split(x: ir.Value, heads: tuple[int, int]) -> tuple[ir.Node, ir.Node] 
     reshape = transpose.inputs[0].producer() if transpose.inputs[0] is not None else None
     if reshape is None or reshape.op_type != "Reshape":
         return None
-    if heads_of([reshape]) != heads:
+    if heads_of([reshape], proof) != heads:
         return None
     return reshape, transpose
 
