@@ -82,6 +82,12 @@ running them before every round (a fusion may expose a spelling) changes nothing
   ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
   layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
   batch-first, and dynamo's K^T through a 3-D Reshape made one Transpose;
+* ``kt_of_folded_heads`` (``_batched_key_transpose.py``): the same K^T, ``Reshape(
+  Transpose(Reshape(k, [B * N, L, H]), [0, 2, 1]), [B, N, H, L])``, where the inferred
+  dimensions prove nothing (MiniMax-M3's decode step for any number of tokens, its
+  targets read from the key's Shape): ``Transpose(k, [0, 1, 3, 2])`` where both targets
+  are proven from the graph (``fusion_core.sizes``) to merge exactly the two leading
+  axes and split them back; exact, and one Transpose where no fusion takes it;
 * ``kt_of_heads`` (``_key_transpose.py``): K^T written as one Transpose ``Transpose(x,
   p)`` is the swap ``[0, 1, 3, 2]`` of ``Transpose(x, q)``, ``q = p[[0, 1, 3, 2]]``: for
   ``p = [0, 2, 3, 1]`` the key heads ``[0, 2, 1, 3]`` of a head split (a decoder's K^T of
@@ -151,6 +157,7 @@ from typing import Protocol
 
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical._batched_key_transpose import kt_of_folded_heads
 from autofusion.fusion_core.canonical._biases import biases_summed
 from autofusion.fusion_core.canonical._blend_masks import blend_masks, undo_blend_masks
 from autofusion.fusion_core.canonical._blocked import blocked_projections
@@ -279,6 +286,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "sequence_first_heads": sequence_first_heads,
     "sequence_first_merge": sequence_first_merges,
     "kt_by_reshape": kt_by_reshapes,
+    "kt_of_folded_heads": kt_of_folded_heads,  # what kt_by_reshape's inferred dims do not prove
     "kt_of_heads": kt_of_heads,
     "slice_before_transpose": slice_before_transpose,
     "gather_nd_as_slice": gather_nd_as_slices,
@@ -334,6 +342,7 @@ _WORDS = {
     "sequence_first_heads": "sequence-first head splits made batch-first",
     "sequence_first_merge": "sequence-first head merges made batch-first",
     "kt_by_reshape": "K^T written Reshape, Transpose, Reshape made one Transpose",
+    "kt_of_folded_heads": "K^T over heads folded into the batch, proven so, made one Transpose",
     "kt_of_heads": "K^T written as one Transpose made the swap of the key heads",
     "gather_nd_as_slice": "GatherNDs of one index made Slices",
     "slice_before_transpose_of_one": "Slices moved before the Transpose they read",
