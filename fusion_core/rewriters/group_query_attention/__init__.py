@@ -20,7 +20,11 @@ back through the head splits (``q`` usually a ``RotaryEmbedding``'s output, see
 query head ``n`` to KV head ``n // (N / KV)`` from the sizes the graph proves. Every
 size a decision rests on (the query's and the key's lengths, ``P``, the graph input a
 length is read from) is proven from the graph, never read from a label an inference
-put on a value, which may name two sizes alike (``_proven``).
+put on a value, which may name two sizes alike (``_proven``). Two checks, the head
+split's batch and sequence and a sliding window's queries and keys, read the labels
+where the proof decides neither way (a value's own size: LFM2's hidden states behind its
+convolution state; a size capped by a constant: GPT-Neo's sliced causal buffer); sizes
+proven different still refuse.
 
 The rotary stays in its own ops, and q, k, v stay split, though the kernel can take
 both (``do_rotary`` with ``cos_cache``, ``sin_cache``, ``position_ids``; packed QKV
@@ -127,10 +131,12 @@ not take, are padded with zeros to ``H`` and each context head cut back to ``Hv`
 ``_narrow_values``); ``attention_block`` asks for it where nothing else takes the block.
 
 Every refusal names the step that failed (a near miss of kind ``rewriter``).
-The inputs are traced in ``_inputs``, the causal proof is in ``_causal``, the sliding
-window's in ``_window``, the padding term's in ``_padding``, the sum of two masks' in
-``_summed``, the bias built in ``_bias``, the lengths in ``_lengths``, the sizes they
-rest on proven in ``_proven``.
+The rewriter is in ``_rewriter`` (its params in ``_params``), the inputs are traced in
+``_inputs``, the mask the kernel takes is decided in ``_mask`` and the rows with nothing
+to attend to fixed after it in ``_empty_rows``; the causal proof is in ``_causal``, the
+sliding window's in ``_window``, the padding term's in ``_padding``, the sum of two
+masks' in ``_summed``, the bias built in ``_bias``, the lengths in ``_lengths``, the
+sizes they rest on proven in ``_proven``.
 """
 
 from __future__ import annotations

@@ -13,12 +13,13 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
+from autofusion.fusion_core.rewriters.group_query_attention._params import GQAParams
 from autofusion.fusion_core.rewriters.group_query_attention._proven import said, same_size
 from autofusion.fusion_core.sizes import Size, SizeProof
 
-__all__ = ["KVSide", "head_split", "kv_side", "repeats_heads", "split_source"]
+__all__ = ["KVSide", "head_split", "kv_side", "kv_sides", "repeats_heads", "split_source"]
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,58 @@ def repeats_heads(repeat: list[ir.Node], groups: int, proof: SizeProof) -> str |
                 f"{[said(w) for w in wanted]} (proven: {[said(f) for f in found]})"
             )
     return None
+
+
+def kv_sides(
+    match: Match,
+    params: GQAParams,
+    query: tuple[ir.Value, int],
+    proof: SizeProof,
+    *,
+    narrow: bool = False,
+) -> tuple[KVSide, KVSide] | str:
+    """Key and value, their caches, and the proof that repeat_kv (if any) maps query
+    head ``n`` to KV head ``n // (heads / kv_heads)`` as GroupQueryAttention does;
+    ``query``: the ``[B, S, heads * H]`` query and ``heads``; ``narrow``: value heads
+    narrower than the key's are taken (to be padded)."""
+    q, heads = query
+    sides = []
+    for what, free in (("key", "$k"), ("value", "$v")):
+        side = kv_side(match.value(free), what, proof)
+        if isinstance(side, str):
+            return side
+        sides.append(side)
+    key, value = sides
+    if (key.past is None) != (value.past is None):
+        return "only one of key and value has a past: not a KV cache GroupQueryAttention takes"
+    lengths = [proof.size(v, 1) for v in (key.new, q)]
+    if not same_size(*lengths):
+        return (
+            f"the new key {key.new.name!r} must be as long as the query {q.name!r} and is "
+            f"not proven so ({said(lengths[0])} against {said(lengths[1])}): a key computed "
+            "from a cache of another kind (a latent) or another sequence is not a cache of keys"
+        )
+    padded = narrow and value.size < key.size
+    if key.heads != value.heads or (key.size != value.size and not padded):
+        return (
+            f"key ({key.heads} x {key.size}) and value ({value.heads} x {value.size}) heads differ"
+        )
+    if heads % key.heads:
+        return f"{heads} query heads do not share {key.heads} KV heads evenly"
+    groups = heads // key.heads
+    repeats = (
+        (params.k_unsqueeze_node, params.k_expand_node, params.k_repeat_node),
+        (params.v_unsqueeze_node, params.v_expand_node, params.v_repeat_node),
+    )
+    for names in repeats:
+        if None in names:
+            # One KV head needs no repeat: the MatMuls broadcast it to every query head
+            # (multi-query attention: Falcon), which is GroupQueryAttention's kv_num_heads=1.
+            if groups != 1 and key.heads != 1:
+                return f"{heads} query heads read {key.heads} KV heads without a repeat_kv"
+            continue
+        repeat = [match.node(n) for n in names]  # type: ignore[arg-type]
+        failure = repeats_heads(repeat, groups, proof)
+        if failure is not None:
+            return failure
+    return key, value
