@@ -14,7 +14,9 @@ so ``W = c``). onnxruntime's GroupQueryAttention with ``causal = 1`` and
 p``, the same set (since microsoft/onnxruntime#25927; before it, ``W + 1`` keys),
 measured with the pinned onnxruntime in
 tests/fusion_core/rewriters/test_group_query_attention_window.py.
-``window_of`` returns ``W``, or why the term is not shown to be that.
+``window_of`` returns ``W``, or why the term is not shown to be that. The term's
+queries and keys must be the mask's own (``_on_mask_axes``): by the sizes proven where
+they decide, by the labels where the proof leaves them undecided.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.rewriters._fused_sizes import proven_equal
 from autofusion.fusion_core.rewriters.group_query_attention._causal import (
     causal_term,
     conjuncts,
@@ -116,15 +119,9 @@ def window_of(term: ir.Value, mask: ir.Value, past: Past) -> int | str:
     node = _comparison_below(term)
     if node is None:
         return f"{term.name!r} is not a comparison of key and query indices"
-    # by the labels still: GPT-Neo's causal buffer, sliced by computed bounds, has sizes
-    # the proof does not tie to the mask's (neither is the causal term's query axis
-    # checked); a term of the mask's conjunction is its size there or 1
-    dims, mask_dims = known_dims(term), known_dims(mask)
-    if dims is None or mask_dims is None or dims[-2:] != mask_dims[-2:] or None in dims[-2:]:
-        return (
-            f"{node.op_type} {node.name!r} gives {dims}, not the mask's queries and keys "
-            f"{(mask_dims or [None, None])[-2:]}"
-        )
+    failure = _on_mask_axes(term, mask, node, past)
+    if failure is not None:
+        return failure
     sign, strict = _COMPARISONS[node.op_type]
     sides = [_affine(v, past, 0) for v in node.inputs[:2]]
     for side in sides:
@@ -139,6 +136,36 @@ def window_of(term: ir.Value, mask: ir.Value, past: Past) -> int | str:
     if constant < 1:
         return f"{node.op_type} {node.name!r} is a window of {constant} keys: not one a query sees"
     return constant
+
+
+def _on_mask_axes(term: ir.Value, mask: ir.Value, node: ir.Node, past: Past) -> str | None:
+    """Why ``term`` is not shown to be as long as ``mask`` on its query and key axes (a
+    conjunct of the mask is its size there or 1, and a window's indices must be the
+    mask's own), or None. Proven sizes decide, axis by axis: equal goes, both read back
+    to the graph's inputs and different refuses (a term 1 long where the labels say
+    ``L``: one key index compared, the same for every key). Undecided (a value's own
+    size, or a size capped by a constant: GPT-Neo's causal buffer sliced by computed
+    bounds, ``min(S, max(0, 128 - P))`` rows, which ``proven_equal`` would call
+    different), the labels decide as before the proofs."""
+    dims, mask_dims = known_dims(term), known_dims(mask)
+    for axis, what in ((-2, "queries"), (-1, "keys")):
+        size, want = past.proof.size(term, axis), past.proof.size(mask, axis)
+        capped = any(s is not None and s.capped for s in (size, want))
+        proven = same_size(size, want) or (None if capped else proven_equal(size, want))
+        if proven:
+            continue
+        if proven is False:
+            return (
+                f"{node.op_type} {node.name!r} is proven {said(size)} long on its {what}, "
+                f"the mask {mask.name!r} {said(want)}: not the mask's own {what}"
+            )
+        labels = [None if d is None or len(d) < 2 else d[axis] for d in (dims, mask_dims)]
+        if labels[0] is None or labels[0] != labels[1]:
+            return (
+                f"{node.op_type} {node.name!r} gives {dims}, not the mask's queries and keys "
+                f"{(mask_dims or [None, None])[-2:]}"
+            )
+    return None
 
 
 def _comparison_below(value: ir.Value) -> ir.Node | None:
