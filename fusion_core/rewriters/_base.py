@@ -22,6 +22,7 @@ from autofusion.fusion_core import provenance as metadata_keys
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, PatternSpec
 from autofusion.fusion_core.rewriters._effect import RewriteEffect, matched
+from autofusion.fusion_core.rewriters._new_types import type_new_values
 from autofusion.fusion_core.targets import Target
 
 __all__ = [
@@ -306,7 +307,8 @@ class AppliedRewrite:
 
 def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> AppliedRewrite:
     """Replace the match's nodes with ``rewrite.new_nodes`` and record provenance;
-    returns what was changed, which ``AppliedRewrite.undo`` puts back."""
+    returns what was changed, which ``AppliedRewrite.undo`` puts back. Every value the
+    new nodes compute gets the type and shape it is known to have (``_new_types``)."""
     graph = ctx.graph
     # the shape arithmetic that only fed the match goes with it (Match.shape_plumbing)
     removed = list(
@@ -356,6 +358,9 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> Applie
     ir.convenience.replace_nodes_and_values(
         graph, old_nodes[-1], old_nodes, rewrite.new_nodes, old_values, new_values
     )
+    # after the replacement: the values replaced have given theirs, and every value has
+    # the name the graph gave it, which the inference of the nodes reading it needs
+    type_new_values(rewrite.new_nodes, dict(ctx.model.opset_imports))
     return applied
 
 

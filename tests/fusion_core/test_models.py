@@ -49,6 +49,10 @@ EXPORTERS = ["torchscript", "dynamo"]
 # ResNet-50: 16 residual tails (Conv+BN+Add+Relu), 33 Conv+BN+Relu, and 4 downsample
 # Conv+BN whose output feeds the residual Add. 53 BN in all, independent of width.
 RESNET_COUNTS = {"conv_bn_add_relu": 16, "conv_bn_relu": 33, "conv_bn": 4}
+# generic: the tail's Conv + Add + Relu stay separate ops, typed since rewrites type what they
+# make, so a downsample Conv+BN feeding the same Add matches the tail pattern in the next
+# round (the same 122 ops either way; onnxruntime's FusedConv takes the Add whole)
+RESNET_COUNTS_GENERIC = {"conv_bn_add_relu": 20, "conv_bn_relu": 33}
 
 
 def _light_cases() -> list:
@@ -130,7 +134,7 @@ def test_tiny_resnet50_fuses_every_batchnorm(exporter: str, target: str) -> None
     original = onnx.load(str(path))
     result = optimize(path, OptimizeConfig(target=target))
 
-    assert result.counts == RESNET_COUNTS
+    assert result.counts == (RESNET_COUNTS_GENERIC if target == "generic" else RESNET_COUNTS)
     fused = _assert_checked(result)
     assert result.ops_after["BatchNormalization"] == 0
     if target == "onnxruntime":
