@@ -104,11 +104,13 @@ def _reshaped(spellings: list[str], start: int, end: int) -> tuple[onnx.ModelPro
     for i, name in enumerate(spellings):
         lines.append(_SPELLINGS[name][0].format(i=i, a=i, b=i + 1))
         inits |= {f"at{i}": [i], f"to{i}": [i + 1], f"n{i}": i}
-    opaque = "opaque" in spellings
-    alone = spellings.count("opaque") == 1 and "rest" not in spellings  # the rest, then
+    # an opaque entry of the last axis reads x's constant WIDTH: Max(WIDTH, 1) is proven
+    unread = [i for i, name in enumerate(spellings) if name == "opaque" and i < 2]
+    alone = len(unread) == 1 and "rest" not in spellings  # the rest of the elements, then
     proven = all(
-        (_SPELLINGS[name][1] or alone) and not (name == "rest" and opaque)
-        for name in spellings[start:end]
+        (_SPELLINGS[name][1] or alone or i == 2) and not (name == "rest" and unread)
+        for i, name in enumerate(spellings)
+        if start <= i < end
     )
     body = "\n        ".join(lines)
     text = f"""<ir_version: 8, opset_import: ["" : 18]>
