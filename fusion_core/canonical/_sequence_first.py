@@ -28,9 +28,17 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s, replace
-from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims
+from autofusion.fusion_core.canonical._shape_values import (
+    Dim,
+    axes_of,
+    entries,
+    known_dims,
+    proven_other,
+    proven_same,
+)
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = [
     "kt_by_reshapes",
@@ -168,9 +176,10 @@ def _packed_part(gather: ir.Node) -> tuple[ir.Value, int, int] | None:
 
 
 def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    proof = SizeProof()
     done = 0
     for node in list(graph):
-        found = _heads(node)
+        found = _heads(node, proof)
         if found is None:
             continue
         source, heads, size, first, swap = found
@@ -188,19 +197,23 @@ def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
     return done
 
 
-def _heads(last: ir.Node) -> tuple[ir.Value, int, int, ir.Node, ir.Node] | None:
+def _heads(last: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int, ir.Node, ir.Node] | None:
     """(x, h, d, first Reshape, Transpose) when ``last`` ends x[L, B, E]'s sequence-first
-    head split."""
+    head split: ``E`` and ``d`` numbers, the rest decided by ``proven_same`` (the graph's
+    proof, the labels only where it cannot tell: a merge of ``L`` and ``B`` labels ``[L,
+    h, B, d]`` as the split's ``[B, h, L, d]``)."""
     found = _sandwich(last, [1, 0, 2], (3, 3))
     if found is None:
         return None
     first, swap, xd, fd, out = found
-    x = first.inputs[0]
-    seq, batch, width = xd
-    size = fd[2]
-    if not isinstance(width, int) or not isinstance(size, int) or width % size or None in xd:
+    x, flat, split = first.inputs[0], first.outputs[0], last.outputs[0]
+    width, size = xd[2], fd[2]
+    if not isinstance(width, int) or not isinstance(size, int) or width % size or len(out) != 4:
         return None
-    if fd[0] != seq or len(out) != 4 or out != [batch, width // size, seq, size]:
+    numbers = [((x, 2), width), ((flat, 2), size), ((split, 1), width // size), ((split, 3), size)]
+    if out[1] != width // size or any(proven_other(proof, at, n) for at, n in numbers):
+        return None
+    if not proven_same(proof, ((flat, 0), (x, 0)), ((split, 0), (x, 1)), ((split, 2), (x, 0))):
         return None
     return x, width // size, size, first, swap
 
@@ -281,10 +294,14 @@ def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
     ``k.transpose(-2, -1)`` where it flattens the heads) is ``Transpose(K, [0, 1, 3,
     2])``, and with K the head Transpose of a split no one else reads, one
     ``Transpose(split, [0, 2, 3, 1])`` (the K^T of TorchScript's SDPA and of the eager
-    attention); how many became one."""
+    attention); how many became one. Each size the swap needs is decided by
+    ``proven_same``: the graph's proof first, the labels only where it cannot tell (an
+    inference's auto-merge labelled a ``[B*N, H, L]`` split of ``[B, N, L, H]`` as the
+    swap's ``[B*N, L, H]``)."""
+    proof = SizeProof()  # one walk: the sandwiches of every layer read the same sizes
     done = 0
     for node in list(graph):
-        found = _kt(node)
+        found = _kt(node, proof)
         if found is None:
             merged = _kt_of_repeated(node, graph, fresh)
             if merged is None:
@@ -322,13 +339,18 @@ def _kt_of_repeated(
     return heads, [swap, flat]
 
 
-def _kt(unflat: ir.Node) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
+def _kt(unflat: ir.Node, proof: SizeProof) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
+    """(the value, the Transpose's perm, the nodes it replaces) where ``unflat`` ends
+    ``Reshape(Transpose(Reshape(k, [B*N, L, H]), [0, 2, 1]), [B, N, H, L])``: the
+    flattening keeps ``k``'s ``L, H`` last and the split writes back ``B, N, H, L``."""
     found = _sandwich(unflat, [0, 2, 1], (4, 3))
     if found is None:
         return None
-    flat, swap, kd, fd, out = found
-    k = flat.inputs[0]
-    if None in kd or fd[1:] != kd[2:] or out != [kd[0], kd[1], kd[3], kd[2]]:
+    flat, swap, *_ = found
+    k, last = flat.inputs[0], unflat.outputs[0]
+    pairs = [((flat.outputs[0], 1), (k, 2)), ((flat.outputs[0], 2), (k, 3))]
+    pairs += [((last, a), (k, b)) for a, b in enumerate([0, 1, 3, 2])]
+    if not proven_same(proof, *pairs):
         return None
     heads = _producer(k, "Transpose")
     if heads is not None and _perm(heads) == [0, 2, 1, 3] and _sole_reader(k) is flat:

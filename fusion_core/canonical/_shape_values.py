@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_picks
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import SizeProof, is_own
 
 __all__ = [
     "Dim",
@@ -25,6 +26,8 @@ __all__ = [
     "grid_component",
     "grid_parts",
     "known_dims",
+    "proven_other",
+    "proven_same",
     "scalar",
 ]
 
@@ -193,3 +196,39 @@ def grid_component(part: ir.Value | None, axis: int, dims: list[Dim]) -> ir.Valu
     if any(d != 1 for k, d in enumerate(padded) if k != axis) or padded[axis] != dims[axis]:
         return None
     return expand.inputs[0]
+
+
+_At = tuple[ir.Value, int]  # a value's axis
+
+
+def proven_same(proof: SizeProof, *pairs: tuple[_At, _At]) -> bool:
+    """Whether, for each pair ``(a, b)``, value ``a[0]`` on axis ``a[1]`` is as long as
+    ``b[0]`` on ``b[1]`` (``_same``)."""
+    return all(_same(proof, a, b) for a, b in pairs)
+
+
+def proven_other(proof: SizeProof, at: _At, number: Dim) -> bool:
+    """Whether the graph proves the size at ``at`` other than the label ``number``."""
+    size = proof.size(*at)
+    return size is not None and not is_own(size) and size.value != number
+
+
+def _same(proof: SizeProof, a: _At, b: _At) -> bool:
+    """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by the
+    sizes ``proof`` reads from the graph where it decides (one size: yes; two sizes read
+    back to inputs and constants that differ: no), else by the labels (known and equal).
+    Labels can lie (an inference's auto-merge writes one symbol for two sizes); the
+    labels decide only where the graph does not (the rewriters' ``same_axis`` rule)."""
+    first, second = proof.size(*a), proof.size(*b)
+    if first is not None and first == second:
+        return True
+    if first is not None and second is not None and not is_own(first) and not is_own(second):
+        return False
+    labels = [known_dims(value) for value, _ in (a, b)]
+    if labels[0] is None or labels[1] is None:
+        return False
+    try:
+        one, other = labels[0][a[1]], labels[1][b[1]]
+    except IndexError:
+        return False
+    return one is not None and one == other

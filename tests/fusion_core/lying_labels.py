@@ -1,0 +1,97 @@
+"""Hypothesis strategies for a model whose ``value_info`` lies about sizes.
+
+Inferred labels are not proofs: onnxruntime's symbolic inference merges two symbols it
+cannot compare ("auto-merge"), and a stale ``value_info`` can say anything. A rule that
+decides on labels rather than on sizes the graph proves (``fusion_core.sizes``) then
+rewrites a block that only looked right. ``lies(model)`` draws such variants of a model
+(onnx's own inference first writes the labels of every inner value):
+
+* ``merge``: every label of one symbol says another (``h`` read as ``l``);
+* ``relabel``: one axis of an inner value labelled with a graph input's symbol;
+* ``drop``: one inner value's label removed (unknown).
+
+Graph inputs and outputs keep their declarations: they are the model's interface. The
+labels are written into ``value_info`` (where the pipeline's loading keeps them) and the
+model stays runnable: onnxruntime does not check symbolic labels against run-time sizes.
+"""
+
+from __future__ import annotations
+
+import onnx
+from hypothesis import strategies as st
+
+__all__ = ["dropped", "inferred", "input_symbols", "lies", "merged", "relabelled"]
+
+
+def inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with onnx's labels (data propagation on) on its inner values."""
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+
+
+def input_symbols(model: onnx.ModelProto) -> list[str]:
+    """The symbols the graph inputs declare, in order, each once."""
+    found: list[str] = []
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param and dim.dim_param not in found:
+                found.append(dim.dim_param)
+    return found
+
+
+def merged(model: onnx.ModelProto, gone: str, kept: str) -> onnx.ModelProto:
+    """Every inner label ``gone`` written ``kept``: an inference's auto-merge."""
+    lying = _copy(model)
+    for value in lying.graph.value_info:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == gone:
+                dim.dim_param = kept
+    return lying
+
+
+def relabelled(model: onnx.ModelProto, name: str, axis: int, symbol: str) -> onnx.ModelProto:
+    """The inner value ``name`` labelled ``symbol`` on ``axis``."""
+    lying = _copy(model)
+    for value in lying.graph.value_info:
+        dims = value.type.tensor_type.shape.dim
+        if value.name == name and axis < len(dims):
+            dims[axis].Clear()
+            dims[axis].dim_param = symbol
+    return lying
+
+
+def dropped(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """The inner value ``name`` with no label at all."""
+    lying = _copy(model)
+    kept = [v for v in lying.graph.value_info if v.name != name]
+    del lying.graph.value_info[:]
+    lying.graph.value_info.extend(kept)
+    return lying
+
+
+def lies(model: onnx.ModelProto) -> st.SearchStrategy[tuple[str, onnx.ModelProto]]:
+    """(what was lied, the lying model) of ``model`` once inferred."""
+    base = inferred(model)
+    symbols = input_symbols(base)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in base.graph.value_info}
+    inner = sorted(n for n, r in ranks.items() if r > 0)
+    # one direction per pair: either way the two sizes read as one
+    pairs = [(a, b) for i, a in enumerate(symbols) for b in symbols[i + 1 :]]
+    options = []
+    if pairs:
+        options.append(
+            st.sampled_from(pairs).map(lambda p: (f"merge {p[0]}->{p[1]}", merged(base, *p)))
+        )
+    options.append(st.sampled_from(inner).map(lambda n: (f"drop {n}", dropped(base, n))))
+    if symbols and inner:
+        options.append(
+            st.tuples(st.sampled_from(inner), st.integers(0, 7), st.sampled_from(symbols))
+            .filter(lambda t: t[1] < ranks[t[0]])
+            .map(lambda t: (f"relabel {t[0]}[{t[1]}]={t[2]}", relabelled(base, *t)))
+        )
+    return st.one_of(options)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    lying = onnx.ModelProto()
+    lying.CopyFrom(model)
+    return lying
