@@ -221,7 +221,15 @@ from autofusion.fusion_core.canonical._sequence_first import (
     sequence_first_heads,
     sequence_first_merges,
 )
-from autofusion.fusion_core.canonical._shape_values import Dim, axes_of, entries, known_dims, scalar
+from autofusion.fusion_core.canonical._shape_values import (
+    Dim,
+    axes_of,
+    entries,
+    known_dims,
+    proven_equal,
+    proven_same,
+    scalar,
+)
 from autofusion.fusion_core.canonical._sink_scale import sink_scales, undo_sink_scales
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._softmax_shift import softmax_shifts_dropped
@@ -242,6 +250,8 @@ __all__ = [
     "describe",
     "entries",
     "known_dims",
+    "proven_equal",
+    "proven_same",
     "scalar",
     "undo_unused",
 ]

@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_picks
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof, is_own
+from autofusion.fusion_core.sizes import Size, SizeProof, is_own
 
 __all__ = [
     "Dim",
@@ -26,6 +26,7 @@ __all__ = [
     "grid_component",
     "grid_parts",
     "known_dims",
+    "proven_equal",
     "proven_other",
     "proven_same",
     "scalar",
@@ -213,17 +214,26 @@ def proven_other(proof: SizeProof, at: _At, number: Dim) -> bool:
     return size is not None and not is_own(size) and size.value != number
 
 
+def proven_equal(a: Size | None, b: Size | None) -> bool | None:
+    """True where ``a`` and ``b`` are proven one size; False where both are read back to
+    the graph's inputs and constants (neither a value's own size) and differ; None where
+    the proof cannot tell."""
+    if a is not None and a == b:
+        return True
+    if a is not None and b is not None and not is_own(a) and not is_own(b):
+        return False
+    return None
+
+
 def _same(proof: SizeProof, a: _At, b: _At) -> bool:
     """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by the
-    sizes ``proof`` reads from the graph where it decides (one size: yes; two sizes read
-    back to inputs and constants that differ: no), else by the labels (known and equal).
-    Labels can lie (an inference's auto-merge writes one symbol for two sizes); the
-    labels decide only where the graph does not (the rewriters' ``same_axis`` rule)."""
-    first, second = proof.size(*a), proof.size(*b)
-    if first is not None and first == second:
-        return True
-    if first is not None and second is not None and not is_own(first) and not is_own(second):
-        return False
+    sizes ``proof`` reads from the graph where it decides (``proven_equal``), else by the
+    labels (known and equal). Labels can lie (an inference's auto-merge writes one symbol
+    for two sizes); they decide only where the graph does not. The rewriters share this
+    rule (``rewriters/_fused_sizes.same_axis``)."""
+    proven = proven_equal(proof.size(*a), proof.size(*b))
+    if proven is not None:
+        return proven
     labels = [known_dims(value) for value, _ in (a, b)]
     if labels[0] is None or labels[1] is None:
         return False

@@ -13,7 +13,7 @@ import json
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, known_dims
+from autofusion.fusion_core.canonical import Dim, known_dims, proven_equal, proven_same
 from autofusion.fusion_core.sizes import ONE, Size, SizeProof, is_own
 
 __all__ = [
@@ -139,27 +139,13 @@ def _recorded(node: ir.Node, value: ir.Value | None, axis: int) -> Size | None:
 # inference wrote, and onnxruntime's merges two sizes under one symbol.
 
 
-def proven_equal(a: Size | None, b: Size | None) -> bool | None:
-    """True where ``a`` and ``b`` are proven one size; False where both are read back to
-    the graph's inputs and constants (neither a value's own size) and differ; None where
-    the proof cannot tell."""
-    if a is not None and a == b:
-        return True
-    if a is not None and b is not None and not is_own(a) and not is_own(b):
-        return False
-    return None
-
-
 def same_axis(
     proof: SizeProof, a: tuple[ir.Value | None, int], b: tuple[ir.Value | None, int]
 ) -> bool:
     """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by
-    the proof where it decides, else by the labels (known and equal)."""
-    proven = proven_equal(proof.size(*a), proof.size(*b))
-    if proven is not None:
-        return proven
-    first, second = (_label(value, axis) for value, axis in (a, b))
-    return first is not None and first == second
+    the proof where it decides, else by the labels (known and equal); canonical's
+    ``proven_same``, the one rule for both."""
+    return proven_same(proof, (a, b))
 
 
 def one_or_same(
