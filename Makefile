@@ -53,44 +53,8 @@ $(CORPUS_STAMP): $(STAMP) pyproject.toml
 test-corpus: $(CORPUS_STAMP)
 	$(BIN)/python bench/corpus/build.py
 	$(BIN)/python -m pytest -q -m corpus tests/corpus
-	AUTOFUSION_SPELLING_EXAMPLES=200 $(BIN)/python -m pytest -q \
-		tests/fusion_core/canonical/test_attention_spellings.py \
-		tests/fusion_core/canonical/test_encoder_attention_spellings.py \
-		tests/fusion_core/rewriters/test_group_query_attention_window.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_gpt_oss.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_sigmoid.py \
-		tests/fusion_core/canonical/test_norm_spellings.py \
-		tests/fusion_core/canonical/test_gelu_spellings.py \
-		tests/fusion_core/canonical/test_concat_heads.py \
-		tests/fusion_core/canonical/test_attention_per_head.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_any_router.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_sorted.py \
-		tests/fusion_core/canonical/test_interleaved_columns.py \
-		tests/bench/test_kv_states.py \
-		tests/fusion_core/canonical/test_mask_after_softmax.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_skip_class.py \
-		tests/fusion_core/rewriters/test_mixture_of_experts_shared_gates.py \
-		tests/fusion_core/canonical/test_value_scale.py \
-		tests/fusion_core/rewriters/test_group_query_attention_narrow_values.py \
-		tests/fusion_core/rewriters/test_group_query_attention_head_sizes.py \
-		tests/fusion_core/canonical/test_interleaved_undo.py \
-		tests/fusion_core/rewriters/test_group_query_attention_summed_masks.py \
-		tests/fusion_core/canonical/test_buffer_masks.py \
-		tests/fusion_core/canonical/test_identity_reshape_proof.py \
-		tests/fusion_core/canonical/test_blend_masks.py \
-		tests/fusion_core/canonical/test_key_perms.py \
-		tests/fusion_core/canonical/test_zero_adds.py \
-		tests/fusion_core/test_sizes_ceil.py \
-		tests/fusion_core/canonical/test_undo_again.py \
-		tests/fusion_core/canonical/test_concat_query.py \
-		tests/fusion_core/rewriters/test_rotary_trailing_spellings.py \
-		tests/fusion_core/rewriters/test_rotary_constant_tables_spellings.py \
-		tests/fusion_core/rewriters/test_mask_sizes.py \
-		tests/fusion_core/rewriters/test_gqa_sizes.py \
-		tests/fusion_core/patterns/test_near_miss_attention.py \
-		tests/fusion_core/patterns/test_near_miss_rotary.py \
-		tests/fusion_core/test_fallback_culprits.py
+	AUTOFUSION_SPELLING_EXAMPLES=200 $(BIN)/python -m pytest -q -m "spelling and not corpus" \
+		tests/fusion_core tests/bench
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
 
 # The dashboard pictures in docs/screenshots/ (README "Dashboard"), taken in Debian's

@@ -22,6 +22,8 @@ import _llm_torch  # noqa: E402 (torch first: importorskip)
 from _unseen_fifth import FIFTH  # noqa: E402 (torch first: importorskip)
 from _unseen_third import THIRD  # noqa: E402 (torch first: importorskip)
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 RTOL, ATOL = 1e-5, 1e-5
 # family -> what its cache holds per layer (kind names of _kv_states.State)
 CASES = {

@@ -35,6 +35,8 @@ from autofusion.fusion_core.testing import build_model, run_both
 from autofusion.fusion_core.validate import FUSED_CANNOT_RUN
 from tests.fusion_core.spelling_settings import EXAMPLES
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 REFUSED, WRONG = "test.refused_reshape", "test.forgets_neg"
 BLOCKS = {  # the nodes of one block from h to its output o

@@ -36,6 +36,8 @@ from autofusion.fusion_core.rewriters import (
 from autofusion.fusion_core.testing import build_model, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 BROKEN = "test.relu_neg"
 BLOCKS = {

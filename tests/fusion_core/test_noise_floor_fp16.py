@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import _big_models
 import _big_weights
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TINY = replace(_big_models.shape_for_size(1 << 20), layers=2)
 FP16 = _big_weights.Weights("fp16")
 FP16_DEFAULT = {"rtol": 1e-2, "atol": 1e-3}  # validate._stats' default for float16

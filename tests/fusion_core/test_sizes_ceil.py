@@ -22,12 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 import onnxruntime
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.sizes import Size, read_sizes
 from autofusion.fusion_core.testing import build_model
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 # ``r``: x rounded to a multiple of k; what the proof of Min(x, r) must be
 ROUNDINGS = {

@@ -25,6 +25,8 @@ from autofusion.fusion_core.sizes import Size, axis_size, read_sizes
 from autofusion.fusion_core.testing import build_model
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 S, P = Size(("S",), 0), Size(("P",), 0)
 
 

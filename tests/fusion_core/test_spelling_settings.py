@@ -4,7 +4,8 @@ hypothesis settings from ``spelling_settings.SPELLINGS``, and the onnx text line
 rotary block's angles and rotate_half tables stand once, in ``decoder_text`` (``ANGLES``,
 ``FREQ_TABLES``): a copy drifts from the others (the budget's default, a health check,
 an axis name) unnoticed. A file that reads the variable with a default of its own on
-purpose is listed below with its reason."""
+purpose is listed below with its reason. Each is marked ``spelling``, which the corpus tier
+selects to run them again at 200 examples."""
 
 from __future__ import annotations
 
@@ -70,3 +71,19 @@ def test_no_test_module_writes_the_rotary_angles_or_tables_out_again() -> None:
             if _copies(tree, lines):
                 copies.append(f"{path.relative_to(TESTS).as_posix()}: {name}")
     assert copies == [], "use tests/fusion_core/decoder_text.py's lists instead"
+
+
+MARK = "pytestmark = pytest.mark.spelling"
+
+
+def test_every_generated_spelling_test_is_marked_for_the_corpus_tier() -> None:
+    """The corpus tier runs ``-m spelling`` at 200 examples (Makefile ``test-corpus``): a
+    generator that takes the shared budget and forgets the mark would run at 25 only."""
+    unmarked = sorted(
+        path.relative_to(TESTS).as_posix()
+        for path in TESTS.rglob("test_*.py")
+        if ("spelling_settings import" in (text := path.read_text(encoding="utf-8"))
+            or path.relative_to(TESTS).as_posix() in OWN_BUDGETS)
+        and MARK not in text
+    )  # fmt: skip
+    assert unmarked == [], f"add `{MARK}` to these (and `import pytest`)"

@@ -37,6 +37,8 @@ from autofusion.fusion_core.testing import canonical_twice, fuse_quiet, optimize
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
 ATTENTION = ("GroupQueryAttention", "MultiHeadAttention", "Attention")

@@ -61,6 +61,8 @@ from tests.fusion_core.decoder_text import (
 )
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32
 # One attention op: GroupQueryAttention for a decoder's (a cache or grouped KV heads),

@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 from autofusion.fusion_core.testing import build_model, fuse_quiet, op_sequence, run_both
 from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 LOWEST = float(np.finfo(np.float32).min)
 BUFFER = 16  # the buffer's rows and columns where b is a slice of it

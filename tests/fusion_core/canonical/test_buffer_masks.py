@@ -11,12 +11,15 @@ import onnx
 import onnx.numpy_helper
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from autofusion.fusion_core.canonical import RULES, canonical_form, undo_unused
 from autofusion.fusion_core.testing import canonical_twice, op_sequence, optimize_quiet, run_both
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 
 def _buffer(n: int, window: int | None) -> np.ndarray:

@@ -34,12 +34,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, graph_model, positions
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32

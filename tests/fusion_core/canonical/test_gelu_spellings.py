@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
@@ -45,6 +46,8 @@ from autofusion.fusion_core.canonical import MARK, RULES
 from autofusion.fusion_core.ir import model_from_proto
 from autofusion.fusion_core.testing import op_sequence, optimize_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 WRITTEN_OUT = {"Erf", "Tanh", "Pow", "Div"}

@@ -16,12 +16,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import build_model, canonical_twice, run_both
 from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 EXACT = dict(rtol=0, atol=0)
 

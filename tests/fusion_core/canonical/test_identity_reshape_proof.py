@@ -34,6 +34,8 @@ from hypothesis import strategies as st
 from autofusion.fusion_core.testing import build_model, canonical_twice, optimize_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 EXACT = dict(rtol=0, atol=0)
 D = 4
 PAD_INTS = {"one": [1], "two": [2], "zero": [0], "pads0": [0] * 6, "pad_at": [4]}

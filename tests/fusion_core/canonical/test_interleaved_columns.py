@@ -49,6 +49,8 @@ from tests.fusion_core.canonical.test_concat_heads import (
 )
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 SPELLINGS = ("shuffle", "gather", "strided")
 WORDS = "heads read in another order computed so by their projection"

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -38,6 +39,8 @@ from tests.fusion_core.canonical.test_interleaved_columns import (
 )
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 EXACT = dict(rtol=0, atol=0)
 T = "Transpose <perm = [0, 2, 1, 3]>"

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -45,6 +46,8 @@ from tests.fusion_core.decoder_text import (
     positions,
 )
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, LATENT = 32, 16

@@ -38,6 +38,8 @@ from autofusion.fusion_core.testing import canonical_twice, fuse_quiet, run_both
 from autofusion.fusion_core.validate import make_session
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 LOWEST = float(np.finfo(np.float32).min)
 BUCKETS = 16

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto
@@ -51,6 +52,8 @@ from onnx import numpy_helper as nh
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL_FP32 = dict(rtol=1e-4, atol=1e-5)
 TOL_FP16 = dict(rtol=4e-3, atol=4e-3)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -31,6 +32,8 @@ from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import canonical_twice, op_sequence, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 EXACT = dict(rtol=0, atol=0)
 HIDDEN, SIZE = 16, 8

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,6 +35,8 @@ from autofusion.fusion_core.testing import (
     run_both,
 )
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
 EXACT = dict(rtol=0, atol=0)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.canonical import undo_unused
 from autofusion.fusion_core.testing import build_model, canonical_twice, op_sequence, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 CLOSE = dict(rtol=1e-5, atol=1e-6)
 HEADS, HEAD_DIM = 4, 8

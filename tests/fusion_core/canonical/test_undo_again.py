@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from autofusion.fusion_core.canonical import canonical_form, undo_unused
@@ -28,6 +29,8 @@ from tests.fusion_core.canonical.test_attention_spellings import feeds as attent
 from tests.fusion_core.canonical.test_blend_masks import Blend, blend_block, blends
 from tests.fusion_core.canonical.test_blend_masks import feeds as blend_feeds
 from tests.fusion_core.spelling_settings import EXAMPLES
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SETTINGS = settings(  # half the shared budget, its own health checks

@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 from autofusion.fusion_core.testing import build_model, fuse_quiet, optimize_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 EXACT = dict(rtol=0, atol=0)
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, SEQ = 16, 5

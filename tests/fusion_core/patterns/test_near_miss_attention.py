@@ -22,11 +22,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 HIDDEN = 16
 BROKEN = ["scatter_key", "cumsum_key", "erf_scores", "sin_scores", "transposed_scores", "axis"]

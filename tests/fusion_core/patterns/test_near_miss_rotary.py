@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +33,8 @@ from tests.fusion_core.decoder_text import FREQ_TABLES
 from tests.fusion_core.rewriters.test_rotary import rotary_constants
 from tests.fusion_core.rewriters.test_rotary_interleaved import gptj_block
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 SEQ = 5
 BROKEN = ["neg_abs", "concat_order", "low_sin"]

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 32

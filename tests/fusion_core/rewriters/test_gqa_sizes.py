@@ -28,11 +28,14 @@ import os
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import misses, op_sequence, optimize_quiet, run_both
 from tests.fusion_core.decoder_text import MERGE, TEXT_CONSTANTS, graph_model
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "8"))

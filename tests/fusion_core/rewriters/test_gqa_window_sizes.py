@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as nh
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,6 +38,8 @@ from tests.fusion_core.rewriters.test_group_query_attention import (
     feeds,
 )
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 # the key index's length ``key_n``: 1, written into the sequence's length

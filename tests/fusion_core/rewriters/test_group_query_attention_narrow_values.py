@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 
 import onnx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import misses, optimize_quiet, run_both
 from tests.fusion_core.value_block import Block, feeds, value_block
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -49,6 +49,8 @@ from tests.fusion_core.decoder_text import (
 )
 from tests.fusion_core.spelling_settings import SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, SIZE = 32, 4, 8
 ORT = dict(target="onnxruntime", exclude=["qkv_merge", "kv_merge"])

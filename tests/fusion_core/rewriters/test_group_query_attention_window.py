@@ -46,6 +46,8 @@ from tests.fusion_core.decoder_text import (
     positions,
 )
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, KV_HEADS, SIZE = 32, 4, 2, 8
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "25"))

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 EXAMPLES = int(os.environ.get("AUTOFUSION_SPELLING_EXAMPLES", "16"))
 TOL = dict(rtol=1e-5, atol=1e-5)

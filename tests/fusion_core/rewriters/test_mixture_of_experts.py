@@ -48,6 +48,8 @@ from autofusion.fusion_core.testing import (
 )
 from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-4, atol=1e-5)
 HIDDEN = 16
 

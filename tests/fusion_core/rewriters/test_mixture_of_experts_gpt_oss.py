@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
@@ -37,6 +38,8 @@ from test_mixture_of_experts import HIDDEN, _Graph, generated
 
 from autofusion.fusion_core.testing import make_session, optimize_quiet
 from tests.fusion_core.spelling_settings import EXAMPLES
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 RTOL, ATOL = 1e-4, 1e-5  # atol in units of the output's largest magnitude
 # Half the shared budget: each example runs the whole pipeline and six comparisons

@@ -22,11 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _Graph, generated
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 

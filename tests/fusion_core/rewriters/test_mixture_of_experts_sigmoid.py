@@ -47,6 +47,8 @@ from test_mixture_of_experts import (
 
 from autofusion.fusion_core.testing import optimize_quiet, run_both
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 

@@ -35,6 +35,8 @@ from test_mixture_of_experts import _PLAIN, HIDDEN, Spelling, _batched, _dense, 
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-4, atol=1e-5)
 ROUTER_WIDTH = 8  # ZAYA's router_hidden_size: narrower than the hidden states
 

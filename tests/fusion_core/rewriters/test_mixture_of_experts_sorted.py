@@ -38,6 +38,8 @@ from test_mixture_of_experts import HIDDEN, _Graph, generated, ops_of, token_fee
 from autofusion.fusion_core.catalog import builtin_patterns, pattern_to_json
 from autofusion.fusion_core.testing import optimize_quiet, run_both
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 

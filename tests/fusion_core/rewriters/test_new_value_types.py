@@ -39,6 +39,8 @@ from tests.fusion_core.spelling_settings import SPELLINGS
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import _big_models
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 LOWEST = float(np.finfo(np.float32).min)
 # decoder_attention's spellings: cache, eager, dynamo, window, finite mask, no grouping,
 # not causal

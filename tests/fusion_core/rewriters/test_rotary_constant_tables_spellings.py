@@ -34,11 +34,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 _OPSET = {False: 18, True: 23}  # ONNX RotaryEmbedding is opset 23's
 _IR = {False: 8, True: 10}

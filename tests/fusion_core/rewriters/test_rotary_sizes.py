@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,6 +36,8 @@ from tests.fusion_core.decoder_text import HALF_TABLES, graph_model
 from tests.fusion_core.rewriters.test_rotary import rotary_constants
 from tests.fusion_core.rewriters.test_rotary_interleaved import gptj_block
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SIZE, HIDDEN = 16, 32

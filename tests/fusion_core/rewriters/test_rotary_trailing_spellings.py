@@ -43,6 +43,8 @@ from hypothesis import strategies as st
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
+
 _OPSET = {False: 18, True: 23}  # ONNX RotaryEmbedding is opset 23's
 _IR = {False: 8, True: 10}
 TOL = dict(rtol=1e-5, atol=1e-5)
