@@ -11,6 +11,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 
 * ``known_scalars`` (``_scalars.py``): a scale or a size the graph computes from sizes
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
+* ``einsum_matmul`` (``_einsum.py``): a two-operand Einsum that is one batched dot
+  product (Funnel's ``bind,bjnd->bnij`` scores and ``bnij,bjnd->bind`` context) is
+  Transposes and a MatMul; kept so where no fusion takes it (no undo: as fast);
 * ``position_scale`` (``_position_scale.py``): rotated query heads scaled by one factor
   per position (Ministral-3's ``llama_4_scaling``) are the rotation of the projection so
   scaled;
@@ -170,6 +173,7 @@ from autofusion.fusion_core.canonical._contexts import (
     undo_context_heads,
     undo_one_context,
 )
+from autofusion.fusion_core.canonical._einsum import einsums_as_matmuls
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
     identity_mask_expands,
@@ -261,6 +265,7 @@ MARK = "autofusion.canonical"  # metadata_props key on every node a rule inserts
 # completes.
 RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "known_scalars": fold_known_scalars,
+    "einsum_matmul": einsums_as_matmuls,  # the MatMuls every attention rule reads
     "position_scale": position_scales,
     "interleaved_columns": interleaved_columns,  # makes the halves rotary_halves reads
     "rotary_halves": rotary_halves,  # before slice_before_transpose reads the halves
@@ -318,6 +323,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
 }
 _WORDS = {
     "known_scalars": "values computed from known sizes made constants",
+    "einsum_matmul": "two-operand Einsums of one dot product made Transposes and a MatMul",
     "identity_zero_add": "Adds of zeros that keep the other operand's shape removed",
     "norm_spelling": "parts of norm blocks written as Pow(d, 2), ReduceMean, + eps, * 1 / Sqrt",
     "gelu_spelling": "GELU blocks written as 0.5 x (1 + erf(x / sqrt(2))) or its tanh form",
