@@ -81,6 +81,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   shape goes;
 * ``copied_dims`` (``_reshape_targets.py``): a Reshape target computed from shapes that
   copies the input's batch and sequence becomes a constant ``[0, 0, ...]``;
+* ``flat_head_split`` (``_flat_head_split.py``): heads split straight from ``[B * S,
+  C]`` rows (LeViT's BatchNorm'd Linears, dynamo) are split from the rows viewed as
+  ``[B, S, C]``, exactly; the view goes again where no fusion takes it;
 * ``packed_part``, ``sequence_first_heads``, ``sequence_first_merge`` and
   ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
   layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
@@ -179,6 +182,10 @@ from autofusion.fusion_core.canonical._fill_masks import (
     identity_mask_expands,
     padding_fills,
     whole_scatters,
+)
+from autofusion.fusion_core.canonical._flat_head_split import (
+    flat_head_splits,
+    undo_flat_head_splits,
 )
 from autofusion.fusion_core.canonical._gelu_spelling import gelu_spellings, undo_gelu_spellings
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
@@ -294,6 +301,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "identity_reshape": drop_identity_reshapes,
     "identity_slice": drop_identity_slices,
     "copied_dims": copy_reshape_dims,
+    "flat_head_split": flat_head_splits,  # heads of [B * S, C] rows: the rows as [B, S, C]
     "packed_part": packed_parts_as_slices,
     "packed_heads": packed_heads,
     "blocked_projection": blocked_projections,
@@ -351,6 +359,7 @@ _WORDS = {
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
     "copied_dims": "Reshape targets that copy their input's dimensions made constants",
+    "flat_head_split": "heads split from [B * S, C] rows split from the rows as [B, S, C]",
     "packed_part": "parts picked from a packed projection made Slices",
     "packed_heads": "parts picked from a [.., P, N, H] view of one projection made head splits",
     "blocked_projection": "parts cut from a projection in model-parallel blocks made projections",
@@ -469,6 +478,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "one_context": undo_one_context(graph, MARK),
             "interleaved_columns": undo_interleaved_columns(graph),  # after rotary_halves
             "value_scale": undo_value_scales(graph, MARK),
+            "flat_head_split": undo_flat_head_splits(graph, MARK),  # after the pairs' undo
         }
     )
 
