@@ -118,6 +118,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
   of each head after the head Transpose (Gemma-3, Persimmon) moves before it, where
   Qwen3 has it, and a fused rotary embedding of transposed heads rotates the 3-D
   projection instead;
+* ``scale_after_rotary`` (``_scale_after_rotary.py``): a scalar scale of the heads
+  before a fused rotary embedding (ESM's scaled query) multiplies the rotated heads,
+  ``R(c x) = c R(x)``, for ``transpose_after_rotary`` and ``scale_to_scores``; it rounds
+  differently, as ``scale_to_scores`` does, and goes back where no attention takes it;
 * ``transpose_before_rotary`` (``_rotary_heads.py``): a rotary embedding written out
   on ``[B, S, N, H]`` heads before their head Transpose (Gemma-4) rotates the
   transposed heads, as Llama's does;
@@ -219,6 +223,10 @@ from autofusion.fusion_core.canonical._rotary_halves import rotary_halves, undo_
 from autofusion.fusion_core.canonical._rotary_heads import transposes_before_rotaries
 from autofusion.fusion_core.canonical._rotary_sign import rotary_signs
 from autofusion.fusion_core.canonical._scalars import fold_known_scalars
+from autofusion.fusion_core.canonical._scale_after_rotary import (
+    scale_after_rotaries,
+    undo_scale_after_rotaries,
+)
 from autofusion.fusion_core.canonical._scales import (
     scales_to_scores,
     undo_scales,
@@ -319,6 +327,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "per_head_norm": per_head_norms,
     "transpose_after_norm": transpose_after_norms,
     "transpose_before_rotary": transposes_before_rotaries,
+    "scale_after_rotary": scale_after_rotaries,  # leaves the head Transpose to the rotary
     "transpose_after_rotary": transpose_after_rotaries,
     "head_read_before_transpose": head_reads_before_transpose,
     "scatter_parts": scatter_parts,
@@ -377,6 +386,7 @@ _WORDS = {
     "per_head_norm": "a LayerNorm of each head with its own weights made one LayerNorm of all",
     "transpose_after_norm": "head Transposes moved after the norm of each head",
     "transpose_before_rotary": "head Transposes after a written-out rotary moved before it",
+    "scale_after_rotary": "scalar scales before a rotary embedding moved after it",
     "transpose_after_rotary": "head Transposes moved after a rotary embedding of the heads",
     "scatter_parts": "heads written slab by slab by ScatterNDs made a Concat of the slabs",
     "concat_heads": "heads formed by a Concat, Split or Slice of parts made head splits",
@@ -479,6 +489,8 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "interleaved_columns": undo_interleaved_columns(graph),  # after rotary_halves
             "value_scale": undo_value_scales(graph, MARK),
             "flat_head_split": undo_flat_head_splits(graph, MARK),  # after the pairs' undo
+            # after undo_scales, which writes the scale back on the query
+            "scale_after_rotary": undo_scale_after_rotaries(graph, MARK),
         }
     )
 
