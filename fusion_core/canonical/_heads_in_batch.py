@@ -44,9 +44,10 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import by_op_type, int64s, replace
-from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.canonical._shape_values import known_dims, proven_same
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = ["RULE", "heads_unfolded"]
 
@@ -56,17 +57,21 @@ _ONNX = ("", "ai.onnx")
 
 def heads_unfolded(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Unfold every batched Softmax of a merge, and every batched MatMul of merges that a
-    split reads; how many."""
+    split reads; how many. Each size a fold or an unfold needs is decided by
+    ``proven_same``: the graph's proof first, the labels only where it cannot tell (an
+    inference's auto-merge of ``B`` and ``N`` labels ``[N, B, S, H]`` folded as the
+    ``[B, N, S, H]`` it is multiplied with)."""
+    proof = SizeProof()  # one walk: the folds of every layer read the same sizes
     return by_op_type(
         graph,
         {
-            "Softmax": lambda node: _softmax(graph, node, fresh_name, mark),
-            "Reshape": lambda node: _split_matmul(graph, node, fresh_name, mark),
+            "Softmax": lambda node: _softmax(graph, node, fresh_name, mark, proof),
+            "Reshape": lambda node: _split_matmul(graph, node, fresh_name, mark, proof),
         },
     )
 
 
-def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int:
+def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str, proof) -> int:
     if split.outputs[0].is_graph_output() or split.inputs[0] is None:
         return 0
     want = known_dims(split.outputs[0])
@@ -75,7 +80,7 @@ def _split_matmul(graph: ir.Graph, split: ir.Node, fresh_name, mark: str) -> int
     if found is None:
         return 0
     inner, steps = found
-    new = _matmul(inner, want)
+    new = _matmul(inner, split.outputs[0], proof)
     if new is None or (steps and (want is None or not isinstance(want[1], int))):
         return 0
     scores = new[-1].outputs[0]
@@ -266,9 +271,9 @@ def _unfolded(graph: ir.Graph, bias: ir.Value, want: list, fresh_name) -> list[i
     return [unsqueeze, reshape]
 
 
-def _softmax(graph: ir.Graph, node: ir.Node, fresh_name, mark: str) -> int:
+def _softmax(graph: ir.Graph, node: ir.Node, fresh_name, mark: str, proof) -> int:
     """``Softmax(Reshape(x, t), -1)`` of a merge is ``Reshape(Softmax(x, -1), t)``."""
-    x = _unmerged(node.inputs[0])
+    x = _unmerged(node.inputs[0], proof)
     if x is None or attribute_value(node, "axis", -1) not in (-1, 2):
         return 0
     if node.outputs[0].is_graph_output():
@@ -290,9 +295,10 @@ def _named(nodes: list[ir.Node], fresh_name) -> None:
         node.outputs[0].name = fresh_name(f"{RULE}_{node.op_type.lower()}")
 
 
-def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
+def _matmul(node: ir.Node, split: ir.Value, proof: SizeProof) -> list[ir.Node] | None:
+    """The unfolded product (``[B, N, S, L]``) of the folded ``node`` ``split`` unfolds."""
     (left, left_scale), (right, right_scale) = (_scaled(v) for v in node.inputs[:2])
-    a, b = _unmerged(left), _unmerged(right)
+    a, b = _unmerged(left, proof), _unmerged(right, proof)
     swapped = None
     if b is None:  # K^T: Transpose(merge(k), [0, 2, 1])
         transpose = right.producer() if right is not None else None
@@ -301,16 +307,19 @@ def _matmul(node: ir.Node, want: list | None) -> list[ir.Node] | None:
             and transpose.op_type == "Transpose"
             and list(attribute_value(transpose, "perm", []) or []) == [0, 2, 1]
         ):
-            swapped = _unmerged(transpose.inputs[0])
+            swapped = _unmerged(transpose.inputs[0], proof)
     if a is None or (b is None and swapped is None):
         return None
-    da = known_dims(a)
-    db = known_dims(b if b is not None else swapped)
-    if da is None or db is None or None in da or None in db or da[:2] != db[:2]:
+    other = b if b is not None else swapped
+    da, db, want = known_dims(a), known_dims(other), known_dims(split)
+    if da is None or db is None or None in da or None in db:
         return None  # unknown leading dimensions prove no fold (nor which unfold)
+    if not proven_same(proof, ((a, 0), (other, 0)), ((a, 1), (other, 1))):
+        return None
     # The split must give [B, N, S, L]: its first three dimensions proven, the last then
     # follows from the element count (a Reshape keeps it), whatever symbol names it.
-    if want is None or len(want) != 4 or want[:3] != da[:3]:
+    kept = (((split, i), (a, i)) for i in range(3))
+    if want is None or len(want) != 4 or not proven_same(proof, *kept):
         return None
     nodes = []
     if swapped is not None:
@@ -351,9 +360,9 @@ def _scale_again(operand: ir.Value, scale: ir.Node | None, nodes: list[ir.Node])
     return again.outputs[0]
 
 
-def _unmerged(value: ir.Value | None) -> ir.Value | None:
+def _unmerged(value: ir.Value | None, proof: SizeProof) -> ir.Value | None:
     """``x`` where ``value = Reshape(x, [B * N, S, H])`` of a ``[B, N, S, H]`` x (the
-    last two dimensions known and kept), else None."""
+    last two dimensions known and kept, ``proven_same``), else None."""
     merge = value.producer() if value is not None else None
     if merge is None or not _is_reshape(merge) or merge.inputs[0] is None:
         return None
@@ -361,7 +370,8 @@ def _unmerged(value: ir.Value | None) -> ir.Value | None:
     before, after = known_dims(source), known_dims(value)
     if before is None or after is None or len(before) != 4 or len(after) != 3:
         return None
-    if None in before[2:] or before[2:] != after[1:]:
+    kept = ((value, 1), (source, 2)), ((value, 2), (source, 3))
+    if None in before[2:] or not proven_same(proof, *kept):
         return None
     return source
 

@@ -126,9 +126,10 @@ def _take_place(
 
 
 def packed_parts_as_slices(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    proof = SizeProof()
     done = 0
     for node in list(graph):
-        found = _packed_part(node)
+        found = _packed_part(node, proof)
         if found is None:
             continue
         qkv, start, stop = found
@@ -141,9 +142,11 @@ def packed_parts_as_slices(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
     return done
 
 
-def _packed_part(gather: ir.Node) -> tuple[ir.Value, int, int] | None:
+def _packed_part(gather: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int] | None:
     """(qkv, start, stop) when ``gather`` picks part i of a packed [L, B, P*E] projection
-    as nn.MultiheadAttention does."""
+    as nn.MultiheadAttention does: ``P``, ``E`` and ``P*E`` numbers the graph does not
+    prove otherwise, ``[L, B]`` kept by the Reshape decided by ``proven_same`` (a merge
+    of ``L`` and ``B`` labels a ``[B, L, P, E]`` reinterpretation as the split)."""
     if gather.op_type != "Gather" or attribute_value(gather, "axis", 0) != 0:
         return None
     if gather.outputs[0].is_graph_output():
@@ -166,7 +169,11 @@ def _packed_part(gather: ir.Node) -> tuple[ir.Value, int, int] | None:
     count, width = parts[2], parts[3]
     if not (isinstance(count, int) and isinstance(width, int) and dims[2] == count * width):
         return None
-    if parts[:2] != dims[:2] or None in dims[:2]:
+    split = reshape.outputs[0]
+    numbers = [((qkv, 2), count * width), ((split, 2), count), ((split, 3), width)]
+    if any(proven_other(proof, at, n) for at, n in numbers):
+        return None
+    if not proven_same(proof, ((split, 0), (qkv, 0)), ((split, 1), (qkv, 1))):
         return None
     i = int(index.reshape(-1)[0]) % count
     return qkv, i * width, (i + 1) * width
@@ -222,9 +229,10 @@ def _heads(last: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int, ir.Node
 
 
 def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+    proof = SizeProof()
     done = 0
     for node in list(graph):
-        found = _merge(node)
+        found = _merge(node, proof)
         if found is None:
             continue
         context, width, gemm, unflat, olds = found
@@ -260,9 +268,11 @@ def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
     return done
 
 
-def _merge(last: ir.Node):
+def _merge(last: ir.Node, proof: SizeProof):
     """(context, E, Gemm, last Reshape, nodes to remove) when ``last`` (a Transpose(1, 0,
-    2)) ends a sequence-first heads merge and out_proj Gemm."""
+    2)) ends a sequence-first heads merge and out_proj Gemm: the last Reshape's ``[L, B]``
+    the context's, decided by ``proven_same`` (a merge of ``L`` and ``B`` labels a ``[B,
+    L, E]`` reinterpretation of the rows as the merge's ``[L, B, E]``)."""
     if last.op_type != "Transpose" or _perm(last) != [1, 0, 2] or last.outputs[0].is_graph_output():
         return None
     unflat = _producer(last.inputs[0], "Reshape")
@@ -278,10 +288,11 @@ def _merge(last: ir.Node):
     cd, fd, ud = known_dims(context), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
     if cd is None or fd is None or ud is None or len(cd) != 4 or len(fd) != 2 or len(ud) != 3:
         return None
-    batch, heads, seq, size = cd
+    heads, size = cd[1], cd[3]
     if not (isinstance(heads, int) and isinstance(size, int)) or fd[1] != heads * size:
         return None
-    if None in (batch, seq) or ud[:2] != [seq, batch] or unflat.inputs[1] is None:
+    rows = ((unflat.outputs[0], 0), (context, 2)), ((unflat.outputs[0], 1), (context, 0))
+    if unflat.inputs[1] is None or not proven_same(proof, *rows):
         return None
     return context, heads * size, gemm, unflat, [unflat, gemm, flat, swap]
 
