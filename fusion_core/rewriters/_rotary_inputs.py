@@ -78,10 +78,13 @@ def rotary_positions(
     """The cache row of each (batch, position): the table's ids, ``b * S + s``, or
     ``[0]`` (row ``s`` for every batch) where onnxruntime takes that form."""
     if table.ids is not None:
-        if table.ids.dtype == ir.DataType.INT64:
-            return table.ids
-        nodes.append(ir.Node("", "Cast", [table.ids], [ir.AttrInt64("to", ir.DataType.INT64)]))
-        return nodes[-1].outputs[0]
+        ids = table.ids
+        if ids.dtype != ir.DataType.INT64:
+            nodes.append(ir.Node("", "Cast", [ids], [ir.AttrInt64("to", ir.DataType.INT64)]))
+            ids = nodes[-1].outputs[0]
+        if ids.shape is not None and len(ids.shape) == 1:  # [S], one for every batch
+            return _ids_for_every_batch(ids, x, ctx, nodes)
+        return ids
     if not table.batched and contrib:
         return ctx.initializer("rotary_offset", np.array([0], np.int64))
     if table.table is not None:  # a folded table: row s for every batch of x
@@ -90,6 +93,10 @@ def rotary_positions(
     found = shared_value(ctx.graph, key)
     if found is not None:
         return found
+    if table.value.shape is not None and len(table.value.shape) == 2:  # [S, r]: no batch axis
+        positions = _ids_for_every_batch(_sequence(table.value, ctx, nodes), x, ctx, nodes)
+        mark_shared(nodes[-1], key)
+        return positions
     batch_and_sequence = ir.Node(
         "", "Shape", [table.value], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 2)]
     )
@@ -132,3 +139,32 @@ def _rows_for_every_batch(
     expand.outputs[0].dtype = ir.DataType.INT64
     nodes += [batch, target, expand]
     return expand.outputs[0]
+
+
+def _ids_for_every_batch(
+    ids: ir.Value, x: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]
+) -> ir.Value:
+    """``[B, S]``: the 1-D position ids ``[S]`` (RoFormer's ``Range(0, S)``, gathered
+    from one table for every batch) expanded over the batch of ``x``; both ops read
+    position ids ``[B, S]``."""
+    first = ctx.initializer("rotary_first_axis", np.array([0], np.int64))
+    one = ctx.initializer("rotary_one", np.array([1], np.int64))
+    row = ir.Node("", "Unsqueeze", [ids, first])
+    batch = ir.Node("", "Shape", [x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+    target = ir.Node("", "Concat", [batch.outputs[0], one], [ir.AttrInt64("axis", 0)])
+    expand = ir.Node("", "Expand", [row.outputs[0], target.outputs[0]])
+    expand.outputs[0].dtype = ir.DataType.INT64
+    nodes += [row, batch, target, expand]
+    return expand.outputs[0]
+
+
+def _sequence(table: ir.Value, ctx: RewriteContext, nodes: list[ir.Node]) -> ir.Value:
+    """``Range(0, S)``: a position for each row of a ``[S, r]`` table."""
+    rows = ir.Node("", "Shape", [table], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+    length = ir.Node("", "ReduceProd", [rows.outputs[0]], [ir.AttrInt64("keepdims", 0)])
+    zero = ctx.initializer("rotary_first_row", np.array(0, np.int64))
+    one = ctx.initializer("rotary_step", np.array(1, np.int64))
+    arange = ir.Node("", "Range", [zero, length.outputs[0], one])
+    arange.outputs[0].dtype = ir.DataType.INT64
+    nodes += [rows, length, arange]
+    return arange.outputs[0]

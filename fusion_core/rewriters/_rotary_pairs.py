@@ -19,13 +19,17 @@ table's half, indexed by the position ids themselves.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._fused_sizes import same_axis
+from autofusion.fusion_core.rewriters._rotary_gathered import (
+    copies_of_one,
+    gathered_part,
+    split_of_gathered,
+)
 from autofusion.fusion_core.rewriters._rotary_tables import Heads
 from autofusion.fusion_core.sizes import SizeProof
 
@@ -162,7 +166,7 @@ def interleaved_table(
     batched = heads.batched(table)
     if batched is None:
         return f"the batch of the {what} angles {table.name!r} is neither 1 nor the heads'"
-    constant, ids = _split_of_gathered(table, half)
+    constant, ids = split_of_gathered(table, half)
     return table, batched, constant, ids, "half"
 
 
@@ -202,6 +206,15 @@ def _first_half_repeated(reshape: ir.Node, heads: Heads, rotary_dim: int, what: 
     expand = reshape.inputs[0].producer()
     pairs = expand.inputs[0].producer()  # type: ignore[union-attr]  # checked above
     source = pairs.inputs[0]  # type: ignore[union-attr]
+    gathered = gathered_part(source, half) if source is not None else None
+    if gathered is not None:  # RoFormer: a part of one table gathered by position
+        constant, ids = gathered
+        if not heads.same(ids, 0, 2):
+            return (
+                f"the position ids {ids.name!r} of the {what} table do not cover the S of "
+                f"the heads ({heads.shown(ids, 0, 2)})"
+            )
+        return source, False, constant, ids, "half"
     part = source.producer() if source is not None else None
     if part is None or part.op_type != "Slice" or _bounds(part, rotary_dim) != (0, half, 1):
         return f"the repeated {what} angles of {name!r} are not t[..., :{half}]"
@@ -251,10 +264,12 @@ def _interleaves_by_two(reshape: ir.Node, rotary_dim: int, heads: Heads) -> str 
     """Why ``reshape`` is not ``Reshape(Expand|Tile(Unsqueeze(f, -1)), [.., r])`` taking
     ``[.., r / 2, 1]`` to ``[.., r / 2, 2]`` and back to ``[.., r]``, or None."""
     repeat = reshape.inputs[0].producer() if reshape.inputs[0] is not None else None
-    if repeat is None or repeat.op_type not in ("Expand", "Tile"):
-        return f"Reshape {reshape.name!r} does not flatten an Expand or Tile"
     # numbers as proven (``heads.dims_of``); the leading axes kept, proven (``heads.proof``)
-    source, out = heads.dims_of(repeat.inputs[0]), heads.dims_of(repeat.outputs[0])
+    source = heads.dims_of(repeat.inputs[0]) if repeat is not None and repeat.inputs else None
+    stacked = repeat is not None and source is not None and copies_of_one(repeat, len(source))
+    if repeat is None or (repeat.op_type not in ("Expand", "Tile") and not stacked):
+        return f"Reshape {reshape.name!r} does not flatten an Expand, a Tile or a stack of copies"
+    out = heads.dims_of(repeat.outputs[0])
     flat = heads.dims_of(reshape.outputs[0])
     half = rotary_dim // 2
     if source is None or out is None or flat is None or len(source) not in (4, 5):
@@ -316,37 +331,6 @@ def pairs_source(x_heads: Heads, heads: tuple[int, int]) -> ir.Node | None:
     if not all(x_heads.same(reshape.inputs[0], axis, axis) for axis in range(2)):
         return None
     return reshape if source[2] == heads[0] * heads[1] else None
-
-
-def _split_of_gathered(table: ir.Value, half: int) -> tuple[np.ndarray | None, ir.Value | None]:
-    """GPT-J's ``Split(Gather(constant [P, 2 * half], ids), [half, half])[k]``: the k-th half
-    of the constant and the ids; (None, None) for any other ``c``."""
-    split = table.producer()
-    if (
-        split is None
-        or split.op_type != "Split"
-        or attribute_value(split, "axis", 0) not in (-1, 2)
-    ):
-        return None, None
-    sizes = (
-        constant_array(split.inputs[1])
-        if len(split.inputs) > 1 and split.inputs[1] is not None
-        else None
-    )
-    halves = sizes is not None and sizes.tolist() == [half, half]
-    if not halves and not (sizes is None and len(split.outputs) == 2):  # num_outputs = 2
-        return None, None
-    gather = split.inputs[0].producer()
-    if gather is None or gather.op_type != "Gather" or attribute_value(gather, "axis", 0) != 0:
-        return None, None
-    constant = constant_array(gather.inputs[0])
-    ids = gather.inputs[1]
-    if constant is None or constant.ndim != 2 or constant.shape[1] != 2 * half:
-        return None, None
-    if known_dims(ids) is None or len(known_dims(ids) or []) != 2:
-        return None, None
-    k = list(split.outputs).index(table)
-    return constant[:, k * half : (k + 1) * half].astype(np.float32), ids
 
 
 def _bounds(node: ir.Node, size: int) -> tuple[int, int, int] | None:

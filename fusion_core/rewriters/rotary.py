@@ -40,21 +40,24 @@ When ``x`` is the head split ``Transpose(Reshape(q, [B, S, N, H]), [0, 2, 1, 3])
 4-D ``x`` itself.
 
 GPT-J's interleaved spelling (``rotate_every_two``: the features rotated in pairs
-``(x_2i, x_2i+1)``) is proven in ``_rotary_pairs`` and becomes the same op with
-``interleaved = 1``, on the ``[B, S, N * H]`` projection its ``[B, S, N, H]`` heads come
-from; on heads laid out ``[B, N, S, H]`` that are no head split of their own it rotates
-the 4-D ``x`` itself. DeepSeek-V4 rotates the *trailing* ``r`` channels of each head,
-``Concat(x[..., :-r], rot(x[..., -r:]))``: the pattern's whole-head form matches the
-rope part ``x[..., -r:]`` (a Slice or Split of the transposed heads, 4-D), the op
-rotates that part alone and the Concat stays; ``concat_heads`` then lays the parts out
-as a head split the attention reads. Slice bounds are read as ONNX reads them (a
-negative bound counts from the end), never assumed.
+``(x_2i, x_2i+1)``; RoFormer's, its angles stacked copies of two parts of one table
+gathered by position, ``_rotary_gathered``) is proven in ``_rotary_pairs`` and becomes
+the same op with ``interleaved = 1``, on the ``[B, S, N * H]`` projection its
+``[B, S, N, H]`` heads come from; on heads laid out ``[B, N, S, H]`` that are no head split of
+their own it rotates the 4-D ``x`` itself. DeepSeek-V4 rotates the *trailing* ``r``
+channels of each head, ``Concat(x[..., :-r], rot(x[..., -r:]))``: the pattern's
+whole-head form matches the rope part ``x[..., -r:]`` (a Slice or Split of the
+transposed heads, 4-D), the op rotates that part alone and the Concat stays;
+``concat_heads`` then lays the parts out as a head split the attention reads. Slice
+bounds are read as ONNX reads them (a negative bound counts from the end), never
+assumed.
 
-Reading the cos and sin (computed, gathered from a table, folded into the batch, or a
-constant ``[1, 1, S, r / 2]`` table of a graph exported at one length) and making the
-op's caches and position ids from them are ``_rotary_tables`` and ``_rotary_inputs``;
-two constant caches must be the cosine and sine of one angle per entry (``cos^2 +
-sin^2`` one number).
+Reading the cos and sin (computed, gathered from a table, folded into the batch, a
+constant ``[1, 1, S, r / 2]`` table of a graph exported at one length, or Pixtral's
+``Unsqueeze(c, 0)`` of a ``[S, r]`` table with no batch axis, read at ``0 .. S - 1``)
+and making the op's caches and position ids from them are ``_rotary_tables`` and
+``_rotary_inputs``; two constant caches must be the cosine and sine of one angle per
+entry (``cos^2 + sin^2`` one number).
 
 The sizes the rewrite rests on (the heads' count and size, the tables' rows against the
 heads' positions, their batch against the heads' or 1, the Reshapes around the pairs) are
