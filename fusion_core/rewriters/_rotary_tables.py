@@ -102,6 +102,9 @@ def angle_table(
     folded = _folded_table(value, x_dims, rotary_dim, what)
     if folded is not None:
         return folded
+    flat = _flat_table(producer, heads, rotary_dim, what)
+    if flat is not None:
+        return flat
     if producer is None or producer.op_type != "Unsqueeze" or axes_of(producer) != [1]:
         name = value.name if value is not None else None
         return (
@@ -129,6 +132,31 @@ def angle_table(
     if reason is not None:
         return f"cannot show that the halves of the {what} table {table.name!r} are equal: {reason}"
     return AngleTable(table, batched, None, None)
+
+
+def _flat_table(
+    producer: ir.Node | None, heads: Heads, rotary_dim: int, what: str
+) -> AngleTable | str | None:
+    """``Unsqueeze(c, 0)`` of a ``[S, r]`` table with no batch axis (Pixtral's 2-D
+    angles of the patches, one table for the joined images): ``[1, S, r]`` broadcasts
+    over the heads' batch as ``Unsqueeze(c', 1)`` of ``c' = [1, S, r]`` does, so row
+    ``s`` is position ``s`` of every batch, the cache read at positions ``0 .. S - 1``.
+    None when not that form."""
+    if producer is None or producer.op_type != "Unsqueeze" or axes_of(producer) != [0]:
+        return None
+    table = producer.inputs[0]
+    dims = heads.dims_of(table)
+    if dims is None or len(dims) != 2:
+        return None
+    if dims[1] != rotary_dim or not heads.same(table, 0, 2):
+        return (
+            f"the {what} table {table.name!r} ({dims}) is not [S, {rotary_dim}] for the heads "
+            f"{heads.dims} ({heads.shown(table, 0, 2)})"
+        )
+    reason = _equal_halves(table)
+    if reason is not None:
+        return f"cannot show that the halves of the {what} table {table.name!r} are equal: {reason}"
+    return AngleTable(table, False, None, None)
 
 
 def _repeated_halves(
