@@ -70,6 +70,8 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``mask_guard`` (``_mask_guard.py``): a Softmax's output zeroed by the condition
   that masked its input (CPM-Ant's ``Where(c, 0, Softmax(Where(c, -inf, s)))``) is
   SDPA's NaN guard ``Where(IsNaN(P), 0, P)``; a finite fill is written ``-inf`` for it;
+* ``subtracted_bias`` (``_subtracted_bias.py``): ``scores - c * x`` (Funnel's mask,
+  ``c`` a scalar constant) is ``scores + (-c) * x``, exactly;
 * ``mask_clamp`` (``_masks.py``): ``Max(scores + finite mask, lowest)`` (XGLM) is no op;
 * ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
   added to the scores one after the other are summed first, so the scores take one;
@@ -252,6 +254,7 @@ from autofusion.fusion_core.canonical._shape_values import (
 from autofusion.fusion_core.canonical._sink_scale import sink_scales, undo_sink_scales
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._softmax_shift import softmax_shifts_dropped
+from autofusion.fusion_core.canonical._subtracted_bias import subtracted_biases, undo_subtracted
 from autofusion.fusion_core.canonical._transposes import (
     transpose_after_norms,
     transpose_after_rotaries,
@@ -298,6 +301,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "buffer_mask": buffer_masks,  # a condition mask_as_bias then reads as the causal term
     "bounded_fill": bounded_fills,  # a fill of -1e30 that mask_as_bias then takes
     "mask_guard": masks_as_guards,  # reads the fill's condition before mask_as_bias rewrites it
+    "subtracted_bias": subtracted_biases,  # Funnel's s - c * m: the added bias the rest read
     "mask_as_bias": masks_as_bias,
     "mask_clamp": clamps_dropped,
     "scale_to_scores": scales_to_scores,
@@ -363,6 +367,7 @@ _WORDS = {
     "unit_scale": "unscaled attention scores multiplied by 1",
     "mask_guard": "probabilities zeroed by their own mask's condition made NaN guards",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
+    "subtracted_bias": "biases c * x subtracted from scores added as (-c) * x",
     "one_bias": "a mask and another bias added to the scores one after the other summed first",
     "repeat_kv": "repeated key/value heads written as Unsqueeze, Expand, Reshape",
     "identity_reshape": "Reshapes to their input's own shape removed",
@@ -473,6 +478,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "unit_scale": undo_unit_scales(graph, MARK),
             "repeat_kv": undo_gathers(graph, MARK),
             "mask_as_bias": undo_fills(graph, MARK),
+            "subtracted_bias": undo_subtracted(graph, MARK),
             "bounded_fill": undo_bounded_fills(graph, MARK),  # reads the masked_fill put back
             "buffer_mask": undo_buffer_masks(graph, MARK),  # reads the masked_fill put back
             "blend_mask": undo_blend_masks(graph, MARK),  # reads the buffer's slices put back

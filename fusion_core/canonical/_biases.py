@@ -154,7 +154,8 @@ def _is_mask(value: ir.Value) -> bool:
 
 
 def _integer_float_mask(mul: ir.Node) -> bool:
-    """``(1 - Cast(m, float)) * negative`` of an integer (or boolean) ``m``: BERT's mask,
+    """``(1 - Cast(m, float)) * negative`` of an integer (or boolean) ``m``, the Cast
+    perhaps re-viewed (Unsqueeze, Expand) before the Sub: BERT's mask,
     0 where ``m`` is 1 and at least ``|negative|`` (or infinite) anywhere else, so it
     absorbs any other bias as a mask of 0 and ``negative`` would."""
     for inverted, fill in (mul.inputs, reversed(mul.inputs)):
@@ -165,13 +166,24 @@ def _integer_float_mask(mul: ir.Node) -> bool:
         if sub is None or sub.op_type != "Sub" or not _scalar(sub.inputs[0]):
             continue
         one = constant_array(sub.inputs[0])
-        cast = sub.inputs[1].producer() if sub.inputs[1] is not None else None
+        cast = _through_views(sub.inputs[1])
         if one is None or one.item() != 1 or cast is None or cast.op_type != "Cast":
             continue
         source = cast.inputs[0]
         if source is not None and source.dtype in _INTEGERS:
             return True
     return False
+
+
+def _through_views(value: ir.Value | None) -> ir.Node | None:
+    """The producer of ``value`` past the ops that only re-view it (Funnel's
+    ``1 - Unsqueeze(Cast(m))``: the mask made ``[B, 1, 1, L]`` before it is inverted)."""
+    for _ in range(4):
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.op_type not in _THROUGH or producer.domain not in _ONNX:
+            return producer
+        value = producer.inputs[0]
+    return None
 
 
 def _broadcast(a: ir.Shape | None, b: ir.Shape | None, scores: ir.Shape | None) -> ir.Shape | None:
