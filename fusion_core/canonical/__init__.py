@@ -13,7 +13,7 @@ running them before every round (a fusion may expose a spelling) changes nothing
   the shapes fix (``1 / sqrt(q.shape[-1])``) becomes a constant;
 * ``einsum_matmul`` (``_einsum.py``): a two-operand Einsum that is one batched dot
   product (Funnel's ``bind,bjnd->bnij`` scores and ``bnij,bjnd->bind`` context) is
-  Transposes and a MatMul; kept so where no fusion takes it (no undo: as fast);
+  Transposes and a MatMul; written back where no fusion takes it;
 * ``position_scale`` (``_position_scale.py``): rotated query heads scaled by one factor
   per position (Ministral-3's ``llama_4_scaling``) are the rotation of the projection so
   scaled;
@@ -182,7 +182,7 @@ from autofusion.fusion_core.canonical._contexts import (
     undo_context_heads,
     undo_one_context,
 )
-from autofusion.fusion_core.canonical._einsum import einsums_as_matmuls
+from autofusion.fusion_core.canonical._einsum import einsums_as_matmuls, undo_einsums
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
     identity_mask_expands,
@@ -494,6 +494,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "one_context": undo_one_context(graph, MARK),
             "interleaved_columns": undo_interleaved_columns(graph),  # after rotary_halves
             "value_scale": undo_value_scales(graph, MARK),
+            "einsum_matmul": undo_einsums(graph, MARK),  # the MatMuls no fusion took
             "flat_head_split": undo_flat_head_splits(graph, MARK),  # after the pairs' undo
             # after undo_scales, which writes the scale back on the query
             "scale_after_rotary": undo_scale_after_rotaries(graph, MARK),

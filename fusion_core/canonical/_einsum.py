@@ -25,9 +25,10 @@ the MatMul but the context's head merge ``[0, 2, 1, 3]``. The sums are the same;
 the order of one dot product's additions may differ (float rounding), as between two
 Einsum kernels (https://onnx.ai/onnx/operators/onnx__Einsum.html).
 
-No undo: a MatMul between Transposes is standard ONNX, and onnxruntime's own Einsum
-kernel computes such an equation by the same transposes and a batched MatMul, so an
-Einsum no fusion took costs nothing left so written.
+Where no fusion took the MatMul, the chain is written back as the Einsum
+(``undo_einsums``): an Einsum that is no attention's (Mamba's state-space scan in
+Granite-4 and Bamba: five of them a layer) would otherwise come out as up to four nodes
+where one stood, and a small decode step pays for each launch.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._edits import int64s, take_place
 from autofusion.fusion_core.patterns import attribute_value
 
-__all__ = ["RULE", "Plan", "einsum_plan", "einsums_as_matmuls"]
+__all__ = ["RULE", "Plan", "einsum_plan", "einsums_as_matmuls", "undo_einsums"]
 
 RULE = "einsum_matmul"
 _ONNX = ("", "ai.onnx")
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE})
 _UNSQUEEZE_INPUTS = 13  # the opset from which Unsqueeze takes its axes as an input
+_EQUATION = "autofusion.einsum"  # on the chain's last node: the equation it computes
 
 
 @dataclass(frozen=True)
@@ -146,9 +148,84 @@ def _write(
     result = add("MatMul", [first, second], [], product)
     if plan.product is not None:
         result = add("Transpose", [result], [_perm_attr(plan.product)], out)
+    new[-1].metadata_props[_EQUATION] = str(attribute_value(node, "equation", ""))
     graph.insert_before(node, new)
     take_place(node.outputs[0], result)
     graph.remove(node, safe=True)
+
+
+def undo_einsums(graph: ir.Graph, mark: str) -> int:
+    """Write back as its Einsum every chain this rule wrote that is still whole (no
+    fusion took its MatMul, no other rule changed a node of it); how many."""
+    undone = 0
+    for last in [n for n in graph if n.metadata_props.get(_EQUATION)]:
+        found = _whole_chain(last, mark)
+        if found is None:
+            continue
+        chain, operands = found
+        equation = ir.AttrString("equation", last.metadata_props[_EQUATION])
+        einsum = ir.Node("", "Einsum", operands, [equation], name=f"{last.name}_einsum")
+        graph.insert_before(last, [einsum])
+        einsum.outputs[0].dtype, einsum.outputs[0].shape = (
+            last.outputs[0].dtype,
+            last.outputs[0].shape,
+        )
+        take_place(last.outputs[0], einsum.outputs[0])
+        for node in reversed(chain):
+            graph.remove(node, safe=True)
+        undone += 1
+    return undone
+
+
+def _whole_chain(last: ir.Node, mark: str) -> tuple[list[ir.Node], list[ir.Value]] | None:
+    """The rule's nodes ending in ``last`` and the Einsum's operands, where the chain is
+    still the plan of ``last``'s equation node for node (each the rule's, read only by
+    the next, each Transpose with the plan's perm): then it computes the Einsum of what
+    it reads, whatever value-preserving rule rewired its inputs."""
+    plan = einsum_plan(last.metadata_props[_EQUATION])
+    if isinstance(plan, str):
+        return None
+    matmul = last
+    if plan.product is not None:
+        perm = (
+            list(attribute_value(last, "perm", []) or []) if last.op_type == "Transpose" else None
+        )
+        matmul = _own_producer(last.inputs[0], mark) if perm == plan.product else None
+    if matmul is None or matmul.op_type != "MatMul" or matmul.metadata_props.get(mark) != RULE:
+        return None
+    first_steps = [("Unsqueeze", None)] if plan.unit_axes else []
+    first_steps += [("Transpose", plan.first)] if plan.first is not None else []
+    second_steps = [("Transpose", plan.second)] if plan.second is not None else []
+    chain, operands = [matmul] + ([last] if last is not matmul else []), []
+    for value, steps in zip(matmul.inputs, (first_steps, second_steps), strict=True):
+        for op, perm in steps:  # from the MatMul back to the operand
+            node = _step(value, mark, op, perm)
+            if node is None:
+                return None
+            chain.insert(0, node)
+            value = node.inputs[0]
+        operands.append(value)
+    return chain, operands
+
+
+def _step(value: ir.Value | None, mark: str, op: str, perm: list[int] | None) -> ir.Node | None:
+    """The rule's ``op`` (with ``perm``, for a Transpose) computing ``value``, read once."""
+    node = _own_producer(value, mark)
+    if node is None or node.op_type != op or node.metadata_props.get(_EQUATION):
+        return None
+    if op == "Transpose" and list(attribute_value(node, "perm", []) or []) != perm:
+        return None
+    return node
+
+
+def _own_producer(value: ir.Value | None, mark: str) -> ir.Node | None:
+    """The node this rule made that computes ``value``, where only one node reads it."""
+    node = value.producer() if value is not None else None
+    if node is None or node.metadata_props.get(mark) != RULE:
+        return None
+    if value.is_graph_output() or len(list(value.uses())) != 1:
+        return None
+    return node
 
 
 def _terms(equation: str) -> tuple[str, str, str] | str:

@@ -91,6 +91,23 @@ def test_a_batched_dot_product_einsum_becomes_a_matmul(case, opset, seed) -> Non
     np.testing.assert_allclose(got, want, **CLOSE)
 
 
+@SPELLINGS
+@given(case=equations(), opset=st.sampled_from([12, 13, 18]), seed=st.integers(0, 2**16))
+def test_an_einsum_no_fusion_takes_is_written_back(case, opset, seed) -> None:
+    """Through the whole pipeline with no pattern to fuse, the rule's chain goes back to
+    the one Einsum (Mamba's scans stay one node each), computing what it did."""
+    equation, a_shape, b_shape = case
+    model = einsum_model(equation, a_shape, b_shape, opset)
+    fused = fuse_quiet(model, patterns=[])
+    assert op_sequence(fused.model) == ["Einsum"], (equation, op_sequence(fused.model))
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "a": rng.standard_normal(a_shape).astype(np.float32),
+        "b": rng.standard_normal(b_shape).astype(np.float32),
+    }
+    run_both(model, fused.model, feeds=feeds, rtol=0, atol=0)  # the same op on the same data
+
+
 def test_einsums_of_no_single_dot_product_stay() -> None:
     """Two contracted indices, none, an index summed over one operand alone, one
     repeated in a term, an ellipsis, or integers (MatMul takes fewer types)."""
