@@ -52,7 +52,7 @@ $(CORPUS_STAMP): $(STAMP) pyproject.toml
 
 test-corpus: $(CORPUS_STAMP)
 	$(BIN)/python bench/corpus/build.py
-	$(BIN)/python -m pytest -q -m corpus tests/corpus
+	$(BIN)/python -m pytest -q -m corpus tests/corpus tests/bench
 	AUTOFUSION_SPELLING_EXAMPLES=200 $(BIN)/python -m pytest -q -m "spelling and not corpus" \
 		tests/fusion_core tests/bench
 	AUTOFUSION_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/fuzz/test_fuzz_pipeline.py
