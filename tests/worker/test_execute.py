@@ -118,7 +118,8 @@ def test_a_model_with_external_data(env: WorkerEnv, tmp_path: Path) -> None:
     assert report["size"]["after_external_data_bytes"] == after_data
     assert report["size"]["after_bytes"] == Path(fused).stat().st_size + after_data
     assert report["size"]["after_bytes"] < report["size"]["before_bytes"]
-    assert Path(fused).stat().st_size < 100_000
+    # nearly all of them: the graph and its provenance are a tenth of the weights at most
+    assert Path(fused).stat().st_size < after_data / 10
     assert report["memory"] is None  # not profiled
 
 
