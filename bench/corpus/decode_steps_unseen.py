@@ -164,20 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--again", action="store_true", help="recompute saved rows")
     parser.add_argument("--disable", action="append", default=[], help="a pattern to exclude")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.families) - set(unseen.UNSEEN))
-    if unknown:
-        parser.error(f"unknown families {unknown}: choose from {', '.join(unseen.UNSEEN)}")
+    families = unseen.known_families(parser, args.families, unseen.UNSEEN)
     logging.basicConfig(level=logging.WARNING)
     fam.FAMILIES.update({name: spec for name, (spec, _) in unseen.UNSEEN.items()})
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for family in args.families:
+    for family in families:
         rows.append(family_row(family, args))
         print(json.dumps(rows[-1]), flush=True)
-    table = markdown(rows)
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table)
+    unseen.emit_table(markdown(rows), args.markdown)
     return 0
 
 

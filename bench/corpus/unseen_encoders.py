@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import _unseen_encoders as enc
-from unseen_families import EXPORTERS, KINDS, check_cell
+from unseen_families import EXPORTERS, KINDS, check_cell, emit_table, known_families
 
 ATTENTION, NORMS = KINDS["attention"], KINDS["norms"]
 _COLOR = re.compile(r"\x1b\[[0-9;]*m")
@@ -125,20 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
     parser.add_argument("--attn", help="the attention implementation (transformers' default)")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.families) - set(enc.FAMILIES))
-    if unknown:
-        parser.error(f"unknown families {unknown}: choose from {', '.join(enc.FAMILIES)}")
+    families = known_families(parser, args.families, enc.FAMILIES)
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for family in args.families or list(enc.FAMILIES):
+    for family in families:
         for kind in args.exporters:
             rows.append(survey(family, kind, args.out, args.attn))
             print(rows[-1], flush=True)
-    table = markdown(rows)
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table)
+    emit_table(markdown(rows), args.markdown)
     return 0
 
 

@@ -335,6 +335,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def known_families(parser: argparse.ArgumentParser, asked: list[str], known) -> list[str]:
+    """``asked`` (all of ``known`` when empty); a name ``known`` lacks is the parser's
+    error, naming the choices. The survey scripts share it."""
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        parser.error(f"unknown families {unknown}: choose from {', '.join(known)}")
+    return list(asked) or list(known)
+
+
+def emit_table(table: str, path: Path | None) -> None:
+    """The Markdown ``table`` printed, and written to ``path`` where one is given."""
+    print(table)
+    if path:
+        path.write_text(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("families", nargs="*", help=f"some of {', '.join(UNSEEN)} (all)")
@@ -343,21 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--kv", action="store_true", help="the KV-cache export (dynamo_kv)")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.families) - set(UNSEEN))
-    if unknown:
-        parser.error(f"unknown families {unknown}: choose from {', '.join(UNSEEN)}")
+    families = known_families(parser, args.families, UNSEEN)
     logging.basicConfig(level=logging.WARNING)
     fam.FAMILIES.update({name: spec for name, (spec, _) in UNSEEN.items()})
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for family in args.families or list(UNSEEN):
+    for family in families:
         for kind in ("dynamo_kv",) if args.kv else EXPORTERS:
             rows.append(survey(family, kind, args.out))
             print(rows[-1], flush=True)
-    table = markdown(rows)
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table)
+    emit_table(markdown(rows), args.markdown)
     return 0
 
 

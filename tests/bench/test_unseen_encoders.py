@@ -103,3 +103,15 @@ def test_one_vision_family_end_to_end_fuses_both_attentions(tmp_path):
     assert "error" not in row, row
     assert (row["attention"], row["softmax"], row["softmax_left"]) == (2, 2, 0), row
     assert row["check"] == "passed" and row["miss"] == "", row
+
+
+def test_the_survey_scripts_name_the_choices_of_an_unknown_family(capsys, tmp_path):
+    """``known_families`` and ``emit_table``, which the three survey scripts share."""
+    with pytest.raises(SystemExit):
+        survey.main(["deit", "nosuch", "--out", str(tmp_path)])
+    said = capsys.readouterr().err
+    assert "unknown families ['nosuch']" in said and "deit, beit" in said
+    parser = survey.argparse.ArgumentParser()
+    assert survey.known_families(parser, [], enc.FAMILIES) == list(enc.FAMILIES)
+    survey.emit_table("| a |\n", tmp_path / "t.md")
+    assert (tmp_path / "t.md").read_text() == "| a |\n" and "| a |" in capsys.readouterr().out
