@@ -313,6 +313,24 @@ class FusedForTest:
         """The fused ops of the ``wanted`` types, in graph order."""
         return [op for op in self.ops if op in wanted]
 
+    def assert_refused(
+        self,
+        original: onnx.ModelProto,
+        *,
+        op: str,
+        kind: str,
+        reason: str,
+        feeds: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """A negative generated case: nothing fused (no ``op`` in the graph), a near miss
+        about ``kind`` (``misses_about``) says ``reason`` (a substring), and the model
+        computes what ``original`` does bit for bit (rtol = atol = 0: nothing was
+        rewritten)."""
+        assert op not in self.ops and not self.result.counts, self.ops
+        reasons = self.misses_about(kind)
+        assert any(reason in r for r in reasons), f"{reason!r} not in {reasons}"
+        run_both(original, self.model, feeds=feeds, rtol=0, atol=0)
+
 
 def fuse_quiet(model: onnx.ModelProto, **config: Any) -> FusedForTest:
     """``optimize_quiet`` for the onnxruntime target unless ``config`` names another."""
