@@ -133,12 +133,15 @@ def padded_feeds(
     """Inputs ``x`` and ``attention_mask`` of a decoder block for ``batch, seq, past``,
     with ``past_key``/``past_value`` of ``cache = (kv_heads, head_size)`` (None: no cache,
     the mask as long as the sequence): ``padding`` "left" (each row padded on the left by
-    0 to all of its keys) or "holes" (random keys masked)."""
+    0 to all of its keys), "last" (the last row alone, by 2 keys or all but one) or
+    "holes" (random keys masked)."""
     batch, seq, past = shape
     rng = np.random.default_rng(seed)
     total = past + seq if cache else seq
     mask = np.ones((batch, total), np.int64)
-    for row in range(batch):
+    if padding == "last":
+        mask[-1, : min(2, total - 1)] = 0
+    for row in range(batch if padding != "last" else 0):
         if padding == "left":
             mask[row, : rng.integers(0, total + 1)] = 0
         else:

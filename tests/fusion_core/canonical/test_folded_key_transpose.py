@@ -39,7 +39,14 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
-from tests.fusion_core.decoder_text import CAUSAL, PADDING, TEXT_CONSTANTS, graph_model, positions
+from tests.fusion_core.decoder_text import (
+    CAUSAL,
+    PADDING,
+    TEXT_CONSTANTS,
+    graph_model,
+    padded_feeds,
+    positions,
+)
 from tests.fusion_core.spelling_settings import SPELLINGS
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
@@ -294,18 +301,11 @@ def folded_block(s: Folded, seed: int = 0) -> onnx.ModelProto:
 
 
 def feeds(s: Folded, batch: int, seq: int, past: int) -> dict:
-    rng = np.random.default_rng(batch * 10 + seq)
-    total = seq + (past if s.cache else 0)
-    mask = np.ones((batch, total), np.int64)
-    mask[-1, : min(2, total - 1)] = 0  # the last row padded on the left
-    found = {
-        "x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32),
-        "attention_mask": mask,
-    }
-    if s.cache:
-        for name in ("past_key", "past_value"):
-            found[name] = rng.standard_normal((batch, s.kv_heads, past, s.size)).astype(np.float32)
-    return found
+    """``x``, the mask (the last row padded on the left) and the cache where there is one."""
+    cache = (s.kv_heads, s.size) if s.cache else None
+    return padded_feeds(
+        (batch, seq, past), "last", hidden=HIDDEN, cache=cache, seed=batch * 10 + seq
+    )
 
 
 def shapes_run(s: Folded) -> list[tuple[int, int, int]]:
