@@ -3,7 +3,8 @@
 Each round enumerates every candidate of every pattern on the current graph, the
 selection (``fusion_core.strategies.pricing``) picks a non-overlapping subset, and the
 rewriters replace it. A fusion can expose another (a Conv+BN folded into a Conv can then
-take its activation), so rounds repeat until one changes nothing. The main graph goes
+take its activation), so rounds repeat until one changes nothing; what a fusion
+re-emitted unfused its pattern does not take again (``reemitted.py``). The main graph goes
 first, then every If/Loop/Scan body, each matched on its own.
 
 The pass follows onnx-ir's contract (``onnx_ir.passes.InPlacePass``: ``call(model) ->
@@ -31,6 +32,7 @@ from autofusion.fusion_core.cost import CostModel
 from autofusion.fusion_core.ir import node_positions
 from autofusion.fusion_core.patterns import Match, Matcher, NearMiss, check_match
 from autofusion.fusion_core.pipeline.left_alone import quantized_unit
+from autofusion.fusion_core.pipeline.reemitted import Reemitted
 from autofusion.fusion_core.pipeline.reproducer import cut_region
 from autofusion.fusion_core.pipeline.result import AppliedFusion, Rejection
 from autofusion.fusion_core.pipeline.transaction import (
@@ -155,6 +157,7 @@ class _GraphRounds:
         self.skipped = set(rounds.skip)
         self.refused = dict(rounds.skip)  # and what a rewriter said no to: do not retry
         self.bugs: set[_Key] = set()  # refused because the rewrite broke the graph
+        self.reemitted = Reemitted()  # what a fusion re-emitted unfused: not taken again
 
     def run(self, signature: OutputSignature) -> None:
         result = self.result
@@ -171,7 +174,11 @@ class _GraphRounds:
                 self.refused = {k: v for k, v in self.refused.items() if k in self.skipped}
             found = self.matcher.find(self.graph)
             self._leave_out_failed(found.failed)
-            candidates = [m for m in found.candidates if _key(m) not in self.refused]
+            candidates = [
+                m
+                for m in found.candidates
+                if _key(m) not in self.refused and not self.reemitted.taken_again(m)
+            ]
             result.match_s += time.perf_counter() - start
             start = time.perf_counter()
             rejected = len(result.rejected)
@@ -234,6 +241,7 @@ class _GraphRounds:
                 self.result.applied.append(outcome[0])
                 self.result.near_misses += outcome[0].near_misses()
                 self.journal.append((*outcome, match))
+                self.reemitted.record(match.pattern.name, outcome[1])
                 applied += 1
                 continue
             if isinstance(outcome, NotACandidate):

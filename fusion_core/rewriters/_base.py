@@ -322,16 +322,7 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> Applie
         }.values()
     )
     old_nodes = sorted(removed, key=lambda n: ctx.positions.get(id(n), -1))
-    replaced_nodes: list[str] = []
-    replaced_values: list[str] = []
-    for node in old_nodes:
-        names, values = provenance(node)
-        replaced_nodes += names
-        replaced_values += values
-    kept = {id(old) for old, _ in rewrite.replaced}
-    replaced_values += [
-        v.name for n in old_nodes for v in n.outputs if id(v) not in kept and v.name and v.uses()
-    ]
+    replaced_nodes, replaced_values = _originals(old_nodes, rewrite)
     for node in rewrite.new_nodes:
         metadata_keys.write(
             node.metadata_props, match.pattern.name, replaced_nodes, replaced_values
@@ -362,6 +353,23 @@ def apply_rewrite(ctx: RewriteContext, match: Match, rewrite: Rewrite) -> Applie
     # the name the graph gave it, which the inference of the nodes reading it needs
     type_new_values(rewrite.new_nodes, dict(ctx.model.opset_imports))
     return applied
+
+
+def _originals(old_nodes: list[ir.Node], rewrite: Rewrite) -> tuple[list[str], list[str]]:
+    """The input graph's nodes and values the rewrite of ``old_nodes`` stands for, each
+    once: two matched nodes of one earlier fusion (the Add and Relu a generic
+    ``conv_bn_add_relu`` re-emits) stand for the same originals."""
+    replaced_nodes: list[str] = []
+    replaced_values: list[str] = []
+    for node in old_nodes:
+        names, values = provenance(node)
+        replaced_nodes += names
+        replaced_values += values
+    kept = {id(old) for old, _ in rewrite.replaced}
+    replaced_values += [
+        v.name for n in old_nodes for v in n.outputs if id(v) not in kept and v.name and v.uses()
+    ]
+    return list(dict.fromkeys(replaced_nodes)), list(dict.fromkeys(replaced_values))
 
 
 def copy_attributes(node: ir.Node, *, drop: Iterable[str] = ()) -> list[ir.Attr]:
