@@ -1,7 +1,5 @@
 """The layout rules decide on sizes the graph proves, not on labels that can lie.
 
-pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
-
 Each block is a layout spelling (or one that only looks like it) whose target Reshapes
 read their sizes from the graph; ``tests/fusion_core/lying_labels.py`` draws the labels
 an inference could have written instead of the true ones: two symbols merged into one
@@ -40,6 +38,8 @@ from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.lying_labels import inferred, input_symbols, lies, merged
 from tests.fusion_core.spelling_settings import SPELLINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 HEADS, SIZE = 2, 4

@@ -1,6 +1,4 @@
 """Generated spellings of RoFormer's rotary: rotate-every-two on the transposed heads
-
-pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 ``[B, N, S, H]``, its sin and cos two parts of ONE sinusoidal table gathered by position,
 each stacked twice (``torch.stack([cos, cos], -1).reshape_as(...)``): each fuses exactly
 once into an interleaved ``RotaryEmbedding`` and computes what the original computes;
@@ -32,11 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
+
+pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN = 16
