@@ -14,6 +14,10 @@ splitting it again changes no value::
 dynamic), and the graph then reads ``x = Reshape(y, [0, 0, N * H])`` as the projection
 the patterns expect: one rule, not one more copy of every attention and rotary pattern.
 
+The head count ``N`` and size ``H`` written into the pair are the Transpose input's
+labels where the graph proves no other size there (``_fixed_sizes.fixed_size``): a
+stale label ``[B, S, 4, 2]`` of ``[B, S, 2, 4]`` heads would split them wrong.
+
 It applies where the Transpose's input comes, through ops that keep rank 4 (or a
 Gather that picks one of ``K`` per head from ``[B, S, N, K, H]``, Persimmon's fused
 projection), from a Reshape of a rank-3 value to ``[B, S, N, ...]`` with the same ``N``:
@@ -27,6 +31,9 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
+
+from autofusion.fusion_core.canonical._fixed_sizes import fixed_size
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = ["MERGE", "RULE", "SPLIT", "split_heads_last"]
 
@@ -52,37 +59,38 @@ def split_heads_last(graph: ir.Graph, fresh_name: Callable[[str], str], mark: st
     """Insert the merge/split pair before every head Transpose fed by a per-head op;
     each new node's ``metadata_props[mark]`` says which of the pair it is (``MERGE``,
     ``SPLIT``). ``fresh_name`` gives unique names. Returns how many pairs."""
-    done = 0
+    done, proof = 0, SizeProof()  # one walk: the heads of every layer read the same sizes
     for node in list(graph):
-        if _applies(node):
-            _insert_pair(graph, node, fresh_name, mark)
+        heads = _applies(node, proof)
+        if heads is not None:
+            _insert_pair(graph, node, heads, fresh_name, mark)
             done += 1
     return done
 
 
-def _applies(node: ir.Node) -> bool:
+def _applies(node: ir.Node, proof: SizeProof) -> tuple[int, int] | None:
+    """The head count and size of the heads ``node`` transposes, where it is a head
+    Transpose with a head split above it; else None."""
     if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
-        return False
+        return None
     perm = node.attributes.get("perm")
     if perm is None or list(perm.value) != _HEAD_PERM:
-        return False
-    heads = _heads_and_size(node.inputs[0])
+        return None
+    heads = _heads_and_size(node.inputs[0], proof)
     producer = node.inputs[0].producer() if node.inputs[0] is not None else None
     if heads is None or producer is None or producer.op_type == "Reshape":
-        return False
-    return _split_above(producer, heads[0])
+        return None
+    return heads if _split_above(producer, heads[0], proof) else None
 
 
-def _heads_and_size(value: ir.Value | None) -> tuple[int, int] | None:
+def _heads_and_size(value: ir.Value | None, proof: SizeProof) -> tuple[int, int] | None:
     if value is None or value.shape is None or len(value.shape) != 4:
         return None
-    heads, size = value.shape[2], value.shape[3]
-    if isinstance(heads, int) and isinstance(size, int) and heads > 0 and size > 0:
-        return heads, size
-    return None
+    heads, size = fixed_size(proof, value, 2), fixed_size(proof, value, 3)
+    return (heads, size) if heads is not None and size is not None else None
 
 
-def _split_above(node: ir.Node, heads: int) -> bool:
+def _split_above(node: ir.Node, heads: int, proof: SizeProof) -> bool:
     """Whether a Reshape of a rank-3 value to ``[B, S, heads, ...]`` is above ``node``,
     through ops that act on each head's values (``_PER_HEAD``) on rank-4 values."""
     for _ in range(_WALK):
@@ -94,7 +102,7 @@ def _split_above(node: ir.Node, heads: int) -> bool:
                 and len(source.shape) == 3
                 and out.shape is not None
                 and len(out.shape) >= 4
-                and out.shape[2] == heads
+                and fixed_size(proof, out, 2) == heads
             )
         if _picks_per_head(node):
             node = node.inputs[0].producer()  # type: ignore[union-attr,assignment]
@@ -135,10 +143,14 @@ def _picks_per_head(node: ir.Node) -> bool:
 
 
 def _insert_pair(
-    graph: ir.Graph, transpose: ir.Node, fresh_name: Callable[[str], str], mark: str
+    graph: ir.Graph,
+    transpose: ir.Node,
+    heads_and_size: tuple[int, int],
+    fresh_name: Callable[[str], str],
+    mark: str,
 ) -> None:
     heads_value = transpose.inputs[0]
-    heads, size = _heads_and_size(heads_value)  # type: ignore[misc]  # _applies checked
+    heads, size = heads_and_size
     dims = list(heads_value.shape)  # type: ignore[arg-type]
     pair = []
     for role, shape in ((MERGE, [dims[0], dims[1], heads * size]), (SPLIT, dims)):

@@ -16,7 +16,9 @@ then the Transpose, then the attention.
   ``Transpose(y, [0, 2, 1, 3])`` rotates each ``(b, n, s)`` row by position ``s``; its
   3-D form (``num_heads = N``) rotates the rows of ``Reshape(y, [B, S, N * H])`` by the
   same positions, so ``Transpose(Reshape(Rotary3D(Reshape(y)), [B, S, N, H]))`` is the
-  same value, and the attention patterns read the Reshape as its head split.
+  same value, and the attention patterns read the Reshape as its head split. ``N`` and
+  ``H`` are ``y``'s labels where the graph proves no other size there
+  (``_fixed_sizes.fixed_size``): a stale label would rotate rows of the wrong width.
 
 Both move data only where the original moved it too, and compute nothing new.
 """
@@ -29,6 +31,8 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import replace
+from autofusion.fusion_core.canonical._fixed_sizes import fixed_size
+from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = ["transpose_after_norms", "transpose_after_rotaries"]
 
@@ -64,9 +68,9 @@ def transpose_after_norms(graph: ir.Graph, fresh_name: Callable[[str], str], mar
 
 def transpose_after_rotaries(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str) -> int:
     """Rotate the 3-D projection of every fused rotary's transposed heads; how many."""
-    moved = 0
+    moved, proof = 0, SizeProof()  # one walk: the heads of every layer read the same sizes
     for rotary in list(graph):
-        transpose = _head_transpose_before_rotary(rotary)
+        transpose = _head_transpose_before_rotary(rotary, proof)
         if transpose is None:
             continue
         heads = transpose.inputs[0]
@@ -105,9 +109,9 @@ def _transpose_before_norm(norm: ir.Node) -> ir.Node | None:
     return transpose
 
 
-def _head_transpose_before_rotary(rotary: ir.Node) -> ir.Node | None:
-    """The head Transpose of ``[B, S, N, H]`` heads (``N`` and ``H`` known) that a
-    fused RotaryEmbedding alone reads."""
+def _head_transpose_before_rotary(rotary: ir.Node, proof: SizeProof) -> ir.Node | None:
+    """The head Transpose of ``[B, S, N, H]`` heads (``N`` and ``H`` known numbers the
+    graph does not contradict: ``fixed_size``) that a fused RotaryEmbedding alone reads."""
     if (_domain(rotary), rotary.op_type) not in _ROTARIES:
         return None
     transpose = _sole_transpose(rotary)
@@ -117,8 +121,7 @@ def _head_transpose_before_rotary(rotary: ir.Node) -> ir.Node | None:
     heads = transpose.inputs[0]
     if perm is None or list(perm.value) != _HEAD_PERM or heads is None or heads.shape is None:
         return None
-    dims = list(heads.shape)
-    if len(dims) != 4 or not all(isinstance(d, int) and d > 0 for d in dims[2:]):
+    if len(heads.shape) != 4 or None in (fixed_size(proof, heads, a) for a in (2, 3)):
         return None
     return transpose
 

@@ -10,6 +10,13 @@ rewrites a block that only looked right. ``lies(model)`` draws such variants of 
 * ``relabel``: one axis of an inner value labelled with a graph input's symbol;
 * ``drop``: one inner value's label removed (unknown).
 
+``stale(model)`` draws another kind (``stale_layouts`` lists them all): numbers, not
+symbols. A ``value_info`` written before a pass changed a layout gives two fixed axes
+each other's sizes (``[B, S, 4, 2]`` of ``[B, S, 2, 4]`` heads), on one value or on every
+value of that layout. onnxruntime checks such a label only where its own inference
+reaches (not through a Reshape target computed from shapes, nor a contrib op): the
+lying model may not run, and a test reads only those that do.
+
 Graph inputs and outputs keep their declarations: they are the model's interface. The
 labels are written into ``value_info`` (where the pipeline's loading keeps them) and the
 model stays runnable: onnxruntime does not check symbolic labels against run-time sizes.
@@ -20,7 +27,17 @@ from __future__ import annotations
 import onnx
 from hypothesis import strategies as st
 
-__all__ = ["dropped", "inferred", "input_symbols", "lies", "merged", "relabelled"]
+__all__ = [
+    "dropped",
+    "inferred",
+    "input_symbols",
+    "lies",
+    "merged",
+    "relabelled",
+    "stale",
+    "stale_layouts",
+    "swapped",
+]
 
 
 def inferred(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -89,6 +106,43 @@ def lies(model: onnx.ModelProto) -> st.SearchStrategy[tuple[str, onnx.ModelProto
             .map(lambda t: (f"relabel {t[0]}[{t[1]}]={t[2]}", relabelled(base, *t)))
         )
     return st.one_of(options)
+
+
+def swapped(model: onnx.ModelProto, names: list[str], axes: tuple[int, int]) -> onnx.ModelProto:
+    """The inner values ``names`` with the numbers on ``axes`` swapped."""
+    lying = _copy(model)
+    for value in lying.graph.value_info:
+        if value.name in names:
+            dims = value.type.tensor_type.shape.dim
+            first, second = dims[axes[0]].dim_value, dims[axes[1]].dim_value
+            dims[axes[0]].dim_value, dims[axes[1]].dim_value = second, first
+    return lying
+
+
+def stale_layouts(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
+    """(what was lied, the lying model) for every pair of fixed axes of different sizes
+    of every inner value of ``model`` once inferred: that value alone swapped, and every
+    value with the same two sizes on the same axes."""
+    base = inferred(model)
+    layouts: dict[tuple[int, int, int, int], list[str]] = {}
+    for value in base.graph.value_info:
+        dims = value.type.tensor_type.shape.dim
+        fixed = [(a, d.dim_value) for a, d in enumerate(dims) if d.HasField("dim_value")]
+        for i, (a, p) in enumerate(fixed):
+            for b, q in fixed[i + 1 :]:
+                if p != q:
+                    layouts.setdefault((a, b, p, q), []).append(value.name)
+    found = []
+    for (a, b, p, q), names in sorted(layouts.items()):
+        found += [(f"swap {n}[{a}, {b}]", swapped(base, [n], (a, b))) for n in names]
+        if len(names) > 1:
+            found.append((f"swap every [{a}]={p}, [{b}]={q}", swapped(base, names, (a, b))))
+    return found
+
+
+def stale(model: onnx.ModelProto) -> st.SearchStrategy[tuple[str, onnx.ModelProto]]:
+    """One of ``stale_layouts(model)``."""
+    return st.sampled_from(stale_layouts(model))
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
