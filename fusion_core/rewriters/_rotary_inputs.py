@@ -1,14 +1,18 @@
 """The inputs of the fused rotary op made from its angles (``_rotary_tables``'s
 ``AngleTable``): the ``[max_positions, r / 2]`` cos and sin caches (``angle_cache``;
-shared between the layers that read one table) and the position ids
-(``rotary_positions``).
+one per distinct table, read by every layer: a constant one is named by its content)
+and the position ids (``rotary_positions``; RoFormer's ``Range(0, S)`` is the op's
+offset ``[0]`` on onnxruntime, so no layer builds ``[B, S]`` ids).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx_ir as ir
 
+from autofusion.fusion_core.canonical import scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 from autofusion.fusion_core.rewriters._rotary_tables import AngleTable
@@ -28,10 +32,12 @@ def angle_cache(
     (the rotated input's: the op takes x and its caches in one type, float or float16)."""
     dtype = dtype or ir.DataType.FLOAT
     if table.table is not None:
-        suffix = "" if dtype == ir.DataType.FLOAT else f"_{dtype.name.lower()}"
         cache = table.table.astype(dtype.numpy())
-        name = f"{table.value.name}angle_cache{suffix}"
-        made = ctx.graph.initializers.get(name)  # the query's, for the key of the layer
+        # named by what it holds, not by the value it was read from: layers that cut
+        # their parts of one table each (TorchScript's chunk per layer) read one cache
+        digest = hashlib.sha256(cache.tobytes() + repr(cache.shape).encode()).hexdigest()
+        name = f"rotary_cache_{dtype.name.lower()}_{digest[:16]}"
+        made = ctx.graph.initializers.get(name)  # an earlier rotary's (another layer's)
         held = constant_array(made) if made is not None else None
         if held is not None and held.dtype == cache.dtype and np.array_equal(held, cache):
             return made  # type: ignore[return-value]
@@ -76,7 +82,12 @@ def rotary_positions(
     table: AngleTable, x: ir.Value, contrib: bool, ctx: RewriteContext, nodes: list[ir.Node]
 ) -> ir.Value:
     """The cache row of each (batch, position): the table's ids, ``b * S + s``, or
-    ``[0]`` (row ``s`` for every batch) where onnxruntime takes that form."""
+    ``[0]`` (row ``s`` for every batch) where onnxruntime takes that form: a table that
+    does not depend on the batch, or ids ``Range(0, S)``."""
+    if table.ids is not None and contrib and _counts_from_zero(table.ids):
+        # RoFormer's Range(0, S): row s for every batch, the op's one-element offset,
+        # so no rotary builds [B, S] position ids of its own (exact: the same rows)
+        return _offset(ctx)
     if table.ids is not None:
         ids = table.ids
         if ids.dtype != ir.DataType.INT64:
@@ -86,7 +97,7 @@ def rotary_positions(
             return _ids_for_every_batch(ids, x, ctx, nodes)
         return ids
     if not table.batched and contrib:
-        return ctx.initializer("rotary_offset", np.array([0], np.int64))
+        return _offset(ctx)
     if table.table is not None:  # a folded table: row s for every batch of x
         return _rows_for_every_batch(table.table.shape[0], x, ctx, nodes)
     key = f"rotary_positions:{table.value.name}" + ("" if table.batched else f":{x.name}")
@@ -124,6 +135,27 @@ def rotary_positions(
     nodes[-1].outputs[0].dtype = ir.DataType.INT64
     mark_shared(nodes[-1], key)
     return nodes[-1].outputs[0]
+
+
+def _offset(ctx: RewriteContext) -> ir.Value:
+    """The one-element position ids ``[0]``: an earlier rotary's, or a new one."""
+    made = ctx.graph.initializers.get("rotary_offset")
+    held = constant_array(made) if made is not None else None
+    if held is not None and held.dtype == np.int64 and held.tolist() == [0]:
+        return made  # type: ignore[return-value]
+    return ctx.initializer("rotary_offset", np.array([0], np.int64))
+
+
+def _counts_from_zero(ids: ir.Value) -> bool:
+    """Whether ``ids`` is 1-D ``Range(0, n, 1)``: ``ids[s] = s``. Its ``n`` is the heads'
+    ``S``, which the table's reader checked (``_rotary_pairs``: the ids cover the S of
+    the heads), so the offset form reads the rows the ids name."""
+    producer = ids.producer()
+    if producer is None or producer.op_type != "Range" or producer.domain not in ("", "ai.onnx"):
+        return False
+    if ids.shape is None or len(ids.shape) != 1:
+        return False
+    return scalar(producer.inputs[0]) == 0 and scalar(producer.inputs[2]) == 1
 
 
 def _rows_for_every_batch(
