@@ -73,8 +73,10 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``subtracted_bias`` (``_subtracted_bias.py``): ``scores - c * x`` (Funnel's mask,
   ``c`` a scalar constant) is ``scores + (-c) * x``, exactly;
 * ``mask_clamp`` (``_masks.py``): ``Max(scores + finite mask, lowest)`` (XGLM) is no op;
-* ``one_bias`` (``_biases.py``): a mask and another bias (T5's position bias, ALiBi)
-  added to the scores one after the other are summed first, so the scores take one;
+* ``one_bias`` (``_biases.py``): a chain of biases added to the scores one after the
+  other (masks, T5's position bias, ALiBi, Funnel's position and token-type scores) is
+  summed first, so the scores take one; exact where all but one are masks the scores are
+  proven to be absorbed by, else it rounds as ``scale_to_scores`` and goes back unfused;
 * ``repeat_kv`` (``_repeats.py``): KV heads repeated by Tile, Concat or a Gather are
   repeated as transformers' repeat_kv (Unsqueeze, Expand, Reshape);
 * ``identity_zero_add``, ``identity_reshape`` and ``identity_slice`` (``_identity.py``):
@@ -170,7 +172,7 @@ from typing import Protocol
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._batched_key_transpose import kt_of_folded_heads
-from autofusion.fusion_core.canonical._biases import biases_summed
+from autofusion.fusion_core.canonical._biases import biases_summed, undo_biases
 from autofusion.fusion_core.canonical._blend_masks import blend_masks, undo_blend_masks
 from autofusion.fusion_core.canonical._blocked import blocked_projections
 from autofusion.fusion_core.canonical._bounded_fills import bounded_fills, undo_bounded_fills
@@ -368,7 +370,7 @@ _WORDS = {
     "mask_guard": "probabilities zeroed by their own mask's condition made NaN guards",
     "mask_as_bias": "attention masks written as Where(allowed, 0, lowest) added to the scores",
     "subtracted_bias": "biases c * x subtracted from scores added as (-c) * x",
-    "one_bias": "a mask and another bias added to the scores one after the other summed first",
+    "one_bias": "chains of biases added to the scores one after the other summed first",
     "repeat_kv": "repeated key/value heads written as Unsqueeze, Expand, Reshape",
     "identity_reshape": "Reshapes to their input's own shape removed",
     "identity_slice": "Slices that keep their input's whole shape removed",
@@ -498,6 +500,8 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "flat_head_split": undo_flat_head_splits(graph, MARK),  # after the pairs' undo
             # after undo_scales, which writes the scale back on the query
             "scale_after_rotary": undo_scale_after_rotaries(graph, MARK),
+            # last: a chain that rounds, as the graph wrote it (the other undos never read one)
+            "one_bias": undo_biases(graph, MARK),
         }
     )
 

@@ -21,7 +21,16 @@ each query row and each key column (Cauchy-Schwarz: ``|q . k| <= |q| |k|``), whi
   keep (a vector of the output is the input's, a part of it, or a copy of it), axes
   renumbered where added or taken;
 * ``Reshape``, along the last axis, where the input's last dimension is a known
-  multiple of the output's: each output row is a contiguous part of one input row.
+  multiple of the output's: each output row is a contiguous part of one input row;
+  where the output's is a multiple ``k`` of the input's (heads merged), ``sqrt(k)``
+  times the input's: each output row is ``k`` whole input rows;
+* ``Concat`` along another axis than the joined one: the largest of the inputs';
+  ``Gather`` of a computed value along an axis it does not gather (Funnel's pick of
+  the pooled rows): the data's; ``AveragePool`` along an axis its window does not span
+  (N, C, or kernel 1 and stride 1): the input's, each vector being a mean of the
+  input's (weights summing to at most 1, so no longer: triangle inequality);
+* any other vector of ``n`` elements each proven at most ``v`` in magnitude
+  (``_value_bounds.value_bound``: Funnel's sinusoid positions): ``sqrt(n) * v``.
 
 Rounding: each op computes its value with a relative error far below 1%, so the bound
 returned is multiplied by ``_ROUNDING`` (1.05) to cover what float32 arithmetic adds.
@@ -102,7 +111,20 @@ def fiber_bound(
         return None
     last = axis == rank - 1
     step = _STEPS.get(node.op_type)
-    return step(node, value, axis, last, weights, depth + 1) if step is not None else None
+    found = step(node, value, axis, last, weights, depth + 1) if step is not None else None
+    return found if found is not None else _from_elements(value, axis, depth)
+
+
+def _from_elements(value: ir.Value, axis: int, depth: int) -> float | None:
+    """``sqrt(n) * max|x|`` for a vector of ``n`` elements each proven at most ``max|x|``
+    (``value_bound``): where no step above bounds the vector as a whole."""
+    from autofusion.fusion_core.canonical._value_bounds import value_bound  # it reads ours
+
+    size = value.shape[axis] if value.shape is not None else None
+    if not isinstance(size, int):
+        return None
+    largest = value_bound(value, depth + 1)
+    return None if largest is None else largest * math.sqrt(size)
 
 
 def _largest_norm(array: np.ndarray, axis: int) -> float | None:
@@ -156,9 +178,13 @@ def _reshape(node, value, axis, last, weights, depth):
         return None
     if not isinstance(dims[-1], int) or not isinstance(out[-1], int) or out[-1] <= 0:
         return None
-    if dims[-1] % out[-1]:
+    if not dims[-1] % out[-1]:
+        return fiber_bound(source, len(dims) - 1, weights, depth)
+    if out[-1] % dims[-1]:
         return None
-    return fiber_bound(source, len(dims) - 1, weights, depth)
+    # each output row is k whole input rows side by side (heads merged): sqrt(k) times
+    inner = fiber_bound(source, len(dims) - 1, weights, depth)
+    return None if inner is None else inner * math.sqrt(out[-1] // dims[-1])
 
 
 def _gather(node, value, axis, last, weights, depth):
@@ -263,6 +289,48 @@ def _squeeze(node, value, axis, last, weights, depth):
     return fiber_bound(source, kept[axis], weights, depth)
 
 
+def _concat(node, value, axis, last, weights, depth):
+    """Along an axis other than the joined one, each vector is one input's."""
+    joined = node.attributes.get("axis")
+    if joined is None or joined.value % len(value.shape) == axis:
+        return None
+    parts = [fiber_bound(v, axis, weights, depth) if v is not None else None for v in node.inputs]
+    return None if any(p is None for p in parts) else max(parts)  # type: ignore[type-var]
+
+
+def _gather_of(node, value, axis, last, weights, depth):
+    """``Gather`` of a computed value, along an axis it does not gather: a vector of the
+    data's (Funnel's ``select`` of the pooled rows)."""
+    data, indices = node.inputs
+    attribute = node.attributes.get("axis")
+    if constant_array(data) is not None or indices is None or indices.shape is None:
+        return _gather(node, value, axis, last, weights, depth)
+    if data is None or data.shape is None:
+        return None
+    at = (attribute.value if attribute is not None else 0) % len(data.shape)
+    if axis < at:
+        return fiber_bound(data, axis, weights, depth)
+    if axis >= at + len(indices.shape):
+        return fiber_bound(data, axis - len(indices.shape) + 1, weights, depth)
+    return None
+
+
+def _average_pool(node, value, axis, last, weights, depth):
+    """Along an axis the window does not span (N, C, or kernel 1 with stride 1), each
+    vector is a mean of the input's, weights summing to at most 1: no longer."""
+    kernel = node.attributes.get("kernel_shape")
+    strides = node.attributes.get("strides")
+    source = node.inputs[0]
+    if kernel is None or source is None or len(node.outputs) != 1:
+        return None
+    spans = list(kernel.value)
+    steps = list(strides.value) if strides is not None else [1] * len(spans)
+    spatial = axis - 2
+    if spatial >= 0 and (spatial >= len(spans) or spans[spatial] != 1 or steps[spatial] != 1):
+        return None
+    return fiber_bound(source, axis, weights, depth)
+
+
 _STEPS = {
     **dict.fromkeys(_KEEP, _kept),
     "Expand": _expand,
@@ -270,7 +338,9 @@ _STEPS = {
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Reshape": _reshape,
-    "Gather": _gather,
+    "Gather": _gather_of,
+    "Concat": _concat,
+    "AveragePool": _average_pool,
     "LayerNormalization": _layer_norm,
     "MatMul": _projection,
     "Gemm": _projection,

@@ -8,7 +8,9 @@ Funnel subtracts its mask, ``scores - 1e6 * (1 - m)``; the attention patterns an
 where a Softmax reads the difference (through the ops of a mask). Exact: negating a
 float is exact, round-to-nearest is symmetric (``(-c) * x == -(c * x)`` bit for bit,
 NaN aside) and ``s - t == s + (-t)``. Where no fusion takes the Add, ``undo_subtracted``
-writes the Sub back.
+writes the Sub back. Funnel's ``-1e6 * (1 - m)`` so added is a finite mask for
+``one_bias``, which folds it with the positional and token-type scores where the scores
+are proven small enough for -1e6 to absorb them (``_biases``).
 """
 
 from __future__ import annotations

@@ -358,15 +358,16 @@ def test_a_masked_fill_no_fusion_took_is_put_back() -> None:
     run_both(model, restored, feeds=_feeds(), **EXACT)
 
 
-def _biased(body: list[str]) -> onnx.ModelProto:
-    """Rank-4 scores (two heads), a causal mask and a position bias per head."""
-    inputs = "float[2, 2, 3, 4] q, float[2, 2, 4, 5] kt, float[1, 2, 3, 5] position"
+def _biased(body: list[str], more: str = "", constants: dict | None = None) -> onnx.ModelProto:
+    """Rank-4 scores (two heads), a causal mask and a position bias per head (``more``
+    inputs and ``constants`` where a case needs them)."""
+    inputs = "float[2, 2, 3, 4] q, float[2, 2, 4, 5] kt, float[1, 2, 3, 5] position" + more
     lines = [*INDICES[1:], "scores = MatMul (q, kt)", *body, "y = Softmax <axis = -1> (masked)"]
     text = f"""<ir_version: 8, opset_import: ["" : 18]>
     g ({inputs}) => (float[2, 2, 3, 5] y) {{
         {chr(10).join(lines)}
     }}"""
-    return build_model(text, INTS)
+    return build_model(text, {**INTS, **(constants or {})})
 
 
 def _biased_feeds() -> dict:
@@ -398,10 +399,93 @@ def test_a_position_bias_and_a_mask_added_in_turn_are_summed_first(mask_first) -
     run_both(model, canonical, feeds=_biased_feeds(), **EXACT)
 
 
-def test_two_biases_neither_a_mask_stay() -> None:
-    """``(s + a) + b`` and ``s + (a + b)`` round differently for general a and b."""
+# ``(s + a) + b`` and ``s + (a + b)`` round differently for general a and b: a few units
+# in the last place of the logits (here below 8: at most 8 * 2**-24 * 8 = 4e-6 per
+# logit, twice that per probability)
+REGROUPED = dict(rtol=0, atol=1e-5)
+
+
+def test_two_biases_neither_a_mask_are_summed_first() -> None:
+    """Funnel's ``(scores + positional) + token_type``: one bias, rounding as the fused
+    op does (``REGROUPED``); no fusion takes it, so ``undo_unused`` writes the chain
+    back exactly as it was (rtol = atol = 0)."""
+    model = _biased(
+        ["type_bias = Mul (position, one_f)", "positioned = Add (scores, position)"]
+        + ["masked = Add (positioned, type_bias)"]
+    )
+    canonical, done, again, work = _canonical(model)
+    assert done == {"one_bias": 1, "unit_scale": 1} and again == 0
+    ops = _ops(canonical)
+    assert ops.count("Add") == 2 and ops.index("Mul") < ops.index("Add"), ops
+    run_both(model, canonical, feeds=_biased_feeds(), **REGROUPED)
+    assert undo_unused(work.graph)["one_bias"] == 1
+    run_both(model, ir.to_proto(work), feeds=_biased_feeds(), **EXACT)
+
+
+def test_three_biases_fold_into_one() -> None:
+    """``((s + a) + b) + mask``: one Add on the scores, the three biases summed in the
+    graph's order."""
+    model = _biased(
+        [
+            "allowed = LessOrEqual (kv_u, q_u)",
+            "bias = Where (allowed, zero_f, lowest)",
+            "type_bias = Mul (position, one_f)",
+            "positioned = Add (scores, position)",
+            "typed = Add (positioned, type_bias)",
+            "masked = Add (typed, bias)",
+        ]
+    )
+    canonical, done, again, _ = _canonical(model)
+    assert done == {"one_bias": 1, "unit_scale": 1} and again == 0
+    graph = canonical.graph
+    (softmax,) = [n for n in graph.node if n.op_type == "Softmax"]
+    producers = {o: n for n in graph.node for o in n.output}
+    last_add = producers[softmax.input[0]]
+    assert producers[last_add.input[0]].op_type == "Mul"  # the unit scale on the scores
+    summed = producers[last_add.input[1]]
+    assert summed.input[1] == "bias" and producers[summed.input[0]].input == [
+        "position",
+        "type_bias",
+    ]
+    run_both(model, canonical, feeds=_biased_feeds(), **REGROUPED)
+
+
+def test_a_sum_read_elsewhere_stays() -> None:
+    """``s + a`` is also a graph output: it cannot go, so nothing is regrouped."""
     model = _biased(["positioned = Add (scores, position)", "masked = Add (positioned, position)"])
-    assert _canonical(model)[1] == {"unit_scale": 1}  # read as attention, not regrouped
+    model.graph.output.append(onnx.helper.make_tensor_value_info("positioned", 1, None))
+    assert _canonical(model)[1] == {"unit_scale": 1}
+
+
+def test_a_constant_bias_holding_an_infinity_stays() -> None:
+    """A constant of -inf and 0 that is no mask form: ``inf - inf`` where a general sum
+    and it meet could differ, so no finite bias is proven."""
+    wall = np.zeros((1, 1, 3, 5), np.float32)
+    wall[..., -1] = -np.inf
+    model = _biased(
+        ["positioned = Add (scores, position)", "masked = Add (positioned, wall)"],
+        constants={"wall": wall},
+    )
+    assert _canonical(model)[1] == {"unit_scale": 1}
+
+
+@pytest.mark.parametrize("fill", [-1e6, -1e4])
+def test_a_finite_mask_of_unbounded_scores_stays(fill) -> None:
+    """Scores of graph inputs have no proven bound: Funnel's ``-1e6 * (1 - m)`` beside a
+    bias is not proven to absorb them, so it stays apart."""
+    model = _biased(
+        [
+            "pad_u = Unsqueeze (attention_mask, pad_axes)",
+            "pad = Cast <to = 1> (pad_u)",
+            "inverted = Sub (one_f, pad)",
+            "bias = Mul (inverted, finite)",
+            "positioned = Add (scores, position)",
+            "masked = Add (positioned, bias)",
+        ],
+        more=", int64[2, 5] attention_mask",
+        constants={"finite": np.array(fill, np.float32)},
+    )
+    assert _canonical(model)[1] == {"unit_scale": 1}
 
 
 PACKED = """<ir_version: 8, opset_import: ["" : 18]>
