@@ -143,6 +143,15 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``value_scale`` (``_value_scale.py``): values scaled by a constant (one number, one
   per head or per channel) after their head split (MiMo-V2-Flash's ``v * v_scale``) are
   the head split of the projection so scaled, exactly;
+* ``window_mask`` (``_window_masks.py``): masks added on a window view of the scores
+  (Swin-V2's shifted windows, ``Reshape(Reshape(s, [B, W, N, S, L]) + m, [B * W, N, S,
+  L])``) are added to the scores, each tiled over the images, exactly;
+* ``cosine_heads`` (``_cosine_heads.py``): an L2 normalization of each row of transposed
+  heads (Swin-V2's ``F.normalize(q, dim=-1)``: ReduceL2, a clamp, an Expand to the heads'
+  own shape, Div) is computed before the Transpose, exactly, where ``head_split`` finds it;
+* ``head_scale`` (``_head_scale.py``): scores scaled by a constant per head (Swin-V2's
+  ``exp(min(logit_scale, log 100))``) scale the query heads instead; it rounds
+  differently, as ``scale_to_scores`` does, and goes back where no attention takes it;
 * ``head_split`` (``_head_split.py``): ops between a head split and the head Transpose
   (a per-head q/k norm, a slice of a fused projection) are moved out of the way by a
   merge/split Reshape pair;
@@ -184,6 +193,7 @@ from autofusion.fusion_core.canonical._contexts import (
     undo_context_heads,
     undo_one_context,
 )
+from autofusion.fusion_core.canonical._cosine_heads import cosine_heads
 from autofusion.fusion_core.canonical._einsum import einsums_as_matmuls, undo_einsums
 from autofusion.fusion_core.canonical._fill_masks import (
     causal_fills,
@@ -196,6 +206,7 @@ from autofusion.fusion_core.canonical._flat_head_split import (
     undo_flat_head_splits,
 )
 from autofusion.fusion_core.canonical._gelu_spelling import gelu_spellings, undo_gelu_spellings
+from autofusion.fusion_core.canonical._head_scale import head_scales, undo_head_scales
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT, split_heads_last
 from autofusion.fusion_core.canonical._head_turns import (
     context_reads_after_transpose,
@@ -263,6 +274,7 @@ from autofusion.fusion_core.canonical._transposes import (
 )
 from autofusion.fusion_core.canonical._unsqueezed import one_kv_heads, undo_one_head_splits
 from autofusion.fusion_core.canonical._value_scale import undo_value_scales, value_scales
+from autofusion.fusion_core.canonical._window_masks import window_masks
 
 __all__ = [
     "MARK",
@@ -331,6 +343,9 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "transposes_composed": compose_transposes,
     "heads_by_slice": heads_by_slice,
     "per_head_norm": per_head_norms,
+    "window_mask": window_masks,  # the scores reach their Softmax as head_scale reads them
+    "cosine_heads": cosine_heads,  # the L2 norm of q/k heads, where head_split finds it
+    "head_scale": head_scales,  # after cosine_heads: the query's head Transpose in sight
     "transpose_after_norm": transpose_after_norms,
     "transpose_before_rotary": transposes_before_rotaries,
     "scale_after_rotary": scale_after_rotaries,  # leaves the head Transpose to the rotary
@@ -391,6 +406,9 @@ _WORDS = {
     "slice_before_transpose": "slices of a fused projection moved before the head Transpose",
     "heads_by_slice": "slices of heads made head splits of their own",
     "per_head_norm": "a LayerNorm of each head with its own weights made one LayerNorm of all",
+    "window_mask": "masks added on a window view of the scores added to the scores, tiled",
+    "cosine_heads": "L2 normalizations of transposed heads computed before the Transpose",
+    "head_scale": "scores scaled by a constant per head made scales of the query heads",
     "transpose_after_norm": "head Transposes moved after the norm of each head",
     "transpose_before_rotary": "head Transposes after a written-out rotary moved before it",
     "scale_after_rotary": "scalar scales before a rotary embedding moved after it",
@@ -500,6 +518,7 @@ def undo_unused(graph: ir.Graph) -> Counter[str]:
             "flat_head_split": undo_flat_head_splits(graph, MARK),  # after the pairs' undo
             # after undo_scales, which writes the scale back on the query
             "scale_after_rotary": undo_scale_after_rotaries(graph, MARK),
+            "head_scale": undo_head_scales(graph, MARK),  # after the pairs' and unit_scale's
             # last: a chain that rounds, as the graph wrote it (the other undos never read one)
             "one_bias": undo_biases(graph, MARK),
         }
