@@ -18,7 +18,7 @@ Each bias is one of three kinds, and what the regrouping rounds follows from the
 * a *finite mask*: the same forms with a finite fill ``f`` between -1e30 and -104
   (Funnel's -1e6, BERT's -1e4; a fill above -104 never absorbs: a general bias), one
   to a chain and no absorbing mask beside it. It counts only where the rest of the row
-  is proven small: ``|scores + other biases| <= B`` (``score_bound``, ``value_bound``) with
+  is proven small: ``|scores + other biases| <= B`` (``score_bound``, ``element_bound``) with
   ``2 B + 104 < -f``. Then in every row with a kept key the masked keys hold at most
   ``B + f`` on both sides, more than 104 below the kept key's ``-B``: ``exp`` of the
   difference is below float32's smallest subnormal, so they weigh exactly 0 either way.
@@ -48,8 +48,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import INTEGER_TYPES, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
-from autofusion.fusion_core.canonical._score_bounds import score_bound
-from autofusion.fusion_core.canonical._value_bounds import value_bound
+from autofusion.fusion_core.canonical._score_bounds import element_bound, score_bound
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = ["RULE", "biases_summed", "undo_biases"]
@@ -235,7 +234,7 @@ def _rest_bound(scores: ir.Value, others: list[ir.Value]) -> float | None:
     """A proven bound on ``|scores + sum(others)|``, else None."""
     total = score_bound(scores)
     for value in others:
-        part = value_bound(value)
+        part = element_bound(value)
         if total is None or part is None:
             return None
         total += part

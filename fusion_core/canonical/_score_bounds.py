@@ -30,7 +30,7 @@ each query row and each key column (Cauchy-Schwarz: ``|q . k| <= |q| |k|``), whi
   (N, C, or kernel 1 and stride 1): the input's, each vector being a mean of the
   input's (weights summing to at most 1, so no longer: triangle inequality);
 * any other vector of ``n`` elements each proven at most ``v`` in magnitude
-  (``_value_bounds.value_bound``: Funnel's sinusoid positions): ``sqrt(n) * v``.
+  (``element_bound``: Funnel's sinusoid positions): ``sqrt(n) * v``.
 
 Rounding: each op computes its value with a relative error far below 1%, so the bound
 returned is multiplied by ``_ROUNDING`` (1.05) to cover what float32 arithmetic adds.
@@ -45,9 +45,10 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.canonical._value_bounds import value_bound
 from autofusion.fusion_core.ir import constant_array
 
-__all__ = ["fiber_bound", "score_bound"]
+__all__ = ["element_bound", "fiber_bound", "score_bound"]
 
 _ONNX = ("", "ai.onnx")
 _DEPTH = 40
@@ -118,13 +119,28 @@ def fiber_bound(
 def _from_elements(value: ir.Value, axis: int, depth: int) -> float | None:
     """``sqrt(n) * max|x|`` for a vector of ``n`` elements each proven at most ``max|x|``
     (``value_bound``): where no step above bounds the vector as a whole."""
-    from autofusion.fusion_core.canonical._value_bounds import value_bound  # it reads ours
-
     size = value.shape[axis] if value.shape is not None else None
     if not isinstance(size, int):
         return None
-    largest = value_bound(value, depth + 1)
+    largest = element_bound(value, depth + 1)
     return None if largest is None else largest * math.sqrt(size)
+
+
+def element_bound(value: ir.Value, depth: int = 0) -> float | None:
+    """A proven bound on ``|x|`` for every element of ``value`` (``value_bound``), a
+    MatMul's elements from the norms of A's rows and B's columns (Cauchy-Schwarz)."""
+    return value_bound(value, depth, _product_bound)
+
+
+def _product_bound(node: ir.Node) -> float | None:
+    """``|A @ B|`` from the norms of A's rows and B's columns, with float32's rounding."""
+    a, b = node.inputs
+    if a is None or b is None or a.shape is None or b.shape is None or len(b.shape) < 2:
+        return None
+    weights: dict[int, float] = {}
+    rows = fiber_bound(a, len(a.shape) - 1, weights)
+    cols = fiber_bound(b, len(b.shape) - 2, weights)
+    return None if rows is None or cols is None else rows * cols * _ROUNDING
 
 
 def _largest_norm(array: np.ndarray, axis: int) -> float | None:

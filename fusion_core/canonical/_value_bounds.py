@@ -1,15 +1,17 @@
 """How large every element of a value can be, proven from the graph: ``value_bound``,
-beside ``_score_bounds``'s norms of vectors (which it reads for a MatMul's elements and
-which reads it where a vector is bounded element by element only: Funnel's sinusoid
-positions, its ``cls`` mask, its token-type scores).
+beside ``_score_bounds``'s norms of vectors, which read it where a vector is bounded
+element by element only (Funnel's sinusoid positions, its ``cls`` mask, its token-type
+scores) and give it a MatMul's elements (``product``: the norms of A's rows and B's
+columns), so that the two recurse into each other without importing each other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._score_bounds import fiber_bound
 from autofusion.fusion_core.ir import constant_array
 
 __all__ = ["value_bound"]
@@ -27,7 +29,10 @@ _COPIES = frozenset(
 _AT_MOST_ONE = frozenset({"Sin", "Cos", "Tanh", "Sigmoid", "Softmax"})
 
 
-def value_bound(value: ir.Value, depth: int = 0) -> float | None:
+Product = Callable[[ir.Node], float | None]  # a bound on a MatMul's elements
+
+
+def value_bound(value: ir.Value, depth: int = 0, product: Product | None = None) -> float | None:
     """A proven bound on ``|x|`` for every element ``x`` of ``value``, else None:
 
     * a constant: its largest magnitude; ``Sin``, ``Cos``, ``Tanh``, ``Sigmoid``,
@@ -36,8 +41,8 @@ def value_bound(value: ir.Value, depth: int = 0) -> float | None:
       largest of their sources'; ``Where``: the larger of its two branches';
     * ``Add``/``Sub``: the sum of the operands' bounds; ``Mul``: the product; ``Neg``:
       the same; a ``Cast`` to float of a bounded value: the same;
-    * ``MatMul``: each element is a row of A times a column of B, so ``fiber_bound`` of
-      both (Cauchy-Schwarz), times ``_ROUNDING`` for the float32 sums.
+    * ``MatMul``: ``product(node)`` where given (``_score_bounds.element_bound`` gives
+      Cauchy-Schwarz on the norms of A's rows and B's columns), else no bound.
 
     Each float32 op rounds its exact result by at most half an ulp, which can carry it
     past the bound by 2**-24 of it: the sums and products of bounds are multiplied by
@@ -59,12 +64,12 @@ def value_bound(value: ir.Value, depth: int = 0) -> float | None:
     if op == "Cast" and value.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
         return None  # float16 would overflow past 65504
     if op == "MatMul":
-        return _product_bound(node)
+        return product(node) if product is not None else None
     found = _sources(node)
     if found is None:
         return None
     sources, combined = found
-    parts = [value_bound(v, depth + 1) if v is not None else None for v in sources]
+    parts = [value_bound(v, depth + 1, product) if v is not None else None for v in sources]
     if not parts or any(p is None for p in parts):
         return None
     if combined == "max":
@@ -99,14 +104,3 @@ def _filled(tensor) -> float | None:
     """ConstantOfShape's ``value``: its one element's magnitude."""
     array = tensor.numpy()
     return float(np.max(np.abs(array))) if np.isfinite(array).all() else None
-
-
-def _product_bound(node: ir.Node) -> float | None:
-    """``|A @ B|`` from the norms of A's rows and B's columns."""
-    a, b = node.inputs
-    if a is None or b is None or a.shape is None or b.shape is None or len(b.shape) < 2:
-        return None
-    weights: dict[int, float] = {}
-    rows = fiber_bound(a, len(a.shape) - 1, weights)
-    cols = fiber_bound(b, len(b.shape) - 2, weights)
-    return None if rows is None or cols is None else rows * cols * _ROUNDING
