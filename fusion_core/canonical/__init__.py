@@ -45,6 +45,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``heads_in_batch`` (``_heads_in_batch.py``): a batched MatMul or Softmax between a
   fold of the heads into the batch (``[B * N, S, H]``, bmm: XGLM, BART-era exports) and
   the unfold after it is computed over ``[B, N, S, H]``;
+* ``sequence_first_fold`` (``_sequence_first_fold.py``): heads folded into the batch
+  straight from a sequence-first ``[S, B, E]`` (F.multi_head_attention_forward's bmm
+  path: WavLM) read as a fold of batch-first heads, which ``heads_in_batch`` unfolds;
 * ``scale_to_scores`` (``_scales.py``): SDPA's scale split over Q and K^T multiplies
   the scores instead, as in the eager attention;
 * ``unit_scale`` (``_scales.py``): scores no scale multiplies are multiplied by 1;
@@ -88,8 +91,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
 * ``flat_head_split`` (``_flat_head_split.py``): heads split straight from ``[B * S,
   C]`` rows (LeViT's BatchNorm'd Linears, dynamo) are split from the rows viewed as
   ``[B, S, C]``, exactly; the view goes again where no fusion takes it;
-* ``packed_part``, ``sequence_first_heads``, ``sequence_first_merge`` and
-  ``kt_by_reshape`` (``_sequence_first.py``): nn.MultiheadAttention's sequence-first
+* ``packed_part``, ``sequence_first_heads``, ``sequence_first_merge``
+  (``_sequence_first.py``) and ``kt_by_reshape`` (``_kt_by_reshape.py``):
+  nn.MultiheadAttention's sequence-first
   layout (parts of a packed projection, heads split and merged as [L, B * h, d]) made
   batch-first, and dynamo's K^T through a 3-D Reshape made one Transpose;
 * ``kt_of_folded_heads`` (``_batched_key_transpose.py``): the same K^T, ``Reshape(
@@ -221,6 +225,7 @@ from autofusion.fusion_core.canonical._identity import (
 from autofusion.fusion_core.canonical._interleaved_columns import interleaved_columns
 from autofusion.fusion_core.canonical._interleaved_undo import undo_interleaved_columns
 from autofusion.fusion_core.canonical._key_transpose import kt_of_heads, undo_kt_splits
+from autofusion.fusion_core.canonical._kt_by_reshape import kt_by_reshapes
 from autofusion.fusion_core.canonical._mask_guard import masks_as_guards, undo_mask_guards
 from autofusion.fusion_core.canonical._masks import clamps_dropped, masks_as_bias, undo_fills
 from autofusion.fusion_core.canonical._norm_spelling import norm_spellings, undo_norm_spellings
@@ -250,11 +255,11 @@ from autofusion.fusion_core.canonical._scales import (
 )
 from autofusion.fusion_core.canonical._scatter_parts import scatter_parts
 from autofusion.fusion_core.canonical._sequence_first import (
-    kt_by_reshapes,
     packed_parts_as_slices,
     sequence_first_heads,
     sequence_first_merges,
 )
+from autofusion.fusion_core.canonical._sequence_first_fold import sequence_first_folds
 from autofusion.fusion_core.canonical._shape_values import (
     Dim,
     axes_of,
@@ -306,6 +311,7 @@ RULES: dict[str, Callable[[ir.Graph, Callable[[str], str], str], int]] = {
     "sink_scale": sink_scales,
     "norm_spelling": norm_spellings,
     "gelu_spelling": gelu_spellings,
+    "sequence_first_fold": sequence_first_folds,  # the bmm folds heads_in_batch then reads
     "heads_in_batch": heads_unfolded,
     "whole_scatter": whole_scatters,
     "causal_fill": causal_fills,
@@ -373,6 +379,7 @@ _WORDS = {
     "sink_scale": "contexts scaled by Sigmoid(logsumexp - sink) made Softmaxes with a sink column",
     "scale_to_scores": "attention scales split over Q and K^T moved onto the scores",
     "heads_in_batch": "attention over heads folded into the batch computed over [B, N, S, H]",
+    "sequence_first_fold": "heads folded into the batch from [S, B, E] folded from [B, N, S, H]",
     "mask_clamp": "clamps of finitely masked scores at the lowest float removed",
     "whole_scatter": "ScatterNDs that write their whole data once replaced by their updates",
     "causal_fill": "float causal masks (Trilu of the lowest float times key > query) made Wheres",

@@ -23,13 +23,21 @@ replaces one of those steps by the same values in the batch-first spelling:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s, replace
+from autofusion.fusion_core.canonical._layout_nodes import (
+    Fresh,
+    perm,
+    producer,
+    reshape,
+    sandwich,
+    sole_reader,
+    take_place,
+    transpose,
+    typed,
+)
 from autofusion.fusion_core.canonical._shape_values import (
-    Dim,
     axes_of,
     entries,
     known_dims,
@@ -41,91 +49,15 @@ from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = [
-    "kt_by_reshapes",
     "packed_parts_as_slices",
     "sequence_first_heads",
     "sequence_first_merges",
 ]
 
-_Fresh = Callable[[str], str]
-
-
-def _sole_reader(value: ir.Value) -> ir.Node | None:
-    uses = list(value.uses())
-    if len(uses) != 1 or value.is_graph_output():
-        return None
-    return uses[0].node
-
-
-def _producer(value: ir.Value | None, op: str) -> ir.Node | None:
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != op or node.domain not in ("", "ai.onnx"):
-        return None
-    return node
-
-
-def _perm(node: ir.Node | None) -> list[int] | None:
-    if node is None:
-        return None
-    perm = attribute_value(node, "perm", None)
-    return list(perm) if perm is not None else None
-
-
-def _value(node: ir.Node, dims: list[Dim] | None, dtype, fresh: _Fresh, hint: str) -> ir.Value:
-    out = node.outputs[0]
-    out.name = fresh(hint)
-    out.dtype = dtype
-    out.shape = ir.Shape(dims) if dims is not None and None not in dims else None
-    return out
-
-
-def _transpose(source: ir.Value, perm: list[int], fresh: _Fresh) -> ir.Node:
-    node = ir.Node("", "Transpose", [source], [ir.AttrInt64s("perm", perm)])
-    node.name = fresh("sequence_first_Transpose")
-    dims = known_dims(source)
-    _value(node, [dims[p] for p in perm] if dims else None, source.dtype, fresh, "batch_first")
-    return node
-
-
-def _reshape(source: ir.Value, target: ir.Value, dims, fresh: _Fresh) -> ir.Node:
-    node = ir.Node("", "Reshape", [source, target], name=fresh("sequence_first_Reshape"))
-    _value(node, dims, source.dtype, fresh, "batch_first_reshaped")
-    return node
-
-
-def _sandwich(last: ir.Node, perm: list[int], ranks: tuple[int, int]):
-    """(first Reshape, Transpose, dims of its input, of the first Reshape's output, of
-    ``last``'s output) of ``last = Reshape(Transpose(Reshape(x), perm))``, each node read
-    by the next alone, ``last``'s output no graph output, x and the first Reshape's
-    output of ``ranks`` with known shapes; else None."""
-    if last.op_type != "Reshape" or last.outputs[0].is_graph_output():
-        return None
-    swap = _producer(last.inputs[0], "Transpose")
-    first = _producer(swap.inputs[0] if swap else None, "Reshape")
-    if first is None or _perm(swap) != perm:
-        return None
-    if _sole_reader(first.outputs[0]) is not swap or _sole_reader(swap.outputs[0]) is not last:
-        return None
-    dims = [known_dims(v) for v in (first.inputs[0], first.outputs[0], last.outputs[0])]
-    if any(d is None for d in dims) or (len(dims[0]), len(dims[1])) != ranks:
-        return None
-    return first, swap, *dims
-
-
-def _take_place(
-    graph: ir.Graph, node: ir.Node, new: list[ir.Node], olds: list[ir.Node], mark: str, rule: str
-) -> None:
-    """``new`` in ``node``'s place (``_edits.replace``), then ``olds``, which only fed
-    ``node``, go (readers first)."""
-    replace(graph, node, new, mark, rule)
-    for old in olds:
-        graph.remove(old, safe=True)
-
-
 # --- packed_part ---------------------------------------------------------------------
 
 
-def packed_parts_as_slices(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+def packed_parts_as_slices(graph: ir.Graph, fresh: Fresh, mark: str) -> int:
     proof = SizeProof()
     done = 0
     for node in list(graph):
@@ -136,7 +68,7 @@ def packed_parts_as_slices(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
         ints = [int64s(graph, fresh, [v]) for v in (start, stop, -1)]
         piece = ir.Node("", "Slice", [qkv, *ints], name=fresh("packed_part_Slice"))
         dims = known_dims(qkv)
-        _value(piece, [*dims[:-1], stop - start] if dims else None, qkv.dtype, fresh, "part")
+        typed(piece, [*dims[:-1], stop - start] if dims else None, qkv.dtype, fresh, "part")
         replace(graph, node, [piece], mark, "packed_part")
         done += 1
     return done
@@ -152,15 +84,15 @@ def _packed_part(gather: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int]
     if gather.outputs[0].is_graph_output():
         return None
     index = constant_array(gather.inputs[1])
-    squeeze = _producer(gather.inputs[0], "Squeeze")
-    transpose = _producer(squeeze.inputs[0] if squeeze else None, "Transpose")
-    unsqueeze = _producer(transpose.inputs[0] if transpose else None, "Unsqueeze")
-    reshape = _producer(unsqueeze.inputs[0] if unsqueeze else None, "Reshape")
+    squeeze = producer(gather.inputs[0], "Squeeze")
+    transpose = producer(squeeze.inputs[0] if squeeze else None, "Transpose")
+    unsqueeze = producer(transpose.inputs[0] if transpose else None, "Unsqueeze")
+    reshape = producer(unsqueeze.inputs[0] if unsqueeze else None, "Reshape")
     if index is None or index.size != 1 or reshape is None:
         return None
     if axes_of(squeeze) not in ([-2], [3]) or axes_of(unsqueeze) != [0]:
         return None
-    if _perm(transpose) != [3, 1, 2, 0, 4]:
+    if perm(transpose) != [3, 1, 2, 0, 4]:
         return None
     qkv, parts = reshape.inputs[0], known_dims(reshape.outputs[0])
     dims = known_dims(qkv)
@@ -182,7 +114,7 @@ def _packed_part(gather: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int]
 # --- sequence_first_heads ------------------------------------------------------------
 
 
-def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+def sequence_first_heads(graph: ir.Graph, fresh: Fresh, mark: str) -> int:
     proof = SizeProof()
     done = 0
     for node in list(graph):
@@ -190,16 +122,16 @@ def sequence_first_heads(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
         if found is None:
             continue
         source, heads, size, first, swap = found
-        early = _transpose(source, [1, 0, 2], fresh)
+        early = transpose(source, [1, 0, 2], fresh)
         dims = known_dims(early.outputs[0])
-        split = _reshape(
+        split = reshape(
             early.outputs[0],
             int64s(graph, fresh, [0, 0, heads, size]),
             [*dims[:2], heads, size] if dims else None,
             fresh,
         )
-        late = _transpose(split.outputs[0], [0, 2, 1, 3], fresh)
-        _take_place(graph, node, [early, split, late], [swap, first], mark, "sequence_first_heads")
+        late = transpose(split.outputs[0], [0, 2, 1, 3], fresh)
+        take_place(graph, node, [early, split, late], [swap, first], mark, "sequence_first_heads")
         done += 1
     return done
 
@@ -209,7 +141,7 @@ def _heads(last: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int, ir.Node
     head split: ``E`` and ``d`` numbers, the rest decided by ``proven_same`` (the graph's
     proof, the labels only where it cannot tell: a merge of ``L`` and ``B`` labels ``[L,
     h, B, d]`` as the split's ``[B, h, L, d]``)."""
-    found = _sandwich(last, [1, 0, 2], (3, 3))
+    found = sandwich(last, [1, 0, 2], (3, 3))
     if found is None:
         return None
     first, swap, xd, fd, out = found
@@ -228,7 +160,7 @@ def _heads(last: ir.Node, proof: SizeProof) -> tuple[ir.Value, int, int, ir.Node
 # --- sequence_first_merge ------------------------------------------------------------
 
 
-def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
+def sequence_first_merges(graph: ir.Graph, fresh: Fresh, mark: str) -> int:
     proof = SizeProof()
     done = 0
     for node in list(graph):
@@ -236,8 +168,8 @@ def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
         if found is None:
             continue
         context, width, gemm, unflat, olds = found
-        merged = _transpose(context, [0, 2, 1, 3], fresh)
-        flat = _reshape(merged.outputs[0], int64s(graph, fresh, [-1, width]), None, fresh)
+        merged = transpose(context, [0, 2, 1, 3], fresh)
+        flat = reshape(merged.outputs[0], int64s(graph, fresh, [-1, width]), None, fresh)
         linear = ir.Node(
             gemm.domain,
             gemm.op_type,
@@ -245,7 +177,7 @@ def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
             [ir.Attr(a.name, a.type, a.value) for a in gemm.attributes.values()],
             name=fresh(f"{gemm.name or 'Gemm'}_batch_first"),
         )
-        _value(linear, None, gemm.outputs[0].dtype, fresh, "batch_first_rows")
+        typed(linear, None, gemm.outputs[0].dtype, fresh, "batch_first_rows")
         known = entries(unflat.inputs[1])
         if known is not None and len(known) == 3 and None not in known:
             targets = []  # [L, B, E] fixed: [B, L, E] as a constant (known_scalars would)
@@ -258,12 +190,12 @@ def sequence_first_merges(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
                     name=fresh("sequence_first_Gather"),
                 )
             ]  # fmt: skip
-            target = _value(targets[0], [3], ir.DataType.INT64, fresh, "batch_first_target")
-        out = _reshape(linear.outputs[0], target, known_dims(node.outputs[0]), fresh)
+            target = typed(targets[0], [3], ir.DataType.INT64, fresh, "batch_first_target")
+        out = reshape(linear.outputs[0], target, known_dims(node.outputs[0]), fresh)
         zero = attribute_value(unflat, "allowzero", 0)  # the target's own entries: as they were
         out.attributes["allowzero"] = ir.AttrInt64("allowzero", int(zero))
         new = [merged, flat, linear, *targets, out]
-        _take_place(graph, node, new, olds, mark, "sequence_first_merge")
+        take_place(graph, node, new, olds, mark, "sequence_first_merge")
         done += 1
     return done
 
@@ -273,16 +205,16 @@ def _merge(last: ir.Node, proof: SizeProof):
     2)) ends a sequence-first heads merge and out_proj Gemm: the last Reshape's ``[L, B]``
     the context's, decided by ``proven_same`` (a merge of ``L`` and ``B`` labels a ``[B,
     L, E]`` reinterpretation of the rows as the merge's ``[L, B, E]``)."""
-    if last.op_type != "Transpose" or _perm(last) != [1, 0, 2] or last.outputs[0].is_graph_output():
+    if last.op_type != "Transpose" or perm(last) != [1, 0, 2] or last.outputs[0].is_graph_output():
         return None
-    unflat = _producer(last.inputs[0], "Reshape")
-    gemm = _producer(unflat.inputs[0] if unflat else None, "Gemm")
-    flat = _producer(gemm.inputs[0] if gemm else None, "Reshape")
-    swap = _producer(flat.inputs[0] if flat else None, "Transpose")
-    if swap is None or _perm(swap) != [2, 0, 1, 3] or attribute_value(gemm, "transA", 0):
+    unflat = producer(last.inputs[0], "Reshape")
+    gemm = producer(unflat.inputs[0] if unflat else None, "Gemm")
+    flat = producer(gemm.inputs[0] if gemm else None, "Reshape")
+    swap = producer(flat.inputs[0] if flat else None, "Transpose")
+    if swap is None or perm(swap) != [2, 0, 1, 3] or attribute_value(gemm, "transA", 0):
         return None
     chain = [(swap, flat), (flat, gemm), (gemm, unflat), (unflat, last)]
-    if any(_sole_reader(a.outputs[0]) is not b for a, b in chain):
+    if any(sole_reader(a.outputs[0]) is not b for a, b in chain):
         return None
     context = swap.inputs[0]
     cd, fd, ud = known_dims(context), known_dims(flat.outputs[0]), known_dims(unflat.outputs[0])
@@ -295,75 +227,3 @@ def _merge(last: ir.Node, proof: SizeProof):
     if unflat.inputs[1] is None or not proven_same(proof, *rows):
         return None
     return context, heads * size, gemm, unflat, [unflat, gemm, flat, swap]
-
-
-# --- kt_by_reshape -------------------------------------------------------------------
-
-
-def kt_by_reshapes(graph: ir.Graph, fresh: _Fresh, mark: str) -> int:
-    """``Reshape(Transpose(Reshape(K, [B*N, L, H]), [0, 2, 1]), [B, N, H, L])`` (dynamo's
-    ``k.transpose(-2, -1)`` where it flattens the heads) is ``Transpose(K, [0, 1, 3,
-    2])``, and with K the head Transpose of a split no one else reads, one
-    ``Transpose(split, [0, 2, 3, 1])`` (the K^T of TorchScript's SDPA and of the eager
-    attention); how many became one. Each size the swap needs is decided by
-    ``proven_same``: the graph's proof first, the labels only where it cannot tell (an
-    inference's auto-merge labelled a ``[B*N, H, L]`` split of ``[B, N, L, H]`` as the
-    swap's ``[B*N, L, H]``)."""
-    proof = SizeProof()  # one walk: the sandwiches of every layer read the same sizes
-    done = 0
-    for node in list(graph):
-        found = _kt(node, proof)
-        if found is None:
-            merged = _kt_of_repeated(node, graph, fresh)
-            if merged is None:
-                continue
-            heads, olds = merged
-            swap = _transpose(heads.outputs[0], [0, 1, 3, 2], fresh)
-            _take_place(graph, node, [heads, swap], olds, mark, "kt_by_reshape")
-            done += 1
-            continue
-        k, perm, olds = found
-        swap = _transpose(k, perm, fresh)
-        _take_place(graph, node, [swap], olds, mark, "kt_by_reshape")
-        done += 1
-    return done
-
-
-def _kt_of_repeated(
-    unflat: ir.Node, graph: ir.Graph, fresh: _Fresh
-) -> tuple[ir.Node, list[ir.Node]] | None:
-    """The same K^T where the flattening Reshape reads the repeated heads ``[B, KV, G,
-    L, H]`` themselves (an optimizer merged repeat_kv's ``[B, N, L, H]`` Reshape into
-    it): that Reshape is written back, ``Reshape(x, [0, KV * G, -1, H])``, and its
-    swap is K^T. (The Reshape, the nodes it replaces) or None."""
-    found = _sandwich(unflat, [0, 2, 1], (5, 3))
-    if found is None:
-        return None
-    flat, swap, kd, fd, out = found
-    if None in kd or None in fd:
-        return None
-    batch, kv, group, length, size = kd
-    if fd != [batch * kv * group, length, size] or out != [batch, kv * group, size, length]:
-        return None
-    target = int64s(graph, fresh, [0, kv * group, -1, size])
-    heads = _reshape(flat.inputs[0], target, [batch, kv * group, length, size], fresh)
-    return heads, [swap, flat]
-
-
-def _kt(unflat: ir.Node, proof: SizeProof) -> tuple[ir.Value, list[int], list[ir.Node]] | None:
-    """(the value, the Transpose's perm, the nodes it replaces) where ``unflat`` ends
-    ``Reshape(Transpose(Reshape(k, [B*N, L, H]), [0, 2, 1]), [B, N, H, L])``: the
-    flattening keeps ``k``'s ``L, H`` last and the split writes back ``B, N, H, L``."""
-    found = _sandwich(unflat, [0, 2, 1], (4, 3))
-    if found is None:
-        return None
-    flat, swap, *_ = found
-    k, last = flat.inputs[0], unflat.outputs[0]
-    pairs = [((flat.outputs[0], 1), (k, 2)), ((flat.outputs[0], 2), (k, 3))]
-    pairs += [((last, a), (k, b)) for a, b in enumerate([0, 1, 3, 2])]
-    if not proven_same(proof, *pairs):
-        return None
-    heads = _producer(k, "Transpose")
-    if heads is not None and _perm(heads) == [0, 2, 1, 3] and _sole_reader(k) is flat:
-        return heads.inputs[0], [0, 2, 3, 1], [swap, flat, heads]
-    return k, [0, 1, 3, 2], [swap, flat]
