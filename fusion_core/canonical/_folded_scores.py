@@ -25,6 +25,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s
+from autofusion.fusion_core.canonical._identity import all_zero
 from autofusion.fusion_core.canonical._shape_values import known_dims, proven_same
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.sizes import ONE, SizeProof
@@ -82,6 +83,8 @@ def _step(node: ir.Node, opset: int, proof: SizeProof) -> tuple[ir.Value, ir.Val
         if node.op_type != "Add":
             if _scalar(operand):
                 return scores, operand
+        elif all_zero(operand):
+            continue  # an Add of zeros: identity_zero_add's to take out, not a bias
         elif opset >= _UNSQUEEZE_AXES_INPUT and _foldable(operand, scores, proof):
             return scores, operand
     return None

@@ -53,7 +53,7 @@ from autofusion.fusion_core.ir import constant_tensor
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes import ONE, Size, SizeProof, axis_size, read_sizes
 
-__all__ = ["drop_identity_reshapes", "drop_identity_slices", "drop_zero_adds"]
+__all__ = ["all_zero", "drop_identity_reshapes", "drop_identity_slices", "drop_zero_adds"]
 
 _ONNX = ("", "ai.onnx")
 _WHOLE = 2**31 - 1  # an end this large is "to the end" (torch writes INT64_MAX)
@@ -239,7 +239,7 @@ def drop_zero_adds(graph: ir.Graph, fresh_name: Callable[[str], str], mark: str)
         if out.is_graph_output() or not _into_softmax(out):
             continue
         for zeros, other in (node.inputs, reversed(node.inputs)):
-            if _all_zero(zeros) and _fits(proof, zeros, other):  # type: ignore[arg-type]
+            if all_zero(zeros) and _fits(proof, zeros, other):  # type: ignore[arg-type]
                 out.replace_all_uses_with(other)  # type: ignore[arg-type]
                 graph.remove(node, safe=True)
                 dropped += 1
@@ -265,7 +265,7 @@ def _into_softmax(value: ir.Value) -> bool:
     return False
 
 
-def _all_zero(value: ir.Value | None) -> bool:
+def all_zero(value: ir.Value | None) -> bool:
     """A tensor of zeros: a small constant all zero, ``ConstantOfShape`` of a zero (its
     default value is a float 0), or an ``Expand`` of zeros, or zeros times a finite
     constant (TorchScript's ``beta * zeros``: ``0 * c`` is a zero for finite ``c``)."""
@@ -273,10 +273,10 @@ def _all_zero(value: ir.Value | None) -> bool:
         return False
     node = value.producer()
     if node is not None and node.domain in _ONNX and node.op_type == "Expand":
-        return _all_zero(node.inputs[0])
+        return all_zero(node.inputs[0])
     if node is not None and node.domain in _ONNX and node.op_type == "Mul":
         return any(
-            _all_zero(a) and _finite(b)
+            all_zero(a) and _finite(b)
             for a, b in (node.inputs, reversed(node.inputs))  # type: ignore[misc]
         )
     if node is not None and node.domain in _ONNX and node.op_type == "ConstantOfShape":
