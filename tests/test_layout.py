@@ -139,6 +139,47 @@ def test_fusion_core_keeps_its_stages_in_packages() -> None:
         assert (REPO / "fusion_core" / stage / "__init__.py").is_file(), stage
 
 
+# docs/architecture.md's import rules inside fusion_core, by stage: the stages each may
+# import (besides itself) ...
+ONLY_FROM = {"sizes": ("ir", "patterns")}
+# ... and the earlier stages' faces a later one must not reach into: the rewriters read
+# shape values and the proven-size rule from ``sizes``, which canonical's rules share.
+NEVER_FROM = {"rewriters": ("canonical",)}
+
+
+def _stage_imports(stage: str) -> list[tuple[str, str]]:
+    """``(where, stage imported)`` for each fusion_core module ``stage``'s modules import."""
+    modules = _modules()
+    core = "autofusion.fusion_core."
+    found = []
+    for name, path in modules.items():
+        if not (name + ".").startswith(core + stage + "."):
+            continue
+        for line, imported in _imports(path):
+            target = _resolve(imported, modules) or ""
+            other = target.removeprefix(core).split(".")[0]
+            if target.startswith(core) and other != stage:
+                found.append((f"{path.relative_to(REPO)}:{line}", other))
+    return list(dict.fromkeys(found))
+
+
+def test_sizes_imports_only_what_the_architecture_allows() -> None:
+    for stage, allowed in ONLY_FROM.items():
+        wrong = [f"{at} imports {other}" for at, other in _stage_imports(stage)
+                 if other not in allowed]  # fmt: skip
+        assert not wrong, f"{stage} imports only {allowed}:\n" + "\n".join(wrong)
+
+
+def test_rewriters_read_shape_values_from_sizes_not_canonical() -> None:
+    for stage, banned in NEVER_FROM.items():
+        wrong = [f"{at} imports {other}" for at, other in _stage_imports(stage)
+                 if other in banned]  # fmt: skip
+        assert not wrong, (
+            f"{stage} imports nothing from {banned} (shape values: fusion_core.sizes):\n"
+            + "\n".join(wrong)
+        )
+
+
 MAX_FUNCTION_LINES = 60  # issue 16: a function longer than this is split
 
 

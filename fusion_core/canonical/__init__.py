@@ -169,8 +169,9 @@ running them before every round (a fusion may expose a spelling) changes nothing
   Transpose) is read through a merge/split Reshape pair of its
   heads, which the attention pattern's head merge binds.
 
-``entries``, ``known_dims``, ``scalar`` and ``axes_of`` (``_shape_values.py``) read the
-small integer tensors a graph computes from shapes, for these rules and the rewriters.
+The rules read shape values and decide sizes with ``fusion_core.sizes`` (``entries``,
+``known_dims``, ``scalar``, ``axes_of``; ``proven_equal``/``proven_same``), as the
+rewriters do: the graph's proof first, the labels only where it cannot tell.
 
 What the rules inserted and no fusion consumed is taken out after the last round
 (``undo_unused``), so a model where nothing fused comes out as it went in.
@@ -260,15 +261,6 @@ from autofusion.fusion_core.canonical._sequence_first import (
     sequence_first_merges,
 )
 from autofusion.fusion_core.canonical._sequence_first_fold import sequence_first_folds
-from autofusion.fusion_core.canonical._shape_values import (
-    Dim,
-    axes_of,
-    entries,
-    known_dims,
-    proven_equal,
-    proven_same,
-    scalar,
-)
 from autofusion.fusion_core.canonical._sink_scale import sink_scales, undo_sink_scales
 from autofusion.fusion_core.canonical._slices import heads_by_slice, slice_before_transpose
 from autofusion.fusion_core.canonical._softmax_shift import softmax_shifts_dropped
@@ -285,15 +277,8 @@ __all__ = [
     "MARK",
     "RULES",
     "RuleGuard",
-    "Dim",
-    "axes_of",
     "canonical_form",
     "describe",
-    "entries",
-    "known_dims",
-    "proven_equal",
-    "proven_same",
-    "scalar",
     "undo_unused",
 ]
 

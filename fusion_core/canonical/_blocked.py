@@ -26,9 +26,9 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import by_op_type, int64s, replace
-from autofusion.fusion_core.canonical._shape_values import entries, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import entries, known_dims
 
 __all__ = ["RULE", "blocked_projections"]
 

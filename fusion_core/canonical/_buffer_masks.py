@@ -38,8 +38,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import array_initializer, drop_unread, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
-from autofusion.fusion_core.canonical._shape_values import Dim, dim_entries, known_dims
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.sizes import Dim, dim_entries, known_dims
 
 __all__ = ["RULE", "buffer_masks", "undo_buffer_masks"]
 

@@ -57,7 +57,7 @@ from autofusion.fusion_core.canonical._heads_layout import (
     perm_of,
     symbols,
 )
-from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "concat_heads"]
 

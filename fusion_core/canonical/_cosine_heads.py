@@ -32,10 +32,9 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread, take_place
-from autofusion.fusion_core.canonical._shape_values import axes_of, proven_equal
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import ONE, SizeProof
+from autofusion.fusion_core.sizes import ONE, SizeProof, axes_of, proven_equal
 
 __all__ = ["RULE", "cosine_heads"]
 

@@ -40,7 +40,10 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import INTEGER_TYPES, drop_unread, replace
-from autofusion.fusion_core.canonical._shape_values import (
+from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import (
     Dim,
     axes_of,
     grid_component,
@@ -48,9 +51,6 @@ from autofusion.fusion_core.canonical._shape_values import (
     known_dims,
     scalar,
 )
-from autofusion.fusion_core.canonical._softmax_shift import appends_sink_column
-from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["causal_fills", "identity_mask_expands", "padding_fills", "whole_scatters"]
 

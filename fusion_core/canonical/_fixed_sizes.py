@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import proven_equal
-from autofusion.fusion_core.sizes import Size, SizeProof
+from autofusion.fusion_core.sizes import Size, SizeProof, proven_equal
 
 __all__ = ["fixed_size"]
 

@@ -26,9 +26,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s
 from autofusion.fusion_core.canonical._identity import all_zero
-from autofusion.fusion_core.canonical._shape_values import known_dims, proven_same
 from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.sizes import ONE, SizeProof
+from autofusion.fusion_core.sizes import ONE, SizeProof, known_dims, proven_same
 
 __all__ = ["Step", "scaled_scores", "unfolded_bias"]
 

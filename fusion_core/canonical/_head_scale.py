@@ -37,10 +37,9 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import array_initializer, take_place
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
-from autofusion.fusion_core.canonical._shape_values import proven_same
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, proven_same
 
 __all__ = ["RULE", "head_scales", "undo_head_scales"]
 

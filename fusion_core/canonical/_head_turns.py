@@ -34,8 +34,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._attention_reads import attention_reads
 from autofusion.fusion_core.canonical._contexts import is_context
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = [
     "CONTEXT_RULE",

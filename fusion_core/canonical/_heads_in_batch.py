@@ -46,10 +46,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._edits import by_op_type, int64s, replace
 from autofusion.fusion_core.canonical._folded_scores import Step, scaled_scores, unfolded_bias
 from autofusion.fusion_core.canonical._folded_shape_reads import dead_from, fold_shape, shape_reads
-from autofusion.fusion_core.canonical._shape_values import known_dims, proven_same
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, known_dims, proven_same
 
 __all__ = ["RULE", "heads_unfolded"]
 

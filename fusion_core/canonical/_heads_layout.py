@@ -20,9 +20,9 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["HEAD_PERM", "HeadsLayout", "ints", "last_axis", "perm_of", "symbols"]
 

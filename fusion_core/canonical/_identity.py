@@ -48,10 +48,9 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._contexts import HEADS_RULE
 from autofusion.fusion_core.canonical._head_split import MERGE, SPLIT
-from autofusion.fusion_core.canonical._shape_values import entries
 from autofusion.fusion_core.ir import constant_tensor
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import ONE, Size, SizeProof, axis_size, read_sizes
+from autofusion.fusion_core.sizes import ONE, Size, SizeProof, axis_size, entries, read_sizes
 
 __all__ = ["all_zero", "drop_identity_reshapes", "drop_identity_slices", "drop_zero_adds"]
 

@@ -68,9 +68,9 @@ from autofusion.fusion_core.canonical._interleaved_projection import (
     slice_columns,
 )
 from autofusion.fusion_core.canonical._interleaved_undo import GROUPED, KEPT, note, recorded
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "interleaved_columns"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims, scalar
 
 __all__ = ["ONNX", "Projection", "projection", "slice_columns"]
 

@@ -32,9 +32,9 @@ import onnx_ir as ir
 from autofusion.fusion_core.canonical._edits import take_place
 from autofusion.fusion_core.canonical._interleaved_projection import ONNX, projection
 from autofusion.fusion_core.canonical._rotary_halves import last_axis_bounds
-from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.provenance import PATTERN
+from autofusion.fusion_core.sizes import known_dims, scalar
 
 __all__ = ["GROUPED", "KEPT", "NOTES", "note", "recorded", "undo_interleaved_columns"]
 

@@ -36,8 +36,8 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import put_back, replace
 from autofusion.fusion_core.canonical._scales import reads_into_softmax
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "kt_of_heads", "undo_kt_splits"]
 

@@ -25,8 +25,7 @@ from autofusion.fusion_core.canonical._layout_nodes import (
     transpose,
     typed,
 )
-from autofusion.fusion_core.canonical._shape_values import proven_other, proven_same
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, proven_other, proven_same
 
 __all__ = ["kt_by_reshapes"]
 

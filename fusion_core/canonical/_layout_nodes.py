@@ -10,8 +10,8 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import replace
-from autofusion.fusion_core.canonical._shape_values import Dim, known_dims
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import Dim, known_dims
 
 __all__ = ["Fresh", "perm", "producer", "reshape", "sandwich", "sole_reader", "take_place"]
 __all__ += ["transpose", "typed"]

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = [
     "NormBlock",

@@ -22,9 +22,9 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s, replace
-from autofusion.fusion_core.canonical._shape_values import axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import axes_of, known_dims
 
 __all__ = ["RULE", "packed_heads"]
 

@@ -36,9 +36,9 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import by_op_type, int64s, take_place
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "position_scales", "undo_position_scales"]
 

@@ -25,9 +25,9 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import free_name, int64s, put_back, replace
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "repeats_as_expand", "undo_gathers"]
 

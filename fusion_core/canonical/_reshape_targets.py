@@ -21,10 +21,9 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import int64s
-from autofusion.fusion_core.canonical._shape_values import dim_entries
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, dim_entries
 
 __all__ = ["copy_reshape_dims"]
 

@@ -29,7 +29,7 @@ from itertools import permutations
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread, int64s, replace
-from autofusion.fusion_core.canonical._shape_values import known_dims, scalar
+from autofusion.fusion_core.sizes import known_dims, scalar
 
 __all__ = ["last_axis_bounds", "rotary_halves", "undo_rotary_halves"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread, int64s
-from autofusion.fusion_core.canonical._shape_values import entries
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import entries
 
 __all__ = ["transposes_before_rotaries"]
 

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import replace
 from autofusion.fusion_core.canonical._rotary_halves import last_axis_bounds
-from autofusion.fusion_core.canonical._shape_values import known_dims
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["rotary_signs"]
 

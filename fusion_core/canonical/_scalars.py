@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import entries
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.sizes import entries
 
 __all__ = ["fold_known_scalars"]
 

@@ -43,15 +43,15 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._attention_reads import attention_reads
 from autofusion.fusion_core.canonical._edits import drop_unread, replace
-from autofusion.fusion_core.canonical._shape_values import (
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import (
     Dim,
     grid_component,
     grid_parts,
     known_dims,
     scalar,
 )
-from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.patterns import attribute_value
 
 __all__ = ["RULE", "scatter_parts"]
 

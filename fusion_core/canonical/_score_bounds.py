@@ -44,9 +44,9 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.canonical._value_bounds import value_bound
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["element_bound", "fiber_bound", "score_bound"]
 

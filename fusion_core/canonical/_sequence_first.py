@@ -37,16 +37,16 @@ from autofusion.fusion_core.canonical._layout_nodes import (
     transpose,
     typed,
 )
-from autofusion.fusion_core.canonical._shape_values import (
+from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import (
+    SizeProof,
     axes_of,
     entries,
     known_dims,
     proven_other,
     proven_same,
 )
-from autofusion.fusion_core.ir import constant_array
-from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof
 
 __all__ = [
     "packed_parts_as_slices",

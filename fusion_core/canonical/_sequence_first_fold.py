@@ -46,8 +46,7 @@ from autofusion.fusion_core.canonical._layout_nodes import (
     transpose,
     typed,
 )
-from autofusion.fusion_core.canonical._shape_values import known_dims, proven_other, proven_same
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, known_dims, proven_other, proven_same
 
 __all__ = ["RULE", "sequence_first_folds"]
 

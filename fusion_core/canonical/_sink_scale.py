@@ -34,8 +34,8 @@ from autofusion.fusion_core.canonical._edits import (
     new_initializer,
     take_place,
 )
-from autofusion.fusion_core.canonical._shape_values import axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
+from autofusion.fusion_core.sizes import axes_of, known_dims
 
 __all__ = ["RULE", "sink_scales", "undo_sink_scales"]
 

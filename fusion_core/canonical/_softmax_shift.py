@@ -25,7 +25,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread
-from autofusion.fusion_core.canonical._shape_values import axes_of, known_dims
+from autofusion.fusion_core.sizes import axes_of, known_dims
 
 __all__ = ["appends_sink_column", "softmax_shifts_dropped"]
 

@@ -30,8 +30,8 @@ from autofusion.fusion_core.canonical._edits import (
     put_back,
     replace,
 )
-from autofusion.fusion_core.canonical._shape_values import axes_of, dim_entries, known_dims
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import axes_of, dim_entries, known_dims
 
 __all__ = ["RULE", "one_kv_heads", "undo_one_head_splits"]
 

@@ -40,8 +40,8 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._contexts import is_context
-from autofusion.fusion_core.canonical._shape_values import known_dims
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import known_dims
 
 __all__ = ["RULE", "undo_value_scales", "value_scales"]
 

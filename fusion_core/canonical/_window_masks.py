@@ -38,8 +38,7 @@ import numpy as np
 import onnx_ir as ir
 
 from autofusion.fusion_core.canonical._edits import drop_unread, take_place
-from autofusion.fusion_core.canonical._shape_values import proven_equal
-from autofusion.fusion_core.sizes import ONE, SizeProof
+from autofusion.fusion_core.sizes import ONE, SizeProof, proven_equal
 
 __all__ = ["RULE", "window_masks"]
 

@@ -4,7 +4,8 @@ Each built-in rewriter lives in the module named as it is registered
 (``fusion_core.rewriters.fold_batchnorm`` holds ``fold_batchnorm``; ``attention``,
 ``group_query_attention`` and ``mixture_of_experts`` are packages); what several share
 is in the private modules (``_base``, ``_effect``, ``_affine``, ``_norm``,
-``_shape_values``, ``_attention_shapes``, ``_attention_mask``).
+``_attention_shapes``, ``_attention_mask``); shape values and the proven-size rule
+they read from ``fusion_core.sizes``.
 """
 
 from __future__ import annotations

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof
 from autofusion.fusion_core.rewriters._mask_sizes import attention_bias as attention_bias
 from autofusion.fusion_core.rewriters._mask_sizes import decided, shown_sizes
-from autofusion.fusion_core.sizes import ONE
+from autofusion.fusion_core.sizes import ONE, known_dims
 
 _ONNX = ("", "ai.onnx")
 # ops that give finite values from finite operands (short of a float overflow, which no

@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._base import Params, scale_factor
 from autofusion.fusion_core.rewriters._fused_sizes import proven_dims
-from autofusion.fusion_core.sizes import SizeProof, is_own
+from autofusion.fusion_core.sizes import Dim, SizeProof, is_own, known_dims
 
 
 class HeadNodes(Params):

@@ -13,8 +13,16 @@ import json
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, known_dims, proven_equal, proven_same
-from autofusion.fusion_core.sizes import ONE, Size, SizeProof, is_own
+from autofusion.fusion_core.sizes import (
+    ONE,
+    Dim,
+    Size,
+    SizeProof,
+    is_own,
+    known_dims,
+    proven_equal,
+    proven_same,
+)
 
 __all__ = [
     "SIZES_MARK",
@@ -143,8 +151,8 @@ def same_axis(
     proof: SizeProof, a: tuple[ir.Value | None, int], b: tuple[ir.Value | None, int]
 ) -> bool:
     """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by
-    the proof where it decides, else by the labels (known and equal); canonical's
-    ``proven_same``, the one rule for both."""
+    the proof where it decides, else by the labels (known and equal):
+    ``fusion_core.sizes.proven_same``, the one rule for canonical and the rewriters."""
     return proven_same(proof, (a, b))
 
 

@@ -16,9 +16,8 @@ import re
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.rewriters._fused_sizes import FusedSizeProof
-from autofusion.fusion_core.sizes import ONE, Size, is_own
+from autofusion.fusion_core.sizes import ONE, Size, is_own, known_dims
 
 __all__ = ["attention_bias", "decided", "shown_sizes"]
 

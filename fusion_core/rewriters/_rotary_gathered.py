@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
+from autofusion.fusion_core.sizes import axes_of, known_dims
 
 __all__ = ["copies_of_one", "gathered_part", "split_of_gathered"]
 

@@ -12,11 +12,11 @@ import hashlib
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.rewriters._base import RewriteContext
 from autofusion.fusion_core.rewriters._rotary_tables import AngleTable
 from autofusion.fusion_core.rewriters._shared import mark_shared, shared_value
+from autofusion.fusion_core.sizes import scalar
 
 __all__ = ["angle_cache", "rotary_positions"]
 

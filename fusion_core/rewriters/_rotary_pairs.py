@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import axes_of, known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._fused_sizes import same_axis
@@ -31,7 +30,7 @@ from autofusion.fusion_core.rewriters._rotary_gathered import (
     split_of_gathered,
 )
 from autofusion.fusion_core.rewriters._rotary_tables import Heads
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, axes_of, known_dims, scalar
 
 __all__ = [
     "heads_first",

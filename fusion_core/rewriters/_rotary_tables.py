@@ -19,12 +19,11 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import Dim, axes_of, known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters._fused_sizes import one_or_same, proven_dims, same_axis
 from autofusion.fusion_core.rewriters._mask_sizes import shown_sizes
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import Dim, SizeProof, axes_of, known_dims
 
 __all__ = ["AngleTable", "Heads", "angle_table", "one_rotation"]
 

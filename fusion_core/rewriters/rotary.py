@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import scalar
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
 from autofusion.fusion_core.rewriters._base import (
@@ -98,7 +97,7 @@ from autofusion.fusion_core.rewriters._rotary_tables import (
     angle_table,
     one_rotation,
 )
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, scalar
 from autofusion.fusion_core.targets import MS_DOMAIN
 
 __all__ = ["ROTARY_OPSET", "RotaryEmbedding"]

@@ -33,9 +33,47 @@ whose declared dimension it is proven to be) and canonical's ``identity_slice``,
 so the many reads of one graph cost one walk (a residual stream's sizes are asked
 again through every layer); it stays right while the graph changes only in ways that
 keep every value (a read replaced by an equal one).
+
+What every stage reads and decides with (``_shape_values.py``, ``_decide.py``):
+``known_dims`` (a value's labels), ``entries``/``dim_entries``/``scalar`` (a shape
+computation read entry by entry), ``axes_of``, ``grid_parts``/``grid_component`` (an index
+grid's parts); and the one rule that decides two sizes equal, ``proven_equal`` (the proof
+alone) and ``proven_same`` (the proof where it decides, the labels only where it cannot).
+Canonical's rules and the rewriters both use them: a later stage reads them here, not
+through an earlier stage's face.
 """
 
+from autofusion.fusion_core.sizes._decide import proven_equal, proven_other, proven_same
 from autofusion.fusion_core.sizes._proof import SizeProof, axis_size, read_sizes
+from autofusion.fusion_core.sizes._shape_values import (
+    Dim,
+    axes_of,
+    dim_entries,
+    entries,
+    grid_component,
+    grid_parts,
+    known_dims,
+    scalar,
+)
 from autofusion.fusion_core.sizes._size import ONE, Size, declared, is_own
 
-__all__ = ["ONE", "Size", "SizeProof", "axis_size", "declared", "is_own", "read_sizes"]
+__all__ = [
+    "ONE",
+    "Dim",
+    "Size",
+    "SizeProof",
+    "axes_of",
+    "axis_size",
+    "declared",
+    "dim_entries",
+    "entries",
+    "grid_component",
+    "grid_parts",
+    "is_own",
+    "known_dims",
+    "proven_equal",
+    "proven_other",
+    "proven_same",
+    "read_sizes",
+    "scalar",
+]

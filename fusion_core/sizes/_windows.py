@@ -18,8 +18,8 @@ __all__ = ["WINDOW_RULES", "axes_of"]
 
 
 def axes_of(node: ir.Node) -> list[int] | None:
-    """An Unsqueeze's or Squeeze's ``axes``: the attribute (before opset 13) or the
-    constant second input; None when neither is fixed by the graph."""
+    """The ``axes`` of an Unsqueeze, Squeeze or Reduce: the attribute (before opset 13 or
+    18) or the constant second input; None when neither is fixed by the graph."""
     attr = attribute_value(node, "axes", None)
     if attr is not None:
         return list(attr)

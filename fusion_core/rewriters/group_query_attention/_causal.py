@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import axes_of, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters.group_query_attention._proven import (
@@ -30,7 +29,7 @@ from autofusion.fusion_core.rewriters.group_query_attention._proven import (
     said,
     same_size,
 )
-from autofusion.fusion_core.sizes import Size, SizeProof
+from autofusion.fusion_core.sizes import Size, SizeProof, axes_of, scalar
 
 __all__ = [
     "allowed_of",

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match, attribute_value
 from autofusion.fusion_core.rewriters._attention_shapes import heads_of
 from autofusion.fusion_core.rewriters.group_query_attention._params import GQAParams
 from autofusion.fusion_core.rewriters.group_query_attention._proven import said, same_size
-from autofusion.fusion_core.sizes import Size, SizeProof
+from autofusion.fusion_core.sizes import Size, SizeProof, known_dims
 
 __all__ = ["KVSide", "head_split", "kv_side", "kv_sides", "repeats_heads", "split_source"]
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import Match
 from autofusion.fusion_core.rewriters._base import RewriteContext
-from autofusion.fusion_core.sizes import SizeProof
+from autofusion.fusion_core.sizes import SizeProof, known_dims, scalar
 
 __all__ = ["head_sink"]
 

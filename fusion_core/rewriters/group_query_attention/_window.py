@@ -26,7 +26,6 @@ from typing import NamedTuple
 import numpy as np
 import onnx_ir as ir
 
-from autofusion.fusion_core.canonical import known_dims, scalar
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.rewriters._fused_sizes import proven_equal
@@ -41,7 +40,7 @@ from autofusion.fusion_core.rewriters.group_query_attention._proven import (
     said,
     same_size,
 )
-from autofusion.fusion_core.sizes import ONE, Size
+from autofusion.fusion_core.sizes import ONE, Size, known_dims, scalar
 
 __all__ = ["MaskTerms", "query_free_terms", "window_of"]
 

@@ -7,6 +7,10 @@ and the sequence. ``entries`` follows such a computation through views, ``Concat
 ``Gather``, ``Shape`` and integer arithmetic and gives each entry as a number where the
 graph fixes it, ``None`` where it depends on an input. Symbolic dimensions stay ``None``:
 callers that need to compare them read the values' shapes instead (``known_dims``).
+
+Every stage that reads shapes uses these (the pre-passes, canonical's rules, the
+rewriters), so they live here, beside the proof, not in one stage another must reach
+into. ``axes_of`` is the proof's own (``_windows.py``): one reading of an op's axes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import onnx_ir as ir
 
 from autofusion.fusion_core.ir import constant_array, constant_picks
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import Size, SizeProof, is_own
+from autofusion.fusion_core.sizes._windows import axes_of
 
 __all__ = [
     "Dim",
@@ -26,9 +30,6 @@ __all__ = [
     "grid_component",
     "grid_parts",
     "known_dims",
-    "proven_equal",
-    "proven_other",
-    "proven_same",
     "scalar",
 ]
 
@@ -160,16 +161,6 @@ def _arithmetic(node: ir.Node, depth: int) -> list[int | None] | None:
     return [int(v) for v in np.atleast_1d(_ARITHMETIC[node.op_type](x, y))]
 
 
-def axes_of(node: ir.Node) -> list[int] | None:
-    """The ``axes`` of an Unsqueeze, Squeeze or Reduce: the attribute (before opset 13 or
-    18) or the constant second input; None when neither is fixed by the graph."""
-    attr = attribute_value(node, "axes", None)
-    if attr is not None:
-        return list(attr)
-    array = constant_array(node.inputs[1]) if len(node.inputs) > 1 else None
-    return None if array is None else [int(a) for a in array.reshape(-1)]
-
-
 def grid_parts(indices: ir.Value | None, dims: list[Dim]) -> list[ir.Value | None] | None:
     """The components of an index grid of a ``dims`` tensor: ``indices`` a Concat of
     ``len(dims)`` parts on a new last axis (each part ``grid_component``'s), else None."""
@@ -197,48 +188,3 @@ def grid_component(part: ir.Value | None, axis: int, dims: list[Dim]) -> ir.Valu
     if any(d != 1 for k, d in enumerate(padded) if k != axis) or padded[axis] != dims[axis]:
         return None
     return expand.inputs[0]
-
-
-_At = tuple[ir.Value, int]  # a value's axis
-
-
-def proven_same(proof: SizeProof, *pairs: tuple[_At, _At]) -> bool:
-    """Whether, for each pair ``(a, b)``, value ``a[0]`` on axis ``a[1]`` is as long as
-    ``b[0]`` on ``b[1]`` (``_same``)."""
-    return all(_same(proof, a, b) for a, b in pairs)
-
-
-def proven_other(proof: SizeProof, at: _At, number: Dim) -> bool:
-    """Whether the graph proves the size at ``at`` other than the label ``number``."""
-    size = proof.size(*at)
-    return size is not None and not is_own(size) and size.value != number
-
-
-def proven_equal(a: Size | None, b: Size | None) -> bool | None:
-    """True where ``a`` and ``b`` are proven one size; False where both are read back to
-    the graph's inputs and constants (neither a value's own size) and differ; None where
-    the proof cannot tell."""
-    if a is not None and a == b:
-        return True
-    if a is not None and b is not None and not is_own(a) and not is_own(b):
-        return False
-    return None
-
-
-def _same(proof: SizeProof, a: _At, b: _At) -> bool:
-    """Whether value ``a[0]`` on axis ``a[1]`` is as long as ``b[0]`` on ``b[1]``: by the
-    sizes ``proof`` reads from the graph where it decides (``proven_equal``), else by the
-    labels (known and equal). Labels can lie (an inference's auto-merge writes one symbol
-    for two sizes); they decide only where the graph does not. The rewriters share this
-    rule (``rewriters/_fused_sizes.same_axis``)."""
-    proven = proven_equal(proof.size(*a), proof.size(*b))
-    if proven is not None:
-        return proven
-    labels = [known_dims(value) for value, _ in (a, b)]
-    if labels[0] is None or labels[1] is None:
-        return False
-    try:
-        one, other = labels[0][a[1]], labels[1][b[1]]
-    except IndexError:
-        return False
-    return one is not None and one == other
