@@ -5,7 +5,7 @@ one Transpose of K (``kt_by_reshapes``).
 A Reshape keeps the elements in row-major order, so wherever the flattening keeps K's
 ``L, H`` last and the split writes back ``B, N, H, L``, the three nodes move K's
 elements as ``Transpose(K, [0, 1, 3, 2])`` does: exact, no arithmetic. The sizes are
-decided by ``proven_same`` (``_shape_values``), the labels only where the graph's proof
+decided by ``proven_same`` (``fusion_core.sizes``), the labels only where the graph's proof
 cannot tell.
 """
 
