@@ -48,7 +48,7 @@ from autofusion.fusion_core.canonical._folded_scores import Step, scaled_scores,
 from autofusion.fusion_core.canonical._folded_shape_reads import dead_from, fold_shape, shape_reads
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
-from autofusion.fusion_core.sizes import SizeProof, known_dims, proven_same
+from autofusion.fusion_core.sizes import SizeProof, declared, known_dims, proven_equal, proven_same
 
 __all__ = ["RULE", "heads_unfolded"]
 
@@ -270,7 +270,14 @@ def _scale_again(operand: ir.Value, scale: ir.Node | None, nodes: list[ir.Node])
 
 def _unmerged(value: ir.Value | None, proof: SizeProof) -> ir.Value | None:
     """``x`` where ``value = Reshape(x, [B * N, S, H])`` of a ``[B, N, S, H]`` x (the
-    last two dimensions known and kept, ``proven_same``), else None."""
+    last two dimensions known and kept, ``proven_same``; no label of ``x`` one the graph
+    proves otherwise, ``_label_proven_other``), else None.
+
+    The merge's target is computed, so onnxruntime's inference stops there and a lying
+    label of ``x`` reaches nothing; read unfolded, ``x``'s labels become the new nodes'
+    (Transpose, MatMul, Softmax), and onnxruntime plans its buffers by them: a ``k``
+    ``[B, N, S, H]`` labelled ``[B, N, S, S]`` gave its buffer (rows of ``H``) to the
+    ``[B, N, S, S]`` scores, and the model stopped at ``H != S``."""
     merge = value.producer() if value is not None else None
     if merge is None or not _is_reshape(merge) or merge.inputs[0] is None:
         return None
@@ -281,7 +288,29 @@ def _unmerged(value: ir.Value | None, proof: SizeProof) -> ir.Value | None:
     kept = ((value, 1), (source, 2)), ((value, 2), (source, 3))
     if None in before[2:] or not proven_same(proof, *kept):
         return None
+    if merge.graph is None or _label_proven_other(proof, source, merge.graph):
+        return None
     return source
+
+
+def _label_proven_other(proof: SizeProof, x: ir.Value, graph: ir.Graph) -> bool:
+    """Whether the graph proves a size of ``x`` other than its label: a number, or a
+    symbol a graph input declares (``proven_equal`` False: two declared symbols are two
+    sizes). A name an inference made up (``unk__0``, ``2*batch``) claims nothing the
+    proof can test."""
+    symbols = {
+        dim.value
+        for value in graph.inputs
+        for dim in (value.shape or [])
+        if isinstance(dim, ir.SymbolicDim) and dim.value
+    }
+    for axis, dim in enumerate(known_dims(x) or []):
+        if dim is None or (isinstance(dim, str) and dim not in symbols):
+            continue
+        label = declared(dim if isinstance(dim, int) else ir.SymbolicDim(dim), x.name or "")
+        if proven_equal(proof.size(x, axis), label) is False:
+            return True
+    return False
 
 
 def _is_reshape(node: ir.Node) -> bool:

@@ -34,6 +34,7 @@ __all__ = [
     "lies",
     "merged",
     "relabelled",
+    "relabellings",
     "stale",
     "stale_layouts",
     "swapped",
@@ -106,6 +107,22 @@ def lies(model: onnx.ModelProto) -> st.SearchStrategy[tuple[str, onnx.ModelProto
             .map(lambda t: (f"relabel {t[0]}[{t[1]}]={t[2]}", relabelled(base, *t)))
         )
     return st.one_of(options)
+
+
+def relabellings(model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
+    """(what was lied, the lying model) for every ``relabel`` of ``model`` once inferred:
+    each axis of each inner value given each graph input's symbol it does not carry.
+    ``lies`` draws one of them; a block's one bad relabel among a hundred and more can
+    take a 200-example run to find."""
+    base = inferred(model)
+    found = []
+    for value in base.graph.value_info:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            for symbol in input_symbols(base):
+                if dim.dim_param != symbol:
+                    lie = f"relabel {value.name}[{axis}]={symbol}"
+                    found.append((lie, relabelled(base, value.name, axis, symbol)))
+    return found
 
 
 def swapped(model: onnx.ModelProto, names: list[str], axes: tuple[int, int]) -> onnx.ModelProto:

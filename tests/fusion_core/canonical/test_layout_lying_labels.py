@@ -23,6 +23,11 @@ compute what the graph computes at two input sizes where the lie matters (``L !=
 * ``bmm_heads``/``bmm_crossed``: a product over heads folded into the batch
   (``heads_in_batch``), and one whose K is ``[N, B, S, H]`` before the fold.
 
+A label the rewrite exposes matters even where the values do not depend on it:
+onnxruntime plans its buffers by the labels its inference carries, so an unfolded
+operand labelled with a size the graph proves otherwise can hand a too-small buffer to
+the scores (``bmm_heads``' ``relabel kx[3]=S``).
+
 Tolerance: rtol = atol = 1e-6 (the rules move elements, no arithmetic).
 """
 
@@ -36,7 +41,14 @@ from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
-from tests.fusion_core.lying_labels import inferred, input_symbols, lies, merged
+from tests.fusion_core.lying_labels import (
+    inferred,
+    input_symbols,
+    lies,
+    merged,
+    relabelled,
+    relabellings,
+)
 from tests.fusion_core.spelling_settings import SPELLINGS
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
@@ -228,6 +240,17 @@ def test_a_spelling_labelled_as_the_layout_is_left(kind, gone, kept) -> None:
     assert "Reshape" in _same_at_both_sizes(kind, lying)
 
 
+def test_a_label_the_graph_proves_otherwise_keeps_the_fold() -> None:
+    """``bmm_heads``' k ``[B, N, S, H]`` labelled ``[B, N, S, S]`` (``relabel kx[3]=S``,
+    drawn by the 200-example run): folded, the lie reaches no inference and onnxruntime
+    runs the model; unfolded, onnxruntime read it through the new Transpose and MatMul
+    and gave k's buffer (rows of H) to the ``[B, N, S, S]`` scores ("Shape mismatch
+    attempting to re-use buffer" at H != S). ``heads_in_batch`` leaves a fold whose
+    unfolded operand the graph proves labelled wrong."""
+    lying = relabelled(inferred(_bmm("bmm_heads")), "kx", 3, "S")
+    assert "Reshape" in _same_at_both_sizes("bmm_heads", lying)
+
+
 def _merges() -> list[tuple[str, str, str]]:
     """Every block with every unordered pair of its input symbols (one direction: either
     way the two sizes read as one). Drawn at random, the one failing pair of a block with
@@ -242,3 +265,14 @@ def _merges() -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize(("kind", "gone", "kept"), _merges())
 def test_every_merge_of_two_symbols_leaves_the_values(kind, gone, kept) -> None:
     _same_at_both_sizes(kind, merged(inferred(BLOCKS[kind][0](kind)), gone, kept))
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_every_relabel_of_an_inner_axis_leaves_the_values(kind) -> None:
+    """Every inner axis of the block given every input symbol, one at a time (``lies``
+    draws one: ``bmm_heads``' ``relabel kx[3]=S`` is one of 132)."""
+    for lie, lying in relabellings(BLOCKS[kind][0](kind)):
+        try:
+            _same_at_both_sizes(kind, lying)
+        except Exception as error:  # onnxruntime's errors have no common type
+            raise AssertionError(f"{kind}: {lie}") from error
