@@ -122,19 +122,29 @@ def _write_fold(graph, swap: ir.Node, flat: ir.Node, heads: int, size: int, fres
 
 def _merged(graph: ir.Graph, heads: ir.Value, fresh: Fresh) -> list[ir.Node]:
     """``Reshape(heads, Concat([-1], Shape(heads, start=2)))``: ``[B * N, S, H]``."""
-    shape = ir.Node("", "Shape", [heads], [ir.AttrInt64("start", 2)], name=fresh(f"{RULE}_Shape"))
-    typed(shape, [2], ir.DataType.INT64, fresh, "heads_size")
-    rest = int64s(graph, fresh, [-1])
+    shape, target = _kept_axes(graph, heads, 2, [-1], fresh, ("heads_size", "fold_target"))
+    merge = reshape(heads, target.outputs[0], None, fresh)
+    return [shape, target, merge]
+
+
+def _kept_axes(
+    graph: ir.Graph, value: ir.Value, start: int, lead: list[int], fresh: Fresh, names
+) -> tuple[ir.Node, ir.Node]:
+    """``Shape(value, start)`` and the Reshape target ``Concat(lead, it)``: the last two
+    axes of ``value`` kept as they are, ``lead`` before them."""
+    shape = ir.Node(
+        "", "Shape", [value], [ir.AttrInt64("start", start)], name=fresh(f"{RULE}_Shape")
+    )
+    typed(shape, [2], ir.DataType.INT64, fresh, names[0])
     target = ir.Node(
         "",
         "Concat",
-        [rest, shape.outputs[0]],
+        [int64s(graph, fresh, lead), shape.outputs[0]],
         [ir.AttrInt64("axis", 0)],
         name=fresh(f"{RULE}_Concat"),
     )
-    typed(target, [3], ir.DataType.INT64, fresh, "fold_target")
-    merge = reshape(heads, target.outputs[0], None, fresh)
-    return [shape, target, merge]
+    typed(target, [len(lead) + 2], ir.DataType.INT64, fresh, names[1])
+    return shape, target
 
 
 def _context(merge: ir.Node, proof: SizeProof) -> tuple[ir.Node, int, int] | None:
@@ -170,17 +180,9 @@ def _write_context(
 ) -> None:
     context = swap.inputs[0]
     assert context is not None
-    shape = ir.Node("", "Shape", [context], [ir.AttrInt64("start", 1)], name=fresh(f"{RULE}_Shape"))
-    typed(shape, [2], ir.DataType.INT64, fresh, "context_size")
-    lead = int64s(graph, fresh, [-1, heads])
-    target = ir.Node(
-        "",
-        "Concat",
-        [lead, shape.outputs[0]],
-        [ir.AttrInt64("axis", 0)],
-        name=fresh(f"{RULE}_Concat"),
+    shape, target = _kept_axes(
+        graph, context, 1, [-1, heads], fresh, ("context_size", "context_target")
     )
-    typed(target, [4], ir.DataType.INT64, fresh, "context_target")
     cd = known_dims(context) or [None, None, None]
     product = context.producer()
     assert product is not None and product.inputs[1] is not None
