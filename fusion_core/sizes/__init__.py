@@ -6,7 +6,8 @@ not at the ones a shape inference guessed. onnxruntime's symbolic inference
 sequence rounded up to a chunk) ``sequence``, the very symbol of the unpadded length.
 So ``axis_size`` follows a value back to where its size is fixed: a graph input's
 declared dimension, a constant's shape, an entry of a Reshape or Expand target read
-from another size (a ``-1`` entry where the other sizes cancel against the input's),
+from another size (a ``-1`` entry where the other sizes cancel against the input's,
+``N * batch`` against ``batch`` too),
 the length of ``Range(a, b, 1)``, a Conv's or pool's window, a Pad by numbers, a Split;
 through the ops that keep or move an axis (elementwise ops, whose other inputs are 1 or
 the same size there, Transpose, Unsqueeze, Squeeze, Concat, Gather, MatMul, Slices of

@@ -11,7 +11,15 @@ import onnx_ir as ir
 from autofusion.fusion_core.ir import constant_array
 from autofusion.fusion_core.patterns import attribute_value
 from autofusion.fusion_core.sizes._readers import VIEWS
-from autofusion.fusion_core.sizes._size import ONE, Size, arithmetic, broadcast, is_own, scaled
+from autofusion.fusion_core.sizes._size import (
+    ONE,
+    Size,
+    arithmetic,
+    broadcast,
+    is_own,
+    multiple,
+    scaled,
+)
 from autofusion.fusion_core.sizes._windows import WINDOW_RULES, axes_of
 
 if TYPE_CHECKING:
@@ -88,13 +96,8 @@ def _rest(proof: SizeProof, node: ir.Node, entries: Entries, axis: int, depth: i
         for i, e in enumerate(entries)
         if i != axis
     ]
-    if any(s is None for s in tops + bottoms):
+    if any(s is None for s in tops + bottoms) or not _cancel(tops, bottoms):  # type: ignore[arg-type]
         return None
-    for size in [s for s in bottoms if s.value is None]:  # type: ignore[union-attr]
-        if size not in tops:
-            return None
-        tops.remove(size)
-        bottoms.remove(size)
     number, divisor = 1, 1
     for s in bottoms:
         divisor *= s.constant  # type: ignore[union-attr]
@@ -106,6 +109,26 @@ def _rest(proof: SizeProof, node: ir.Node, entries: Entries, axis: int, depth: i
     if not left:
         return None if number % divisor else Size((), number // divisor)
     return scaled(left[0], number, divisor)  # type: ignore[arg-type]
+
+
+def _cancel(tops: list[Size], bottoms: list[Size]) -> bool:
+    """Cancel each symbolic size of ``bottoms`` against one of ``tops`` (in place): the
+    same size, or a whole multiple of one, the factor left as a number on the other
+    side (TorchScript's fold of heads into the batch, ``[B, N, S, H]`` to ``[N * B, -1,
+    H]``, reads ``N * B`` over ``B``: the rest is ``S``). Exact: ``k * t`` over ``t`` is
+    ``k``, as polynomials. False where one does not cancel."""
+    for size in [s for s in bottoms if s.value is None]:
+        found = next(((t, 1, 1) for t in tops if t == size), None)
+        found = found or next(((t, k, 1) for t in tops if (k := multiple(size, t))), None)
+        found = found or next(((t, 1, k) for t in tops if (k := multiple(t, size))), None)
+        if found is None:
+            return False
+        top, over, times = found
+        tops.remove(top)
+        bottoms.remove(size)
+        tops.append(Size((), times))
+        bottoms.append(Size((), over))
+    return True
 
 
 def _expand(proof: SizeProof, node: ir.Node, axis: int, rank: int, depth: int):

@@ -9,7 +9,17 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-__all__ = ["ONE", "Size", "arithmetic", "broadcast", "declared", "is_own", "own", "scaled"]
+__all__ = [
+    "ONE",
+    "Size",
+    "arithmetic",
+    "broadcast",
+    "declared",
+    "is_own",
+    "multiple",
+    "own",
+    "scaled",
+]
 
 _MAX_ATOMS = 256  # k * batch is batch written k times: small multiples only
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9.]*|\d+)\s*$")
@@ -97,6 +107,17 @@ def scaled(size: Size, times: int, over: int) -> Size | None:
         return None
     atoms = tuple(sorted(a for a, c in counts.items() for _ in range(c * times // over)))
     return Size(atoms, size.constant * times // over)
+
+
+def multiple(size: Size, of: Size) -> int | None:
+    """The whole ``k >= 1`` with ``size == k * of`` as sums (``8 * batch`` of ``batch``
+    is 8), for symbolic ``of``; None where there is none or either is capped."""
+    if of.value is not None or size.capped or of.capped or size.value is not None:
+        return None
+    counts = Counter(of.atoms)
+    atom = next(iter(counts))
+    times = Counter(size.atoms)[atom] // counts[atom]
+    return times if times >= 1 and scaled(of, times, 1) == size else None
 
 
 def arithmetic(op: str, x: Size | None, y: Size | None) -> Size | None:
