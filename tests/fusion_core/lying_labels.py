@@ -19,7 +19,9 @@ lying model may not run, and a test reads only those that do.
 
 Graph inputs and outputs keep their declarations: they are the model's interface. The
 labels are written into ``value_info`` (where the pipeline's loading keeps them) and the
-model stays runnable: onnxruntime does not check symbolic labels against run-time sizes.
+original model stays runnable: onnxruntime does not check symbolic labels against run-time
+sizes. It does plan buffer reuse by them, so a rewrite that lets its inference carry a lie
+onto a value of another size can stop the fused model (``heads_in_batch``'s unfold did).
 """
 
 from __future__ import annotations
