@@ -152,8 +152,6 @@ def family_row(family: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import _llm_families as fam
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("families", nargs="+", help=f"some of {', '.join(unseen.UNSEEN)}")
     parser.add_argument("--out", type=Path, default=Path("/tmp/decode-survey"))
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     families = unseen.known_families(parser, args.families, unseen.UNSEEN)
     logging.basicConfig(level=logging.WARNING)
-    fam.FAMILIES.update({name: spec for name, (spec, _) in unseen.UNSEEN.items()})
+    unseen.register_unseen()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for family in families:

@@ -268,6 +268,12 @@ def check_cell(result) -> str:
     return "passed"
 
 
+def register_unseen() -> None:
+    """Make the surveyed families known to the exporter (``_llm_families.FAMILIES``
+    holds the corpus's; ``survey`` exports through it)."""
+    fam.FAMILIES.update({name: spec for name, (spec, _) in UNSEEN.items()})
+
+
 def survey(family: str, kind: str, folder: Path) -> dict:
     """One row: export (cached in ``folder``), optimize with the check, count."""
     import _llm_torch
@@ -361,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     families = known_families(parser, args.families, UNSEEN)
     logging.basicConfig(level=logging.WARNING)
-    fam.FAMILIES.update({name: spec for name, (spec, _) in UNSEEN.items()})
+    register_unseen()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for family in families:

@@ -2,8 +2,9 @@
 decoders outside the corpus. Its table's cells (an exporter's failure in one cell, the
 fusions that are neither attention nor a norm, the first attention near miss only where a
 Softmax is left), the family table's completeness (every family's kind has a wrapper,
-none is a corpus family), and, in the corpus tier, one family end to end: DeiT exported
-by TorchScript, optimized with the check, both attentions fused.
+none is a corpus family), and, in the corpus tier, four families end to end (DeiT,
+and Funnel, Swin-V2 and WavLM, whose attention three rules each read), optimized with the
+check, every attention fused.
 """
 
 import sys
@@ -96,12 +97,21 @@ def test_the_wrappers_and_classes_exist_in_transformers():
 
 
 @pytest.mark.corpus
-def test_one_vision_family_end_to_end_fuses_both_attentions(tmp_path):
+@pytest.mark.parametrize(
+    ("family", "kind", "attention"),
+    [
+        ("deit", "torchscript", 2),
+        ("funnel", "dynamo", 2),  # Einsum scores, a chain of biases, a -1e6 mask
+        ("swinv2", "torchscript", 4),  # cosine attention, a per-head scale, window masks
+        ("wavlm", "dynamo", 2),  # heads folded into the batch from [S, B, E], a gated bias
+    ],
+)
+def test_a_surveyed_family_end_to_end_fuses_every_attention(tmp_path, family, kind, attention):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    row = survey.survey("deit", "torchscript", tmp_path)
+    row = survey.survey(family, kind, tmp_path)
     assert "error" not in row, row
-    assert (row["attention"], row["softmax"], row["softmax_left"]) == (2, 2, 0), row
+    assert (row["attention"], row["softmax"], row["softmax_left"]) == (attention,) * 2 + (0,), row
     assert row["check"] == "passed" and row["miss"] == "", row
 
 
