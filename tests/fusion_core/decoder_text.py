@@ -24,6 +24,19 @@ TEXT_CONSTANTS = {
     "axes_pad": np.array([1, 2], np.int64),
 }
 
+# the index constants a rotary of one gathered table reads (RoFormer's stacked copies:
+# tests/fusion_core/rewriters/test_rotary_stacked_tables.py, test_rotary_shared_positions.py)
+PICK_CONSTANTS = {
+    "axes_0_1": np.array([0, 1], np.int64),
+    "zero": np.array([0], np.int64),
+    "one": np.array([1], np.int64),
+    "two": np.array([2], np.int64),
+    "last": np.array([-1], np.int64),
+    "end": np.array([2**62], np.int64),
+    "zero_scalar": np.array(0, np.int64),
+    "one_scalar": np.array(1, np.int64),
+}
+
 # the context of ``probs`` and ``v_rep``, its heads merged and projected by ``wo``
 MERGE = [
     "context = MatMul (probs, v_rep)",

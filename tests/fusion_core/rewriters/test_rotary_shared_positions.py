@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+from tests.fusion_core.decoder_text import PICK_CONSTANTS
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HIDDEN, HEADS, HALF, POSITIONS, LAYERS = 16, 2, 4, 24, 2
@@ -87,14 +88,7 @@ def two_layers(shifted: bool = False, generic: bool = False) -> onnx.ModelProto:
         "table": _table(),
         "halves": np.array([HALF, HALF], np.int64),
         "flat": np.array([1, 1, -1, HEAD], np.int64),
-        "axes_0_1": np.array([0, 1], np.int64),
-        "zero": np.array([0], np.int64),
-        "one": np.array([1], np.int64),
-        "two": np.array([2], np.int64),
-        "last": np.array([-1], np.int64),
-        "end": np.array([2**62], np.int64),
-        "zero_scalar": np.array(0, np.int64),
-        "one_scalar": np.array(1, np.int64),
+        **PICK_CONSTANTS,
     }
     ir_version, opset = (10, 23) if generic else (8, 18)
     shown = ", ".join(f"float[B, {HEADS}, S, {HEAD}] {o}" for o in outputs)

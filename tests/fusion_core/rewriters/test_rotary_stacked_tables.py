@@ -35,6 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+from tests.fusion_core.decoder_text import PICK_CONSTANTS
 from tests.fusion_core.spelling_settings import SPELLINGS as SETTINGS
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
@@ -156,14 +157,7 @@ def stacked_model(t: Stacked) -> onnx.ModelProto:
         "halves": np.array([t.half, t.half], np.int64),
         "half": np.array([t.half], np.int64),
         "flat": np.array([1, 1, -1, head], np.int64),
-        "axes_0_1": np.array([0, 1], np.int64),
-        "zero": np.array([0], np.int64),
-        "one": np.array([1], np.int64),
-        "two": np.array([2], np.int64),
-        "last": np.array([-1], np.int64),
-        "end": np.array([2**62], np.int64),
-        "zero_scalar": np.array(0, np.int64),
-        "one_scalar": np.array(1, np.int64),
+        **PICK_CONSTANTS,
     }
     ir_version, opset = (10, 23) if t.generic else (8, 18)
     text = f"""<ir_version: {ir_version}, opset_import: ["" : {opset}]>
