@@ -14,6 +14,22 @@ import onnx
 
 from tests.fusion_core.decoder_text import graph_model
 
+# the folded q, k, v (``qf``, ``kf``, ``vf``: ``[B * N, S, H]``) turned for the bmm: K^T
+# by one Transpose [1, 2, 0]
+FOLD_TURNS = [
+    "qt = Transpose <perm = [1, 0, 2]> (qf)",
+    "kt = Transpose <perm = [1, 2, 0]> (kf)",
+    "vt = Transpose <perm = [1, 0, 2]> (vf)",
+]
+# the plain attention over them, its context turned back to ``ct``: ``[S, B * N, H]``
+FOLD_ATTENTION = [
+    *FOLD_TURNS,
+    "scores = MatMul (qt, kt)",
+    "probs = Softmax <axis = -1> (scores)",
+    "context = MatMul (probs, vt)",
+    "ct = Transpose <perm = [1, 0, 2]> (context)",
+]
+
 
 class Spelling(NamedTuple):
     seq: int  # S, fixed in the graph (the conv feature encoder fixes WavLM's)
@@ -64,9 +80,7 @@ def block(s: Spelling, seed: int = 0) -> onnx.ModelProto:
         *(f"{p}m = MatMul (xs, w{p})" for p in "qkv"),
         *(f"{p} = Add ({p}m, b{p})" for p in "qkv"),
         *(f"{p}f = Reshape ({p}, fold)" for p in "qkv"),
-        "qt = Transpose <perm = [1, 0, 2]> (qf)",
-        "kt = Transpose <perm = [1, 2, 0]> (kf)",
-        "vt = Transpose <perm = [1, 0, 2]> (vf)",
+        *FOLD_TURNS,
         *product,
         "shape = Shape (x)",
         "batch = Slice (shape, zero, one)",

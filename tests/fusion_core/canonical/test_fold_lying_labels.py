@@ -33,6 +33,7 @@ from autofusion.fusion_core.testing import fuse_quiet, run_both
 from tests.fusion_core.decoder_text import graph_model
 from tests.fusion_core.lying_labels import inferred, lies, merged, relabelled
 from tests.fusion_core.spelling_settings import SPELLINGS
+from tests.fusion_core.wavlm_text import FOLD_ATTENTION
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 
@@ -56,13 +57,7 @@ def _fold(kind: str) -> onnx.ModelProto:
         *_reads("x", 2),
         f"t1 = Concat <axis = 0> ({lead}, rest, four)",
         *(f"{p}f = Reshape ({p}, t1)" for p in "qkv"),
-        "qt = Transpose <perm = [1, 0, 2]> (qf)",
-        "kt = Transpose <perm = [1, 2, 0]> (kf)",
-        "vt = Transpose <perm = [1, 0, 2]> (vf)",
-        "scores = MatMul (qt, kt)",
-        "probs = Softmax <axis = -1> (scores)",
-        "context = MatMul (probs, vt)",
-        "ct = Transpose <perm = [1, 0, 2]> (context)",
+        *FOLD_ATTENTION,
         "rows = Reshape (ct, merge)",
         "z = Mul (rows, two)",
     ]

@@ -20,7 +20,7 @@ from autofusion.fusion_core.testing import (
     run_both,
 )
 from tests.fusion_core.decoder_text import graph_model
-from tests.fusion_core.wavlm_text import Spelling, block, feeds
+from tests.fusion_core.wavlm_text import FOLD_ATTENTION, Spelling, block, feeds
 
 MOVED = dict(rtol=1e-6, atol=1e-6)
 FUSED = dict(rtol=1e-5, atol=1e-5)
@@ -89,13 +89,7 @@ def test_folded_scores_whose_context_no_merge_reads_stay_folded() -> None:
         "k = Add (x, two)",
         "v = Sub (x, two)",
         *(f"{p}f = Reshape ({p}, fold)" for p in "qkv"),
-        "qt = Transpose <perm = [1, 0, 2]> (qf)",
-        "kt = Transpose <perm = [1, 2, 0]> (kf)",
-        "vt = Transpose <perm = [1, 0, 2]> (vf)",
-        "scores = MatMul (qt, kt)",
-        "probs = Softmax <axis = -1> (scores)",
-        "context = MatMul (probs, vt)",
-        "ct = Transpose <perm = [1, 0, 2]> (context)",
+        *FOLD_ATTENTION,
         "y = Mul (ct, two)",
     ]
     inits = {"fold": np.array([6, -1, 4], np.int64), "two": TWO}
