@@ -125,15 +125,16 @@ g (float[batch, {seq}, {DIM}] x{sel}) => (float[batch, {seq}, {f.heads * f.vd}] 
     return build_model(text, inits)
 
 
-flats = st.builds(
-    Flat,
+# what every generated block draws: heads, the key and value head sizes, how the parts
+# are cut, the scale's op
+_DRAWN = dict(
     heads=st.sampled_from([2, 4]),
     kd=st.sampled_from([4, 8]),
     vd=st.sampled_from([8, 16]),
     parts=st.sampled_from(["split", "slices"]),
     scale=st.sampled_from(["Mul", "Div"]),
-    bias=st.booleans(),
 )
+flats = st.builds(Flat, **_DRAWN, bias=st.booleans())
 
 
 def _feeds(batch: int, seq: int = SEQ, heads: int = 0) -> dict[str, np.ndarray]:
@@ -177,15 +178,7 @@ def test_a_reshape_that_is_no_head_split_stays() -> None:
     assert not any("flat_head_split" in n.name for n in fused.model.graph.node)
 
 
-computed = st.builds(
-    Flat,
-    heads=st.sampled_from([2, 4]),
-    kd=st.sampled_from([4, 8]),
-    vd=st.sampled_from([8, 16]),
-    parts=st.sampled_from(["split", "slices"]),
-    scale=st.sampled_from(["Mul", "Div"]),
-    target=st.sampled_from(["shapes", "minus"]),
-)
+computed = st.builds(Flat, **_DRAWN, target=st.sampled_from(["shapes", "minus"]))
 
 
 @SPELLINGS
