@@ -236,6 +236,15 @@ class OptimizeConfig(BaseModel):
     # The hardware the cost model prices for: a shipped profile (cpu, gpu) or a path to
     # one written by `autofusion calibrate`.
     target_profile: str = "cpu"
+    # What the written model declares of its intermediate values (ONNX value_info): "all"
+    # their inferred types and shapes, "none" only the graph's interface; None: what the
+    # target profile says (its value_info; fusion_core/pipeline/written.py).
+    value_info: Literal["all", "none"] | None = Field(
+        default=None,
+        description="What the fused model declares of its intermediate values: 'all' their "
+        "inferred types and shapes, 'none' only the graph's interface (the runtime infers "
+        "the rest); null: the target profile's choice (cpu: none).",
+    )
     # Drop candidates predicted to speed their nodes up by less than this ratio
     # (time before / time after), or whose fused working set exceeds this many bytes.
     cost_threshold: float | None = Field(default=None, gt=0)

@@ -528,14 +528,18 @@ def proto_with_weights(model: ir.Model) -> onnx.ModelProto:
         _release_mappings(model)
 
 
-def weightless_proto(model: ir.Model) -> onnx.ModelProto:
+def weightless_proto(model: ir.Model, *, keep_up_to: int = 0) -> onnx.ModelProto:
     """``model`` as a proto without its initializers' bytes: the graph, the inputs and
     outputs, and every initializer with its name, type and shape, written as a reference
     to external data that does not exist (``location`` names no file). What reads only the
     graph (the check's inputs and outputs) gets the model without a copy of its weights;
-    what runs it needs the model itself. ``model`` is left as it was."""
+    what runs it needs the model itself. ``keep_up_to``: initializers of at most that many
+    bytes keep theirs (the sizes a shape inference reads). ``model`` is left as it was."""
     values = [
-        v for g in model.graphs() for v in g.initializers.values() if v.const_value is not None
+        v
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if v.const_value is not None and v.const_value.nbytes > keep_up_to
     ]
     tensors = [value.const_value for value in values]
     try:

@@ -11,7 +11,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -71,6 +71,12 @@ class TargetProfile(BaseModel):
     # over the roofline's prediction, relative to the unfused nodes' (learned from profiled
     # reports by `autofusion calibrate --from-report`; 1 if absent).
     kernel_factors: dict[str, float] = Field(default_factory=dict)
+    # What a fused model written for this runtime declares of its intermediate values
+    # (ONNX value_info): "all" their inferred types and shapes, "none" only the graph's
+    # interface, the rest left to the runtime's own inference (an exporter's file is
+    # mostly so). A runtime's optimizer fuses by the shapes it can prove, not always into
+    # faster kernels (fusion_core/pipeline/written.py).
+    value_info: Literal["all", "none"] = "all"
     calibration: Calibration | None = None
 
     @field_validator("kernel_factors")

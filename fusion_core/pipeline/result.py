@@ -121,6 +121,11 @@ class Result:
     # Bytes of constants in the model as given (prepasses.constant_bytes): what the
     # fused model's size is capped against (size_cap.py); None: not measured
     input_bytes: int | None = None
+    # The types and shapes the written form left out of ``model``, by value name
+    # (written.py): what reads inferred shapes after the pass reads them here
+    inferred: dict[str, tuple[ir.TypeProtocol | None, ir.Shape | None]] = field(
+        default_factory=dict
+    )
 
     @property
     def counts(self) -> dict[str, int]:

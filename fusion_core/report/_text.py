@@ -19,7 +19,8 @@ _MAX_NEAR_MISSES = 10
 
 def format_summary(report: dict[str, Any]) -> str:
     lines = [f"autofusion: {report.get('model') or 'model'} -> target {report['target']}"]
-    lines += [f"  {p}" for p in report.get("prepasses", []) if p.startswith("upgrade_opset:")]
+    said = ("upgrade_opset:", "written form:")  # what changes the file beyond the fusions
+    lines += [f"  {p}" for p in report.get("prepasses", []) if p.startswith(said)]
     lines += _fusions(report)
     lines += _measurement(report.get("measurement"))
     lines += _ops(report["nodes"])

@@ -401,4 +401,12 @@ def report_view(
         "memory": _memory(_dict(report.get("memory"))),
         "optimize_memory": _optimize_memory(report),
         "slowest": slowest_nodes(profile),
+        "written": _written(report),
     }
+
+
+def _written(report: dict[str, Any]) -> str | None:
+    """What the written model leaves out of its declarations (pipeline/written.py), in
+    the pre-passes' words; None when it declares every inferred shape."""
+    lines = [str(p) for p in _list(report.get("prepasses")) if str(p).startswith("written form:")]
+    return lines[-1].removeprefix("written form: ") if lines else None

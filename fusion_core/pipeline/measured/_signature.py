@@ -100,7 +100,8 @@ def group_signature(
     """The signature of ``group`` as ``proposal`` (the model its fusions were applied to)
     has its regions; ``hashes``: ``pattern_hashes`` of the run's patterns."""
     nodes = {n.name: n for n in ir.traversal.RecursiveGraphIterator(proposal.model.graph)}
-    texts = sorted({_region(f, nodes, proposal.applied, dims) for f in group.fusions})
+    sizes = _Sizes(dims, proposal.inferred)
+    texts = sorted({_region(f, nodes, proposal.applied, sizes) for f in group.fusions})
     ops = sorted(set(group.new_ops))
     phash = hashes.get(group.pattern) or hashlib.sha256(group.pattern.encode()).hexdigest()
     payload = json.dumps([_VERSION, group.pattern, phash, ops, texts], separators=(",", ":"))
@@ -109,21 +110,30 @@ def group_signature(
     return RegionSignature(hashlib.sha256(payload.encode()).hexdigest(), phash, region)
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """What a region's values are signed with: the measurement's dims, and the types and
+    shapes the written model left out (``Result.inferred``)."""
+
+    dims: Mapping[str, int]
+    inferred: Mapping[str, tuple[Any, Any]]
+
+
 def _region(
     fusion: AppliedFusion,
     nodes: Mapping[str, ir.Node],
     applied: Sequence[AppliedFusion],
-    dims: Mapping[str, int],
+    sizes: _Sizes,
 ) -> str:
     """One fusion's region: its fused nodes, or what consumed those a later round took."""
-    present = sorted(_node(nodes[n], dims) for n in fusion.new_nodes if n in nodes)
+    present = sorted(_node(nodes[n], sizes) for n in fusion.new_nodes if n in nodes)
     text = " ; ".join(present)
     if len(present) == len(fusion.new_nodes):
         return text
     ops = ",".join(sorted(set(fusion.new_ops)))
     consumers = _consumers(fusion, nodes, applied)
     if consumers:
-        inner = " ; ".join(sorted({_node(nodes[n], dims) for n in consumers}))
+        inner = " ; ".join(sorted({_node(nodes[n], sizes) for n in consumers}))
         gone = f"{ops} consumed by {inner}"
     else:
         gone = f"{ops} gone"
@@ -153,21 +163,24 @@ def _consumers(
     return found
 
 
-def _node(node: ir.Node, dims: Mapping[str, int]) -> str:
+def _node(node: ir.Node, sizes: _Sizes) -> str:
     attrs = ",".join(f"{name}={_attr(node.attributes[name])}" for name in sorted(node.attributes))
-    ins = ",".join(_value(v, dims) for v in node.inputs)
-    outs = ",".join(_value(v, dims) for v in node.outputs)
+    ins = ",".join(_value(v, sizes) for v in node.inputs)
+    outs = ",".join(_value(v, sizes) for v in node.outputs)
     return f"{node.domain or 'ai.onnx'}::{node.op_type}({attrs})[{ins}]->[{outs}]"
 
 
-def _value(value: ir.Value | None, dims: Mapping[str, int]) -> str:
+def _value(value: ir.Value | None, sizes: _Sizes) -> str:
     if value is None:
         return "-"
-    dtype = value.dtype.name.lower() if value.dtype is not None else "?"
+    kind, shape = value.type, value.shape
+    if kind is None and shape is None:
+        kind, shape = sizes.inferred.get(value.name or "", (None, None))
+    dtype = kind.dtype.name.lower() if kind is not None and kind.dtype is not None else "?"
     const = "c" if value.const_value is not None or value.is_initializer() else ""
-    if value.shape is None:
+    if shape is None:
         return f"{dtype}{const}"
-    return f"{dtype}[{','.join(_dim(d, dims) for d in value.shape)}]{const}"
+    return f"{dtype}[{','.join(_dim(d, sizes.dims) for d in shape)}]{const}"
 
 
 def _dim(dim: Any, dims: Mapping[str, int]) -> str:

@@ -154,7 +154,7 @@ def test_true_labels_read_the_folds_that_are_folds(kind, rank3) -> None:
     """With the true labels the folds are read per head (no rank-3 product left), the
     bias of rows of its own (proven other than the scores') stays folded."""
     model = inferred(BLOCKS[kind][0](kind))
-    fused = fuse_quiet(model)
+    fused = fuse_quiet(model, value_info="all")  # the ranks the rules left, declared
     _same_at_both_sizes(kind, model)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in fused.model.graph.value_info}
     products = [n for n in fused.model.graph.node if n.op_type == "MatMul"]

@@ -9,7 +9,8 @@ and SDPA, dynamo's, a sliding window, a finite mask, MultiHeadAttention; and a
 two-layer decoder with RMS norms, rotary and SwiGLU) is checked for:
 
 * every output of a node carrying a rewrite's provenance, in the main graph, has a
-  dtype and a rank in the saved model;
+  dtype and a rank in the saved model (saved with ``value_info: all``: the CPU profiles'
+  written form leaves intermediate shapes out, ``pipeline/written.py``);
 * on onnxruntime, at two lengths, each such value has that rank, each number dimension
   its size, each dimension named by the graph's inputs (``past + seq`` summed) that
   size, and each other name one size across all the values it labels (labels that do not
@@ -141,7 +142,7 @@ def check_values(model: onnx.ModelProto, inputs: list[dict]) -> None:
 @given(spelling=BLOCKS)
 def test_every_value_a_rewrite_makes_in_an_attention_block_has_its_shape(spelling) -> None:
     model = decoder_attention(**spelling)
-    fused = optimize_quiet(model, **ORT).to_proto()
+    fused = optimize_quiet(model, **ORT, value_info="all").to_proto()
     cache, kv = spelling["cache"], spelling["kv_heads"]
     runs = [feeds(2, 3, 4, "left", cache=cache, kv=kv), feeds(1, 1, 6, "none", cache=cache, kv=kv)]
     check_values(fused, runs)
@@ -167,6 +168,6 @@ def _decoder_inputs(vocab: int, batch: int, seq: int) -> dict[str, np.ndarray]:
 
 def test_every_value_a_rewrite_makes_in_a_decoder_has_its_shape(decoder) -> None:
     model, shape = decoder
-    fused = optimize_quiet(model, target="onnxruntime").to_proto()
+    fused = optimize_quiet(model, target="onnxruntime", value_info="all").to_proto()
     runs = [_decoder_inputs(shape.vocab, 2, 5), _decoder_inputs(shape.vocab, 1, 9)]
     check_values(fused, runs)
