@@ -127,6 +127,12 @@ def _selection_options(p: argparse.ArgumentParser) -> None:
         default="cpu",
         help="cost model hardware: cpu, cpu-kernels, gpu, or a file from `autofusion calibrate`",
     )
+    p.add_argument(
+        "--value-info",
+        choices=["all", "none"],
+        help="what the written model declares of its intermediate values: all their "
+        "inferred types and shapes, or none (default: what the target profile says; cpu: none)",
+    )
     p.add_argument("--cost-threshold", type=float, help="minimum predicted speedup ratio")
     p.add_argument("--memory-limit", type=int, help="maximum fused working set, bytes")
     p.add_argument(
@@ -207,6 +213,7 @@ _CONFIG_OPTIONS = {
     "profile": "profile",
     "selection": "selection",
     "target_profile": "target_profile",
+    "value_info": "value_info",
     "cost_threshold": "cost_threshold",
     "memory_limit": "memory_limit",
     "measure": "measure",

@@ -58,6 +58,8 @@ class StrategySpec(BaseModel):
     measure: bool | None = None
     measure_options: MeasureOptions | None = None
     target_profile: str | None = Field(default=None, max_length=200)
+    # What the fused model declares of its intermediate values; unset: the profile's.
+    value_info: Literal["all", "none"] | None = None
     cost_threshold: float | None = Field(default=None, gt=0)
     memory_limit: int | None = Field(default=None, ge=0)
     # Patterns turned off or on by the job's input shapes (docs/cost.md).
@@ -98,6 +100,7 @@ _OPTIONAL_FIELDS = (
     "selection",
     "measure",
     "target_profile",
+    "value_info",
     "cost_threshold",
     "memory_limit",
     "progressive",
