@@ -48,8 +48,16 @@ logger = logging.getLogger("bench_corpus")
 PHASES = ("load", "prepasses", "match", "rewrite", "cleanup", "check")
 
 
-def optimize(src: Path, info: meta.ModelMeta, target: str, tmp: Path, timeout: int) -> dict:
-    """The CLI, as the corpus tier runs it; the record of steps 1-3 of the module doc."""
+def optimize(
+    src: Path,
+    info: meta.ModelMeta,
+    target: str,
+    tmp: Path,
+    timeout: int,
+    extra: list[str] | None = None,
+) -> dict:
+    """The CLI, as the corpus tier runs it (and ``extra`` options); the record of steps
+    1-3 of the module doc."""
     out, report = tmp / f"{target}.onnx", tmp / f"{target}.json"
     cmd = [
         str(Path(sys.executable).with_name("autofusion")),
@@ -62,6 +70,7 @@ def optimize(src: Path, info: meta.ModelMeta, target: str, tmp: Path, timeout: i
         "--report",
         str(report),
     ]
+    cmd += extra or []
     for profile in info.shapes:
         cmd += ["--shape", ",".join(f"{k}={v}" for k, v in profile.items())]
     start = time.perf_counter()

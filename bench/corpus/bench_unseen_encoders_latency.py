@@ -9,7 +9,9 @@ is not slower than what onnxruntime does to the original by itself.
     python bench/corpus/unseen_encoders.py --out DIR FAMILY ...   # the exports
     python bench/corpus/bench_unseen_encoders_latency.py --exports DIR FAMILY ...
 
-Each export ``DIR/{family}_{exporter}.onnx`` is optimized for onnxruntime and timed on one
+Each export ``DIR/{family}_{exporter}.onnx`` is optimized for onnxruntime (with
+``--declared-too`` a second time with ``value_info: all``, every inferred intermediate
+shape declared: the row ``declared``) and timed on one
 seeded sample (``fusion_core.validate.random_inputs``: every symbolic axis whose name says
 batch is ``--batch``, every other one ``--length``; a speech model wants ``--length
 16000``), ``--threads`` threads, ``--rounds`` interleaved rounds after 20
@@ -34,11 +36,13 @@ from _sessions import feeds_for, session, short
 ATTENTION = ("MultiHeadAttention", "GroupQueryAttention", "Attention")
 
 
-def fuse(source: Path, target: Path) -> str:
-    """Optimize ``source`` into ``target`` with the defaults; what fused, in a few words."""
+def fuse(source: Path, target: Path, value_info: str | None = None) -> str:
+    """Optimize ``source`` into ``target`` with the defaults (and ``value_info``, when
+    given); what fused, in a few words."""
     from autofusion.fusion_core import OptimizeConfig, optimize
 
-    result = optimize(onnx.load(str(source)), OptimizeConfig(target="onnxruntime"))
+    config = OptimizeConfig(target="onnxruntime", value_info=value_info)
+    result = optimize(onnx.load(str(source)), config)
     onnx.save(result.to_proto(), str(target))
     ops: dict[str, int] = {}
     for op, count in result.ops_after.items():
@@ -88,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument(
+        "--declared-too",
+        action="store_true",
+        help="also time the fused model written with value_info: all ('declared')",
+    )
     args = parser.parse_args(argv)
     out = args.out or args.exports / "after"
     out.mkdir(parents=True, exist_ok=True)
@@ -98,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             original = args.exports / f"{family}_{kind}.onnx"
             name = f"{family} ({kind})"
             try:
-                fused = out / original.name
-                note = fuse(original, fused)
-                rows = timed_rows(name, {"original": original, "after": fused}, note, args)
+                paths = {"original": original, "after": out / original.name}
+                note = fuse(original, paths["after"])
+                if args.declared_too:  # the same fusions, every inferred shape declared
+                    paths["declared"] = out / f"declared_{original.name}"
+                    fuse(original, paths["declared"], value_info="all")
+                rows = timed_rows(name, paths, note, args)
             except Exception as exc:  # one export's failure is its row, not the table's end
                 rows = [f"| {name} | - | {short(exc)} | - | - | - |"]
             print("\n".join(rows), flush=True)
