@@ -48,6 +48,7 @@ __all__ = [
     "misses",
     "op_sequence",
     "optimize_quiet",
+    "post_norm_residual",
     "run_both",
 ]
 
@@ -197,6 +198,33 @@ def build_model(text: str, initializers: dict[str, np.ndarray] | None = None) ->
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def post_norm_residual(hidden: int = 64, heads: int = 4, seed: int = 7) -> onnx.ModelProto:
+    """A post-norm residual block whose branch comes back from a head split through a
+    Reshape to ``[0, -1, hidden]`` (``view(batch, -1, hidden)``, as TorchScript writes
+    it): onnxruntime's own inference leaves the -1 unknown, the pre-passes prove it
+    ``batch x seq x hidden``; seeded, non-degenerate weights."""
+    rng = np.random.default_rng(seed)
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+    block (float[batch, seq, {hidden}] x) => (float[batch, seq, {hidden}] y) {{
+        h = MatMul(x, w)
+        heads = Reshape(h, split)
+        turned = Transpose<perm = [0, 1, 3, 2]>(heads)
+        branch = Reshape(turned, merge)
+        summed = Add(x, branch)
+        y = LayerNormalization<axis = -1, epsilon = 0.00001>(summed, gamma, beta)
+    }}"""
+    return build_model(
+        text,
+        {
+            "w": rng.normal(0, 0.2, (hidden, hidden)),
+            "split": np.array([0, 0, heads, hidden // heads], np.int64),
+            "merge": np.array([0, -1, hidden], np.int64),
+            "gamma": rng.uniform(0.5, 1.5, hidden),
+            "beta": rng.normal(0, 0.3, hidden),
+        },
+    )
 
 
 def bn_params(

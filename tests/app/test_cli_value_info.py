@@ -5,40 +5,17 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import onnx
-import onnx.parser
 import pytest
 
 from autofusion.app.cli import main
 from autofusion.app.services.strategies import StrategySpec
-
-# A residual block whose merge Reshape reads -1: its shape is one only inference proves
-BLOCK = """<ir_version: 8, opset_import: ["" : 17]>
-g (float[batch, seq, 32] x) => (float[batch, seq, 32] y) {
-    h = MatMul (x, w)
-    heads = Reshape (h, split)
-    turned = Transpose <perm = [0, 1, 3, 2]> (heads)
-    branch = Reshape (turned, merge)
-    summed = Add (x, branch)
-    y = LayerNormalization <axis = -1> (summed, gamma, beta)
-}"""
+from autofusion.fusion_core.testing import post_norm_residual
 
 
 def _model(tmp_path) -> str:
-    model = onnx.parser.parse_model(BLOCK)
-    rng = np.random.default_rng(3)
-    arrays = {
-        "w": rng.normal(0, 0.3, (32, 32)).astype(np.float32),
-        "split": np.array([0, 0, 4, 8], np.int64),
-        "merge": np.array([0, -1, 32], np.int64),
-        "gamma": rng.uniform(0.5, 1.5, 32).astype(np.float32),
-        "beta": rng.normal(0, 0.2, 32).astype(np.float32),
-    }
-    for name, array in arrays.items():
-        model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
     path = tmp_path / "model.onnx"
-    onnx.save(model, path)
+    onnx.save(post_norm_residual(hidden=32), path)  # a merge Reshape reading -1
     return str(path)
 
 

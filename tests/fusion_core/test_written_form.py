@@ -1,8 +1,8 @@
 """The written model declares what its target profile says (fusion_core/pipeline/written.py).
 
-The block below is a post-norm residual whose second branch comes back from a head split
-through a Reshape to ``[0, -1, 64]`` (``view(batch, -1, hidden)``): onnxruntime's own
-inference leaves the -1 unknown, ours proves it (``batch x seq x 64``). Declared, it lets
+The block (``testing.post_norm_residual``) is a post-norm residual whose second branch comes
+back from a head split through a Reshape to ``[0, -1, 64]`` (``view(batch, -1, hidden)``):
+onnxruntime's own inference leaves the -1 unknown, ours proves it. Declared, it lets
 onnxruntime's CPU provider form its slower SkipLayerNormalization at ORT_ENABLE_ALL; left
 out, the runtime sees what the exporter's file showed it.
 """
@@ -20,33 +20,7 @@ import pytest
 from autofusion.fusion_core import OptimizeConfig, optimize
 from autofusion.fusion_core.errors import ConfigError
 from autofusion.fusion_core.report import build_report, format_summary, render_html
-from autofusion.fusion_core.testing import build_model
-
-_BLOCK = """
-<ir_version: 8, opset_import: ["" : 17]>
-block (float[batch, seq, 64] x) => (float[batch, seq, 64] y) {
-    h = MatMul(x, w)
-    heads = Reshape(h, split)
-    turned = Transpose<perm = [0, 1, 3, 2]>(heads)
-    branch = Reshape(turned, merge)
-    summed = Add(x, branch)
-    y = LayerNormalization<axis = -1, epsilon = 0.00001>(summed, gamma, beta)
-}
-"""
-
-
-def _block() -> onnx.ModelProto:
-    rng = np.random.default_rng(7)  # the same weights in every run: the forms are compared
-    return build_model(
-        _BLOCK,
-        {
-            "w": rng.normal(0, 0.2, (64, 64)),
-            "split": np.array([0, 0, 4, 16], np.int64),
-            "merge": np.array([0, -1, 64], np.int64),
-            "gamma": rng.uniform(0.5, 1.5, 64),
-            "beta": rng.normal(0, 0.3, 64),
-        },
-    )
+from autofusion.fusion_core.testing import build_model, post_norm_residual
 
 
 def _intermediates(model: onnx.ModelProto) -> set[str]:
@@ -54,7 +28,7 @@ def _intermediates(model: onnx.ModelProto) -> set[str]:
 
 
 def _fused(**config) -> tuple[onnx.ModelProto, list[str], bool]:
-    result = optimize(_block(), OptimizeConfig(target="onnxruntime", **config))
+    result = optimize(post_norm_residual(), OptimizeConfig(target="onnxruntime", **config))
     return result.to_proto(), result.prepasses, result.check.passed
 
 
@@ -138,7 +112,9 @@ def test_a_profile_with_an_unknown_value_info_is_refused(tmp_path):
     text = Path(__file__).parents[2] / "fusion_core" / "target_profiles" / "cpu.yaml"
     profile.write_text(text.read_text().replace("value_info: none", "value_info: some"))
     with pytest.raises(ConfigError, match="value_info"):
-        optimize(_block(), OptimizeConfig(target="onnxruntime", target_profile=str(profile)))
+        optimize(
+            post_norm_residual(), OptimizeConfig(target="onnxruntime", target_profile=str(profile))
+        )
 
 
 # onnx's inference reads ONNX Attention's 3-D output as [?, ?, 0] when its inputs' last
@@ -187,12 +163,12 @@ def test_a_value_onnx_would_read_wrong_keeps_its_declaration():
 
 def test_the_report_page_and_the_summary_say_what_was_left_out():
     config = OptimizeConfig(target="onnxruntime")
-    report = build_report(optimize(_block(), config), config=config)
+    report = build_report(optimize(post_norm_residual(), config), config=config)
     page = render_html(report)
     said = "the types and shapes of 5 intermediate values and 5 weights left out"
     assert re.search(rf'<td id="written-form">{said} \(value_info: none', page)
     assert f"  written form: {said}" in format_summary(report)
     kept = OptimizeConfig(target="onnxruntime", value_info="all")
-    report = build_report(optimize(_block(), kept), config=kept)
+    report = build_report(optimize(post_norm_residual(), kept), config=kept)
     assert 'id="written-form"' not in render_html(report)
     assert "written form:" not in format_summary(report)
