@@ -203,15 +203,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("corpus-results.json"))
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
+    return bench_all(args, bench_model, markdown)
+
+
+def bench_all(args: argparse.Namespace, bench_one, table_of, wanted=lambda info: True) -> int:
+    """``bench_one(src, info, args)`` for every corpus model ``wanted`` takes (and
+    ``--models`` names), each result written to ``--json`` as it comes; then the table
+    ``table_of(results)`` to ``--markdown`` and stdout."""
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     models = meta.models_dir(meta.cache_dir(args.cache))
     results = {}
     for src, info in meta.load_all(models):
-        if args.models and info.name not in args.models:
+        if not wanted(info) or (args.models and info.name not in args.models):
             continue
-        results[info.name] = bench_model(src, info, args)
+        results[info.name] = bench_one(src, info, args)
         args.json.write_text(json.dumps(results, indent=1) + "\n")
-    table = markdown(results)
+    table = table_of(results)
     if args.markdown:
         args.markdown.write_text(table)
     print(table)

@@ -21,8 +21,6 @@ PairedRatio) and ``none / all`` (below 1: leaving the shapes out is faster).
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -134,19 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("value-info.json"))
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    models = meta.models_dir(meta.cache_dir(args.cache))
-    results = {}
-    for src, info in meta.load_all(models):
-        if "onnxruntime" not in info.targets or (args.models and info.name not in args.models):
-            continue
-        results[info.name] = bench_model(src, info, args)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    table = markdown(results)
-    if args.markdown:
-        args.markdown.write_text(table)
-    print(table)
-    return 0
+    return bench_corpus.bench_all(args, bench_model, markdown, _on_onnxruntime)
+
+
+def _on_onnxruntime(info: meta.ModelMeta) -> bool:
+    return "onnxruntime" in info.targets
 
 
 if __name__ == "__main__":
