@@ -16,9 +16,6 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from markupsafe import Markup
-
-from autofusion.fusion_core.report._charts import grouped_bars
 from autofusion.fusion_core.report._decisions import decision_source, store_counts
 from autofusion.fusion_core.report._folding import left_alone_records
 from autofusion.fusion_core.report._growth import growth
@@ -31,7 +28,12 @@ from autofusion.fusion_core.report._units import (
     saved_text,
 )
 from autofusion.fusion_core.report._verdict import MEDIANS_NOTE, SpeedVerdict, speed_verdict
-from autofusion.fusion_core.report._view_charts import error_histograms, slowest_nodes
+from autofusion.fusion_core.report._view_charts import (
+    error_histograms,
+    latency_chart,
+    op_type_chart,
+    slowest_nodes,
+)
 from autofusion.fusion_core.report._view_groups import fusion_groups, near_miss_groups
 
 __all__ = [
@@ -44,7 +46,6 @@ __all__ = [
 ]
 
 DASH = "—"
-_MAX_OP_TYPES = 25
 MAX_MATCH_PICTURES = 10
 
 
@@ -186,39 +187,6 @@ def _mismatches(output: dict[str, Any]) -> str:
     if bad is None or total is None:
         return DASH
     return f"{int(bad):,} of {int(total):,}"
-
-
-def _op_times(node_profile: Any) -> dict[str, float]:
-    profile = _dict(node_profile)
-    runs = max(int(_num(profile.get("runs")) or 1), 1)
-    return {
-        str(o.get("op_type")): (_num(o.get("total_us")) or 0.0) / runs
-        for o in map(_dict, _list(profile.get("op_types")))
-    }
-
-
-def _op_type_chart(profile: dict[str, Any]) -> Markup | None:
-    nodes = _dict(profile.get("nodes"))
-    before, after = _op_times(nodes.get("original")), _op_times(nodes.get("fused"))
-    if not before and not after:
-        return None
-    ops = sorted(set(before) | set(after), key=lambda op: -(before.get(op, 0) + after.get(op, 0)))
-    rows = [(op, [before.get(op), after.get(op)]) for op in ops[:_MAX_OP_TYPES]]
-    svg = grouped_bars("chart-op-types", "time per op type", rows, ["original", "fused"], "µs/run")
-    return Markup(svg)  # grouped_bars escapes every label
-
-
-def _latency_chart(profile: dict[str, Any]) -> Markup | None:
-    """Each session's median and p90 run time per level (the detail under the verdict)."""
-    rows = [
-        (f"{c.get('level')} {s.get('label')}", [_num(s.get("median_ms")), _num(s.get("p90_ms"))])
-        for c in map(_dict, _list(profile.get("latency")))
-        for s in map(_dict, _list(c.get("sessions")))
-    ]
-    if not rows:
-        return None
-    svg = grouped_bars("chart-latency", "latency", rows, ["median", "p90"], "ms")
-    return Markup(svg)  # grouped_bars escapes every label
 
 
 _MEMORY_ROWS = (
@@ -396,8 +364,8 @@ def report_view(
         "has_pictures": regions is not None,
         "near_misses": near_miss_groups(misses),
         "near_miss_count": len(misses),
-        "op_chart": _op_type_chart(profile),
-        "latency_chart": _latency_chart(profile),
+        "op_chart": op_type_chart(profile),
+        "latency_chart": latency_chart(profile),
         "memory": _memory(_dict(report.get("memory"))),
         "optimize_memory": _optimize_memory(report),
         "slowest": slowest_nodes(profile),

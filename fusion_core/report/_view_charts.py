@@ -1,6 +1,7 @@
 """The report's measurements that read better as pictures: each output's error
-histogram (``check.outputs[].histogram`` over ``check.histogram_edges``) and the
-slowest nodes of each model (``profile.nodes.{original,fused}.nodes``).
+histogram (``check.outputs[].histogram`` over ``check.histogram_edges``), the slowest
+nodes of each model (``profile.nodes.{original,fused}.nodes``), the time per op type and
+each session's latency.
 
 The SVG comes from the chart helpers (_charts.py), which escape every label (node
 and output names come from the model): it is the only markup marked safe here.
@@ -15,10 +16,18 @@ from markupsafe import Markup
 
 from autofusion.fusion_core.report._charts import grouped_bars, histogram
 
-__all__ = ["MAX_HISTOGRAMS", "TOP_NODES", "error_histograms", "slowest_nodes"]
+__all__ = [
+    "MAX_HISTOGRAMS",
+    "TOP_NODES",
+    "error_histograms",
+    "latency_chart",
+    "op_type_chart",
+    "slowest_nodes",
+]
 
 MAX_HISTOGRAMS = 8  # outputs drawn; a model with more lists the rest in the table only
 TOP_NODES = 10
+_MAX_OP_TYPES = 25  # bars of the op-type chart
 
 
 def _num(value: Any) -> float | None:
@@ -105,3 +114,37 @@ def slowest_nodes(profile: dict[str, Any]) -> dict[str, Markup | None] | None:
         "fused": _slowest("chart-slowest-fused", "slowest nodes, fused", nodes.get("fused")),
     }
     return charts if any(charts.values()) else None
+
+
+def _op_times(node_profile: Any) -> dict[str, float]:
+    profile = _dict(node_profile)
+    runs = max(int(_num(profile.get("runs")) or 1), 1)
+    return {
+        str(o.get("op_type")): (_num(o.get("total_us")) or 0.0) / runs
+        for o in map(_dict, _list(profile.get("op_types")))
+    }
+
+
+def op_type_chart(profile: dict[str, Any]) -> Markup | None:
+    """Each op type's time per run in both models, the slowest first."""
+    nodes = _dict(profile.get("nodes"))
+    before, after = _op_times(nodes.get("original")), _op_times(nodes.get("fused"))
+    if not before and not after:
+        return None
+    ops = sorted(set(before) | set(after), key=lambda op: -(before.get(op, 0) + after.get(op, 0)))
+    rows = [(op, [before.get(op), after.get(op)]) for op in ops[:_MAX_OP_TYPES]]
+    svg = grouped_bars("chart-op-types", "time per op type", rows, ["original", "fused"], "µs/run")
+    return Markup(svg)  # grouped_bars escapes every label
+
+
+def latency_chart(profile: dict[str, Any]) -> Markup | None:
+    """Each session's median and p90 run time per level (the detail under the verdict)."""
+    rows = [
+        (f"{c.get('level')} {s.get('label')}", [_num(s.get("median_ms")), _num(s.get("p90_ms"))])
+        for c in map(_dict, _list(profile.get("latency")))
+        for s in map(_dict, _list(c.get("sessions")))
+    ]
+    if not rows:
+        return None
+    svg = grouped_bars("chart-latency", "latency", rows, ["median", "p90"], "ms")
+    return Markup(svg)  # grouped_bars escapes every label
