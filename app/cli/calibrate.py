@@ -277,6 +277,9 @@ def _profile(
         l2_cache_bytes=l2,
         fusion_buffer_bytes=l2,  # a fused CPU kernel streams well while it stays in L2
         memory_pool_bytes=_memory_bytes(),
+        # onnxruntime's CPU provider, as the shipped cpu profile: it forms slower kernels
+        # from declared intermediate shapes (docs/cost.md, "What the written model declares")
+        value_info="none",
         calibration=Calibration(
             threads=threads,
             repeats=sizes.repeats,

@@ -47,6 +47,7 @@ def test_quick_calibration_writes_a_loadable_profile_with_positive_numbers(capsy
     assert min(profile.l1_cache_bytes, profile.l2_cache_bytes, profile.memory_pool_bytes) > 0
     assert profile.calibration is not None
     assert (profile.calibration.threads, profile.calibration.quick) == (1, True)
+    assert profile.value_info == "none"  # onnxruntime's CPU provider, as the cpu profile
     assert str(output) in out
     for label in ("memory bandwidth", "launch overhead", "peak compute", "GB/s", "GFLOP/s"):
         assert label in out
