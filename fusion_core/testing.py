@@ -188,10 +188,17 @@ def constant_fills(count: int, shape: tuple[int, ...] = (1024, 2048)) -> onnx.Mo
     return model
 
 
-def build_model(text: str, initializers: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
-    """Parse ONNX text and append ``initializers`` (float arrays become float32)."""
+def build_model(
+    text: str, initializers: dict[str, np.ndarray] | None = None, *, only_read: bool = False
+) -> onnx.ModelProto:
+    """Parse ONNX text and append ``initializers`` (float arrays become float32);
+    ``only_read``: those no node reads left out (one table of constants for blocks that
+    each read some of them)."""
     model = onnx.parser.parse_model(text)
+    read = {name for node in model.graph.node for name in node.input}
     for name, array in (initializers or {}).items():
+        if only_read and name not in read:
+            continue
         array = np.asarray(array)
         if np.issubdtype(array.dtype, np.floating):
             array = array.astype(np.float32)

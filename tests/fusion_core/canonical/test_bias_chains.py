@@ -30,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, run_both
+from tests.fusion_core import encoder_text as text
 from tests.fusion_core.spelling_settings import SPELLINGS
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
@@ -113,26 +114,11 @@ def chain_block(c: Chain, seed: int = 0) -> onnx.ModelProto:
     inputs += [f"float[1, {c.heads}, {c.seq}, {c.seq}] p_{i}" for i in range(c.generals)]
     if SCALES[c.scale] is None:
         inputs.append(f"float[{c.hidden}] gamma")
-    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    body = f"""<ir_version: 8, opset_import: ["" : 18]>
     g ({", ".join(inputs)}) => (float[batch, {c.seq}, {c.hidden}] y) {{
-        normed = LayerNormalization <axis = -1> (x, gamma, beta)
-        q = MatMul (normed, wq)
-        k = MatMul (normed, wk)
-        v = MatMul (normed, wv)
-        qh = Reshape (q, split)
-        qt = Transpose <perm = [0, 2, 1, 3]> (qh)
-        kh = Reshape (k, split)
-        kt = Transpose <perm = [0, 2, 3, 1]> (kh)
-        vh = Reshape (v, split)
-        vt = Transpose <perm = [0, 2, 1, 3]> (vh)
-        qk = MatMul (qt, kt)
-        scores = Div (qk, scale)
-        {chr(10).join(lines + chain)}
+        {text.lines(text.PROJECTIONS, text.HEADS, text.SCORES, lines, chain)}
         probs = Softmax <axis = -1> ({last})
-        context = MatMul (probs, vt)
-        ct = Transpose <perm = [0, 2, 1, 3]> (context)
-        merged = Reshape (ct, merge)
-        y = MatMul (merged, wo)
+        {text.lines(text.CONTEXT)}
     }}"""
     rng = np.random.default_rng(seed)
     inits = {w: rng.standard_normal((c.hidden, c.hidden)) / np.sqrt(c.hidden) for w in _W}
@@ -149,12 +135,7 @@ def chain_block(c: Chain, seed: int = 0) -> onnx.ModelProto:
         "general_scale": np.array(GENERAL_SCALE, np.float32),
         "pad_axes": np.array([1, 2], np.int64),
     }
-    model = build_model(text, inits)
-    used = {name for node in model.graph.node for name in node.input}
-    kept = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
-    return model
+    return build_model(body, inits, only_read=True)
 
 
 _W = ("wq", "wk", "wv", "wo")

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autofusion.fusion_core.testing import build_model, fuse_quiet, op_sequence, run_both
+from tests.fusion_core import encoder_text as text
 from tests.fusion_core.spelling_settings import EXAMPLES, SPELLINGS
 
 pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
@@ -35,6 +36,12 @@ pytestmark = pytest.mark.spelling  # the corpus tier runs it with 200 examples
 TOL = dict(rtol=1e-5, atol=1e-5)
 LOWEST = float(np.finfo(np.float32).min)
 BUFFER = 16  # the buffer's rows and columns where b is a slice of it
+# the heads' target read from the input's batch and sequence at run time
+_SPLIT = [
+    "batch_1 = Shape <start = 0, end = 1> (x)",
+    "seq_1 = Shape <start = 1, end = 2> (x)",
+    "split = Concat <axis = 0> (batch_1, seq_1, heads_size)",
+]
 EXCLUDE = ["qkv_merge", "kv_merge"]  # the three projections stay three MatMuls
 
 
@@ -129,30 +136,13 @@ def blend_block(b: Blend, seed: int = 0) -> onnx.ModelProto:
     projected back: OpenAI GPT's attention as dynamo writes it."""
     hidden = b.heads * b.size
     seq = "seq" if b.sliced else str(b.seq)
-    text = f"""<ir_version: 8, opset_import: ["" : 18]>
+    body = f"""<ir_version: 8, opset_import: ["" : 18]>
     g ({_inputs(b, hidden)}) => (float[batch, {seq}, {hidden}] y) {{
-        normed = LayerNormalization <axis = -1> (x, gamma, beta)
-        q = MatMul (normed, wq)
-        k = MatMul (normed, wk)
-        v = MatMul (normed, wv)
-        batch_1 = Shape <start = 0, end = 1> (x)
-        seq_1 = Shape <start = 1, end = 2> (x)
-        split = Concat <axis = 0> (batch_1, seq_1, heads_size)
-        qh = Reshape (q, split)
-        qt = Transpose <perm = [0, 2, 1, 3]> (qh)
-        kh = Reshape (k, split)
-        kt = Transpose <perm = [0, 2, 3, 1]> (kh)
-        vh = Reshape (v, split)
-        vt = Transpose <perm = [0, 2, 1, 3]> (vh)
-        qk = MatMul (qt, kt)
-        scores = Div (qk, scale)
+        {text.lines(text.PROJECTIONS, _SPLIT, text.HEADS, text.SCORES)}
         {chr(10).join(_mask_lines(b) + _padding_lines(b))}
         probs = Softmax <axis = -1> ({"biased" if b.padding else "blended"})
-        context = MatMul (probs, vt)
-        ct = Transpose <perm = [0, 2, 1, 3]> (context)
         merge = Concat <axis = 0> (batch_1, seq_1, hidden_1)
-        merged = Reshape (ct, merge)
-        y = MatMul (merged, wo)
+        {text.lines(text.CONTEXT)}
     }}"""
     rng = np.random.default_rng(seed)
     weights = {w: rng.standard_normal((hidden, hidden)) / np.sqrt(hidden) for w in "qkvo"}
@@ -174,12 +164,7 @@ def blend_block(b: Blend, seed: int = 0) -> onnx.ModelProto:
     }
     if b.b_source != "input":
         inits["buffer"] = _buffer(b)
-    model = build_model(text, inits)
-    used = {name for node in model.graph.node for name in node.input}
-    kept = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
-    return model
+    return build_model(body, inits, only_read=True)
 
 
 def feeds(b: Blend, batch: int, seq: int, *, padded: bool) -> dict[str, np.ndarray]:
