@@ -22,7 +22,7 @@ Each entry is proven by ``fusion_core.sizes`` from the graph (a constant, a read
 Shape, a 0 that copies the Reshape's own input size there), never from a shape an
 inference put on the values: onnxruntime's symbolic inference merges symbols it cannot
 compare, so a merge of other axes (``[-1, N, H]``, ``B * L`` rows) can carry the labels
-of the right one. ``kt_by_reshape`` (``_sequence_first.py``), which runs first, reads the
+of the right one. ``kt_by_reshape`` (``_kt_by_reshape.py``), which runs first, reads the
 inferred dimensions; this rule takes what they do not prove (the decode graph for any
 number of new tokens, whose targets read the key's Shape).
 
